@@ -1,0 +1,1 @@
+"""flyspec: fast and safe speculative decoding."""

@@ -1,0 +1,1 @@
+"""flyspec.engine"""

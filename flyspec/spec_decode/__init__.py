@@ -1,0 +1,1 @@
+"""flyspec.spec_decode"""
