@@ -1,0 +1,112 @@
+"""`flyspec serve`: the OpenAI-compatible server on uvicorn (SPEC 3.3 and 8)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from typing import Annotated
+
+import typer
+
+logger = logging.getLogger("flyspec.server")
+
+
+def parse_speculative_config(text: str | None) -> dict | None:
+    """The --speculative-config JSON as a dict (None when absent); ValueError names what is wrong."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--speculative-config must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    model: Annotated[str, typer.Argument(help="Target model: HF folder, .gguf file, or zoo name.")],
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+            '\'{"model": "DRAFT", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}\'.'
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean to expose it.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="FLYSPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    max_model_len: Annotated[
+        int | None, typer.Option(help="Longest prompt + output in tokens (default: the model's).")
+    ] = None,
+    max_num_seqs: Annotated[int, typer.Option(help="Most requests running at once.")] = 16,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget of one target pass.")] = 2048,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model name clients send (default: the MODEL argument).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Engine seed for requests that set none.")] = 0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API, with Prometheus metrics at /metrics.
+
+    Routes: /v1/models, /v1/completions, /v1/chat/completions (stream=true for server-sent events), /health.
+
+    Extra request fields: seed, top_k, and verification ("standard" forces lossless verification).
+
+    Each response carries the request's acceptance counters in `spec_decode`.
+    """
+    from flyspec.config import EngineConfig  # torch-free: config mistakes fail before any heavy import
+
+    levels = {
+        "debug": logging.DEBUG,
+        "info": logging.INFO,
+        "warning": logging.WARNING,
+        "error": logging.ERROR,
+    }
+    if log_level not in levels:
+        raise ValueError(f"--log-level={log_level!r} is invalid: it must be one of {', '.join(levels)}")
+    logging.basicConfig(level=levels[log_level], format="%(levelname)s %(name)s: %(message)s")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port={port} is invalid: it must be in 0..65535")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key is empty: give a key or leave the option out")
+    if not _is_loopback(host) and api_key is None:
+        logger.warning("binding to %s without --api-key: anyone who can reach this port can use it", host)
+
+    config = EngineConfig(
+        model=model,
+        speculative_config=parse_speculative_config(speculative_config),
+        dtype=dtype,
+        device=device,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        seed=seed,
+    )
+    import uvicorn
+
+    from flyspec.engine.engine import LLMEngine
+    from flyspec.server.app import build_app
+
+    engine = LLMEngine(config)  # logs the admission cap and, with FLy, the lossy warning
+    name = served_model_name or model
+    app = build_app(engine, served_model_name=name, api_key=api_key)
+    logger.info("serving %s as '%s' on http://%s:%d/v1", model, name, host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
