@@ -1,0 +1,221 @@
+"""End to end: `flyspec gate run` with two in-process engine arms on a tiny random-weight model.
+
+The dataset's answers are built from the target model's own greedy outputs: odd questions get the number
+the target ends with, even ones an impossible number. Greedy standard speculative decoding is
+token-identical to target-only greedy decoding, so the baseline (standard SD) must be right on exactly
+the odd questions; the candidate (FLy, lossy) may differ. The run is killed with SIGKILL mid-way and
+resumed with the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tiny_llm import save_perturbed, save_tiny
+
+from flyspec.gate.graders import extract_gsm8k
+from flyspec.gate.report import build_report
+from flyspec.gate.runner import run_gate
+from flyspec.gate.store import GateStore
+
+NUM_QUESTIONS = 12
+MAX_TOKENS = 12
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Tiny target + draft, the JSONL dataset, target-only greedy texts, and who must be right."""
+
+    target: Path
+    draft: Path
+    dataset: Path
+    reference: dict[str, str]
+    expected_right: set[str]
+
+
+@pytest.fixture()
+def one_thread() -> Iterator[None]:
+    """Tiny models on a shared 2-core CPU: one torch thread avoids oversubscription stalls (10x here)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    """Write the models and the dataset whose answers come from the target's own greedy outputs."""
+    import torch
+
+    from flyspec import LLM, SamplingParams
+
+    root = tmp_path_factory.mktemp("gate_models")
+    target = save_tiny(root / "target", seed=0)
+    draft = save_perturbed(target, root / "draft", seed=1, noise=0.03)
+    conversations = [
+        [{"role": "user", "content": f"w{3 * i + 7} w{5 * i + 11} w{i + 40}"}] for i in range(NUM_QUESTIONS)
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        llm = LLM(str(target), dtype="float32", max_num_seqs=4)
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        outs = llm.chat(conversations, params, use_tqdm=False)
+    finally:
+        torch.set_num_threads(threads)
+    reference: dict[str, str] = {}
+    expected_right: set[str] = set()
+    rows = []
+    for i, (conv, out) in enumerate(zip(conversations, outs, strict=True)):
+        reference[f"q{i}"] = out.outputs[0].text
+        number = extract_gsm8k(out.outputs[0].text)
+        if i % 2 == 1 and number is not None:
+            answer = str(number)
+            expected_right.add(f"q{i}")
+        else:
+            answer = "987654321"  # no word of the tiny vocabulary ends in this number
+        rows.append({"id": f"q{i}", "messages": conv, "answer": answer, "grader": "gsm8k"})
+    dataset = root / "tiny.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert expected_right, "the tiny target never ended with a number; change the prompts"
+    return Setup(target, draft, dataset, reference, expected_right)
+
+
+def _arms(setup: Setup) -> tuple[dict, dict]:
+    spec = {"model": str(setup.draft), "num_speculative_tokens": 3}
+    base = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 2,
+            "speculative_config": {**spec, "rejection_sample_method": "standard"}}  # fmt: skip
+    fly = {**spec, "rejection_sample_method": "fly", "fly_entropy_threshold": 0.0}
+    return base, {**base, "speculative_config": fly}
+
+
+def _outputs(store: Path, run_id: str) -> dict[tuple[str, str], str]:
+    with GateStore(store) as s:
+        return {(a.arm, a.question_id): a.output for a in s.answers(run_id)}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_in_process_gate_shares_one_engine_and_matches_target_greedy(setup: Setup, tmp_path: Path) -> None:
+    """Greedy gate with standard-SD vs FLy arms: one FLy engine serves both (recorded in the run), the
+    baseline's stored outputs are exactly the target-only greedy texts (lossless verification per
+    request), the baseline is right on exactly the predicted questions, and the report counts equal
+    those recomputed from the stored rows."""
+    base, cand = _arms(setup)
+    store = tmp_path / "gate.sqlite"
+    run_id = run_gate(store, str(setup.dataset), base, cand, 0.1, max_tokens=MAX_TOKENS, progress=False)
+    outputs = _outputs(store, run_id)
+    assert {q: outputs[("baseline", q)] for q in setup.reference} == setup.reference
+    with GateStore(store) as s:
+        answers = s.answers(run_id)
+        notes = s.get_run(run_id).notes  # type: ignore[union-attr]
+    assert notes["shared_engine"] == [["baseline", "candidate"]]
+    right = {(a.arm, a.question_id) for a in answers if a.correct}
+    assert {q for arm, q in right if arm == "baseline"} == setup.expected_right
+    lost = sum(("baseline", q) in right and ("candidate", q) not in right for q in setup.reference)
+    gained = sum(("candidate", q) in right and ("baseline", q) not in right for q in setup.reference)
+    pooled = build_report(store, run_id).pooled
+    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained) == (NUM_QUESTIONS, lost, gained)
+    assert all(a.num_forgiven_tokens == 0 for a in answers if a.arm == "baseline")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: Path) -> None:
+    """At temperature 1, per-question seeds make outputs reproducible and independent of engine sharing:
+    the standard arm gives identical texts whether it rides in the shared FLy engine or runs alone in
+    its own engine (paired with a target-only candidate), and a repeated run reproduces them."""
+    base, cand = _arms(setup)
+    target_only = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 2}
+    store = tmp_path / "gate.sqlite"
+    common = {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 11, "progress": False}
+    shared = run_gate(store, str(setup.dataset), base, cand, 0.1, run_id="shared", **common)
+    alone = run_gate(store, str(setup.dataset), base, target_only, 0.1, run_id="alone", **common)
+    again = run_gate(store, str(setup.dataset), base, cand, 0.1, run_id="again", **common)
+    with GateStore(store) as s:
+        assert "shared_engine" not in s.get_run("alone").notes  # type: ignore[union-attr]
+    a, b, c = _outputs(store, shared), _outputs(store, alone), _outputs(store, again)
+    assert {q: a[("baseline", q)] for q in setup.reference} == {
+        q: b[("baseline", q)] for q in setup.reference
+    }
+    assert a == c
+    assert any(a[("baseline", q)] != setup.reference[q] for q in setup.reference)  # it really sampled
+
+
+def _count(store: Path) -> int:
+    if not store.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+    except sqlite3.OperationalError:  # the schema is not created yet
+        return 0
+
+
+@pytest.mark.slow
+def test_gate_run_killed_and_resumed_with_in_process_arms(setup: Setup, tmp_path: Path) -> None:
+    """A gate run over standard-SD vs FLy arms (one shared engine), killed with SIGKILL after a few
+    answers, resumes with the same command and ends with exactly one stored answer per question and arm;
+    the baseline is right on exactly the questions target-only greedy decoding predicts; the report's
+    counts equal those recomputed from the stored rows."""
+    dataset, expected_right = setup.dataset, setup.expected_right
+    store = tmp_path / "gate.sqlite"
+    base, cand = _arms(setup)
+    command = [
+        sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run",
+        "--store", str(store), "--dataset", str(dataset), "--baseline", json.dumps(base),
+        "--candidate", json.dumps(cand), "--margin", "0.1", "--max-tokens", str(MAX_TOKENS),
+        "--chunk-size", "2", "--seed", "5", "--no-progress", "--json",
+    ]  # fmt: skip
+    total = 2 * NUM_QUESTIONS
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while _count(store) < 3:
+        assert proc.poll() is None, f"gate run ended before it could be killed: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no answers stored within 300 s"
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(timeout=30)
+    stored_at_kill = _count(store)
+    assert 3 <= stored_at_kill < total, stored_at_kill
+
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    log = " ".join(done.stderr.split())
+    assert "resumed" in log and f"{stored_at_kill} of {total} answers stored" in log
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+
+    with sqlite3.connect(store) as db:
+        rows = db.execute("SELECT arm, question_id, correct, seed FROM answers").fetchall()
+        notes = json.loads(db.execute("SELECT notes FROM runs").fetchone()[0])
+    assert len(rows) == total and len({(arm, qid) for arm, qid, _, _ in rows}) == total
+    correct = {(arm, qid): bool(c) for arm, qid, c, _ in rows}
+    assert {qid for (arm, qid), c in correct.items() if arm == "baseline" and c} == expected_right
+    assert {q: t for (arm, q), t in _outputs(store, "gate").items() if arm == "baseline"} == setup.reference
+    seeds = {(arm, qid): seed for arm, qid, _, seed in rows}
+    assert all(seeds[("baseline", f"q{i}")] == seeds[("candidate", f"q{i}")] for i in range(NUM_QUESTIONS))
+    lost = sum(
+        correct[("baseline", f"q{i}")] and not correct[("candidate", f"q{i}")] for i in range(NUM_QUESTIONS)
+    )
+    gained = sum(
+        correct[("candidate", f"q{i}")] and not correct[("baseline", f"q{i}")] for i in range(NUM_QUESTIONS)
+    )
+    decision = report["decision"]
+    assert (decision["n"], decision["lost"], decision["gained"]) == (NUM_QUESTIONS, lost, gained)
+    pooled = report["comparisons"][-1]
+    assert pooled["baseline_accuracy"] == pytest.approx(len(expected_right) / NUM_QUESTIONS)
+    assert notes["shared_engine"] == [["baseline", "candidate"]]
+    speeds = {s["arm"]: s for s in report["speeds"]}
+    assert speeds["baseline"]["forgiven_share"] in (None, 0.0)  # standard verification never forgives
+    assert speeds["candidate"]["mean_acceptance_length"] >= 1.0
