@@ -1,0 +1,281 @@
+"""Engine and speculative-decoding configuration: defaults, validation (SPEC 5) and the lossy warning.
+
+Every broken rule raises ValueError with a message that names the field, the value and the rule, e.g.
+`fly_window_size=5 is invalid: it must satisfy 1 <= fly_window_size < num_speculative_tokens (4)`.
+This module imports no torch, so the command line can validate configs cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flyspec.spec_decode.verify import FlyParams
+
+__all__ = [
+    "DEFAULT_FLY_ENTROPY_THRESHOLD",
+    "DEFAULT_FLY_ENTROPY_TOP_K",
+    "DEFAULT_FLY_WINDOW",
+    "DEFAULT_PROMPT_LOOKUP_MAX",
+    "DEFAULT_PROMPT_LOOKUP_MIN",
+    "LOSSY_WARNING",
+    "EngineConfig",
+    "SpeculativeConfig",
+    "log_lossy_warning",
+]
+
+DEFAULT_FLY_WINDOW = 6
+"""FLy window W when unset: min(DEFAULT_FLY_WINDOW, K - 1)."""
+DEFAULT_FLY_ENTROPY_THRESHOLD = 0.3
+DEFAULT_FLY_ENTROPY_TOP_K = 3
+DEFAULT_PROMPT_LOOKUP_MIN = 2
+DEFAULT_PROMPT_LOOKUP_MAX = 5
+
+LOSSY_WARNING = (
+    "FLy verification is lossy: outputs do not follow the target model's distribution "
+    "and may be of lower quality."
+)
+
+_METHODS = ("draft_model", "ngram")
+_REJECTION_METHODS = ("standard", "fly")
+_DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+_FLY_FIELDS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+_NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
+
+
+def _invalid(field: str, value: Any, rule: str) -> ValueError:
+    return ValueError(f"{field}={value!r} is invalid: {rule}")
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass, but `num_speculative_tokens=True` is a mistake, not 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_int(field: str, value: Any, minimum: int) -> None:
+    if not _is_int(value) or value < minimum:
+        raise _invalid(field, value, f"it must be an integer >= {minimum}")
+
+
+def _require_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise _invalid(field, value, "it must be one of " + ", ".join(repr(c) for c in choices))
+
+
+@dataclass(kw_only=True)
+class SpeculativeConfig:
+    """How to draft and verify (SPEC 5).
+
+    `method` may be omitted when `model` is given (then it is "draft_model", as in vLLM).
+    `fly_window_size` None means min(6, K - 1) when FLy is enabled. `draft_sample_method` None means
+    probabilistic drafting for requests that sample and greedy drafting for greedy requests.
+    """
+
+    method: str | None = None
+    model: str | None = None
+    num_speculative_tokens: int
+    rejection_sample_method: str = "standard"
+    fly_window_size: int | None = None
+    fly_entropy_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD
+    fly_entropy_top_k: int = DEFAULT_FLY_ENTROPY_TOP_K
+    draft_sample_method: str | None = None
+    prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP_MIN
+    prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP_MAX
+
+    def __post_init__(self) -> None:
+        if self.method is None and self.model is not None:
+            self.method = "draft_model"
+        _require_choice("method", self.method, _METHODS)
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model.strip():
+                raise _invalid(
+                    "model", self.model, "method='draft_model' needs the draft model's path or name"
+                )
+            self._reject_non_default(_NGRAM_FIELDS, "they only apply to method='ngram'")
+        else:
+            if self.model is not None:
+                raise _invalid(
+                    "model", self.model, "method='ngram' drafts from the prompt and takes no model"
+                )
+            if self.draft_sample_method is not None:
+                raise _invalid(
+                    "draft_sample_method",
+                    self.draft_sample_method,
+                    "method='ngram' has no draft distribution to sample from; leave it unset",
+                )
+            _require_int("prompt_lookup_min", self.prompt_lookup_min, 1)
+            _require_int("prompt_lookup_max", self.prompt_lookup_max, 1)
+            if self.prompt_lookup_max < self.prompt_lookup_min:
+                raise _invalid(
+                    "prompt_lookup_max",
+                    self.prompt_lookup_max,
+                    f"it must be >= prompt_lookup_min ({self.prompt_lookup_min})",
+                )
+
+        _require_int("num_speculative_tokens", self.num_speculative_tokens, 1)
+        k = self.num_speculative_tokens
+        _require_choice("rejection_sample_method", self.rejection_sample_method, _REJECTION_METHODS)
+        if self.draft_sample_method is not None:
+            _require_choice("draft_sample_method", self.draft_sample_method, _DRAFT_SAMPLE_METHODS)
+
+        if self.rejection_sample_method == "standard":
+            self._reject_non_default(
+                _FLY_FIELDS,
+                "FLy settings only apply with rejection_sample_method='fly' (they would do nothing)",
+            )
+            return
+        if k < 2:
+            raise _invalid(
+                "num_speculative_tokens",
+                k,
+                "rejection_sample_method='fly' needs num_speculative_tokens >= 2 (a window of at least one "
+                "draft token must follow a forgiven position)",
+            )
+        if self.fly_window_size is None:
+            self.fly_window_size = min(DEFAULT_FLY_WINDOW, k - 1)
+        w = self.fly_window_size
+        if not _is_int(w) or not 1 <= w < k:
+            raise _invalid(
+                "fly_window_size", w, f"it must satisfy 1 <= fly_window_size < num_speculative_tokens ({k})"
+            )
+        theta = self.fly_entropy_threshold
+        if _is_int(theta):
+            theta = self.fly_entropy_threshold = float(theta)
+        if not isinstance(theta, float) or not math.isfinite(theta) or theta < 0:
+            raise _invalid("fly_entropy_threshold", theta, "it must be a finite number >= 0")
+        _require_int("fly_entropy_top_k", self.fly_entropy_top_k, 1)
+
+    def _reject_non_default(self, fields: tuple[str, ...], rule: str) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in fields:
+            value = getattr(self, name)
+            if value != defaults[name]:
+                raise _invalid(name, value, rule)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
+        """Build from a dict (e.g. parsed JSON); unknown keys are an error, never ignored.
+
+        Keys of settings that would do nothing (FLy keys with standard verification, prompt-lookup keys
+        with a draft model) are rejected even when they carry the default value; None means unset.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"speculative_config must be a dict (JSON object), got {type(data).__name__}: {data!r}"
+            )
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known), key=str)
+        if unknown:
+            raise ValueError(
+                f"speculative_config has unknown key(s) {', '.join(repr(u) for u in unknown)}; "
+                f"allowed keys: {', '.join(known)}"
+            )
+        data = {key: value for key, value in data.items() if value is not None}  # JSON null = unset
+        if "num_speculative_tokens" not in data:
+            raise ValueError("speculative_config needs num_speculative_tokens (an integer >= 1)")
+        if data.get("rejection_sample_method", "standard") == "standard":
+            for name in _FLY_FIELDS:
+                if name in data:
+                    raise _invalid(
+                        name,
+                        data[name],
+                        "FLy settings only apply with rejection_sample_method='fly' (they would do nothing)",
+                    )
+        method = data.get("method", "draft_model" if data.get("model") is not None else None)
+        if method == "draft_model":
+            for name in _NGRAM_FIELDS:
+                if name in data:
+                    raise _invalid(name, data[name], "they only apply to method='ngram'")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict (resolved defaults included)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def is_lossy(self) -> bool:
+        """True when verification may change the output distribution (FLy)."""
+        return self.rejection_sample_method == "fly"
+
+    def fly_params(self, vocab_size: int) -> FlyParams | None:
+        """The verifier's FLy parameters for a target vocabulary (top-k capped at it), or None."""
+        if not self.is_lossy:
+            return None
+        from flyspec.spec_decode.verify import FlyParams
+
+        _require_int("vocab_size", vocab_size, 1)
+        assert self.fly_window_size is not None  # resolved in __post_init__
+        return FlyParams(
+            window_size=self.fly_window_size,
+            entropy_threshold=self.fly_entropy_threshold,
+            entropy_top_k=min(self.fly_entropy_top_k, vocab_size),
+        )
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to start: target model, speculation, dtype, device and budgets."""
+
+    model: str
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise _invalid("model", self.model, "it must be a model path, .gguf file or zoo name")
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        elif self.speculative_config is not None and not isinstance(
+            self.speculative_config, SpeculativeConfig
+        ):
+            raise _invalid(
+                "speculative_config",
+                self.speculative_config,
+                "it must be a dict, a SpeculativeConfig or None",
+            )
+        _require_choice("dtype", self.dtype, _DTYPES)
+        if not isinstance(self.device, str) or not _DEVICE_RE.fullmatch(self.device):
+            raise _invalid("device", self.device, "it must be 'cpu', 'cuda' or 'cuda:N'")
+        _require_int("max_num_seqs", self.max_num_seqs, 1)
+        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_model_len is not None:
+            _require_int("max_model_len", self.max_model_len, 1)
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
+            raise _invalid("seed", self.seed, "it must be an integer in [0, 2**63)")
+        per_request = 1 + self.num_speculative_tokens
+        if self.max_num_batched_tokens < per_request:
+            raise _invalid(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f"each decode step of a request charges 1 + K = {per_request} tokens; "
+                f"raise max_num_batched_tokens to at least 1 + K = {per_request}",
+            )
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K, or 0 without speculation."""
+        spec = self.speculative_config
+        return spec.num_speculative_tokens if isinstance(spec, SpeculativeConfig) else 0
+
+    @property
+    def is_lossy(self) -> bool:
+        """True when the engine runs FLy verification."""
+        spec = self.speculative_config
+        return isinstance(spec, SpeculativeConfig) and spec.is_lossy
+
+
+def log_lossy_warning(logger: logging.Logger) -> None:
+    """Log the SPEC 5 lossy-verification warning once (the engine calls this once when it starts)."""
+    logger.warning(LOSSY_WARNING)

@@ -1,0 +1,310 @@
+"""The verifier: which draft tokens to keep, and the one token to add after them (SPEC 3.2 and 4).
+
+One function serves standard (lossless) and FLy (lossy) verification, greedy and random rows mixed in one
+batch, ragged draft lengths, and drafters with or without probabilities. Everything is vectorised over
+the batch and the K draft positions. Passes over the [B, K+1, V] target probabilities are kept to the
+minimum (a finiteness check, argmax when a row is greedy, top-k when FLy is on); per-token work is a
+gather, and the residual distribution is built only at the one position per row that needs it ([B, V]).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from flyspec.spec_decode.sampling import first_argmax, inverse_cdf_sample
+
+__all__ = ["FlyParams", "VerifyOutput", "top_k_entropy", "verify"]
+
+
+@dataclass(frozen=True)
+class FlyParams:
+    """FLy parameters: window W, entropy threshold theta (nats), and k of the top-k entropy."""
+
+    window_size: int
+    entropy_threshold: float
+    entropy_top_k: int
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.window_size, bool)
+            or not isinstance(self.window_size, int)
+            or self.window_size < 1
+        ):
+            raise ValueError(f"window_size={self.window_size!r} is invalid: it must be an integer >= 1")
+        theta = self.entropy_threshold
+        if not isinstance(theta, int | float) or not math.isfinite(theta) or theta < 0:
+            raise ValueError(f"entropy_threshold={theta!r} is invalid: it must be a finite number >= 0")
+        k = self.entropy_top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"entropy_top_k={k!r} is invalid: it must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class VerifyOutput:
+    """Result of `verify` for a batch of B rows."""
+
+    token_ids: torch.Tensor
+    """[B, K+1] int64: kept draft tokens, then one recovered or bonus token, then -1 padding."""
+    num_accepted: torch.Tensor
+    """[B] int64: draft tokens kept (forgiven ones included)."""
+    num_forgiven: torch.Tensor
+    """[B] int64: kept draft tokens that native verification rejected."""
+
+
+def top_k_entropy(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """H = -sum over the min(k, V) largest entries p of each row of p * ln p (no renormalisation).
+
+    Computed in float64 with 0 * ln 0 = 0. `probs` is [..., V]; the result is [...] float64.
+    """
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1).values.to(torch.float64)  # descending
+    return -torch.special.xlogy(top, top).sum(dim=-1)
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    # One reduction and no [B, K+1, V] boolean temporary: any NaN (or inf) makes the sum non-finite.
+    return bool(torch.isfinite(tensor.sum()))
+
+
+def _validate(
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    greedy: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    uniform: torch.Tensor | None,
+    sample_uniform: torch.Tensor | None,
+) -> None:
+    if (
+        draft_token_ids.dim() != 2
+        or draft_token_ids.dtype.is_floating_point
+        or draft_token_ids.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"draft_token_ids must be an integer tensor of shape [B, K], got {draft_token_ids.dtype} "
+            f"{list(draft_token_ids.shape)}"
+        )
+    b, k = draft_token_ids.shape
+    if target_probs.dim() != 3 or target_probs.shape[:2] != (b, k + 1) or target_probs.shape[2] < 1:
+        raise ValueError(
+            f"target_probs must have shape [B, K+1, V] = [{b}, {k + 1}, V], got {list(target_probs.shape)}"
+        )
+    if not target_probs.dtype.is_floating_point:
+        raise ValueError(f"target_probs must be a floating-point tensor, got {target_probs.dtype}")
+    vocab = target_probs.shape[2]
+    if draft_probs is not None:
+        if tuple(draft_probs.shape) != (b, k, vocab):
+            raise ValueError(
+                f"draft_probs must have shape [B, K, V] = [{b}, {k}, {vocab}] (the target's vocabulary), "
+                f"got {list(draft_probs.shape)}"
+            )
+        if not draft_probs.dtype.is_floating_point:
+            raise ValueError(f"draft_probs must be a floating-point tensor, got {draft_probs.dtype}")
+    if greedy.shape != (b,) or greedy.dtype != torch.bool:
+        raise ValueError(
+            f"greedy must be a bool tensor of shape [{b}], got {greedy.dtype} {list(greedy.shape)}"
+        )
+    if num_draft_tokens.shape != (b,) or num_draft_tokens.dtype.is_floating_point:
+        raise ValueError(
+            f"num_draft_tokens must be an integer tensor of shape [{b}], got {num_draft_tokens.dtype} "
+            f"{list(num_draft_tokens.shape)}"
+        )
+    if b and ((num_draft_tokens < 0) | (num_draft_tokens > k)).any():
+        raise ValueError(f"num_draft_tokens must lie in [0, K={k}] per row, got {num_draft_tokens.tolist()}")
+    for name, tensor, shape in (("uniform", uniform, (b, k)), ("sample_uniform", sample_uniform, (b,))):
+        if tensor is None:
+            continue
+        if tuple(tensor.shape) != shape or not tensor.dtype.is_floating_point:
+            raise ValueError(
+                f"{name} must be a floating-point tensor of shape {list(shape)}, got {tensor.dtype} "
+                f"{list(tensor.shape)}"
+            )
+        if tensor.numel() and not ((tensor >= 0) & (tensor < 1)).all():
+            raise ValueError(f"{name} must lie in [0, 1) (and not be NaN)")
+    if not _all_finite(target_probs):
+        raise ValueError("target_probs contains NaN or inf")
+    if draft_probs is not None and not _all_finite(draft_probs):
+        raise ValueError("draft_probs contains NaN or inf")
+
+
+def verify(
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    *,
+    greedy: torch.Tensor,
+    fly: FlyParams | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
+    uniform: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    sample_uniform: torch.Tensor | None = None,
+) -> VerifyOutput:
+    """Verify a batch of drafts against the target (SPEC 4): standard when `fly` is None, else FLy.
+
+    Args:
+        draft_token_ids: [B, K] int64; entries at positions >= K_b are padding and ignored.
+        target_probs: [B, K+1, V] processed target probabilities; row K_b is the bonus row.
+        draft_probs: [B, K, V] draft probabilities, or None for a drafter without them (Q_i(d_i) = 1).
+        greedy: [B] bool, rows that use greedy (target-argmax) acceptance.
+        fly: FLy parameters, or None for standard (lossless) verification.
+        num_draft_tokens: [B] int64 K_b <= K; None means K for every row.
+        uniform: [B, K] float64 in (0, 1) for the p/q test (0 is tolerated: a token the target gives
+            probability 0 is never accepted natively); None draws it from `generator`.
+        generator: torch.Generator for whatever of `uniform` and `sample_uniform` is not given.
+        sample_uniform: [B] float64 in [0, 1) used to draw each random row's recovered or bonus token by
+            inverse CDF; None draws it from `generator` (after `uniform`).
+
+    Returns:
+        VerifyOutput with token_ids [B, K+1], num_accepted [B] and num_forgiven [B].
+    """
+    device = target_probs.device
+    b, k = draft_token_ids.shape if draft_token_ids.dim() == 2 else (0, 0)
+    if num_draft_tokens is None:
+        num_draft_tokens = torch.full((b,), k, dtype=torch.int64, device=device)
+    _validate(draft_token_ids, target_probs, draft_probs, greedy, num_draft_tokens, uniform, sample_uniform)
+    vocab = target_probs.shape[2]
+    rows = torch.arange(b, device=device)
+    positions = torch.arange(k, device=device)
+    greedy = greedy.to(device)
+    lengths = num_draft_tokens.to(device=device, dtype=torch.int64)
+    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [B, K]
+
+    draft = draft_token_ids.to(device=device, dtype=torch.int64)
+    out_of_vocab = valid & ((draft < 0) | (draft >= vocab))
+    if out_of_vocab.any():
+        row, pos = out_of_vocab.nonzero()[0].tolist()
+        raise ValueError(
+            f"draft_token_ids[{row}, {pos}] = {draft[row, pos].item()} is outside the vocabulary [0, {vocab})"
+        )
+    draft = torch.where(valid, draft, 0)  # padding may hold anything (e.g. -1); keep gathers in range
+
+    if uniform is None:
+        uniform = torch.rand((b, k), generator=generator, dtype=torch.float64, device=device)
+    uniform = uniform.to(device=device, dtype=torch.float64)
+
+    # P_i(d_i) and Q_i(d_i) by gather: [B, K], compared in float64.
+    p_draft = target_probs[:, :k].gather(2, draft.unsqueeze(2)).squeeze(2).to(torch.float64)
+    if draft_probs is None:
+        q_draft = torch.ones_like(p_draft)
+    else:
+        q_draft = draft_probs.gather(2, draft.unsqueeze(2)).squeeze(2).to(device=device, dtype=torch.float64)
+
+    any_greedy = bool(greedy.any())
+    target_argmax = first_argmax(target_probs) if any_greedy else None  # [B, K+1]
+    # p > 0 makes u = 0 harmless; for u in (0, 1) it is implied by p / q >= u.
+    ok_random = (q_draft > 0) & (p_draft > 0) & (p_draft / q_draft.clamp_min(1e-300) >= uniform)
+    if target_argmax is not None:
+        ok = torch.where(greedy.unsqueeze(1), draft == target_argmax[:, :k], ok_random)
+    else:
+        ok = ok_random
+    ok &= valid  # native decisions; padding counts as rejected (it never matters below)
+
+    if fly is not None:
+        forgiven = _forgiven(ok, valid, lengths, p_draft, q_draft, greedy, target_probs[:, :k], fly)
+        kept = ok | forgiven
+    else:
+        forgiven = torch.zeros_like(ok)
+        kept = ok
+
+    # a = first position not kept, or K_b.
+    not_kept = valid & ~kept
+    first_reject = torch.where(not_kept, positions, k).amin(dim=1) if k else torch.zeros_like(lengths)
+    accepted = torch.minimum(first_reject, lengths)
+    num_forgiven = (forgiven & (positions < accepted.unsqueeze(1))).sum(dim=1)
+
+    final = _final_tokens(
+        target_probs, draft_probs, draft, accepted, lengths, greedy, target_argmax, sample_uniform, generator
+    )
+    token_ids = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)
+    token_ids[:, :k] = torch.where(positions < accepted.unsqueeze(1), draft, -1)
+    token_ids[rows, accepted] = final
+    return VerifyOutput(token_ids=token_ids, num_accepted=accepted, num_forgiven=num_forgiven)
+
+
+def _forgiven(
+    ok: torch.Tensor,
+    valid: torch.Tensor,
+    lengths: torch.Tensor,
+    p_draft: torch.Tensor,
+    q_draft: torch.Tensor,
+    greedy: torch.Tensor,
+    target_probs_k: torch.Tensor,
+    fly: FlyParams,
+) -> torch.Tensor:
+    """FLy clauses 1-5 of SPEC 4, all on native decisions: [B, K] bool."""
+    b, k = ok.shape
+    w = fly.window_size
+    positions = torch.arange(k, device=ok.device)
+    # Clause 5 by prefix sums: native rejections in (i, i + W] = R[i + W + 1] - R[i + 1].
+    rejections = torch.zeros((b, k + 1), dtype=torch.int64, device=ok.device)
+    rejections[:, 1:] = (valid & ~ok).cumsum(dim=1)
+    window_end = (positions + w + 1).clamp(max=k)
+    window_clean = (rejections[:, window_end] - rejections[:, positions + 1]) == 0
+    candidates = (
+        valid
+        & ~ok  # clause 1
+        & ((positions + w).unsqueeze(0) < lengths.unsqueeze(1))  # clause 2
+        & (p_draft > 0)  # clause 4
+        & (greedy.unsqueeze(1) | (q_draft > 0))
+        & window_clean  # clause 5
+    )
+    # Clause 3, computed only where clauses 1, 2, 4 and 5 hold (few positions): no top-k pass over [B, K, V].
+    cand_rows, cand_pos = candidates.nonzero(as_tuple=True)
+    entropy = top_k_entropy(target_probs_k[cand_rows, cand_pos], fly.entropy_top_k)
+    candidates[cand_rows, cand_pos] = entropy >= fly.entropy_threshold
+    return candidates
+
+
+def _final_tokens(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft: torch.Tensor,
+    accepted: torch.Tensor,
+    lengths: torch.Tensor,
+    greedy: torch.Tensor,
+    target_argmax: torch.Tensor | None,
+    sample_uniform: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """The recovered (a < K_b) or bonus (a == K_b) token of every row: [B] int64."""
+    b, k = draft.shape
+    device = target_probs.device
+    rows = torch.arange(b, device=device)
+    final = torch.zeros(b, dtype=torch.int64, device=device)
+    if target_argmax is not None:
+        final = target_argmax[rows, accepted]
+    random_rows = (~greedy).nonzero().squeeze(1)
+    if sample_uniform is None and len(random_rows):
+        sample_uniform = torch.rand(b, generator=generator, dtype=torch.float64, device=device)
+    if not len(random_rows):
+        return final
+
+    at = accepted[random_rows]
+    rejected = at < lengths[random_rows]
+    # [R, V] weights at the one position per row that needs them, built in place to keep passes few; at
+    # least float32, as P - Q in bfloat16 would lose most of the residual's precision.
+    weights = target_probs[random_rows, at].to(torch.promote_types(target_probs.dtype, torch.float32))
+    if rejected.any():
+        at_draft = at.clamp(max=k - 1)
+        if draft_probs is None:
+            # Q is a point mass on d_a: the residual is P_a with d_a zeroed.
+            hit = rejected.nonzero().squeeze(1)
+            weights[hit, draft[random_rows[hit], at_draft[hit]]] = 0.0
+        else:
+            q_at = draft_probs[random_rows, at_draft]
+            if not bool(rejected.all()):
+                q_at.masked_fill_(~rejected.unsqueeze(1), 0.0)  # bonus rows keep P
+            weights.sub_(q_at).clamp_min_(0.0)
+        # All-zero residual (P_a <= Q_a everywhere, or P_a one-hot on d_a): fall back to P_a.
+        empty = rejected & (weights.sum(dim=1) <= 0)
+        if empty.any():
+            weights[empty] = target_probs[random_rows[empty], at[empty]].to(weights.dtype)
+    try:
+        final[random_rows] = inverse_cdf_sample(weights, sample_uniform.to(device)[random_rows])
+    except ValueError as exc:
+        raise ValueError(
+            f"target_probs has a row with no positive probability where a token is drawn: {exc}"
+        ) from exc
+    return final
