@@ -1,0 +1,180 @@
+"""`flyspec generate` (one-off generation with acceptance stats) and `flyspec capacity` (SPEC 7 arithmetic).
+
+torch and transformers are imported inside `generate`, so `flyspec --help` and `flyspec capacity` stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from flyspec.engine.scheduler import Capacity, capacity
+
+
+def generate(
+    model: Annotated[str, typer.Argument(help="Target model: HF folder, .gguf file or zoo name.")],
+    prompt: Annotated[str, typer.Argument(help="The prompt text (a user message with --chat).")],
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            help='Speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+            'or \'{"model": "DRAFT", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}\'.'
+        ),
+    ] = None,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus mass in (0, 1]; 1 = off.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens; 0 = off.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed of the request's random stream.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    chat: Annotated[
+        bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object on stdout.")] = False,
+) -> None:
+    """Generate one completion and print it with tokens/s and acceptance statistics."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flyspec.llm import LLM
+    from flyspec.sampling_params import SamplingParams
+
+    spec: dict[str, Any] | None = None
+    if speculative_config is not None:
+        try:
+            spec = json.loads(speculative_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--speculative-config is not valid JSON: {exc}") from exc
+    params = SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens
+    )
+    llm = LLM(model, speculative_config=spec, dtype=dtype, device=device)
+    engine = llm.engine
+    if chat:
+        tokenizer = llm.get_tokenizer()
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"{model} has no chat template; drop --chat")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        engine.add_request(
+            "generate", tokenizer(text, add_special_tokens=False).input_ids, params, prompt_text=text
+        )
+    else:
+        engine.add_request("generate", prompt, params)
+
+    out = None
+    start = time.perf_counter()
+    # The bar goes to stderr so stdout holds only the result.
+    with Progress(
+        TextColumn("generating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
+        task = progress.add_task("tokens", total=max_tokens)
+        while engine.has_unfinished_requests():
+            for step_out in engine.step():
+                out = step_out
+                progress.update(task, completed=len(out.outputs[0].token_ids))
+    elapsed = time.perf_counter() - start
+    assert out is not None
+    completion, metrics = out.outputs[0], out.metrics
+    num_tokens = len(completion.token_ids)
+    summary = {
+        "text": completion.text,
+        "token_ids": completion.token_ids,
+        "finish_reason": completion.finish_reason,
+        "num_tokens": num_tokens,
+        "seconds": round(elapsed, 4),
+        "tokens_per_s": round(num_tokens / elapsed, 3) if elapsed > 0 else None,
+        "mean_acceptance_length": round(metrics.mean_acceptance_length, 4),
+        "acceptance_rate": round(metrics.acceptance_rate, 4),
+        "num_drafts": metrics.num_drafts,
+        "num_draft_tokens": metrics.num_draft_tokens,
+        "num_accepted_tokens": metrics.num_accepted_tokens,
+        "num_forgiven_tokens": metrics.num_forgiven_tokens,
+    }
+    typer.echo(completion.text)
+    typer.echo("")
+    typer.echo(
+        f"{num_tokens} tokens in {elapsed:.2f} s ({summary['tokens_per_s']} tokens/s, finish: "
+        f"{completion.finish_reason}); mean acceptance length {metrics.mean_acceptance_length:.2f}, "
+        f"acceptance rate {metrics.acceptance_rate:.1%}, forgiven tokens {metrics.num_forgiven_tokens}"
+    )
+    if as_json:
+        typer.echo(json.dumps(summary))
+
+
+def _capacity_dict(cap: Capacity) -> dict[str, Any]:
+    return {
+        "max_running": cap.max_running,
+        "tokens_per_decode_request": cap.tokens_per_decode_request,
+        "binding": cap.binding,
+    }
+
+
+def _explain(cap: Capacity) -> str:
+    advice = {
+        "budget": "the token budget binds: raise --max-num-batched-tokens to run more",
+        "max_num_seqs": "max_num_seqs binds: raise --max-num-seqs to run more",
+        "lookahead": "the drafter's lookahead tokens bind: raise --max-num-batched-tokens to run more",
+    }[cap.binding]
+    return (
+        f"Each decode request charges {cap.tokens_per_decode_request} tokens of max_num_batched_tokens="
+        f"{cap.max_num_batched_tokens}, so at most {cap.max_running} of max_num_seqs={cap.max_num_seqs} "
+        f"requests can run; {advice}."
+    )
+
+
+def capacity_command(
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Target-pass token budget per step (B).")],
+    max_num_seqs: Annotated[int, typer.Option(help="Most requests in the running set (S).")],
+    num_speculative_tokens: Annotated[int, typer.Option(help="Draft tokens per step (K); 0 = none.")],
+    extra_draft_slots: Annotated[
+        int,
+        typer.Option(
+            help="Also charge R draft slots per request (1 + K + R), as an accounting that counts the "
+            "draft pass in the target budget would; shown side by side with 1 + K."
+        ),
+    ] = 0,
+    num_lookahead_tokens: Annotated[
+        int | None, typer.Option(help="Query tokens per request a drafter needs inside the same budget (L).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object on stdout.")] = False,
+) -> None:
+    """How many requests can run at once under the token budget (SPEC 7):
+    min(S, B // (1 + K)), and <= B // L with a lookahead drafter."""
+    if num_speculative_tokens < 0:
+        raise ValueError(f"--num-speculative-tokens={num_speculative_tokens}: must be >= 0")
+    if extra_draft_slots < 0:
+        raise ValueError(f"--extra-draft-slots={extra_draft_slots}: must be >= 0")
+    charge = 1 + num_speculative_tokens
+    ours = capacity(max_num_batched_tokens, max_num_seqs, charge, num_lookahead_tokens)
+    result = _capacity_dict(ours) | {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "num_speculative_tokens": num_speculative_tokens,
+        "num_lookahead_tokens": num_lookahead_tokens,
+    }
+    typer.echo(_explain(ours))
+    if extra_draft_slots:
+        charged = capacity(
+            max_num_batched_tokens, max_num_seqs, charge + extra_draft_slots, num_lookahead_tokens
+        )
+        result["extra_draft_slots"] = extra_draft_slots
+        result["with_extra_draft_slots"] = _capacity_dict(charged)
+        typer.echo(
+            f"Charging {extra_draft_slots} draft slots too ({charged.tokens_per_decode_request} tokens per "
+            f"request) would allow only {charged.max_running} running requests instead of "
+            f"{ours.max_running} ({charged.max_running / ours.max_running:.2f}x); the draft pass runs "
+            "separately and should not be charged."
+        )
+    if as_json:
+        typer.echo(json.dumps(result))

@@ -1,0 +1,85 @@
+"""Batched forward passes of one model over its slot KV cache, and logits -> probabilities.
+
+Every pass (prompt chunks, draft steps, target verification) is the same operation: B ragged rows of new
+tokens, row b written at cache positions start[b].. of slot slots[b], padded into one [B, T] forward.
+The lm_head runs only on the positions the caller asks for, since it is a large share of a step.
+Per-row bookkeeping stays in Python lists on the CPU; tensors are created on the model's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from flyspec.models.llama import ForwardBatch
+from flyspec.sampling_params import SamplingParams
+from flyspec.spec_decode.sampling import inverse_cdf_sample, process_logits
+
+
+class ModelRunner:
+    """One model with its own KV cache of `num_slots` rows of `max_len` positions."""
+
+    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int) -> None:
+        self.model = model
+        self.cache = model.new_cache(num_slots, max_len)
+        self.device = next(model.parameters()).device
+        self.vocab_size: int = model.vocab_size
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        rows: Seq[Seq[int]],
+        slots: Seq[int],
+        starts: Seq[int],
+        keep: Seq[Seq[int]] | None = None,
+    ) -> torch.Tensor | None:
+        """Run rows of new tokens through the model, writing their K/V into the cache.
+
+        rows[b] are token ids at cache positions starts[b], starts[b] + 1, ... of slot slots[b].
+        keep[b] lists the indices into rows[b] whose logits are wanted. Returns float32 logits
+        [sum(len(keep[b])), V] in row-major order, or None when nothing is kept.
+        """
+        lengths = [len(r) for r in rows]
+        width = max(lengths)
+        padded = [list(r) + [0] * (width - len(r)) for r in rows]
+        input_ids = torch.tensor(padded, dtype=torch.int64, device=self.device)
+        batch = ForwardBatch(
+            slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
+            start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
+            num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
+        )
+        hidden = self.model(input_ids, batch, self.cache)
+        if keep is None or not any(keep):
+            return None
+        row_idx = [b for b, positions in enumerate(keep) for _ in positions]
+        pos_idx = [p for positions in keep for p in positions]
+        picked = hidden[torch.tensor(row_idx, device=self.device), torch.tensor(pos_idx, device=self.device)]
+        return self.model.compute_logits(picked).float()
+
+
+def sampling_tensors(
+    params: Seq[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row temperature, top_k and top_p tensors for process_logits."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+    top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+    return temperature, top_k, top_p
+
+
+def logits_to_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
+    """Processed probabilities [N, V], one SamplingParams per logits row (greedy rows: raw softmax)."""
+    return process_logits(logits, *sampling_tensors(params, logits.device))
+
+
+def sample_tokens(probs: torch.Tensor, greedy: Seq[bool], uniform: torch.Tensor) -> list[int]:
+    """One token per row: argmax (first maximal index) for greedy rows, inverse CDF with `uniform` [N]
+    float64 otherwise. The same rule verification uses for its bonus token, so target-only decoding and
+    speculative decoding pick identically."""
+    tokens = probs.argmax(dim=-1)
+    if not all(greedy):
+        drawn = inverse_cdf_sample(probs, uniform.to(probs.device))
+        mask = torch.tensor(list(greedy), dtype=torch.bool, device=probs.device)
+        tokens = torch.where(mask, tokens, drawn)
+    return tokens.tolist()

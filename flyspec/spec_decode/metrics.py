@@ -1,0 +1,48 @@
+"""Engine-wide acceptance counters (read by the server's /metrics and by the benchmarks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodeStats:
+    """Cumulative counters since the engine started.
+
+    accepted_per_position[i] counts verification steps whose i-th draft token was kept (forgiven
+    tokens included); its length is K (0 without speculation).
+    """
+
+    num_speculative_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_forgiven_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * self.num_speculative_tokens
+
+    def record_verification(self, num_draft_tokens: int, num_accepted: int, num_forgiven: int) -> None:
+        """Count one request's verification step (called once per row; rows without drafts too)."""
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        self.num_forgiven_tokens += num_forgiven
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification step: 1 + accepted / drafts (1.0 without drafts)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of draft tokens kept (0.0 without drafts)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0

@@ -1,0 +1,135 @@
+"""Token-budget admission (SPEC 7): max_running arithmetic and the scheduler's batching decisions.
+
+The engine-level behaviour under saturating load (cap reached, never exceeded, decode continuing during a
+chunked prefill) is in tests/test_engine.py; here the scheduler runs on real Sequence objects whose
+prefill progress is advanced the way the engine advances it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flyspec.engine.scheduler import Scheduler, capacity, max_running
+from flyspec.engine.sequence import Sequence
+from flyspec.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("budget", "seqs", "charge", "lookahead", "expected", "binding"),
+    [
+        (512, 64, 10, None, 51, "budget"),
+        (512, 128, 10, None, 51, "budget"),
+        (512, 64, 6, None, 64, "max_num_seqs"),
+        (512, 128, 6, None, 85, "budget"),
+        (512, 128, 6, 5, 85, "budget"),  # 512 // 5 = 102 does not bind here
+        (512, 128, 2, 5, 102, "lookahead"),  # ... but does when the charge is small
+        (512, 64, 8, None, 64, "max_num_seqs"),  # a tie is reported as max_num_seqs
+        (6, 1, 6, None, 1, "max_num_seqs"),
+    ],
+)
+def test_max_running_on_the_published_examples(budget, seqs, charge, lookahead, expected, binding) -> None:
+    """max_running = min(S, B // charge[, B // L]) with the binding limit named (SPEC 7 examples)."""
+    assert max_running(budget, seqs, charge, lookahead) == expected
+    cap = capacity(budget, seqs, charge, lookahead)
+    assert (cap.max_running, cap.binding, cap.tokens_per_decode_request) == (expected, binding, charge)
+
+
+def test_log_line_names_charge_cap_and_binding_limit() -> None:
+    """The start-up line has the SPEC 7 wording and says which limit binds."""
+    line = capacity(512, 128, 6).describe()
+    assert line.startswith(
+        "each decode request charges 6 tokens of max_num_batched_tokens=512: at most 85 of "
+        "max_num_seqs=128 requests can run"
+    )
+    assert "token budget binds" in line
+    assert "max_num_seqs binds" in capacity(512, 64, 6).describe()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 16, 1), "max_num_batched_tokens=0"),
+        ((-5, 16, 1), "max_num_batched_tokens=-5"),
+        ((512, 0, 1), "max_num_seqs=0"),
+        ((512, 16, 0), "tokens_per_decode_request=0"),
+        ((5, 16, 6), "raise max_num_batched_tokens to at least 6"),
+    ],
+)
+def test_bad_budgets_raise_saying_what_to_raise(args, message) -> None:
+    """Non-positive values and a budget below one request's charge are ValueErrors naming the fix."""
+    with pytest.raises(ValueError, match=message):
+        capacity(*args)
+
+
+def _seq(i: int, prompt_len: int) -> Sequence:
+    return Sequence(f"r{i}", None, list(range(1, prompt_len + 1)), SamplingParams(), i, frozenset())
+
+
+def _advance(step) -> None:
+    """What the engine does after a step: prefill chunks enter the cache, finished prompts get a token."""
+    for seq, n in step.prefills:
+        seq.num_computed += n
+        if not seq.is_prefilling:
+            seq.output_token_ids.append(7)
+    for seq in step.decodes:
+        seq.output_token_ids.append(7)
+        seq.num_computed = seq.num_tokens - 1
+
+
+def test_admission_fills_the_cap_and_never_exceeds_it() -> None:
+    """With 20 waiting requests and a cap of 4, exactly 4 run; finishing one admits the next (FCFS)."""
+    sched = Scheduler(max_num_batched_tokens=24, max_running=4, tokens_per_decode_request=6)
+    seqs = [_seq(i, 3) for i in range(20)]
+    for s in seqs:
+        sched.add(s)
+    for _ in range(5):
+        step = sched.schedule()
+        assert sched.num_running == 4
+        assert len(step.decodes) * 6 + step.num_batched_tokens <= 24
+        _advance(step)
+    assert [s.request_id for s in sched.running] == ["r0", "r1", "r2", "r3"]
+    assert sorted(s.slot for s in sched.running) == [0, 1, 2, 3]
+    seqs[1].finish("stop")
+    assert sched.release_finished() == [seqs[1]]
+    step = sched.schedule()
+    assert [s.request_id for s, _ in step.prefills] == ["r4"]
+    assert seqs[4].slot == 1  # the freed slot is reused
+    assert sched.num_running == 4 and sched.num_waiting == 15
+
+
+def test_long_prompt_is_chunked_while_decodes_continue() -> None:
+    """A 100-token prompt is prefilled with the budget the decodes leave, in several steps, and every
+    running request decodes in every one of those steps."""
+    sched = Scheduler(max_num_batched_tokens=32, max_running=5, tokens_per_decode_request=6)
+    short = [_seq(i, 2) for i in range(3)]
+    for s in short:
+        sched.add(s)
+    _advance(sched.schedule())  # the three short prompts are prefilled in one step
+    long = _seq(9, 100)
+    sched.add(long)
+    chunks = []
+    while long.is_prefilling:
+        step = sched.schedule()
+        assert {s.request_id for s in step.decodes} == {"r0", "r1", "r2"}
+        assert len(step.prefills) == 1 and step.prefills[0][0] is long
+        chunks.append(step.prefills[0][1])
+        assert 3 * 6 + step.num_batched_tokens <= 32
+        _advance(step)
+    assert chunks == [14] * 7 + [2]
+    assert long in sched.schedule().decodes
+
+
+def test_abort_frees_the_slot_of_a_running_request_and_drops_a_waiting_one() -> None:
+    """abort() removes a request wherever it is and its slot goes back to the pool."""
+    sched = Scheduler(max_num_batched_tokens=8, max_running=1, tokens_per_decode_request=2)
+    a, b = _seq(0, 3), _seq(1, 3)
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()
+    assert sched.abort("r1") is b and sched.num_waiting == 0
+    assert sched.abort("r0") is a and a.slot is None and sched.num_running == 0
+    assert sched.abort("missing") is None
+    c = _seq(2, 3)
+    sched.add(c)
+    sched.schedule()
+    assert c.slot == 0

@@ -1,0 +1,97 @@
+"""Tiny random-weight Llama-family checkpoints with a real word-level tokenizer, for engine tests.
+
+`save_tiny(path, ...)` writes an HF folder (config, safetensors weights, tokenizer, chat template) that
+every loader path reads like a real checkpoint. Vocabulary: 4 special tokens, a few chat words, then
+words "w0", "w1", ... up to VOCAB_SIZE ids, so any id the model produces decodes to a word.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+VOCAB_SIZE = 256
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+CHAT_WORDS = ["user", "assistant", ":"]
+BOS_ID, EOS_ID = 1, 2
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def vocabulary(size: int = VOCAB_SIZE, extra_words: int = 0) -> dict[str, int]:
+    """token -> id; `extra_words` shifts the word list to make a different (mismatching) vocabulary."""
+    tokens = SPECIALS + CHAT_WORDS
+    words = [f"w{i + extra_words}" for i in range(size - len(tokens))]
+    return {tok: i for i, tok in enumerate(tokens + words)}
+
+
+def make_tokenizer(size: int = VOCAB_SIZE, extra_words: int = 0) -> transformers.PreTrainedTokenizerFast:
+    """A word-level tokenizer that prepends <s> and splits on whitespace."""
+    tok = Tokenizer(models.WordLevel(vocabulary(size, extra_words), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny(
+    path: Path,
+    *,
+    seed: int,
+    arch: str = "llama",
+    std: float = 0.15,
+    num_layers: int = 2,
+    vocab_size: int = VOCAB_SIZE,
+    extra_words: int = 0,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Write a random-weight checkpoint; larger `std` gives peakier (lower-entropy) next-token logits."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+    )
+    if arch == "gpt2":  # an architecture the native forward does not support
+        config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=1, n_head=2)
+    else:
+        config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[arch](**common)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                param.normal_(0.0, std)
+    model.save_pretrained(path)
+    make_tokenizer(vocab_size, extra_words).save_pretrained(path)
+    return path
+
+
+def save_perturbed(source: Path, path: Path, *, seed: int, noise: float) -> Path:
+    """A draft that mostly agrees with `source`: its weights plus Gaussian noise, same tokenizer.
+
+    It disagrees where the source is unsure (near-ties), which is where FLy may forgive.
+    """
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(noise * torch.randn_like(param))
+    model.save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    return path
