@@ -26,16 +26,6 @@ MAX_TOKENS = 20
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared CPU spinning threads make
-    them many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")

@@ -15,7 +15,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,21 +41,9 @@ class Setup:
     expected_right: set[str]
 
 
-@pytest.fixture()
-def one_thread() -> Iterator[None]:
-    """Tiny models on a shared 2-core CPU: one torch thread avoids oversubscription stalls (10x here)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     """Write the models and the dataset whose answers come from the target's own greedy outputs."""
-    import torch
 
     from flyspec import LLM, SamplingParams
 
@@ -66,14 +53,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     conversations = [
         [{"role": "user", "content": f"w{3 * i + 7} w{5 * i + 11} w{i + 40}"}] for i in range(NUM_QUESTIONS)
     ]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        llm = LLM(str(target), dtype="float32", max_num_seqs=4)
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-        outs = llm.chat(conversations, params, use_tqdm=False)
-    finally:
-        torch.set_num_threads(threads)
+    llm = LLM(str(target), dtype="float32", max_num_seqs=4)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    outs = llm.chat(conversations, params, use_tqdm=False)
     reference: dict[str, str] = {}
     expected_right: set[str] = set()
     rows = []
@@ -105,7 +87,6 @@ def _outputs(store: Path, run_id: str) -> dict[tuple[str, str], str]:
         return {(a.arm, a.question_id): a.output for a in s.answers(run_id)}
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_in_process_gate_shares_one_engine_and_matches_target_greedy(setup: Setup, tmp_path: Path) -> None:
     """Greedy gate with standard-SD vs FLy arms: one FLy engine serves both (recorded in the run), the
     baseline's stored outputs are exactly the target-only greedy texts (lossless verification per
@@ -129,7 +110,6 @@ def test_in_process_gate_shares_one_engine_and_matches_target_greedy(setup: Setu
     assert all(a.num_forgiven_tokens == 0 for a in answers if a.arm == "baseline")
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: Path) -> None:
     """At temperature 1, per-question seeds make outputs reproducible and independent of engine sharing:
     the standard arm gives identical texts whether it rides in the shared FLy engine or runs alone in

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from tiny_llm import save_tiny
 
 import flyspec
 from flyspec import LLM, RequestOutput, SamplingParams, SpeculativeConfig
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared CPU spinning threads make
-    them many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import transformers
 
@@ -14,16 +13,6 @@ from flyspec.spec_decode.proposers import DraftModelProposer, NgramProposer, ngr
 from flyspec.spec_decode.sampling import inverse_cdf_sample, process_logits
 
 VOCAB = 97
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared CPU spinning threads make
-    them many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_ngram_prefers_the_longest_match() -> None:
