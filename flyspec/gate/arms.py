@@ -454,7 +454,12 @@ class OpenAIExecutor:
         return "/completions", {**body, "prompt": question.prompt}
 
     async def _request(
-        self, client: httpx.AsyncClient, job: Job, sampling: Sampling, first_url: int
+        self,
+        client: httpx.AsyncClient,
+        job: Job,
+        sampling: Sampling,
+        first_url: int,
+        url_slots: list[asyncio.Semaphore],
     ) -> Completion:
         route, body = self._body(job, sampling)
         urls = self.arm.base_urls
@@ -462,10 +467,13 @@ class OpenAIExecutor:
         for attempt in range(self.arm.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self.arm.backoff * 2 ** (attempt - 1))
-            url = urls[(first_url + attempt) % len(urls)]
-            start = time.monotonic()
+            index = (first_url + attempt) % len(urls)
+            url = urls[index]
             try:
-                response = await client.post(url + route, json=body)
+                # A retry moves to another URL: its own bound applies there too.
+                async with url_slots[index]:
+                    start = time.monotonic()
+                    response = await client.post(url + route, json=body)
             except httpx.TransportError as exc:  # connection refused, reset, DNS, timeouts
                 last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
                 continue
@@ -515,12 +523,13 @@ class OpenAIExecutor:
         headers = {"Authorization": f"Bearer {self.arm.api_key}"} if self.arm.api_key else {}
         slots = self.arm.concurrency * len(self.arm.base_urls)
         limits = httpx.Limits(max_connections=slots, max_keepalive_connections=slots)
+        url_slots = [asyncio.Semaphore(self.arm.concurrency) for _ in self.arm.base_urls]
         async with httpx.AsyncClient(timeout=self.arm.timeout, headers=headers, limits=limits) as client:
 
             async def worker(url_index: int) -> None:
                 while not queue.empty():
                     job = queue.get_nowait()
-                    completion = await self._request(client, job, sampling, url_index)
+                    completion = await self._request(client, job, sampling, url_index, url_slots)
                     # Runs on the event loop, i.e. in the main thread, where graders may use SIGALRM.
                     on_done(job, completion)
 
