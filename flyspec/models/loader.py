@@ -1,0 +1,128 @@
+"""Load config, tokenizer and weights into the native forward.
+
+Sources: a Hugging Face folder (weights read straight from its safetensors files, one tensor at a time,
+converted to the target dtype and device as they are read), a `.gguf` file (transformers dequantises it),
+or a zoo name (SPEC 10), which resolves to its prepared cache folder. The model is built on the meta
+device and the weights are assigned, so no memory is spent on a random initialisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flyspec.assets import resolve_model
+from flyspec.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A ready model with its tokenizer, transformers config, resolved path and weight dtype."""
+
+    model: LlamaForCausalLM
+    tokenizer: Any
+    hf_config: Any
+    path: str
+    dtype: torch.dtype
+
+
+def _device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device={device!r}: not a torch device (use cpu, cuda or cuda:N)") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: only cpu and cuda are supported")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: CUDA is not available in this torch build or machine")
+    return dev
+
+
+def _resolve_dtype(dtype: str, checkpoint_dtype: Any, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: must be one of auto, {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    if isinstance(checkpoint_dtype, str):
+        checkpoint_dtype = DTYPES.get(checkpoint_dtype.removeprefix("torch."), torch.float32)
+    resolved = checkpoint_dtype if checkpoint_dtype in DTYPES.values() else torch.float32
+    # float16 matmuls on CPU are slow and overflow-prone; bfloat16 has the same size and float32's range.
+    if resolved == torch.float16 and device.type == "cpu":
+        return torch.bfloat16
+    return resolved
+
+
+def _check_architecture(config: Any, source: Path) -> None:
+    if getattr(config, "model_type", None) not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{source}: unsupported model architecture {getattr(config, 'model_type', None)!r} "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+
+
+def _read_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt", device="cpu") as fh:
+            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                state[key] = fh.get_tensor(key).to(device=device, dtype=dtype)
+    return state
+
+
+def _build(config: Any, state: dict[str, torch.Tensor], device: torch.device) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> LoadedModel:
+    """Load an HF folder, a .gguf file or a prepared zoo name into the native forward.
+
+    dtype "auto" keeps the checkpoint's dtype (a dequantised GGUF is float32), except that float16
+    becomes bfloat16 on CPU. Raises ValueError for an unknown name, a path that is neither folder nor
+    file, an unsupported architecture, or a bad dtype/device.
+    """
+    import transformers
+
+    dev = _device(device)
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: must be one of auto, {', '.join(DTYPES)}")
+    path = resolve_model(name_or_path)
+    if path.is_dir():
+        config = transformers.AutoConfig.from_pretrained(path)
+        _check_architecture(config, path)
+        checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        target = _resolve_dtype(dtype, checkpoint_dtype, dev)
+        state = _read_safetensors(path, target, dev)
+        if not state:  # a folder with only pytorch_model.bin files: let transformers read them
+            hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=target)
+            state = hf.state_dict()
+            del hf
+        # transformers 4.57.3+ warns about a Mistral regex bug for every local folder it saved itself;
+        # only Mistral tokenizers are concerned, so the others opt out explicitly.
+        extra = {} if config.model_type == "mistral" else {"fix_mistral_regex": False}
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
+    elif path.suffix.lower() == ".gguf":
+        config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        _check_architecture(config, path)
+        target = _resolve_dtype(dtype, torch.float32, dev)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=target)
+        config = hf.config
+        state = {k: v.to(dev) for k, v in hf.state_dict().items()}
+        del hf
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    else:
+        raise ValueError(
+            f"model file {str(path)!r} is not a .gguf file; pass a Hugging Face folder, a .gguf file "
+            "or a zoo name"
+        )
+    model = _build(config, state, dev)
+    return LoadedModel(model=model, tokenizer=tokenizer, hf_config=config, path=str(path), dtype=target)

