@@ -55,8 +55,9 @@ def ref_verify_row(
     fly: FlyParams | None,
     u: list[float],
     su: float,
-) -> tuple[list[int], set[int], int, int]:
-    """Returns (kept draft tokens, candidates for the recovered/bonus token, num_accepted, num_forgiven)."""
+) -> tuple[list[int], set[int], int, list[int]]:
+    """Returns (kept draft tokens, candidates for the recovered/bonus token, num_accepted, the kept
+    positions that were forgiven)."""
 
     def q_of(i: int) -> float:
         return 1.0 if Q is None else Q[i][d[i]]
@@ -97,7 +98,7 @@ def ref_verify_row(
         last = ref_inverse_cdf(residual if any(r > 0 for r in residual) else P[a], su)
     else:
         last = ref_inverse_cdf(P[a], su)
-    return d[:a], last, a, sum(forgiven[:a])
+    return d[:a], last, a, [i for i in range(a) if forgiven[i]]
 
 
 def assert_matches_reference(d, P, Q, greedy, lengths, fly, u, su) -> VerifyOutputCounts:
@@ -119,8 +120,9 @@ def assert_matches_reference(d, P, Q, greedy, lengths, fly, u, su) -> VerifyOutp
         row = out.token_ids[b].tolist()
         assert row[:acc] == kept and row[acc] in last and row[acc + 1 :] == [-1] * (K - acc), f"row {b}"
         assert int(out.num_accepted[b]) == acc, f"row {b}"
-        assert int(out.num_forgiven[b]) == forg, f"row {b}"
-        counts.add(acc, forg, int(lengths[b]))
+        assert int(out.num_forgiven[b]) == len(forg), f"row {b}"
+        assert out.forgiven[b].nonzero().flatten().tolist() == forg, f"row {b}"
+        counts.add(acc, len(forg), int(lengths[b]))
     return counts
 
 

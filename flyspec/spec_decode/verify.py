@@ -52,6 +52,8 @@ class VerifyOutput:
     """[B] int64: draft tokens kept (forgiven ones included)."""
     num_forgiven: torch.Tensor
     """[B] int64: kept draft tokens that native verification rejected."""
+    forgiven: torch.Tensor
+    """[B, K] bool: the kept draft positions that native verification rejected (num_forgiven per row)."""
 
 
 def top_k_entropy(probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -157,7 +159,7 @@ def verify(
             inverse CDF; None draws it from `generator` (after `uniform`).
 
     Returns:
-        VerifyOutput with token_ids [B, K+1], num_accepted [B] and num_forgiven [B].
+        VerifyOutput with token_ids [B, K+1], num_accepted [B], num_forgiven [B] and forgiven [B, K].
     """
     device = target_probs.device
     b, k = draft_token_ids.shape if draft_token_ids.dim() == 2 else (0, 0)
@@ -212,7 +214,7 @@ def verify(
     not_kept = valid & ~kept
     first_reject = torch.where(not_kept, positions, k).amin(dim=1) if k else torch.zeros_like(lengths)
     accepted = torch.minimum(first_reject, lengths)
-    num_forgiven = (forgiven & (positions < accepted.unsqueeze(1))).sum(dim=1)
+    forgiven &= positions < accepted.unsqueeze(1)
 
     final = _final_tokens(
         target_probs, draft_probs, draft, accepted, lengths, greedy, target_argmax, sample_uniform, generator
@@ -220,7 +222,9 @@ def verify(
     token_ids = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)
     token_ids[:, :k] = torch.where(positions < accepted.unsqueeze(1), draft, -1)
     token_ids[rows, accepted] = final
-    return VerifyOutput(token_ids=token_ids, num_accepted=accepted, num_forgiven=num_forgiven)
+    return VerifyOutput(
+        token_ids=token_ids, num_accepted=accepted, num_forgiven=forgiven.sum(dim=1), forgiven=forgiven
+    )
 
 
 def _forgiven(
