@@ -329,14 +329,14 @@ def test_generation_stops_at_max_model_len(models) -> None:
                 m["target"],
                 {"model": str(save_tiny(tmp / "d", seed=0, vocab_size=300)), "num_speculative_tokens": 2},
             ),
-            "vocab_size=300",
+            "tokenises text fragments losslessly",
         ),
         (
             lambda m, tmp: engine(
                 m["target"],
                 {"model": str(save_tiny(tmp / "d", seed=0, extra_words=5)), "num_speculative_tokens": 2},
             ),
-            "different tokenizer vocabulary",
+            "tokenises text fragments losslessly",
         ),
         (lambda m, tmp: engine(m["target"], max_num_batched_tokens=0), "max_num_batched_tokens=0"),
         (lambda m, tmp: engine(m["target"], max_num_seqs=0), "max_num_seqs=0"),
@@ -350,8 +350,8 @@ def test_generation_stops_at_max_model_len(models) -> None:
     ],
 )
 def test_bad_engine_configuration_raises_a_clear_error(models, tmp_path, make, message) -> None:
-    """Unsupported architecture, draft/target vocabulary mismatch (size or token map), non-positive
-    budgets, a budget below one request's charge, and max_model_len beyond the model: ValueError at
-    start-up naming the problem."""
+    """Unsupported architecture, a draft of another vocabulary (size or token map) whose word-level
+    tokenizer cannot follow the text for cross-vocabulary drafting, non-positive budgets, a budget below
+    one request's charge, and max_model_len beyond the model: ValueError at start-up naming the problem."""
     with pytest.raises(ValueError, match=message):
         make(models, tmp_path)

@@ -6,6 +6,8 @@ Cache invariants (lengths live on each Sequence; the caches never track them):
   and the `a` accepted drafts, so the invariant holds again (rejected positions are simply overwritten).
 - draft: the proposer leaves every current token plus the first K - 1 drafts in the draft cache; after
   verification `draft_len = old num_tokens + min(a, K - 1)`, the drafts that were kept and cached.
+  A draft model with another vocabulary (Token-Level Intersection, greedy drafting only) keeps its own
+  tokenisation of the text and its own cache lengths instead (spec_decode/vocab_map.py).
 
 Without a speculative config the same loop decodes one token per request per step (K = 0).
 
@@ -29,8 +31,9 @@ from flyspec.models.loader import LoadedModel, load_model
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.spec_decode.metrics import SpecDecodeStats
-from flyspec.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal
+from flyspec.spec_decode.proposers import CrossVocabProposer, DraftModelProposer, NgramProposer, Proposal
 from flyspec.spec_decode.verify import FlyParams, verify
+from flyspec.spec_decode.vocab_map import VocabMap
 
 logger = logging.getLogger("flyspec.engine")
 
@@ -63,13 +66,15 @@ class LLMEngine:
         self.target = ModelRunner(target.model, slots, cache_len)
 
         self.draft: ModelRunner | None = None
-        self.proposer: DraftModelProposer | NgramProposer | None = None
+        self.proposer: DraftModelProposer | CrossVocabProposer | NgramProposer | None = None
         if spec is not None and spec.method == "draft_model":
             assert spec.model is not None
             draft = load_model(spec.model, config.dtype, config.device)
-            _check_same_vocabulary(target, draft)
-            self.draft = ModelRunner(draft.model, slots, cache_len)
-            self.proposer = DraftModelProposer(self.draft, self.k, spec.draft_sample_method)
+            if _same_vocabulary(target, draft):
+                self.draft = ModelRunner(draft.model, slots, cache_len)
+                self.proposer = DraftModelProposer(self.draft, self.k, spec.draft_sample_method)
+            else:
+                self.draft, self.proposer = self._cross_vocab_drafter(target, draft, spec, slots)
         elif spec is not None:
             self.proposer = NgramProposer(self.k, spec.prompt_lookup_min, spec.prompt_lookup_max)
         self.fly: FlyParams | None = spec.fly_params(self.vocab_size) if spec is not None else None
@@ -167,6 +172,33 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ internals
 
+    def _cross_vocab_drafter(
+        self, target: LoadedModel, draft: LoadedModel, spec: SpeculativeConfig, slots: int
+    ) -> tuple[ModelRunner, CrossVocabProposer]:
+        """Token-Level Intersection for a draft model of another vocabulary: greedy drafting only."""
+        if spec.draft_sample_method == "probabilistic":
+            raise ValueError(
+                f"draft_sample_method='probabilistic' is invalid: the draft model {draft.path} has a "
+                f"different vocabulary from the target {target.path}, and cross-vocabulary drafting "
+                "(Token-Level Intersection) drafts greedily only; set draft_sample_method='greedy' or leave "
+                "it unset"
+            )
+        vocab_map = VocabMap(
+            target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size
+        )
+        # The draft may need more tokens than the target for the same text; its cache grows on demand.
+        draft_len = min(2 * self.max_model_len, draft.model.max_position_embeddings)
+        runner = ModelRunner(draft.model, slots, draft_len)
+        logger.info(
+            "cross-vocabulary draft %s: Token-Level Intersection of %d of its %d token ids with the target's "
+            "%d; drafting greedily",
+            draft.path,
+            vocab_map.size,
+            draft.model.vocab_size,
+            target.model.vocab_size,
+        )
+        return runner, CrossVocabProposer(runner, self.k, vocab_map)
+
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
@@ -202,8 +234,8 @@ class LLMEngine:
         done = [seq.num_computed + n == seq.num_prompt_tokens for seq, n in chunks]
         keep = [[n - 1] if last else [] for (_, n), last in zip(chunks, done, strict=True)]
         logits = self.target.forward(rows, slots, starts, keep)
-        if self.draft is not None:
-            self.draft.forward(rows, slots, starts)
+        if self.draft is not None and isinstance(self.proposer, DraftModelProposer):
+            self.draft.forward(rows, slots, starts)  # a cross-vocabulary draft catches up when it drafts
         for seq, n in chunks:
             seq.num_computed += n
             seq.draft_len = seq.num_computed
@@ -260,7 +292,7 @@ class LLMEngine:
             seq.metrics.forgiven_positions = [
                 i for i in seq.metrics.forgiven_positions if i < len(seq.output_token_ids)
             ]
-            if self.draft is not None:
+            if isinstance(self.proposer, DraftModelProposer):
                 seq.draft_len = old_tokens + min(a, k - 1)
 
     def _verify(
@@ -381,17 +413,9 @@ def _eos_token_ids(loaded: LoadedModel) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
-    """Draft-model drafting needs the target's vocabulary: same vocab_size and same token -> id map."""
-    t_size, d_size = target.model.vocab_size, draft.model.vocab_size
-    if t_size != d_size:
-        raise ValueError(
-            f"draft model {draft.path} has vocab_size={d_size} but the target {target.path} has "
-            f"vocab_size={t_size}; draft_model drafting needs the same vocabulary (cross-vocabulary "
-            "drafting is not supported)"
-        )
-    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise ValueError(
-            f"draft model {draft.path} uses a different tokenizer vocabulary from the target {target.path}; "
-            "draft_model drafting needs the same token ids (cross-vocabulary drafting is not supported)"
-        )
+def _same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether the draft shares the target's vocabulary: same vocab_size and same token -> id map."""
+    return (
+        target.model.vocab_size == draft.model.vocab_size
+        and target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    )
