@@ -280,13 +280,7 @@ class LLMEngine:
         for b, seq in enumerate(seqs):
             a = accepted[b]
             old_tokens, old_outputs = seq.num_tokens, len(seq.output_token_ids)
-            forgiven_at: list[int] = []
-            if forgiven[b]:
-                q = None if proposal.probs is None else proposal.probs[b, :a]
-                forgiven_at = _natively_rejected(
-                    drafts[b][:a], target_probs[b, :a], q, bool(greedy[b]), verify_u[b, :a]
-                )
-            self._record(seq, num_draft[b], a, forgiven[b], [old_outputs + i for i in forgiven_at])
+            self._record(seq, num_draft[b], a, len(forgiven[b]), [old_outputs + i for i in forgiven[b]])
             self._commit(seq, final_ids[b])
             # A stop condition may have cut the step's tokens short; forget forgiven positions past it.
             seq.metrics.forgiven_positions = [
@@ -303,12 +297,13 @@ class LLMEngine:
         greedy: torch.Tensor,
         verify_u: torch.Tensor,
         sample_u: torch.Tensor,
-    ) -> tuple[list[int], list[int], list[list[int]]]:
+    ) -> tuple[list[int], list[list[int]], list[list[int]]]:
         """verify() for all rows: FLy for rows that allow it, standard for the rest (a request with
         verification="standard" in a FLy engine), as at most two calls. Returns per-row accepted counts,
-        forgiven counts and the tokens to commit."""
+        forgiven draft positions and the tokens to commit."""
         use_fly = [self.fly is not None and s.params.verification != "standard" for s in seqs]
-        accepted, forgiven = [0] * len(seqs), [0] * len(seqs)
+        accepted = [0] * len(seqs)
+        forgiven: list[list[int]] = [[] for _ in seqs]
         final_ids: list[list[int]] = [[] for _ in seqs]
         for fly_group in (False, True):
             idx = [b for b in range(len(seqs)) if use_fly[b] == fly_group]
@@ -326,10 +321,11 @@ class LLMEngine:
                 uniform=_rows(verify_u, sel),
                 sample_uniform=_rows(sample_u, sel),
             )
-            num_accepted, num_forgiven = out.num_accepted.tolist(), out.num_forgiven.tolist()
-            token_ids = out.token_ids.tolist()
+            num_accepted, token_ids = out.num_accepted.tolist(), out.token_ids.tolist()
+            forgiven_mask = out.forgiven.tolist()
             for j, b in enumerate(idx):
-                accepted[b], forgiven[b] = num_accepted[j], num_forgiven[j]
+                accepted[b] = num_accepted[j]
+                forgiven[b] = [i for i, f in enumerate(forgiven_mask[j]) if f]
                 final_ids[b] = token_ids[j][: accepted[b] + 1]
         return accepted, forgiven, final_ids
 
@@ -362,24 +358,6 @@ def _to_padded_rows(flat: torch.Tensor, num_draft: list[int], k: int) -> torch.T
     cols = torch.tensor([c for n in num_draft for c in range(n + 1)], device=flat.device)
     out[rows, cols] = flat
     return out
-
-
-def _natively_rejected(
-    draft: list[int], p: torch.Tensor, q: torch.Tensor | None, greedy: bool, u: torch.Tensor
-) -> list[int]:
-    """Indices among kept draft tokens that native verification rejected (the positions FLy forgave).
-
-    Same native decision as SPEC 4: greedy, d_i == argmax P_i; random, Q_i(d_i) > 0 and
-    P_i(d_i) / Q_i(d_i) >= u_i (Q = 1 without draft probabilities).
-    """
-    d = torch.tensor(draft, dtype=torch.int64, device=p.device)
-    if greedy:
-        ok = d == p.argmax(dim=-1)
-    else:
-        pd = p.gather(1, d[:, None]).squeeze(1).double()
-        qd = torch.ones_like(pd) if q is None else q.gather(1, d[:, None].to(q.device)).squeeze(1).double()
-        ok = (qd > 0) & (pd > 0) & (pd / qd.clamp_min(1e-300) >= u.to(pd.device))
-    return (~ok).nonzero().squeeze(1).tolist()
 
 
 def _resolve_max_model_len(requested: int | None, max_position_embeddings: int) -> int:
