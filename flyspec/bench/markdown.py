@@ -1,0 +1,322 @@
+"""Renders a bench report: the terminal table and BENCHMARKS.md.
+
+Everything in the Markdown comes from the report object of one run; nothing is typed in by hand, so the
+file is regenerated, never edited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from pathlib import Path
+from typing import Any
+
+
+def _num(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def baseline_ratio(report: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """tokens/s relative to target-only of the same backend at the same batch size."""
+    for other in report["results"]:
+        if (
+            other["backend"] == row["backend"]
+            and other["method"] == "target"
+            and other["batch_size"] == row["batch_size"]
+            and other["tokens_per_s"]
+            and row["tokens_per_s"]
+        ):
+            return row["tokens_per_s"] / other["tokens_per_s"]
+    return None
+
+
+RESULT_COLUMNS = (
+    "arm",
+    "tokens/s",
+    "per run",
+    "decode tokens/s",
+    "vs target-only",
+    "mean acc. length",
+    "acc. rate",
+    "forgiven",
+    "peak RSS (GB)",
+    "same as target-only",
+)
+
+
+def result_cells(report: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """One results-table row as strings (shared by the terminal table and the Markdown)."""
+    runs = ", ".join(_num(v, "{:.1f}") for v in row["tokens_per_s_runs"])
+    return [
+        row["label"],
+        _num(row["tokens_per_s"]),
+        runs,
+        _num(row.get("decode_tokens_per_s")),
+        _num(baseline_ratio(report, row), "{:.2f}x"),
+        _num(row["mean_acceptance_length"]),
+        _pct(row["acceptance_rate"]),
+        _pct(row["forgiven_share"]),
+        _num(None if row["peak_rss_mb"] is None else row["peak_rss_mb"] / 1024, "{:.2f}"),
+        _pct(row["prefix_match"]),
+    ]
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The results, ratios and targets on the terminal (rich tables on stdout)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    # Wide enough for every column even when stdout is a pipe (rich would assume 80 columns).
+    console = Console(width=max(Console().width, 160))
+    table = Table(title="flyspec bench", title_justify="left")
+    for i, name in enumerate(RESULT_COLUMNS):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in report["results"]:
+        table.add_row(*result_cells(report, row))
+    console.print(table)
+    if report["targets"]:
+        targets = Table(title="targets (issue 10)", title_justify="left")
+        for name in ("target", "measured", "threshold", "met"):
+            targets.add_column(name)
+        for t in report["targets"]:
+            targets.add_row(
+                t["description"], _num(t["value"], "{:.3f}"), _num(t["threshold"], "{:.2f}"), _met(t["met"])
+            )
+        console.print(targets)
+
+
+def _met(met: bool | None) -> str:
+    return {True: "yes", False: "MISSED", None: "n/a"}[met]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def arm_command(report: dict[str, Any], row: dict[str, Any]) -> str:
+    """A `flyspec bench` command whose sweep includes this arm with the run's settings."""
+    s = report["settings"]
+    args = [
+        "flyspec",
+        "bench",
+        "--model",
+        s["model"],
+        "--dtype",
+        s["dtype"],
+        "--device",
+        s["device"],
+        "--dataset",
+        s["dataset"],
+        "--num-prompts",
+        str(s["num_prompts"]),
+        "--max-tokens",
+        str(s["max_tokens"]),
+        "--repeats",
+        str(s["repeats"]),
+        "--batch-sizes",
+        str(row["batch_size"]),
+    ]
+    if not s["ignore_eos"]:
+        args.append("--stop-at-eos")
+    if s.get("threads") is not None:
+        args += ["--threads", str(s["threads"])]
+    method = row["method"]
+    args += ["--methods", method]
+    if row["drafter"] is not None:
+        args += ["--draft", row["drafter"], "--k", str(row["k"]), "--headline-k", str(row["k"])]
+    if method == "fly":
+        args += ["--fly-threshold", str(row["fly_threshold"])]
+        if not row["default_window"]:
+            args += ["--fly-windows", str(row["fly_window"])]
+    if row["backend"] == "hf":
+        args += ["--peer", "hf"]
+    return shlex.join(args)
+
+
+def render_markdown(report: dict[str, Any], plot_path: Path | None, markdown_path: Path) -> str:
+    """BENCHMARKS.md for one bench report (plot linked relative to the Markdown file)."""
+    s, m = report["settings"], report["machine"]
+    out = [
+        "# Benchmarks",
+        "",
+        f"Generated on {report['finished_at']} by one command (the reference sweep is what `make bench` "
+        "runs):",
+        "",
+        f"    {report['command']}",
+        "",
+        "Do not edit by hand: every number below comes from that one run, and the commands at the end "
+        "re-measure any single row.",
+        "",
+        "## Machine",
+        "",
+    ]
+    load = f"{m['load_average_start']} at start, {m.get('load_average_end')} at end"
+    out += _table(
+        ["", ""],
+        [
+            ["CPU", f"{m['cpu']} ({m['usable_cores']} usable cores, {m['logical_cores']} logical)"],
+            ["memory", f"{m['memory_gb']} GB"],
+            ["device", m["device"] + (f" ({m['gpu']})" if m.get("gpu") else "")],
+            [
+                "software",
+                f"Python {m['python']}, torch {m['torch']} ({m['torch_threads']} thread(s)), "
+                f"transformers {m['transformers']}, {m['os']}",
+            ],
+            ["flyspec commit", str(m.get("flyspec_commit"))],
+            ["load average (1, 5, 15 min)", load],
+        ],
+    )
+    if max(m["load_average_start"][0], (m.get("load_average_end") or [0])[0]) > (m["usable_cores"] or 1):
+        out += [
+            "",
+            "The load average exceeded the core count: other jobs shared the CPU during the run. "
+            "Absolute tokens/s are therefore low; the ratios come from interleaved runs, so noise hits "
+            "all arms alike.",
+        ]
+    out += [
+        "",
+        "## Setup",
+        "",
+        f"- target `{s['model']}`, drafter(s) {', '.join(f'`{d}`' for d in s['drafters']) or 'none'}, "
+        f"dtype `{s['dtype']}` (loaded as {s['weight_dtype']}), device `{s['device']}`",
+        f"- prompts: the first {len(s['prompt_ids'])} questions of `{s['dataset']}` with the chat template "
+        f"(prompt sha256 `{s['prompts_sha256'][:16]}`), {s['num_prompts']} requests per arm and run, "
+        f"greedy, {s['max_tokens']} new tokens per request"
+        + (
+            " (end-of-sequence ignored, so every request generates exactly that many)"
+            if s["ignore_eos"]
+            else ""
+        ),
+        "- tokens/s = generated tokens / wall time of `generate` (prompt processing included), model "
+        "loading excluded; decode tokens/s leaves prompt processing out (tokens after each request's first, "
+        "over the time from a wave's first first-token to its last finish); every arm ran a "
+        f"{s['warmup_tokens']}-token warm-up first, then {s['repeats']} interleaved repetition(s) "
+        "(every arm once per repetition, order reversed on alternate ones); tokens/s sums tokens and time "
+        "over the repetitions, 'per run' lists each",
+        "- batch size b = b concurrent requests (waves of b); FLy entropy threshold "
+        f"{s['fly_threshold']}, top-k 3; standard arms run on the FLy engine of the same K with "
+        '`verification="standard"` requests',
+        "- mean acc. length = tokens per verification step (1 + accepted / drafts); for hf assisted, "
+        "tokens per target forward (prefill included). Forgiven = share of accepted draft tokens only "
+        "FLy's rule kept. "
+        "'same as target-only' = mean share of each output identical to flyspec target-only batch-1 output "
+        "before the first difference (bf16 verify passes may round differently; FLy is lossy by design)",
+        "",
+        "## Results",
+        "",
+    ]
+    out += _table(list(RESULT_COLUMNS), [result_cells(report, r) for r in report["results"]])
+    if report["targets"]:
+        out += ["", "## Targets (issue 10)", ""]
+        rows = []
+        for t in report["targets"]:
+            value = _num(t["value"], "{:.3f}")
+            if "measured_gain" in t:
+                value = (
+                    f"{value} (measured {_pct(t['measured_gain'])}, predicted {_pct(t['predicted_gain'])})"
+                )
+            bound = ">=" if not t["id"].startswith("fly_acceptance") else "<="
+            rows.append([t["description"], value, f"{bound} {t['threshold']}", _met(t["met"])])
+        out += _table(["target", "measured", "threshold", "met"], rows)
+    if report["ratios"]:
+        out += ["", "## Ratios (tokens/s, same run)", ""]
+        out += _table(
+            ["comparison", "ratio", "acceptance-length gain"],
+            [[r["name"], f"{r['value']:.3f}x", _pct(r.get("acceptance_gain"))] for r in report["ratios"]],
+        )
+    if report["batch_scaling"]:
+        batches = sorted({p["batch_size"] for b in report["batch_scaling"] for p in b["points"]})
+        out += [
+            "",
+            "## Where speculation stops paying",
+            "",
+            "Tokens/s of speculative decoding over target-only at the same batch size:",
+            "",
+        ]
+        rows = []
+        for b in report["batch_scaling"]:
+            by_batch = {p["batch_size"]: p["speedup"] for p in b["points"]}
+            stop = b["stops_paying_at"]
+            rows.append(
+                [
+                    f"{b['method']} K={b['k']}",
+                    *(_num(by_batch.get(x), "{:.2f}x") for x in batches),
+                    "pays at every measured batch size" if stop is None else f"batch {stop}",
+                ]
+            )
+        out += _table(["method", *(f"b={x}" for x in batches), "stops paying at"], rows)
+    if report["breakdown"]:
+        out += [
+            "",
+            "## Where a decode step's time goes (batch 1)",
+            "",
+            "One extra generation per arm with timers around the engine's parts (see "
+            "`flyspec/bench/breakdown.py`); milliseconds per decode step, then the share of decode time. "
+            "'x target-only' = tokens per step x target-only step time / this step time: the speed-up these "
+            "parts allow.",
+            "",
+        ]
+        rows = []
+        base = next(
+            (b for label, b in report["breakdown"].items() if label.startswith("flyspec target-only")), None
+        )
+        for label, b in report["breakdown"].items():
+            ms = b["ms_per_step"]
+            overhead = b["verify_share"] + b["engine_other_share"] + b["outside_step_share"]
+            per_token = b["decode_s"] / b["decode_tokens"] if b["decode_tokens"] else None
+            allowed = base["decode_s"] / base["decode_tokens"] / per_token if base and per_token else None
+            rows.append(
+                [
+                    label,
+                    str(b["decode_steps"]),
+                    f"{b['decode_tokens'] / b['decode_steps']:.2f}",
+                    *(
+                        f"{ms[p]:.1f} ({_pct(b[p + '_share'])})"
+                        for p in ("target_forward", "draft_forward", "verify", "engine_other", "outside_step")
+                    ),
+                    _pct(overhead),
+                    _num(allowed, "{:.2f}x"),
+                ]
+            )
+        out += _table(
+            [
+                "arm",
+                "steps",
+                "tokens/step",
+                "target forward",
+                "draft forward",
+                "verify()",
+                "engine other",
+                "outside step",
+                "verify + engine overhead",
+                "x target-only",
+            ],
+            rows,
+        )
+    if plot_path is not None:
+        rel = Path(plot_path).resolve()
+        with contextlib.suppress(ValueError):
+            rel = rel.relative_to(markdown_path.resolve().parent)
+        out += [
+            "",
+            "## Plot",
+            "",
+            f"![throughput vs batch size; speed-up vs acceptance gain]({rel.as_posix()})",
+        ]
+    out += ["", "## Re-measure one row", "", "<details><summary>commands</summary>", "", "```"]
+    out += [f"# {r['label']}\n{arm_command(report, r)}" for r in report["results"]]
+    out += [
+        "```",
+        "",
+        "</details>",
+        "",
+        "The full JSON of this run (layout in `flyspec/bench/report.py`) is written by `--json FILE`.",
+        "",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,288 @@
+"""Numbers of a finished sweep: one row per arm, the ratios between arms, and the targets of issue 10.
+
+JSON layout (`flyspec bench --json FILE`; schema "flyspec.bench/1"):
+
+- `command`: the command line; `machine`: CPU, cores, memory, library versions, load average;
+  `settings`: model, drafters, dtype, device, dataset, prompts (ids and sha256), max_tokens, repeats,
+  ignore_eos, warm-up tokens;
+- `results`: one object per arm: `label`, `backend` ("flyspec" | "hf"), `method` ("target" |
+  "standard" | "fly"), `batch_size`, `drafter`, `k`, `fly_window`, `default_window`, `requests` (per
+  run), `repeats`, `generated_tokens`, `seconds` (both summed over runs), `tokens_per_s` (their ratio),
+  `tokens_per_s_runs` (one per repetition), `decode_tokens_per_s` (flyspec only: tokens after each
+  request's first, over the time from a wave's first first-token to its last finish, so prompt
+  processing is left out), `mean_acceptance_length` (tokens per verification step;
+  for the peer, tokens per target forward), `acceptance_rate`, `forgiven_share` (forgiven / accepted
+  draft tokens), `peak_rss_mb` (largest resident set size sampled while the arm ran),
+  `prefix_match` (mean share of each output that equals flyspec target-only batch-1 output before the
+  first difference); fields that do not apply are null;
+- `ratios`: `name`, `numerator`, `denominator` (arm labels), `value` (tokens/s ratio) and, where both
+  arms speculate, `acceptance_gain` (relative gain in mean acceptance length);
+- `targets`: `id`, `description`, `value`, `threshold`, `met` (null when the sweep lacks the arms);
+- `batch_scaling`: per speculative method, tokens/s relative to target-only at each batch size and
+  `stops_paying_at` (the first batch size where it falls below 1, or null);
+- `breakdown`: per profiled arm, seconds and shares of decode time per engine part
+  (see flyspec.bench.breakdown); `peak_rss_mb`: the process's peak; `load_s`: seconds spent loading
+  models and building engines (outside every timing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from flyspec.bench.runner import Measurement
+from flyspec.bench.sweep import Arm
+
+SCHEMA = "flyspec.bench/1"
+REFERENCE_TARGET = "qwen2.5-coder-1.5b-instruct"
+REFERENCE_DRAFT = "qwen2.5-coder-0.5b-instruct"
+# Tokens per step at K=4, theta=0.3 predicted by the teacher-forced simulation in issue 10 (8 GSM8K
+# trajectories of the reference pair); key None = standard verification, else the FLy window W.
+PREDICTED_TOKENS_PER_STEP = {None: 4.08, 3: 4.30, 2: 4.48, 1: 4.67}
+PREDICTION_K = 4
+PREDICTION_THRESHOLD = 0.3
+ACCEPTANCE_TOLERANCE = 0.02
+FLY_SPEED_TARGETS = {"default": 1.04, 2: 1.08}
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_match(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> float | None:
+    """Mean over shared prompts of (tokens before the first difference) / (reference length)."""
+    shared = [pid for pid in outputs if pid in reference and reference[pid]]
+    if not shared:
+        return None
+    return sum(_common_prefix(outputs[p], reference[p]) / len(reference[p]) for p in shared) / len(shared)
+
+
+def summarise(
+    arm: Arm,
+    runs: list[Measurement],
+    requests: int,
+    reference: dict[str, list[int]] | None,
+) -> dict[str, Any]:
+    """The result row of one arm from its timed runs."""
+    tokens = sum(r.tokens for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    row: dict[str, Any] = {
+        **arm.to_dict(),
+        "requests": requests,
+        "repeats": len(runs),
+        "generated_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "tokens_per_s_runs": [r.tokens / r.seconds if r.seconds > 0 else None for r in runs],
+        "decode_tokens_per_s": None,
+        "mean_acceptance_length": None,
+        "acceptance_rate": None,
+        "forgiven_share": None,
+        "peak_rss_mb": max(r.peak_rss_bytes for r in runs) / 2**20 if runs else None,
+        "prefix_match": None,
+    }
+    decode_s = sum(r.decode_seconds for r in runs)
+    if arm.backend == "flyspec" and decode_s > 0:
+        row["decode_tokens_per_s"] = sum(r.decode_tokens for r in runs) / decode_s
+    if arm.method != "target" and runs:
+        if arm.backend == "flyspec":
+            drafts = sum(r.num_drafts or 0 for r in runs)
+            draft_tokens = sum(r.num_draft_tokens or 0 for r in runs)
+            accepted = sum(r.num_accepted_tokens or 0 for r in runs)
+            forgiven = sum(r.num_forgiven_tokens or 0 for r in runs)
+            row["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
+            row["acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
+            row["forgiven_share"] = forgiven / accepted if accepted else (0.0 if drafts else None)
+        else:
+            forwards = sum(r.target_forwards or 0 for r in runs)
+            row["mean_acceptance_length"] = tokens / forwards if forwards else None
+    if reference is not None and runs:
+        row["prefix_match"] = prefix_match(runs[0].outputs, reference)
+    return row
+
+
+def find(rows: Iterable[dict[str, Any]], **criteria: Any) -> dict[str, Any] | None:
+    """The first row whose fields equal all `criteria` (None when there is none)."""
+    for row in rows:
+        if all(row.get(k) == v for k, v in criteria.items()):
+            return row
+    return None
+
+
+def _ratio(name: str, num: dict[str, Any] | None, den: dict[str, Any] | None) -> dict[str, Any] | None:
+    if num is None or den is None or not num["tokens_per_s"] or not den["tokens_per_s"]:
+        return None
+    out: dict[str, Any] = {
+        "name": name,
+        "numerator": num["label"],
+        "denominator": den["label"],
+        "value": num["tokens_per_s"] / den["tokens_per_s"],
+    }
+    if num["mean_acceptance_length"] and den["mean_acceptance_length"]:
+        out["acceptance_gain"] = num["mean_acceptance_length"] / den["mean_acceptance_length"] - 1
+    return out
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every comparison the report discusses, as tokens/s ratios (see the module docstring)."""
+    ours = [r for r in rows if r["backend"] == "flyspec"]
+    hf = [r for r in rows if r["backend"] == "hf"]
+    base = {b: find(ours, method="target", batch_size=b) for b in sorted({r["batch_size"] for r in rows})}
+    out: list[dict[str, Any] | None] = [
+        _ratio("flyspec target-only / hf generate (batch 1)", base.get(1), find(hf, method="target"))
+    ]
+    for row in ours:
+        if row["method"] == "target" and row["batch_size"] > 1:
+            out.append(_ratio(f"target-only batch {row['batch_size']} / batch 1", row, base.get(1)))
+            one = base.get(1)
+            if one is not None and row["decode_tokens_per_s"] and one["decode_tokens_per_s"]:
+                out.append(
+                    {
+                        "name": f"target-only batch {row['batch_size']} / batch 1, decode only",
+                        "numerator": row["label"],
+                        "denominator": one["label"],
+                        "value": row["decode_tokens_per_s"] / one["decode_tokens_per_s"],
+                    }
+                )
+    for row in ours:
+        if row["method"] == "target":
+            continue
+        b = row["batch_size"]
+        out.append(_ratio(f"{row['label']} / target-only", row, base.get(b)))
+        if row["method"] == "standard" and b == 1:
+            peer = find(hf, method="standard", drafter=row["drafter"], k=row["k"])
+            out.append(_ratio(f"{row['label']} / hf assisted", row, peer))
+        if row["method"] == "fly":
+            std = find(ours, method="standard", drafter=row["drafter"], k=row["k"], batch_size=b)
+            out.append(_ratio(f"{row['label']} / standard", row, std))
+    for row in hf:
+        if row["method"] == "standard":
+            out.append(_ratio(f"{row['label']} / hf generate", row, find(hf, method="target")))
+    return [r for r in out if r is not None]
+
+
+def _best(rows: list[dict[str, Any]], **criteria: Any) -> dict[str, Any] | None:
+    found = [r for r in rows if all(r.get(k) == v for k, v in criteria.items()) and r["tokens_per_s"]]
+    return max(found, key=lambda r: r["tokens_per_s"]) if found else None
+
+
+def _target(
+    tid: str, description: str, value: float | None, threshold: float, *, at_least: bool = True
+) -> dict[str, Any]:
+    met = None if value is None else (value >= threshold if at_least else value <= threshold)
+    return {"id": tid, "description": description, "value": value, "threshold": threshold, "met": met}
+
+
+def _value(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | None:
+    r = _ratio("", num, den)
+    return None if r is None else r["value"]
+
+
+def targets(
+    rows: list[dict[str, Any]], *, model: str, drafter: str | None, headline_k: int | None
+) -> list[dict[str, Any]]:
+    """The targets of issue 10 that the sweep's arms can answer (others have value None, met None)."""
+    ours = [r for r in rows if r["backend"] == "flyspec"]
+    hf = [r for r in rows if r["backend"] == "hf"]
+    tgt1 = find(ours, method="target", batch_size=1)
+    best_std = _best(ours, method="standard", batch_size=1, drafter=drafter)
+    best_hf = _best(hf, method="standard", drafter=drafter)
+    out = [
+        _target(
+            "target_vs_hf",
+            "flyspec target-only / hf generate, batch 1",
+            _value(tgt1, find(hf, method="target")),
+            1.0,
+        ),
+        _target(
+            "standard_vs_target",
+            "best-K standard SD / flyspec target-only, batch 1"
+            + (f" (best K={best_std['k']})" if best_std else ""),
+            _value(best_std, tgt1),
+            1.5,
+        ),
+        _target(
+            "standard_vs_hf_assisted",
+            "best-K standard SD / best-K hf assisted generation, batch 1"
+            + (f" (K={best_std['k']} vs K={best_hf['k']})" if best_std and best_hf else ""),
+            _value(best_std, best_hf),
+            1.0,
+        ),
+    ]
+    k = headline_k
+    std = find(ours, method="standard", batch_size=1, drafter=drafter, k=k)
+    reference_pair = model == REFERENCE_TARGET and drafter == REFERENCE_DRAFT and k == PREDICTION_K
+    for row in ours:
+        if row["method"] != "fly" or row["batch_size"] != 1 or row["k"] != k or row["drafter"] != drafter:
+            continue
+        w = row["fly_window"]
+        name = f"W={w}" + (" (default)" if row["default_window"] else "")
+        speed_key = "default" if row["default_window"] else w
+        if speed_key in FLY_SPEED_TARGETS:
+            out.append(
+                _target(
+                    f"fly_speed_w{w}",
+                    f"FLy {name} / standard, K={k}, batch 1",
+                    _value(row, std),
+                    FLY_SPEED_TARGETS[speed_key],
+                )
+            )
+        predicted = PREDICTED_TOKENS_PER_STEP.get(w)
+        if reference_pair and predicted is not None and row["fly_threshold"] == PREDICTION_THRESHOLD:
+            gain = None
+            if std and std["mean_acceptance_length"] and row["mean_acceptance_length"]:
+                gain = row["mean_acceptance_length"] / std["mean_acceptance_length"] - 1
+            expected = predicted / PREDICTED_TOKENS_PER_STEP[None] - 1
+            item = _target(
+                f"fly_acceptance_w{w}",
+                f"FLy {name} acceptance gain over standard, K={k}: |measured - predicted {expected:+.1%}|",
+                None if gain is None else abs(gain - expected),
+                ACCEPTANCE_TOLERANCE,
+                at_least=False,
+            )
+            item["measured_gain"], item["predicted_gain"] = gain, expected
+            out.append(item)
+    if find(ours, method="target", batch_size=16) is not None:
+        out.append(
+            _target(
+                "target_batch_scaling",
+                "flyspec target-only batch 16 / batch 1",
+                _value(find(ours, method="target", batch_size=16), tgt1),
+                6.0,
+            )
+        )
+    return out
+
+
+def batch_scaling(
+    rows: list[dict[str, Any]], *, drafter: str | None, headline_k: int | None
+) -> list[dict[str, Any]]:
+    """For standard and FLy (default window) at the headline K: tokens/s over target-only per batch size."""
+    ours = [r for r in rows if r["backend"] == "flyspec"]
+    out = []
+    for method in ("standard", "fly"):
+        points = []
+        for row in sorted(ours, key=lambda r: r["batch_size"]):
+            if row["method"] != method or row["k"] != headline_k or row["drafter"] != drafter:
+                continue
+            if method == "fly" and not row["default_window"]:
+                continue
+            value = _value(row, find(ours, method="target", batch_size=row["batch_size"]))
+            if value is not None:
+                points.append({"batch_size": row["batch_size"], "speedup": value, "label": row["label"]})
+        if points:
+            below = [p["batch_size"] for p in points if p["speedup"] < 1.0]
+            out.append(
+                {
+                    "method": method,
+                    "k": headline_k,
+                    "points": points,
+                    "stops_paying_at": min(below, default=None),
+                }
+            )
+    return out

@@ -1,0 +1,321 @@
+"""Runs a sweep: loads every arm's engine once, warms each arm up, then times the arms interleaved.
+
+Timing: tokens/s = generated tokens / wall time of `LLM.generate` (or the peer's `generate`), summed over
+the arm's waves and repetitions; model loading and warm-up are never inside a timed region. Each
+repetition runs every arm once in turn, in alternating order (A..Z, then Z..A), so slow drift of a shared
+machine hits all arms alike. Peak RSS is sampled by a background thread while each arm runs.
+
+Engines: one per (drafter, K, FLy window), created lazily. A standard arm runs on the FLy engine of the
+same drafter and K when the sweep has one, as requests with `SamplingParams(verification="standard")`
+(lossless verification per request). Model weights are loaded once per (model, dtype, device) and shared
+by every engine; each engine keeps its own KV caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from flyspec.bench.prompts import BenchPrompt
+from flyspec.bench.sweep import Arm
+
+
+@dataclass
+class Measurement:
+    """One timed execution of one arm (all its waves, one repetition).
+
+    Acceptance counters are summed over the arm's requests (None for the peer); target_forwards counts
+    the peer's target forward passes (None for flyspec). decode_tokens / decode_seconds: tokens after
+    each request's first one, and the time from a wave's first first-token to its last finish (flyspec
+    only: the prefill share of the wall time left out). outputs maps prompt id -> generated token ids.
+    """
+
+    tokens: int
+    seconds: float
+    peak_rss_bytes: int
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    num_drafts: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    num_forgiven_tokens: int | None = None
+    target_forwards: int | None = None
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+
+class PeakRSS:
+    """Context manager sampling this process's resident set size every `interval` seconds; `.peak` is
+    the largest sample (bytes). The sampler only wakes briefly, so it does not disturb the timings."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import psutil
+
+        self._process = psutil.Process(os.getpid())
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self.peak = 0
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self._process.memory_info().rss)
+            if self._stop.wait(self._interval):
+                return
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = self._process.memory_info().rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+
+@contextlib.contextmanager
+def shared_weights(cache: dict[tuple[str, str, str], Any]) -> Iterator[None]:
+    """While active, engines built in this process load each (model, dtype, device) once and share it.
+
+    The engine has no way to accept preloaded models (LLMEngine loads through `load_model` itself), so
+    this swaps its module-level `load_model` for a memoised one and restores it on exit. A loaded model
+    holds only weights (KV caches belong to each engine's runners), so sharing it is safe.
+    """
+    import flyspec.engine.engine as engine_module
+
+    original = engine_module.load_model
+
+    def load(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> Any:
+        key = (name_or_path, dtype, device)
+        if key not in cache:
+            cache[key] = original(name_or_path, dtype, device)
+        return cache[key]
+
+    engine_module.load_model = load
+    try:
+        yield
+    finally:
+        engine_module.load_model = original
+
+
+EngineKey = tuple[str | None, int | None, int | None]
+
+
+def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
+    """label -> (drafter, K, FLy window) of the engine each flyspec arm runs on (see module docstring)."""
+    fly_windows: dict[tuple[str | None, int | None], int] = {}
+    for arm in arms:
+        if arm.backend == "flyspec" and arm.method == "fly":
+            key = (arm.drafter, arm.k)
+            # Prefer the default window's engine: it is the one a user would run.
+            if key not in fly_windows or arm.default_window:
+                assert arm.fly_window is not None
+                fly_windows[key] = arm.fly_window
+    keys: dict[str, EngineKey] = {}
+    for arm in arms:
+        if arm.backend != "flyspec":
+            continue
+        if arm.method == "target":
+            keys[arm.label] = (None, None, None)
+        elif arm.method == "fly":
+            keys[arm.label] = (arm.drafter, arm.k, arm.fly_window)
+        else:
+            keys[arm.label] = (arm.drafter, arm.k, fly_windows.get((arm.drafter, arm.k)))
+    return keys
+
+
+class BenchRunner:
+    """Holds the engines (and the peer) of one sweep and runs single arms on request."""
+
+    def __init__(
+        self,
+        model: str,
+        arms: list[Arm],
+        *,
+        dtype: str,
+        device: str,
+        ignore_eos: bool,
+        fly_threshold: float,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.device = device
+        self.ignore_eos = ignore_eos
+        self.fly_threshold = fly_threshold
+        self.seed = seed
+        self.keys = engine_keys(arms)
+        self.slots: dict[EngineKey, int] = {}
+        for arm in arms:
+            if arm.backend == "flyspec":
+                key = self.keys[arm.label]
+                self.slots[key] = max(self.slots.get(key, 1), arm.batch_size)
+        self.load_seconds = 0.0
+        self._weights: dict[tuple[str, str, str], Any] = {}
+        self._engines: dict[EngineKey, Any] = {}
+        self._peer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (loads the target on first use)."""
+        return self._llm(Arm("flyspec", "target", 1)).get_tokenizer()
+
+    @property
+    def target_dtype(self) -> Any:
+        """The torch dtype the target's weights were loaded in (the peer uses the same)."""
+        self.tokenizer  # noqa: B018 (loads the target)
+        return next(v for k, v in self._weights.items() if k[0] == self.model).dtype
+
+    def _llm(self, arm: Arm) -> Any:
+        from flyspec.llm import LLM
+
+        key = self.keys.get(arm.label, (None, None, None))
+        if key not in self._engines:
+            drafter, k, window = key
+            spec: dict[str, Any] | None = None
+            if k is not None:
+                method = "ngram" if drafter == "ngram" else "draft_model"
+                spec = {"method": method, "num_speculative_tokens": k}
+                if method == "draft_model":
+                    spec["model"] = drafter
+                if window is not None:
+                    spec.update(
+                        rejection_sample_method="fly",
+                        fly_window_size=window,
+                        fly_entropy_threshold=self.fly_threshold,
+                    )
+            start = time.perf_counter()
+            with shared_weights(self._weights):
+                self._engines[key] = LLM(
+                    self.model,
+                    speculative_config=spec,
+                    dtype=self.dtype,
+                    device=self.device,
+                    max_num_seqs=self.slots.get(key, 1),
+                    seed=self.seed,
+                )
+            self.load_seconds += time.perf_counter() - start
+        return self._engines[key]
+
+    def _hf(self) -> Any:
+        if self._peer is None:
+            from flyspec.bench.peer_hf import HFPeer
+
+            self._peer = HFPeer(self.model, self.target_dtype, self.device)
+        return self._peer
+
+    def prepare(self, arm: Arm) -> None:
+        """Load what the arm needs (engine or peer models), outside any timed region."""
+        if arm.backend == "flyspec":
+            self._llm(arm)
+        else:
+            start = time.perf_counter()
+            self._hf().load(arm.drafter)
+            self.load_seconds += time.perf_counter() - start
+
+    def engine_for(self, arm: Arm) -> Any:
+        """The LLM object a flyspec arm runs on."""
+        return self._llm(arm)
+
+    def sampling_params(self, arm: Arm, max_tokens: int) -> Any:
+        """Greedy decoding of `max_tokens` tokens; a standard arm on a FLy engine forces lossless
+        verification per request."""
+        from flyspec.sampling_params import SamplingParams
+
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            ignore_eos=self.ignore_eos,
+            verification="standard" if arm.method == "standard" else None,
+        )
+
+    def run(self, arm: Arm, arm_waves: list[list[BenchPrompt]], max_tokens: int) -> Measurement:
+        """Time the arm once over all its waves (each wave = batch_size concurrent requests)."""
+        with PeakRSS() as rss:
+            if arm.backend == "flyspec":
+                m = self._run_flyspec(arm, arm_waves, max_tokens)
+            else:
+                m = self._run_peer(arm, arm_waves, max_tokens)
+        m.peak_rss_bytes = rss.peak
+        return m
+
+    def _run_flyspec(self, arm: Arm, arm_waves: list[list[BenchPrompt]], max_tokens: int) -> Measurement:
+        llm = self._llm(arm)
+        params = self.sampling_params(arm, max_tokens)
+        m = Measurement(
+            tokens=0,
+            seconds=0.0,
+            peak_rss_bytes=0,
+            num_drafts=0,
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            num_forgiven_tokens=0,
+        )
+        for wave in arm_waves:
+            start = time.perf_counter()
+            outs = llm.generate([p.token_ids for p in wave], params, use_tqdm=False)
+            m.seconds += time.perf_counter() - start
+            firsts = [o.metrics.first_token_time for o in outs if o.metrics.first_token_time is not None]
+            finishes = [o.metrics.finished_time for o in outs if o.metrics.finished_time is not None]
+            if firsts and finishes:
+                m.decode_seconds += max(finishes) - min(firsts)
+            for prompt, out in zip(wave, outs, strict=True):
+                ids = out.outputs[0].token_ids
+                m.tokens += len(ids)
+                m.decode_tokens += max(len(ids) - 1, 0)
+                m.outputs.setdefault(prompt.id, list(ids))
+                metrics = out.metrics
+                m.num_drafts += metrics.num_drafts  # type: ignore[operator]
+                m.num_draft_tokens += metrics.num_draft_tokens  # type: ignore[operator]
+                m.num_accepted_tokens += metrics.num_accepted_tokens  # type: ignore[operator]
+                m.num_forgiven_tokens += metrics.num_forgiven_tokens  # type: ignore[operator]
+        return m
+
+    def _run_peer(self, arm: Arm, arm_waves: list[list[BenchPrompt]], max_tokens: int) -> Measurement:
+        if arm.batch_size != 1:
+            raise ValueError(f"{arm.label}: the peer runs at batch size 1 only")
+        peer = self._hf()
+        m = Measurement(tokens=0, seconds=0.0, peak_rss_bytes=0, target_forwards=0)
+        for wave in arm_waves:
+            (prompt,) = wave
+            start = time.perf_counter()
+            out = peer.generate(prompt.token_ids, max_tokens, self.ignore_eos, arm.drafter, arm.k)
+            m.seconds += time.perf_counter() - start
+            m.tokens += len(out.token_ids)
+            m.target_forwards += out.target_forwards  # type: ignore[operator]
+            m.outputs.setdefault(prompt.id, out.token_ids)
+        return m
+
+
+def run_interleaved(
+    runner: BenchRunner,
+    arms: list[Arm],
+    arm_waves: dict[str, list[list[BenchPrompt]]],
+    *,
+    max_tokens: int,
+    repeats: int,
+    warmup_tokens: int,
+    on_progress: Callable[[str], None] = lambda _label: None,
+) -> dict[str, list[Measurement]]:
+    """Load and warm up every arm, then run `repeats` interleaved repetitions; label -> measurements.
+
+    Warm-up: each arm runs its first wave once with `warmup_tokens` new tokens (untimed), which builds
+    the engines, touches every weight and settles the allocator before the first timed run.
+    `on_progress(label)` is called before each warm-up and timed run.
+    """
+    for arm in arms:
+        on_progress(f"load + warm-up: {arm.label}")
+        runner.prepare(arm)
+        runner.run(arm, arm_waves[arm.label][:1], warmup_tokens)
+    results: dict[str, list[Measurement]] = {arm.label: [] for arm in arms}
+    for rep in range(repeats):
+        order = arms if rep % 2 == 0 else arms[::-1]
+        for arm in order:
+            on_progress(f"run {rep + 1}/{repeats}: {arm.label}")
+            results[arm.label].append(runner.run(arm, arm_waves[arm.label], max_tokens))
+    return results

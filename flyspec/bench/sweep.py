@@ -1,0 +1,183 @@
+"""What a benchmark runs: the arms (one decoding configuration at one batch size) and how a sweep is planned.
+
+Planning rule (one rule for every sweep, so a reader can predict the arm list from the command):
+
+- batch size 1: target-only; standard speculative decoding at every K; FLy at the headline K with its
+  default window min(6, K - 1) and with every extra window asked for;
+- every larger batch size: target-only, standard and FLy (default window), at the headline K only;
+- each drafter (a draft model, or "ngram" for prompt lookup) gets its own standard and FLy arms;
+- with a peer: the peer's target-only generation at batch 1, and its assisted generation at batch 1 with
+  the same drafter at every K.
+
+This module imports neither torch nor transformers: plans are validated before any weights load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flyspec.config import DEFAULT_FLY_ENTROPY_THRESHOLD, SpeculativeConfig
+
+METHODS = ("target", "standard", "fly")
+BACKENDS = ("flyspec", "hf")
+PEERS = ("hf",)
+NGRAM = "ngram"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One measured configuration.
+
+    backend: "flyspec" (this engine) or "hf" (transformers `generate`). method: "target" (no
+    speculation), "standard" (lossless verification; for hf, assisted generation) or "fly".
+    drafter: a draft model name or path, or "ngram"; None for target-only. k: draft tokens per step
+    (None for target-only). fly_window: the resolved FLy window W (None unless method is "fly").
+    default_window: whether fly_window is the default min(6, K - 1). show_drafter: put the drafter's
+    short name in the label (set when a sweep has several drafters).
+    """
+
+    backend: str
+    method: str
+    batch_size: int
+    drafter: str | None = None
+    k: int | None = None
+    fly_window: int | None = None
+    default_window: bool = False
+    fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD
+    show_drafter: bool = False
+
+    @property
+    def label(self) -> str:
+        """A short unique name, e.g. "flyspec fly K=4 W=3 b=1" or "hf assisted K=4 b=1"."""
+        name = {"target": "target-only", "standard": "standard", "fly": "fly"}[self.method]
+        if self.backend == "hf":
+            name = {"target": "generate", "standard": "assisted"}[self.method]
+        parts = [self.backend, name]
+        if self.drafter == NGRAM or (self.drafter is not None and self.show_drafter):
+            parts.append(self.drafter.rstrip("/").rsplit("/", 1)[-1])
+        if self.k is not None:
+            parts.append(f"K={self.k}")
+        if self.fly_window is not None:
+            parts.append(f"W={self.fly_window}")
+        parts.append(f"b={self.batch_size}")
+        return " ".join(parts)
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The engine's speculative config for this arm (None for target-only)."""
+        if self.method == "target":
+            return None
+        config: dict[str, Any] = {"num_speculative_tokens": self.k}
+        if self.drafter == NGRAM:
+            config["method"] = "ngram"
+        else:
+            config.update(method="draft_model", model=self.drafter)
+        if self.method == "fly":
+            config.update(
+                rejection_sample_method="fly",
+                fly_window_size=self.fly_window,
+                fly_entropy_threshold=self.fly_threshold,
+            )
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields plus the label (show_drafter only shapes the label)."""
+        fields = asdict(self)
+        del fields["show_drafter"]
+        return {"label": self.label, **fields}
+
+
+def parse_int_list(field: str, text: str, minimum: int = 1) -> list[int]:
+    """ "1,4,8" -> [1, 4, 8]; ValueError naming the option for anything else (duplicates removed, order
+    kept)."""
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise ValueError(
+                f"{field}={text!r}: {part!r} is not an integer (use a list like 1,4,8)"
+            ) from None
+        if value < minimum:
+            raise ValueError(f"{field}={text!r}: every value must be >= {minimum}, got {value}")
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def default_window(k: int) -> int:
+    """The FLy window the engine uses when fly_window_size is unset, for this K (from SpeculativeConfig)."""
+    config = SpeculativeConfig(method=NGRAM, num_speculative_tokens=k, rejection_sample_method="fly")
+    assert config.fly_window_size is not None
+    return config.fly_window_size
+
+
+def plan_arms(
+    *,
+    methods: Sequence[str],
+    batch_sizes: Sequence[int],
+    ks: Sequence[int],
+    headline_k: int,
+    extra_windows: Sequence[int],
+    drafters: Sequence[str],
+    peer: str | None,
+    fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD,
+) -> list[Arm]:
+    """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"methods={','.join(methods)!r}: each must be one of {', '.join(METHODS)}")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ValueError(f"batch_sizes={list(batch_sizes)}: need at least one batch size, each >= 1")
+    if peer is not None and peer not in PEERS:
+        raise ValueError(f"peer={peer!r}: must be one of {', '.join(PEERS)}")
+    speculative = [m for m in methods if m != "target"]
+    if speculative or peer is not None:
+        if not ks or any(k < 1 for k in ks):
+            raise ValueError(f"k={list(ks)}: need at least one K, each >= 1")
+        if headline_k not in ks:
+            raise ValueError(f"headline_k={headline_k} must be one of the swept K values {list(ks)}")
+        if speculative and not drafters:
+            raise ValueError("speculative methods need at least one drafter (--draft MODEL or --draft ngram)")
+    if "fly" in methods:
+        if headline_k < 2:
+            raise ValueError(
+                f"headline_k={headline_k}: FLy needs K >= 2 (drop fly from --methods or raise K)"
+            )
+        bad = [w for w in extra_windows if w >= headline_k or w < 1]
+        if bad:
+            raise ValueError(
+                f"fly_windows={list(extra_windows)}: each window must satisfy 1 <= W < the headline K "
+                f"({headline_k})"
+            )
+
+    if len(set(drafters)) != len(drafters):
+        raise ValueError(f"drafters={list(drafters)}: each drafter may be given once")
+    show = len(drafters) > 1
+    arms: list[Arm] = []
+    batches = sorted(batch_sizes)
+    for batch in batches:
+        if "target" in methods:
+            arms.append(Arm("flyspec", "target", batch))
+        swept = ks if batch == 1 else [headline_k]
+        for drafter in drafters:
+            for k in swept:
+                if "standard" in methods:
+                    arms.append(Arm("flyspec", "standard", batch, drafter, k, show_drafter=show))
+                if "fly" in methods and k == headline_k:
+                    windows = [default_window(k)]
+                    if batch == 1:
+                        windows += [w for w in extra_windows if w != windows[0]]
+                    for w in windows:
+                        default = w == default_window(k)
+                        arms.append(Arm("flyspec", "fly", batch, drafter, k, w, default, fly_threshold, show))
+    if peer is not None:
+        arms.append(Arm(peer, "target", 1))
+        for drafter in drafters:
+            arms.extend(Arm(peer, "standard", 1, drafter, k, show_drafter=show) for k in ks)
+    labels = [a.label for a in arms]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"drafters={list(drafters)}: two drafters share a short name; rename one folder")
+    return arms
