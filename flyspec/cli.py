@@ -1,8 +1,8 @@
 """The `flyspec` command line.
 
-Each area registers its own commands from its own module (imports of heavy libraries such as torch stay
-inside the command functions, so `flyspec --help` is fast). User mistakes surface as one line on stderr
-and a non-zero exit code, never as a traceback.
+Each area defines its commands in its own module; this file only assembles them. Those modules import
+torch and transformers inside the command functions, so `flyspec --help` stays fast. User mistakes
+surface as one line on stderr and a non-zero exit code, never as a traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +10,13 @@ from __future__ import annotations
 import sys
 
 import typer
+
+from flyspec.bench.cli import bench
+from flyspec.demo import demo
+from flyspec.engine.cli import capacity_command, generate
+from flyspec.gate.cli import gate_app
+from flyspec.models.cli import models_app
+from flyspec.server.cli import serve
 
 app = typer.Typer(
     name="flyspec",
@@ -19,10 +26,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-# Command registrations (one line per area; each module defines its commands on `app` or a sub-app).
-# --- registrations start ---
-# --- registrations end ---
+app.command("generate")(generate)
+app.command("serve")(serve)
+app.command("bench")(bench)
+app.command("capacity")(capacity_command)
+app.add_typer(gate_app, name="gate")
+app.add_typer(models_app, name="models")
+app.command("demo")(demo)
 
 
 def main() -> None:
