@@ -115,42 +115,46 @@ def bench(
         str, typer.Option(help="Starting settings: quick (default) or reference (BENCHMARKS.md).")
     ] = "quick",
     model: Annotated[
-        str | None, typer.Option(help=f"Target: HF folder, .gguf or zoo name [{DEFAULT_MODEL}].")
+        str | None, typer.Option(help=f"Target: HF folder, .gguf or zoo name (default: {DEFAULT_MODEL}).")
     ] = None,
     draft: Annotated[
         list[str] | None,
-        typer.Option(help=f"Drafter (repeatable): draft model or 'ngram' [{DEFAULT_DRAFT}]."),
+        typer.Option(help=f"Drafter (repeatable): draft model or 'ngram' (default: {DEFAULT_DRAFT})."),
     ] = None,
     methods: Annotated[
-        str | None, typer.Option(help="Comma list of target, standard, fly [all three].")
+        str | None, typer.Option(help="Comma list of target, standard, fly (default: all three).")
     ] = None,
     batch_sizes: Annotated[
-        str | None, typer.Option(help="Comma list of batch sizes [1; reference 1,4,8,16].")
+        str | None, typer.Option(help="Comma list of batch sizes (default: 1; reference 1,4,8,16).")
     ] = None,
     k: Annotated[
-        str | None, typer.Option(help="Comma list of K swept at batch 1 [4; reference 2..6].")
+        str | None, typer.Option(help="Comma list of K swept at batch 1 (default: 4; reference 2..6).")
     ] = None,
     headline_k: Annotated[
         int | None,
-        typer.Option(help="K of FLy, its window sweep and batch sizes > 1 [4, or the first --k without 4]."),
+        typer.Option(
+            help="K of FLy, its window sweep and batch sizes > 1 (default: 4, or the first --k without 4)."
+        ),
     ] = None,
     fly_windows: Annotated[
         str | None, typer.Option(help="Extra FLy windows at the headline K, batch 1 ('none' or e.g. 1,2).")
     ] = None,
-    fly_threshold: Annotated[float | None, typer.Option(help="FLy entropy threshold theta [0.3].")] = None,
+    fly_threshold: Annotated[
+        float | None, typer.Option(help="FLy entropy threshold theta (default: 0.3).")
+    ] = None,
     peer: Annotated[str | None, typer.Option(help="Also run a peer in this process: hf, or none.")] = None,
     dataset: Annotated[
-        str | None, typer.Option(help="Prompt set: a gate dataset name or path [gsm8k].")
+        str | None, typer.Option(help="Prompt set: a gate dataset name or path (default: gsm8k).")
     ] = None,
     num_prompts: Annotated[
-        int | None, typer.Option(help="Requests per arm and run (rounded up to full batches) [4].")
+        int | None, typer.Option(help="Requests per arm and run, rounded up to full batches (default: 4).")
     ] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="New tokens per request [128].")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="New tokens per request (default: 128).")] = None,
     repeats: Annotated[
-        int | None, typer.Option(help="Interleaved timed repetitions [1; reference 2].")
+        int | None, typer.Option(help="Interleaved timed repetitions (default: 1; reference 2).")
     ] = None,
     warmup_tokens: Annotated[
-        int | None, typer.Option(help="Tokens of each arm's untimed warm-up run [16].")
+        int | None, typer.Option(help="Tokens of each arm's untimed warm-up run (default: 16).")
     ] = None,
     breakdown: Annotated[
         bool | None,
