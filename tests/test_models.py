@@ -214,6 +214,29 @@ def test_load_model_from_hf_folder(tmp_path: Path) -> None:
     assert load_model(str(tmp_path / "fp16")).dtype == torch.bfloat16
 
 
+def test_loaded_weights_live_in_process_memory(tmp_path: Path) -> None:
+    """Weights are copied out of the safetensors mapping (faster to stream, and safe against the file
+    changing): overwriting the checkpoint in place leaves the loaded model's logits unchanged."""
+    folder = save_tiny(tmp_path / "tiny", seed=12, arch="qwen2")
+    loaded = load_model(str(folder))
+    ids = torch.randint(0, 200, (1, 9))
+    one = torch.ones(1, dtype=torch.long)
+
+    def logits() -> torch.Tensor:
+        batch = ForwardBatch(0 * one, 0 * one, 9 * one)
+        return loaded.model.compute_logits(loaded.model(ids, batch, loaded.model.new_cache(1, 16))[0])
+
+    before = logits()
+    for file in folder.glob("*.safetensors"):
+        data = bytearray(file.read_bytes())
+        header = 8 + int.from_bytes(data[:8], "little")
+        data[header:] = bytes(len(data) - header)  # every tensor byte zeroed, same file, same size
+        with open(file, "r+b") as fh:
+            fh.write(data)
+    assert torch.equal(logits(), before)
+    assert all(not w.any() for w in load_model(str(folder)).model.parameters())  # the overwrite was real
+
+
 def test_load_model_rejects_bad_input(tmp_path: Path) -> None:
     """Unsupported architecture, bad dtype or device, and a file that is not GGUF are ValueErrors that
     name the problem."""
