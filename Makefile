@@ -43,14 +43,13 @@ test-fast: install
 demo: install assets assets-qwen
 	$(BIN)/flyspec demo
 
-# BENCHMARKS.md: the reference sweep (Qwen pair, flyspec vs transformers); about 2 hours on 2 CPU cores.
-# One torch thread: on a 2-core machine shared with other jobs, two threads per process stall each other
-# at every operator (a target step measured 4x slower than with one thread).
+# BENCHMARKS.md: the reference sweep (Qwen pair, flyspec vs transformers), all cores; about 45 minutes on
+# 2 idle CPU cores. Keep the machine otherwise idle: a second busy process on 2 cores stalls every operator.
 bench: install assets assets-qwen
 	$(BIN)/flyspec models prepare qwen2.5-coder-1.5b-instruct
 	$(BIN)/flyspec models prepare qwen2.5-coder-0.5b-instruct
 	mkdir -p benchmarks
-	$(BIN)/flyspec bench --preset reference --threads 1 --json benchmarks/reference.json \
+	$(BIN)/flyspec bench --preset reference --json benchmarks/reference.json \
 		--plot benchmarks/reference.png --markdown BENCHMARKS.md
 
 clean:

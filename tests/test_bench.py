@@ -268,6 +268,20 @@ def test_bench_runs_end_to_end_with_json_plot_and_markdown(tiny_pair, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert again.read_text() == markdown
+    # A hand-written analysis goes in under its own heading, before the generated tables.
+    notes = tmp_path / "analysis.md"
+    notes.write_text("Target-only is memory-bound here.\n")
+    args = ["bench", "--from-json", str(out_json), "--analysis", str(notes), "--markdown", str(again)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    text = again.read_text()
+    assert (
+        text.index("## Analysis (written after the run)")
+        < text.index("Target-only is memory-bound")
+        < (text.index("## Results"))
+    )
+    missing = ["bench", "--from-json", str(out_json), "--analysis", str(tmp_path / "nope.md")]
+    result = CliRunner().invoke(app, [*missing, "--markdown", str(again)])
+    assert isinstance(result.exception, ValueError) and "--analysis" in str(result.exception)
     not_a_report = tmp_path / "other.json"
     not_a_report.write_text('{"schema": "something-else"}')
     result = CliRunner().invoke(app, ["bench", "--from-json", str(not_a_report)])

@@ -59,7 +59,6 @@ PRESETS = {
         ks=(2, 3, 4, 5, 6),
         fly_windows=(1, 2),
         peer="hf",
-        repeats=2,
         breakdown=True,
     ),
 }
@@ -150,9 +149,7 @@ def bench(
         int | None, typer.Option(help="Requests per arm and run, rounded up to full batches (default: 4).")
     ] = None,
     max_tokens: Annotated[int | None, typer.Option(help="New tokens per request (default: 128).")] = None,
-    repeats: Annotated[
-        int | None, typer.Option(help="Interleaved timed repetitions (default: 1; reference 2).")
-    ] = None,
+    repeats: Annotated[int | None, typer.Option(help="Interleaved timed repetitions (default: 1).")] = None,
     warmup_tokens: Annotated[
         int | None, typer.Option(help="Tokens of each arm's untimed warm-up run (default: 16).")
     ] = None,
@@ -191,6 +188,10 @@ def bench(
             help="Measure nothing: render the table, --plot and --markdown from a saved --json report."
         ),
     ] = None,
+    analysis: Annotated[
+        Path | None,
+        typer.Option(help="A Markdown file of analysis written after the run, included in --markdown."),
+    ] = None,
 ) -> None:
     """Measure output tokens/s (excluding load), acceptance length, acceptance rate, forgiven share and peak
     RSS for target-only, standard and FLy decoding across batch sizes, K and drafters, interleaved with a
@@ -198,7 +199,7 @@ def bench(
     if from_json is not None:
         _check_output(plot, "--plot")
         _check_output(markdown, "--markdown")
-        _emit(load_report(from_json), None, plot, markdown)
+        _emit(load_report(from_json), None, plot, markdown, analysis)
         return
     overrides: dict[str, Any] = {
         "model": model,
@@ -232,8 +233,9 @@ def bench(
     arms = plan(settings)
     for path, option in ((json_path, "--json"), (plot, "--plot"), (markdown, "--markdown")):
         _check_output(path, option)
+    _read_analysis(analysis)  # a missing file fails now, not after the sweep
     report = run_bench(settings, arms, _command_line())
-    _emit(report, json_path, plot, markdown)
+    _emit(report, json_path, plot, markdown, analysis)
 
 
 def run_bench(settings: Settings, arms: list[Arm], command: str) -> dict[str, Any]:
@@ -389,7 +391,21 @@ def load_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def _emit(report: dict[str, Any], json_path: Path | None, plot: Path | None, markdown: Path | None) -> None:
+def _read_analysis(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise ValueError(f"--analysis {path}: no such file")
+    return path.read_text()
+
+
+def _emit(
+    report: dict[str, Any],
+    json_path: Path | None,
+    plot: Path | None,
+    markdown: Path | None,
+    analysis: Path | None = None,
+) -> None:
     from flyspec.bench.markdown import print_table, render_markdown
 
     if json_path is not None:  # first: the measurements are the expensive part
@@ -400,6 +416,6 @@ def _emit(report: dict[str, Any], json_path: Path | None, plot: Path | None, mar
 
         write_plot(report, plot)
     if markdown is not None:
-        markdown.write_text(render_markdown(report, plot, markdown))
+        markdown.write_text(render_markdown(report, plot, markdown, _read_analysis(analysis)))
     if json_path is not None:
         print(json.dumps(report, separators=(",", ":")))

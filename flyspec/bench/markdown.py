@@ -139,8 +139,14 @@ def arm_command(report: dict[str, Any], row: dict[str, Any]) -> str:
     return shlex.join(args)
 
 
-def render_markdown(report: dict[str, Any], plot_path: Path | None, markdown_path: Path) -> str:
-    """BENCHMARKS.md for one bench report (plot linked relative to the Markdown file)."""
+def render_markdown(
+    report: dict[str, Any], plot_path: Path | None, markdown_path: Path, analysis: str | None = None
+) -> str:
+    """BENCHMARKS.md for one bench report (plot linked relative to the Markdown file).
+
+    `analysis`: Markdown written by a person after the run (what the numbers mean, what was profiled),
+    placed first under its own heading and kept apart from the generated tables.
+    """
     s, m = report["settings"], report["machine"]
     out = [
         "# Benchmarks",
@@ -153,6 +159,10 @@ def render_markdown(report: dict[str, Any], plot_path: Path | None, markdown_pat
         "Do not edit by hand: every number below comes from that one run, and the commands at the end "
         "re-measure any single row.",
         "",
+    ]
+    if analysis:
+        out += ["## Analysis (written after the run)", "", analysis.strip(), ""]
+    out += [
         "## Machine",
         "",
     ]
