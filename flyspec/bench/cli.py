@@ -199,7 +199,7 @@ def bench(
     if from_json is not None:
         _check_output(plot, "--plot")
         _check_output(markdown, "--markdown")
-        _emit(load_report(from_json), None, plot, markdown, analysis)
+        _emit(load_report(from_json), None, plot, markdown, _read_analysis(analysis))
         return
     overrides: dict[str, Any] = {
         "model": model,
@@ -233,9 +233,9 @@ def bench(
     arms = plan(settings)
     for path, option in ((json_path, "--json"), (plot, "--plot"), (markdown, "--markdown")):
         _check_output(path, option)
-    _read_analysis(analysis)  # a missing file fails now, not after the sweep
+    analysis_text = _read_analysis(analysis)  # read before the sweep: a missing file fails now
     report = run_bench(settings, arms, _command_line())
-    _emit(report, json_path, plot, markdown, analysis)
+    _emit(report, json_path, plot, markdown, analysis_text)
 
 
 def run_bench(settings: Settings, arms: list[Arm], command: str) -> dict[str, Any]:
@@ -404,7 +404,7 @@ def _emit(
     json_path: Path | None,
     plot: Path | None,
     markdown: Path | None,
-    analysis: Path | None = None,
+    analysis: str | None = None,
 ) -> None:
     from flyspec.bench.markdown import print_table, render_markdown
 
@@ -416,6 +416,6 @@ def _emit(
 
         write_plot(report, plot)
     if markdown is not None:
-        markdown.write_text(render_markdown(report, plot, markdown, _read_analysis(analysis)))
+        markdown.write_text(render_markdown(report, plot, markdown, analysis))
     if json_path is not None:
         print(json.dumps(report, separators=(",", ":")))

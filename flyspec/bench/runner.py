@@ -163,7 +163,7 @@ class BenchRunner:
     @property
     def tokenizer(self) -> Any:
         """The target's tokenizer (loads the target on first use)."""
-        return self._llm(Arm("flyspec", "target", 1)).get_tokenizer()
+        return self.engine_for(Arm("flyspec", "target", 1)).get_tokenizer()
 
     @property
     def target_dtype(self) -> Any:
@@ -171,7 +171,8 @@ class BenchRunner:
         self.tokenizer  # noqa: B018 (loads the target)
         return next(v for k, v in self._weights.items() if k[0] == self.model).dtype
 
-    def _llm(self, arm: Arm) -> Any:
+    def engine_for(self, arm: Arm) -> Any:
+        """The LLM object a flyspec arm runs on (built on first use, sharing loaded weights)."""
         from flyspec.llm import LLM
 
         key = self.keys.get(arm.label, (None, None, None))
@@ -212,15 +213,11 @@ class BenchRunner:
     def prepare(self, arm: Arm) -> None:
         """Load what the arm needs (engine or peer models), outside any timed region."""
         if arm.backend == "flyspec":
-            self._llm(arm)
+            self.engine_for(arm)
         else:
             start = time.perf_counter()
             self._hf().load(arm.drafter)
             self.load_seconds += time.perf_counter() - start
-
-    def engine_for(self, arm: Arm) -> Any:
-        """The LLM object a flyspec arm runs on."""
-        return self._llm(arm)
 
     def sampling_params(self, arm: Arm, max_tokens: int) -> Any:
         """Greedy decoding of `max_tokens` tokens; a standard arm on a FLy engine forces lossless
@@ -245,7 +242,7 @@ class BenchRunner:
         return m
 
     def _run_flyspec(self, arm: Arm, arm_waves: list[list[BenchPrompt]], max_tokens: int) -> Measurement:
-        llm = self._llm(arm)
+        llm = self.engine_for(arm)
         params = self.sampling_params(arm, max_tokens)
         m = Measurement(
             tokens=0,
