@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tiny_llm import save_perturbed, save_tiny
 
-from flyspec.demo import demo_arms
+from flyspec.cli.demo import demo_arms
 
 
 def test_demo_arms_differ_only_in_the_verifier() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flyspec.engine.kv_cache import KVCache
+from flyspec.models.kv_cache import KVCache
 
 
 def _cache(max_len: int = 1000) -> KVCache:

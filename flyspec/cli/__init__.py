@@ -11,12 +11,13 @@ import sys
 
 import typer
 
-from flyspec.bench.cli import bench
-from flyspec.demo import demo
-from flyspec.engine.cli import capacity_command, generate
-from flyspec.gate.cli import gate_app
-from flyspec.models.cli import models_app
-from flyspec.server.cli import serve
+from flyspec.cli.bench import bench
+from flyspec.cli.capacity import capacity_command
+from flyspec.cli.demo import demo
+from flyspec.cli.gate import gate_app
+from flyspec.cli.generate import generate
+from flyspec.cli.models import models_app
+from flyspec.cli.serve import serve
 
 app = typer.Typer(
     name="flyspec",
