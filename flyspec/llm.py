@@ -1,21 +1,55 @@
-"""The offline API (SPEC 3.1): `LLM(...).generate(prompts, sampling_params)`, mirroring vLLM's."""
+"""The offline API, mirroring vLLM's: `LLM(...).generate(prompts, sampling_params)`, `LLM.chat(...)`, and
+`LLM.stream(requests)` for callers that feed work continuously and want each answer the moment it is done.
+
+This is the one API every face builds on (the CLI, the gate, the benchmarks). Only the server drives
+`LLMEngine` itself, from its own engine thread, because it must interleave steps with requests arriving
+and aborting over HTTP.
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from flyspec.chat import Message, render_chat
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
+from flyspec.models.loader import LoadedModel
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
 Prompt = str | list[int]
-Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request for `LLM.stream`: a prompt (text or token ids) or a chat conversation, its sampling
+    parameters (None = SamplingParams() defaults), and an id to find its output by (None = generated)."""
+
+    prompt: Prompt | None = None
+    messages: list[Message] | None = None
+    params: SamplingParams | None = None
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a GenerationRequest needs exactly one of prompt or messages")
+
+
+class RequestRejected(ValueError):
+    """The engine refused one request (its id and the reason are attributes as well as the message)."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id!r}: {reason}")
+        self.request_id = request_id
+        self.reason = reason
 
 
 class LLM:
@@ -46,7 +80,20 @@ class LLM:
             max_model_len=max_model_len,
             seed=seed,
         )
-        self.engine = LLMEngine(config)
+        self._start(LLMEngine(config))
+
+    @classmethod
+    def from_config(
+        cls, config: EngineConfig, *, target: LoadedModel | None = None, draft: LoadedModel | None = None
+    ) -> LLM:
+        """An LLM for an EngineConfig; `target` / `draft` reuse models already loaded for that config
+        (the benchmarks start many engines over the same weights and load them once)."""
+        llm = cls.__new__(cls)
+        llm._start(LLMEngine(config, target=target, draft=draft))
+        return llm
+
+    def _start(self, engine: LLMEngine) -> None:
+        self.engine = engine
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -62,13 +109,17 @@ class LLM:
         """Generate for a prompt or a list of prompts (text or token ids); outputs in prompt order.
 
         sampling_params: one for all prompts, one per prompt, or None (SamplingParams() defaults).
-        use_tqdm: show a progress bar (rich) of finished requests.
+        use_tqdm: show a progress bar (rich, on stderr) of finished requests.
         """
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         ):
             prompts = [prompts]  # type: ignore[list-item]
-        return self._run(list(prompts), sampling_params, [None] * len(prompts), use_tqdm)  # type: ignore[arg-type]
+        items = list(prompts)  # type: ignore[arg-type]
+        params = _per_prompt(sampling_params, len(items))
+        return self._run(
+            [GenerationRequest(prompt=p, params=sp) for p, sp in zip(items, params, strict=True)], use_tqdm
+        )
 
     def chat(
         self,
@@ -79,72 +130,128 @@ class LLM:
         """Generate replies to one conversation or a list of them, applying the tokenizer's chat template
         (with the assistant turn opened, add_generation_prompt=True)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        tokenizer = self.get_tokenizer()
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the model's tokenizer has no chat template; use generate() with plain prompts")
-        texts = [
-            tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-            for c in conversations
+        params = _per_prompt(sampling_params, len(conversations))
+        requests = [
+            GenerationRequest(messages=c, params=sp)  # type: ignore[arg-type]
+            for c, sp in zip(conversations, params, strict=True)
         ]
-        # The template already holds any special tokens (BOS included), so tokenise without adding more.
-        ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-        return self._run(ids, sampling_params, texts, use_tqdm)
+        return self._run(requests, use_tqdm)
 
-    def _run(
+    def stream(
         self,
-        prompts: list[Prompt],
-        sampling_params: SamplingParams | Seq[SamplingParams] | None,
-        texts: list[str | None],
-        use_tqdm: bool,
-    ) -> list[RequestOutput]:
-        if sampling_params is None:
-            params = [SamplingParams()] * len(prompts)
-        elif isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(
-                    f"got {len(params)} sampling_params for {len(prompts)} prompts; "
-                    "pass one, or one per prompt"
-                )
-        engine = self.engine
-        request_ids = [f"llm-{next(self._ids)}" for _ in prompts]
-        added: list[str] = []
-        try:
-            for request_id, prompt, p, text in zip(request_ids, prompts, params, texts, strict=True):
-                engine.add_request(request_id, prompt, p, prompt_text=text)
-                added.append(request_id)
-        except ValueError as exc:
-            for request_id in added:
-                engine.abort_request(request_id)
-            raise ValueError(f"prompt {len(added)}: {exc}") from exc
+        requests: Iterable[GenerationRequest],
+        *,
+        max_in_flight: int | None = None,
+        use_tqdm: bool = False,
+        total: int | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Yield each request's final output as soon as it finishes (in finish order).
 
-        final: dict[str, RequestOutput] = {}
-        with Progress(
-            TextColumn("generating"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[speed]}"),
-            console=Console(stderr=True),  # stdout stays clean for results (`--json` last lines)
-            disable=not use_tqdm,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("generate", total=len(prompts), speed="")
-            generated = 0
+        Requests are pulled from `requests` lazily, keeping up to `max_in_flight` of them in the engine
+        (default: as many as can run at once), so a caller can feed an open-ended sequence and stop early
+        by ending it; requests already in flight still finish and are yielded. Closing the generator
+        (e.g. `break`) aborts whatever is still in flight. A request the engine refuses (e.g. a prompt
+        longer than max_model_len) raises ValueError naming it, after aborting the others.
+        """
+        engine = self.engine
+        limit = max_in_flight if max_in_flight is not None else engine.max_running
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_in_flight={limit!r}: must be a positive integer")
+        source = iter(requests)
+        exhausted = False
+        in_flight: set[str] = set()
+        with _progress(use_tqdm, total) as bar:
             try:
-                while len(final) < len(prompts):
+                while True:
+                    while not exhausted and len(in_flight) < limit:
+                        request = next(source, None)
+                        if request is None:
+                            exhausted = True
+                            break
+                        in_flight.add(self._add(request))
+                    if not in_flight:
+                        return
                     for out in engine.step():
-                        if out.finished:
-                            final[out.request_id] = out
-                            generated += len(out.outputs[0].token_ids)
-                    elapsed = progress.tasks[0].elapsed or 0.0
-                    speed = f"{generated / elapsed:.1f} tok/s" if elapsed > 0 else ""
-                    progress.update(task, completed=len(final), speed=speed)
-            except BaseException:
-                # Leave the engine clean for the next call (e.g. after Ctrl-C).
-                for request_id in request_ids:
+                        if out.finished and out.request_id in in_flight:
+                            in_flight.discard(out.request_id)
+                            bar.advance(len(out.outputs[0].token_ids))
+                            yield out
+            finally:
+                # Reached on errors, Ctrl-C and a consumer that stops early: leave the engine clean.
+                for request_id in in_flight:
                     engine.abort_request(request_id)
-                raise
-        return [final[request_id] for request_id in request_ids]
+
+    def _add(self, request: GenerationRequest) -> str:
+        if not isinstance(request, GenerationRequest):
+            raise ValueError(f"stream() takes GenerationRequest items, got {type(request).__name__}")
+        request_id = request.request_id if request.request_id is not None else f"llm-{next(self._ids)}"
+        params = request.params if request.params is not None else SamplingParams()
+        prompt: Prompt
+        text: str | None = None
+        try:
+            if request.messages is not None:
+                prompt, text = render_chat(self.engine.tokenizer, request.messages)
+            else:
+                assert request.prompt is not None
+                prompt = request.prompt
+            self.engine.add_request(request_id, prompt, params, prompt_text=text)
+        except ValueError as exc:
+            raise RequestRejected(request_id, str(exc)) from None
+        return request_id
+
+    def _run(self, requests: list[GenerationRequest], use_tqdm: bool) -> list[RequestOutput]:
+        ids = [f"llm-{next(self._ids)}" for _ in requests]
+        named = [
+            GenerationRequest(r.prompt, r.messages, r.params, request_id)
+            for r, request_id in zip(requests, ids, strict=True)
+        ]
+        # Everything is queued at once: the scheduler admits as slots free up, as vLLM's generate() does.
+        try:
+            done = {
+                out.request_id: out
+                for out in self.stream(
+                    named, max_in_flight=len(named) or 1, use_tqdm=use_tqdm, total=len(named)
+                )
+            }
+        except RequestRejected as exc:
+            raise ValueError(f"prompt {ids.index(exc.request_id)}: {exc.reason}") from None
+        return [done[request_id] for request_id in ids]
+
+
+def _per_prompt(sampling_params: SamplingParams | Seq[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling_params for {n} prompts; pass one, or one per prompt")
+    return params
+
+
+class _Bar:
+    """Finished requests and output tokens/s on a rich progress bar (stderr keeps stdout for results)."""
+
+    def __init__(self, progress: Progress | None, total: int | None) -> None:
+        self.progress = progress
+        self.tokens = 0
+        self.task = progress.add_task("generate", total=total, speed="") if progress is not None else None
+
+    def advance(self, num_tokens: int) -> None:
+        if self.progress is None or self.task is None:
+            return
+        self.tokens += num_tokens
+        elapsed = self.progress.tasks[0].elapsed or 0.0
+        speed = f"{self.tokens / elapsed:.1f} tok/s" if elapsed > 0 else ""
+        self.progress.update(self.task, advance=1, speed=speed)
+
+
+@contextmanager
+def _progress(enabled: bool, total: int | None) -> Iterator[_Bar]:
+    if not enabled:
+        yield _Bar(None, total)
+        return
+    columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    speed = TextColumn("{task.fields[speed]}")
+    with Progress(*columns, speed, console=Console(stderr=True), transient=True) as progress:
+        yield _Bar(progress, total)

@@ -2,10 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+
+ACCEPTANCE_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_forgiven_tokens")
+
+
+@dataclass(frozen=True)
+class AcceptanceCounts:
+    """Speculative-decoding counters of one request, one arm or one engine, and the rates built on them.
+
+    num_drafts counts verification steps that had at least one draft token; forgiven tokens (FLy) are
+    included in num_accepted_tokens and also counted in num_forgiven_tokens. Counts add up (`a + b`).
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_forgiven_tokens: int = 0
+
+    def __add__(self, other: AcceptanceCounts) -> AcceptanceCounts:
+        return AcceptanceCounts(*(getattr(self, f) + getattr(other, f) for f in ACCEPTANCE_FIELDS))
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens produced per verification step: 1 + accepted / drafts (1.0 without drafts)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of draft tokens kept (0.0 without drafts)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def forgiven_share(self) -> float:
+        """Share of kept draft tokens that only FLy's rule kept (0.0 when none were kept)."""
+        return self.num_forgiven_tokens / self.num_accepted_tokens if self.num_accepted_tokens else 0.0
+
+    def to_dict(self) -> dict[str, int]:
+        """The four counters by name."""
+        return {f: getattr(self, f) for f in ACCEPTANCE_FIELDS}
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> AcceptanceCounts | None:
+        """Counters read from a mapping that holds all four as integers (e.g. a server's response), else
+        None: a source that does not report them must not read as zero acceptance."""
+        values = [data.get(f) for f in ACCEPTANCE_FIELDS]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return None
+        return cls(*values)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -27,14 +75,19 @@ class RequestMetrics:
     forgiven_positions: list[int] = field(default_factory=list)
 
     @property
+    def counts(self) -> AcceptanceCounts:
+        """The four acceptance counters as one value."""
+        return AcceptanceCounts(*(getattr(self, f) for f in ACCEPTANCE_FIELDS))
+
+    @property
     def mean_acceptance_length(self) -> float:
         """Tokens produced per verification step: 1 + accepted / drafts (1.0 without drafts)."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+        return self.counts.mean_acceptance_length
 
     @property
     def acceptance_rate(self) -> float:
         """Share of draft tokens kept (0.0 without drafts)."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+        return self.counts.acceptance_rate
 
 
 @dataclass

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from flyspec.chat import render_chat
 from flyspec.gate.datasets import load_dataset
 
 
@@ -36,13 +37,10 @@ def load_prompts(dataset: str, count: int, tokenizer: Any) -> list[BenchPrompt]:
     prompts = []
     for q in questions:
         if q.messages is not None:
-            if getattr(tokenizer, "chat_template", None) is None:
-                raise ValueError(
-                    f"dataset {dataset!r} holds chat prompts but the tokenizer has no chat template"
-                )
-            text = tokenizer.apply_chat_template(q.messages, tokenize=False, add_generation_prompt=True)
-            # The template already holds any special tokens, so none are added on top.
-            ids = tokenizer(text, add_special_tokens=False).input_ids
+            try:
+                ids, _ = render_chat(tokenizer, q.messages)
+            except ValueError as exc:
+                raise ValueError(f"dataset {dataset!r} holds chat prompts: {exc}") from None
         else:
             ids = tokenizer(q.prompt).input_ids
         prompts.append(BenchPrompt(q.id, list(ids)))

@@ -35,10 +35,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object on stdout.")] = False,
 ) -> None:
     """Generate one completion and print it with tokens/s and acceptance statistics."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from flyspec.llm import LLM
+    from flyspec.llm import LLM, GenerationRequest
     from flyspec.sampling_params import SamplingParams
 
     spec: dict[str, Any] | None = None
@@ -51,38 +48,14 @@ def generate(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens
     )
     llm = LLM(model, speculative_config=spec, dtype=dtype, device=device)
-    engine = llm.engine
-    if chat:
-        tokenizer = llm.get_tokenizer()
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"{model} has no chat template; drop --chat")
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        engine.add_request(
-            "generate", tokenizer(text, add_special_tokens=False).input_ids, params, prompt_text=text
-        )
-    else:
-        engine.add_request("generate", prompt, params)
-
-    out = None
+    request = (
+        GenerationRequest(messages=[{"role": "user", "content": prompt}], params=params)
+        if chat
+        else GenerationRequest(prompt=prompt, params=params)
+    )
     start = time.perf_counter()
-    # The bar goes to stderr so stdout holds only the result.
-    with Progress(
-        TextColumn("generating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as progress:
-        task = progress.add_task("tokens", total=max_tokens)
-        while engine.has_unfinished_requests():
-            for step_out in engine.step():
-                out = step_out
-                progress.update(task, completed=len(out.outputs[0].token_ids))
+    out = next(iter(llm.stream([request], use_tqdm=True, total=1)))
     elapsed = time.perf_counter() - start
-    assert out is not None
     completion, metrics = out.outputs[0], out.metrics
     num_tokens = len(completion.token_ids)
     summary = {

@@ -44,7 +44,11 @@ DEFAULT_MAX_MODEL_LEN = 4096
 class LLMEngine:
     """Continuous-batching engine with optional speculative decoding (standard or FLy verification)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self, config: EngineConfig, *, target: LoadedModel | None = None, draft: LoadedModel | None = None
+    ) -> None:
+        """Start an engine for `config`; `target` / `draft` are models already loaded for `config.model`
+        and the speculative config's `model` (then they are used as they are, not loaded again)."""
         self.config = config
         spec = config.speculative_config
         assert spec is None or isinstance(spec, SpeculativeConfig)  # EngineConfig converts dicts
@@ -53,7 +57,8 @@ class LLMEngine:
         # Budget arithmetic first: a budget that cannot run one request fails before any weights load.
         self.capacity = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + self.k)
 
-        target = load_model(config.model, config.dtype, config.device)
+        if target is None:
+            target = load_model(config.model, config.dtype, config.device)
         self.tokenizer = target.tokenizer
         self.max_model_len = _resolve_max_model_len(
             config.max_model_len, target.model.max_position_embeddings
@@ -69,7 +74,8 @@ class LLMEngine:
         self.proposer: DraftModelProposer | CrossVocabProposer | NgramProposer | None = None
         if spec is not None and spec.method == "draft_model":
             assert spec.model is not None
-            draft = load_model(spec.model, config.dtype, config.device)
+            if draft is None:
+                draft = load_model(spec.model, config.dtype, config.device)
             if _same_vocabulary(target, draft):
                 self.draft = ModelRunner(draft.model, slots, cache_len)
                 self.proposer = DraftModelProposer(self.draft, self.k, spec.draft_sample_method)

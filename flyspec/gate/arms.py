@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from flyspec.chat import render_chat
 from flyspec.gate.datasets import Question
 
 ENGINE_KEYS = (
@@ -341,17 +342,14 @@ class EngineExecutor:
         if question.messages is None:
             assert question.prompt is not None
             return question.prompt, None
-        tokenizer = engine.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
+        try:
+            ids, text = render_chat(engine.tokenizer, question.messages)
+        except ValueError as exc:
             raise ValueError(
-                f"arm {job.arm!r}: the model {self.config['model']!r} has no chat template, but dataset "
-                f"{question.dataset!r} is chat-formatted; use a chat model or a JSONL dataset with plain "
-                "prompts"
-            )
-        text = tokenizer.apply_chat_template(question.messages, add_generation_prompt=True, tokenize=False)
-        # The template already holds any BOS token, so tokenise without adding special tokens again.
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        return list(ids), text
+                f"arm {job.arm!r}: model {self.config['model']!r}, dataset {question.dataset!r} is "
+                f"chat-formatted: {exc}"
+            ) from None
+        return ids, text
 
     def run(self, jobs: list[Job], sampling: Sampling, on_done: OnDone) -> None:
         """Answer ``jobs`` (all in flight at once, batched by the engine's scheduler)."""

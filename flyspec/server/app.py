@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from flyspec.chat import render_chat
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.server.engine_loop import EngineLoop, RequestStream
@@ -230,17 +231,12 @@ def _prompt_ids(state: ServerState, prompt: str | list[int]) -> list[int]:
 
 
 def _chat_prompt_ids(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    if not state.tokenizer.chat_template:
-        raise OpenAIError(
-            "this model's tokenizer has no chat template; use /v1/completions", param="messages"
-        )
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     try:
-        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    except Exception as exc:  # the template raises (jinja) on conversations it does not accept
-        raise OpenAIError(f"messages: the chat template rejected them: {exc}", param="messages") from None
-    # The template already spells out special tokens such as BOS; adding them again would double them.
-    return state.tokenizer.encode(text, add_special_tokens=False)
+        ids, _ = render_chat(state.tokenizer, messages)
+    except ValueError as exc:
+        raise OpenAIError(f"messages: {exc}", param="messages") from None
+    return ids
 
 
 def _sampling_params(

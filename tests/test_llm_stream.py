@@ -1,0 +1,84 @@
+"""LLM.stream: lazy feeding, early stop without losing in-flight answers, and a clean engine after close."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tiny_llm import save_tiny
+
+from flyspec import LLM, SamplingParams
+from flyspec.llm import GenerationRequest
+
+GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    path = save_tiny(tmp_path_factory.mktemp("stream") / "tiny", seed=0)
+    return LLM(str(path), dtype="float32", max_num_seqs=4)
+
+
+def _requests(n: int, pulled: list[int]) -> Iterator[GenerationRequest]:
+    for i in range(n):
+        pulled.append(i)
+        yield GenerationRequest(prompt=f"w{i + 1} w2 w3", params=GREEDY, request_id=f"r{i}")
+
+
+def test_stream_pulls_lazily_and_matches_generate(llm: LLM) -> None:
+    """stream() never holds more than max_in_flight requests, yields every request once, and each output
+    equals what generate() produces for the same prompt (greedy, float32)."""
+    pulled: list[int] = []
+    seen = []
+    for out in llm.stream(_requests(10, pulled), max_in_flight=3):
+        # When an output arrives, at most 3 requests were ever pulled beyond those already yielded.
+        assert len(pulled) - len(seen) <= 3
+        seen.append(out)
+    assert sorted(o.request_id for o in seen) == [f"r{i}" for i in range(10)]
+    expected = llm.generate([f"w{i + 1} w2 w3" for i in range(10)], GREEDY, use_tqdm=False)
+    by_id = {o.request_id: o for o in seen}
+    assert [by_id[f"r{i}"].outputs[0].token_ids for i in range(10)] == [
+        e.outputs[0].token_ids for e in expected
+    ]
+
+
+def test_an_exhausted_source_drains_in_flight_requests(llm: LLM) -> None:
+    """A feed that stops early (as a sequential gate does at its boundary) still gets the answers of the
+    requests already in flight: ending the iterable is not an abort."""
+
+    def feed() -> Iterator[GenerationRequest]:
+        for i in range(3):
+            yield GenerationRequest(prompt="w5 w6", params=GREEDY, request_id=f"d{i}")
+
+    outs = list(llm.stream(feed(), max_in_flight=3))
+    assert sorted(o.request_id for o in outs) == ["d0", "d1", "d2"]
+    assert all(o.finished and len(o.outputs[0].token_ids) == 5 for o in outs)
+
+
+def test_closing_the_stream_aborts_what_is_in_flight(llm: LLM) -> None:
+    """Breaking out of the loop aborts the requests still running, so the engine is empty afterwards."""
+    pulled: list[int] = []
+    stream = llm.stream(_requests(8, pulled), max_in_flight=4)
+    next(stream)
+    stream.close()
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.num_running == 0
+
+
+def test_a_refused_request_names_itself_and_leaves_the_engine_clean(llm: LLM) -> None:
+    """A request the engine refuses raises ValueError with its id; the others are aborted."""
+    items = [
+        GenerationRequest(prompt="w1", params=GREEDY, request_id="ok"),
+        GenerationRequest(prompt="", params=GREEDY, request_id="empty"),
+    ]
+    with pytest.raises(ValueError, match="request 'empty': the prompt is empty"):
+        list(llm.stream(items))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_request_needs_exactly_one_of_prompt_or_messages() -> None:
+    """GenerationRequest refuses an empty or ambiguous request at construction."""
+    with pytest.raises(ValueError, match="exactly one of prompt or messages"):
+        GenerationRequest()
+    with pytest.raises(ValueError, match="exactly one of prompt or messages"):
+        GenerationRequest(prompt="a", messages=[{"role": "user", "content": "b"}])
