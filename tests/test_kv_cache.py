@@ -60,3 +60,14 @@ def test_bad_sizes_and_overflow_are_errors() -> None:
     cache = _cache(max_len=8)
     with pytest.raises(ValueError, match="max_len=8"):
         cache.ensure_capacity(9)
+
+
+def test_write_span_equals_the_scatter_write() -> None:
+    """The single-row fast path stores exactly what `write` stores for the same slot and positions."""
+    span, scatter = _cache(), _cache()
+    key, value = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
+    span.write_span(1, 2, 5, key, value)
+    scatter.write(1, torch.tensor([2, 2, 2]), torch.tensor([5, 6, 7]), key, value)
+    for a, b in zip(span.k + span.v, scatter.k + scatter.v, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(span.k[1][2, :, 5:8].transpose(0, 1), key)

@@ -85,6 +85,16 @@ class KVCache:
         self.k[layer][slot_index, :, pos_index] = key
         self.v[layer][slot_index, :, pos_index] = value
 
+    def write_span(self, layer: int, slot: int, start: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store `key`/`value` `[n, num_kv_heads, head_dim]` at positions `start .. start + n - 1` of one slot.
+
+        The fast path of a single-row pass (one-request decode, a prompt chunk): a plain slice copy instead
+        of the scatter `write` needs for ragged rows.
+        """
+        n = key.shape[0]
+        self.k[layer][slot, :, start : start + n] = key.transpose(0, 1)
+        self.v[layer][slot, :, start : start + n] = value.transpose(0, 1)
+
     def read(self, layer: int, slots: torch.Tensor | slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values `[B, num_kv_heads, length, head_dim]` of positions `0..length-1` of `slots`.
 

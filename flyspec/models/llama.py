@@ -370,8 +370,7 @@ class LlamaForCausalLM(nn.Module):
         q, k = qk[:, :, : a.num_heads], qk[:, :, a.num_heads :]
         if plan.write_span is not None:
             slot, pos, n = plan.write_span
-            cache.k[index][slot, :, pos : pos + n] = k[0, :n].transpose(0, 1)
-            cache.v[index][slot, :, pos : pos + n] = v[0, :n].transpose(0, 1)
+            cache.write_span(index, slot, pos, k[0, :n], v[0, :n])
         else:
             k_new = k.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
             v_new = v.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
