@@ -26,14 +26,14 @@ from tokenizers.models import BPE
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from flyspec.config import EngineConfig
+from flyspec.engine.drafters.cross_vocab import CrossVocabDrafter
+from flyspec.engine.drafters.vocab_map import VocabMap
 from flyspec.engine.engine import LLMEngine
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.models.loader import load_model
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
-from flyspec.spec_decode.proposers import CrossVocabProposer
-from flyspec.spec_decode.vocab_map import VocabMap
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0-3 in the target, as tiny_llm's configs expect
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "fast", "slow", "big", "small", "red", "blue"]
@@ -210,7 +210,7 @@ def test_renumbered_copy_of_the_target_is_always_accepted(models, caplog) -> Non
     assert any(
         "Token-Level Intersection of 100 of its 102 token ids" in r.getMessage() for r in caplog.records
     )
-    eng.proposer.catch_up_chunk = 5
+    eng.drafter.catch_up_chunk = 5
     outs = run(eng, PROMPTS, GREEDY)
     target_only = ids(run(engine(models["ascii_target"]), PROMPTS, GREEDY))
     assert ids(outs) == target_only
@@ -228,7 +228,7 @@ def test_after_any_commit_the_drafter_proposes_what_a_fresh_one_would(models) ->
     draft = load_model(models["draft"], dtype="float32")
     vmap = VocabMap(target_tok, draft.tokenizer, len(target_tok), draft.model.vocab_size)
     k = 3
-    proposer = CrossVocabProposer(ModelRunner(draft.model, 4, 512), k, vmap, catch_up_chunk=4)
+    drafter = CrossVocabDrafter(ModelRunner(draft.model, 4, 512), k, vmap, catch_up_chunk=4)
     seqs = []
     for i, prompt in enumerate(PROMPTS[:4]):
         seq = Sequence(f"r{i}", prompt, target_tok(prompt).input_ids, GREEDY, i, frozenset())
@@ -242,8 +242,8 @@ def test_after_any_commit_the_drafter_proposes_what_a_fresh_one_would(models) ->
     gen = torch.Generator().manual_seed(0)
     drafted = waited = 0
     for _ in range(24):
-        prop = proposer.propose(seqs)
-        fresh = CrossVocabProposer(ModelRunner(draft.model, 4, 512), k, vmap).propose(seqs)
+        prop = drafter.propose(seqs)
+        fresh = CrossVocabDrafter(ModelRunner(draft.model, 4, 512), k, vmap).propose(seqs)
         assert torch.equal(prop.num_tokens, fresh.num_tokens)
         assert torch.equal(prop.token_ids, fresh.token_ids)
         drafted += int(prop.num_tokens.sum())
@@ -291,3 +291,17 @@ def test_a_request_that_outgrows_the_draft_cache_stops_drafting(models) -> None:
     assert eng.stats.num_draft_tokens == 0
     assert ids(run(eng, [short_prompt], params)) == reference[1:]
     assert eng.stats.num_draft_tokens > 0
+
+
+def test_finished_and_aborted_requests_leave_no_draft_state(models, reference) -> None:
+    """The engine releases each request from the drafter when it finishes or is aborted, so per-request
+    draft views do not pile up, and a request id used again starts from a fresh view (same output)."""
+    eng = engine(models["target"], {"model": models["draft"], "num_speculative_tokens": 3})
+    assert ids(run(eng, PROMPTS[:3], GREEDY)) == reference[:3]
+    eng.add_request("gone", PROMPTS[4], GREEDY)
+    for _ in range(3):
+        eng.step()
+    assert set(eng.drafter._states) == {"gone"}
+    eng.abort_request("gone")
+    assert eng.drafter._states == {}
+    assert ids(run(eng, PROMPTS[:3], GREEDY)) == reference[:3]  # ids r0..r2 again

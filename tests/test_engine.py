@@ -121,6 +121,39 @@ def test_greedy_speculative_decoding_is_exact(models, reference, drafter: str, k
         assert stats.accepted_per_position == [stats.num_drafts] * k
 
 
+@pytest.mark.parametrize("drafter", ["random_draft", "self_draft"])
+def test_draft_state_follows_slot_reuse(models, reference, drafter: str) -> None:
+    """With two slots for eight requests, every slot serves several requests in turn: the draft model's
+    cache lengths (owned by the drafter, per slot) restart with each new request, so the output is still
+    exactly the target-only greedy output."""
+    draft = models["draft"] if drafter == "random_draft" else models["target"]
+    eng = engine(models["target"], {"model": draft, "num_speculative_tokens": 3}, max_num_seqs=2)
+    assert ids(run(eng, PROMPTS, GREEDY)) == reference["ours"]
+    assert eng.stats.num_drafts > 0
+
+
+def test_step_timings_are_opt_in_and_cover_each_step(models) -> None:
+    """Off by default (step_timings is None); once enabled, each step appends one record whose timed
+    parts are non-negative and fit inside the step; turning it off drops the records."""
+    eng = engine(models["target"], {"model": models["draft"], "num_speculative_tokens": 2})
+    assert eng.step_timings is None
+    eng.record_step_timings()
+    eng.add_request("r", PROMPTS[3], GREEDY)
+    steps = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        steps += 1
+    timings = eng.step_timings
+    assert timings is not None and len(timings) == steps
+    for t in timings:
+        parts = (t.target_forward_s, t.draft_forward_s, t.verify_s)
+        assert min(parts) >= 0 and sum(parts) <= t.step_s and t.other_s >= 0
+    assert all(t.target_forward_s > 0 and t.draft_forward_s > 0 for t in timings)
+    assert timings[0].verify_s == 0 and all(t.verify_s > 0 for t in timings[1:])  # prefill, then decode
+    eng.record_step_timings(False)
+    assert eng.step_timings is None
+
+
 def test_qwen2_speculative_output_equals_transformers(models) -> None:
     """The qwen2 architecture (qkv bias) through the engine with speculation matches transformers."""
     spec = {"model": models["qwen2"], "num_speculative_tokens": 3}

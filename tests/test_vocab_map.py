@@ -20,11 +20,11 @@ from tiny_llm import make_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from flyspec import assets
+from flyspec.engine.drafters.cross_vocab import CrossVocabDrafter
+from flyspec.engine.drafters.vocab_map import DraftView, VocabMap
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.sampling_params import SamplingParams
-from flyspec.spec_decode.proposers import CrossVocabProposer
-from flyspec.spec_decode.vocab_map import DraftView, VocabMap
 
 DRAFT, TARGET = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"
 QWEN_VOCAB, SMOL_VOCAB = 151_936, 49_152
@@ -203,14 +203,14 @@ def _word_level(words: list[str]) -> transformers.PreTrainedTokenizerFast:
 
 @pytest.mark.slow
 def test_real_draft_proposes_only_mapped_target_ids(vmap, qwen) -> None:
-    """SmolLM2-135M drafting through the proposer for Qwen-tokenised prompts (a chat prompt and a code
+    """SmolLM2-135M drafting through the drafter for Qwen-tokenised prompts (a chat prompt and a code
     prompt, batched, K = 4): every proposed id is a Qwen id of the intersection, and the draft's first
     tokens continue the text sensibly (the drafted continuation of "def fibonacci(n):" decodes to text)."""
     from flyspec.models.loader import load_model
 
     draft = load_model(DRAFT, dtype="float32")
     runner = ModelRunner(draft.model, num_slots=2, max_len=512)
-    proposer = CrossVocabProposer(runner, 4, vmap, catch_up_chunk=16)
+    drafter = CrossVocabDrafter(runner, 4, vmap, catch_up_chunk=16)
     chat = qwen.apply_chat_template(
         [{"role": "user", "content": "What is 2 + 3?"}], tokenize=False, add_generation_prompt=True
     )
@@ -222,7 +222,7 @@ def test_real_draft_proposes_only_mapped_target_ids(vmap, qwen) -> None:
         seqs.append(seq)
     image = set(vmap.draft_to_target[vmap.allowed].tolist())
     for _ in range(3):
-        prop = proposer.propose(seqs)
+        prop = drafter.propose(seqs)
         assert prop.probs is None and prop.num_tokens.tolist() == [4, 4]
         assert set(prop.token_ids.flatten().tolist()) <= image
         for b, seq in enumerate(seqs):  # commit the first two drafts, as if the target kept one

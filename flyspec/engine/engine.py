@@ -1,19 +1,17 @@
 """The engine's step loop: schedule -> prefill chunks -> draft -> target verify -> verify() -> commit.
 
-Cache invariants (lengths live on each Sequence; the caches never track them):
-- target: after a request's prompt is in, `num_computed == num_tokens - 1`; each decode step feeds the
-  newest token plus K_b draft tokens at position `num_computed`, and afterwards keeps the newest token
-  and the `a` accepted drafts, so the invariant holds again (rejected positions are simply overwritten).
-- draft: the proposer leaves every current token plus the first K - 1 drafts in the draft cache; after
-  verification `draft_len = old num_tokens + min(a, K - 1)`, the drafts that were kept and cached.
-  A draft model with another vocabulary (Token-Level Intersection, greedy drafting only) keeps its own
-  tokenisation of the text and its own cache lengths instead (spec_decode/vocab_map.py).
+Target cache invariant (its length lives on each Sequence as `num_computed`; the cache never tracks
+it): after a request's prompt is in, `num_computed == num_tokens - 1`; each decode step feeds the newest
+token plus K_b draft tokens at position `num_computed`, and afterwards keeps the newest token and the `a`
+accepted drafts, so the invariant holds again (rejected positions are simply overwritten). The drafter
+owns its own draft-side lengths behind the `Drafter` interface (engine/drafters/base.py): the engine
+tells it what the target prefilled and what verification kept, and never asks which drafter it is.
 
 Without a speculative config the same loop decodes one token per request per step (K = 0).
 
 Exactness: in float32, greedy speculative output is token-identical to target-only greedy output. In
 bfloat16 the (1 + K)-token verify pass may round differently from one-token decoding, so at rare
-near-ties the two can pick different tokens; that is expected (SPEC 6.4), not a verification bug.
+near-ties the two can pick different tokens; that is expected (docs/verification.md), not a bug.
 """
 
 from __future__ import annotations
@@ -23,17 +21,19 @@ import logging
 
 import torch
 
-from flyspec.config import EngineConfig, SpeculativeConfig, log_lossy_warning
+from flyspec.budget import capacity
+from flyspec.config import EngineConfig, log_lossy_warning
+from flyspec.engine.drafters.base import Drafter, Proposal
+from flyspec.engine.drafters.build import build_drafter
 from flyspec.engine.model_runner import ModelRunner, logits_to_probs, sample_tokens
-from flyspec.engine.scheduler import Scheduler, capacity
+from flyspec.engine.scheduler import Scheduler
 from flyspec.engine.sequence import Sequence
+from flyspec.engine.timing import StepClock, StepTiming
 from flyspec.models.loader import LoadedModel, load_model
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.spec_decode.metrics import SpecDecodeStats
-from flyspec.spec_decode.proposers import CrossVocabProposer, DraftModelProposer, NgramProposer, Proposal
 from flyspec.spec_decode.verify import FlyParams, verify
-from flyspec.spec_decode.vocab_map import VocabMap
 
 logger = logging.getLogger("flyspec.engine")
 
@@ -51,7 +51,6 @@ class LLMEngine:
         and the speculative config's `model` (then they are used as they are, not loaded again)."""
         self.config = config
         spec = config.speculative_config
-        assert spec is None or isinstance(spec, SpeculativeConfig)  # EngineConfig converts dicts
         self.spec = spec
         self.k = config.num_speculative_tokens
         # Budget arithmetic first: a budget that cannot run one request fails before any weights load.
@@ -66,23 +65,25 @@ class LLMEngine:
         self.vocab_size: int = target.model.vocab_size
         self.eos_token_ids = _eos_token_ids(target)
         slots = self.capacity.max_running
+        self._clock = StepClock(target.model.device)
+        self._verify_timer = self._clock.part("verify_s")
         # Verification writes up to K positions past the last kept token.
         cache_len = self.max_model_len + self.k + 1
-        self.target = ModelRunner(target.model, slots, cache_len)
+        self.target = ModelRunner(target.model, slots, cache_len, timer=self._clock.part("target_forward_s"))
 
-        self.draft: ModelRunner | None = None
-        self.proposer: DraftModelProposer | CrossVocabProposer | NgramProposer | None = None
-        if spec is not None and spec.method == "draft_model":
-            assert spec.model is not None
-            if draft is None:
+        self.drafter: Drafter | None = None
+        if spec is not None:
+            if spec.method == "draft_model" and draft is None:
+                assert spec.model is not None
                 draft = load_model(spec.model, config.dtype, config.device)
-            if _same_vocabulary(target, draft):
-                self.draft = ModelRunner(draft.model, slots, cache_len)
-                self.proposer = DraftModelProposer(self.draft, self.k, spec.draft_sample_method)
-            else:
-                self.draft, self.proposer = self._cross_vocab_drafter(target, draft, spec, slots)
-        elif spec is not None:
-            self.proposer = NgramProposer(self.k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+            self.drafter = build_drafter(
+                spec,
+                target,
+                draft,
+                num_slots=slots,
+                max_model_len=self.max_model_len,
+                timer=self._clock.part("draft_forward_s"),
+            )
         self.fly: FlyParams | None = spec.fly_params(self.vocab_size) if spec is not None else None
 
         self.scheduler = Scheduler(config.max_num_batched_tokens, slots, 1 + self.k)
@@ -161,10 +162,11 @@ class LLMEngine:
         seq = self.scheduler.abort(request_id)
         if seq is not None:
             seq.finish("abort")
-            self._requests.pop(request_id, None)
+            self._forget(seq)
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for every request that got tokens or finished."""
+        self._clock.begin_step()
         planned = self.scheduler.schedule()
         touched: list[Sequence] = []
         if planned.decodes:
@@ -173,37 +175,28 @@ class LLMEngine:
         if planned.prefills:
             touched.extend(self._prefill(planned.prefills))
         for seq in self.scheduler.release_finished():
-            self._requests.pop(seq.request_id, None)
-        return [seq.to_output() for seq in touched]
+            self._forget(seq)
+        outputs = [seq.to_output() for seq in touched]
+        self._clock.end_step()
+        return outputs
+
+    def record_step_timings(self, enabled: bool = True) -> None:
+        """Start recording where each step's time goes into `step_timings` (a fresh, empty list), or stop
+        and drop the records with enabled=False. Recording adds clock reads around the timed parts (and,
+        on CUDA, device synchronisations), so leave it off outside profiling."""
+        self._clock.start(enabled)
+
+    @property
+    def step_timings(self) -> list[StepTiming] | None:
+        """One StepTiming per step since `record_step_timings()`, or None while not recording."""
+        return self._clock.records
 
     # ------------------------------------------------------------------ internals
 
-    def _cross_vocab_drafter(
-        self, target: LoadedModel, draft: LoadedModel, spec: SpeculativeConfig, slots: int
-    ) -> tuple[ModelRunner, CrossVocabProposer]:
-        """Token-Level Intersection for a draft model of another vocabulary: greedy drafting only."""
-        if spec.draft_sample_method == "probabilistic":
-            raise ValueError(
-                f"draft_sample_method='probabilistic' is invalid: the draft model {draft.path} has a "
-                f"different vocabulary from the target {target.path}, and cross-vocabulary drafting "
-                "(Token-Level Intersection) drafts greedily only; set draft_sample_method='greedy' or leave "
-                "it unset"
-            )
-        vocab_map = VocabMap(
-            target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size
-        )
-        # The draft may need more tokens than the target for the same text; its cache grows on demand.
-        draft_len = min(2 * self.max_model_len, draft.model.max_position_embeddings)
-        runner = ModelRunner(draft.model, slots, draft_len)
-        logger.info(
-            "cross-vocabulary draft %s: Token-Level Intersection of %d of its %d token ids with the target's "
-            "%d; drafting greedily",
-            draft.path,
-            vocab_map.size,
-            draft.model.vocab_size,
-            target.model.vocab_size,
-        )
-        return runner, CrossVocabProposer(runner, self.k, vocab_map)
+    def _forget(self, seq: Sequence) -> None:
+        self._requests.pop(seq.request_id, None)
+        if self.drafter is not None:
+            self.drafter.release(seq)
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -240,11 +233,10 @@ class LLMEngine:
         done = [seq.num_computed + n == seq.num_prompt_tokens for seq, n in chunks]
         keep = [[n - 1] if last else [] for (_, n), last in zip(chunks, done, strict=True)]
         logits = self.target.forward(rows, slots, starts, keep)
-        if self.draft is not None and isinstance(self.proposer, DraftModelProposer):
-            self.draft.forward(rows, slots, starts)  # a cross-vocabulary draft catches up when it drafts
+        if self.drafter is not None:
+            self.drafter.prefill(rows, slots, starts)
         for seq, n in chunks:
             seq.num_computed += n
-            seq.draft_len = seq.num_computed
             self.stats.prompt_tokens += n
         finished = [seq for (seq, _), last in zip(chunks, done, strict=True) if last]
         if finished:
@@ -263,7 +255,7 @@ class LLMEngine:
         draws = torch.stack([s.draw_uniforms(2 * k + 1) for s in seqs])
         draft_u, verify_u, sample_u = draws[:, :k], draws[:, k : 2 * k], draws[:, 2 * k]
         slots, starts = [s.slot for s in seqs], [s.num_computed for s in seqs]
-        if self.proposer is None:
+        if self.drafter is None:
             logits = self.target.forward([[s.token_ids[-1]] for s in seqs], slots, starts, [[0]] * len(seqs))
             assert logits is not None
             probs = logits_to_probs(logits, [s.params for s in seqs])
@@ -272,7 +264,7 @@ class LLMEngine:
                 self._commit(seq, [token])
             return
 
-        proposal = self.proposer.propose(seqs, draft_u)
+        proposal = self.drafter.propose(seqs, draft_u)
         num_draft = proposal.num_tokens.tolist()
         drafts = proposal.token_ids.tolist()
         rows = [[s.token_ids[-1], *drafts[b][: num_draft[b]]] for b, s in enumerate(seqs)]
@@ -282,18 +274,18 @@ class LLMEngine:
         target_probs = _to_padded_rows(logits_to_probs(logits, row_params), num_draft, k)
         greedy = torch.tensor([s.params.greedy for s in seqs], dtype=torch.bool)
         accepted, forgiven, final_ids = self._verify(seqs, proposal, target_probs, greedy, verify_u, sample_u)
+        self.drafter.commit(seqs, accepted)
 
         for b, seq in enumerate(seqs):
-            a = accepted[b]
-            old_tokens, old_outputs = seq.num_tokens, len(seq.output_token_ids)
-            self._record(seq, num_draft[b], a, len(forgiven[b]), [old_outputs + i for i in forgiven[b]])
+            old_outputs = len(seq.output_token_ids)
+            self._record(
+                seq, num_draft[b], accepted[b], len(forgiven[b]), [old_outputs + i for i in forgiven[b]]
+            )
             self._commit(seq, final_ids[b])
             # A stop condition may have cut the step's tokens short; forget forgiven positions past it.
             seq.metrics.forgiven_positions = [
                 i for i in seq.metrics.forgiven_positions if i < len(seq.output_token_ids)
             ]
-            if isinstance(self.proposer, DraftModelProposer):
-                seq.draft_len = old_tokens + min(a, k - 1)
 
     def _verify(
         self,
@@ -317,16 +309,17 @@ class LLMEngine:
                 continue
             # The usual case is one group of all rows: then no copies of the [B, K+1, V] probabilities.
             sel = None if len(idx) == len(seqs) else idx
-            out = verify(
-                _rows(proposal.token_ids, sel),
-                _rows(target_probs, sel),
-                None if proposal.probs is None else _rows(proposal.probs, sel),
-                greedy=_rows(greedy, sel),
-                fly=self.fly if fly_group else None,
-                num_draft_tokens=_rows(proposal.num_tokens, sel),
-                uniform=_rows(verify_u, sel),
-                sample_uniform=_rows(sample_u, sel),
-            )
+            with self._verify_timer:
+                out = verify(
+                    _rows(proposal.token_ids, sel),
+                    _rows(target_probs, sel),
+                    None if proposal.probs is None else _rows(proposal.probs, sel),
+                    greedy=_rows(greedy, sel),
+                    fly=self.fly if fly_group else None,
+                    num_draft_tokens=_rows(proposal.num_tokens, sel),
+                    uniform=_rows(verify_u, sel),
+                    sample_uniform=_rows(sample_u, sel),
+                )
             num_accepted, token_ids = out.num_accepted.tolist(), out.token_ids.tolist()
             forgiven_mask = out.forgiven.tolist()
             for j, b in enumerate(idx):
@@ -395,11 +388,3 @@ def _eos_token_ids(loaded: LoadedModel) -> frozenset[int]:
         elif isinstance(value, list | tuple):
             ids.update(v for v in value if isinstance(v, int))
     return frozenset(ids)
-
-
-def _same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
-    """Whether the draft shares the target's vocabulary: same vocab_size and same token -> id map."""
-    return (
-        target.model.vocab_size == draft.model.vocab_size
-        and target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
-    )

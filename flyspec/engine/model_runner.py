@@ -12,16 +12,23 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from flyspec.engine.timing import UNTIMED, PartTimer
 from flyspec.models.llama import ForwardBatch
 from flyspec.sampling_params import SamplingParams
 from flyspec.spec_decode.sampling import inverse_cdf_sample, process_logits
 
 
 class ModelRunner:
-    """One model with its own KV cache of `num_slots` rows of `max_len` positions."""
+    """One model with its own KV cache of `num_slots` rows of `max_len` positions.
 
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int) -> None:
+    `timer` adds each forward's wall time to the engine's step timings when those are recorded.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, num_slots: int, max_len: int, *, timer: PartTimer = UNTIMED
+    ) -> None:
         self.model = model
+        self.timer = timer
         self.cache = model.new_cache(num_slots, max_len)
         self.device = next(model.parameters()).device
         self.vocab_size: int = model.vocab_size
@@ -40,22 +47,24 @@ class ModelRunner:
         keep[b] lists the indices into rows[b] whose logits are wanted. Returns float32 logits
         [sum(len(keep[b])), V] in row-major order, or None when nothing is kept.
         """
-        lengths = [len(r) for r in rows]
-        width = max(lengths)
-        padded = [list(r) + [0] * (width - len(r)) for r in rows]
-        input_ids = torch.tensor(padded, dtype=torch.int64, device=self.device)
-        batch = ForwardBatch(
-            slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
-            start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
-            num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
-        )
-        hidden = self.model(input_ids, batch, self.cache)
-        if keep is None or not any(keep):
-            return None
-        row_idx = [b for b, positions in enumerate(keep) for _ in positions]
-        pos_idx = [p for positions in keep for p in positions]
-        picked = hidden[torch.tensor(row_idx, device=self.device), torch.tensor(pos_idx, device=self.device)]
-        return self.model.compute_logits(picked).float()
+        with self.timer:
+            lengths = [len(r) for r in rows]
+            width = max(lengths)
+            padded = [list(r) + [0] * (width - len(r)) for r in rows]
+            input_ids = torch.tensor(padded, dtype=torch.int64, device=self.device)
+            batch = ForwardBatch(
+                slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
+                start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
+                num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
+            )
+            hidden = self.model(input_ids, batch, self.cache)
+            if keep is None or not any(keep):
+                return None
+            row_idx = [b for b, positions in enumerate(keep) for _ in positions]
+            pos_idx = [p for positions in keep for p in positions]
+            device = self.device
+            picked = hidden[torch.tensor(row_idx, device=device), torch.tensor(pos_idx, device=device)]
+            return self.model.compute_logits(picked).float()
 
 
 def sampling_tensors(

@@ -1,4 +1,4 @@
-"""Per-request state: token ids, cache lengths, status, random stream, stop handling, metrics."""
+"""Per-request state: token ids, target cache length, status, random stream, stop handling, metrics."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One request.
 
-    Cache lengths are owned here, not by the caches: `num_computed` is how many of the request's tokens
-    the target cache holds, `draft_len` the same for the draft cache. Once the prompt is prefilled,
-    `num_computed == num_tokens - 1`: the newest token is always the next one fed to the target.
-    Rolling back a cache is just setting one of these numbers lower.
+    The target cache's length for this request is owned here, not by the cache: `num_computed` is how
+    many of the request's tokens the target cache holds. Once the prompt is prefilled,
+    `num_computed == num_tokens - 1`: the newest token is always the next one fed to the target. Rolling
+    back is just setting that number lower. (The drafter keeps its own draft-side lengths.)
     """
 
     def __init__(
@@ -51,7 +51,6 @@ class Sequence:
         self.finish_reason: str | None = None
         self.slot: int | None = None
         self.num_computed = 0
-        self.draft_len = 0
         self.text = ""
         self.metrics = RequestMetrics(arrival_time=time.monotonic())
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flyspec.outputs import AcceptanceCounts
+
 
 @dataclass
 class SpecDecodeStats:
-    """Cumulative counters since the engine started.
+    """Cumulative counters since the engine started (plain integers, bumped once per verified row; the
+    server's /metrics reads and diffs them by name).
 
     accepted_per_position[i] counts verification steps whose i-th draft token was kept (forgiven
     tokens included); its length is K (0 without speculation).
@@ -38,11 +41,18 @@ class SpecDecodeStats:
             self.accepted_per_position[i] += 1
 
     @property
+    def counts(self) -> AcceptanceCounts:
+        """The four acceptance counters as one value (its rates: mean acceptance length and the rest)."""
+        return AcceptanceCounts(
+            self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.num_forgiven_tokens
+        )
+
+    @property
     def mean_acceptance_length(self) -> float:
         """Tokens per verification step: 1 + accepted / drafts (1.0 without drafts)."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+        return self.counts.mean_acceptance_length
 
     @property
     def acceptance_rate(self) -> float:
         """Share of draft tokens kept (0.0 without drafts)."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+        return self.counts.acceptance_rate

@@ -1,15 +1,17 @@
-"""Drafters: n-gram prompt lookup, and the draft-model proposer's batched, ragged catch-up passes."""
+"""Drafters: n-gram prompt lookup, and the draft-model drafter's batched, ragged catch-up passes with the
+draft-cache lengths it owns (prefill, propose, commit)."""
 
 from __future__ import annotations
 
 import torch
 import transformers
 
+from flyspec.engine.drafters.draft_model import DraftModelDrafter
+from flyspec.engine.drafters.ngram import NgramDrafter, ngram_continuation
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.models.llama import ForwardBatch, LlamaForCausalLM
 from flyspec.sampling_params import SamplingParams
-from flyspec.spec_decode.proposers import DraftModelProposer, NgramProposer, ngram_continuation
 from flyspec.spec_decode.sampling import inverse_cdf_sample, process_logits
 
 VOCAB = 97
@@ -30,13 +32,13 @@ def test_ngram_returns_fewer_or_no_tokens() -> None:
     assert ngram_continuation([4, 4], k=4, min_n=1, max_n=3) == [4]
 
 
-def test_ngram_proposer_batches_ragged_rows() -> None:
+def test_ngram_drafter_batches_ragged_rows() -> None:
     """Rows get their own K_b (0 when nothing matches) and padding beyond K_b; no probabilities."""
     seqs = [
         Sequence("a", None, [1, 2, 3, 1, 2], SamplingParams(), 0, frozenset()),
         Sequence("b", None, [1, 2, 3, 4], SamplingParams(), 0, frozenset()),
     ]
-    prop = NgramProposer(num_speculative_tokens=2, min_n=1, max_n=3).propose(seqs)
+    prop = NgramDrafter(num_speculative_tokens=2, min_n=1, max_n=3).propose(seqs)
     assert prop.probs is None
     assert prop.num_tokens.tolist() == [2, 0]
     assert prop.token_ids.tolist() == [[3, 1], [0, 0]]
@@ -69,7 +71,7 @@ def _reference_logits(model: LlamaForCausalLM, tokens: list[int]) -> torch.Tenso
 
 
 def _prefilled(
-    runner: ModelRunner, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    drafter: DraftModelDrafter, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
 ) -> list[Sequence]:
     params = params if isinstance(params, list) else [params] * len(prompts)
     seqs = []
@@ -77,9 +79,9 @@ def _prefilled(
         seq = Sequence(f"r{i}", None, prompt, p, i, frozenset())
         seq.start(i)
         seqs.append(seq)
-    runner.forward([s.prompt_token_ids for s in seqs], [s.slot for s in seqs], [0] * len(seqs))
+    drafter.prefill([s.prompt_token_ids for s in seqs], [s.slot for s in seqs], [0] * len(seqs))
     for s in seqs:
-        s.num_computed = s.draft_len = s.num_prompt_tokens
+        s.num_computed = s.num_prompt_tokens
         s.output_token_ids.append(5)  # the first generated token: not yet seen by the draft
     return seqs
 
@@ -88,12 +90,11 @@ def test_greedy_draft_equals_sequential_argmax_and_catches_up() -> None:
     """Greedy drafts of ragged rows equal token-by-token argmax decoding of the draft model, the first
     pass catches up the unseen tokens, and after a rollback the next proposal catches up again."""
     model = _tiny_model(0)
-    runner = ModelRunner(model, num_slots=3, max_len=128)
-    seqs = _prefilled(runner, [[3, 4, 5, 6, 7], [9, 8], [11, 12, 13]], SamplingParams(temperature=0))
     k = 4
-    proposer = DraftModelProposer(runner, k, sample_method=None)
+    drafter = DraftModelDrafter(ModelRunner(model, num_slots=3, max_len=128), k, sample_method=None)
+    seqs = _prefilled(drafter, [[3, 4, 5, 6, 7], [9, 8], [11, 12, 13]], SamplingParams(temperature=0))
     for _ in range(2):
-        prop = proposer.propose(seqs, torch.rand(len(seqs), k, dtype=torch.float64))
+        prop = drafter.propose(seqs, torch.rand(len(seqs), k, dtype=torch.float64))
         for b, seq in enumerate(seqs):
             tokens = list(seq.token_ids)
             expected = []
@@ -103,10 +104,9 @@ def test_greedy_draft_equals_sequential_argmax_and_catches_up() -> None:
             assert prop.token_ids[b].tolist() == expected
         assert prop.probs is None  # deterministic drafts: verification needs no q
         # Engine-like commit: keep the first draft token plus one new token, roll the draft cache back.
+        drafter.commit(seqs, [1] * len(seqs))
         for b, seq in enumerate(seqs):
-            old = seq.num_tokens
             seq.output_token_ids += [int(prop.token_ids[b, 0]), 17]
-            seq.draft_len = old + 1
 
 
 def test_probabilistic_draft_uses_each_rows_uniforms_and_keeps_q() -> None:
@@ -115,12 +115,13 @@ def test_probabilistic_draft_uses_each_rows_uniforms_and_keeps_q() -> None:
     the argmax with a one-hot q."""
     model = _tiny_model(1)
     runner = ModelRunner(model, num_slots=3, max_len=128)
+    drafter = DraftModelDrafter(runner, 2, sample_method=None)
     params = SamplingParams(temperature=0.8, top_k=20)
     seqs = _prefilled(
-        runner, [[3, 4, 5], [6, 7, 8, 9], [10, 11]], [params, params, SamplingParams(temperature=0)]
+        drafter, [[3, 4, 5], [6, 7, 8, 9], [10, 11]], [params, params, SamplingParams(temperature=0)]
     )
     u = torch.tensor([[0.1, 0.9], [0.5, 0.3], [0.5, 0.5]], dtype=torch.float64)
-    prop = DraftModelProposer(runner, 2, sample_method=None).propose(seqs, u)
+    prop = drafter.propose(seqs, u)
     for b, seq in enumerate(seqs[:2]):
         tokens = list(seq.token_ids)
         for j in range(2):
@@ -139,5 +140,5 @@ def test_probabilistic_draft_uses_each_rows_uniforms_and_keeps_q() -> None:
         tokens.append(int(_reference_logits(model, tokens).argmax()))
         assert int(prop.token_ids[2, j]) == tokens[-1]
     assert torch.equal(prop.probs[2], torch.nn.functional.one_hot(prop.token_ids[2], VOCAB).float())
-    assert DraftModelProposer(runner, 2, "greedy").drafts_greedily(seqs[0])
-    assert not DraftModelProposer(runner, 2, None).drafts_greedily(seqs[0])
+    assert DraftModelDrafter(runner, 2, "greedy").drafts_greedily(seqs[0])
+    assert not DraftModelDrafter(runner, 2, None).drafts_greedily(seqs[0])

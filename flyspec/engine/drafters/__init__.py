@@ -1,0 +1,1 @@
+"""Drafters: the ways of proposing draft tokens, all behind one interface (`base.Drafter`)."""
