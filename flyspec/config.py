@@ -1,4 +1,4 @@
-"""Engine and speculative-decoding configuration: defaults, validation (SPEC 5) and the lossy warning.
+"""Engine and speculative-decoding configuration: defaults, validation and the lossy warning.
 
 Every broken rule raises ValueError with a message that names the field, the value and the rule, e.g.
 `fly_window_size=5 is invalid: it must satisfy 1 <= fly_window_size < num_speculative_tokens (4)`.
@@ -69,13 +69,33 @@ def _require_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
         raise _invalid(field, value, "it must be one of " + ", ".join(repr(c) for c in choices))
 
 
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _reject_set(config: Any, fields: tuple[str, ...], rule: str) -> None:
+    """A setting that would do nothing is an error, whatever its value (None = not set)."""
+    for name in fields:
+        value = getattr(config, name)
+        if value is not None:
+            raise _invalid(name, value, rule)
+
+
 @dataclass(kw_only=True)
 class SpeculativeConfig:
-    """How to draft and verify (SPEC 5).
+    """How to draft and verify (the rules are in docs/verification.md).
 
-    `method` may be omitted when `model` is given (then it is "draft_model", as in vLLM).
-    `fly_window_size` None means min(6, K - 1) when FLy is enabled. `draft_sample_method` None means
-    probabilistic drafting for requests that sample and greedy drafting for greedy requests.
+    A field left None is unset and takes its default; a field that would do nothing for this config (a
+    FLy setting with standard verification, a prompt-lookup setting with a draft model) is an error when
+    set, whatever its value. After construction every default is resolved except `fly_window_size`
+    (None without FLy; with FLy, min(6, K - 1) when unset) and `draft_sample_method` (None: probabilistic
+    drafting for requests that sample, greedy for greedy requests). `method` may be omitted when `model`
+    is given (then it is "draft_model", as in vLLM).
+
+    `to_dict()` is the canonical form: the settings that apply, defaults resolved, so that
+    `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
+    (`from_dict({**c.to_dict(), ...})`) rather than with `dataclasses.replace`, which would pass the
+    resolved FLy defaults of a standard config back as if they were set.
     """
 
     method: str | None = None
@@ -83,54 +103,60 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     rejection_sample_method: str = "standard"
     fly_window_size: int | None = None
-    fly_entropy_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD
-    fly_entropy_top_k: int = DEFAULT_FLY_ENTROPY_TOP_K
+    fly_entropy_threshold: float | None = None
+    fly_entropy_top_k: int | None = None
     draft_sample_method: str | None = None
-    prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP_MIN
-    prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP_MAX
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
 
     def __post_init__(self) -> None:
+        # The one validation path: the constructor, from_dict and EngineConfig all come through here.
         if self.method is None and self.model is not None:
             self.method = "draft_model"
         _require_choice("method", self.method, _METHODS)
         if self.method == "draft_model":
-            if not isinstance(self.model, str) or not self.model.strip():
-                raise _invalid(
-                    "model", self.model, "method='draft_model' needs the draft model's path or name"
-                )
-            self._reject_non_default(_NGRAM_FIELDS, "they only apply to method='ngram'")
+            self._check_draft_model()
         else:
-            if self.model is not None:
-                raise _invalid(
-                    "model", self.model, "method='ngram' drafts from the prompt and takes no model"
-                )
-            if self.draft_sample_method is not None:
-                raise _invalid(
-                    "draft_sample_method",
-                    self.draft_sample_method,
-                    "method='ngram' has no draft distribution to sample from; leave it unset",
-                )
-            _require_int("prompt_lookup_min", self.prompt_lookup_min, 1)
-            _require_int("prompt_lookup_max", self.prompt_lookup_max, 1)
-            if self.prompt_lookup_max < self.prompt_lookup_min:
-                raise _invalid(
-                    "prompt_lookup_max",
-                    self.prompt_lookup_max,
-                    f"it must be >= prompt_lookup_min ({self.prompt_lookup_min})",
-                )
-
+            self._check_ngram()
         _require_int("num_speculative_tokens", self.num_speculative_tokens, 1)
-        k = self.num_speculative_tokens
         _require_choice("rejection_sample_method", self.rejection_sample_method, _REJECTION_METHODS)
         if self.draft_sample_method is not None:
             _require_choice("draft_sample_method", self.draft_sample_method, _DRAFT_SAMPLE_METHODS)
-
         if self.rejection_sample_method == "standard":
-            self._reject_non_default(
+            _reject_set(
+                self,
                 _FLY_FIELDS,
                 "FLy settings only apply with rejection_sample_method='fly' (they would do nothing)",
             )
-            return
+            self.fly_entropy_threshold = DEFAULT_FLY_ENTROPY_THRESHOLD
+            self.fly_entropy_top_k = DEFAULT_FLY_ENTROPY_TOP_K
+        else:
+            self._check_fly()
+
+    def _check_draft_model(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise _invalid("model", self.model, "method='draft_model' needs the draft model's path or name")
+        _reject_set(self, _NGRAM_FIELDS, "they only apply to method='ngram'")
+        self.prompt_lookup_min, self.prompt_lookup_max = DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_PROMPT_LOOKUP_MAX
+
+    def _check_ngram(self) -> None:
+        if self.model is not None:
+            raise _invalid("model", self.model, "method='ngram' drafts from the prompt and takes no model")
+        if self.draft_sample_method is not None:
+            raise _invalid(
+                "draft_sample_method",
+                self.draft_sample_method,
+                "method='ngram' has no draft distribution to sample from; leave it unset",
+            )
+        lo = self.prompt_lookup_min = _default(self.prompt_lookup_min, DEFAULT_PROMPT_LOOKUP_MIN)
+        hi = self.prompt_lookup_max = _default(self.prompt_lookup_max, DEFAULT_PROMPT_LOOKUP_MAX)
+        _require_int("prompt_lookup_min", lo, 1)
+        _require_int("prompt_lookup_max", hi, 1)
+        if hi < lo:
+            raise _invalid("prompt_lookup_max", hi, f"it must be >= prompt_lookup_min ({lo})")
+
+    def _check_fly(self) -> None:
+        k = self.num_speculative_tokens
         if k < 2:
             raise _invalid(
                 "num_speculative_tokens",
@@ -138,34 +164,24 @@ class SpeculativeConfig:
                 "rejection_sample_method='fly' needs num_speculative_tokens >= 2 (a window of at least one "
                 "draft token must follow a forgiven position)",
             )
-        if self.fly_window_size is None:
-            self.fly_window_size = min(DEFAULT_FLY_WINDOW, k - 1)
-        w = self.fly_window_size
+        w = self.fly_window_size = _default(self.fly_window_size, min(DEFAULT_FLY_WINDOW, k - 1))
         if not _is_int(w) or not 1 <= w < k:
             raise _invalid(
                 "fly_window_size", w, f"it must satisfy 1 <= fly_window_size < num_speculative_tokens ({k})"
             )
-        theta = self.fly_entropy_threshold
+        theta = _default(self.fly_entropy_threshold, DEFAULT_FLY_ENTROPY_THRESHOLD)
         if _is_int(theta):
-            theta = self.fly_entropy_threshold = float(theta)
+            theta = float(theta)
         if not isinstance(theta, float) or not math.isfinite(theta) or theta < 0:
             raise _invalid("fly_entropy_threshold", theta, "it must be a finite number >= 0")
+        self.fly_entropy_threshold = theta
+        self.fly_entropy_top_k = _default(self.fly_entropy_top_k, DEFAULT_FLY_ENTROPY_TOP_K)
         _require_int("fly_entropy_top_k", self.fly_entropy_top_k, 1)
-
-    def _reject_non_default(self, fields: tuple[str, ...], rule: str) -> None:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in fields:
-            value = getattr(self, name)
-            if value != defaults[name]:
-                raise _invalid(name, value, rule)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
-        """Build from a dict (e.g. parsed JSON); unknown keys are an error, never ignored.
-
-        Keys of settings that would do nothing (FLy keys with standard verification, prompt-lookup keys
-        with a draft model) are rejected even when they carry the default value; None means unset.
-        """
+        """Build from a dict (e.g. parsed JSON): unknown keys are an error, never ignored, and a JSON null
+        means unset. Every other rule is the constructor's."""
         if not isinstance(data, dict):
             raise ValueError(
                 f"speculative_config must be a dict (JSON object), got {type(data).__name__}: {data!r}"
@@ -177,27 +193,16 @@ class SpeculativeConfig:
                 f"speculative_config has unknown key(s) {', '.join(repr(u) for u in unknown)}; "
                 f"allowed keys: {', '.join(known)}"
             )
-        data = {key: value for key, value in data.items() if value is not None}  # JSON null = unset
-        if "num_speculative_tokens" not in data:
+        if data.get("num_speculative_tokens") is None:
             raise ValueError("speculative_config needs num_speculative_tokens (an integer >= 1)")
-        if data.get("rejection_sample_method", "standard") == "standard":
-            for name in _FLY_FIELDS:
-                if name in data:
-                    raise _invalid(
-                        name,
-                        data[name],
-                        "FLy settings only apply with rejection_sample_method='fly' (they would do nothing)",
-                    )
-        method = data.get("method", "draft_model" if data.get("model") is not None else None)
-        if method == "draft_model":
-            for name in _NGRAM_FIELDS:
-                if name in data:
-                    raise _invalid(name, data[name], "they only apply to method='ngram'")
-        return cls(**data)
+        return cls(**{key: value for key, value in data.items() if value is not None})
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a plain dict (resolved defaults included)."""
-        return dataclasses.asdict(self)
+        """The settings that apply to this config, defaults resolved (round-trips through from_dict)."""
+        skip = set(_NGRAM_FIELDS) if self.method == "draft_model" else {"model", "draft_sample_method"}
+        if not self.is_lossy:
+            skip.update(_FLY_FIELDS)
+        return {key: value for key, value in dataclasses.asdict(self).items() if key not in skip}
 
     @property
     def is_lossy(self) -> bool:
@@ -211,7 +216,9 @@ class SpeculativeConfig:
         from flyspec.spec_decode.verify import FlyParams
 
         _require_int("vocab_size", vocab_size, 1)
-        assert self.fly_window_size is not None  # resolved in __post_init__
+        # All three are resolved in __post_init__ when FLy is on.
+        assert self.fly_window_size is not None and self.fly_entropy_threshold is not None
+        assert self.fly_entropy_top_k is not None
         return FlyParams(
             window_size=self.fly_window_size,
             entropy_threshold=self.fly_entropy_threshold,
@@ -221,10 +228,14 @@ class SpeculativeConfig:
 
 @dataclass
 class EngineConfig:
-    """Everything the engine needs to start: target model, speculation, dtype, device and budgets."""
+    """Everything the engine needs to start: target model, speculation, dtype, device and budgets.
+
+    `speculative_config` may be given as a dict (e.g. parsed JSON); it is converted here, the one place
+    that does so, and is always a SpeculativeConfig or None after construction.
+    """
 
     model: str
-    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
+    speculative_config: SpeculativeConfig | None = None
     dtype: str = "auto"
     device: str = "cpu"
     max_num_seqs: int = 16
@@ -267,15 +278,15 @@ class EngineConfig:
     def num_speculative_tokens(self) -> int:
         """K, or 0 without speculation."""
         spec = self.speculative_config
-        return spec.num_speculative_tokens if isinstance(spec, SpeculativeConfig) else 0
+        return spec.num_speculative_tokens if spec is not None else 0
 
     @property
     def is_lossy(self) -> bool:
         """True when the engine runs FLy verification."""
         spec = self.speculative_config
-        return isinstance(spec, SpeculativeConfig) and spec.is_lossy
+        return spec is not None and spec.is_lossy
 
 
 def log_lossy_warning(logger: logging.Logger) -> None:
-    """Log the SPEC 5 lossy-verification warning once (the engine calls this once when it starts)."""
+    """Log the lossy-verification warning (the engine calls this once when it starts)."""
     logger.warning(LOSSY_WARNING)

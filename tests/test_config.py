@@ -235,3 +235,41 @@ def test_from_dict_treats_null_as_unset_and_round_trips():
     fly = SpeculativeConfig.from_dict({**FLY, "num_speculative_tokens": 5})
     for c in (cfg, fly):
         assert SpeculativeConfig(**c.to_dict()) == c
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"model": "d", "num_speculative_tokens": 4},
+        {"model": "d", "num_speculative_tokens": 4, "draft_sample_method": "greedy"},
+        {**FLY, "num_speculative_tokens": 5, "fly_window_size": 2, "fly_entropy_threshold": 0.5},
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
+        {"method": "ngram", "num_speculative_tokens": 3, "rejection_sample_method": "fly"},
+    ],
+)
+def test_to_dict_round_trips_through_from_dict(data):
+    """to_dict() is the canonical form: it lists the settings that apply with their defaults resolved,
+    and from_dict() of it rebuilds the same config (no resolved default reads as a stray setting)."""
+    cfg = SpeculativeConfig.from_dict(data)
+    canonical = cfg.to_dict()
+    assert SpeculativeConfig.from_dict(canonical) == cfg
+    assert SpeculativeConfig.from_dict(canonical).to_dict() == canonical
+    assert all(value is not None for key, value in canonical.items() if key != "draft_sample_method")
+    assert ("fly_window_size" in canonical) == cfg.is_lossy
+    assert ("prompt_lookup_min" in canonical) == (cfg.method == "ngram")
+
+
+def test_constructor_and_from_dict_apply_the_same_rules():
+    """One validation path: a setting that would do nothing is refused by the constructor exactly as by
+    from_dict, even at its default value, and EngineConfig holds a SpeculativeConfig however it was given."""
+    for build in (
+        lambda: SpeculativeConfig(model="d", num_speculative_tokens=4, fly_entropy_threshold=0.3),
+        lambda: SpeculativeConfig.from_dict(
+            {"model": "d", "num_speculative_tokens": 4, "fly_entropy_threshold": 0.3}
+        ),
+    ):
+        with pytest.raises(ValueError, match="fly_entropy_threshold=0.3 is invalid: FLy settings only apply"):
+            build()
+    given = SpeculativeConfig(model="d", num_speculative_tokens=4)
+    assert EngineConfig(model="m", speculative_config=given).speculative_config is given
+    assert EngineConfig(model="m", speculative_config=given.to_dict()).speculative_config == given
