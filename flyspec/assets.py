@@ -194,13 +194,7 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     import transformers
 
-    from flyspec.models.llama import SUPPORTED_ARCHITECTURES
-
-    config = transformers.AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if config.model_type not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{gguf} holds architecture {config.model_type!r}, not one of {SUPPORTED_ARCHITECTURES}"
-        )
+    # Every zoo entry is a supported architecture; loading checks it again (models/loader.py).
     model = transformers.AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
     )

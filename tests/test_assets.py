@@ -153,6 +153,21 @@ def test_models_list_json_reports_install_and_prepare_state(tmp_path: Path) -> N
         assert row["path"] == str(tmp_path / "models" / name)
 
 
+def test_models_list_piped_keeps_whole_names_and_commands(tmp_path: Path) -> None:
+    """Piped (not a terminal, as in `flyspec models list | grep qwen`), the table cuts nothing a user must
+    type: each model's row is one line with its full name and the full `flyspec models prepare NAME`
+    command, no ellipsis anywhere (rich alone would squeeze the table to 80 columns and truncate)."""
+    result = _flyspec("models", "list", env={"FLYSPEC_CACHE": str(tmp_path), "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    assert "\u2026" not in result.stdout
+    lines = result.stdout.splitlines()
+    for name, entry in ZOO.items():
+        (row,) = [line for line in lines if name in line]
+        assert f"flyspec models prepare {name}" in row
+        if assets.missing_packages(entry):
+            assert entry.install_hint in row
+
+
 @pytest.mark.slow
 @smol_installed
 def test_prepare_converts_once_then_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

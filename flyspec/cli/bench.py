@@ -13,8 +13,10 @@ import resource
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -201,35 +203,31 @@ def bench(
         _check_output(markdown, "--markdown")
         _emit(load_report(from_json), None, plot, markdown, _read_analysis(analysis))
         return
-    overrides: dict[str, Any] = {
-        "model": model,
-        "drafters": tuple(draft) if draft else None,
-        "methods": tuple(m.strip() for m in methods.split(",") if m.strip()) if methods is not None else None,
-        "batch_sizes": tuple(parse_int_list("batch_sizes", batch_sizes)) if batch_sizes is not None else None,
-        "ks": tuple(parse_int_list("k", k)) if k is not None else None,
-        "headline_k": headline_k,
-        "fly_windows": None,
-        "fly_threshold": fly_threshold,
-        "dataset": dataset,
-        "num_prompts": num_prompts,
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "warmup_tokens": warmup_tokens,
-        "breakdown": breakdown,
-        "dtype": dtype,
-        "device": device,
-        "seed": seed,
-        "threads": threads,
-        "ignore_eos": not stop_at_eos,
-    }
-    if fly_windows is not None:
-        none = fly_windows.strip().lower() in ("", "none")
-        overrides["fly_windows"] = () if none else tuple(parse_int_list("fly_windows", fly_windows))
-    settings = resolve_settings(preset, overrides)
-    if peer is not None:
-        settings = replace(settings, peer=None if peer.lower() == "none" else peer)
-    if k is not None and headline_k is None and settings.headline_k not in settings.ks:
-        settings = replace(settings, headline_k=settings.ks[0])
+    settings = _settings_from_options(
+        preset,
+        {
+            "model": model,
+            "drafters": tuple(draft) if draft else None,
+            "methods": _names(methods),
+            "batch_sizes": _ints("batch_sizes", batch_sizes),
+            "ks": _ints("k", k),
+            "headline_k": headline_k,
+            "fly_windows": _windows(fly_windows),
+            "fly_threshold": fly_threshold,
+            "dataset": dataset,
+            "num_prompts": num_prompts,
+            "max_tokens": max_tokens,
+            "repeats": repeats,
+            "warmup_tokens": warmup_tokens,
+            "breakdown": breakdown,
+            "dtype": dtype,
+            "device": device,
+            "seed": seed,
+            "threads": threads,
+            "ignore_eos": not stop_at_eos,
+        },
+        peer,
+    )
     arms = plan(settings)
     for path, option in ((json_path, "--json"), (plot, "--plot"), (markdown, "--markdown")):
         _check_output(path, option)
@@ -238,17 +236,41 @@ def bench(
     _emit(report, json_path, plot, markdown, analysis_text)
 
 
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else tuple(parse_int_list(option, text))
+
+
+def _windows(text: str | None) -> tuple[int, ...] | None:
+    """--fly-windows: None when absent, () for 'none', else the listed windows."""
+    if text is None:
+        return None
+    return () if text.strip().lower() in ("", "none") else tuple(parse_int_list("fly_windows", text))
+
+
+def _settings_from_options(preset: str, overrides: dict[str, Any], peer: str | None) -> Settings:
+    """The preset with the given options applied; a --k list without the headline K moves the headline
+    to its first value."""
+    settings = resolve_settings(preset, overrides)
+    if peer is not None:
+        settings = replace(settings, peer=None if peer.lower() == "none" else peer)
+    if (
+        overrides["ks"] is not None
+        and overrides["headline_k"] is None
+        and settings.headline_k not in settings.ks
+    ):
+        settings = replace(settings, headline_k=settings.ks[0])
+    return settings
+
+
 def run_bench(settings: Settings, arms: list[Arm], command: str) -> dict[str, Any]:
     """Run the planned sweep and return the report object (layout in flyspec.bench.report)."""
-    from datetime import datetime
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from flyspec.bench import report as rep
-    from flyspec.bench.breakdown import step_breakdown
     from flyspec.bench.machine import describe_machine
-    from flyspec.bench.prompts import load_prompts, prompts_sha256, waves
+    from flyspec.bench.prompts import load_prompts, waves
     from flyspec.bench.runner import BenchRunner, run_interleaved
 
     if settings.threads is not None:
@@ -270,17 +292,53 @@ def run_bench(settings: Settings, arms: list[Arm], command: str) -> dict[str, An
     arm_waves = {a.label: waves(prompts, settings.num_prompts, a.batch_size) for a in arms}
     profiled = _breakdown_arms(settings, arms) if settings.breakdown else []
 
-    total = len(arms) * (1 + settings.repeats) + len(profiled)
-    console = Console(stderr=True)  # stdout carries the table and the JSON line
+    with _progress(len(arms) * (1 + settings.repeats) + len(profiled)) as advance:
+        results = run_interleaved(
+            runner,
+            arms,
+            arm_waves,
+            max_tokens=settings.max_tokens,
+            repeats=settings.repeats,
+            warmup_tokens=settings.warmup_tokens,
+            on_progress=advance,
+        )
+        breakdowns = _breakdowns(runner, profiled, prompts[0].token_ids, settings, advance)
+
+    reference_label = next(
+        (a.label for a in arms if a.backend == "flyspec" and a.method == "target" and a.batch_size == 1), None
+    )
+    reference = results[reference_label][0].outputs if reference_label and results[reference_label] else None
+    rows = [
+        rep.summarise(a, results[a.label], sum(len(w) for w in arm_waves[a.label]), reference) for a in arms
+    ]
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    headline_drafter = settings.drafters[0] if settings.drafters else None
+    return {
+        "schema": rep.SCHEMA,
+        "command": command,
+        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine,
+        "settings": _settings_json(settings, prompts, runner),
+        "results": rows,
+        "ratios": rep.ratios(rows),
+        "batch_scaling": rep.batch_scaling(rows, drafter=headline_drafter, headline_k=settings.headline_k),
+        "breakdown": breakdowns,
+        # ru_maxrss is in KiB on Linux.
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_s": runner.load_seconds,
+    }
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr (stdout carries the table and the JSON line); yields `advance(label)`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
     started = time.monotonic()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("bench", total=total)
         done = 0
 
@@ -293,72 +351,51 @@ def run_bench(settings: Settings, arms: list[Arm], command: str) -> dict[str, An
                     f"[{time.monotonic() - started:7.0f} s] {done}/{total} {label}", highlight=False
                 )
 
-        results = run_interleaved(
-            runner,
-            arms,
-            arm_waves,
-            max_tokens=settings.max_tokens,
-            repeats=settings.repeats,
-            warmup_tokens=settings.warmup_tokens,
-            on_progress=advance,
-        )
-        breakdowns = {}
-        for arm in profiled:
-            advance(f"breakdown: {arm.label}")
-            llm = runner.engine_for(arm)
-            params = runner.sampling_params(arm, settings.max_tokens)
-            breakdowns[arm.label] = step_breakdown(llm, prompts[0].token_ids, params, settings.device)
+        yield advance
 
-    reference_label = next(
-        (a.label for a in arms if a.backend == "flyspec" and a.method == "target" and a.batch_size == 1), None
-    )
-    reference = results[reference_label][0].outputs if reference_label and results[reference_label] else None
-    rows = [
-        rep.summarise(a, results[a.label], sum(len(w) for w in arm_waves[a.label]), reference) for a in arms
-    ]
-    headline_drafter = settings.drafters[0] if settings.drafters else None
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    report: dict[str, Any] = {
-        "schema": rep.SCHEMA,
-        "command": command,
-        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine,
-        "settings": {
-            "model": settings.model,
-            "drafters": list(settings.drafters),
-            "methods": list(settings.methods),
-            "batch_sizes": list(settings.batch_sizes),
-            "ks": list(settings.ks),
-            "headline_k": settings.headline_k,
-            "fly_windows": list(settings.fly_windows),
-            "fly_threshold": settings.fly_threshold,
-            "peer": settings.peer,
-            "dataset": settings.dataset,
-            "num_prompts": settings.num_prompts,
-            "prompt_ids": [p.id for p in prompts],
-            "prompts_sha256": prompts_sha256(prompts),
-            "max_tokens": settings.max_tokens,
-            "repeats": settings.repeats,
-            "warmup_tokens": settings.warmup_tokens,
-            "ignore_eos": settings.ignore_eos,
-            "dtype": settings.dtype,
-            "weight_dtype": str(runner.target_dtype).removeprefix("torch."),
-            "device": settings.device,
-            "seed": settings.seed,
-            "threads": settings.threads,
-        },
-        "results": rows,
-        "ratios": rep.ratios(rows),
-        "targets": rep.targets(
-            rows, model=settings.model, drafter=headline_drafter, headline_k=settings.headline_k
-        ),
-        "batch_scaling": rep.batch_scaling(rows, drafter=headline_drafter, headline_k=settings.headline_k),
-        "breakdown": breakdowns,
-        # ru_maxrss is in KiB on Linux.
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "load_s": runner.load_seconds,
+
+def _breakdowns(
+    runner: Any, arms: list[Arm], prompt_ids: list[int], settings: Settings, advance: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """label -> step breakdown of each profiled arm (flyspec.bench.breakdown)."""
+    from flyspec.bench.breakdown import step_breakdown
+
+    out = {}
+    for arm in arms:
+        advance(f"breakdown: {arm.label}")
+        params = runner.sampling_params(arm, settings.max_tokens)
+        out[arm.label] = step_breakdown(runner.engine_for(arm), prompt_ids, params, settings.device)
+    return out
+
+
+def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[str, Any]:
+    """The report's `settings` object: the resolved sweep plus the prompts and weight dtype it used."""
+    from flyspec.bench.prompts import prompts_sha256
+
+    return {
+        "model": settings.model,
+        "drafters": list(settings.drafters),
+        "methods": list(settings.methods),
+        "batch_sizes": list(settings.batch_sizes),
+        "ks": list(settings.ks),
+        "headline_k": settings.headline_k,
+        "fly_windows": list(settings.fly_windows),
+        "fly_threshold": settings.fly_threshold,
+        "peer": settings.peer,
+        "dataset": settings.dataset,
+        "num_prompts": settings.num_prompts,
+        "prompt_ids": [p.id for p in prompts],
+        "prompts_sha256": prompts_sha256(prompts),
+        "max_tokens": settings.max_tokens,
+        "repeats": settings.repeats,
+        "warmup_tokens": settings.warmup_tokens,
+        "ignore_eos": settings.ignore_eos,
+        "dtype": settings.dtype,
+        "weight_dtype": str(runner.target_dtype).removeprefix("torch."),
+        "device": settings.device,
+        "seed": settings.seed,
+        "threads": settings.threads,
     }
-    return report
 
 
 def _breakdown_arms(settings: Settings, arms: list[Arm]) -> list[Arm]:
@@ -384,10 +421,11 @@ def load_report(path: Path) -> dict[str, Any]:
         report = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"--from-json {path}: not valid JSON ({exc})") from exc
-    from flyspec.bench.report import SCHEMA
+    from flyspec.bench.report import READABLE_SCHEMAS
 
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
-        raise ValueError(f"--from-json {path}: not a flyspec bench report (schema {SCHEMA!r})")
+    if not isinstance(report, dict) or report.get("schema") not in READABLE_SCHEMAS:
+        schemas = " or ".join(repr(schema) for schema in READABLE_SCHEMAS)
+        raise ValueError(f"--from-json {path}: not a flyspec bench report (schema {schemas})")
     return report
 
 

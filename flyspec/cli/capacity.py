@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from flyspec.engine.scheduler import Capacity, capacity
+from flyspec.budget import Capacity, capacity
+from flyspec.cli.options import JsonFlag
 
 
 def _capacity_dict(cap: Capacity) -> dict[str, Any]:
@@ -45,9 +46,9 @@ def capacity_command(
     num_lookahead_tokens: Annotated[
         int | None, typer.Option(help="Query tokens per request a drafter needs inside the same budget (L).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object on stdout.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
-    """How many requests can run at once under the token budget (SPEC 7):
+    """How many requests can run at once under the token budget:
     min(S, B // (1 + K)), and <= B // L with a lookahead drafter."""
     if num_speculative_tokens < 0:
         raise ValueError(f"--num-speculative-tokens={num_speculative_tokens}: must be >= 0")

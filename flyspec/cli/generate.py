@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from flyspec.cli.options import JsonFlag, SpeculativeConfigOption, parse_speculative_config
+
+if TYPE_CHECKING:
+    from flyspec.outputs import RequestOutput
 
 
 def generate(
     model: Annotated[str, typer.Argument(help="Target model: HF folder, .gguf file or zoo name.")],
     prompt: Annotated[str, typer.Argument(help="The prompt text (a user message with --chat).")],
-    speculative_config: Annotated[
-        str | None,
-        typer.Option(
-            help='Speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-            'or \'{"model": "DRAFT", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}\'.'
-        ),
-    ] = None,
+    speculative_config: SpeculativeConfigOption = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus mass in (0, 1]; 1 = off.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens; 0 = off.")] = 0,
@@ -32,18 +31,13 @@ def generate(
     chat: Annotated[
         bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object on stdout.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Generate one completion and print it with tokens/s and acceptance statistics."""
     from flyspec.llm import LLM, GenerationRequest
     from flyspec.sampling_params import SamplingParams
 
-    spec: dict[str, Any] | None = None
-    if speculative_config is not None:
-        try:
-            spec = json.loads(speculative_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--speculative-config is not valid JSON: {exc}") from exc
+    spec = parse_speculative_config(speculative_config)
     params = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens
     )
@@ -55,29 +49,34 @@ def generate(
     )
     start = time.perf_counter()
     out = next(iter(llm.stream([request], use_tqdm=True, total=1)))
-    elapsed = time.perf_counter() - start
-    completion, metrics = out.outputs[0], out.metrics
+    summary = _summary(out, time.perf_counter() - start)
+    typer.echo(summary["text"])
+    typer.echo("")
+    typer.echo(_stats_line(summary))
+    if as_json:
+        typer.echo(json.dumps(summary))
+
+
+def _summary(out: RequestOutput, elapsed: float) -> dict[str, Any]:
+    """The --json object: text, tokens, speed and the acceptance counters with their rates."""
+    completion, counts = out.outputs[0], out.metrics.counts
     num_tokens = len(completion.token_ids)
-    summary = {
+    return {
         "text": completion.text,
         "token_ids": completion.token_ids,
         "finish_reason": completion.finish_reason,
         "num_tokens": num_tokens,
         "seconds": round(elapsed, 4),
         "tokens_per_s": round(num_tokens / elapsed, 3) if elapsed > 0 else None,
-        "mean_acceptance_length": round(metrics.mean_acceptance_length, 4),
-        "acceptance_rate": round(metrics.acceptance_rate, 4),
-        "num_drafts": metrics.num_drafts,
-        "num_draft_tokens": metrics.num_draft_tokens,
-        "num_accepted_tokens": metrics.num_accepted_tokens,
-        "num_forgiven_tokens": metrics.num_forgiven_tokens,
+        "mean_acceptance_length": round(counts.mean_acceptance_length, 4),
+        "acceptance_rate": round(counts.acceptance_rate, 4),
+        **counts.to_dict(),
     }
-    typer.echo(completion.text)
-    typer.echo("")
-    typer.echo(
-        f"{num_tokens} tokens in {elapsed:.2f} s ({summary['tokens_per_s']} tokens/s, finish: "
-        f"{completion.finish_reason}); mean acceptance length {metrics.mean_acceptance_length:.2f}, "
-        f"acceptance rate {metrics.acceptance_rate:.1%}, forgiven tokens {metrics.num_forgiven_tokens}"
+
+
+def _stats_line(s: dict[str, Any]) -> str:
+    return (
+        f"{s['num_tokens']} tokens in {s['seconds']:.2f} s ({s['tokens_per_s']} tokens/s, finish: "
+        f"{s['finish_reason']}); mean acceptance length {s['mean_acceptance_length']:.2f}, "
+        f"acceptance rate {s['acceptance_rate']:.1%}, forgiven tokens {s['num_forgiven_tokens']}"
     )
-    if as_json:
-        typer.echo(json.dumps(summary))

@@ -1,28 +1,16 @@
-"""`flyspec serve`: the OpenAI-compatible server on uvicorn (SPEC 3.3 and 8)."""
+"""`flyspec serve`: the OpenAI-compatible server (flyspec/server/) on uvicorn."""
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 from typing import Annotated
 
 import typer
 
+from flyspec.cli.options import SpeculativeConfigOption, parse_speculative_config
+
 logger = logging.getLogger("flyspec.server")
-
-
-def parse_speculative_config(text: str | None) -> dict | None:
-    """The --speculative-config JSON as a dict (None when absent); ValueError names what is wrong."""
-    if text is None or not text.strip():
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--speculative-config must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _is_loopback(host: str) -> bool:
@@ -36,13 +24,7 @@ def _is_loopback(host: str) -> bool:
 
 def serve(
     model: Annotated[str, typer.Argument(help="Target model: HF folder, .gguf file, or zoo name.")],
-    speculative_config: Annotated[
-        str | None,
-        typer.Option(
-            help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
-            '\'{"model": "DRAFT", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}\'.'
-        ),
-    ] = None,
+    speculative_config: SpeculativeConfigOption = None,
     host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean to expose it.")] = (
         "127.0.0.1"
     ),

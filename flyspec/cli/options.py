@@ -1,0 +1,36 @@
+"""Options several commands share, so they are spelled, documented and parsed the same way everywhere."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+SpeculativeConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative-config",
+        help='Speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+        '\'{"model": "DRAFT", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}\'.',
+    ),
+]
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
+
+
+def parse_speculative_config(text: str | None) -> dict[str, Any] | None:
+    """The --speculative-config JSON as a dict (None when absent); ValueError names what is wrong.
+
+    Only the JSON is checked here: the config's own rules are SpeculativeConfig's, applied when the
+    engine configuration is built.
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--speculative-config must be a JSON object, got {type(value).__name__}")
+    return value
