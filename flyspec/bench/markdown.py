@@ -66,7 +66,7 @@ def result_cells(report: dict[str, Any], row: dict[str, Any]) -> list[str]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    """The results, ratios and targets on the terminal (rich tables on stdout)."""
+    """The results on the terminal (a rich table on stdout)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -78,19 +78,6 @@ def print_table(report: dict[str, Any]) -> None:
     for row in report["results"]:
         table.add_row(*result_cells(report, row))
     console.print(table)
-    if report["targets"]:
-        targets = Table(title="targets (issue 10)", title_justify="left")
-        for name in ("target", "measured", "threshold", "met"):
-            targets.add_column(name)
-        for t in report["targets"]:
-            targets.add_row(
-                t["description"], _num(t["value"], "{:.3f}"), _num(t["threshold"], "{:.2f}"), _met(t["met"])
-            )
-        console.print(targets)
-
-
-def _met(met: bool | None) -> str:
-    return {True: "yes", False: "MISSED", None: "n/a"}[met]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -147,8 +134,24 @@ def render_markdown(
     `analysis`: Markdown written by a person after the run (what the numbers mean, what was profiled),
     placed first under its own heading and kept apart from the generated tables.
     """
-    s, m = report["settings"], report["machine"]
-    out = [
+    out = _header(report)
+    if analysis:
+        out += ["## Analysis (written after the run)", "", analysis.strip(), ""]
+    out += _machine(report["machine"])
+    out += _setup(report["settings"])
+    out += ["## Results", ""]
+    out += _table(list(RESULT_COLUMNS), [result_cells(report, r) for r in report["results"]])
+    out += _ratios(report["ratios"])
+    out += _batch_scaling(report["batch_scaling"])
+    out += _breakdown(report["breakdown"])
+    if plot_path is not None:
+        out += _plot(plot_path, markdown_path)
+    out += _commands(report)
+    return "\n".join(out)
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    return [
         "# Benchmarks",
         "",
         f"Generated on {report['finished_at']} by one command (the reference sweep is what `make bench` "
@@ -160,13 +163,11 @@ def render_markdown(
         "re-measure any single row.",
         "",
     ]
-    if analysis:
-        out += ["## Analysis (written after the run)", "", analysis.strip(), ""]
-    out += [
-        "## Machine",
-        "",
-    ]
+
+
+def _machine(m: dict[str, Any]) -> list[str]:
     load = f"{m['load_average_start']} at start, {m.get('load_average_end')} at end"
+    out = ["## Machine", ""]
     out += _table(
         ["", ""],
         [
@@ -189,7 +190,11 @@ def render_markdown(
             "Absolute tokens/s are therefore low; the ratios come from interleaved runs, so noise hits "
             "all arms alike.",
         ]
-    out += [
+    return out
+
+
+def _setup(s: dict[str, Any]) -> list[str]:
+    return [
         "",
         "## Setup",
         "",
@@ -218,108 +223,105 @@ def render_markdown(
         "'same as target-only' = mean share of each output identical to flyspec target-only batch-1 output "
         "before the first difference (bf16 verify passes may round differently; FLy is lossy by design)",
         "",
-        "## Results",
-        "",
     ]
-    out += _table(list(RESULT_COLUMNS), [result_cells(report, r) for r in report["results"]])
-    if report["targets"]:
-        out += ["", "## Targets (issue 10)", ""]
-        rows = []
-        for t in report["targets"]:
-            value = _num(t["value"], "{:.3f}")
-            if "measured_gain" in t:
-                value = (
-                    f"{value} (measured {_pct(t['measured_gain'])}, predicted {_pct(t['predicted_gain'])})"
-                )
-            bound = ">=" if not t["id"].startswith("fly_acceptance") else "<="
-            rows.append([t["description"], value, f"{bound} {t['threshold']}", _met(t["met"])])
-        out += _table(["target", "measured", "threshold", "met"], rows)
-    if report["ratios"]:
-        out += ["", "## Ratios (tokens/s, same run)", ""]
-        out += _table(
+
+
+def _ratios(ratios: list[dict[str, Any]]) -> list[str]:
+    if not ratios:
+        return []
+    return [
+        "",
+        "## Ratios (tokens/s, same run)",
+        "",
+        *_table(
             ["comparison", "ratio", "acceptance-length gain"],
-            [[r["name"], f"{r['value']:.3f}x", _pct(r.get("acceptance_gain"))] for r in report["ratios"]],
-        )
-    if report["batch_scaling"]:
-        batches = sorted({p["batch_size"] for b in report["batch_scaling"] for p in b["points"]})
-        out += [
-            "",
-            "## Where speculation stops paying",
-            "",
-            "Tokens/s of speculative decoding over target-only at the same batch size:",
-            "",
-        ]
-        rows = []
-        for b in report["batch_scaling"]:
-            by_batch = {p["batch_size"]: p["speedup"] for p in b["points"]}
-            stop = b["stops_paying_at"]
-            rows.append(
-                [
-                    f"{b['method']} K={b['k']}",
-                    *(_num(by_batch.get(x), "{:.2f}x") for x in batches),
-                    "pays at every measured batch size" if stop is None else f"batch {stop}",
-                ]
-            )
-        out += _table(["method", *(f"b={x}" for x in batches), "stops paying at"], rows)
-    if report["breakdown"]:
-        out += [
-            "",
-            "## Where a decode step's time goes (batch 1)",
-            "",
-            "One extra generation per arm with timers around the engine's parts (see "
-            "`flyspec/bench/breakdown.py`); milliseconds per decode step, then the share of decode time. "
-            "'x target-only' = tokens per step x target-only step time / this step time: the speed-up these "
-            "parts allow.",
-            "",
-        ]
-        rows = []
-        base = next(
-            (b for label, b in report["breakdown"].items() if label.startswith("flyspec target-only")), None
-        )
-        for label, b in report["breakdown"].items():
-            ms = b["ms_per_step"]
-            overhead = b["verify_share"] + b["engine_other_share"] + b["outside_step_share"]
-            per_token = b["decode_s"] / b["decode_tokens"] if b["decode_tokens"] else None
-            allowed = base["decode_s"] / base["decode_tokens"] / per_token if base and per_token else None
-            rows.append(
-                [
-                    label,
-                    str(b["decode_steps"]),
-                    f"{b['decode_tokens'] / b['decode_steps']:.2f}",
-                    *(
-                        f"{ms[p]:.1f} ({_pct(b[p + '_share'])})"
-                        for p in ("target_forward", "draft_forward", "verify", "engine_other", "outside_step")
-                    ),
-                    _pct(overhead),
-                    _num(allowed, "{:.2f}x"),
-                ]
-            )
-        out += _table(
+            [[r["name"], f"{r['value']:.3f}x", _pct(r.get("acceptance_gain"))] for r in ratios],
+        ),
+    ]
+
+
+def _batch_scaling(scaling: list[dict[str, Any]]) -> list[str]:
+    if not scaling:
+        return []
+    batches = sorted({p["batch_size"] for b in scaling for p in b["points"]})
+    rows = []
+    for b in scaling:
+        by_batch = {p["batch_size"]: p["speedup"] for p in b["points"]}
+        stop = b["stops_paying_at"]
+        rows.append(
             [
-                "arm",
-                "steps",
-                "tokens/step",
-                "target forward",
-                "draft forward",
-                "verify()",
-                "engine other",
-                "outside step",
-                "verify + engine overhead",
-                "x target-only",
-            ],
-            rows,
+                f"{b['method']} K={b['k']}",
+                *(_num(by_batch.get(x), "{:.2f}x") for x in batches),
+                "pays at every measured batch size" if stop is None else f"batch {stop}",
+            ]
         )
-    if plot_path is not None:
-        rel = Path(plot_path).resolve()
-        with contextlib.suppress(ValueError):
-            rel = rel.relative_to(markdown_path.resolve().parent)
-        out += [
-            "",
-            "## Plot",
-            "",
-            f"![throughput vs batch size; speed-up vs acceptance gain]({rel.as_posix()})",
-        ]
-    out += ["", "## Re-measure one row", "", "<details><summary>commands</summary>", "", "```"]
+    return [
+        "",
+        "## Where speculation stops paying",
+        "",
+        "Tokens/s of speculative decoding over target-only at the same batch size:",
+        "",
+        *_table(["method", *(f"b={x}" for x in batches), "stops paying at"], rows),
+    ]
+
+
+_BREAKDOWN_PARTS = ("target_forward", "draft_forward", "verify", "engine_other", "outside_step")
+_BREAKDOWN_COLUMNS = (
+    "arm",
+    "steps",
+    "tokens/step",
+    "target forward",
+    "draft forward",
+    "verify()",
+    "engine other",
+    "outside step",
+    "verify + engine overhead",
+    "x target-only",
+)
+
+
+def _breakdown(breakdown: dict[str, dict[str, Any]]) -> list[str]:
+    if not breakdown:
+        return []
+    base = next((b for label, b in breakdown.items() if label.startswith("flyspec target-only")), None)
+    rows = []
+    for label, b in breakdown.items():
+        ms = b["ms_per_step"]
+        overhead = b["verify_share"] + b["engine_other_share"] + b["outside_step_share"]
+        per_token = b["decode_s"] / b["decode_tokens"] if b["decode_tokens"] else None
+        allowed = base["decode_s"] / base["decode_tokens"] / per_token if base and per_token else None
+        rows.append(
+            [
+                label,
+                str(b["decode_steps"]),
+                f"{b['decode_tokens'] / b['decode_steps']:.2f}",
+                *(f"{ms[p]:.1f} ({_pct(b[p + '_share'])})" for p in _BREAKDOWN_PARTS),
+                _pct(overhead),
+                _num(allowed, "{:.2f}x"),
+            ]
+        )
+    return [
+        "",
+        "## Where a decode step's time goes (batch 1)",
+        "",
+        "One extra generation per arm with the engine's step timings on (see "
+        "`flyspec/bench/breakdown.py`); milliseconds per decode step, then the share of decode time. "
+        "'x target-only' = tokens per step x target-only step time / this step time: the speed-up these "
+        "parts allow.",
+        "",
+        *_table(list(_BREAKDOWN_COLUMNS), rows),
+    ]
+
+
+def _plot(plot_path: Path, markdown_path: Path) -> list[str]:
+    rel = Path(plot_path).resolve()
+    with contextlib.suppress(ValueError):
+        rel = rel.relative_to(markdown_path.resolve().parent)
+    return ["", "## Plot", "", f"![throughput vs batch size; speed-up vs acceptance gain]({rel.as_posix()})"]
+
+
+def _commands(report: dict[str, Any]) -> list[str]:
+    out = ["", "## Re-measure one row", "", "<details><summary>commands</summary>", "", "```"]
     out += [f"# {r['label']}\n{arm_command(report, r)}" for r in report["results"]]
     out += [
         "```",
@@ -329,4 +331,4 @@ def render_markdown(
         "The full JSON of this run (layout in `flyspec/bench/report.py`) is written by `--json FILE`.",
         "",
     ]
-    return "\n".join(out)
+    return out

@@ -1,6 +1,9 @@
-"""Numbers of a finished sweep: one row per arm, the ratios between arms, and the targets of issue 10.
+"""Numbers of a finished sweep: one row per arm, and the ratios between arms.
 
-JSON layout (`flyspec bench --json FILE`; schema "flyspec.bench/1"):
+The goals these numbers are judged against live in BENCHMARKS.md, not here: this module measures.
+
+JSON layout (`flyspec bench --json FILE`; schema "flyspec.bench/2"; "flyspec.bench/1" reports had a
+`targets` list as well, which is no longer written and is ignored when such a report is rendered):
 
 - `command`: the command line; `machine`: CPU, cores, memory, library versions, load average;
   `settings`: model, drafters, dtype, device, dataset, prompts (ids and sha256), max_tokens, repeats,
@@ -17,7 +20,6 @@ JSON layout (`flyspec bench --json FILE`; schema "flyspec.bench/1"):
   first difference); fields that do not apply are null;
 - `ratios`: `name`, `numerator`, `denominator` (arm labels), `value` (tokens/s ratio) and, where both
   arms speculate, `acceptance_gain` (relative gain in mean acceptance length);
-- `targets`: `id`, `description`, `value`, `threshold`, `met` (null when the sweep lacks the arms);
 - `batch_scaling`: per speculative method, tokens/s relative to target-only at each batch size and
   `stops_paying_at` (the first batch size where it falls below 1, or null);
 - `breakdown`: per profiled arm, seconds and shares of decode time per engine part
@@ -32,17 +34,11 @@ from typing import Any
 
 from flyspec.bench.runner import Measurement
 from flyspec.bench.sweep import Arm
+from flyspec.outputs import AcceptanceCounts
 
-SCHEMA = "flyspec.bench/1"
-REFERENCE_TARGET = "qwen2.5-coder-1.5b-instruct"
-REFERENCE_DRAFT = "qwen2.5-coder-0.5b-instruct"
-# Tokens per step at K=4, theta=0.3 predicted by the teacher-forced simulation in issue 10 (8 GSM8K
-# trajectories of the reference pair); key None = standard verification, else the FLy window W.
-PREDICTED_TOKENS_PER_STEP = {None: 4.08, 3: 4.30, 2: 4.48, 1: 4.67}
-PREDICTION_K = 4
-PREDICTION_THRESHOLD = 0.3
-ACCEPTANCE_TOLERANCE = 0.02
-FLY_SPEED_TARGETS = {"default": 1.04, 2: 1.08}
+SCHEMA = "flyspec.bench/2"
+READABLE_SCHEMAS = ("flyspec.bench/1", SCHEMA)
+"""Schemas `--from-json` renders: /1 differs only by a `targets` list that rendering ignores."""
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -91,13 +87,11 @@ def summarise(
         row["decode_tokens_per_s"] = sum(r.decode_tokens for r in runs) / decode_s
     if arm.method != "target" and runs:
         if arm.backend == "flyspec":
-            drafts = sum(r.num_drafts or 0 for r in runs)
-            draft_tokens = sum(r.num_draft_tokens or 0 for r in runs)
-            accepted = sum(r.num_accepted_tokens or 0 for r in runs)
-            forgiven = sum(r.num_forgiven_tokens or 0 for r in runs)
-            row["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
-            row["acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
-            row["forgiven_share"] = forgiven / accepted if accepted else (0.0 if drafts else None)
+            counts = sum((r.counts for r in runs if r.counts is not None), AcceptanceCounts())
+            if counts.num_drafts:
+                row["mean_acceptance_length"] = counts.mean_acceptance_length
+                row["acceptance_rate"] = counts.acceptance_rate
+                row["forgiven_share"] = counts.forgiven_share
         else:
             forwards = sum(r.target_forwards or 0 for r in runs)
             row["mean_acceptance_length"] = tokens / forwards if forwards else None
@@ -166,97 +160,9 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
-def _best(rows: list[dict[str, Any]], **criteria: Any) -> dict[str, Any] | None:
-    found = [r for r in rows if all(r.get(k) == v for k, v in criteria.items()) and r["tokens_per_s"]]
-    return max(found, key=lambda r: r["tokens_per_s"]) if found else None
-
-
-def _target(
-    tid: str, description: str, value: float | None, threshold: float, *, at_least: bool = True
-) -> dict[str, Any]:
-    met = None if value is None else (value >= threshold if at_least else value <= threshold)
-    return {"id": tid, "description": description, "value": value, "threshold": threshold, "met": met}
-
-
 def _value(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | None:
     r = _ratio("", num, den)
     return None if r is None else r["value"]
-
-
-def targets(
-    rows: list[dict[str, Any]], *, model: str, drafter: str | None, headline_k: int | None
-) -> list[dict[str, Any]]:
-    """The targets of issue 10 that the sweep's arms can answer (others have value None, met None)."""
-    ours = [r for r in rows if r["backend"] == "flyspec"]
-    hf = [r for r in rows if r["backend"] == "hf"]
-    tgt1 = find(ours, method="target", batch_size=1)
-    best_std = _best(ours, method="standard", batch_size=1, drafter=drafter)
-    best_hf = _best(hf, method="standard", drafter=drafter)
-    out = [
-        _target(
-            "target_vs_hf",
-            "flyspec target-only / hf generate, batch 1",
-            _value(tgt1, find(hf, method="target")),
-            1.0,
-        ),
-        _target(
-            "standard_vs_target",
-            "best-K standard SD / flyspec target-only, batch 1"
-            + (f" (best K={best_std['k']})" if best_std else ""),
-            _value(best_std, tgt1),
-            1.5,
-        ),
-        _target(
-            "standard_vs_hf_assisted",
-            "best-K standard SD / best-K hf assisted generation, batch 1"
-            + (f" (K={best_std['k']} vs K={best_hf['k']})" if best_std and best_hf else ""),
-            _value(best_std, best_hf),
-            1.0,
-        ),
-    ]
-    k = headline_k
-    std = find(ours, method="standard", batch_size=1, drafter=drafter, k=k)
-    reference_pair = model == REFERENCE_TARGET and drafter == REFERENCE_DRAFT and k == PREDICTION_K
-    for row in ours:
-        if row["method"] != "fly" or row["batch_size"] != 1 or row["k"] != k or row["drafter"] != drafter:
-            continue
-        w = row["fly_window"]
-        name = f"W={w}" + (" (default)" if row["default_window"] else "")
-        speed_key = "default" if row["default_window"] else w
-        if speed_key in FLY_SPEED_TARGETS:
-            out.append(
-                _target(
-                    f"fly_speed_w{w}",
-                    f"FLy {name} / standard, K={k}, batch 1",
-                    _value(row, std),
-                    FLY_SPEED_TARGETS[speed_key],
-                )
-            )
-        predicted = PREDICTED_TOKENS_PER_STEP.get(w)
-        if reference_pair and predicted is not None and row["fly_threshold"] == PREDICTION_THRESHOLD:
-            gain = None
-            if std and std["mean_acceptance_length"] and row["mean_acceptance_length"]:
-                gain = row["mean_acceptance_length"] / std["mean_acceptance_length"] - 1
-            expected = predicted / PREDICTED_TOKENS_PER_STEP[None] - 1
-            item = _target(
-                f"fly_acceptance_w{w}",
-                f"FLy {name} acceptance gain over standard, K={k}: |measured - predicted {expected:+.1%}|",
-                None if gain is None else abs(gain - expected),
-                ACCEPTANCE_TOLERANCE,
-                at_least=False,
-            )
-            item["measured_gain"], item["predicted_gain"] = gain, expected
-            out.append(item)
-    if find(ours, method="target", batch_size=16) is not None:
-        out.append(
-            _target(
-                "target_batch_scaling",
-                "flyspec target-only batch 16 / batch 1",
-                _value(find(ours, method="target", batch_size=16), tgt1),
-                6.0,
-            )
-        )
-    return out
 
 
 def batch_scaling(

@@ -7,30 +7,31 @@ machine hits all arms alike. Peak RSS is sampled by a background thread while ea
 
 Engines: one per (drafter, K, FLy window), created lazily. A standard arm runs on the FLy engine of the
 same drafter and K when the sweep has one, as requests with `SamplingParams(verification="standard")`
-(lossless verification per request). Model weights are loaded once per (model, dtype, device) and shared
-by every engine; each engine keeps its own KV caches.
+(lossless verification per request). Model weights are loaded once per (model, dtype, device) and handed
+to every engine through `LLM.from_config(config, target=..., draft=...)`; a loaded model holds only
+weights (KV caches belong to each engine), so sharing it is safe.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flyspec.bench.prompts import BenchPrompt
 from flyspec.bench.sweep import Arm
+from flyspec.outputs import AcceptanceCounts
 
 
 @dataclass
 class Measurement:
     """One timed execution of one arm (all its waves, one repetition).
 
-    Acceptance counters are summed over the arm's requests (None for the peer); target_forwards counts
-    the peer's target forward passes (None for flyspec). decode_tokens / decode_seconds: tokens after
+    counts: acceptance counters summed over the arm's requests (None for the peer); target_forwards
+    counts the peer's target forward passes (None for flyspec). decode_tokens / decode_seconds: tokens after
     each request's first one, and the time from a wave's first first-token to its last finish (flyspec
     only: the prefill share of the wall time left out). outputs maps prompt id -> generated token ids.
     """
@@ -40,10 +41,7 @@ class Measurement:
     peak_rss_bytes: int
     decode_tokens: int = 0
     decode_seconds: float = 0.0
-    num_drafts: int | None = None
-    num_draft_tokens: int | None = None
-    num_accepted_tokens: int | None = None
-    num_forgiven_tokens: int | None = None
+    counts: AcceptanceCounts | None = None
     target_forwards: int | None = None
     outputs: dict[str, list[int]] = field(default_factory=dict)
 
@@ -76,31 +74,6 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._process.memory_info().rss)
-
-
-@contextlib.contextmanager
-def shared_weights(cache: dict[tuple[str, str, str], Any]) -> Iterator[None]:
-    """While active, engines built in this process load each (model, dtype, device) once and share it.
-
-    The engine has no way to accept preloaded models (LLMEngine loads through `load_model` itself), so
-    this swaps its module-level `load_model` for a memoised one and restores it on exit. A loaded model
-    holds only weights (KV caches belong to each engine's runners), so sharing it is safe.
-    """
-    import flyspec.engine.engine as engine_module
-
-    original = engine_module.load_model
-
-    def load(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> Any:
-        key = (name_or_path, dtype, device)
-        if key not in cache:
-            cache[key] = original(name_or_path, dtype, device)
-        return cache[key]
-
-    engine_module.load_model = load
-    try:
-        yield
-    finally:
-        engine_module.load_model = original
 
 
 EngineKey = tuple[str | None, int | None, int | None]
@@ -156,7 +129,7 @@ class BenchRunner:
                 key = self.keys[arm.label]
                 self.slots[key] = max(self.slots.get(key, 1), arm.batch_size)
         self.load_seconds = 0.0
-        self._weights: dict[tuple[str, str, str], Any] = {}
+        self._weights: dict[str, Any] = {}  # model name -> LoadedModel (one dtype and device per sweep)
         self._engines: dict[EngineKey, Any] = {}
         self._peer: Any = None
 
@@ -168,38 +141,51 @@ class BenchRunner:
     @property
     def target_dtype(self) -> Any:
         """The torch dtype the target's weights were loaded in (the peer uses the same)."""
-        self.tokenizer  # noqa: B018 (loads the target)
-        return next(v for k, v in self._weights.items() if k[0] == self.model).dtype
+        return self._loaded(self.model).dtype
+
+    def _loaded(self, name: str) -> Any:
+        """The LoadedModel of `name`, loaded on first use and then shared by every engine."""
+        if name not in self._weights:
+            from flyspec.models.loader import load_model
+
+            self._weights[name] = load_model(name, self.dtype, self.device)
+        return self._weights[name]
+
+    def _speculative_config(self, key: EngineKey) -> dict[str, Any] | None:
+        drafter, k, window = key
+        if k is None:
+            return None
+        method = "ngram" if drafter == "ngram" else "draft_model"
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+        if method == "draft_model":
+            spec["model"] = drafter
+        if window is not None:
+            spec.update(
+                rejection_sample_method="fly",
+                fly_window_size=window,
+                fly_entropy_threshold=self.fly_threshold,
+            )
+        return spec
 
     def engine_for(self, arm: Arm) -> Any:
         """The LLM object a flyspec arm runs on (built on first use, sharing loaded weights)."""
+        from flyspec.config import EngineConfig
         from flyspec.llm import LLM
 
         key = self.keys.get(arm.label, (None, None, None))
         if key not in self._engines:
-            drafter, k, window = key
-            spec: dict[str, Any] | None = None
-            if k is not None:
-                method = "ngram" if drafter == "ngram" else "draft_model"
-                spec = {"method": method, "num_speculative_tokens": k}
-                if method == "draft_model":
-                    spec["model"] = drafter
-                if window is not None:
-                    spec.update(
-                        rejection_sample_method="fly",
-                        fly_window_size=window,
-                        fly_entropy_threshold=self.fly_threshold,
-                    )
             start = time.perf_counter()
-            with shared_weights(self._weights):
-                self._engines[key] = LLM(
-                    self.model,
-                    speculative_config=spec,
-                    dtype=self.dtype,
-                    device=self.device,
-                    max_num_seqs=self.slots.get(key, 1),
-                    seed=self.seed,
-                )
+            config = EngineConfig(
+                model=self.model,
+                speculative_config=self._speculative_config(key),
+                dtype=self.dtype,
+                device=self.device,
+                max_num_seqs=self.slots.get(key, 1),
+                seed=self.seed,
+            )
+            spec = config.speculative_config
+            draft = self._loaded(spec.model) if spec is not None and spec.model is not None else None
+            self._engines[key] = LLM.from_config(config, target=self._loaded(self.model), draft=draft)
             self.load_seconds += time.perf_counter() - start
         return self._engines[key]
 
@@ -244,15 +230,7 @@ class BenchRunner:
     def _run_flyspec(self, arm: Arm, arm_waves: list[list[BenchPrompt]], max_tokens: int) -> Measurement:
         llm = self.engine_for(arm)
         params = self.sampling_params(arm, max_tokens)
-        m = Measurement(
-            tokens=0,
-            seconds=0.0,
-            peak_rss_bytes=0,
-            num_drafts=0,
-            num_draft_tokens=0,
-            num_accepted_tokens=0,
-            num_forgiven_tokens=0,
-        )
+        m = Measurement(tokens=0, seconds=0.0, peak_rss_bytes=0, counts=AcceptanceCounts())
         for wave in arm_waves:
             start = time.perf_counter()
             outs = llm.generate([p.token_ids for p in wave], params, use_tqdm=False)
@@ -266,11 +244,7 @@ class BenchRunner:
                 m.tokens += len(ids)
                 m.decode_tokens += max(len(ids) - 1, 0)
                 m.outputs.setdefault(prompt.id, list(ids))
-                metrics = out.metrics
-                m.num_drafts += metrics.num_drafts  # type: ignore[operator]
-                m.num_draft_tokens += metrics.num_draft_tokens  # type: ignore[operator]
-                m.num_accepted_tokens += metrics.num_accepted_tokens  # type: ignore[operator]
-                m.num_forgiven_tokens += metrics.num_forgiven_tokens  # type: ignore[operator]
+                m.counts += out.metrics.counts  # type: ignore[operator]
         return m
 
     def _run_peer(self, arm: Arm, arm_waves: list[list[BenchPrompt]], max_tokens: int) -> Measurement:
