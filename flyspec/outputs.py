@@ -56,23 +56,9 @@ class AcceptanceCounts:
         return cls(*values)  # type: ignore[arg-type]
 
 
-@dataclass
-class RequestMetrics:
-    """Per-request speculative-decoding counters and timestamps (seconds, time.monotonic()).
-
-    num_drafts counts verification steps that had at least one draft token; forgiven tokens (FLy) are
-    included in num_accepted_tokens and also counted in num_forgiven_tokens. forgiven_positions lists
-    the indices into the generated token ids that FLy forgave.
-    """
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_forgiven_tokens: int = 0
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    forgiven_positions: list[int] = field(default_factory=list)
+class AcceptanceRates:
+    """`counts` and its rates for a record that keeps the four counters as plain integer attributes (so an
+    engine step bumps integers and builds no object; the typed value is made when someone reads it)."""
 
     @property
     def counts(self) -> AcceptanceCounts:
@@ -88,6 +74,25 @@ class RequestMetrics:
     def acceptance_rate(self) -> float:
         """Share of draft tokens kept (0.0 without drafts)."""
         return self.counts.acceptance_rate
+
+
+@dataclass
+class RequestMetrics(AcceptanceRates):
+    """Per-request speculative-decoding counters and timestamps (seconds, time.monotonic()).
+
+    num_drafts counts verification steps that had at least one draft token; forgiven tokens (FLy) are
+    included in num_accepted_tokens and also counted in num_forgiven_tokens. forgiven_positions lists
+    the indices into the generated token ids that FLy forgave.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_forgiven_tokens: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    forgiven_positions: list[int] = field(default_factory=list)
 
 
 @dataclass

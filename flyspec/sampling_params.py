@@ -1,4 +1,4 @@
-"""Per-request sampling parameters (SPEC 3.1), validated on construction."""
+"""Per-request sampling parameters (vLLM's names and defaults), validated on construction."""
 
 from __future__ import annotations
 

@@ -260,3 +260,22 @@ def test_bench_runs_end_to_end_with_json_plot_and_markdown(tiny_pair, tmp_path):
     not_a_report.write_text('{"schema": "something-else"}')
     result = CliRunner().invoke(app, ["bench", "--from-json", str(not_a_report)])
     assert isinstance(result.exception, ValueError) and "not a flyspec bench report" in str(result.exception)
+
+
+def test_a_schema_1_report_still_renders_without_its_targets(tmp_path):
+    """The committed reference report (schema flyspec.bench/1, with the issue-labelled `targets` list the
+    library no longer computes) re-renders with --from-json: every arm and ratio, no targets section."""
+    from typer.testing import CliRunner
+
+    from flyspec.cli import app
+
+    saved = Path(__file__).resolve().parent.parent / "benchmarks" / "reference.json"
+    report = json.loads(saved.read_text())
+    assert report["schema"] == "flyspec.bench/1" and report["targets"]
+    out = tmp_path / "BENCH.md"
+    result = CliRunner().invoke(app, ["bench", "--from-json", str(saved), "--markdown", str(out)])
+    assert result.exit_code == 0, result.output
+    markdown = out.read_text()
+    assert all(row["label"] in markdown for row in report["results"])
+    assert all(r["name"] in markdown for r in report["ratios"])
+    assert "## Ratios" in markdown and "Targets" not in markdown and "issue 10" not in markdown

@@ -1,4 +1,5 @@
-"""SpeculativeConfig and EngineConfig (SPEC 5): defaults, every rule's error message, the lossy warning."""
+"""SpeculativeConfig and EngineConfig (docs/verification.md): defaults, every rule's error message, the lossy
+warning, one validation path and a canonical dict form."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from flyspec.spec_decode.verify import FlyParams
 
 
 def test_defaults_and_method_inferred_from_model():
-    """A dict with just model and K gives a standard draft-model config with the SPEC 5 defaults."""
+    """A dict with just model and K gives a standard draft-model config with the documented defaults."""
     cfg = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 4})
     assert cfg.method == "draft_model" and cfg.rejection_sample_method == "standard"
     assert cfg.fly_window_size is None and cfg.draft_sample_method is None
@@ -141,8 +142,9 @@ FLY = {"model": "d", "rejection_sample_method": "fly"}
     ],
 )
 def test_each_rule_raises_value_error_naming_field_value_and_rule(data, message):
-    """Every SPEC 5 rule, broken on its own, raises a ValueError naming field, value and rule; unknown keys
-    and settings that would silently do nothing (FLy keys with standard, even at their default) are errors."""
+    """Every documented config rule, broken on its own, raises a ValueError naming field, value and rule;
+    unknown keys and settings that would silently do nothing (FLy keys with standard, even at their
+    default) are errors."""
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.from_dict(data)
 
@@ -161,7 +163,7 @@ def test_from_dict_rejects_non_dict():
 
 
 def test_engine_config_converts_dict_and_validates_fields():
-    """EngineConfig turns a dict into a SpeculativeConfig and keeps the defaults of SPEC 3.1."""
+    """EngineConfig turns a dict into a SpeculativeConfig and keeps the documented defaults."""
     cfg = EngineConfig(model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     assert isinstance(cfg.speculative_config, SpeculativeConfig)
     assert (
@@ -211,7 +213,7 @@ def test_engine_config_rejects_bad_fields(kwargs, message):
 
 
 def test_lossy_warning_text_is_exactly_spec(caplog):
-    """log_lossy_warning logs the SPEC 5 sentence verbatim, once, at warning level."""
+    """log_lossy_warning logs the documented sentence verbatim, once, at warning level."""
     logger = logging.getLogger("flyspec.test")
     with caplog.at_level(logging.WARNING, logger="flyspec.test"):
         log_lossy_warning(logger)

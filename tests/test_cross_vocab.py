@@ -182,9 +182,10 @@ def test_the_tiny_vocabularies_really_differ(models) -> None:
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_cross_vocab_drafting_is_exact(models, reference, k: int) -> None:
-    """SPEC 6.4 with a draft of another vocabulary: standard verification gives exactly the target-only
-    greedy tokens for 6 prompts of different lengths batched, with drafts actually proposed and some
-    accepted; two sampling requests in the same batch do not disturb the greedy ones."""
+    """Exactness (docs/verification.md) with a draft of another vocabulary: standard verification gives
+    exactly the target-only greedy tokens for 6 prompts of different lengths batched, with drafts
+    actually proposed and some accepted; two sampling requests in the same batch do not disturb the
+    greedy ones."""
     spec = {"model": models["draft"], "num_speculative_tokens": k}
     if k == 3:
         spec["draft_sample_method"] = "greedy"  # the explicit setting behaves like the default

@@ -1,7 +1,8 @@
 """The engine end to end on tiny random-weight checkpoints (fp32, CPU).
 
-Exactness (SPEC 6.4), FLy's forgiven positions, per-request stopping, seeded sampling independent of the
-batch, token-budget admission under load (SPEC 7), and bad input (SPEC 13).
+Exactness (docs/verification.md), FLy's forgiven positions, per-request stopping, seeded sampling
+independent of the batch, draft state across slot reuse, opt-in step timings, token-budget admission under
+load (flyspec/budget.py), and bad input.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def test_target_only_greedy_equals_transformers_generate(reference) -> None:
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("drafter", ["random_draft", "self_draft", "ngram"])
 def test_greedy_speculative_decoding_is_exact(models, reference, drafter: str, k: int) -> None:
-    """SPEC 6.4: standard verification with either drafter and any K gives exactly the target-only
+    """Exactness: standard verification with either drafter and any K gives exactly the target-only
     greedy tokens (and transformers'), for a batch of 8 prompts of different lengths. The random draft
     is almost always rejected, the target as its own draft almost always accepted: both paths run."""
     spec = {

@@ -1,4 +1,4 @@
-"""The offline API (SPEC 3.1): LLM.generate / LLM.chat on a tiny random-weight checkpoint."""
+"""The offline API (vLLM's `LLM`): LLM.generate / LLM.chat on a tiny random-weight checkpoint."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def test_matches_transformers_warpers_row_by_row():
 
 def test_greedy_rows_are_softmax_of_raw_logits_ignoring_filters():
     """Temperature 0 means greedy: the row is the softmax of the raw logits even if top-k/top-p are set
-    (SPEC 4 evaluates greedy rows on that distribution)."""
+    (verification evaluates greedy rows on that distribution, docs/verification.md)."""
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0], [2.0, 1.0, 0.5, -1.0]])
     out = process_logits(logits, *params([0.0, 0.0], [1, 0], [0.1, 1.0]))
     torch.testing.assert_close(out[0], torch.softmax(logits[0], -1))

@@ -8,7 +8,7 @@ from flyspec import SamplingParams
 
 
 def test_defaults_match_the_public_contract() -> None:
-    """The SPEC 3.1 defaults hold, and temperature 0 means greedy."""
+    """The documented defaults (vLLM's) hold, and temperature 0 means greedy."""
     p = SamplingParams()
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (1.0, 1.0, 0, 16)
     assert (p.seed, p.stop, p.stop_token_ids, p.ignore_eos, p.verification) == (None, [], [], False, None)

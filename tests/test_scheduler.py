@@ -1,4 +1,4 @@
-"""Token-budget admission (SPEC 7): max_running arithmetic and the scheduler's batching decisions.
+"""Token-budget admission (flyspec/budget.py): max_running arithmetic and the scheduler's batching decisions.
 
 The engine-level behaviour under saturating load (cap reached, never exceeded, decode continuing during a
 chunked prefill) is in tests/test_engine.py; here the scheduler runs on real Sequence objects whose
@@ -28,14 +28,14 @@ from flyspec.sampling_params import SamplingParams
     ],
 )
 def test_max_running_on_the_published_examples(budget, seqs, charge, lookahead, expected, binding) -> None:
-    """max_running = min(S, B // charge[, B // L]) with the binding limit named (SPEC 7 examples)."""
+    """max_running = min(S, B // charge[, B // L]) with the binding limit named (the published examples)."""
     assert max_running(budget, seqs, charge, lookahead) == expected
     cap = capacity(budget, seqs, charge, lookahead)
     assert (cap.max_running, cap.binding, cap.tokens_per_decode_request) == (expected, binding, charge)
 
 
 def test_log_line_names_charge_cap_and_binding_limit() -> None:
-    """The start-up line has the SPEC 7 wording and says which limit binds."""
+    """The start-up line has the documented wording and says which limit binds."""
     line = capacity(512, 128, 6).describe()
     assert line.startswith(
         "each decode request charges 6 tokens of max_num_batched_tokens=512: at most 85 of "

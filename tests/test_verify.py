@@ -1,4 +1,4 @@
-"""The verifier (SPEC 3.2 and 4): equality with a plain per-row reference, every FLy clause by hand,
+"""The verifier (docs/verification.md): equality with a plain per-row reference, every FLy clause by hand,
 losslessness of standard random verification, and rejection of bad input."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 from flyspec.spec_decode.verify import FlyParams, top_k_entropy, verify
 
 # ---------------------------------------------------------------------------------------------------------
-# Reference: SPEC 4 for one row, in plain Python, line by line.
+# Reference: the rules of docs/verification.md for one row, in plain Python, line by line.
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -191,8 +191,9 @@ def batches(draw):
 @settings(max_examples=400, deadline=None)
 @given(batches())
 def test_verify_equals_reference_on_random_batches(batch):
-    """Vectorised verify equals the per-row SPEC 4 reference: greedy and random rows, K 1-8, ragged K_b,
-    FLy on/off with varied W, theta and top_k, ties and zero probabilities, with and without Q."""
+    """Vectorised verify equals the per-row reference of the documented rules: greedy and random rows,
+    K 1-8, ragged K_b, FLy on/off with varied W, theta and top_k, ties and zero probabilities, with and
+    without Q."""
     assert_matches_reference(*batch)
 
 

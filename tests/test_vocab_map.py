@@ -1,4 +1,4 @@
-"""Token-Level Intersection on the real tokenizers of the SPEC 10 pair: SmolLM2-135M drafting for Qwen.
+"""Token-Level Intersection on the real tokenizers of the zoo's pair: SmolLM2-135M drafting for Qwen.
 
 The mapping (intersection size, round trip of ids, restricted argmax), the draft's incremental view of the
 committed text (equal to the draft tokenizer's own tokenisation of the whole text, whatever the steps),

@@ -51,7 +51,6 @@ class LLMEngine:
         and the speculative config's `model` (then they are used as they are, not loaded again)."""
         self.config = config
         spec = config.speculative_config
-        self.spec = spec
         self.k = config.num_speculative_tokens
         # Budget arithmetic first: a budget that cannot run one request fails before any weights load.
         self.capacity = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + self.k)

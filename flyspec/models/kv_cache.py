@@ -86,7 +86,7 @@ class KVCache:
         self.v[layer][slot_index, :, pos_index] = value
 
     def write_span(self, layer: int, slot: int, start: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store `key`/`value` `[n, num_kv_heads, head_dim]` at positions `start .. start + n - 1` of one slot.
+        """Store `key`/`value` `[n, num_kv_heads, head_dim]` at positions `start .. start + n - 1` of `slot`.
 
         The fast path of a single-row pass (one-request decode, a prompt chunk): a plain slice copy instead
         of the scatter `write` needs for ragged rows.

@@ -2,7 +2,7 @@
 
 Sources: a Hugging Face folder (weights read straight from its safetensors files, one tensor at a time,
 converted to the target dtype and device as they are read), a `.gguf` file (transformers dequantises it),
-or a zoo name (SPEC 10), which resolves to its prepared cache folder. The model is built on the meta
+or a zoo name (flyspec/assets.py), which resolves to its prepared cache folder. The model is built on the meta
 device and the weights are assigned, so no memory is spent on a random initialisation.
 """
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flyspec.outputs import AcceptanceCounts
+from flyspec.outputs import AcceptanceRates
 
 
 @dataclass
-class SpecDecodeStats:
+class SpecDecodeStats(AcceptanceRates):
     """Cumulative counters since the engine started (plain integers, bumped once per verified row; the
     server's /metrics reads and diffs them by name).
 
@@ -39,20 +39,3 @@ class SpecDecodeStats:
         self.num_forgiven_tokens += num_forgiven
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
-
-    @property
-    def counts(self) -> AcceptanceCounts:
-        """The four acceptance counters as one value (its rates: mean acceptance length and the rest)."""
-        return AcceptanceCounts(
-            self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.num_forgiven_tokens
-        )
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per verification step: 1 + accepted / drafts (1.0 without drafts)."""
-        return self.counts.mean_acceptance_length
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Share of draft tokens kept (0.0 without drafts)."""
-        return self.counts.acceptance_rate

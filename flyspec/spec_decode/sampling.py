@@ -23,10 +23,11 @@ def process_logits(
 ) -> torch.Tensor:
     """Per-row sampling distributions from logits.
 
-    Rows with temperature 0 are greedy rows: they get the softmax of the raw logits (SPEC 4), and their
-    top-k / top-p values are ignored. Other rows: logits / temperature, then top-k (0 = off; ties with the
-    k-th largest logit are kept), then top-p on the renormalised top-k distribution (1.0 = off; the smallest
-    prefix of the descending order whose mass reaches top_p, at least one token), then renormalised.
+    Rows with temperature 0 are greedy rows: they get the softmax of the raw logits (docs/verification.md),
+    and their top-k / top-p values are ignored. Other rows: logits / temperature, then top-k (0 = off; ties
+    with the k-th largest logit are kept), then top-p on the renormalised top-k distribution (1.0 = off;
+    the smallest prefix of the descending order whose mass reaches top_p, at least one token), then
+    renormalised.
 
     Args:
         logits: [N, V] float32.

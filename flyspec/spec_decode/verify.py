@@ -1,4 +1,4 @@
-"""The verifier: which draft tokens to keep, and the one token to add after them (SPEC 3.2 and 4).
+"""The verifier: which draft tokens to keep, and the one token to add after them (docs/verification.md).
 
 One function serves standard (lossless) and FLy (lossy) verification, greedy and random rows mixed in one
 batch, ragged draft lengths, and drafters with or without probabilities. Everything is vectorised over
@@ -143,7 +143,9 @@ def verify(
     generator: torch.Generator | None = None,
     sample_uniform: torch.Tensor | None = None,
 ) -> VerifyOutput:
-    """Verify a batch of drafts against the target (SPEC 4): standard when `fly` is None, else FLy.
+    """Verify a batch of drafts against the target: standard when `fly` is None, else FLy.
+
+    The rules are those of docs/verification.md.
 
     Args:
         draft_token_ids: [B, K] int64; entries at positions >= K_b are padding and ignored.
@@ -237,7 +239,7 @@ def _forgiven(
     target_probs_k: torch.Tensor,
     fly: FlyParams,
 ) -> torch.Tensor:
-    """FLy clauses 1-5 of SPEC 4, all on native decisions: [B, K] bool."""
+    """FLy conditions 1-5 (docs/verification.md), all on native decisions: [B, K] bool."""
     b, k = ok.shape
     w = fly.window_size
     positions = torch.arange(k, device=ok.device)
