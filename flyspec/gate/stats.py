@@ -1,9 +1,13 @@
-"""Statistics of the paired quality gate (SPEC 11.1).
+"""Statistics of the paired quality gate (docs/gate.md explains each test and the decision rule).
 
 Notation: ``n`` paired questions; ``lost`` = baseline right and candidate wrong; ``gained`` = the reverse;
 ``delta = (gained - lost) / n`` (the candidate's accuracy minus the baseline's); flip rate
 ``psi = (lost + gained) / n``. Only the discordant pairs carry information about ``delta``, which is why
-the tests below need nothing but ``n``, ``lost`` and ``gained``.
+the fixed-size tests below need nothing but ``n``, ``lost`` and ``gained``.
+
+The sequential (anytime-valid) statistics live in ``flyspec.gate.sequential`` and the fixed-sequence
+procedure for choosing among settings in ``flyspec.gate.multiple``; both are re-exported here, so every
+statistic of the gate imports from this module.
 """
 
 from __future__ import annotations
@@ -14,7 +18,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from scipy import optimize
-from scipy.stats import binom, norm
+from scipy.stats import beta, binom, norm
+
+from flyspec.gate.decision import FAIL, INCONCLUSIVE, NOT_TESTED, PASS, check_margin, classify
+from flyspec.gate.multiple import FixedSequenceResult, fixed_sequence
+from flyspec.gate.sequential import (
+    ConfidenceSequence,
+    SequentialDecision,
+    confidence_sequence,
+    sequential_decision,
+    sequential_decisions,
+)
 
 CI_METHODS = ("tango", "newcombe", "wald")
 
@@ -39,6 +53,38 @@ class NonInferiorityResult:
     non_inferior: bool
     margin: float
     alpha: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's decision on a fixed-size run: the outcome, whether a loss is shown, and the interval.
+
+    ``low, high``: Tango's ``1 - 2 alpha`` interval of delta. ``loss_detected``: ``high < 0`` (the
+    candidate is shown worse than the baseline; with INCONCLUSIVE, not shown worse than the margin).
+    """
+
+    decision: str
+    loss_detected: bool
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class SampleSizePlan:
+    """Questions a fixed-size non-inferiority run needs, planned from a pilot's flip count.
+
+    ``flip_rate``: observed; ``flip_rate_upper``: its one-sided upper confidence bound, the rate the plan
+    uses (more flips need more questions, so this errs towards enough); ``questions``: the plan;
+    ``questions_at_observed``: the plan at the observed rate (None when no flip was seen: it would claim
+    certainty the pilot does not have).
+    """
+
+    flips: int
+    pilot_questions: int
+    flip_rate: float
+    flip_rate_upper: float
+    questions: int
+    questions_at_observed: int | None
 
 
 class PairedCounts(NamedTuple):
@@ -258,3 +304,104 @@ def questions_needed_noninferiority(
     z_a = float(norm.ppf(1 - alpha))
     z_b = float(norm.ppf(power))
     return max(1, math.ceil((z_a * sigma0 + z_b * sigma1) ** 2 / (true_diff - delta0) ** 2))
+
+
+def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
+    """The gate's rule on Tango's ``1 - 2 alpha`` interval ``[low, high]`` of delta.
+
+    PASS when ``low > -margin`` (non-inferior); FAIL when ``high < -margin`` (worse than the margin);
+    INCONCLUSIVE otherwise. ``loss_detected = high < 0``. A significant McNemar test alone never makes a
+    FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside this.
+    """
+    _check_counts(n, lost, gained)
+    check_margin(margin)
+    _check_probability("alpha", alpha)
+    if alpha >= 0.5:
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5) (the interval has level 1 - 2 alpha)")
+    low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
+    decision, loss_detected = classify(low, high, margin)
+    return Decision(decision=decision, loss_detected=loss_detected, low=low, high=high)
+
+
+def flip_rate_upper_bound(flips: int, n: int, level: float = 0.95) -> float:
+    """Exact one-sided (Clopper-Pearson) upper confidence bound for the flip rate from ``flips`` of ``n``.
+
+    The ``level`` quantile of Beta(flips + 1, n - flips); 1 when every question flipped. With zero flips it
+    is ``1 - (1 - level)^(1/n)``, about 3/n at 95%: a pilot with no flips still allows a rate that large.
+    """
+    for name, value in (("flips", flips), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r}: must be a non-negative integer")
+    if n < 1:
+        raise ValueError(f"n={n}: must be at least 1")
+    if flips > n:
+        raise ValueError(f"flips={flips} exceeds n={n}")
+    _check_probability("level", level)
+    if flips == n:
+        return 1.0
+    return float(beta.ppf(level, flips + 1, n - flips))
+
+
+def plan_noninferiority(
+    flips: int,
+    n: int,
+    margin: float,
+    alpha: float = 0.025,
+    power: float = 0.80,
+    level: float = 0.95,
+    true_diff: float = 0.0,
+) -> SampleSizePlan:
+    """Plan a fixed-size run from a pilot that saw ``flips`` flipped questions out of ``n``.
+
+    Plans at the one-sided ``level`` upper bound of the flip rate (``flip_rate_upper_bound``), not at the
+    observed rate, which a small pilot (and above all one with no flips) underestimates too often.
+    """
+    upper = flip_rate_upper_bound(flips, n, level)
+    observed = flips / n
+    # A flip rate below |true_diff| is an impossible table; the plan then uses the smallest possible rate.
+    planned = questions_needed_noninferiority(margin, max(upper, abs(true_diff)), true_diff, alpha, power)
+    at_observed = None
+    if flips > 0:
+        at_observed = questions_needed_noninferiority(
+            margin, max(observed, abs(true_diff)), true_diff, alpha, power
+        )
+    return SampleSizePlan(
+        flips=flips,
+        pilot_questions=n,
+        flip_rate=observed,
+        flip_rate_upper=upper,
+        questions=planned,
+        questions_at_observed=at_observed,
+    )
+
+
+__all__ = [
+    "CI_METHODS",
+    "FAIL",
+    "INCONCLUSIVE",
+    "NOT_TESTED",
+    "PASS",
+    "ConfidenceSequence",
+    "Decision",
+    "FixedSequenceResult",
+    "McNemarResult",
+    "NonInferiorityResult",
+    "PairedCounts",
+    "SampleSizePlan",
+    "SequentialDecision",
+    "confidence_sequence",
+    "decide",
+    "fixed_sequence",
+    "flip_rate_upper_bound",
+    "mcnemar",
+    "net_difference_ci",
+    "noninferiority",
+    "paired_counts",
+    "plan_noninferiority",
+    "questions_needed",
+    "questions_needed_noninferiority",
+    "sequential_decision",
+    "sequential_decisions",
+    "tango_statistic",
+    "wilson_interval",
+]
