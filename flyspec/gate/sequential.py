@@ -3,28 +3,37 @@
 Each question gives a paired difference ``D = candidate correct - baseline correct`` in {-1, 0, 1}; the
 gate wants the mean ``delta = E[D]`` and looks after every question. We map ``X = (D + 1) / 2`` into [0, 1]
 and use the hedged capital process of Waudby-Smith and Ramdas, "Estimating means of bounded random
-variables by betting" (JRSS-B 2023, section 4 and theorem 3), with their predictable plug-in bets; for a
-known finite question set sampled in random order without replacement, the same construction with the
-mean of the *remaining* questions (Waudby-Smith and Ramdas, "Confidence sequences for sampling without
-replacement", NeurIPS 2020, section 3). For each candidate mean ``m`` of X:
+variables by betting" (JRSS-B 2023; arXiv:2010.09686), each side of the hedge betting a mixture of
+constant bets (their "diversified Kelly" capital), and for a finite question set visited in random order
+without replacement the same processes centred on the mean of the questions not yet seen (Waudby-Smith
+and Ramdas, "Confidence sequences for sampling without replacement", NeurIPS 2020). For a candidate mean
+``m`` of X:
 
-    K+_t(m) = prod_{i<=t} (1 + lam+_i(m) (X_i - m_i)),   K-_t(m) = prod_{i<=t} (1 - lam-_i(m) (X_i - m_i))
-    m_i = m (i.i.d.)  or  (N m - sum_{j<i} X_j) / (N - i + 1) (without replacement from N questions)
-    lam_i = sqrt(2 log(2 / alpha) / (sigma2_{i-1} i log(1 + i)))           (predictable plug-in)
-    lam+_i(m) = min(lam_i, c / m_i),  lam-_i(m) = min(lam_i, c / (1 - m_i)),  c = 1/2
-    mu_t = (1/2 + sum_{i<=t} X_i) / (t + 1),  sigma2_t = (1/4 + sum_{i<=t} (X_i - mu_i)^2) / (t + 1)
+    K+_t(m) = (1/B) sum_b prod_{i<=t} (1 + min(l_b, c / m_i) (X_i - m_i))
+    K-_t(m) = (1/B) sum_b prod_{i<=t} (1 - min(l_b, c / (1 - m_i)) (X_i - m_i))
+    m_i = m (i.i.d.)   or   m_i = (N m - sum_{j<i} X_j) / (N - i + 1)   (N questions, without replacement)
+    l_b = 2^-b for b = 0 .. 7 (B = 8),  c = 1/2
 
-Under the true mean both products are non-negative martingales, so their average with weights 1/2 is one
-too, and by Ville's inequality it ever reaches 1/alpha with probability at most alpha. The confidence set
-at time t is every m with ``max(K+_t(m), K-_t(m)) / 2 < 1 / alpha``; K+ falls and K- rises in m, so it is
-an interval. We keep the running intersection over time, so bounds never widen.
+If m is the true mean, every product is a non-negative martingale with E = 1 (each bet is fixed before
+X_i is seen and E[X_i - m_i | past] = 0), hence so are K+, K- and (K+ + K-) / 2, and by Ville's
+inequality ``max(K+_t, K-_t) / 2`` ever reaches ``1 / alpha`` with probability at most alpha. The
+confidence set at time t is every m where it has not; we keep the running intersection over time, so
+bounds never widen. Each factor is non-increasing in m for K+ and non-decreasing for K-, so every set is
+an interval, and its lower end passes a value v exactly when K+(v) reaches the threshold: the
+sequential decision needs only K+ and K- at the margin.
+
+Why this bet: the paper's default predictable plug-in bet shrinks like 1/sqrt(t log t), which at the
+effects the gate must resolve (a 2-point margin, thousands of questions) bets far less than the
+growth-optimal amount; in our simulations it needed about twice as many questions as this mixture,
+whose bets span the useful range (a factor 2 apart, so one is always within a factor sqrt(2) of the
+optimum). See docs/gate.md for the numbers.
 
 Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital process
 from the start for each call, needs a C++ build and pulls pandas and pytest at run time, while the gate
-updates after every answer. Here each grid point's log-capital is updated in O(1) per observation, and
-points once rejected stay rejected, so the live part of the grid shrinks as evidence accumulates.
-The grid has 2,000 steps in X (0.001 in D); each reported bound is the nearest *rejected* grid point
-outside the live set, so the grid only ever widens the interval. See docs/gate.md.
+updates after every answer. Here each grid point's capital is updated in O(B) per observation, and points
+once rejected stay rejected, so the live part of the grid shrinks as evidence accumulates. The grid has
+2,000 steps in X (0.001 in D); each reported bound is the nearest *rejected* grid point outside the live
+set, so the grid only ever widens the interval.
 """
 
 from __future__ import annotations
@@ -38,7 +47,10 @@ import numpy as np
 from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS, check_margin
 
 GRID_STEPS = 2000
-_TRUNCATION = 0.5  # c in lam+ <= c / m: keeps every factor >= 1 - c, as the paper recommends
+BETS = 2.0 ** -np.arange(8)
+_TRUNCATION = 0.5  # c in the cap c / m: every factor stays >= 1 - c, so no bet can ruin the bettor
+_RENORMALISE_EVERY = 32  # factors lie in [0.5, 2]: 32 steps cannot overflow or underflow a double
+_NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroing it only lowers K
 
 
 def _check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
@@ -68,97 +80,147 @@ def _as_diffs(diffs: Sequence[int] | np.ndarray) -> np.ndarray:
     return values.astype(np.float64)
 
 
-class _HedgedCapitalBatch:
-    """Hedged capital processes over the live grid window for R sequences observed in lockstep.
+class _Capital:
+    """K+ and K- at fixed candidate means of X for R sequences observed in lockstep.
 
-    Works in X = (D + 1) / 2. The window ``[lo, hi]`` (global grid indices) is the union of every row's
-    live points; ``live`` marks, per row, the points not yet rejected.
+    ``m`` has shape (P,): the same P candidate means for every row. Each side keeps its B components
+    relative to a per-(row, mean) log scale, so the hot loop multiplies instead of taking logarithms.
+    After ``step``, ``too_low`` and ``too_high`` mark the means the data has ruled out for sure (sampling
+    without replacement only).
+    """
+
+    def __init__(self, m: np.ndarray, rows: int, alpha: float, population_size: int | None) -> None:
+        self.m = m
+        self.threshold = math.log(2.0 / alpha)  # (K+ + K-) / 2 >= max(K+, K-) / 2 >= 1 / alpha
+        self.population = population_size
+        self.t = 0
+        shape = (rows, m.size, BETS.size)
+        self.kp = np.ones(shape)
+        self.km = np.ones(shape)
+        # K reaches the threshold when its components' sum reaches ``limit = B exp(threshold - scale)``.
+        self.scale_p = np.zeros((rows, m.size))
+        self.scale_m = np.zeros((rows, m.size))
+        self.limit_p = np.full((rows, m.size), BETS.size * math.exp(self.threshold))
+        self.limit_m = self.limit_p.copy()
+        self.too_low: np.ndarray | None = None
+        self.too_high: np.ndarray | None = None
+        self.sum_x = np.zeros(rows)
+        if population_size is None:
+            # With replacement the caps c / m and c / (1 - m) are constant; 1 / 0 gives inf (no cap).
+            with np.errstate(divide="ignore"):
+                self.bet_plus = np.minimum(BETS, (_TRUNCATION / m)[:, None])
+                self.bet_minus = np.minimum(BETS, (_TRUNCATION / (1.0 - m))[:, None])
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m", "sum_x"):
+            setattr(self, name, getattr(self, name)[rows])
+
+    def keep_columns(self, cut: slice) -> None:
+        self.m = self.m[cut]
+        for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m"):
+            setattr(self, name, getattr(self, name)[:, cut])
+        if self.population is None:
+            self.bet_plus, self.bet_minus = self.bet_plus[cut], self.bet_minus[cut]
+
+    def step(self, x: np.ndarray) -> None:
+        """Bet on one more observation per row (``x`` has shape (R,))."""
+        self.t += 1
+        if self.population is None:
+            deviation = (x[:, None] - self.m[None, :])[:, :, None]
+            bet_plus, bet_minus = self.bet_plus, self.bet_minus
+        else:
+            # The mean of the questions not seen yet, if the whole set's mean were m.
+            m_t = (self.population * self.m[None, :] - self.sum_x[:, None]) / (self.population - self.t + 1)
+            self.too_low, self.too_high = m_t < 0.0, m_t > 1.0
+            m_t = np.clip(m_t, 0.0, 1.0)
+            with np.errstate(divide="ignore"):
+                bet_plus = np.minimum(BETS, (_TRUNCATION / m_t)[:, :, None])
+                bet_minus = np.minimum(BETS, (_TRUNCATION / (1.0 - m_t))[:, :, None])
+            deviation = (x[:, None] - m_t)[:, :, None]
+        self.kp *= 1.0 + bet_plus * deviation
+        self.km *= 1.0 - bet_minus * deviation
+        self.sum_x += x
+        if self.t % _RENORMALISE_EVERY == 0:
+            self._renormalise(self.kp, self.scale_p, self.limit_p)
+            self._renormalise(self.km, self.scale_m, self.limit_m)
+
+    def _renormalise(self, components: np.ndarray, scale: np.ndarray, limit: np.ndarray) -> None:
+        top = components.max(axis=2)
+        components /= top[:, :, None]
+        components[components < _NEGLIGIBLE] = 0.0
+        scale += np.log(top)
+        limit[...] = BETS.size * np.exp(self.threshold - scale)
+
+    def rejected_plus(self) -> np.ndarray:
+        """Means ruled out from below: K+ reached the threshold, or the data already exceeds them."""
+        hit = self.kp.sum(axis=2) >= self.limit_p
+        return hit if self.too_low is None else hit | self.too_low
+
+    def rejected_minus(self) -> np.ndarray:
+        """Means ruled out from above: K- reached the threshold, or the unseen rest cannot reach them."""
+        hit = self.km.sum(axis=2) >= self.limit_m
+        return hit if self.too_high is None else hit | self.too_high
+
+
+class _GridConfidenceSequence:
+    """The confidence sequence on a grid for R rows: live grid window, running intersection, bounds.
+
+    Grid points are ``d_j = -1 + 2 j / GRID_STEPS`` in D (X = (d + 1) / 2). The window ``[lo, hi]`` (grid
+    indices) is the union of the rows' live points; ``live`` marks, per row, the points not yet rejected.
     """
 
     def __init__(self, rows: int, alpha: float, population_size: int | None) -> None:
-        self.grid = np.linspace(0.0, 1.0, GRID_STEPS + 1)
-        self.threshold = math.log(2.0 / alpha)  # max(K+, K-) / 2 >= 1 / alpha
-        self.bet_scale = 2.0 * math.log(2.0 / alpha)
+        self.grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
+        self.capital = _Capital((self.grid + 1.0) / 2.0, rows, alpha, population_size)
         self.population = population_size
-        self.t = 0
         self.lo, self.hi = 0, GRID_STEPS
-        shape = (rows, GRID_STEPS + 1)
-        self.log_kp = np.zeros(shape)
-        self.log_km = np.zeros(shape)
-        self.live = np.ones(shape, dtype=bool)
-        self.sum_x = np.zeros(rows)
-        self.sum_sq = np.zeros(rows)
-        self.sigma2 = np.full(rows, 0.25)
-        self.low = np.zeros(rows)
-        self.high = np.ones(rows)
+        self.live = np.ones((rows, GRID_STEPS + 1), dtype=bool)
+        self.low = np.full(rows, -1.0)
+        self.high = np.full(rows, 1.0)
 
-    def keep(self, rows: np.ndarray) -> None:
-        """Continue with the given rows only (an index array or boolean mask)."""
-        for name in ("log_kp", "log_km", "live", "sum_x", "sum_sq", "sigma2", "low", "high"):
-            setattr(self, name, getattr(self, name)[rows])
+    def keep_rows(self, rows: np.ndarray) -> None:
+        self.capital.keep_rows(rows)
+        self.live, self.low, self.high = self.live[rows], self.low[rows], self.high[rows]
 
     def update(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Observe one X per row; return the rows' running (low, high) for the mean of X."""
-        self.t += 1
-        t = self.t
-        lam = np.sqrt(self.bet_scale / (self.sigma2 * t * math.log1p(t)))[:, None]
-        m = self.grid[self.lo : self.hi + 1][None, :]
-        if self.population is None:
-            m_t = m
-            feasible = None
-        else:
-            # Mean of the questions not yet seen, if the whole set's mean were m.
-            m_t = (self.population * m - self.sum_x[:, None]) / (self.population - t + 1)
-            feasible = (m_t >= 0.0) & (m_t <= 1.0)
-            m_t = np.clip(m_t, 0.0, 1.0)
-        with np.errstate(divide="ignore"):
-            lam_plus = np.minimum(lam, _TRUNCATION / m_t)
-            lam_minus = np.minimum(lam, _TRUNCATION / (1.0 - m_t))
-        deviation = x[:, None] - m_t
-        self.log_kp += np.log1p(lam_plus * deviation)
-        self.log_km += np.log1p(-lam_minus * deviation)
-        rejected = np.maximum(self.log_kp, self.log_km) >= self.threshold
-        if feasible is not None:
-            rejected |= ~feasible
-        self.live &= ~rejected
-
-        self.sum_x += x
-        mu = (0.5 + self.sum_x) / (t + 1)
-        self.sum_sq += (x - mu) ** 2
-        self.sigma2 = (0.25 + self.sum_sq) / (t + 1)
-
+        """Observe one X per row; return each row's running (low, high) for delta."""
+        capital = self.capital
+        capital.step(x)
+        self.live &= ~(capital.rejected_plus() | capital.rejected_minus())
         self._refresh_bounds()
-        if self.population is not None:
-            remaining = self.population - t
-            logical_low = self.sum_x / self.population
-            logical_high = (self.sum_x + remaining) / self.population
-            low = np.maximum(self.low, logical_low)
-            high = np.minimum(self.high, logical_high)
-            # Only after a miss (probability <= alpha) can the grid exclude every feasible value.
-            crossed = low > high
-            low[crossed], high[crossed] = logical_low[crossed], logical_high[crossed]
-            return low, high
-        return self.low.copy(), self.high.copy()
+        if self.population is None:
+            return self.low.copy(), self.high.copy()
+        # What the unseen questions can still contribute bounds the set's mean for sure.
+        t, n_total = capital.t, self.population
+        logical_low = 2.0 * capital.sum_x / n_total - 1.0
+        logical_high = 2.0 * (capital.sum_x + n_total - t) / n_total - 1.0
+        low = np.maximum(self.low, logical_low)
+        high = np.minimum(self.high, logical_high)
+        # Only after a miss (probability <= alpha) can the grid exclude every feasible value.
+        crossed = low > high
+        low[crossed], high[crossed] = logical_low[crossed], logical_high[crossed]
+        return low, high
 
     def _refresh_bounds(self) -> None:
         width = self.live.shape[1]
-        any_live = self.live.any(axis=1)
         first = np.argmax(self.live, axis=1)
         last = width - 1 - np.argmax(self.live[:, ::-1], axis=1)
         # A row whose every grid point is rejected keeps its last bounds: they still contain the
         # continuous confidence set, which can be narrower than one grid step.
-        rows = np.flatnonzero(any_live)
-        if rows.size == 0:
-            return
-        first_global = self.lo + first[rows]
-        last_global = self.lo + last[rows]
-        self.low[rows] = self.grid[np.maximum(first_global - 1, 0)]
-        self.high[rows] = self.grid[np.minimum(last_global + 1, GRID_STEPS)]
-        new_lo, new_hi = int(first_global.min()), int(last_global.max())
+        alive = self.live[np.arange(first.size), first]
+        rows: slice | np.ndarray = slice(None)
+        if not alive.all():
+            if not alive.any():
+                return
+            rows = np.flatnonzero(alive)
+            first, last = first[rows], last[rows]
+        first, last = first + self.lo, last + self.lo
+        self.low[rows] = self.grid[np.maximum(first - 1, 0)]
+        self.high[rows] = self.grid[np.minimum(last + 1, GRID_STEPS)]
+        new_lo, new_hi = int(first.min()), int(last.max())
         if (new_lo, new_hi) != (self.lo, self.hi):
             cut = slice(new_lo - self.lo, new_hi - self.lo + 1)
-            self.log_kp = self.log_kp[:, cut]
-            self.log_km = self.log_km[:, cut]
+            self.capital.keep_columns(cut)
             self.live = self.live[:, cut]
             self.lo, self.hi = new_lo, new_hi
 
@@ -177,7 +239,7 @@ class ConfidenceSequence:
         _check_population(population_size, 0)
         self.alpha = alpha
         self.population_size = population_size
-        self._batch = _HedgedCapitalBatch(1, alpha, population_size)
+        self._grid = _GridConfidenceSequence(1, alpha, population_size)
         self.n = 0
         self.low, self.high = -1.0, 1.0
 
@@ -186,9 +248,9 @@ class ConfidenceSequence:
         if isinstance(d, bool) or d not in (-1, 0, 1):
             raise ValueError(f"d={d!r}: each paired difference must be -1, 0 or 1")
         _check_population(self.population_size, self.n + 1)
-        low, high = self._batch.update(np.array([(d + 1) / 2.0]))
+        low, high = self._grid.update(np.array([(d + 1) / 2.0]))
         self.n += 1
-        self.low, self.high = float(2.0 * low[0] - 1.0), float(2.0 * high[0] - 1.0)
+        self.low, self.high = float(low[0]), float(high[0])
         return self.low, self.high
 
 
@@ -199,19 +261,21 @@ def confidence_sequence(
 
     ``diffs`` are the per-question differences candidate - baseline (-1, 0 or 1) in observation order.
     The probability that delta ever leaves ``[low[n], high[n]]`` for any n is at most ``alpha``
-    (Waudby-Smith and Ramdas 2023, hedged capital with predictable plug-in bets). ``population_size``
+    (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). ``population_size``
     switches to their without-replacement version for a finite question set of that size.
     """
     values = _as_diffs(diffs)
+    if values.ndim != 1:
+        raise ValueError(f"diffs has shape {values.shape}: need one flat sequence")
     _check_alpha(alpha)
     _check_population(population_size, len(values))
-    batch = _HedgedCapitalBatch(1, alpha, population_size)
+    grid = _GridConfidenceSequence(1, alpha, population_size)
     lows: list[float] = []
     highs: list[float] = []
     for x in (values + 1.0) / 2.0:
-        low, high = batch.update(np.array([x]))
-        lows.append(float(2.0 * low[0] - 1.0))
-        highs.append(float(2.0 * high[0] - 1.0))
+        low, high = grid.update(np.array([x]))
+        lows.append(float(low[0]))
+        highs.append(float(high[0]))
     return lows, highs
 
 
@@ -233,61 +297,75 @@ def sequential_decision(
 
     PASS at the first n with ``low_n > -margin``; FAIL at the first n with ``high_n < -margin``;
     INCONCLUSIVE when neither happens within ``diffs`` (``stopped_at = len(diffs)``). Because the
-    sequence is valid at every n at once, stopping at a crossing keeps P(PASS | delta <= -margin) <= alpha
-    and P(FAIL | delta >= -margin) <= alpha.
+    sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
+    and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
     """
     values = _as_diffs(diffs)
+    if values.ndim != 1:
+        raise ValueError(f"diffs has shape {values.shape}: need one flat sequence")
     check_margin(margin)
     _check_alpha(alpha, upper=0.5)
     _check_population(population_size, len(values))
-    decisions, stops, lows, highs = sequential_decisions(values[None, :], margin, alpha, population_size)
-    decision = str(decisions[0])
-    return SequentialDecision(
-        decision=decision,
-        stopped_at=int(stops[0]),
-        low=float(lows[0]),
-        high=float(highs[0]),
-        loss_detected=bool(highs[0] < 0),
-    )
+    grid = _GridConfidenceSequence(1, 2.0 * alpha, population_size)
+    decision, low, high, used = INCONCLUSIVE, -1.0, 1.0, 0
+    for x in (values + 1.0) / 2.0:
+        used += 1
+        lows, highs = grid.update(np.array([x]))
+        low, high = float(lows[0]), float(highs[0])
+        if low > -margin:
+            decision = PASS
+            break
+        if high < -margin:
+            decision = FAIL
+            break
+    return SequentialDecision(decision=decision, stopped_at=used, low=low, high=high, loss_detected=high < 0)
 
 
 def sequential_decisions(
     diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``sequential_decision`` for many sequences at once (rows of ``diffs``), for simulations.
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
 
-    Returns arrays ``(decision, stopped_at, low, high)``, one entry per row; the same numbers as calling
-    ``sequential_decision`` on each row, computed in lockstep so the grid work is vectorised.
+    Returns ``(decision, stopped_at)`` arrays. Because K+ falls and K- rises in the candidate mean, the
+    lower bound first exceeds -margin exactly when K+ at the first grid point above -margin reaches the
+    threshold (and the upper bound first drops below it when K- at the last grid point below does), so
+    two capital processes per row replace the whole grid. The answers equal ``sequential_decision``'s
+    except after a miss that rejects a row's entire grid at once (narrower than one grid step).
     """
-    values = _as_diffs(diffs)
+    values = np.asarray(diffs)
     if values.ndim != 2:
         raise ValueError(f"diffs has shape {values.shape}: need a 2-D array, one sequence per row")
+    if values.size and not np.isin(values, (-1, 0, 1)).all():
+        raise ValueError("diffs: each paired difference must be -1, 0 or 1")
     check_margin(margin)
     _check_alpha(alpha, upper=0.5)
     rows, length = values.shape
     _check_population(population_size, length)
+    grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
+    above = int(np.flatnonzero(grid > -margin)[0])
+    below = int(np.flatnonzero(grid < -margin)[-1])
+    capital = _Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
     decisions = np.full(rows, INCONCLUSIVE, dtype=object)
     stopped_at = np.full(rows, length, dtype=np.int64)
-    lows = np.full(rows, -1.0)
-    highs = np.full(rows, 1.0)
     active = np.arange(rows)
-    batch = _HedgedCapitalBatch(rows, 2.0 * alpha, population_size)
-    x_all = (values + 1.0) / 2.0
     for step in range(length):
-        low_x, high_x = batch.update(x_all[active, step])
-        low, high = 2.0 * low_x - 1.0, 2.0 * high_x - 1.0
-        lows[active], highs[active] = low, high
-        passed, failed = low > -margin, high < -margin
+        capital.step((values[active, step] + 1.0) / 2.0)
+        passed = capital.rejected_plus()[:, 0]
+        failed = capital.rejected_minus()[:, 1]
+        if population_size is not None:
+            sum_x, remaining = capital.sum_x, population_size - (step + 1)
+            passed |= 2.0 * sum_x / population_size - 1.0 > -margin
+            failed |= 2.0 * (sum_x + remaining) / population_size - 1.0 < -margin
         done = passed | failed
         if done.any():
             decisions[active[passed]] = PASS
             decisions[active[failed & ~passed]] = FAIL
             stopped_at[active[done]] = step + 1
             active = active[~done]
-            batch.keep(~done)
+            capital.keep_rows(~done)
             if active.size == 0:
                 break
-    return decisions, stopped_at, lows, highs
+    return decisions, stopped_at
 
 
 __all__ = [
