@@ -4,8 +4,8 @@ Each question gives a paired difference ``D = candidate correct - baseline corre
 gate wants the mean ``delta = E[D]`` and looks after every question. We map ``X = (D + 1) / 2`` into [0, 1]
 and use the hedged capital process of Waudby-Smith and Ramdas, "Estimating means of bounded random
 variables by betting" (JRSS-B 2023; arXiv:2010.09686), each side of the hedge betting a mixture of
-constant bets (their "diversified Kelly" capital), and for a finite question set visited in random order
-without replacement the same processes centred on the mean of the questions not yet seen (Waudby-Smith
+constant bets (their "diversified Kelly" capital), and, for a finite question set visited in random order
+without replacement, the same processes centred on the mean of the questions not yet seen (Waudby-Smith
 and Ramdas, "Confidence sequences for sampling without replacement", NeurIPS 2020). For a candidate mean
 ``m`` of X:
 
@@ -14,26 +14,28 @@ and Ramdas, "Confidence sequences for sampling without replacement", NeurIPS 202
     m_i = m (i.i.d.)   or   m_i = (N m - sum_{j<i} X_j) / (N - i + 1)   (N questions, without replacement)
     l_b = 2^-b for b = 0 .. 7 (B = 8),  c = 1/2
 
-If m is the true mean, every product is a non-negative martingale with E = 1 (each bet is fixed before
-X_i is seen and E[X_i - m_i | past] = 0), hence so are K+, K- and (K+ + K-) / 2, and by Ville's
+If m is the true mean, every product is a non-negative martingale with expectation 1 (each bet is fixed
+before X_i is seen and E[X_i - m_i | past] = 0), hence so are K+, K- and (K+ + K-) / 2, and by Ville's
 inequality ``max(K+_t, K-_t) / 2`` ever reaches ``1 / alpha`` with probability at most alpha. The
-confidence set at time t is every m where it has not; we keep the running intersection over time, so
-bounds never widen. Each factor is non-increasing in m for K+ and non-decreasing for K-, so every set is
-an interval, and its lower end passes a value v exactly when K+(v) reaches the threshold: the
-sequential decision needs only K+ and K- at the margin.
+confidence set at time t is every m where it has not; we keep the running intersection over time, so the
+bounds never widen. K+ falls and K- rises in m, so every set is an interval, and its lower end passes a
+value v exactly when K+(v) reaches the threshold: the sequential decision needs only K+ and K- at the
+margin.
+
+I.i.d. case: the bets are constant in time and X takes three values, so each product is a closed form of
+the counts of lost, tied and gained questions; the bounds are exact roots (no grid), found only when the
+new observation moves them. Without replacement the centre m_i moves with the data, so each candidate
+mean needs its own running product: a grid of 2,000 steps in X (0.001 in D), each bound reported as the
+nearest rejected grid point, so the grid can only widen the interval.
 
 Why this bet: the paper's default predictable plug-in bet shrinks like 1/sqrt(t log t), which at the
 effects the gate must resolve (a 2-point margin, thousands of questions) bets far less than the
-growth-optimal amount; in our simulations it needed about twice as many questions as this mixture,
-whose bets span the useful range (a factor 2 apart, so one is always within a factor sqrt(2) of the
-optimum). See docs/gate.md for the numbers.
+growth-optimal amount; in our simulations it needed about twice as many questions as this mixture, whose
+bets are a factor 2 apart, so one is always within a factor sqrt(2) of the best constant bet.
 
 Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital process
-from the start for each call, needs a C++ build and pulls pandas and pytest at run time, while the gate
-updates after every answer. Here each grid point's capital is updated in O(B) per observation, and points
-once rejected stay rejected, so the live part of the grid shrinks as evidence accumulates. The grid has
-2,000 steps in X (0.001 in D); each reported bound is the nearest *rejected* grid point outside the live
-set, so the grid only ever widens the interval.
+from the start on a grid for each call, needs a C++ build and pulls pandas and pytest at run time, while
+the gate updates after every answer. See docs/gate.md.
 """
 
 from __future__ import annotations
@@ -43,14 +45,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import optimize
 
 from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS, check_margin
 
-GRID_STEPS = 2000
 BETS = 2.0 ** -np.arange(8)
+_BET_SIZES = BETS.tolist()
+GRID_STEPS = 2000
 _TRUNCATION = 0.5  # c in the cap c / m: every factor stays >= 1 - c, so no bet can ruin the bettor
 _RENORMALISE_EVERY = 32  # factors lie in [0.5, 2]: 32 steps cannot overflow or underflow a double
 _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroing it only lowers K
+_ROOT_TOLERANCE = 1e-13
 
 
 def _check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
@@ -72,24 +77,87 @@ def _check_population(population_size: int | None, observations: int) -> None:
         )
 
 
-def _as_diffs(diffs: Sequence[int] | np.ndarray) -> np.ndarray:
+def _as_diffs(diffs: Sequence[int] | np.ndarray, ndim: int) -> np.ndarray:
     values = np.asarray(diffs)
-    if values.size and not np.isin(values, (-1, 0, 1)).all():
-        bad = values[~np.isin(values, (-1, 0, 1))].flat[0]
-        raise ValueError(f"diffs contains {bad!r}: each paired difference must be -1, 0 or 1")
-    return values.astype(np.float64)
+    if values.ndim != ndim:
+        need = "one flat sequence" if ndim == 1 else "a 2-D array, one sequence per row"
+        raise ValueError(f"diffs has shape {values.shape}: need {need}")
+    if values.dtype == bool or (values.size and not np.isin(values, (-1, 0, 1)).all()):
+        bad = values.flat[0] if values.dtype == bool else values[~np.isin(values, (-1, 0, 1))].flat[0]
+        raise ValueError(f"diffs contains {bad.item()!r}: each paired difference must be -1, 0 or 1")
+    return values.astype(np.int8)
+
+
+def _bet_terms(m: float, side: int) -> list[tuple[float, float, float]]:
+    """Per bet b, log(1 + s lam_b (x - m)) for x = 0, 1/2, 1, where s = 1 for K+ and -1 for K-."""
+    room = m if side > 0 else 1.0 - m
+    cap = _TRUNCATION / room if room > 0 else math.inf
+    terms = []
+    for bet in _BET_SIZES:
+        lam = side * min(bet, cap)
+        terms.append((math.log1p(-lam * m), math.log1p(lam * (0.5 - m)), math.log1p(lam * (1.0 - m))))
+    return terms
+
+
+def _log_mean_exp(logs: list[float]) -> float:
+    top = max(logs)
+    return top + math.log(math.fsum(math.exp(v - top) for v in logs) / len(logs))
+
+
+def _log_capital(counts: list[int], terms: list[tuple[float, float, float]]) -> float:
+    """log K at one candidate mean after i.i.d. observations with these counts (lost, tied, gained): with
+    constant bets each product is prod_x (1 + s lam (x - m))^count_x, so only the counts matter."""
+    lost, tied, gained = counts
+    return _log_mean_exp([lost * a + tied * b + gained * c for a, b, c in terms])
+
+
+class _ExactSequence:
+    """The i.i.d. confidence sequence: counts, the running bounds in X, and exact roots when they move."""
+
+    def __init__(self, alpha: float) -> None:
+        self.threshold = math.log(2.0 / alpha)
+        self.counts = [0, 0, 0]
+        self.low, self.high = 0.0, 1.0
+        # The bet terms at the current bounds, which stay put on most steps.
+        self._terms = {1: _bet_terms(self.low, 1), -1: _bet_terms(self.high, -1)}
+
+    def update(self, code: int) -> tuple[float, float]:
+        """Observe one more question (code 0, 1, 2 for D = -1, 0, 1); return the running (low, high) in X."""
+        self.counts[code] += 1
+        self.low = self._move(self.low, self.high, side=1)
+        self.high = self._move(self.high, self.low, side=-1)
+        return self.low, self.high
+
+    def _move(self, bound: float, other: float, side: int) -> float:
+        """The new bound: unchanged unless K now rejects it, else the root of K = threshold towards
+        ``other`` (all of [bound, other] rejected means the set is empty: a miss; both ends meet)."""
+
+        def excess(m: float) -> float:
+            return _log_capital(self.counts, _bet_terms(m, side)) - self.threshold
+
+        if _log_capital(self.counts, self._terms[side]) < self.threshold:
+            return bound
+        if excess(other) >= 0:
+            moved = other
+        else:
+            root = optimize.brentq(excess, min(bound, other), max(bound, other), xtol=_ROOT_TOLERANCE)
+            # Report a rejected value: brentq may land a hair inside the set.
+            moved = root if excess(root) >= 0 else root - side * 2 * _ROOT_TOLERANCE
+        self._terms[side] = _bet_terms(moved, side)
+        return moved
 
 
 class _Capital:
     """K+ and K- at fixed candidate means of X for R sequences observed in lockstep.
 
+    Used for sampling without replacement, where the bets' centre m_i moves with the data, so the capital
+    depends on the order of the observations and each candidate mean needs its own running product.
     ``m`` has shape (P,): the same P candidate means for every row. Each side keeps its B components
     relative to a per-(row, mean) log scale, so the hot loop multiplies instead of taking logarithms.
-    After ``step``, ``too_low`` and ``too_high`` mark the means the data has ruled out for sure (sampling
-    without replacement only).
+    After ``step``, ``too_low`` and ``too_high`` mark the means the data has ruled out for sure.
     """
 
-    def __init__(self, m: np.ndarray, rows: int, alpha: float, population_size: int | None) -> None:
+    def __init__(self, m: np.ndarray, rows: int, alpha: float, population_size: int) -> None:
         self.m = m
         self.threshold = math.log(2.0 / alpha)  # (K+ + K-) / 2 >= max(K+, K-) / 2 >= 1 / alpha
         self.population = population_size
@@ -102,41 +170,30 @@ class _Capital:
         self.scale_m = np.zeros((rows, m.size))
         self.limit_p = np.full((rows, m.size), BETS.size * math.exp(self.threshold))
         self.limit_m = self.limit_p.copy()
-        self.too_low: np.ndarray | None = None
-        self.too_high: np.ndarray | None = None
+        self.too_low = np.zeros((rows, m.size), dtype=bool)
+        self.too_high = np.zeros((rows, m.size), dtype=bool)
         self.sum_x = np.zeros(rows)
-        if population_size is None:
-            # With replacement the caps c / m and c / (1 - m) are constant; 1 / 0 gives inf (no cap).
-            with np.errstate(divide="ignore"):
-                self.bet_plus = np.minimum(BETS, (_TRUNCATION / m)[:, None])
-                self.bet_minus = np.minimum(BETS, (_TRUNCATION / (1.0 - m))[:, None])
 
     def keep_rows(self, rows: np.ndarray) -> None:
-        for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m", "sum_x"):
+        for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m", "too_low", "too_high", "sum_x"):
             setattr(self, name, getattr(self, name)[rows])
 
     def keep_columns(self, cut: slice) -> None:
         self.m = self.m[cut]
-        for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m"):
+        for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m", "too_low", "too_high"):
             setattr(self, name, getattr(self, name)[:, cut])
-        if self.population is None:
-            self.bet_plus, self.bet_minus = self.bet_plus[cut], self.bet_minus[cut]
 
     def step(self, x: np.ndarray) -> None:
         """Bet on one more observation per row (``x`` has shape (R,))."""
         self.t += 1
-        if self.population is None:
-            deviation = (x[:, None] - self.m[None, :])[:, :, None]
-            bet_plus, bet_minus = self.bet_plus, self.bet_minus
-        else:
-            # The mean of the questions not seen yet, if the whole set's mean were m.
-            m_t = (self.population * self.m[None, :] - self.sum_x[:, None]) / (self.population - self.t + 1)
-            self.too_low, self.too_high = m_t < 0.0, m_t > 1.0
-            m_t = np.clip(m_t, 0.0, 1.0)
-            with np.errstate(divide="ignore"):
-                bet_plus = np.minimum(BETS, (_TRUNCATION / m_t)[:, :, None])
-                bet_minus = np.minimum(BETS, (_TRUNCATION / (1.0 - m_t))[:, :, None])
-            deviation = (x[:, None] - m_t)[:, :, None]
+        # The mean of the questions not seen yet, if the whole set's mean were m.
+        m_t = (self.population * self.m[None, :] - self.sum_x[:, None]) / (self.population - self.t + 1)
+        self.too_low, self.too_high = m_t < 0.0, m_t > 1.0
+        m_t = np.clip(m_t, 0.0, 1.0)
+        with np.errstate(divide="ignore"):  # 1 / 0 = inf: no cap at the ends
+            bet_plus = np.minimum(BETS, (_TRUNCATION / m_t)[:, :, None])
+            bet_minus = np.minimum(BETS, (_TRUNCATION / (1.0 - m_t))[:, :, None])
+        deviation = (x[:, None] - m_t)[:, :, None]
         self.kp *= 1.0 + bet_plus * deviation
         self.km *= 1.0 - bet_minus * deviation
         self.sum_x += x
@@ -153,23 +210,21 @@ class _Capital:
 
     def rejected_plus(self) -> np.ndarray:
         """Means ruled out from below: K+ reached the threshold, or the data already exceeds them."""
-        hit = self.kp.sum(axis=2) >= self.limit_p
-        return hit if self.too_low is None else hit | self.too_low
+        return (self.kp.sum(axis=2) >= self.limit_p) | self.too_low
 
     def rejected_minus(self) -> np.ndarray:
         """Means ruled out from above: K- reached the threshold, or the unseen rest cannot reach them."""
-        hit = self.km.sum(axis=2) >= self.limit_m
-        return hit if self.too_high is None else hit | self.too_high
+        return (self.km.sum(axis=2) >= self.limit_m) | self.too_high
 
 
 class _GridConfidenceSequence:
-    """The confidence sequence on a grid for R rows: live grid window, running intersection, bounds.
+    """Without replacement: the confidence sequence on a grid for R rows (live window, running intersection).
 
     Grid points are ``d_j = -1 + 2 j / GRID_STEPS`` in D (X = (d + 1) / 2). The window ``[lo, hi]`` (grid
     indices) is the union of the rows' live points; ``live`` marks, per row, the points not yet rejected.
     """
 
-    def __init__(self, rows: int, alpha: float, population_size: int | None) -> None:
+    def __init__(self, rows: int, alpha: float, population_size: int) -> None:
         self.grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
         self.capital = _Capital((self.grid + 1.0) / 2.0, rows, alpha, population_size)
         self.population = population_size
@@ -188,8 +243,6 @@ class _GridConfidenceSequence:
         capital.step(x)
         self.live &= ~(capital.rejected_plus() | capital.rejected_minus())
         self._refresh_bounds()
-        if self.population is None:
-            return self.low.copy(), self.high.copy()
         # What the unseen questions can still contribute bounds the set's mean for sure.
         t, n_total = capital.t, self.population
         logical_low = 2.0 * capital.sum_x / n_total - 1.0
@@ -239,7 +292,8 @@ class ConfidenceSequence:
         _check_population(population_size, 0)
         self.alpha = alpha
         self.population_size = population_size
-        self._grid = _GridConfidenceSequence(1, alpha, population_size)
+        self._exact = _ExactSequence(alpha) if population_size is None else None
+        self._grid = None if population_size is None else _GridConfidenceSequence(1, alpha, population_size)
         self.n = 0
         self.low, self.high = -1.0, 1.0
 
@@ -248,9 +302,14 @@ class ConfidenceSequence:
         if isinstance(d, bool) or d not in (-1, 0, 1):
             raise ValueError(f"d={d!r}: each paired difference must be -1, 0 or 1")
         _check_population(self.population_size, self.n + 1)
-        low, high = self._grid.update(np.array([(d + 1) / 2.0]))
         self.n += 1
-        self.low, self.high = float(low[0]), float(high[0])
+        if self._exact is not None:
+            low_x, high_x = self._exact.update(int(d) + 1)
+            self.low, self.high = 2.0 * low_x - 1.0, 2.0 * high_x - 1.0
+        else:
+            assert self._grid is not None
+            lows, highs = self._grid.update(np.array([(d + 1) / 2.0]))
+            self.low, self.high = float(lows[0]), float(highs[0])
         return self.low, self.high
 
 
@@ -261,21 +320,19 @@ def confidence_sequence(
 
     ``diffs`` are the per-question differences candidate - baseline (-1, 0 or 1) in observation order.
     The probability that delta ever leaves ``[low[n], high[n]]`` for any n is at most ``alpha``
-    (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). ``population_size``
-    switches to their without-replacement version for a finite question set of that size.
+    (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). With
+    ``population_size`` it uses their without-replacement version for a finite question set of that size.
     """
-    values = _as_diffs(diffs)
-    if values.ndim != 1:
-        raise ValueError(f"diffs has shape {values.shape}: need one flat sequence")
+    values = _as_diffs(diffs, ndim=1)
     _check_alpha(alpha)
     _check_population(population_size, len(values))
-    grid = _GridConfidenceSequence(1, alpha, population_size)
+    sequence = ConfidenceSequence(alpha, population_size)
     lows: list[float] = []
     highs: list[float] = []
-    for x in (values + 1.0) / 2.0:
-        low, high = grid.update(np.array([x]))
-        lows.append(float(low[0]))
-        highs.append(float(high[0]))
+    for d in values.tolist():
+        low, high = sequence.update(d)
+        lows.append(low)
+        highs.append(high)
     return lows, highs
 
 
@@ -300,25 +357,23 @@ def sequential_decision(
     sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
     and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
     """
-    values = _as_diffs(diffs)
-    if values.ndim != 1:
-        raise ValueError(f"diffs has shape {values.shape}: need one flat sequence")
+    values = _as_diffs(diffs, ndim=1)
     check_margin(margin)
     _check_alpha(alpha, upper=0.5)
     _check_population(population_size, len(values))
-    grid = _GridConfidenceSequence(1, 2.0 * alpha, population_size)
-    decision, low, high, used = INCONCLUSIVE, -1.0, 1.0, 0
-    for x in (values + 1.0) / 2.0:
-        used += 1
-        lows, highs = grid.update(np.array([x]))
-        low, high = float(lows[0]), float(highs[0])
+    sequence = ConfidenceSequence(2.0 * alpha, population_size)
+    decision, low, high = INCONCLUSIVE, -1.0, 1.0
+    for d in values.tolist():
+        low, high = sequence.update(d)
         if low > -margin:
             decision = PASS
             break
         if high < -margin:
             decision = FAIL
             break
-    return SequentialDecision(decision=decision, stopped_at=used, low=low, high=high, loss_detected=high < 0)
+    return SequentialDecision(
+        decision=decision, stopped_at=sequence.n, low=low, high=high, loss_detected=high < 0
+    )
 
 
 def sequential_decisions(
@@ -326,21 +381,72 @@ def sequential_decisions(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
 
-    Returns ``(decision, stopped_at)`` arrays. Because K+ falls and K- rises in the candidate mean, the
-    lower bound first exceeds -margin exactly when K+ at the first grid point above -margin reaches the
-    threshold (and the upper bound first drops below it when K- at the last grid point below does), so
-    two capital processes per row replace the whole grid. The answers equal ``sequential_decision``'s
-    except after a miss that rejects a row's entire grid at once (narrower than one grid step).
+    Returns ``(decision, stopped_at)`` arrays. The lower bound first exceeds -margin exactly when K+ at
+    -margin first exceeds the threshold, and the upper bound first drops below it when K- there does, so
+    two capital processes per row replace the bounds: closed forms of the running counts in the i.i.d.
+    case (computed a block of columns at a time), the grid's two neighbours of -margin without
+    replacement. The answers equal ``sequential_decision``'s except after a miss that empties the set.
     """
-    values = np.asarray(diffs)
-    if values.ndim != 2:
-        raise ValueError(f"diffs has shape {values.shape}: need a 2-D array, one sequence per row")
-    if values.size and not np.isin(values, (-1, 0, 1)).all():
-        raise ValueError("diffs: each paired difference must be -1, 0 or 1")
+    values = _as_diffs(diffs, ndim=2)
     check_margin(margin)
     _check_alpha(alpha, upper=0.5)
+    _check_population(population_size, values.shape[1])
+    if population_size is None:
+        return _iid_decisions(values, margin, alpha)
+    return _without_replacement_decisions(values, margin, alpha, population_size)
+
+
+def _iid_decisions(values: np.ndarray, margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     rows, length = values.shape
-    _check_population(population_size, length)
+    m = (1.0 - margin) / 2.0
+    threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
+    terms = {side: np.array(_bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
+    decisions = np.full(rows, INCONCLUSIVE, dtype=object)
+    stopped_at = np.full(rows, length, dtype=np.int64)
+    active = np.arange(rows)
+    counts = np.zeros((3, rows))
+    block = 512
+    for start in range(0, length, block):
+        chunk = values[active, start : start + block]
+        running = [
+            counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
+        ]
+        for k in range(3):
+            counts[k, active] = running[k][:, -1]
+        crossed = {side: _iid_crossed(running, terms[side], threshold) for side in (1, -1)}
+        either = crossed[1] | crossed[-1]
+        hit = either.any(axis=1)
+        first = np.argmax(either, axis=1)
+        rows_hit = np.flatnonzero(hit)
+        passed = crossed[1][rows_hit, first[rows_hit]]
+        decisions[active[rows_hit]] = np.where(passed, PASS, FAIL)
+        stopped_at[active[rows_hit]] = start + first[rows_hit] + 1
+        active = active[~hit]
+        if active.size == 0:
+            break
+    return decisions, stopped_at
+
+
+def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
+    """Where log K > threshold, from running counts (lost, tied, gained) and the bets' log terms (B, 3)."""
+    logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
+    top = logs[0].copy()
+    for log_b in logs[1:]:
+        np.maximum(top, log_b, out=top)
+    # The mean of B products lies between the largest / B and the largest: only the few entries in
+    # between need the full log-mean-exp.
+    hit = top - math.log(len(logs)) > threshold
+    unsure = np.nonzero(~hit & (top > threshold))
+    if unsure[0].size:
+        near = np.stack([log_b[unsure] for log_b in logs])
+        hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > threshold
+    return hit
+
+
+def _without_replacement_decisions(
+    values: np.ndarray, margin: float, alpha: float, population_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    rows, length = values.shape
     grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
     above = int(np.flatnonzero(grid > -margin)[0])
     below = int(np.flatnonzero(grid < -margin)[-1])
@@ -352,10 +458,10 @@ def sequential_decisions(
         capital.step((values[active, step] + 1.0) / 2.0)
         passed = capital.rejected_plus()[:, 0]
         failed = capital.rejected_minus()[:, 1]
-        if population_size is not None:
-            sum_x, remaining = capital.sum_x, population_size - (step + 1)
-            passed |= 2.0 * sum_x / population_size - 1.0 > -margin
-            failed |= 2.0 * (sum_x + remaining) / population_size - 1.0 < -margin
+        # What the unseen questions can still contribute bounds the set's mean for sure.
+        remaining = population_size - (step + 1)
+        passed |= 2.0 * capital.sum_x / population_size - 1.0 > -margin
+        failed |= 2.0 * (capital.sum_x + remaining) / population_size - 1.0 < -margin
         done = passed | failed
         if done.any():
             decisions[active[passed]] = PASS
@@ -369,6 +475,7 @@ def sequential_decisions(
 
 
 __all__ = [
+    "BETS",
     "GRID_STEPS",
     "ConfidenceSequence",
     "SequentialDecision",
