@@ -208,6 +208,16 @@ class _Capital:
         scale += np.log(top)
         limit[...] = BETS.size * np.exp(self.threshold - scale)
 
+    def logical_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds for the set's mean of D that hold for sure: every unseen question at -1, or at 1.
+
+        Computed from integers (the sum of D so far) so that a set whose mean equals a margin exactly
+        is not pushed past it by rounding.
+        """
+        sum_d = 2.0 * self.sum_x - self.t
+        remaining = self.population - self.t
+        return (sum_d - remaining) / self.population, (sum_d + remaining) / self.population
+
     def rejected_plus(self) -> np.ndarray:
         """Means ruled out from below: K+ reached the threshold, or the data already exceeds them."""
         return (self.kp.sum(axis=2) >= self.limit_p) | self.too_low
@@ -243,10 +253,7 @@ class _GridConfidenceSequence:
         capital.step(x)
         self.live &= ~(capital.rejected_plus() | capital.rejected_minus())
         self._refresh_bounds()
-        # What the unseen questions can still contribute bounds the set's mean for sure.
-        t, n_total = capital.t, self.population
-        logical_low = 2.0 * capital.sum_x / n_total - 1.0
-        logical_high = 2.0 * (capital.sum_x + n_total - t) / n_total - 1.0
+        logical_low, logical_high = capital.logical_bounds()
         low = np.maximum(self.low, logical_low)
         high = np.minimum(self.high, logical_high)
         # Only after a miss (probability <= alpha) can the grid exclude every feasible value.
@@ -458,10 +465,9 @@ def _without_replacement_decisions(
         capital.step((values[active, step] + 1.0) / 2.0)
         passed = capital.rejected_plus()[:, 0]
         failed = capital.rejected_minus()[:, 1]
-        # What the unseen questions can still contribute bounds the set's mean for sure.
-        remaining = population_size - (step + 1)
-        passed |= 2.0 * capital.sum_x / population_size - 1.0 > -margin
-        failed |= 2.0 * (capital.sum_x + remaining) / population_size - 1.0 < -margin
+        logical_low, logical_high = capital.logical_bounds()
+        passed |= logical_low > -margin
+        failed |= logical_high < -margin
         done = passed | failed
         if done.any():
             decisions[active[passed]] = PASS
