@@ -1,4 +1,4 @@
-"""Statistics of the paired gate (SPEC 11.1): reference values, scipy as an oracle, simulations."""
+"""Statistics of the paired gate (docs/gate.md): reference values, scipy as an oracle, simulations."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from flyspec.gate.stats import (
 
 
 def test_spec_reference_values() -> None:
-    """The SPEC 11.1 reference values: Tango interval for n=21, gained=1, lost=7, and Connor sizes."""
+    """The documented reference values: Tango interval for n=21, gained=1, lost=7, and Connor sizes."""
     low, high = net_difference_ci(21, lost=7, gained=1)
     assert round(low, 4) == -0.5172
     assert round(high, 4) == -0.0260
