@@ -140,9 +140,12 @@ class _ExactSequence:
         if excess(other) >= 0:
             moved = other
         else:
-            root = optimize.brentq(excess, min(bound, other), max(bound, other), xtol=_ROOT_TOLERANCE)
+            lo, hi = min(bound, other), max(bound, other)
+            root = optimize.brentq(excess, lo, hi, xtol=_ROOT_TOLERANCE)
             # Report a rejected value: brentq may land a hair inside the set.
-            moved = root if excess(root) >= 0 else root - side * 2 * _ROOT_TOLERANCE
+            if excess(root) < 0:
+                root = min(max(root - side * 2 * _ROOT_TOLERANCE, lo), hi)
+            moved = root
         self._terms[side] = _bet_terms(moved, side)
         return moved
 
@@ -206,7 +209,8 @@ class _Capital:
         components /= top[:, :, None]
         components[components < _NEGLIGIBLE] = 0.0
         scale += np.log(top)
-        limit[...] = BETS.size * np.exp(self.threshold - scale)
+        with np.errstate(over="ignore"):  # a capital that has shrunk to nothing can never reach it: inf
+            limit[...] = BETS.size * np.exp(self.threshold - scale)
 
     def logical_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Bounds for the set's mean of D that hold for sure: every unseen question at -1, or at 1.
