@@ -185,7 +185,7 @@ def _reference(diffs: list[int], alpha: float, population: int | None) -> tuple[
 def test_bounds_match_an_independent_reference(seed: int, p_lost: float, p_gained: float, population) -> None:
     """Against a plain log-space computation with bisection, the i.i.d. bounds are the exact roots (to
     1e-11) and the without-replacement grid bounds lie outside the exact ones by less than one grid step
-    (0.001): neither the closed form, nor the renormalised products, nor the shrinking grid cut the set."""
+    (0.0005): neither the closed form, nor the renormalised products, nor the shrinking grid cut the set."""
     diffs = _draw(seed, p_lost, p_gained, population or 90).tolist()
     low, high = (np.array(v) for v in confidence_sequence(diffs, alpha=0.1, population_size=population))
     ref_low, ref_high = _reference(diffs, 0.1, population)

@@ -25,7 +25,7 @@ margin.
 I.i.d. case: the bets are constant in time and X takes three values, so each product is a closed form of
 the counts of lost, tied and gained questions; the bounds are exact roots (no grid), found only when the
 new observation moves them. Without replacement the centre m_i moves with the data, so each candidate
-mean needs its own running product: a grid of 2,000 steps in X (0.001 in D), each bound reported as the
+mean needs its own running product: a grid of 4,000 steps in X (0.0005 in D), each bound reported as the
 nearest rejected grid point, so the grid can only widen the interval.
 
 Why this bet: the paper's default predictable plug-in bet shrinks like 1/sqrt(t log t), which at the
@@ -51,7 +51,7 @@ from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS, check_margin
 
 BETS = 2.0 ** -np.arange(8)
 _BET_SIZES = BETS.tolist()
-GRID_STEPS = 2000
+GRID_STEPS = 4000
 _TRUNCATION = 0.5  # c in the cap c / m: every factor stays >= 1 - c, so no bet can ruin the bettor
 _RENORMALISE_EVERY = 32  # factors lie in [0.5, 2]: 32 steps cannot overflow or underflow a double
 _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroing it only lowers K
