@@ -264,9 +264,7 @@ def _read_jsonl(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
         try:
             check_reference(grader, answer)
         except ValueError as exc:
-            raise ValueError(
-                f"{where}: bad reference answer {answer!r:.60} for grader {grader!r}: {exc}"
-            ) from None
+            raise ValueError(f"{where}: bad reference answer {answer!r:.60} for {grader}: {exc}") from None
         yield line_no, Question(str(qid), answer, grader, info.name, prompt, messages, dict(meta or {}))
 
 

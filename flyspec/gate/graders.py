@@ -37,7 +37,7 @@ GRADERS = ("gsm8k", "math", "choice", "exact", "code", EQUIVALENCE)
 _NUMBER = re.compile(
     r"(?P<sign>(?<![\w.)\]}])-)?\s?(?:\$\s?(?P<sign2>-)?)?"
     r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-    r"(?:\s?/\s?(?P<den>\d{1,3}(?:,\d{3})+|\d+)(?![\d.]))?"
+    r"(?:\s?/\s?(?P<den>\d{1,3}(?:,\d{3})+|\d+)(?!\.?\d))?"
 )
 _CHOICE_PATTERNS = (
     re.compile(r"answer\s*(?:is|:)?\s*[:*]*\s*\(?\s*\**([A-J])\b(?!')", re.IGNORECASE),
