@@ -165,7 +165,8 @@ def _inspect_log(
 def test_inspect_logs_pair_by_sample_id_and_epoch(tmp_path: Path) -> None:
     """Inspect .eval and .json logs (written by Inspect's own API, read by its read_eval_log) pair by
     sample id and epoch; C/I, 1/0 and True/False are right/wrong; a named scorer is required when there
-    are several; partial credit ('P' or 0.5) is refused with the sample named."""
+    are several; partial credit ('P' or 0.5) is refused with the sample named; a folder holds one log
+    per task."""
     pytest.importorskip("inspect_ai")
     base = _inspect_log(
         tmp_path / "base.eval", "qa", {(0, 1): "C", (0, 2): "C", (1, 1): "I", (1, 2): "C"}, ("match",)
@@ -188,6 +189,17 @@ def test_inspect_logs_pair_by_sample_id_and_epoch(tmp_path: Path) -> None:
         read_eval_log(str(partial))
     with pytest.raises(ValueError, match="--filter applies to lm-eval logs only"):
         read_eval_log(str(base), filter="whole")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    _inspect_log(folder / "a.eval", "qa", {(0, 1): "C"}, ("match",))
+    # In a folder, Inspect's own listing decides what is a log: .eval files, and .json files with its
+    # timestamped names (so an unrelated JSON file next to them is not read).
+    _inspect_log(folder / "2026-12-01T00-00-00+00-00_math_x1.json", "math", {(0, 1): "I"}, ("match",))
+    (folder / "notes.json").write_text("{}")
+    assert {s.task for s in read_eval_log(str(folder)).samples} == {"qa", "math"}
+    _inspect_log(folder / "c.eval", "qa", {(0, 1): "C"}, ("match",))
+    with pytest.raises(ValueError, match="two Inspect logs of task 'qa'"):
+        read_eval_log(str(folder))
 
 
 def _store(path: Path) -> Path:

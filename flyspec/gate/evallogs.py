@@ -172,10 +172,14 @@ def _inspect_input(sample: Any) -> Any:
     return [[message.role, message.text] for message in sample.input]
 
 
-def _inspect_files(path: Path) -> list[Path]:
+def _inspect_files(path: Path) -> list[str]:
+    """The log files to read: the file itself, or what Inspect's own listing finds in the folder (``.eval``
+    files, and ``.json`` files with Inspect's timestamped names; a manifest or other JSON is skipped)."""
     if path.is_file():
-        return [path]
-    files = sorted(p for p in path.iterdir() if p.suffix in _INSPECT_SUFFIXES and p.is_file())
+        return [str(path)]
+    from inspect_ai.log import list_eval_logs
+
+    files = sorted(info.name for info in list_eval_logs(str(path), recursive=True))
     if not files:
         raise ValueError(f"{path}: no Inspect logs (*.eval or *.json) in this folder")
     return files
@@ -194,16 +198,16 @@ def read_inspect_log(path: str | Path, scorer: str | None = None) -> EvalLog:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such Inspect log file or folder")
     samples: list[SampleScore] = []
-    tasks: dict[str, Path] = {}
+    tasks: dict[str, str] = {}
     chosen_scorers: set[str] = set()
     for file in _inspect_files(path):
         try:
-            log = inspect_read(str(file))
+            log = inspect_read(file)
         except Exception as exc:  # noqa: BLE001 - Inspect raises many kinds for an unreadable file
             raise ValueError(f"{file}: not a readable Inspect log ({type(exc).__name__}: {exc})") from None
         task = log.eval.task
         if task in tasks:
-            raise ValueError(f"{path}: two Inspect logs of task {task!r} ({tasks[task].name}, {file.name})")
+            raise ValueError(f"{path}: two Inspect logs of task {task!r} ({tasks[task]}, {file})")
         tasks[task] = file
         if log.status != "success":
             raise ValueError(f"{file}: the Inspect run did not finish (status {log.status!r})")
