@@ -17,6 +17,7 @@ from flyspec.gate.graders import (
     extract_choice,
     extract_gsm8k,
     grade,
+    grade_against_baseline,
     grade_equivalence,
 )
 
@@ -188,10 +189,23 @@ def test_equivalence_grader_names_and_misuse() -> None:
     assert set(NORMALISERS) == {"exact", "strip", "whitespace", "lower", "json", "last_number"}
     with pytest.raises(ValueError, match="unknown normaliser 'fuzzy'.*exact, strip"):
         check_grader("equivalent_to_baseline:fuzzy")
-    with pytest.raises(ValueError, match="grade_equivalence"):
+    with pytest.raises(ValueError, match="grade_against_baseline"):
         grade("equivalent_to_baseline:strip", "a", "")
     check_reference("equivalent_to_baseline:strip", "")
     with pytest.raises(ValueError, match="must be empty"):
         check_reference("equivalent_to_baseline", "Paris")
     with pytest.raises(ValueError, match="normaliser='upper'"):
         grade_equivalence("a", "A", "upper")
+
+
+def test_grade_against_baseline_gives_both_grades() -> None:
+    """Per question, the baseline's grade is right by definition and the candidate's is right when its
+    output is equivalent; the normalised texts are the extracted answers; other graders are refused."""
+    base, cand = grade_against_baseline(
+        "equivalent_to_baseline:last_number", "It costs $1,200.", "1200 dollars"
+    )
+    assert (base.correct, cand.correct, base.extracted, cand.extracted) == (True, True, "1200", "1200")
+    base, cand = grade_against_baseline("equivalent_to_baseline", "Paris", "Lyon")
+    assert (base.correct, cand.correct, cand.detail) == (True, False, "deviates from the baseline")
+    with pytest.raises(ValueError, match="not an equivalent_to_baseline grader"):
+        grade_against_baseline("exact", "a", "a")

@@ -220,10 +220,25 @@ def grade_equivalence(baseline_output: str, candidate_output: str, normaliser: s
     return base == cand
 
 
+def grade_against_baseline(grader: str, baseline_output: str, candidate_output: str) -> tuple[Grade, Grade]:
+    """The two grades of one question under an ``equivalent_to_baseline[:normaliser]`` grader: the
+    baseline's (always right) and the candidate's (right when equivalent), each with its normalised text
+    as ``extracted``."""
+    normaliser = equivalence_normaliser(check_grader(grader))
+    if normaliser is None:
+        raise ValueError(f"grader={grader!r}: not an {EQUIVALENCE} grader; grade each answer with grade()")
+    same = grade_equivalence(baseline_output, candidate_output, normaliser)
+    norm = NORMALISERS[normaliser]
+    return (
+        Grade(norm(baseline_output), True, "the baseline is the reference"),
+        Grade(norm(candidate_output), same, "equivalent" if same else "deviates from the baseline"),
+    )
+
+
 def _grade_equivalence_alone(output: str, answer: str) -> Grade:
     raise ValueError(
         f"the {EQUIVALENCE} grader compares two arms' outputs: grade each pair with "
-        "grade_equivalence(baseline_output, candidate_output, normaliser), not with grade()"
+        "grade_against_baseline(grader, baseline_output, candidate_output), not with grade()"
     )
 
 
