@@ -185,6 +185,7 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     (task,) = pair_logs(baseline, candidate).tasks
     assert task.task == "flyspec_words" and [k for k, _ in task.keys] == [str(i) for i in range(QUESTIONS)]
     counts = paired_counts(task.baseline, task.candidate)
+    print(f"lm-eval logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
     assert (counts.n, counts.lost, counts.gained) == (QUESTIONS, lost, gained)
 
 
@@ -230,4 +231,5 @@ def test_inspect_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     (task,) = pair_logs(baseline, candidate).tasks
     assert task.keys[:2] == [("0", 1), ("0", 2)] and len(task.keys) == 2 * QUESTIONS
     counts = paired_counts(task.baseline, task.candidate)
+    print(f"Inspect logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
     assert (counts.n, counts.lost, counts.gained) == (2 * QUESTIONS, 2 * lost, 2 * gained)
