@@ -178,3 +178,219 @@ def test_unknown_dataset_is_named() -> None:
         load_dataset("gsm9k")
     with pytest.raises(ValueError, match="limit"):
         load_dataset("gsm8k", limit=0)
+
+
+GOOD = {"id": "q", "prompt": "y", "answer": "2", "grader": "exact"}
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (
+            {"id": 2, "prompt": "x", "answer": "1", "grader": "exact", "meta": ["a", "b"]},
+            "'meta' must be a JSON object, got list",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": "1", "grader": "exact", "meta": "note"},
+            "'meta' must be a JSON object, got str",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": "eighteen", "grader": "gsm8k"},
+            "bad reference answer 'eighteen' for gsm8k: .*no number",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": "AB", "grader": "choice"},
+            "bad reference answer 'AB' for choice: .*single letter",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": ["4"], "grader": "exact"},
+            "'answer' must be a string or a number",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": True, "grader": "exact"},
+            "'answer' must be a string or a number",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": {"tests": ""}, "grader": "code"},
+            "bad reference answer: code answer: 'tests'",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": ["assert 1"], "grader": "code"},
+            "a code answer must be an object",
+        ),
+        (
+            {"id": 2, "prompt": "x", "answer": "Paris", "grader": "equivalent_to_baseline"},
+            "must have no 'answer'",
+        ),
+        ({"id": 2, "prompt": "x", "grader": "equivalent_to_baseline:rot13"}, "unknown normaliser 'rot13'"),
+        (
+            {"id": 2, "prompt": "x", "answer": "1", "grader": ["exact"]},
+            "grader=\\['exact'\\]: must be a string",
+        ),
+        (
+            {"id": True, "prompt": "x", "answer": "1", "grader": "exact"},
+            "'id' must be a non-empty string or an integer",
+        ),
+        (
+            {"id": 1.5, "prompt": "x", "answer": "1", "grader": "exact"},
+            "'id' must be a non-empty string or an integer",
+        ),
+        ({"id": 2, "prompt": 7, "answer": "1", "grader": "exact"}, "'prompt' must be a non-empty string"),
+        (
+            {
+                "id": 2,
+                "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                "answer": "1",
+                "grader": "exact",
+            },
+            "ending with a user turn; the last turn is from 'assistant'",
+        ),
+        (
+            {"id": 2, "messages": [{"role": "user", "content": 3}], "answer": "1", "grader": "exact"},
+            "turn 1 has role 'user'",
+        ),
+        (
+            {"id": 2, "messages": "hello", "answer": "1", "grader": "exact"},
+            "'messages' must be a non-empty list",
+        ),
+        ("[1, 2]", "each row must be a JSON object, got list"),
+        ('{"id": 2, "prompt": "x", "answer": "1", "grader": "exact"', "not valid JSON"),
+    ],
+)
+def test_more_bad_rows_are_one_line_naming_file_and_line(tmp_path: Path, row: object, message: str) -> None:
+    """Issue 14 item 5: a meta that is a list or a string, bad reference answers (per grader), ill-typed
+    fields and malformed chats each raise ONE line 'FILE:LINE: problem' (line 2 here)."""
+    path = _write_jsonl(tmp_path / "bad.jsonl", [GOOD, row])
+    with pytest.raises(ValueError, match=message) as info:
+        load_dataset(str(path))
+    text = str(info.value)
+    assert text.startswith(f"{path}:2: ") and "\n" not in text
+
+
+def test_non_utf8_files_name_the_line(tmp_path: Path) -> None:
+    """A Latin-1 byte on line 3 of a JSONL, a CSV or a JSON list is reported with its line; a UTF-8 byte
+    order mark (Excel's CSVs) is accepted."""
+    jsonl = tmp_path / "latin.jsonl"
+    jsonl.write_bytes(
+        (json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "id": "r"}) + "\n").encode()
+        + b'{"id": "s", "prompt": "caf\xe9", "answer": "1", "grader": "exact"}\n'
+    )
+    with pytest.raises(ValueError, match=r"latin\.jsonl:3: not UTF-8 text \(byte 0xe9") as info:
+        load_dataset(str(jsonl))
+    assert "\n" not in str(info.value)
+    csv_path = _gpqa_csv(tmp_path / "gpqa.csv", n=3)
+    csv_path.write_bytes(csv_path.read_bytes().replace(b"case 1", b"caf\xe9 1"))
+    with pytest.raises(ValueError, match=r"gpqa\.csv:3: not UTF-8 text"):
+        load_dataset(f"gpqa:{csv_path}")
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + _gpqa_csv(tmp_path / "plain.csv", n=2).read_bytes())
+    assert len(load_dataset(str(bom))) == 2
+    listing = tmp_path / "aime.json"
+    listing.write_bytes(
+        b'[\n  {"id": 1, "problem": "p", "answer": "3"},\n  {"id": 2, "problem": "\xff", "answer": "4"}\n]'
+    )
+    with pytest.raises(ValueError, match=r"aime\.json:3: not UTF-8"):
+        load_dataset(f"aime:{listing}")
+
+
+def test_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
+    """A repeated id names the line of the repeat and of the first occurrence (JSONL and a JSON list)."""
+    path = _write_jsonl(tmp_path / "dup.jsonl", [GOOD, {**GOOD, "id": "r"}, {**GOOD, "id": "q"}])
+    with pytest.raises(ValueError, match=r"dup\.jsonl:3: question id 'q' appears twice \(first on line 1\)"):
+        load_dataset(str(path))
+    listing = tmp_path / "aime.json"
+    listing.write_text(json.dumps([{"id": 7, "problem": "p", "answer": "3"}] * 2, indent=1))
+    with pytest.raises(ValueError, match=r"aime\.json:7: question id '7' appears twice \(first on line 2\)"):
+        load_dataset(f"aime:{listing}")
+
+
+@pytest.mark.parametrize(
+    ("reader", "name", "content", "message"),
+    [
+        (
+            "aime",
+            "a.jsonl",
+            '{"id": 1, "problem": "p", "answer": "\\\\text{}"}\n',
+            r"a\.jsonl:1: bad reference answer",
+        ),
+        ("aime", "a.json", '{"id": 1}', r"a\.json: a \.json dataset must hold a list"),
+        (
+            "aime",
+            "a.json",
+            '[{"id": 1, "problem": "p", "answer": "3"}',
+            r"a\.json: the JSON list is not closed",
+        ),
+        (
+            "aime",
+            "a.json",
+            '[\n{"id": 1, "problem": "p", "answer": "3"},\n"text"\n]',
+            r"a\.json:3: each row must be a JSON object",
+        ),
+        ("aime", "a.csv", "ID,Problem,Answer\n1,p,3,extra\n", r"a\.csv:2: more fields than the header has"),
+        (
+            "gsm8k",
+            "g.jsonl",
+            '{"question": ["q"], "answer": "#### 3"}\n',
+            r"g\.jsonl:1: question must be text, got list",
+        ),
+        (
+            "mbpp",
+            "m.jsonl",
+            '{"task_id": 1, "text": "t", "test_list": "assert f()"}\n',
+            r"m\.jsonl:1: 'test_list' must be",
+        ),
+        (
+            "mbpp",
+            "m.jsonl",
+            '{"task_id": 1, "test_list": ["assert f()"]}\n',
+            r"m\.jsonl:1: MBPP row needs a non-empty 'text'",
+        ),
+        (
+            "humaneval",
+            "h.jsonl",
+            '{"task_id": "H/0", "prompt": "def g():\\n", "test": "x", "entry_point": "f"}\n',
+            r"h\.jsonl:1: the prompt does not define",
+        ),
+        ("humaneval", "h.jsonl.gz", "not gzip", r"h\.jsonl\.gz: not a readable gzip file"),
+    ],
+)
+def test_bad_rows_in_every_reader(tmp_path: Path, reader: str, name: str, content: str, message: str) -> None:
+    """The AIME, GSM8K, MBPP and HumanEval readers report bad rows, bad JSON lists, extra CSV fields and
+    corrupt gzip files in one line with the file (and line where there is one)."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as info:
+        load_dataset(f"{reader}:{path}")
+    assert "\n" not in str(info.value)
+
+
+def test_jsonl_rows_with_chat_code_and_equivalence(tmp_path: Path) -> None:
+    """A user's JSONL may mix multi-turn chats, code questions with an answer object (stored as canonical
+    JSON) and equivalent_to_baseline rows with no answer; prompt hashes cover the whole chat."""
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Red."},
+        {"role": "user", "content": "Another one?"},
+    ]
+    rows = [
+        {"id": "c", "messages": chat, "grader": "equivalent_to_baseline:lower"},
+        {"id": "d", "messages": chat[:2], "grader": "equivalent_to_baseline"},
+        {
+            "id": "e",
+            "prompt": "Write f.",
+            "grader": "code",
+            "answer": {"tests": "assert f() == 1", "entry_point": "f"},
+        },
+        {"id": "f", "prompt": "Say hi", "grader": "exact", "answer": "hi", "meta": {"topic": "greeting"}},
+    ]
+    qs = load_dataset(str(_write_jsonl(tmp_path / "mixed.jsonl", rows)))
+    assert [q.grader for q in qs] == [
+        "equivalent_to_baseline:lower",
+        "equivalent_to_baseline:exact",
+        "code",
+        "exact",
+    ]
+    assert qs[0].answer == "" and qs[0].messages == chat and qs[0].prompt_hash != qs[1].prompt_hash
+    assert json.loads(qs[2].answer) == {"entry_point": "f", "prefix": "", "tests": "assert f() == 1"}
+    assert qs[3].meta == {"topic": "greeting"}

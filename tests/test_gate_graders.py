@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from flyspec.gate.datasets import data_package_dir
-from flyspec.gate.graders import check_reference, extract_choice, extract_gsm8k, grade
+from flyspec.gate.graders import (
+    NORMALISERS,
+    check_grader,
+    check_reference,
+    equivalence_normaliser,
+    extract_choice,
+    extract_gsm8k,
+    grade,
+    grade_against_baseline,
+    grade_equivalence,
+)
 
 GSM8K = data_package_dir() / "gsm8k" / "test.jsonl"
 MATH500 = data_package_dir() / "math_oai" / "test.jsonl"
@@ -44,6 +54,7 @@ def test_every_gsm8k_reference_solution_grades_correct() -> None:
         ("It takes between 2-3 hours", "-3", False, "3"),  # a hyphen is not a minus sign
         ("#### 18.00", "18", True, "18"),
         ("so each gets 3/4 of a pie", "0.75", True, "3/4"),
+        ("Each gets 3/4.", "0.75", True, "3/4"),  # a full stop after a fraction is not a decimal point
         ("#### 70,000.\nI hope that helps, 5 stars", "70000", True, "70000"),  # '####' beats the last number
         ("The answer is \\boxed{42}.", "42", True, "42"),
         ("a loss of \u22127 dollars", "-7", True, "-7"),  # Unicode minus
@@ -140,3 +151,61 @@ def test_exact_and_determinism_and_bad_references() -> None:
         check_reference("choice", "AB")
     with pytest.raises(ValueError, match="grader='regex'"):
         grade("regex", "x", "x")
+
+
+@pytest.mark.parametrize(
+    ("normaliser", "baseline", "candidate", "same"),
+    [
+        ("exact", "Paris", "Paris", True),
+        ("exact", "Paris", "Paris ", False),
+        ("strip", " Paris\n", "Paris", True),
+        ("strip", "Paris, France", "Paris,  France", False),
+        ("whitespace", "Paris,\n  France ", "Paris, France", True),
+        ("whitespace", "paris", "Paris", False),
+        ("lower", "PARIS,\tFrance", "paris, france", True),
+        ("json", '{"a": 1, "b": [1, 2]}', '```json\n{"b":[1,2],"a":1}\n```', True),
+        ("json", '{"a": 1}', '{"a": 1.0}', False),  # JSON types are kept: 1 is not 1.0
+        ("json", '{"a": 1}', "the answer is {a: 1}", False),  # only one side is JSON
+        ("json", "not json", " not json", True),  # neither side is JSON: trimmed texts are compared
+        ("last_number", "So the total is $1,250.", "Total: 1250", True),
+        ("last_number", "It is 3/4.", "0.75", True),
+        ("last_number", "It is 12.", "It is 13.", False),
+    ],
+)
+def test_equivalence_normalisers(normaliser: str, baseline: str, candidate: str, same: bool) -> None:
+    """grade_equivalence compares both arms' outputs after the named normaliser, deterministically."""
+    assert grade_equivalence(baseline, candidate, normaliser) is same
+    assert grade_equivalence(baseline, candidate, normaliser) is same
+
+
+def test_equivalence_grader_names_and_misuse() -> None:
+    """`equivalent_to_baseline[:normaliser]` names the normaliser (exact by default); an unknown one is
+    refused listing the known ones; it needs both arms, so grading one answer alone is an error that
+    says what to call; its reference must be empty."""
+    assert equivalence_normaliser("equivalent_to_baseline") == "exact"
+    assert equivalence_normaliser("equivalent_to_baseline:json") == "json"
+    assert equivalence_normaliser("gsm8k") is None
+    assert check_grader("equivalent_to_baseline") == "equivalent_to_baseline:exact"
+    assert set(NORMALISERS) == {"exact", "strip", "whitespace", "lower", "json", "last_number"}
+    with pytest.raises(ValueError, match="unknown normaliser 'fuzzy'.*exact, strip"):
+        check_grader("equivalent_to_baseline:fuzzy")
+    with pytest.raises(ValueError, match="grade_against_baseline"):
+        grade("equivalent_to_baseline:strip", "a", "")
+    check_reference("equivalent_to_baseline:strip", "")
+    with pytest.raises(ValueError, match="must be empty"):
+        check_reference("equivalent_to_baseline", "Paris")
+    with pytest.raises(ValueError, match="normaliser='upper'"):
+        grade_equivalence("a", "A", "upper")
+
+
+def test_grade_against_baseline_gives_both_grades() -> None:
+    """Per question, the baseline's grade is right by definition and the candidate's is right when its
+    output is equivalent; the normalised texts are the extracted answers; other graders are refused."""
+    base, cand = grade_against_baseline(
+        "equivalent_to_baseline:last_number", "It costs $1,200.", "1200 dollars"
+    )
+    assert (base.correct, cand.correct, base.extracted, cand.extracted) == (True, True, "1200", "1200")
+    base, cand = grade_against_baseline("equivalent_to_baseline", "Paris", "Lyon")
+    assert (base.correct, cand.correct, cand.detail) == (True, False, "deviates from the baseline")
+    with pytest.raises(ValueError, match="not an equivalent_to_baseline grader"):
+        grade_against_baseline("exact", "a", "a")

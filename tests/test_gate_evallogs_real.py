@@ -1,0 +1,235 @@
+"""Real eval logs for `gate compare`: lm-evaluation-harness (its `local-completions` client) and Inspect AI
+(its `openai-api` provider) run against two `flyspec serve` processes on loopback, a tiny target alone
+(baseline) and the same target with FLy speculative decoding (candidate), then their logs are read and
+paired.
+
+The references are chosen from each server's own greedy output for the same request: even questions
+expect the baseline's text, odd ones the candidate's. So wherever FLy changed the output, the baseline
+loses an even question and gains an odd one, and the expected lost/gained counts are known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tiny_llm import save_perturbed, save_tiny
+
+from flyspec.gate.evallogs import read_eval_log
+from flyspec.gate.pairing import pair_logs
+from flyspec.gate.stats import paired_counts
+
+BIN = Path(sys.executable).parent
+QUESTIONS = 16
+MAX_TOKENS = 12
+MODEL = "tiny"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prompt(i: int) -> str:
+    return f"w{i} w{2 * i} w{3 * i}"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """Baseline (target only) and candidate (FLy, K=3, a draft that mostly agrees) servers."""
+    root = tmp_path_factory.mktemp("evallogs")
+    # The pair test_engine.py uses to show FLy forgiving: peaky-but-unsure target, slightly noisy draft.
+    target = save_tiny(root / "target", seed=3, std=0.25)
+    draft = save_perturbed(target, root / "draft", seed=5, noise=0.003)
+    fly = {"model": str(draft), "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
+    configs = {"baseline": [], "candidate": ["--speculative-config", json.dumps(fly)]}
+    procs, urls = [], {}
+    for name, extra in configs.items():
+        port = _free_port()
+        cmd = [str(BIN / "flyspec"), "serve", str(target), "--port", str(port), "--served-model-name", MODEL]
+        cmd += ["--dtype", "float32", "--max-num-seqs", "4", *extra]
+        log = open(root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process below
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        urls[name] = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        for (proc, _), (name, url) in zip(procs, urls.items(), strict=True):
+            while True:
+                assert proc.poll() is None, (root / f"{name}.log").read_text()
+                assert time.monotonic() < deadline, (root / f"{name}.log").read_text()
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        yield {"root": root, "target": target, "urls": urls}
+    finally:
+        for proc, log in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+def _complete(url: str, prompt: str, chat: bool) -> str:
+    if chat:
+        body, route = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}, "chat/completions"
+    else:
+        body, route = {"model": MODEL, "prompt": prompt}, "completions"
+    body |= {"max_tokens": MAX_TOKENS, "temperature": 0}
+    choice = httpx.post(f"{url}/v1/{route}", json=body, timeout=120).json()["choices"][0]
+    return choice["message"]["content"] if chat else choice["text"]
+
+
+def _references(urls: dict[str, str], chat: bool) -> tuple[list[str], int, int]:
+    """Each question's reference (baseline text for even i, candidate text for odd i) and the lost and
+    gained counts that follow."""
+    outputs = {
+        name: [_complete(url, _prompt(i), chat) for i in range(QUESTIONS)] for name, url in urls.items()
+    }
+    refs, lost, gained = [], 0, 0
+    for i, (base, cand) in enumerate(zip(outputs["baseline"], outputs["candidate"], strict=True)):
+        refs.append(base if i % 2 == 0 else cand)
+        if base.split() != cand.split():
+            lost += i % 2 == 0
+            gained += i % 2 == 1
+    return refs, lost, gained
+
+
+LM_EVAL_TASK = """task: flyspec_words
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: {max_tokens}
+  do_sample: false
+  temperature: 0
+filter_list:
+  - name: whole
+    filter:
+      - function: remove_whitespace
+      - function: take_first
+  - name: first-word
+    filter:
+      - function: regex
+        regex_pattern: "(w\\\\d+)"
+      - function: take_first
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    regexes_to_ignore: [" "]
+metadata:
+  version: 1.0
+"""
+
+
+@pytest.mark.slow  # two servers, then lm-eval twice (it imports datasets, transformers): minutes here
+@pytest.mark.skipif(shutil.which("lm_eval", path=str(BIN)) is None, reason="lm-eval is not installed")
+def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_path: Path) -> None:
+    """lm-eval's own local-completions client evaluates a local JSONL generation task (dataset_path:
+    json) on both servers with --log_samples; the two samples folders are read (two filters logged, so
+    --filter is required) and paired: same doc ids and hashes, and exactly the lost/gained counts that
+    the servers' outputs predict, with at least one flip."""
+    urls: dict[str, str] = servers["urls"]  # type: ignore[assignment]
+    refs, lost, gained = _references(urls, chat=False)
+    assert lost + gained > 0, "FLy changed no output: the test would prove nothing"
+    data = tmp_path / "words.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": _prompt(i), "answer": r}) + "\n" for i, r in enumerate(refs))
+    )
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "flyspec_words.yaml").write_text(LM_EVAL_TASK.format(data=data, max_tokens=MAX_TOKENS))
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    runs = {}
+    for name, url in urls.items():
+        model_args = (
+            f"base_url={url}/v1/completions,model={MODEL},tokenizer={servers['target']},"
+            "tokenizer_backend=huggingface,tokenized_requests=False,max_retries=1"
+        )
+        cmd = [str(BIN / "lm_eval"), "--model", "local-completions", "--model_args", model_args]
+        cmd += ["--tasks", "flyspec_words", "--include_path", str(tasks), "--log_samples"]
+        cmd += ["--output_path", str(tmp_path / name)]
+        log = open(tmp_path / f"lm_eval_{name}.log", "w")  # noqa: SIM115 - closed after the run
+        runs[name] = (subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT), log)
+    for name, (proc, log) in runs.items():
+        assert proc.wait(timeout=900) == 0, (tmp_path / f"lm_eval_{name}.log").read_text()[-3000:]
+        log.close()
+    with pytest.raises(ValueError, match="choose one with --filter"):
+        read_eval_log(str(tmp_path / "baseline"))
+    baseline = read_eval_log(str(tmp_path / "baseline"), filter="whole")
+    candidate = read_eval_log(str(tmp_path / "candidate"), filter="whole")
+    assert baseline.metric == "exact_match" and len(baseline.samples) == QUESTIONS
+    assert set(baseline.samples[0].hashes) == {"lm_eval_doc", "lm_eval_prompt", "lm_eval_target"}
+    (task,) = pair_logs(baseline, candidate).tasks
+    assert task.task == "flyspec_words" and [k for k, _ in task.keys] == [str(i) for i in range(QUESTIONS)]
+    counts = paired_counts(task.baseline, task.candidate)
+    print(f"lm-eval logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
+    assert (counts.n, counts.lost, counts.gained) == (QUESTIONS, lost, gained)
+
+
+INSPECT_TASK = """from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import exact
+from inspect_ai.solver import generate
+
+REFS = {refs!r}
+
+
+@task
+def flyspec_words():
+    samples = [Sample(id=i, input=p, target=t) for i, (p, t) in enumerate(REFS)]
+    return Task(dataset=samples, solver=generate(), scorer=exact(), epochs=2)
+"""
+
+
+@pytest.mark.slow  # Inspect twice against both servers: about half a minute here
+def test_inspect_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_path: Path) -> None:
+    """Inspect AI's openai-api provider evaluates a two-epoch chat task on both servers; the .eval logs
+    are read with Inspect's read_eval_log and paired by sample id and epoch, giving twice (two greedy
+    epochs) the lost/gained counts that the servers' chat outputs predict."""
+    pytest.importorskip("inspect_ai")
+    urls: dict[str, str] = servers["urls"]  # type: ignore[assignment]
+    refs, lost, gained = _references(urls, chat=True)
+    assert lost + gained > 0, "FLy changed no output: the test would prove nothing"
+    task_file = tmp_path / "words_task.py"
+    task_file.write_text(INSPECT_TASK.format(refs=[(_prompt(i), r) for i, r in enumerate(refs)]))
+    for name, url in urls.items():
+        env = {**os.environ, "FLYSPEC_BASE_URL": f"{url}/v1", "FLYSPEC_API_KEY": "unused"}
+        # Inspect resolves the task file relative to the working directory.
+        cmd = [str(BIN / "inspect"), "eval", task_file.name, "--model", f"openai-api/flyspec/{MODEL}"]
+        cmd += ["--temperature", "0", "--max-tokens", str(MAX_TOKENS), "--log-dir", str(tmp_path / name)]
+        cmd += ["--log-format", "eval", "--display", "none"]
+        done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    baseline, candidate = (
+        read_eval_log(str(tmp_path / "baseline")),
+        read_eval_log(str(tmp_path / "candidate")),
+    )
+    assert baseline.kind == "inspect" and baseline.metric == "exact"
+    (task,) = pair_logs(baseline, candidate).tasks
+    assert task.keys[:2] == [("0", 1), ("0", 2)] and len(task.keys) == 2 * QUESTIONS
+    counts = paired_counts(task.baseline, task.candidate)
+    print(f"Inspect logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
+    assert (counts.n, counts.lost, counts.gained) == (2 * QUESTIONS, 2 * lost, 2 * gained)
