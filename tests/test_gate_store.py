@@ -1,12 +1,17 @@
-"""The gate store: a real SQLite file; registration before answers, no duplicates, nothing ever lost."""
+"""The gate store: a real SQLite file; registration before answers, no duplicates, nothing ever lost, and
+one writer process at a time (a lock held by a real second process)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from flyspec.gate.lock import StoreBusyError, StoreLock, lock_path, read_holder
 from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
 
 REGISTRATION = {
@@ -114,3 +119,59 @@ def test_a_run_without_answers_can_be_registered_again(tmp_path: Path) -> None:
         store.add_answer("r", _answer("baseline", "q0"))
         with pytest.raises(ValueError, match="cannot be resumed"):
             store.register("r", "gate", REGISTRATION, QUESTIONS)
+
+
+HOLD_LOCK = (
+    "import sys, time; from flyspec.gate.lock import StoreLock; StoreLock(sys.argv[1], 'holder').acquire(); "
+    "print('locked', flush=True); time.sleep(120)"
+)
+
+
+def _holder(store: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_process_is_refused_and_a_killed_holder_frees_the_store(tmp_path: Path) -> None:
+    """While another process holds a store's lock, taking it fails at once with a message naming that
+    process (run, PID, command); once the holder is killed with SIGKILL the lock is free again, with no
+    stale-lock cleanup."""
+    store = tmp_path / "s.sqlite"
+    holder = _holder(store)
+    try:
+        with pytest.raises(StoreBusyError) as info:
+            StoreLock(store, "mine").acquire()
+        message = str(info.value)
+        assert f"store {store} is in use by gate run 'holder' (PID {holder.pid} on" in message
+        assert (
+            f": -c {store})" in message and "released as soon as that process ends, even if killed" in message
+        )
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with StoreLock(store, "mine"):
+        assert read_holder(lock_path(store))["run_id"] == "mine"
+    assert read_holder(lock_path(store)) == {}
+
+
+def test_gate_run_refuses_a_busy_store_before_touching_it(tmp_path: Path) -> None:
+    """`flyspec gate run` on a store another process holds is one clear error line naming the holder's
+    PID (exit 2), and it writes nothing into the store."""
+    store = tmp_path / "s.sqlite"
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "q0", "prompt": "hi", "answer": "1", "grader": "exact"}) + "\n")
+    arm = json.dumps({"base_url": "http://127.0.0.1:9/v1", "model": "a"})
+    holder = _holder(store)
+    try:
+        command = [sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run"]
+        command += ["--store", str(store), "--dataset", str(data), "--baseline", arm, "--candidate", arm]
+        done = subprocess.run([*command, "--margin", "0.05"], capture_output=True, text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: store ") and f"(PID {holder.pid} on" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    with GateStore(store) as opened:
+        assert opened.runs() == []

@@ -1,8 +1,12 @@
-"""The gate's SQLite store: the registered run, its questions, and one committed row per answer.
+"""The gate's SQLite store: the registered run, its questions, one committed row per answer, and events.
 
 Durability is the point: every answer is committed the moment it is graded (WAL journal, full sync), the
 UNIQUE key (run, arm, repeat, dataset, question) makes a resumed run skip what is stored instead of
-duplicating it, and nothing in this module ever deletes or rewrites a stored answer.
+duplicating it, and nothing in this module ever deletes or rewrites a stored answer. The ``events``
+table is append-only too (but for a run that never stored an answer, whose registration may be
+replaced): each session of a run records when it started and why it stopped; a sequential run's report
+reads its stopping point from there when the stop was a time budget or Ctrl-C rather than the data.
+One process writes a store at a time (``GateStore.lock``, see flyspec/gate/lock.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from flyspec.gate.lock import StoreLock
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +65,14 @@ CREATE TABLE IF NOT EXISTS answers (
     created_at REAL NOT NULL,
     UNIQUE (run_id, arm, repeat, dataset, question_id)
 );
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    event TEXT NOT NULL,
+    reason TEXT,
+    stopped_at INTEGER,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS batches (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     arm TEXT NOT NULL,
@@ -104,6 +118,18 @@ class RegisteredQuestion:
     prompt_hash: str
     answer: str
     grader: str
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One session event of a run: ``start``, or ``stop`` with its reason and (sequential runs) the number of
+    questions in the in-order sequence at that moment."""
+
+    event: str
+    reason: str | None
+    stopped_at: int | None
+    detail: dict[str, Any]
+    created_at: float
 
 
 @dataclass(frozen=True)
@@ -168,6 +194,10 @@ class GateStore:
         """Close the connection (every answer is already committed)."""
         self._db.close()
 
+    def lock(self, run_id: str) -> StoreLock:
+        """The store's writer lock for ``run_id`` (a context manager; StoreBusyError names the holder)."""
+        return StoreLock(self.path, run_id)
+
     def register(
         self,
         run_id: str,
@@ -183,24 +213,11 @@ class GateStore:
         all (e.g. its model failed to load): nothing has been seen yet, so its registration is replaced.
         """
         existing = self.get_run(run_id)
-        if existing is not None:
-            changes = _describe_difference(
-                {"kind": existing.kind, **existing.registration}, {"kind": kind, **registration}
-            )
-            stored = self.questions(run_id)
-            if [asdict(q) for q in stored] != [asdict(q) for q in questions]:
-                changes.append(self._question_difference(stored, questions))
-            if not changes:
-                return False
-            if self._has_answers(run_id):
-                raise ValueError(
-                    f"run {run_id!r} in {self.path} was registered with different settings, so it cannot be "
-                    f"resumed: {'; '.join(changes)}. Start a new run with another --run name (stored answers "
-                    "are kept)."
-                )
+        if existing is not None and not self.check_resumable(run_id, kind, registration, questions):
+            return False
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
-                for table in ("questions", "batches", "runs"):
+                for table in ("questions", "batches", "events", "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._db.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -223,6 +240,29 @@ class GateStore:
                 ],
             )
         return True
+
+    def check_resumable(
+        self, run_id: str, kind: str, registration: dict[str, Any], questions: list[RegisteredQuestion]
+    ) -> bool:
+        """True when ``run_id`` is registered with other settings but holds no answer (it may be replaced),
+        False when it is registered identically (or not at all); ValueError listing what changed when it
+        differs and answers exist."""
+        existing = self.get_run(run_id)
+        if existing is None:
+            return False
+        changes = _describe_difference(
+            {"kind": existing.kind, **existing.registration}, {"kind": kind, **registration}
+        )
+        stored = self.questions(run_id)
+        if [asdict(q) for q in stored] != [asdict(q) for q in questions]:
+            changes.append(self._question_difference(stored, questions))
+        if changes and self._has_answers(run_id):
+            raise ValueError(
+                f"run {run_id!r} in {self.path} was registered with different settings, so it cannot be "
+                f"resumed: {'; '.join(changes)}. Start a new run with another --run name (stored answers "
+                "are kept)."
+            )
+        return bool(changes)
 
     def _has_answers(self, run_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM answers WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
@@ -261,6 +301,30 @@ class GateStore:
                 "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run_id, arm, repeat, num_answers, completion_tokens, wall_s, time.time()),
             )
+
+    def add_event(
+        self,
+        run_id: str,
+        event: str,
+        reason: str | None = None,
+        stopped_at: int | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Append a session event (``start`` or ``stop``) to the run's history."""
+        with self._db:
+            self._db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, event, reason, stopped_at, json.dumps(detail or {}, sort_keys=True), time.time()),
+            )
+
+    def events(self, run_id: str) -> list[RunEvent]:
+        """The run's session events, oldest first."""
+        rows = self._db.execute(
+            "SELECT event, reason, stopped_at, detail, created_at FROM events WHERE run_id = ? "
+            "ORDER BY created_at, rowid",
+            (run_id,),
+        )
+        return [RunEvent(e, r, s, json.loads(d), t) for e, r, s, d, t in rows]
 
     def update_notes(self, run_id: str, notes: dict[str, Any]) -> None:
         """Merge ``notes`` (facts learned while running, e.g. a shared engine) into the run's notes."""
