@@ -1,6 +1,6 @@
-"""Gate arms: the decoding configurations being compared, and the executors that answer questions.
+"""Gate arms: the decoding configurations being compared, and how they are grouped into executors.
 
-Two kinds of arm (SPEC 11.2):
+Two kinds of arm (docs/gate.md, "Running the gate"):
 
 - ``{"kind": "engine", "model", "speculative_config", "dtype", "device", "max_num_seqs",
   "max_num_batched_tokens", "max_model_len", "seed"}``: this package's engine, in-process. Two engine
@@ -17,19 +17,19 @@ Two kinds of arm (SPEC 11.2):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from flyspec.chat import render_chat
 from flyspec.gate.datasets import Question
+from flyspec.outputs import AcceptanceCounts
+
+if TYPE_CHECKING:
+    from flyspec.config import EngineConfig
+    from flyspec.gate.endpoint_executor import OpenAIExecutor
+    from flyspec.gate.engine_executor import EngineExecutor
 
 ENGINE_KEYS = (
     "kind",
@@ -54,7 +54,6 @@ OPENAI_KEYS = (
     "max_retries",
     "backoff",
 )
-_ACCEPTANCE_KEYS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_forgiven_tokens")
 # Sampling is set once per run for every arm; an arm's extra_body must not change it behind the gate's back.
 _RESERVED_BODY_KEYS = (
     "model",
@@ -67,10 +66,6 @@ _RESERVED_BODY_KEYS = (
     "stream",
     "n",
 )
-
-
-class EndpointError(ConnectionError):
-    """An endpoint stayed unreachable or failing after every retry."""
 
 
 @dataclass(frozen=True)
@@ -93,21 +88,32 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Job:
-    """One question to answer by one arm in one repeat, with its per-question seed."""
+    """One question to answer by one arm in one repeat, with its per-question seed and its position in
+    the run's order (0-based)."""
 
     arm: str
     repeat: int
     question: Question
     seed: int
+    position: int
 
     @property
     def key(self) -> tuple[str, int, str, str]:
         return (self.arm, self.repeat, self.question.dataset, self.question.id)
 
+    @property
+    def request_id(self) -> str:
+        return "|".join(str(part) for part in self.key)
+
 
 @dataclass(frozen=True)
 class Completion:
-    """What an arm produced for a job, before grading."""
+    """What an arm produced for a job, before grading.
+
+    ``acceptance`` is None when the source does not report speculative-decoding counters (never zeros);
+    ``forgiven_reported`` is False when it reports the other counters but not FLy's forgiven count (vLLM).
+    ``system_fingerprint`` is what an endpoint's response carried (None for the engine).
+    """
 
     text: str
     finish_reason: str | None
@@ -115,15 +121,18 @@ class Completion:
     completion_tokens: int
     latency_s: float
     source: str
-    acceptance: dict[str, int] = field(default_factory=dict)
+    acceptance: AcceptanceCounts | None = None
+    forgiven_reported: bool = True
+    system_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
 class EngineArm:
-    """An in-process engine arm; ``config`` holds EngineConfig's fields."""
+    """An in-process engine arm: its validated EngineConfig and that config as a canonical dict."""
 
     name: str
     config: dict[str, Any]
+    engine_config: EngineConfig = field(compare=False, repr=False)
 
     def public_dict(self) -> dict[str, Any]:
         """The arm's full settings (canonical: defaults resolved)."""
@@ -148,10 +157,15 @@ class OpenAIArm:
     max_retries: int = 4
     backoff: float = 1.0
 
-    def identity(self) -> dict[str, Any]:
-        """What decides the arm's outputs, registered before the run. Where the server runs (URLs) and
-        how it is called (concurrency, timeouts, key) may change between a run and its resume."""
-        return {"kind": "openai", "model": self.model, "extra_body": self.extra_body}
+    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What decides the arm's outputs, registered before the run: the model name, the extra request
+        fields and the served model's ``id`` and ``root`` as the server's /v1/models reports them. Where
+        the server runs (URLs) and how it is called (concurrency, timeouts, key) may change on a resume
+        and are kept in the run's notes instead."""
+        out: dict[str, Any] = {"kind": "openai", "model": self.model, "extra_body": self.extra_body}
+        if served is not None:
+            out["served_model"] = served
+        return out
 
     def public_dict(self) -> dict[str, Any]:
         """The arm's full settings; the API key is never written, only whether one is set."""
@@ -205,41 +219,34 @@ def load_arm_spec(spec: dict[str, Any] | str | Path, name: str) -> dict[str, Any
     return data
 
 
-def parse_arm(name: str, spec: dict[str, Any] | str | Path) -> Arm:
-    """Validate an arm description; ValueError names the arm, the field, the value and the rule."""
-    data = load_arm_spec(spec, name)
-    kind = data.get("kind") or ("openai" if ("base_urls" in data or "base_url" in data) else "engine")
-    if kind == "engine":
-        unknown = sorted(set(data) - set(ENGINE_KEYS))
-        if unknown:
-            raise ValueError(
-                f"arm {name!r}: unknown key(s) {', '.join(unknown)}; "
-                f"engine arms take {', '.join(ENGINE_KEYS)}"
-            )
-        from flyspec.config import EngineConfig, SpeculativeConfig
+def _parse_engine_arm(name: str, data: dict[str, Any]) -> EngineArm:
+    unknown = sorted(set(data) - set(ENGINE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"arm {name!r}: unknown key(s) {', '.join(unknown)}; engine arms take {', '.join(ENGINE_KEYS)}"
+        )
+    from flyspec.config import EngineConfig, SpeculativeConfig
 
-        fields = {k: v for k, v in data.items() if k != "kind"}
-        try:
-            config = EngineConfig(**fields)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"arm {name!r}: {exc}") from None
-        resolved = {
-            "model": config.model,
-            "speculative_config": (
-                config.speculative_config.to_dict()
-                if isinstance(config.speculative_config, SpeculativeConfig)
-                else None
-            ),
-            "dtype": config.dtype,
-            "device": config.device,
-            "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens,
-            "max_model_len": config.max_model_len,
-            "seed": config.seed,
-        }
-        return EngineArm(name, resolved)
-    if kind != "openai":
-        raise ValueError(f"arm {name!r}: kind={kind!r}: must be 'engine' or 'openai'")
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    try:
+        config = EngineConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"arm {name!r}: {exc}") from None
+    spec = config.speculative_config
+    resolved = {
+        "model": config.model,
+        "speculative_config": spec.to_dict() if isinstance(spec, SpeculativeConfig) else None,
+        "dtype": config.dtype,
+        "device": config.device,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": config.max_model_len,
+        "seed": config.seed,
+    }
+    return EngineArm(name, resolved, config)
+
+
+def _parse_openai_arm(name: str, data: dict[str, Any]) -> OpenAIArm:
     unknown = sorted(set(data) - set(OPENAI_KEYS))
     if unknown:
         raise ValueError(
@@ -284,10 +291,18 @@ def parse_arm(name: str, spec: dict[str, Any] | str | Path) -> Arm:
     return arm
 
 
-OnDone = Callable[[Job, Completion], None]
+def parse_arm(name: str, spec: dict[str, Any] | str | Path) -> Arm:
+    """Validate an arm description; ValueError names the arm, the field, the value and the rule."""
+    data = load_arm_spec(spec, name)
+    kind = data.get("kind") or ("openai" if ("base_urls" in data or "base_url" in data) else "engine")
+    if kind == "engine":
+        return _parse_engine_arm(name, data)
+    if kind != "openai":
+        raise ValueError(f"arm {name!r}: kind={kind!r}: must be 'engine' or 'openai'")
+    return _parse_openai_arm(name, data)
 
 
-# ---------------------------------------------------------------------------------------- engine arms
+# ------------------------------------------------------------------------------ grouping into executors
 
 
 def _engine_key(config: dict[str, Any]) -> str:
@@ -298,261 +313,37 @@ def _engine_key(config: dict[str, Any]) -> str:
     return json.dumps({**config, "speculative_config": spec}, sort_keys=True)
 
 
-def _is_fly(config: dict[str, Any]) -> bool:
+def is_fly(config: dict[str, Any]) -> bool:
+    """Whether a canonical engine config verifies with FLy."""
     spec = config["speculative_config"]
     return spec is not None and spec["rejection_sample_method"] == "fly"
 
 
-class EngineExecutor:
-    """Answers jobs of one or more engine arms with one in-process LLMEngine, driven step by step so that
-    each answer is handed over (and stored) the moment it finishes."""
-
-    def __init__(self, config: dict[str, Any], arms: list[EngineArm]) -> None:
-        self.config = config
-        self.arms = {arm.name: arm for arm in arms}
-        # A standard arm inside an engine started with FLy asks for lossless verification per request.
-        self.verification = {
-            arm.name: ("standard" if _is_fly(config) and not _is_fly(arm.config) else None) for arm in arms
-        }
-        self._engine: Any = None
-
-    @property
-    def shared(self) -> bool:
-        return len(self.arms) > 1
-
-    def describe(self) -> str:
-        """One line for logs: what this executor runs, for which arms."""
-        return f"engine {self.config['model']} for arm(s) {', '.join(self.arms)}"
-
-    def prepare(self) -> Any:
-        """Start the engine (load weights) now, so model loading is not timed as answering."""
-        if self._engine is None:
-            from flyspec.config import EngineConfig, SpeculativeConfig
-            from flyspec.engine.engine import LLMEngine
-
-            spec = self.config["speculative_config"]
-            # The canonical dict lists every field (defaults resolved): build the dataclass directly, as
-            # from_dict refuses keys that only another method would use.
-            fields = {**self.config, "speculative_config": SpeculativeConfig(**spec) if spec else None}
-            self._engine = LLMEngine(EngineConfig(**fields))
-        return self._engine
-
-    def _prompt_ids(self, engine: Any, job: Job) -> tuple[list[int] | str, str | None]:
-        question = job.question
-        if question.messages is None:
-            assert question.prompt is not None
-            return question.prompt, None
-        try:
-            ids, text = render_chat(engine.tokenizer, question.messages)
-        except ValueError as exc:
-            raise ValueError(
-                f"arm {job.arm!r}: model {self.config['model']!r}, dataset {question.dataset!r} is "
-                f"chat-formatted: {exc}"
-            ) from None
-        return ids, text
-
-    def run(self, jobs: list[Job], sampling: Sampling, on_done: OnDone) -> None:
-        """Answer ``jobs`` (all in flight at once, batched by the engine's scheduler)."""
-        from flyspec.sampling_params import SamplingParams
-
-        engine = self.prepare()
-        pending: dict[str, Job] = {}
-        try:
-            for job in jobs:
-                rid = "|".join(str(part) for part in job.key)
-                params = SamplingParams(
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    max_tokens=sampling.max_tokens,
-                    seed=job.seed,
-                    verification=self.verification[job.arm],
-                )
-                prompt, prompt_text = self._prompt_ids(engine, job)
-                try:
-                    engine.add_request(rid, prompt, params, prompt_text=prompt_text)
-                except ValueError as exc:
-                    raise ValueError(
-                        f"arm {job.arm!r}, question {job.question.dataset}/{job.question.id}: {exc}"
-                    ) from None
-                pending[rid] = job
-            while pending:
-                for out in engine.step():
-                    if not out.finished or out.request_id not in pending:
-                        continue
-                    job = pending.pop(out.request_id)
-                    metrics = out.metrics
-                    finished = (
-                        metrics.finished_time if metrics.finished_time is not None else time.monotonic()
-                    )
-                    completion = out.outputs[0]
-                    on_done(
-                        job,
-                        Completion(
-                            text=completion.text,
-                            finish_reason=completion.finish_reason,
-                            prompt_tokens=len(out.prompt_token_ids),
-                            completion_tokens=len(completion.token_ids),
-                            latency_s=max(0.0, finished - metrics.arrival_time),
-                            source="engine",
-                            acceptance={k: int(getattr(metrics, k)) for k in _ACCEPTANCE_KEYS},
-                        ),
-                    )
-        finally:
-            for rid in pending:
-                engine.abort_request(rid)
-
-
-def engine_executors(arms: list[EngineArm]) -> list[EngineExecutor]:
-    """Group engine arms into as few engines as possible (SPEC 11.2: share when only the verifier differs)."""
+def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
+    """Group engine arms into as few engines as possible: arms that differ only in the verifier share one
+    engine started with the FLy arm's settings (arms with two different FLy settings cannot). The first
+    arm of each group is the one whose config starts the engine."""
     groups: dict[str, list[EngineArm]] = {}
     for arm in arms:
         groups.setdefault(_engine_key(arm.config), []).append(arm)
-    executors: list[EngineExecutor] = []
+    out: list[list[EngineArm]] = []
     for members in groups.values():
-        fly_configs = {json.dumps(a.config, sort_keys=True) for a in members if _is_fly(a.config)}
+        fly_configs = {json.dumps(a.config, sort_keys=True) for a in members if is_fly(a.config)}
         if len(fly_configs) > 1:
-            # Arms with different FLy settings cannot share one engine: give each its own.
-            executors.extend(EngineExecutor(a.config, [a]) for a in members)
+            out.extend([a] for a in members)
             continue
-        lead = next((a for a in members if _is_fly(a.config)), members[0])
-        executors.append(EngineExecutor(lead.config, members))
-    return executors
+        lead = next((a for a in members if is_fly(a.config)), members[0])
+        out.append([lead, *(a for a in members if a is not lead)])
+    return out
 
 
-# -------------------------------------------------------------------------------------- endpoint arms
-
-
-class OpenAIExecutor:
-    """Answers jobs of one endpoint arm over HTTP with bounded concurrency per base URL."""
-
-    def __init__(self, arm: OpenAIArm) -> None:
-        self.arm = arm
-        self.arms = {arm.name: arm}
-        self.shared = False
-
-    def prepare(self) -> None:
-        """Nothing to start for an endpoint."""
-
-    def describe(self) -> str:
-        """One line for logs: what this executor runs, for which arm."""
-        return f"endpoint {', '.join(self.arm.base_urls)} (model {self.arm.model}) for arm {self.arm.name}"
-
-    def _body(self, job: Job, sampling: Sampling) -> tuple[str, dict[str, Any]]:
-        question = job.question
-        body: dict[str, Any] = {
-            "model": self.arm.model,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-            "seed": job.seed,
-            **self.arm.extra_body,
-        }
-        if question.messages is not None:
-            return "/chat/completions", {**body, "messages": question.messages}
-        return "/completions", {**body, "prompt": question.prompt}
-
-    async def _request(
-        self,
-        client: httpx.AsyncClient,
-        job: Job,
-        sampling: Sampling,
-        first_url: int,
-        url_slots: list[asyncio.Semaphore],
-    ) -> Completion:
-        route, body = self._body(job, sampling)
-        urls = self.arm.base_urls
-        last_error = ""
-        for attempt in range(self.arm.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self.arm.backoff * 2 ** (attempt - 1))
-            index = (first_url + attempt) % len(urls)
-            url = urls[index]
-            try:
-                # A retry moves to another URL: its own bound applies there too.
-                async with url_slots[index]:
-                    start = time.monotonic()
-                    response = await client.post(url + route, json=body)
-            except httpx.TransportError as exc:  # connection refused, reset, DNS, timeouts
-                last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"{url}: HTTP {response.status_code}: {response.text[:200]}"
-                continue
-            if response.status_code != 200:
-                raise ValueError(
-                    f"arm {self.arm.name!r}: {url}{route} rejected the request with HTTP "
-                    f"{response.status_code}: {response.text[:500]}"
-                )
-            return self._parse(response, url, route, time.monotonic() - start)
-        raise EndpointError(
-            f"arm {self.arm.name!r}: no answer for question {job.question.dataset}/{job.question.id} after "
-            f"{self.arm.max_retries + 1} attempt(s); last error: {last_error}. Answers stored so far are "
-            "kept; rerun the same command to resume."
-        )
-
-    def _parse(self, response: httpx.Response, url: str, route: str, latency: float) -> Completion:
-        try:
-            data = response.json()
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if route == "/chat/completions" else choice["text"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ValueError(
-                f"arm {self.arm.name!r}: {url}{route} returned a body that is not an OpenAI completion "
-                f"({type(exc).__name__}: {exc}): {response.text[:300]}"
-            ) from None
-        usage = data.get("usage") or {}
-        # flyspec serve returns acceptance counters in `spec_decode`; accept them in `usage` too.
-        extension = data.get("spec_decode") or usage
-        acceptance = {k: int(extension[k]) for k in _ACCEPTANCE_KEYS if isinstance(extension.get(k), int)}
-        return Completion(
-            text=text or "",
-            finish_reason=choice.get("finish_reason"),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            latency_s=latency,
-            source=url,
-            acceptance=acceptance,
-        )
-
-    async def _run(self, jobs: list[Job], sampling: Sampling, on_done: OnDone) -> None:
-        queue: asyncio.Queue[Job] = asyncio.Queue()
-        for job in jobs:
-            queue.put_nowait(job)
-        headers = {"Authorization": f"Bearer {self.arm.api_key}"} if self.arm.api_key else {}
-        slots = self.arm.concurrency * len(self.arm.base_urls)
-        limits = httpx.Limits(max_connections=slots, max_keepalive_connections=slots)
-        url_slots = [asyncio.Semaphore(self.arm.concurrency) for _ in self.arm.base_urls]
-        async with httpx.AsyncClient(timeout=self.arm.timeout, headers=headers, limits=limits) as client:
-
-            async def worker(url_index: int) -> None:
-                while not queue.empty():
-                    job = queue.get_nowait()
-                    completion = await self._request(client, job, sampling, url_index, url_slots)
-                    # Runs on the event loop, i.e. in the main thread, where graders may use SIGALRM.
-                    on_done(job, completion)
-
-            tasks = [
-                asyncio.create_task(worker(i))
-                for i in range(len(self.arm.base_urls))
-                for _ in range(self.arm.concurrency)
-            ]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-
-    def run(self, jobs: list[Job], sampling: Sampling, on_done: OnDone) -> None:
-        """Answer ``jobs``; each answer is handed to ``on_done`` as it arrives (in the main thread)."""
-        asyncio.run(self._run(jobs, sampling, on_done))
-
-
-Executor = EngineExecutor | OpenAIExecutor
-
-
-def make_executors(arms: list[Arm]) -> list[Executor]:
+def make_executors(arms: list[Arm]) -> list[EngineExecutor | OpenAIExecutor]:
     """One executor per endpoint arm; engine arms grouped into as few in-process engines as possible."""
-    engines = engine_executors([a for a in arms if isinstance(a, EngineArm)])
+    from flyspec.gate.endpoint_executor import OpenAIExecutor
+    from flyspec.gate.engine_executor import EngineExecutor
+
+    engines = [
+        EngineExecutor(group) for group in engine_groups([a for a in arms if isinstance(a, EngineArm)])
+    ]
     endpoints = [OpenAIExecutor(a) for a in arms if isinstance(a, OpenAIArm)]
     return [*engines, *endpoints]
