@@ -1,8 +1,11 @@
-"""`flyspec demo`: the main job (SPEC 12) on the embedded default.
+"""`flyspec demo`: the main job on the embedded default.
 
-Prepares the Qwen2.5-Coder pair of the model zoo, then runs the paired quality gate with standard
-speculative decoding as the baseline and FLy as the candidate on the first N GSM8K test questions, and
-prints the speed each arm reached and whether the evidence supports shipping FLy.
+Prepares the Qwen2.5-Coder pair of the model zoo, then runs the sequential quality gate (docs/gate.md):
+standard speculative decoding is the baseline, FLy the candidate (same models, same K; only the verifier
+differs, so one engine answers both side by side), on GSM8K test questions in a seeded random order, with
+a 2-point margin at alpha 0.025. It stops at the first PASS or FAIL the confidence sequence shows, at
+``--max-questions`` or when the time budget runs out, and then says in plain words what was decided,
+after how many questions, how fast each arm was and what the interval means.
 """
 
 from __future__ import annotations
@@ -10,18 +13,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-# Sized from timed runs of `make demo` from a fresh clone on 2 idle CPU cores: 10 questions in one batch took
-# both arms 4:20 (each batch waits for its longest answer), so two batches of 10 fill the SPEC's "about 10
-# minutes".
-DEFAULT_QUESTIONS = 20
-DEFAULT_BATCH = 10
 DEFAULT_MARGIN = 0.02
+DEFAULT_MINUTES = 15.0
+# Not timed on an idle machine yet: both arms share the engine, so 16 slots are 8 questions in flight.
+DEFAULT_BATCH = 16
 
 
 def demo_arms(
@@ -47,40 +48,81 @@ def demo_arms(
     return arm("standard"), arm("fly")
 
 
-def _explain(report: dict, margin: float) -> str:
-    """Two or three plain sentences for a newcomer: what was compared and what the decision means."""
-    pooled = report["decision"]
-    decision = pooled["decision"]
-    points = f"{margin * 100:g} points"
-    meaning = {
-        "PASS": f"FLy is shown to lose at most {points} of accuracy: the whole 95% interval of the net "
-        "difference lies above the registered margin. It is safe to ship on this evidence.",
-        "FAIL": f"FLy loses more than {points}, or a loss that the exact test calls significant: "
-        "do not ship it in this configuration.",
-        "INCONCLUSIVE": "The evidence is not strong enough either way yet: the interval still reaches below "
-        f"-{points}. That is not proof of harm; it means more questions are needed.",
-    }[decision]
+def _speed_lines(report: Any) -> list[str]:
+    speeds = {s.arm: s for s in report.speeds}
+    names = {"baseline": "Standard speculative decoding", "candidate": "FLy"}
+    lines = []
+    for arm, label in names.items():
+        s = speeds.get(arm)
+        if s is None or s.request_tokens_per_s is None:
+            continue
+        length = f"{s.mean_acceptance_length:.2f}" if s.mean_acceptance_length is not None else "-"
+        forgiven = f"{100 * s.forgiven_share:.1f}%" if s.forgiven_share is not None else "-"
+        lines.append(
+            f"{label}: {s.request_tokens_per_s:.1f} output tokens/s per request, {length} tokens per target "
+            f"forward pass (mean acceptance length), {forgiven} of kept draft tokens forgiven."
+        )
+    base, cand = speeds.get("baseline"), speeds.get("candidate")
+    if base and cand and base.request_tokens_per_s and cand.request_tokens_per_s:
+        ratio = cand.request_tokens_per_s / base.request_tokens_per_s
+        lines.append(
+            f"In the same batches, FLy generated {ratio:.2f}x the tokens per second of standard speculative "
+            "decoding per request."
+        )
+    return lines
+
+
+def _interval_lines(report: Any) -> list[str]:
+    pooled = report.pooled
+    if pooled is None or pooled.ci_low is None or pooled.ci_high is None:
+        return []
+    m = f"{100 * report.run.margin:g}"
+    return [
+        f"The interval is the range of accuracy differences (FLy minus standard) that the answers so far "
+        f"leave plausible, at {100 * report.level:g}% confidence. It is a confidence sequence: it stays "
+        "valid at every number of questions, which is why the demo may stop as soon as it clears the "
+        f"margin. The margin says FLy may lose at most {m} points of accuracy and still count as good "
+        f"enough: PASS needs the whole interval above -{m}, FAIL the whole interval below -{m}.",
+    ]
+
+
+def explain(report: Any) -> str:
+    """The newcomer's summary under the report: compared what, decided what, how fast, what it means."""
+    stop = report.sequential
     lines = [
         "",
         "What this means",
         "---------------",
-        f"Both arms answered the same {pooled['n']} GSM8K questions with the same prompts and greedy "
-        "decoding; the baseline verifies drafts losslessly, FLy forgives some rejected drafts.",
-        f"Decision: {decision}. {meaning}",
+        "Both arms answered the same GSM8K test questions, drawn in a seeded random order, with the same "
+        "prompts and greedy decoding, in one engine: the baseline verifies drafts losslessly (standard "
+        "speculative decoding), FLy forgives some rejected draft tokens to go faster.",
+        f"Decision: {report.decision}. " + " ".join(report.explanation),
+        *_speed_lines(report),
+        *_interval_lines(report),
     ]
-    needed = pooled.get("questions_needed")
-    if decision == "INCONCLUSIVE" and needed:
+    if stop is not None and not stop.final:
         lines.append(
-            f"At the flip rate observed here, about {needed} questions would give a conclusive answer: "
-            f"`flyspec demo --questions {needed}`."
+            f"To go on, run the same command again: it continues from question {stop.stopped_at + 1} and the "
+            "interval stays valid however many more questions it takes."
         )
     return "\n".join(lines)
 
 
 def demo(
-    questions: Annotated[
-        int, typer.Option("--questions", "-n", min=1, help="How many GSM8K test questions (from the first).")
-    ] = DEFAULT_QUESTIONS,
+    max_questions: Annotated[
+        int | None,
+        typer.Option(
+            "--max-questions",
+            "--questions",
+            "-n",
+            min=1,
+            help="At most this many GSM8K test questions (default: all 1,319).",
+        ),
+    ] = None,
+    max_minutes: Annotated[
+        float,
+        typer.Option(help="Time budget for answering, after the models are ready; a rerun continues."),
+    ] = DEFAULT_MINUTES,
     target: Annotated[
         str, typer.Option(help="Target model: zoo name, HF folder or .gguf file.")
     ] = DEFAULT_TARGET,
@@ -92,52 +134,62 @@ def demo(
     # 256 cut 8 of 10 GSM8K answers of this model short, which makes accuracy meaningless.
     max_tokens: Annotated[int, typer.Option(min=1, help="Answer length cap in tokens.")] = 512,
     max_num_seqs: Annotated[
-        int, typer.Option(min=1, help="Questions decoded together in one batch.")
+        int, typer.Option(min=2, help="Requests decoded together (both arms' requests share them).")
     ] = DEFAULT_BATCH,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16 | auto.")] = "bfloat16",
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the question order and the sampling.")] = 0,
     store: Annotated[
         Path, typer.Option(help="SQLite file holding every answer (an interrupted demo resumes from it).")
     ] = Path("flyspec-demo.db"),
     html: Annotated[Path | None, typer.Option(help="Also write an HTML report with a plot.")] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="End with the report as one JSON line.")] = False,
 ) -> None:
     """Run the main job: is FLy as accurate as standard speculative decoding on GSM8K, and how much faster?
 
     Baseline: standard speculative decoding (lossless). Candidate: FLy (lossy). Same target and draft.
-
-    Each answer is stored as it arrives; rerunning the same command resumes where it stopped.
+    The run stops at the first decision the evidence supports, or at the question or time budget. Each
+    answer is stored as it arrives; rerunning the same command resumes (or continues) where it stopped.
     """
     from flyspec import assets
-    from flyspec.gate import build_report, run_gate
+    from flyspec.gate import GateOptions, build_report, run
 
     for name in (target, draft):
         if name in assets.ZOO:
             assets.prepare(name)
     baseline, candidate = demo_arms(target, draft, num_speculative_tokens, dtype, max_num_seqs)
-    # The settings are part of the run id: the same command resumes, different settings start a new run.
-    run_id = f"demo-gsm8k-n{questions}-k{num_speculative_tokens}-t{max_tokens}-{Path(target).name}"
+    # The registered settings are part of the run id: the same command resumes, others start a new run.
+    size = max_questions if max_questions is not None else "all"
+    settings = f"n{size}-k{num_speculative_tokens}-t{max_tokens}-m{margin:g}-s{seed}"
+    run_id = f"demo-gsm8k-seq-{settings}-{Path(target).name}"
     print(
-        f"flyspec demo: {questions} GSM8K questions, baseline = standard speculative decoding, "
-        f"candidate = FLy (K={num_speculative_tokens}), margin {margin * 100:g} points; answers in {store}",
+        f"flyspec demo: GSM8K, baseline = standard speculative decoding, candidate = FLy "
+        f"(K={num_speculative_tokens}), margin {margin * 100:g} points, sequential, at most "
+        f"{max_minutes:g} minutes of answering; answers in {store}",
         file=sys.stderr,
     )
-    run_gate(
-        store,
-        "gsm8k",
-        baseline,
-        candidate,
-        margin,
-        limit=questions,
+    options = GateOptions(
+        store=store,
+        datasets=("gsm8k",),
+        baseline=baseline,
+        candidate=candidate,
+        margin=margin,
+        sequential=True,
+        max_questions=max_questions,
+        max_minutes=max_minutes,
         max_tokens=max_tokens,
+        seed=seed,
         run_id=run_id,
-        chunk_size=max_num_seqs,
+        progress=not no_progress,
     )
+    result = run(options)
     report = build_report(store, run_id)
     print(report.to_markdown())
-    summary = report.to_dict()
-    print(_explain(summary, margin))
+    print(explain(report))
     if html is not None:
         html.write_text(report.to_html(), encoding="utf-8")
         print(f"\nHTML report: {html}")
     if as_json:
-        print(json.dumps(summary))
+        print(json.dumps(report.to_dict(), default=str))
+    if result.interrupted:
+        raise typer.Exit(130)

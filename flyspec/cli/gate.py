@@ -1,11 +1,15 @@
-"""`flyspec gate ...`: plan, run, pilot and report the paired quality gate (SPEC 3.3 and 11)."""
+"""`flyspec gate ...`: plan, run, pilot and report the paired quality gate (docs/gate.md).
+
+`gate run` and `gate pilot` take the same settings, turn them into one `GateOptions` and call the same
+runner; a `--config` JSON file may hold any of them (a flag overrides the file).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -15,23 +19,6 @@ gate_app = typer.Typer(
     "accuracy within a pre-registered margin? plan -> pilot -> run -> report.",
     no_args_is_help=True,
     add_completion=False,
-)
-
-_RUN_KEYS = (
-    "store",
-    "dataset",
-    "limit",
-    "baseline",
-    "candidate",
-    "margin",
-    "alpha",
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "seed",
-    "run",
-    "shuffle_seed",
-    "chunk_size",
 )
 
 
@@ -99,6 +86,29 @@ def plan(
         _emit_json(result)
 
 
+# What a --config file may set: the command-line settings, by their option names.
+_CONFIG_KEYS = (
+    "store",
+    "dataset",
+    "limit",
+    "max_questions",
+    "baseline",
+    "candidate",
+    "margin",
+    "alpha",
+    "sequential",
+    "max_minutes",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "order_seed",
+    "run",
+    "shuffle_seed",
+    "exclude_run",
+)
+
+
 def _load_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -108,182 +118,210 @@ def _load_config(path: Path | None) -> dict[str, Any]:
         raise ValueError(f"--config {path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: must hold a JSON object")
-    if "datasets" in data and "dataset" not in data:
-        data["dataset"] = data.pop("datasets")
-    unknown = sorted(set(data) - set(_RUN_KEYS))
+    for plural in ("dataset", "exclude_run"):
+        if plural + "s" in data and plural not in data:
+            data[plural] = data.pop(plural + "s")
+        if isinstance(data.get(plural), str):
+            data[plural] = [data[plural]]
+    unknown = sorted(set(data) - set(_CONFIG_KEYS))
     if unknown:
         raise ValueError(
-            f"--config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_RUN_KEYS)}"
+            f"--config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_CONFIG_KEYS)}"
         )
-    if isinstance(data.get("dataset"), str):
-        data["dataset"] = [data["dataset"]]
     return data
 
 
-def _merged(config: dict[str, Any], **flags: Any) -> dict[str, Any]:
-    """Command-line flags override the config file; unset flags (None) fall back to it."""
-    out = dict(config)
-    out.update({k: v for k, v in flags.items() if v is not None and v != []})
-    return out
+def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
+    """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
+    fall back to it)."""
+    from flyspec.gate.options import GateOptions
+
+    s = _load_config(config)
+    s.update({k: v for k, v in flags.items() if v is not None and v != [] and v is not False})
+    if kind == "pilot" and s.get("sequential"):
+        raise ValueError("--sequential: a pilot answers a fixed set of questions; use it with `gate run`")
+    required = ("store", "dataset", "baseline", "margin") + (("candidate",) if kind == "gate" else ())
+    for name in required:
+        if s.get(name) in (None, []):
+            raise ValueError(f"--{name.replace('_', '-')} is required (on the command line or in --config)")
+    return GateOptions(
+        store=s["store"],
+        datasets=tuple(s["dataset"]),
+        baseline=s["baseline"],
+        margin=s["margin"],
+        candidate=s.get("candidate"),
+        alpha=s.get("alpha", 0.025),
+        kind=kind,
+        sequential=bool(s.get("sequential", False)),
+        max_questions=s.get("max_questions"),
+        max_minutes=s.get("max_minutes"),
+        limit=s.get("limit"),
+        temperature=s.get("temperature", 0.0),
+        top_p=s.get("top_p", 1.0),
+        max_tokens=s.get("max_tokens", 512),
+        seed=s.get("seed", 0),
+        order_seed=s.get("order_seed"),
+        run_id=s.get("run"),
+        shuffle_seed=s.get("shuffle_seed", 0),
+        exclude_runs=tuple(s.get("exclude_run", ())),
+        progress=progress,
+    )
 
 
-def _require(settings: dict[str, Any], *names: str) -> None:
-    for name in names:
-        if settings.get(name) in (None, []):
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} is required (on the command line or in --config)")
-
-
-def _finish(settings: dict[str, Any], run_id: str, as_json: bool) -> None:
+def _run_and_report(options: Any, as_json: bool) -> None:
+    """Run, then print the report (JSON last with --json); exit 130 after an interruption."""
     from flyspec.gate.report import build_report
+    from flyspec.gate.runner import describe_interrupt, run
 
-    report = build_report(settings["store"], run_id)
+    try:
+        result = run(options)
+    except KeyboardInterrupt:
+        print(describe_interrupt(options.store, options.name), file=sys.stderr)
+        raise typer.Exit(130) from None
+    report = build_report(options.store, options.name)
     if as_json:
         _emit_json(report.to_dict())
     else:
         print(report.to_markdown())
-
-
-def _interrupted(store: str, run_id: str) -> None:
-    from flyspec.gate.runner import describe_interrupt
-
-    print(describe_interrupt(store, run_id), file=sys.stderr)
-    raise typer.Exit(130)
+    if result.interrupted:
+        print(describe_interrupt(options.store, options.name), file=sys.stderr)
+        raise typer.Exit(130)
 
 
 _STORE_HELP = "SQLite file holding the run (created if missing; a run resumes where it stopped)."
 _DATASET_HELP = "gsm8k, math500, aime:PATH, gpqa:PATH or a JSONL path; repeat for several."
 _ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
 
+Store = Annotated[str | None, typer.Option("--store", help=_STORE_HELP)]
+Datasets = Annotated[list[str] | None, typer.Option("--dataset", help=_DATASET_HELP)]
+Limit = Annotated[
+    int | None, typer.Option("--limit", help="The first N questions of each dataset's seeded random order.")
+]
+MaxQuestions = Annotated[
+    int | None,
+    typer.Option(
+        "--max-questions",
+        help="The first N questions of the seeded order over all datasets (a sequential run's maximum; "
+        "default: every question).",
+    ),
+]
+Baseline = Annotated[str | None, typer.Option("--baseline", help="Baseline arm. " + _ARM_HELP)]
+Margin = Annotated[
+    float | None,
+    typer.Option("--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered before the run."),
+]
+Alpha = Annotated[
+    float | None, typer.Option("--alpha", help="One-sided level (default 0.025: 95% interval).")
+]
+MaxMinutes = Annotated[
+    float | None,
+    typer.Option(
+        "--max-minutes",
+        help="Stop answering after this long (models load first); rerunning the command continues.",
+    ),
+]
+Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature (default 0).")]
+TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling mass (default 1.0).")]
+MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Answer length cap (default 512).")]
+Seed = Annotated[int | None, typer.Option("--seed", help="Run seed; per-question seeds derive from it.")]
+OrderSeed = Annotated[int | None, typer.Option("--order-seed", help="Question-order seed (default: --seed).")]
+ExcludeRun = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude-run",
+        help="Leave out the questions this run of the store used (repeatable); pilots are always left out.",
+    ),
+]
+Config = Annotated[Path | None, typer.Option("--config", help="JSON file with any of these settings.")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the report as one JSON object.")]
+
 
 @gate_app.command("run")
-def run(
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    dataset: list[str] | None = typer.Option(None, "--dataset", help=_DATASET_HELP),
-    limit: int | None = typer.Option(None, "--limit", help="Use the first N questions of each dataset."),
-    baseline: str | None = typer.Option(None, "--baseline", help="Baseline arm. " + _ARM_HELP),
-    candidate: str | None = typer.Option(None, "--candidate", help="Candidate arm. " + _ARM_HELP),
-    margin: float | None = typer.Option(
-        None, "--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered before the run."
-    ),
-    alpha: float | None = typer.Option(
-        None, "--alpha", help="One-sided level (default 0.025: 95% interval)."
-    ),
-    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 0)."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus sampling mass (default 1.0)."),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Answer length cap (default 512)."),
-    seed: int | None = typer.Option(None, "--seed", help="Run seed; per-question seeds derive from it."),
-    run_name: str | None = typer.Option(None, "--run", help="Run name in the store (default 'gate')."),
-    chunk_size: int | None = typer.Option(None, "--chunk-size", help="Questions per interleaved batch."),
-    config: Path | None = typer.Option(None, "--config", help="JSON file with any of these settings."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
-    as_json: bool = typer.Option(False, "--json", help="End stdout with the report as one JSON object."),
+def run_command(
+    store: Store = None,
+    dataset: Datasets = None,
+    baseline: Baseline = None,
+    candidate: Annotated[str | None, typer.Option("--candidate", help="Candidate arm. " + _ARM_HELP)] = None,
+    margin: Margin = None,
+    alpha: Alpha = None,
+    sequential: Annotated[
+        bool,
+        typer.Option(
+            "--sequential",
+            help="Stop at the first crossing of an anytime-valid confidence sequence (PASS or FAIL), at "
+            "--max-questions, at --max-minutes or at Ctrl-C.",
+        ),
+    ] = False,
+    max_questions: MaxQuestions = None,
+    max_minutes: MaxMinutes = None,
+    limit: Limit = None,
+    temperature: Temperature = None,
+    top_p: TopP = None,
+    max_tokens: MaxTokens = None,
+    seed: Seed = None,
+    order_seed: OrderSeed = None,
+    run_name: Annotated[
+        str | None, typer.Option("--run", help="Run name in the store (default 'gate').")
+    ] = None,
+    exclude_run: ExcludeRun = None,
+    config: Config = None,
+    no_progress: NoProgress = False,
+    as_json: AsJson = False,
 ) -> None:
     """Run (or resume) the paired gate: both arms answer the same questions with the same seeds."""
-    from flyspec.gate.runner import run_gate
-
-    s = _merged(
-        _load_config(config),
-        store=store,
-        dataset=dataset,
-        limit=limit,
-        baseline=baseline,
-        candidate=candidate,
-        margin=margin,
-        alpha=alpha,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-        run=run_name,
-        chunk_size=chunk_size,
-    )
-    _require(s, "store", "dataset", "baseline", "candidate", "margin")
-    run_id = s.get("run", "gate")
-    try:
-        run_gate(
-            s["store"],
-            s["dataset"],
-            s["baseline"],
-            s["candidate"],
-            s["margin"],
-            s.get("alpha", 0.025),
-            limit=s.get("limit"),
-            temperature=s.get("temperature", 0.0),
-            top_p=s.get("top_p", 1.0),
-            max_tokens=s.get("max_tokens", 512),
-            seed=s.get("seed", 0),
-            run_id=run_id,
-            shuffle_seed=s.get("shuffle_seed", 0),
-            chunk_size=s.get("chunk_size"),
-            progress=not no_progress,
-        )
-    except KeyboardInterrupt:
-        _interrupted(s["store"], run_id)
-    _finish(s, run_id, as_json)
+    options = _options(
+        "gate", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
+        candidate=candidate, margin=margin, alpha=alpha, sequential=sequential, max_questions=max_questions,
+        max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run,
+    )  # fmt: skip
+    _run_and_report(options, as_json)
 
 
 @gate_app.command("pilot")
-def pilot(
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    dataset: list[str] | None = typer.Option(None, "--dataset", help=_DATASET_HELP),
-    limit: int | None = typer.Option(None, "--limit", help="Use the first N questions of each dataset."),
-    baseline: str | None = typer.Option(None, "--baseline", help="Baseline arm. " + _ARM_HELP),
-    margin: float | None = typer.Option(
-        None, "--margin", help="The margin you plan to register (fraction), to size the real run."
-    ),
-    alpha: float | None = typer.Option(None, "--alpha", help="One-sided level (default 0.025)."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 0)."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus sampling mass (default 1.0)."),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Answer length cap (default 512)."),
-    seed: int | None = typer.Option(None, "--seed", help="Run seed; per-question seeds derive from it."),
-    run_name: str | None = typer.Option(None, "--run", help="Run name in the store (default 'pilot')."),
-    chunk_size: int | None = typer.Option(None, "--chunk-size", help="Questions per interleaved batch."),
-    config: Path | None = typer.Option(None, "--config", help="JSON file with any of these settings."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
-    as_json: bool = typer.Option(False, "--json", help="End stdout with the report as one JSON object."),
+def pilot_command(
+    store: Store = None,
+    dataset: Datasets = None,
+    baseline: Baseline = None,
+    candidate: Annotated[
+        str | None,
+        typer.Option(
+            "--candidate",
+            help="Also run this arm once, to measure its flip rate against the baseline (needed at "
+            "temperature 0, where the baseline twice measures nothing). " + _ARM_HELP,
+        ),
+    ] = None,
+    margin: Annotated[
+        float | None,
+        typer.Option("--margin", help="The margin you plan to register (fraction), to size the real run."),
+    ] = None,
+    alpha: Alpha = None,
+    max_questions: MaxQuestions = None,
+    max_minutes: MaxMinutes = None,
+    limit: Limit = None,
+    temperature: Temperature = None,
+    top_p: TopP = None,
+    max_tokens: MaxTokens = None,
+    seed: Seed = None,
+    order_seed: OrderSeed = None,
+    run_name: Annotated[
+        str | None, typer.Option("--run", help="Run name in the store (default 'pilot').")
+    ] = None,
+    exclude_run: ExcludeRun = None,
+    config: Config = None,
+    no_progress: NoProgress = False,
+    as_json: AsJson = False,
 ) -> None:
-    """Run the baseline twice (fresh seeds, no caching): flip rate with its interval, questions needed."""
-    from flyspec.gate.runner import run_pilot
-
-    s = _merged(
-        _load_config(config),
-        store=store,
-        dataset=dataset,
-        limit=limit,
-        baseline=baseline,
-        margin=margin,
-        alpha=alpha,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-        run=run_name,
-        chunk_size=chunk_size,
-    )
-    s.pop("candidate", None)
-    _require(s, "store", "dataset", "baseline", "margin")
-    run_id = s.get("run", "pilot")
-    try:
-        run_pilot(
-            s["store"],
-            s["dataset"],
-            s["baseline"],
-            s["margin"],
-            s.get("alpha", 0.025),
-            limit=s.get("limit"),
-            temperature=s.get("temperature", 0.0),
-            top_p=s.get("top_p", 1.0),
-            max_tokens=s.get("max_tokens", 512),
-            seed=s.get("seed", 0),
-            run_id=run_id,
-            shuffle_seed=s.get("shuffle_seed", 0),
-            chunk_size=s.get("chunk_size"),
-            progress=not no_progress,
-        )
-    except KeyboardInterrupt:
-        _interrupted(s["store"], run_id)
-    _finish(s, run_id, as_json)
+    """Measure the flip rate that plans a gate run: the baseline twice (fresh seeds, nothing cached), or
+    with --candidate both arms once. Later gate runs in the store leave the pilot's questions out."""
+    options = _options(
+        "pilot", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
+        candidate=candidate, margin=margin, alpha=alpha, max_questions=max_questions,
+        max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run,
+    )  # fmt: skip
+    _run_and_report(options, as_json)
 
 
 @gate_app.command("report")
@@ -291,7 +329,10 @@ def report(
     store: Path = typer.Option(..., "--store", help="The gate store file."),
     run_id: str | None = typer.Option(None, "--run", help="Run name (default: the latest run)."),
     margin: float | None = typer.Option(
-        None, "--margin", help="Use another margin than the registered one (warned loudly; not the decision)."
+        None,
+        "--margin",
+        help="Also show an exploratory decision at another margin (warned loudly; the registered decision, "
+        "its JSON and the exit code stay those of the registered margin).",
     ),
     as_json: bool = typer.Option(
         False, "--json", help="Print the report as one JSON object (decision last)."
@@ -301,7 +342,8 @@ def report(
 ) -> None:
     """Report a run: paired counts, exact tests, interval vs margin, decision, speed.
 
-    Exit code: 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict (else 0).
+    Exit code (of the registered decision): 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
+    (else 0).
     """
     from flyspec.gate.report import FAIL, INCONCLUSIVE, build_report
 

@@ -1,7 +1,8 @@
-"""The paired quality gate (SPEC 11): does a candidate decoding configuration keep the baseline's accuracy?
+"""The paired quality gate: does a candidate decoding configuration keep the baseline's accuracy?
 
-`from flyspec.gate import run_gate, run_pilot, build_report, load_dataset`. The names load on first use
-(PEP 562), so that `flyspec --help`, which imports the gate's command module, stays fast.
+`from flyspec.gate import GateOptions, run, run_gate, run_pilot, build_report, load_dataset`
+(docs/gate.md). The names load on first use (PEP 562), so that `flyspec --help`, which imports the gate's
+command module, stays fast.
 """
 
 from __future__ import annotations
@@ -11,16 +12,30 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flyspec.gate.datasets import Question, load_dataset
+    from flyspec.gate.options import GateOptions
     from flyspec.gate.report import Report, build_report
-    from flyspec.gate.runner import run_gate, run_pilot
+    from flyspec.gate.runner import RunResult, run, run_gate, run_pilot
 
-__all__ = ["Question", "Report", "build_report", "load_dataset", "run_gate", "run_pilot"]
+__all__ = [
+    "GateOptions",
+    "Question",
+    "Report",
+    "RunResult",
+    "build_report",
+    "load_dataset",
+    "run",
+    "run_gate",
+    "run_pilot",
+]
 
 _HOMES = {
+    "GateOptions": "flyspec.gate.options",
     "Question": "flyspec.gate.datasets",
     "load_dataset": "flyspec.gate.datasets",
     "Report": "flyspec.gate.report",
     "build_report": "flyspec.gate.report",
+    "RunResult": "flyspec.gate.runner",
+    "run": "flyspec.gate.runner",
     "run_gate": "flyspec.gate.runner",
     "run_pilot": "flyspec.gate.runner",
 }

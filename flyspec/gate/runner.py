@@ -1,15 +1,17 @@
-"""Run the paired gate: register, then answer every (arm, repeat, question) once, committing as it goes.
+"""Run the paired gate: validate, lock the store, register, then answer until done or stopped.
 
-The order of work is what makes the numbers trustworthy:
+The order of work is what makes the numbers trustworthy (docs/gate.md, "Running the gate"):
 
-1. everything is validated (margin, alpha, sampling, arms, datasets, reference answers) before the store
-   is touched;
-2. the run is registered (margin, alpha, arms, sampling, seed, dataset hashes, prompt hashes) before the
-   first answer, and a resume with different settings is refused;
-3. questions are answered in chunks, each chunk by every arm in turn, so that the two arms progress in
-   step (an interrupted run still holds complete pairs) and each arm's speed is timed on the same
-   questions at the same concurrency;
-4. each answer is graded in the main thread and committed the moment it arrives.
+1. every setting, arm, dataset row and reference answer is validated before the store is touched;
+2. the store is locked (one writer process at a time) and the questions are chosen: the seeded order of
+   flyspec/gate/order.py, without the questions that pilots (and ``--exclude-run`` runs) used;
+3. the run is registered before the first answer: margin, alpha, arms (an endpoint with the model its
+   server reports), sampling, seeds, dataset and prompt hashes, and for a sequential run the method, the
+   maximum number of questions and the order seed; a resume with other settings is refused;
+4. every arm answers at once, in the registered order (flyspec/gate/dispatch.py); each answer is graded in
+   the main thread and committed the moment it arrives;
+5. a sequential run stops at the first crossing along the registered order (flyspec/gate/monitor.py), at
+   ``max_questions``, at the time budget or at Ctrl-C; answers already in flight are still stored.
 """
 
 from __future__ import annotations
@@ -17,25 +19,24 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
-from flyspec.gate.arms import Arm, Completion, Executor, Job, OpenAIArm, Sampling, make_executors, parse_arm
+from flyspec.gate.arms import Arm, EngineArm, Job, OpenAIArm, make_executors, parse_arm
 from flyspec.gate.datasets import Question, dataset_info, load_dataset
+from flyspec.gate.dispatch import Answer, Dispatcher, Executor
+from flyspec.gate.endpoint_executor import OpenAIExecutor
+from flyspec.gate.engine_executor import EngineExecutor
 from flyspec.gate.graders import check_reference, grade
+from flyspec.gate.monitor import SequentialMonitor, SequentialPlan, SequentialStop
+from flyspec.gate.options import ArmSpec, GateOptions
+from flyspec.gate.order import QuestionKey, select_questions
+from flyspec.gate.progress import GateProgress
 from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
+
+Lane = tuple[str, int]
 
 
 def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
@@ -53,27 +54,43 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def check_margin_alpha(margin: float, alpha: float) -> None:
-    """Validate the pre-registered non-inferiority margin and one-sided alpha."""
-    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 < margin < 1:
-        raise ValueError(
-            f"margin={margin!r}: must lie in (0, 1); it is the tolerated accuracy loss as a fraction "
-            "(0.02 = 2 points)"
-        )
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5); it is the one-sided level (0.025 usual)")
+@dataclass(frozen=True)
+class RunResult:
+    """How a call of ``run`` ended: ``reason`` is ``complete``, ``boundary``, ``max_questions``,
+    ``time_budget`` or ``interrupted`` (the last two pause the run: the same call resumes it)."""
+
+    run_id: str
+    reason: str
+
+    @property
+    def interrupted(self) -> bool:
+        return self.reason == "interrupted"
 
 
-def _load_questions(
-    datasets: Sequence[str], limit: int | None, shuffle_seed: int
-) -> dict[str, list[Question]]:
-    if isinstance(datasets, str):
-        datasets = [datasets]
-    if not datasets:
-        raise ValueError("datasets: give at least one dataset name or path")
-    loaded: dict[str, list[Question]] = {}
-    for spec in datasets:
-        questions = load_dataset(spec, limit, shuffle_seed=shuffle_seed)
+# ------------------------------------------------------------------------------------ planning
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated run, before anything touches the store."""
+
+    options: GateOptions
+    arms: dict[str, Arm]
+    lanes: list[Lane]
+    datasets: dict[str, tuple[str, list[Question]]]  # name -> (spec as given, every question)
+
+    @property
+    def mode(self) -> str | None:
+        """For a pilot: ``noise`` (the baseline twice) or ``candidate`` (both arms once)."""
+        if self.options.kind != "pilot":
+            return None
+        return "candidate" if "candidate" in self.arms else "noise"
+
+
+def _load_datasets(specs: Sequence[str], shuffle_seed: int) -> dict[str, tuple[str, list[Question]]]:
+    loaded: dict[str, tuple[str, list[Question]]] = {}
+    for spec in specs:
+        questions = load_dataset(spec, None, shuffle_seed=shuffle_seed)
         name = questions[0].dataset
         if name in loaded:
             raise ValueError(
@@ -86,287 +103,412 @@ def _load_questions(
                 raise ValueError(
                     f"dataset {name!r}, question {q.id!r}: bad reference answer: {exc}"
                 ) from None
-        loaded[name] = questions
+        loaded[name] = (spec, questions)
     return loaded
 
 
-class _Progress:
-    """A rich progress bar on stderr: questions done, accuracy so far per lane, ETA."""
-
-    def __init__(self, lanes: list[tuple[str, int]], total: int, done: int, enabled: bool) -> None:
-        self.lanes = lanes
-        self.right: dict[tuple[str, int], int] = defaultdict(int)
-        self.count: dict[tuple[str, int], int] = defaultdict(int)
-        self.bar = Progress(
-            TextColumn("[bold]gate[/bold] {task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            disable=not enabled,
-        )
-        self.task = self.bar.add_task(self._text(), total=total, completed=done)
-
-    def _label(self, lane: tuple[str, int]) -> str:
-        arms = {arm for arm, _ in self.lanes}
-        return lane[0] if len(arms) == len(self.lanes) else f"{lane[0]}#{lane[1]}"
-
-    def _text(self) -> str:
-        parts = []
-        for lane in self.lanes:
-            n = self.count[lane]
-            acc = f"{100 * self.right[lane] / n:.1f}%" if n else "-"
-            parts.append(f"{self._label(lane)} {acc}")
-        return " | ".join(parts)
-
-    def add(self, lane: tuple[str, int], correct: bool, *, advance: bool = True) -> None:
-        self.count[lane] += 1
-        self.right[lane] += int(correct)
-        self.bar.update(self.task, advance=1 if advance else 0, description=self._text())
-
-    def __enter__(self) -> _Progress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
-
-
-def _chunk_size(executors: list[Executor]) -> int:
-    """Twice the largest arm's parallelism: batches stay full while the arms alternate often."""
-    sizes = []
-    for ex in executors:
-        for arm in ex.arms.values():
-            if isinstance(arm, OpenAIArm):
-                sizes.append(2 * arm.concurrency * len(arm.base_urls))
-            else:
-                sizes.append(2 * int(arm.config["max_num_seqs"]))
-    return max(sizes) if sizes else 1
-
-
-def execute(
-    store_path: str | Path,
-    *,
-    kind: str,
-    run_id: str,
-    arms: dict[str, Arm],
-    repeats: Sequence[int],
-    datasets: Sequence[str],
-    margin: float,
-    alpha: float,
-    sampling: Sampling,
-    seed: int,
-    limit: int | None,
-    shuffle_seed: int,
-    chunk_size: int | None,
-    progress: bool,
-) -> str:
-    """Register (or resume) a run and answer everything not yet stored; returns the run id."""
-    check_margin_alpha(margin, alpha)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r}: must be an integer >= 0")
-    if not isinstance(run_id, str) or not run_id.strip():
-        raise ValueError(f"run={run_id!r}: must be a non-empty name")
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size={chunk_size!r}: must be a positive integer")
-    by_dataset = _load_questions(datasets, limit, shuffle_seed)
-    questions = [q for qs in by_dataset.values() for q in qs]
-    registration: dict[str, Any] = {
-        "margin": float(margin),
-        "alpha": float(alpha),
-        "seed": seed,
-        "sampling": {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-        },
-        "arms": {name: arm.identity() for name, arm in arms.items()},
-        "repeats": list(repeats),
-        "datasets": {
-            name: {"sha256": dataset_info(spec).sha256, "questions": len(qs)}
-            for spec, (name, qs) in zip(datasets, by_dataset.items(), strict=True)
-        },
-        "limit": limit,
-        "shuffle_seed": shuffle_seed,
-    }
-    registered = [
-        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
-        for i, q in enumerate(questions)
-    ]
-    executors = make_executors(list(arms.values()))
-    lanes = [(arm, r) for r in repeats for arm in arms]
-    executor_of = {name: ex for ex in executors for name in ex.arms}
-
-    with GateStore(store_path) as store:
-        new = store.register(run_id, kind, registration, registered)
-        # Where things ran may change on a resume (a moved file, a restarted server); keep the latest.
-        store.update_notes(
-            run_id,
-            {
-                "arm_settings": {name: arm.public_dict() for name, arm in arms.items()},
-                "dataset_sources": dict(zip(by_dataset, datasets, strict=True)),
-            },
-        )
-        shared = [sorted(ex.arms) for ex in executors if ex.shared]
-        if shared:
-            store.update_notes(
-                run_id,
-                {
-                    "shared_engine": shared,
-                    "shared_engine_note": "arms differing only in the verifier ran in one "
-                    "FLy engine; the standard arm's requests used verification='standard' (lossless)",
-                },
+def _plan(options: GateOptions) -> _Plan:
+    arms: dict[str, Arm] = {"baseline": parse_arm("baseline", options.baseline)}
+    if options.candidate is not None:
+        arms["candidate"] = parse_arm("candidate", options.candidate)
+    if "candidate" in arms:
+        lanes = [("baseline", 0), ("candidate", 0)]
+    else:
+        lanes = [("baseline", 0), ("baseline", 1)]
+        if options.temperature == 0 and isinstance(arms["baseline"], EngineArm):
+            raise ValueError(
+                "gate pilot at temperature 0 would run the baseline twice and measure nothing: this "
+                "engine's greedy decoding gives the same answers both times. To plan a run, pilot the "
+                "candidate instead: `flyspec gate pilot --candidate ARM ...` runs both arms once on "
+                "questions that later `gate run`s leave out, and measures the candidate's flip rate. "
+                "(To measure sampling noise, give --temperature > 0.)"
             )
-        done_keys = store.answered_keys(run_id)
-        total = len(lanes) * len(questions)
+    return _Plan(options, arms, lanes, _load_datasets(options.datasets, options.shuffle_seed))
+
+
+def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str]]:
+    """Questions left out of this run: every earlier pilot's (for a gate run) and --exclude-run's."""
+    options = plan.options
+    existing = store.get_run(options.name)
+    runs = {r.run_id: r for r in store.runs()}
+    names = list(options.exclude_runs)
+    missing = [n for n in names if n not in runs]
+    if missing:
+        raise ValueError(
+            f"--exclude-run {', '.join(missing)}: no such run in {store.path} "
+            f"(runs: {', '.join(runs) or 'none'})"
+        )
+    if options.kind == "gate":
+        born = existing.created_at if existing is not None else float("inf")
+        names += [r.run_id for r in runs.values() if r.kind == "pilot" and r.created_at < born]
+    names = [n for n in dict.fromkeys(names) if n != options.name]
+    keys = {(q.dataset, q.question_id) for n in names for q in store.questions(n)}
+    return keys, names
+
+
+# -------------------------------------------------------------------------------- registration
+
+
+def _identities(plan: _Plan, served: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+    """Each arm's registered identity; an endpoint's includes the model its server reports (``served``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, arm in plan.arms.items():
+        out[name] = arm.identity(served.get(name)) if isinstance(arm, OpenAIArm) else arm.identity()
+    return out
+
+
+def _registered_served(store: GateStore, run_id: str) -> dict[str, dict[str, Any] | None]:
+    """The served models a registered run recorded (to check a resume before asking the servers)."""
+    run = store.get_run(run_id)
+    arms = run.registration.get("arms", {}) if run is not None else {}
+    return {name: identity.get("served_model") for name, identity in arms.items()}
+
+
+def _registration(
+    plan: _Plan,
+    questions: list[Question],
+    pool: int,
+    excluded: tuple[set[QuestionKey], list[str]],
+    identities: dict[str, dict[str, Any]],
+    sequential: SequentialPlan | None,
+) -> dict[str, Any]:
+    o = plan.options
+    counts: dict[str, int] = {name: 0 for name in plan.datasets}
+    for q in questions:
+        counts[q.dataset] += 1
+    registration: dict[str, Any] = {
+        "margin": float(o.margin),
+        "alpha": float(o.alpha),
+        "seed": o.seed,
+        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens},
+        "arms": identities,
+        "repeats": sorted({r for _, r in plan.lanes}),
+        "datasets": {
+            name: {"sha256": dataset_info(spec).sha256, "questions": counts[name], "available": len(qs)}
+            for name, (spec, qs) in plan.datasets.items()
+        },
+        "limit": o.limit,
+        "max_questions": o.max_questions,
+        "shuffle_seed": o.shuffle_seed,
+        "order": {"seed": o.question_order_seed, "rule": "sha256(seed:dataset:id) ascending", "pool": pool},
+        "excluded": {"runs": excluded[1], "questions": len(excluded[0])},
+        "design": "sequential" if sequential is not None else "fixed",
+    }
+    if sequential is not None:
+        registration["sequential"] = sequential.to_dict()
+    if plan.mode is not None:
+        registration["pilot"] = {"mode": plan.mode}
+    return registration
+
+
+def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, tuple[set[QuestionKey], list[str]]]:
+    o = plan.options
+    excluded = _excluded(store, plan)
+    by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
+    pool = select_questions(by_dataset, seed=o.question_order_seed, limit=o.limit, excluded=excluded[0])
+    if o.max_questions is not None and o.max_questions > len(pool):
+        raise ValueError(
+            f"max_questions={o.max_questions}: the datasets hold {len(pool)} questions"
+            + (
+                f" once the {len(excluded[0])} used by {', '.join(excluded[1])} are left out"
+                if excluded[1]
+                else ""
+            )
+        )
+    questions = pool[: o.max_questions] if o.max_questions is not None else pool
+    return questions, len(pool), excluded
+
+
+# ------------------------------------------------------------------------------------ answering
+
+
+class _Session:
+    """One call of ``run`` on a registered run: what is stored, what to answer, and how it is recorded."""
+
+    def __init__(
+        self,
+        store: GateStore,
+        plan: _Plan,
+        questions: list[Question],
+        monitor: SequentialMonitor | None,
+    ) -> None:
+        self.store = store
+        self.plan = plan
+        self.run_id = plan.options.name
+        self.questions = questions
+        self.monitor = monitor
+        self.done = store.answered_keys(self.run_id)
+        self.fingerprints: dict[str, dict[str, list[str]]] = {}
+        # Why this session stopped and, for a sequential run, the in-order prefix length at that moment.
+        self.reason: str | None = None
+        self.stopped_at: int | None = None
+        self.stored = store.answers(self.run_id)
+        for record in self.stored:
+            if monitor is not None:
+                monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
+
+    @property
+    def total(self) -> int:
+        return len(self.plan.lanes) * len(self.questions)
+
+    def jobs(self, executor: Executor) -> list[Job]:
+        """The executor's unanswered jobs in the registered order, its lanes side by side per question."""
+        if self.monitor is not None and self.monitor.stop is not None:
+            return []
+        seed = self.plan.options.seed
+        lanes = [lane for lane in self.plan.lanes if lane[0] in executor.arms]
+        return [
+            Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
+            for position, q in enumerate(self.questions)
+            for arm, repeat in lanes
+            if (arm, repeat, q.dataset, q.id) not in self.done
+        ]
+
+    def record(self, answer: Answer, bar: GateProgress) -> SequentialStop | None:
+        """Grade and commit one answer; returns the sequential stop if this answer caused it."""
+        job, completion = answer.job, answer.completion
+        q = job.question
+        g = grade(q.grader, completion.text, q.answer)
+        acc = completion.acceptance
+        self.store.add_answer(
+            self.run_id,
+            AnswerRecord(
+                arm=job.arm,
+                repeat=job.repeat,
+                dataset=q.dataset,
+                question_id=q.id,
+                seed=job.seed,
+                output=completion.text,
+                extracted=g.extracted,
+                correct=g.correct,
+                finish_reason=completion.finish_reason,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                latency_s=completion.latency_s,
+                num_drafts=acc.num_drafts if acc else None,
+                num_draft_tokens=acc.num_draft_tokens if acc else None,
+                num_accepted_tokens=acc.num_accepted_tokens if acc else None,
+                num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
+                source=completion.source,
+            ),
+        )
+        self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
+        stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) if self.monitor else None
+        bar.add((job.arm, job.repeat), g.correct)
+        return stop
+
+    def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            return
+        seen = self.fingerprints.setdefault(arm, {}).setdefault(url, [])
+        if fingerprint not in seen:
+            seen.append(fingerprint)
+            self.store.update_notes(self.run_id, {"system_fingerprints": self.fingerprints})
+
+    def _pause(self, reason: str, dispatcher: Dispatcher, message: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.stopped_at = self.monitor.prefix if self.monitor is not None else None
+            dispatcher.stop()
+            _log(message)
+
+    def answer(self, executors: list[Executor]) -> str:
+        """Answer every unanswered job (or until a stop); returns why it ended."""
+        jobs = [self.jobs(ex) for ex in executors]
+        minutes = self.plan.options.max_minutes
+        deadline = time.monotonic() + 60 * minutes if minutes is not None else None
+        progress = GateProgress(
+            self.plan.lanes,
+            self.total,
+            len(self.done),
+            monitor=self.monitor,
+            deadline=deadline,
+            enabled=self.plan.options.progress,
+        )
+        for record in self.stored:
+            progress.add((record.arm, record.repeat), record.correct, new=False)
+        with progress as bar, Dispatcher(executors, jobs, self.plan.options.sampling) as dispatcher:
+            try:
+                self._loop(dispatcher, bar, deadline)
+            finally:
+                self._record_times(executors, dispatcher)
+            dispatcher.raise_error()
+        return self.reason or "complete"
+
+    def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
+        in_flight = "the answers in flight are finished and stored"
+        while not dispatcher.finished:
+            try:
+                answer = dispatcher.next(timeout=0.25)
+                if answer is not None:
+                    stop = self.record(answer, bar)
+                    if stop is not None and self.reason is None:
+                        self.reason, self.stopped_at = stop.reason, stop.stopped_at
+                        dispatcher.stop()
+                        _log(
+                            f"gate: stopped after {stop.stopped_at} questions ({stop.decision}); {in_flight}"
+                        )
+                else:
+                    bar.refresh()
+                if dispatcher.failed:
+                    self._pause("error", dispatcher, f"gate: an arm failed; {in_flight} before stopping")
+                if deadline is not None and time.monotonic() > deadline:
+                    self._pause("time_budget", dispatcher, f"gate: time budget reached; {in_flight}")
+            except KeyboardInterrupt:
+                if not dispatcher.stopped:
+                    self._pause(
+                        "interrupted", dispatcher, f"gate: stopping; {in_flight} (Ctrl-C again to drop them)"
+                    )
+                    continue
+                # Already stopping: give up on the answers in flight (nothing stored is lost).
+                dispatcher.abort()
+                if self.reason in (None, "interrupted"):
+                    raise
+                return
+
+    def _record_times(self, executors: list[Executor], dispatcher: Dispatcher) -> None:
+        for executor, spent in zip(executors, dispatcher.times, strict=True):
+            if not spent.answers:
+                continue
+            lanes = [lane for lane in self.plan.lanes if lane[0] in executor.arms]
+            arm, repeat = lanes[0] if len(lanes) == 1 else ("+".join(f"{a}#{r}" for a, r in lanes), -1)
+            self.store.add_batch(
+                self.run_id, arm, repeat, spent.answers, spent.completion_tokens, spent.seconds
+            )
+
+
+# ----------------------------------------------------------------------------------------- run
+
+
+def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
+    notes: dict[str, Any] = {
+        "arm_settings": {name: arm.public_dict() for name, arm in plan.arms.items()},
+        "dataset_sources": {name: spec for name, (spec, _) in plan.datasets.items()},
+        "executors": [ex.facts() for ex in executors],
+    }
+    shared = [sorted(ex.arms) for ex in executors if ex.shared]
+    if shared:
+        notes["shared_engine"] = shared
+        notes["shared_engine_note"] = (
+            "arms differing only in the verifier ran in one FLy engine, their requests side by side in the "
+            "same batches; the standard arm's requests used verification='standard' (lossless)"
+        )
+    return notes
+
+
+def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
+    if not options.sequential:
+        return None
+    return SequentialPlan(options.margin, options.alpha, len(questions), pool, options.question_order_seed)
+
+
+def run(options: GateOptions) -> RunResult:
+    """Register (or resume) a run and answer what is not yet stored, until done or stopped."""
+    plan = _plan(options)
+    run_id = options.name
+    with GateStore(options.store) as store, store.lock(run_id):
+        questions, pool, excluded = _choose(plan, store)
+        if excluded[1]:
+            _log(f"gate: leaving out {len(excluded[0])} questions used by run(s) {', '.join(excluded[1])}")
+        sequential = _sequential_plan(options, questions, pool)
+        registered = [
+            RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
+            for i, q in enumerate(questions)
+        ]
+        # A resume with other settings is refused before any server is asked which model it serves.
+        guess = _identities(plan, _registered_served(store, run_id))
+        store.check_resumable(
+            run_id,
+            options.kind,
+            _registration(plan, questions, pool, excluded, guess, sequential),
+            registered,
+        )
+        executors = make_executors(list(plan.arms.values()))
+        served: dict[str, dict[str, Any] | None] = {}
+        for ex in executors:
+            if isinstance(ex, OpenAIExecutor):
+                ex.prepare()
+                served[ex.arm.name] = ex.served_model()
+        registration = _registration(plan, questions, pool, excluded, _identities(plan, served), sequential)
+        new = store.register(run_id, options.kind, registration, registered)
+        store.add_event(run_id, "start")
+        monitor = (
+            SequentialMonitor([(q.dataset, q.id) for q in questions], sequential) if sequential else None
+        )
+        session = _Session(store, plan, questions, monitor)
         _log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
-            f"({len(done_keys)} of {total} answers stored; margin {margin}, alpha {alpha})"
+            f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
+            f"{options.alpha}{', sequential' if sequential else ''})"
         )
-        if len(done_keys) >= total:
-            return run_id
-        for ex in executors:
+        reason = _answer(store, plan, session, executors)
+    return RunResult(run_id, reason)
+
+
+def _answer(store: GateStore, plan: _Plan, session: _Session, executors: list[Executor]) -> str:
+    run_id = plan.options.name
+    monitor = session.monitor
+    if monitor is not None and monitor.stop is not None:
+        _log(f"gate: run {run_id!r} already stopped after {monitor.stop.stopped_at} questions; nothing to do")
+        store.add_event(run_id, "stop", monitor.stop.reason, monitor.stop.stopped_at)
+        return monitor.stop.reason
+    if not any(session.jobs(ex) for ex in executors):
+        store.add_event(run_id, "stop", "complete")
+        return "complete"
+    for ex in executors:
+        if isinstance(ex, EngineExecutor):
             _log(f"gate: starting {ex.describe()}")
             ex.prepare()
+    store.update_notes(run_id, _notes(plan, executors))
+    try:
+        reason = session.answer(executors)
+    except BaseException:
+        store.add_event(run_id, "stop", session.reason or "error", session.stopped_at)
+        raise
+    store.add_event(run_id, "stop", reason, session.stopped_at)
+    return reason
 
-        size = chunk_size or _chunk_size(executors)
-        with _Progress(lanes, total, len(done_keys), progress) as bar:
-            for record in store.answers(run_id):
-                bar.add((record.arm, record.repeat), record.correct, advance=False)
 
-            batch_tokens = [0]  # completion tokens of the batch in flight (for its arm's tokens/s)
-
-            def on_done(job: Job, completion: Completion) -> None:
-                q = job.question
-                g = grade(q.grader, completion.text, q.answer)
-                acc = completion.acceptance
-                store.add_answer(
-                    run_id,
-                    AnswerRecord(
-                        arm=job.arm,
-                        repeat=job.repeat,
-                        dataset=q.dataset,
-                        question_id=q.id,
-                        seed=job.seed,
-                        output=completion.text,
-                        extracted=g.extracted,
-                        correct=g.correct,
-                        finish_reason=completion.finish_reason,
-                        prompt_tokens=completion.prompt_tokens,
-                        completion_tokens=completion.completion_tokens,
-                        latency_s=completion.latency_s,
-                        num_drafts=acc.get("num_drafts"),
-                        num_draft_tokens=acc.get("num_draft_tokens"),
-                        num_accepted_tokens=acc.get("num_accepted_tokens"),
-                        num_forgiven_tokens=acc.get("num_forgiven_tokens"),
-                        source=completion.source,
-                    ),
-                )
-                batch_tokens[0] += completion.completion_tokens
-                bar.add((job.arm, job.repeat), g.correct)
-
-            for start in range(0, len(questions), size):
-                chunk = questions[start : start + size]
-                for arm, repeat in lanes:
-                    jobs = [
-                        Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat))
-                        for q in chunk
-                        if (arm, repeat, q.dataset, q.id) not in done_keys
-                    ]
-                    if not jobs:
-                        continue
-                    batch_tokens[0] = 0
-                    t0 = time.perf_counter()
-                    executor_of[arm].run(jobs, sampling, on_done)
-                    store.add_batch(run_id, arm, repeat, len(jobs), batch_tokens[0], time.perf_counter() - t0)
-    return run_id
+# ----------------------------------------------------------------------------------- public API
 
 
 def run_gate(
     store: str | Path,
     datasets: str | Sequence[str],
-    baseline: dict[str, Any] | str,
-    candidate: dict[str, Any] | str,
+    baseline: ArmSpec,
+    candidate: ArmSpec,
     margin: float,
     alpha: float = 0.025,
-    *,
-    limit: int | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    max_tokens: int = 512,
-    seed: int = 0,
-    run_id: str = "gate",
-    shuffle_seed: int = 0,
-    chunk_size: int | None = None,
-    progress: bool = True,
+    **settings: Any,
 ) -> str:
     """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id.
 
     Arms are dicts, JSON strings or JSON file paths (see flyspec.gate.arms). ``margin`` is the tolerated
     accuracy loss (0.02 = 2 points) and ``alpha`` the one-sided level; both are registered in the store
-    before the first answer. Same prompts, per-question seeds and sampling for both arms.
+    before the first answer. ``settings`` are the other fields of ``GateOptions`` (``sequential``,
+    ``max_questions``, ``max_minutes``, ``limit``, ``temperature``, ``max_tokens``, ``seed``, ``run_id``,
+    ...).
     """
-    check_margin_alpha(margin, alpha)
-    arms = {"baseline": parse_arm("baseline", baseline), "candidate": parse_arm("candidate", candidate)}
-    return execute(
-        store,
-        kind="gate",
-        run_id=run_id,
-        arms=arms,
-        repeats=[0],
-        datasets=[datasets] if isinstance(datasets, str) else list(datasets),
-        margin=margin,
-        alpha=alpha,
-        sampling=Sampling(temperature, top_p, max_tokens),
-        seed=seed,
-        limit=limit,
-        shuffle_seed=shuffle_seed,
-        chunk_size=chunk_size,
-        progress=progress,
-    )
+    options = GateOptions(store, datasets, baseline, margin, candidate, alpha, kind="gate", **settings)  # type: ignore[arg-type]
+    return run(options).run_id
 
 
 def run_pilot(
     store: str | Path,
     datasets: str | Sequence[str],
-    baseline: dict[str, Any] | str,
+    baseline: ArmSpec,
     margin: float,
     alpha: float = 0.025,
     *,
-    limit: int | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    max_tokens: int = 512,
-    seed: int = 0,
-    run_id: str = "pilot",
-    shuffle_seed: int = 0,
-    chunk_size: int | None = None,
-    progress: bool = True,
+    candidate: ArmSpec | None = None,
+    **settings: Any,
 ) -> str:
-    """Run the baseline arm twice (repeats 0 and 1, fresh seeds, nothing cached) to measure the flip rate
-    that noise alone produces; returns the run id. ``build_report`` turns it into a sample-size plan."""
-    check_margin_alpha(margin, alpha)
-    arms = {"baseline": parse_arm("baseline", baseline)}
-    return execute(
-        store,
-        kind="pilot",
-        run_id=run_id,
-        arms=arms,
-        repeats=[0, 1],
-        datasets=[datasets] if isinstance(datasets, str) else list(datasets),
-        margin=margin,
-        alpha=alpha,
-        sampling=Sampling(temperature, top_p, max_tokens),
-        seed=seed,
-        limit=limit,
-        shuffle_seed=shuffle_seed,
-        chunk_size=chunk_size,
-        progress=progress,
-    )
+    """Run a pilot; returns the run id. Without ``candidate``: the baseline twice (fresh seeds, nothing
+    cached; refused at temperature 0 for engine arms, where it measures nothing). With ``candidate``: both
+    arms once, to measure the candidate's flip rate. Later gate runs in the store leave its questions out.
+    ``build_report`` turns it into a sample-size plan."""
+    options = GateOptions(store, datasets, baseline, margin, candidate, alpha, kind="pilot", **settings)  # type: ignore[arg-type]
+    return run(options).run_id
 
 
 def describe_interrupt(store_path: str | Path, run_id: str) -> str:
