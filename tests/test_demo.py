@@ -25,9 +25,11 @@ def test_demo_arms_differ_only_in_the_verifier() -> None:
 
 @pytest.mark.slow
 def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
-    """`flyspec demo --questions 2` on tiny models stores both arms' answers, prints the report with a
-    decision and the newcomer's explanation, ends with the JSON decision object, and a second run
-    answers nothing again (it resumes from the store)."""
+    """`flyspec demo --questions 2` on tiny models runs the sequential gate: it registers a sequential run
+    of at most 2 GSM8K questions in a seeded order, stores both arms' answers, prints the report with a
+    decision, the newcomer's explanation and the speed of both arms, ends with the JSON report (decision
+    object last, `sequential` object beside it), and a second run answers nothing again (the stopped run
+    is recomputed from the store)."""
     target = save_tiny(tmp_path / "target", seed=0)
     draft = save_perturbed(target, tmp_path / "draft", seed=1, noise=0.05)
     store = tmp_path / "demo.db"
@@ -39,12 +41,18 @@ def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert first.returncode == 0, first.stderr
-    decision = json.loads(first.stdout.strip().splitlines()[-1])["decision"]
-    assert decision["n"] == 2
-    assert decision["decision"] in {"PASS", "FAIL", "INCONCLUSIVE"}
+    report = json.loads(first.stdout.strip().splitlines()[-1])
+    decision = report["decision"]
+    assert decision["n"] == 2 and decision["design"] == "sequential"
+    assert decision["decision"] == "INCONCLUSIVE"  # 2 questions cannot clear a 2-point margin
+    assert (report["sequential"]["max_questions"], report["sequential"]["stopped_at"]) == (2, 2)
+    assert report["sequential"]["reason"] == "max_questions"
+    assert report["registration"]["sequential"]["margin"] == 0.02
     assert "What this means" in first.stdout
-    assert f"Decision: {decision['decision']}" in first.stdout
+    assert f"Decision: {decision['decision']}. The run stopped after 2 of at most 2 questions" in first.stdout
+    assert "Standard speculative decoding: " in first.stdout and "FLy: " in first.stdout
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0, second.stderr
+    assert "already stopped after 2 questions" in second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1])["decision"] == decision

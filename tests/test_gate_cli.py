@@ -128,16 +128,22 @@ def test_report_decisions_and_exit_codes(
     assert f"## Decision: **{decision}**" in text and "**Rule.**" in text
 
 
-def test_report_margin_override_warns_loudly(flyspec, tmp_path: Path) -> None:
-    """Asking for another margin than the registered one works but warns on stderr and in the report, and
-    the JSON says the margin was overridden."""
+def test_report_margin_override_is_exploratory_only(flyspec, tmp_path: Path) -> None:
+    """Asking for another margin than the registered one warns on stderr and at the top of the report and
+    adds an exploratory decision, but never changes the registered decision: not `registered_decision`,
+    not the decision object's `decision`, not the exit code (here PASS, exit 0 even with --strict, while
+    the exploratory 0.1-point margin reads INCONCLUSIVE)."""
     store = _store(tmp_path / "s.sqlite", 200, 1, 2, margin=0.05)
-    done = flyspec("report", "--store", str(store), "--margin", "0.001", "--json")
+    done = flyspec("report", "--store", str(store), "--margin", "0.001", "--json", "--strict")
+    assert done.returncode == 0
     assert "WARNING: USING MARGIN 0.001 INSTEAD OF THE REGISTERED 0.05" in done.stderr
     report = _last_json(done.stdout)
     assert report["margin_overridden"] is True and report["registered_margin"] == 0.05
-    assert report["decision"]["decision"] == "INCONCLUSIVE"  # the interval is wider than 0.1 points
-    assert "USING MARGIN" in flyspec("report", "--store", str(store), "--margin", "0.001").stdout
+    assert report["registered_decision"] == report["decision"]["decision"] == "PASS"
+    assert report["decision"]["margin"] == 0.05
+    assert report["exploratory"]["decision"] == "INCONCLUSIVE" and report["exploratory"]["margin"] == 0.001
+    text = flyspec("report", "--store", str(store), "--margin", "0.001").stdout
+    assert text.index("USING MARGIN") < text.index("## Decision: **PASS**") < text.index("Exploratory")
 
 
 def test_report_html_has_the_plot(flyspec, tmp_path: Path) -> None:
@@ -213,3 +219,166 @@ def test_report_errors(flyspec, tmp_path: Path) -> None:
     store = _store(tmp_path / "s.sqlite", 10, 1, 1)
     done = flyspec("report", "--store", str(store), "--run", "nope")
     assert done.returncode == 2 and "run 'nope' is not in" in done.stderr and "runs: gate" in done.stderr
+
+
+# --------------------------------------------------------------------------- plain words and honest advice
+
+WORDING_CASES = [
+    # (decision, low, high, words that must appear)
+    (
+        "PASS",
+        0.004,
+        0.05,
+        "The whole interval lies above zero: the candidate is more accurate than the baseline",
+    ),
+    (
+        "PASS",
+        -0.015,
+        0.01,
+        "The whole interval lies above -2 points: the candidate loses less than the margin",
+    ),
+    ("PASS", -0.015, -0.002, "the candidate is less accurate than the baseline, but by less than the margin"),
+    (
+        "FAIL",
+        -0.08,
+        -0.03,
+        "The whole interval lies below -2 points: the candidate loses more than the margin",
+    ),
+    (
+        "INCONCLUSIVE",
+        -0.05,
+        -0.01,
+        "the candidate is worse than the baseline; whether by more than the margin of 2 points is not yet "
+        "known",
+    ),
+    ("INCONCLUSIVE", -0.05, 0.03, "the data cannot tell yet whether the candidate stays within 2 points"),
+    ("INCONCLUSIVE", -0.05, 0.0, "to no loss at all"),
+]
+
+
+@pytest.mark.parametrize(("decision", "low", "high", "words"), WORDING_CASES)
+def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, words: str) -> None:
+    """Every case of the decision, with intervals entirely above zero, entirely below zero (within and
+    beyond the margin) and straddling it: the sentences quote the interval, say where it lies, end with
+    the decision, and never call a shown loss "not proof of harm"."""
+    from flyspec.gate.wording import explain_decision, points
+
+    lines = explain_decision(decision, low, high, 0.02, 250)
+    text = " ".join(lines)
+    assert words in text and f"{decision}" in lines[-1]
+    assert f"between {points(low, 0.0, -0.02)} and {points(high, 0.0, -0.02)} points" in text
+    assert "proof of harm" not in text
+    assert ("loss detected" in text) == (decision == "INCONCLUSIVE" and high < 0)
+
+
+def test_plain_words_refuse_a_decision_the_numbers_do_not_support() -> None:
+    """The wording function checks the decision against the interval (so it cannot print a PASS the
+    interval does not show), keeps enough decimals near the boundary, and says nothing is decided at 0."""
+    from flyspec.gate.wording import explain_decision
+
+    with pytest.raises(ValueError, match="does not follow from the interval"):
+        explain_decision("PASS", -0.05, 0.01, 0.02, 100)
+    with pytest.raises(ValueError, match="the rule gives FAIL"):
+        explain_decision("INCONCLUSIVE", -0.08, -0.03, 0.02, 100)
+    near = " ".join(explain_decision("PASS", -0.01996, 0.01, 0.02, 900))
+    assert "between -1.996 and +1.0 points" in near
+    assert explain_decision("INCONCLUSIVE", -1.0, 1.0, 0.02, 0) == [
+        "No question has been answered by both arms yet, so there is nothing to decide."
+    ]
+
+
+def test_loss_detected_is_worded_as_a_loss_and_advice_is_not_optional_stopping(tmp_path: Path) -> None:
+    """An interval entirely below zero but reaching past the margin is INCONCLUSIVE with loss_detected:
+    the report says the candidate is worse (never "not proof of harm"), reports the significant McNemar
+    test beside the decision, plans nothing that assumes equal accuracy, and recommends a sequential run
+    on questions not yet used (--exclude-run) instead of adding questions to this run."""
+    report = build_report(_store(tmp_path / "s.sqlite", 300, 12, 0))
+    d = report.to_dict()["decision"]
+    assert (d["decision"], d["loss_detected"], d["significant_loss"]) == ("INCONCLUSIVE", True, True)
+    assert d["high"] < 0 and d["low"] <= -0.05
+    text = report.to_markdown()
+    assert "## Decision: **INCONCLUSIVE** (loss detected)" in text
+    assert "the candidate is worse than the baseline; whether by more than the margin" in text
+    assert "proof of harm" not in text and "register a new, larger run" not in text
+    assert "Exact McNemar test, beside the decision: lost 12, gained 0" in text
+    advice = " ".join(d["advice"])
+    assert "--sequential" in advice and "--exclude-run gate" in advice and "optional stopping" in advice
+    assert "a plan that assumes it is as accurate does not apply" in advice
+
+
+def test_significant_mcnemar_beside_a_pass(tmp_path: Path) -> None:
+    """A loss the exact test calls significant but that is shown smaller than the margin is a PASS (the
+    old rule called it FAIL); the significant test is reported beside it, with a note."""
+    report = build_report(_store(tmp_path / "s.sqlite", 1000, 9, 1))
+    d = report.to_dict()["decision"]
+    assert (d["decision"], d["significant_loss"], d["loss_detected"]) == ("PASS", True, True)
+    assert any("loses significantly more questions than it gains" in n for n in report.notes)
+
+
+def test_zero_flips_plan_from_an_upper_bound(tmp_path: Path) -> None:
+    """With no flipped question the flip rate is unknown: the advice says so and plans from the flip
+    rate's one-sided upper confidence bound, never from a rate of zero."""
+    from flyspec.gate.stats import plan_noninferiority
+
+    report = build_report(_store(tmp_path / "s.sqlite", 40, 0, 0))
+    d = report.to_dict()["decision"]
+    plan = plan_noninferiority(0, 40, 0.05, 0.025, 0.8)
+    assert d["decision"] == "INCONCLUSIVE" and d["questions_needed"] == plan.questions
+    assert d["questions_needed_at_observed"] is None and d["flip_rate_upper"] == pytest.approx(
+        plan.flip_rate_upper
+    )
+    advice = " ".join(d["advice"])
+    assert "No question flipped in these 40 pairs, so the flip rate is not known" in advice
+    assert f"{100 * plan.flip_rate_upper:.1f}%" in advice
+
+
+def test_several_margins_on_the_same_data_are_flagged_at_the_top(tmp_path: Path) -> None:
+    """A store holding two gate runs on the same data (same dataset hashes) with different margins says so
+    in the first warning, above the decision, whichever run is reported."""
+    store = _store(tmp_path / "s.sqlite", 50, 2, 2, margin=0.05)
+    with GateStore(store) as s:
+        original = s.get_run("gate")
+        assert original is not None
+        s.register("strict", "gate", {**original.registration, "margin": 0.01}, s.questions("gate"))
+    for run in ("gate", "strict"):
+        report = build_report(store, run)
+        assert "SAME DATA WITH DIFFERENT MARGINS" in report.warnings[0]
+        text = report.to_markdown()
+        assert text.index("DIFFERENT MARGINS") < text.index("## Decision")
+    assert build_report(_store(tmp_path / "one.sqlite", 50, 2, 2)).warnings == []
+
+
+def test_pilot_at_temperature_zero_is_refused_for_engine_arms(flyspec, tmp_path: Path) -> None:
+    """`gate pilot` of an engine baseline at temperature 0 would measure nothing (greedy decoding repeats
+    itself): one clear error offering `gate pilot --candidate ARM`, and the store is never created."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "q0", "prompt": "hi", "answer": "1", "grader": "exact"}) + "\n")
+    arm = json.dumps({"kind": "engine", "model": str(tmp_path / "some-model")})
+    store = tmp_path / "p.sqlite"
+    done = flyspec(
+        "pilot", "--store", str(store), "--dataset", str(data), "--baseline", arm, "--margin", "0.02"
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "measure nothing" in done.stderr and "gate pilot --candidate ARM" in done.stderr
+    assert not store.exists()
+
+
+def test_sequential_flags_are_checked(flyspec, tmp_path: Path) -> None:
+    """`--limit` with `--sequential` and `--sequential` on a pilot are one-line errors naming the rule."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "q0", "prompt": "hi", "answer": "1", "grader": "exact"}) + "\n")
+    arm = json.dumps({"base_url": "http://127.0.0.1:9/v1", "model": "a"})
+    common = [
+        "--store",
+        str(tmp_path / "s.sqlite"),
+        "--dataset",
+        str(data),
+        "--baseline",
+        arm,
+        "--margin",
+        "0.02",
+    ]
+    done = flyspec("run", *common, "--candidate", arm, "--sequential", "--limit", "5")
+    assert done.returncode == 2 and "a sequential run takes --max-questions" in done.stderr
+    done = flyspec("run", *common, "--candidate", arm, "--max-minutes", "0")
+    assert done.returncode == 2 and "max_minutes=0.0: must be a positive number" in done.stderr

@@ -4,6 +4,9 @@ The servers are a minimal FastAPI app run by uvicorn in this process, returning 
 the baseline model answers "What is i + i?" wrongly when i % 5 == 0, the candidate when i % 4 == 0,
 so on 20 questions the expected paired counts are known exactly (lost 4, gained 3); a "noisy" model is
 wrong exactly when the request's seed is divisible by 3, which makes the pilot's flips predictable.
+"vllm", "plain" and "held" answer like the baseline: "vllm" reports acceptance counters the way vLLM's
+`--per-request-spec-decode-metrics` does, "plain" reports none, "held" waits until the test releases it. Every
+server lists its models at /v1/models (with a `root`) and stamps a `system_fingerprint` naming its port.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -28,13 +32,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from flyspec.gate.arms import EndpointError
+from flyspec.gate.endpoint_executor import EndpointError
 from flyspec.gate.report import build_report
 from flyspec.gate.runner import question_seed, run_gate
 from flyspec.gate.stats import questions_needed_noninferiority, wilson_interval
 from flyspec.gate.store import GateStore
 
 API_KEY = "sk-test-secret-7f3a"
+MODELS = ("base", "cand", "noisy", "vllm", "plain", "held")
 
 
 @dataclass
@@ -49,6 +54,8 @@ class ServerState:
     failed: list[tuple[str, str]] = field(default_factory=list)
     stall_once: set[tuple[str, str]] = field(default_factory=set)
     stalled: list[tuple[str, str]] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)  # models that answer HTTP 503 to every request
+    release: threading.Event = field(default_factory=threading.Event)  # "held" answers once this is set
 
 
 def _answer(model: str, text: str, seed: int) -> str:
@@ -57,7 +64,7 @@ def _answer(model: str, text: str, seed: int) -> str:
         i = int(match.group(1))
         # "noisy" mimics sampling noise: right or wrong depending on the request's seed only
         rule = {"noisy": seed % 3 == 0, "base": i % 5 == 0, "cand": i % 4 == 0}
-        wrong = rule[model]
+        wrong = rule.get(model, i % 5 == 0)
         return f"{i} + {i} = {2 * i + (1 if wrong else 0)}.\n#### {2 * i + (1 if wrong else 0):,}"
     # plain-prompt dataset: the candidate says "no" to the question containing "seven"
     return "no" if (model == "cand" and "seven" in text) else "yes"
@@ -72,6 +79,8 @@ def make_app(state: ServerState) -> FastAPI:
         state.bodies.append((port, body))
         state.auth.add(request.headers.get("authorization"))
         key = (model, text)
+        if model in state.down:
+            return JSONResponse({"error": {"message": "model is down"}}, status_code=503)
         if key in state.fail_once:
             state.fail_once.discard(key)
             state.failed.append(key)
@@ -82,6 +91,8 @@ def make_app(state: ServerState) -> FastAPI:
             await asyncio.sleep(3.0)
         state.in_flight[(port, model)] += 1
         state.peak[(port, model)] = max(state.peak[(port, model)], state.in_flight[(port, model)])
+        while model == "held" and not state.release.is_set():
+            await asyncio.sleep(0.01)
         await asyncio.sleep(0.02)
         state.in_flight[(port, model)] -= 1
         content = _answer(model, text, body["seed"])
@@ -90,21 +101,36 @@ def make_app(state: ServerState) -> FastAPI:
             choice["message"] = {"role": "assistant", "content": content}
         else:
             choice["text"] = content
-        return JSONResponse(
-            {
-                "id": "x",
-                "object": "chat.completion" if chat else "text_completion",
-                "model": model,
-                "choices": [choice],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
-                "spec_decode": {
-                    "num_drafts": 3,
+        reply: dict[str, Any] = {
+            "id": "x",
+            "object": "chat.completion" if chat else "text_completion",
+            "model": model,
+            "system_fingerprint": f"fp-{port}",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        }
+        if model == "vllm":  # vLLM's per-request metrics: no forgiven count
+            reply["metrics"] = {
+                "speculative_decoding": {
+                    "num_spec_steps": 4,
                     "num_draft_tokens": 12,
-                    "num_accepted_tokens": 6,
-                    "num_forgiven_tokens": 1 if model == "cand" else 0,
-                },
+                    "num_accepted_draft_tokens": 8,
+                    "mean_acceptance_length": 3.0,
+                }
             }
-        )
+        elif model != "plain":
+            reply["spec_decode"] = {
+                "num_drafts": 3,
+                "num_draft_tokens": 12,
+                "num_accepted_tokens": 6,
+                "num_forgiven_tokens": 1 if model == "cand" else 0,
+            }
+        return JSONResponse(reply)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        cards = [{"id": m, "object": "model", "root": f"/weights/{m}", "owned_by": "test"} for m in MODELS]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
@@ -247,31 +273,44 @@ def _notes_mention_key(store: Path) -> bool:
 def test_unreachable_endpoint_stops_clearly_and_resume_completes(
     servers: tuple[ServerState, list[str]], tmp_path: Path
 ) -> None:
-    """A candidate endpoint nobody listens on stops the run with a clear error after its retries, the
-    baseline answers already stored survive, and rerunning with the endpoint reachable (a new URL is
-    allowed; where a server runs is not part of the registration) finishes with one row per question
-    and arm. Resuming after the dataset changed is refused, naming the changed hash and question."""
-    _, urls = servers
+    """A candidate endpoint nobody listens on is refused before anything is answered, after its retries.
+    A candidate whose server answers HTTP 503 to every request stops the run with a clear error after its
+    retries; the baseline answers already stored survive, and rerunning with the endpoint working (a new
+    URL is allowed; where a server runs is not part of the registration) finishes with one row per
+    question and arm. Resuming after the dataset changed is refused, naming the changed hash and
+    question."""
+    state, urls = servers
     datasets = _datasets(tmp_path)[:1]
     store = tmp_path / "gate.sqlite"
     dead = f"http://127.0.0.1:{_free_port()}/v1"
     baseline = {"base_url": urls[0], "model": "base"}
-    with pytest.raises(
-        EndpointError, match=r"arm 'candidate': no answer .* after 2 attempt\(s\).*ConnectError"
-    ):
+    with pytest.raises(EndpointError, match=r"arm 'candidate': .*/models unreachable after 2 attempt\(s\)"):
         run_gate(
             store,
             datasets,
             baseline,
             {"base_url": dead, "model": "cand", "max_retries": 1, "backoff": 0.01},
             margin=0.05,
-            chunk_size=8,
+            progress=False,
+        )
+    with GateStore(store) as s:
+        assert s.get_run("gate") is None  # refused before registering
+
+    state.down.add("cand")
+    with pytest.raises(EndpointError, match=r"arm 'candidate': no answer .* after 2 attempt\(s\).*HTTP 503"):
+        run_gate(
+            store,
+            datasets,
+            baseline,
+            {"base_url": urls[0], "model": "cand", "max_retries": 1, "backoff": 0.2},
+            margin=0.05,
             progress=False,
         )
     with GateStore(store) as s:
         before = s.answers("gate")
-    assert len(before) == 8 and {a.arm for a in before} == {"baseline"}
+    assert before and {a.arm for a in before} == {"baseline"}
 
+    state.down.clear()
     run_gate(store, datasets, baseline, {"base_url": urls[1], "model": "cand"}, margin=0.05, progress=False)
     with GateStore(store) as s:
         after = s.answers("gate")
@@ -284,7 +323,7 @@ def test_unreachable_endpoint_stops_clearly_and_resume_completes(
     # The same run with an edited question (another prompt) is refused, and nothing stored changes.
     path = Path(datasets[0])
     path.write_text(path.read_text().replace("What is 3 + 3?", "What is 3 + 3 ?"))
-    with pytest.raises(ValueError, match=r"cannot be resumed: datasets\.sums\.sha256 .*question sums/q3"):
+    with pytest.raises(ValueError, match=r"cannot be resumed: .*datasets\.sums\.sha256 .*question sums/q3"):
         run_gate(
             store, datasets, baseline, {"base_url": urls[1], "model": "cand"}, margin=0.05, progress=False
         )
@@ -373,7 +412,200 @@ def test_run_from_a_config_file_with_flag_override(
     assert exit_info.value.code in (0, None)
     out, err = capsys.readouterr()
     decision = json.loads(out.strip().splitlines()[-1])["decision"]
-    assert (decision["n"], decision["lost"], decision["gained"]) == (10, 2, 1)  # q4, q8 lost; q5 gained
+    with GateStore(tmp_path / "c.sqlite") as s:
+        chosen = [int(q.question_id[1:]) for q in s.questions("gate")]
+    # The first 10 of the seeded order, not of the file: base is wrong when i % 5 == 0, cand when i % 4 == 0.
+    assert len(chosen) == 10 and chosen != list(range(10))
+    lost = sum(i % 4 == 0 and i % 5 != 0 for i in chosen)
+    gained = sum(i % 5 == 0 and i % 4 != 0 for i in chosen)
+    assert (decision["n"], decision["lost"], decision["gained"]) == (10, lost, gained)
     assert "registered" in err
     with GateStore(tmp_path / "c.sqlite") as s:
         assert s.get_run("gate").registration["sampling"]["max_tokens"] == 32  # type: ignore[union-attr]
+
+
+def test_registration_identifies_endpoint_arms_and_counters_are_read_or_not_reported(
+    servers: tuple[ServerState, list[str]], tmp_path: Path
+) -> None:
+    """Each endpoint arm's registration holds the served model's id and root from /v1/models; the notes
+    hold its base URLs and the system_fingerprint each URL returned. vLLM-style per-request counters
+    (`metrics.speculative_decoding`) are stored with the forgiven count as NULL, a server that reports
+    none stores NULLs, and the report says "not reported" instead of a zero. A model the server does not
+    list is refused before anything is stored."""
+    _, urls = servers
+    store = tmp_path / "gate.sqlite"
+    datasets = _datasets(tmp_path)[:1]
+    run_id = run_gate(
+        store,
+        datasets,
+        {"base_urls": urls, "model": "vllm"},
+        {"base_url": urls[1], "model": "plain"},
+        margin=0.05,
+        progress=False,
+    )
+    with GateStore(store) as s:
+        run = s.get_run(run_id)
+        answers = s.answers(run_id)
+    assert run is not None
+    arms = run.registration["arms"]
+    assert arms["baseline"]["served_model"] == {"id": "vllm", "root": "/weights/vllm"}
+    assert arms["candidate"]["served_model"] == {"id": "plain", "root": "/weights/plain"}
+    ports = {url: url.rsplit(":", 1)[1].split("/")[0] for url in urls}
+    assert run.notes["system_fingerprints"]["baseline"] == {u: [f"fp-{p}"] for u, p in ports.items()}
+    (endpoint,) = [e for e in run.notes["executors"] if e["arms"] == ["baseline"]]
+    assert endpoint["base_urls"] == urls
+    vllm = [a for a in answers if a.arm == "baseline"]
+    assert all((a.num_drafts, a.num_accepted_tokens, a.num_forgiven_tokens) == (4, 8, None) for a in vllm)
+    plain = [a for a in answers if a.arm == "candidate"]
+    assert all(a.num_drafts is None and a.num_accepted_tokens is None for a in plain)
+    rep = build_report(store, run_id)
+    speeds = {s.arm: s for s in rep.speeds}
+    assert speeds["baseline"].mean_acceptance_length == pytest.approx(3.0)
+    assert speeds["baseline"].forgiven_share is None and not speeds["baseline"].forgiven_reported
+    assert speeds["candidate"].mean_acceptance_length is None and not speeds["candidate"].acceptance_reported
+    text = rep.to_markdown()
+    assert "| candidate | 20 |" in text and "not reported | not reported | not reported |" in text
+    assert f"served at {urls[1]}: model id plain, root /weights/plain, system_fingerprint fp-" in text
+
+    with pytest.raises(ValueError, match=r"serves model\(s\) base, cand, .*not 'nope'"):
+        run_gate(tmp_path / "other.sqlite", datasets, {"base_url": urls[0], "model": "nope"},
+                 {"base_url": urls[0], "model": "base"}, margin=0.05, progress=False)  # fmt: skip
+
+
+def test_candidate_pilot_plans_and_its_questions_are_left_out(
+    servers: tuple[ServerState, list[str]], tmp_path: Path
+) -> None:
+    """`run_pilot` with a candidate runs both arms once on a seeded set of questions and reports the
+    candidate's flips with a plan from the flip rate's upper bound; a later gate run in the same store
+    leaves exactly those questions out (recorded in its registration), so its questions are disjoint."""
+    from flyspec.gate.runner import run_pilot
+    from flyspec.gate.stats import plan_noninferiority
+
+    _, urls = servers
+    store = tmp_path / "gate.sqlite"
+    datasets = _datasets(tmp_path)[:1]
+    base = {"base_url": urls[0], "model": "base"}
+    cand = {"base_url": urls[1], "model": "cand"}
+    run_pilot(store, datasets, base, 0.05, candidate=cand, max_questions=8, progress=False)
+    report = build_report(store, "pilot").to_dict()
+    with GateStore(store) as s:
+        used = {q.question_id for q in s.questions("pilot")}
+    ids = sorted(int(q[1:]) for q in used)
+    lost = sum(i % 4 == 0 and i % 5 != 0 for i in ids)
+    gained = sum(i % 5 == 0 and i % 4 != 0 for i in ids)
+    pilot = report["pilot"]
+    assert (pilot["mode"], pilot["n"], pilot["lost"], pilot["gained"]) == ("candidate", 8, lost, gained)
+    assert pilot["questions_needed_upper"] == plan_noninferiority(lost + gained, 8, 0.05).questions
+
+    run_gate(store, datasets, base, cand, margin=0.05, progress=False)
+    with GateStore(store) as s:
+        run = s.get_run("gate")
+        gate_ids = {q.question_id for q in s.questions("gate")}
+    assert run is not None and run.registration["excluded"] == {"runs": ["pilot"], "questions": 8}
+    assert len(gate_ids) == 12 and not gate_ids & used
+
+
+def test_baseline_noise_is_shown_next_to_the_candidates_flips(
+    servers: tuple[ServerState, list[str]], tmp_path: Path
+) -> None:
+    """A noise pilot of an endpoint baseline at temperature 0 runs (a server can be nondeterministic even
+    when greedy; the report says what it measures), and the later gate report on the same data puts the
+    baseline's own flip rate next to the candidate's flips."""
+    from flyspec.gate.runner import run_pilot
+
+    _, urls = servers
+    store = tmp_path / "gate.sqlite"
+    datasets = _datasets(tmp_path)[:1]
+    noisy = {"base_url": urls[0], "model": "noisy"}
+    run_pilot(store, datasets, noisy, 0.05, max_questions=10, seed=4, progress=False)
+    pilot = build_report(store, "pilot")
+    assert pilot.pilot is not None and pilot.pilot.mode == "noise"
+    assert "only the server's own nondeterminism" in pilot.to_markdown()
+    run_gate(store, datasets, noisy, {"base_url": urls[1], "model": "cand"}, margin=0.05, progress=False)
+    rep = build_report(store, "gate")
+    assert rep.noise is not None and rep.noise.run_id == "pilot" and rep.noise.n == 10
+    assert rep.noise.flips == pilot.pilot.flips
+    assert rep.to_dict()["noise"]["flip_rate"] == pytest.approx(pilot.pilot.flip_rate)
+    assert "The baseline's own noise, next to the candidate's flips: pilot `pilot`" in rep.to_markdown()
+
+
+def test_two_gate_runs_on_one_store_at_once(servers: tuple[ServerState, list[str]], tmp_path: Path) -> None:
+    """Two real `flyspec gate run` processes on the same store: the second is refused at once with the
+    first one's PID while the first is answering (its candidate's server holds the answers until the
+    second has been refused), and the store ends with exactly one row per question and arm."""
+    state, urls = servers
+    store = tmp_path / "gate.sqlite"
+    command = [
+        sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run", "--store", str(store),
+        "--dataset", _datasets(tmp_path)[0], "--margin", "0.05", "--no-progress",
+        "--baseline", json.dumps({"base_url": urls[0], "model": "base"}),
+        "--candidate", json.dumps({"base_url": urls[1], "model": "held"}),
+    ]  # fmt: skip
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _has_answers(store):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.poll() is None, "the first run should still be answering"
+    state.release.set()
+    assert second.returncode == 2 and f"is in use by gate run 'gate' (PID {first.pid} on" in second.stderr
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    with sqlite3.connect(store) as db:
+        keys = db.execute("SELECT arm, question_id FROM answers").fetchall()
+    assert len(keys) == len(set(keys)) == 40
+
+
+def _has_answers(store: Path) -> bool:
+    if not store.exists():
+        return False
+    try:
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0] > 0
+    except sqlite3.OperationalError:
+        return False
+
+
+def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
+    servers: tuple[ServerState, list[str]], tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT) on a real `flyspec gate run --sequential` stops feeding, lets the answers in flight
+    finish and stores them, prints the report (INCONCLUSIVE, stopped by the interruption, JSON last) and
+    exits 130 with the resume hint; rerunning continues to the same stop as a run never interrupted."""
+    state, urls = servers
+    store = tmp_path / "gate.sqlite"
+    dataset = _datasets(tmp_path)[0]
+    base = {"base_url": urls[0], "model": "base"}
+    held = {"base_url": urls[1], "model": "held", "concurrency": 2}
+    command = [
+        sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run", "--sequential",
+        "--store", str(store), "--dataset", dataset, "--margin", "0.1", "--no-progress", "--json",
+        "--baseline", json.dumps(base), "--candidate", json.dumps(held),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _has_answers(store):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    state.release.set()  # the two held requests in flight now finish
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "rerun the same command to resume" in err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (report["sequential"]["reason"], report["decision"]["decision"]) == ("interrupted", "INCONCLUSIVE")
+    with GateStore(store) as s:
+        held_answers = [a for a in s.answers("gate") if a.arm == "candidate"]
+    assert len(held_answers) == 2  # drained, not dropped
+
+    run_gate(store, [dataset], base, held, margin=0.1, sequential=True, progress=False)
+    final = build_report(store, "gate").to_dict()["sequential"]
+    reference = tmp_path / "reference.sqlite"
+    run_gate(reference, [dataset], base, held, margin=0.1, sequential=True, progress=False)
+    expected = build_report(reference, "gate").to_dict()["sequential"]
+    assert final["reason"] in ("boundary", "max_questions")
+    assert (final["decision"], final["stopped_at"]) == (expected["decision"], expected["stopped_at"])

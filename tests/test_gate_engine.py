@@ -4,7 +4,9 @@ The dataset's answers are built from the target model's own greedy outputs: odd 
 the target ends with, even ones an impossible number. Greedy standard speculative decoding is
 token-identical to target-only greedy decoding, so the baseline (standard SD) must be right on exactly
 the odd questions; the candidate (FLy, lossy) may differ. The run is killed with SIGKILL mid-way and
-resumed with the same command.
+resumed with the same command. The sequential runs use a second dataset whose reference answers are the
+target's whole greedy outputs (exact match), so the baseline is always right and every question FLy
+changes is a lost one.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def test_gate_run_killed_and_resumed_with_in_process_arms(setup: Setup, tmp_path
         sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run",
         "--store", str(store), "--dataset", str(dataset), "--baseline", json.dumps(base),
         "--candidate", json.dumps(cand), "--margin", "0.1", "--max-tokens", str(MAX_TOKENS),
-        "--chunk-size", "2", "--seed", "5", "--no-progress", "--json",
+        "--seed", "5", "--no-progress", "--json",
     ]  # fmt: skip
     total = 2 * NUM_QUESTIONS
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -199,3 +201,197 @@ def test_gate_run_killed_and_resumed_with_in_process_arms(setup: Setup, tmp_path
     speeds = {s["arm"]: s for s in report["speeds"]}
     assert speeds["baseline"]["forgiven_share"] in (None, 0.0)  # standard verification never forgives
     assert speeds["candidate"]["mean_acceptance_length"] >= 1.0
+
+
+def test_shared_engine_keeps_pairs_together_at_the_admission_cap(setup: Setup, tmp_path: Path) -> None:
+    """The shared engine is fed both arms' requests for one question side by side, as many in flight as
+    the engine admits (recorded in the notes): replaying the stored answers in commit order, never more
+    questions have only one of their two answers than there are slots. (Chunk-by-chunk feeding, one arm
+    after the other, leaves a whole chunk half-answered.)"""
+    from flyspec.engine.scheduler import capacity
+
+    base, cand = _arms(setup)
+    base = {**base, "max_num_seqs": 3}
+    cand = {**cand, "max_num_seqs": 3}
+    store = tmp_path / "gate.sqlite"
+    run_id = run_gate(store, str(setup.dataset), base, cand, 0.1, max_tokens=MAX_TOKENS, progress=False)
+    with GateStore(store) as s:
+        (facts,) = s.get_run(run_id).notes["executors"]  # type: ignore[union-attr]
+    assert facts["arms"] == ["baseline", "candidate"]
+    assert facts["max_in_flight"] == capacity(2048, 3, 1 + 3).max_running == 3
+    with sqlite3.connect(store) as db:
+        rows = db.execute("SELECT question_id FROM answers ORDER BY rowid").fetchall()
+    half: set[str] = set()
+    widest = 0
+    for (qid,) in rows:
+        half ^= {qid}
+        widest = max(widest, len(half))
+    assert len(rows) == 2 * NUM_QUESTIONS and widest <= 3
+
+
+# ------------------------------------------------------------------------------------ sequential runs
+
+SEQ_QUESTIONS = 40
+SEQ_TOKENS = 16
+SEQ_MARGIN = 0.3
+
+
+@pytest.fixture(scope="module")
+def exact_dataset(setup: Setup, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 chat questions whose reference answer is the target's whole greedy output (exact grader);
+    prompts whose greedy output is empty (an immediate end of sequence) are skipped."""
+    from flyspec import LLM, SamplingParams
+
+    conversations = [
+        [{"role": "user", "content": f"w{3 * i + 7} w{5 * i + 11} w{i + 40}"}] for i in range(80)
+    ]
+    llm = LLM(str(setup.target), dtype="float32", max_num_seqs=8)
+    outs = llm.chat(conversations, SamplingParams(temperature=0.0, max_tokens=SEQ_TOKENS), use_tqdm=False)
+    answered = [(c, o.outputs[0].text) for c, o in zip(conversations, outs, strict=True) if o.outputs[0].text]
+    rows = [
+        {"id": f"s{i}", "messages": c, "answer": text, "grader": "exact"}
+        for i, (c, text) in enumerate(answered[:SEQ_QUESTIONS])
+    ]
+    assert len(rows) == SEQ_QUESTIONS
+    path = tmp_path_factory.mktemp("seq") / "exact.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _seq_arms(setup: Setup) -> tuple[dict, dict]:
+    spec = {"model": str(setup.draft), "num_speculative_tokens": 3}
+    base = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 4,
+            "speculative_config": {**spec, "rejection_sample_method": "standard"}}  # fmt: skip
+    return base, {**base, "speculative_config": {**spec, "rejection_sample_method": "fly"}}
+
+
+def _stored(store: Path, run_id: str) -> tuple[list[tuple[str, str]], dict]:
+    with GateStore(store) as s:
+        order = [(q.dataset, q.question_id) for q in s.questions(run_id)]
+        correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in s.answers(run_id)}
+    return order, correct
+
+
+def test_sequential_run_stops_at_the_first_crossing_in_registered_order(
+    setup: Setup, exact_dataset: Path, tmp_path: Path
+) -> None:
+    """A sequential run registers its method, alpha, margin, N and order seed, answers in the seeded order
+    (not file order), stops where `sequential_decision` over the stored pairs in registered order first
+    crosses, stores the answers that were in flight at the stop without changing the decision, and a
+    second call answers nothing and reports the same stop."""
+    from flyspec.gate.monitor import in_order_diffs
+    from flyspec.gate.sequential import sequential_decision
+
+    base, cand = _seq_arms(setup)
+    store = tmp_path / "seq.sqlite"
+    common = {"max_tokens": SEQ_TOKENS, "sequential": True, "seed": 3, "progress": False}
+    run_id = run_gate(store, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
+    with GateStore(store) as s:
+        reg = s.get_run(run_id).registration  # type: ignore[union-attr]
+        answered = len(s.answers(run_id))
+    seq = reg["sequential"]
+    assert (seq["margin"], seq["alpha"], seq["max_questions"], seq["order_seed"]) == (
+        SEQ_MARGIN,
+        0.025,
+        40,
+        3,
+    )
+    assert "confidence sequence" in seq["method"] and seq["population_size"] == SEQ_QUESTIONS
+    order, correct = _stored(store, run_id)
+    assert order != [("exact", f"s{i}") for i in range(SEQ_QUESTIONS)]  # seeded order, not the file's
+    diffs = in_order_diffs(order, correct)
+    walk = sequential_decision(diffs, SEQ_MARGIN, 0.025, population_size=SEQ_QUESTIONS)
+    assert walk.decision == "PASS" and walk.stopped_at < SEQ_QUESTIONS
+    report = build_report(store, run_id).to_dict()
+    assert report["sequential"]["stopped_at"] == walk.stopped_at
+    assert report["sequential"]["max_questions"] == SEQ_QUESTIONS
+    assert (report["sequential"]["low"], report["sequential"]["high"]) == (walk.low, walk.high)
+    decision = report["decision"]
+    assert (decision["decision"], decision["n"]) == ("PASS", walk.stopped_at)
+    assert (decision["low"], decision["high"]) == (walk.low, walk.high)
+    assert decision["lost"] == diffs[: walk.stopped_at].count(-1) and decision["gained"] == 0
+    assert answered < 2 * SEQ_QUESTIONS  # it stopped early
+
+    again = run_gate(store, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
+    with GateStore(store) as s:
+        assert len(s.answers(again)) == answered
+    assert build_report(store, run_id).to_dict()["sequential"] == report["sequential"]
+
+
+def _seq_command(store: Path, dataset: Path, base: dict, cand: dict) -> list[str]:
+    return [
+        sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run", "--sequential",
+        "--max-questions", str(SEQ_QUESTIONS), "--store", str(store), "--dataset", str(dataset),
+        "--baseline", json.dumps(base), "--candidate", json.dumps(cand), "--margin", str(SEQ_MARGIN),
+        "--max-tokens", str(SEQ_TOKENS), "--seed", "3", "--no-progress", "--json",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
+    setup: Setup, exact_dataset: Path, tmp_path: Path
+) -> None:
+    """`flyspec gate run --sequential` (a real subprocess) killed with SIGKILL after a few answers and then
+    resumed with the same settings ends with exactly one row per (question, arm) and the same decision,
+    stopped_at and bounds as an uninterrupted run with the same seed in another store."""
+    base, cand = _seq_arms(setup)
+    settings = {"max_tokens": SEQ_TOKENS, "sequential": True, "max_questions": SEQ_QUESTIONS, "seed": 3}
+    reference = tmp_path / "reference.sqlite"
+    run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, progress=False, **settings)
+    expected = build_report(reference, "gate").to_dict()
+
+    store = tmp_path / "killed.sqlite"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = _seq_command(store, exact_dataset, base, cand)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while _count(store) < 4:
+        assert proc.poll() is None, f"gate run ended before it could be killed: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no answers stored within 300 s"
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait(timeout=30)
+    stored_at_kill = _count(store)
+    assert stored_at_kill < 2 * expected["sequential"]["stopped_at"], "killed too late to test a resume"
+
+    run_gate(
+        store, str(exact_dataset), json.dumps(base), json.dumps(cand), SEQ_MARGIN, progress=False, **settings
+    )
+    report = build_report(store, "gate").to_dict()
+    with sqlite3.connect(store) as db:
+        keys = db.execute("SELECT arm, question_id FROM answers").fetchall()
+        starts = db.execute("SELECT COUNT(*) FROM events WHERE event = 'start'").fetchone()[0]
+    assert starts == 2  # the killed session and the resumed one
+    assert len(keys) == len(set(keys)) >= stored_at_kill
+    for key in ("decision", "reason", "stopped_at", "low", "high", "lost", "gained"):
+        assert report["sequential"][key] == expected["sequential"][key], key
+    assert report["decision"]["decision"] == expected["decision"]["decision"]
+
+
+def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
+    setup: Setup, exact_dataset: Path, tmp_path: Path
+) -> None:
+    """`max_minutes` stops a sequential run as INCONCLUSIVE at the in-order prefix it had reached (the
+    report decides there even though answers in flight completed later, and says a rerun continues);
+    rerunning without the budget continues along the same order to the same stop as a run that was
+    never paused."""
+    base, cand = _seq_arms(setup)
+    common = {"max_tokens": SEQ_TOKENS, "sequential": True, "seed": 3, "progress": False}
+    reference = tmp_path / "reference.sqlite"
+    run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
+    expected = build_report(reference, "gate").to_dict()["sequential"]
+
+    store = tmp_path / "paused.sqlite"
+    run_gate(store, str(exact_dataset), base, cand, SEQ_MARGIN, max_minutes=1e-4, **common)
+    paused = build_report(store, "gate")
+    seq = paused.to_dict()["sequential"]
+    assert (seq["reason"], seq["decision"]) == ("time_budget", "INCONCLUSIVE")
+    assert seq["stopped_at"] < expected["stopped_at"]
+    assert paused.to_dict()["decision"]["n"] == seq["stopped_at"]
+    assert "its time budget ran out" in paused.to_markdown()
+    assert paused.advice == ["Rerun the same command to continue this run."]
+
+    run_gate(store, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
+    final = build_report(store, "gate").to_dict()["sequential"]
+    for key in ("decision", "reason", "stopped_at", "low", "high"):
+        assert final[key] == expected[key], key

@@ -29,8 +29,8 @@ MAX_TOKENS = 12
 
 
 def test_gate_endpoint_arms_against_the_flyspec_server(tmp_path: Path) -> None:
-    """A gate run with two endpoint arms on one FLy server stores every answer with the server's acceptance
-    counters; the baseline (verification="standard") reproduces target-only greedy output on every
+    """A gate run with two endpoint arms on one FLy server registers the served model's id, stores every
+    answer with the server's acceptance counters; the baseline (verification="standard") reproduces target-only greedy output on every
     question and never forgives; the candidate's lost count equals the questions whose FLy output differs
     from the target's, and it gains none."""
     target = save_tiny(tmp_path / "target", seed=0)
@@ -88,6 +88,10 @@ def test_gate_endpoint_arms_against_the_flyspec_server(tmp_path: Path) -> None:
     assert (pooled.lost, pooled.gained) == (changed, 0)
     with GateStore(store) as opened:
         records = opened.answers(run_id)
+        run = opened.get_run(run_id)
+    assert run is not None
+    # The registration says which model each endpoint arm is, as the server's /v1/models reports it.
+    assert {arm["served_model"]["id"] for arm in run.registration["arms"].values()} == {"tiny"}
     assert len(records) == 2 * len(prompts)
     base = [r for r in records if r.arm == "baseline"]
     cand = [r for r in records if r.arm == "candidate"]
