@@ -609,3 +609,37 @@ def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
     expected = build_report(reference, "gate").to_dict()["sequential"]
     assert final["reason"] in ("boundary", "max_questions")
     assert (final["decision"], final["stopped_at"]) == (expected["decision"], expected["stopped_at"])
+
+
+def test_equivalent_to_baseline_grades_the_candidate_against_the_baseline_output(
+    servers: tuple[ServerState, list[str]], tmp_path: Path
+) -> None:
+    """With the `equivalent_to_baseline` grader the baseline is right by definition and the candidate is
+    right when its output equals the baseline's: candidate answers that arrive first (the baseline's
+    server holds its answers here) wait for the baseline's output, and the counts are the scripted
+    deviations (outputs differ exactly when one of the two models is wrong)."""
+    state, urls = servers
+    rows = [
+        {"id": f"e{i}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"}], "answer": "",
+         "grader": "equivalent_to_baseline"}
+        for i in range(20)
+    ]  # fmt: skip
+    dataset = tmp_path / "equiv.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = tmp_path / "gate.sqlite"
+    threading.Timer(0.5, state.release.set).start()
+    run_gate(
+        store,
+        str(dataset),
+        {"base_url": urls[0], "model": "held"},
+        {"base_url": urls[1], "model": "cand"},
+        margin=0.05,
+        progress=False,
+    )
+    with GateStore(store) as s:
+        answers = s.answers("gate")
+    assert len(answers) == 40 and all(a.correct for a in answers if a.arm == "baseline")
+    deviates = {f"e{i}" for i in range(20) if (i % 4 == 0) != (i % 5 == 0)}
+    assert {a.question_id for a in answers if a.arm == "candidate" and not a.correct} == deviates
+    pooled = build_report(store).pooled
+    assert pooled is not None and (pooled.lost, pooled.gained) == (len(deviates), 0)

@@ -29,10 +29,10 @@ MAX_TOKENS = 12
 
 
 def test_gate_endpoint_arms_against_the_flyspec_server(tmp_path: Path) -> None:
-    """A gate run with two endpoint arms on one FLy server registers the served model's id, stores every
-    answer with the server's acceptance counters; the baseline (verification="standard") reproduces target-only greedy output on every
-    question and never forgives; the candidate's lost count equals the questions whose FLy output differs
-    from the target's, and it gains none."""
+    """A gate run with two endpoint arms on one FLy server registers the served model's id and stores
+    every answer with the server's acceptance counters; the baseline (verification="standard")
+    reproduces target-only greedy output on every question and never forgives; the candidate's lost count
+    equals the questions whose FLy output differs from the target's, and it gains none."""
     target = save_tiny(tmp_path / "target", seed=0)
     draft = perturbed_copy(target, tmp_path / "draft", noise=0.02, seed=1)
     prompts = [f"w{i} w{i + 3} w{2 * i + 1}" for i in range(10)]

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.arms import Arm, EngineArm, Job, OpenAIArm, make_executors, parse_arm
+from flyspec.gate.arms import Arm, Completion, EngineArm, Job, OpenAIArm, make_executors, parse_arm
 from flyspec.gate.datasets import Question, dataset_info, load_dataset
 from flyspec.gate.dispatch import Answer, Dispatcher, Executor
 from flyspec.gate.endpoint_executor import OpenAIExecutor
 from flyspec.gate.engine_executor import EngineExecutor
-from flyspec.gate.graders import check_reference, grade
+from flyspec.gate.graders import Grade, check_reference, equivalence_normaliser, grade, grade_against_baseline
 from flyspec.gate.monitor import SequentialMonitor, SequentialPlan, SequentialStop
 from flyspec.gate.options import ArmSpec, GateOptions
 from flyspec.gate.order import QuestionKey, select_questions
@@ -243,6 +243,13 @@ class _Session:
         self.reason: str | None = None
         self.stopped_at: int | None = None
         self.stored = store.answers(self.run_id)
+        # Reference outputs (the first lane's) for equivalent_to_baseline questions, and answers waiting
+        # for theirs.
+        first = plan.lanes[0]
+        self.references = {
+            (r.dataset, r.question_id): r.output for r in self.stored if (r.arm, r.repeat) == first
+        }
+        self.waiting: dict[QuestionKey, list[tuple[Job, Completion]]] = {}
         for record in self.stored:
             if monitor is not None:
                 monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
@@ -265,10 +272,40 @@ class _Session:
         ]
 
     def record(self, answer: Answer, bar: GateProgress) -> SequentialStop | None:
-        """Grade and commit one answer; returns the sequential stop if this answer caused it."""
+        """Grade and commit one answer (and any answers that waited for it); returns the sequential stop
+        if one of them caused it."""
+        stop = None
+        for job, completion, g in self._graded(answer):
+            self._commit(job, completion, g)
+            q = job.question
+            if self.monitor is not None:
+                stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) or stop
+            bar.add((job.arm, job.repeat), g.correct)
+        return stop
+
+    def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
+        """The grades this answer makes possible. An ``equivalent_to_baseline`` question grades the other
+        lane against the first lane's output, so an answer that arrives before its reference waits (it is
+        answered again after a crash, never stored ungraded)."""
         job, completion = answer.job, answer.completion
         q = job.question
-        g = grade(q.grader, completion.text, q.answer)
+        if equivalence_normaliser(q.grader) is None:
+            return [(job, completion, grade(q.grader, completion.text, q.answer))]
+        key = (q.dataset, q.id)
+        if (job.arm, job.repeat) == self.plan.lanes[0]:
+            self.references[key] = completion.text
+            own = grade_against_baseline(q.grader, completion.text, completion.text)[0]
+            waiting = self.waiting.pop(key, [])
+            later = [(j, c, grade_against_baseline(q.grader, completion.text, c.text)[1]) for j, c in waiting]
+            return [(job, completion, own), *later]
+        reference = self.references.get(key)
+        if reference is None:
+            self.waiting.setdefault(key, []).append((job, completion))
+            return []
+        return [(job, completion, grade_against_baseline(q.grader, reference, completion.text)[1])]
+
+    def _commit(self, job: Job, completion: Completion, g: Grade) -> None:
+        q = job.question
         acc = completion.acceptance
         self.store.add_answer(
             self.run_id,
@@ -293,9 +330,6 @@ class _Session:
             ),
         )
         self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
-        stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) if self.monitor else None
-        bar.add((job.arm, job.repeat), g.correct)
-        return stop
 
     def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
         if fingerprint is None:
