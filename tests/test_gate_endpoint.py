@@ -34,7 +34,8 @@ from fastapi.responses import JSONResponse
 
 from flyspec.gate.endpoint_executor import EndpointError
 from flyspec.gate.report import build_report
-from flyspec.gate.runner import question_seed, run_gate
+from flyspec.gate.runner import run_gate
+from flyspec.gate.session import question_seed
 from flyspec.gate.stats import questions_needed_noninferiority, wilson_interval
 from flyspec.gate.store import GateStore
 

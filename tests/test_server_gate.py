@@ -1,4 +1,4 @@
-"""The quality gate's endpoint arms against the real flyspec server (SPEC 11.2 with SPEC 8).
+"""The quality gate's endpoint arms against the real flyspec server (docs/gate.md, docs/server.md).
 
 One FLy server answers both arms, as a user would run it: the baseline arm adds
 `verification="standard"` to each request (lossless), the candidate uses the server's FLy verification.

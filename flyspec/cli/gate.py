@@ -189,7 +189,9 @@ def _run_and_report(options: Any, as_json: bool) -> None:
 
 
 _STORE_HELP = "SQLite file holding the run (created if missing; a run resumes where it stopped)."
-_DATASET_HELP = "gsm8k, math500, aime:PATH, gpqa:PATH or a JSONL path; repeat for several."
+_DATASET_HELP = (
+    "gsm8k, math500, humaneval, aime:PATH, gpqa:PATH, mbpp:PATH or a JSONL path; repeat for several."
+)
 _ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
 
 Store = Annotated[str | None, typer.Option("--store", help=_STORE_HELP)]

@@ -1,0 +1,225 @@
+"""One session of a gate run: feed the unanswered jobs to the arms, then grade, commit and monitor every
+answer in the main thread until the run is done or stops (flyspec/gate/runner.py does everything
+before: validation, the lock, the registration)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+
+from flyspec.gate.arms import Completion, Job
+from flyspec.gate.datasets import Question
+from flyspec.gate.dispatch import Answer, Dispatcher, Executor
+from flyspec.gate.graders import Grade, equivalence_normaliser, grade, grade_against_baseline
+from flyspec.gate.monitor import SequentialMonitor, SequentialStop
+from flyspec.gate.options import GateOptions
+from flyspec.gate.order import QuestionKey
+from flyspec.gate.progress import GateProgress
+from flyspec.gate.store import AnswerRecord, GateStore
+
+Lane = tuple[str, int]
+
+
+def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
+    """Per-question seed: the same for every arm, so paired arms see the same randomness.
+
+    Repeat 0 uses ``hash(run seed, question)``; a pilot's second pass (repeat 1) gets fresh seeds, so it
+    measures how often sampling noise alone flips a question.
+    """
+    key = f"{run_seed}:{dataset}:{question_id}" + (f":{repeat}" if repeat else "")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def log(message: str) -> None:
+    """Progress notes go to stderr, so that stdout carries only the report (and --json's last line)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class Session:
+    """One call of ``run`` on a registered run: what is stored, what to answer, and how it is recorded."""
+
+    def __init__(
+        self,
+        store: GateStore,
+        options: GateOptions,
+        lanes: list[Lane],
+        questions: list[Question],
+        monitor: SequentialMonitor | None,
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.lanes = lanes
+        self.run_id = options.name
+        self.questions = questions
+        self.monitor = monitor
+        self.done = store.answered_keys(self.run_id)
+        self.fingerprints: dict[str, dict[str, list[str]]] = {}
+        # Why this session stopped and, for a sequential run, the in-order prefix length at that moment.
+        self.reason: str | None = None
+        self.stopped_at: int | None = None
+        self.stored = store.answers(self.run_id)
+        # Reference outputs (the first lane's) for equivalent_to_baseline questions, and answers waiting
+        # for theirs.
+        first = lanes[0]
+        self.references = {
+            (r.dataset, r.question_id): r.output for r in self.stored if (r.arm, r.repeat) == first
+        }
+        self.waiting: dict[QuestionKey, list[tuple[Job, Completion]]] = {}
+        for record in self.stored:
+            if monitor is not None:
+                monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
+
+    @property
+    def total(self) -> int:
+        return len(self.lanes) * len(self.questions)
+
+    def jobs(self, executor: Executor) -> list[Job]:
+        """The executor's unanswered jobs in the registered order, its lanes side by side per question."""
+        if self.monitor is not None and self.monitor.stop is not None:
+            return []
+        seed = self.options.seed
+        lanes = [lane for lane in self.lanes if lane[0] in executor.arms]
+        return [
+            Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
+            for position, q in enumerate(self.questions)
+            for arm, repeat in lanes
+            if (arm, repeat, q.dataset, q.id) not in self.done
+        ]
+
+    def record(self, answer: Answer, bar: GateProgress) -> SequentialStop | None:
+        """Grade and commit one answer (and any answers that waited for it); returns the sequential stop
+        if one of them caused it."""
+        stop = None
+        for job, completion, g in self._graded(answer):
+            self._commit(job, completion, g)
+            q = job.question
+            if self.monitor is not None:
+                stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) or stop
+            bar.add((job.arm, job.repeat), g.correct)
+        return stop
+
+    def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
+        """The grades this answer makes possible. An ``equivalent_to_baseline`` question grades the other
+        lane against the first lane's output, so an answer that arrives before its reference waits (it is
+        answered again after a crash, never stored ungraded)."""
+        job, completion = answer.job, answer.completion
+        q = job.question
+        if equivalence_normaliser(q.grader) is None:
+            return [(job, completion, grade(q.grader, completion.text, q.answer))]
+        key = (q.dataset, q.id)
+        if (job.arm, job.repeat) == self.lanes[0]:
+            self.references[key] = completion.text
+            own = grade_against_baseline(q.grader, completion.text, completion.text)[0]
+            waiting = self.waiting.pop(key, [])
+            later = [(j, c, grade_against_baseline(q.grader, completion.text, c.text)[1]) for j, c in waiting]
+            return [(job, completion, own), *later]
+        reference = self.references.get(key)
+        if reference is None:
+            self.waiting.setdefault(key, []).append((job, completion))
+            return []
+        return [(job, completion, grade_against_baseline(q.grader, reference, completion.text)[1])]
+
+    def _commit(self, job: Job, completion: Completion, g: Grade) -> None:
+        q = job.question
+        acc = completion.acceptance
+        self.store.add_answer(
+            self.run_id,
+            AnswerRecord(
+                arm=job.arm,
+                repeat=job.repeat,
+                dataset=q.dataset,
+                question_id=q.id,
+                seed=job.seed,
+                output=completion.text,
+                extracted=g.extracted,
+                correct=g.correct,
+                finish_reason=completion.finish_reason,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                latency_s=completion.latency_s,
+                num_drafts=acc.num_drafts if acc else None,
+                num_draft_tokens=acc.num_draft_tokens if acc else None,
+                num_accepted_tokens=acc.num_accepted_tokens if acc else None,
+                num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
+                source=completion.source,
+            ),
+        )
+        self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
+
+    def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            return
+        seen = self.fingerprints.setdefault(arm, {}).setdefault(url, [])
+        if fingerprint not in seen:
+            seen.append(fingerprint)
+            self.store.update_notes(self.run_id, {"system_fingerprints": self.fingerprints})
+
+    def _pause(self, reason: str, dispatcher: Dispatcher, message: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.stopped_at = self.monitor.prefix if self.monitor is not None else None
+            dispatcher.stop()
+            log(message)
+
+    def answer(self, executors: list[Executor]) -> str:
+        """Answer every unanswered job (or until a stop); returns why it ended."""
+        jobs = [self.jobs(ex) for ex in executors]
+        minutes = self.options.max_minutes
+        deadline = time.monotonic() + 60 * minutes if minutes is not None else None
+        progress = GateProgress(
+            self.lanes,
+            self.total,
+            len(self.done),
+            monitor=self.monitor,
+            deadline=deadline,
+            enabled=self.options.progress,
+        )
+        for record in self.stored:
+            progress.add((record.arm, record.repeat), record.correct, new=False)
+        with progress as bar, Dispatcher(executors, jobs, self.options.sampling) as dispatcher:
+            try:
+                self._loop(dispatcher, bar, deadline)
+            finally:
+                self._record_times(executors, dispatcher)
+            dispatcher.raise_error()
+        return self.reason or "complete"
+
+    def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
+        in_flight = "the answers in flight are finished and stored"
+        while not dispatcher.finished:
+            try:
+                answer = dispatcher.next(timeout=0.25)
+                if answer is not None:
+                    stop = self.record(answer, bar)
+                    if stop is not None and self.reason is None:
+                        self.reason, self.stopped_at = stop.reason, stop.stopped_at
+                        dispatcher.stop()
+                        log(f"gate: stopped after {stop.stopped_at} questions ({stop.decision}); {in_flight}")
+                else:
+                    bar.refresh()
+                if dispatcher.failed:
+                    self._pause("error", dispatcher, f"gate: an arm failed; {in_flight} before stopping")
+                if deadline is not None and time.monotonic() > deadline:
+                    self._pause("time_budget", dispatcher, f"gate: time budget reached; {in_flight}")
+            except KeyboardInterrupt:
+                if not dispatcher.stopped:
+                    self._pause(
+                        "interrupted", dispatcher, f"gate: stopping; {in_flight} (Ctrl-C again to drop them)"
+                    )
+                    continue
+                # Already stopping: give up on the answers in flight (nothing stored is lost).
+                dispatcher.abort()
+                if self.reason in (None, "interrupted"):
+                    raise
+                return
+
+    def _record_times(self, executors: list[Executor], dispatcher: Dispatcher) -> None:
+        for executor, spent in zip(executors, dispatcher.times, strict=True):
+            if not spent.answers:
+                continue
+            lanes = [lane for lane in self.lanes if lane[0] in executor.arms]
+            arm, repeat = lanes[0] if len(lanes) == 1 else ("+".join(f"{a}#{r}" for a, r in lanes), -1)
+            self.store.add_batch(
+                self.run_id, arm, repeat, spent.answers, spent.completion_tokens, spent.seconds
+            )
