@@ -148,8 +148,11 @@ def demo(
     """Run the main job: is FLy as accurate as standard speculative decoding on GSM8K, and how much faster?
 
     Baseline: standard speculative decoding (lossless). Candidate: FLy (lossy). Same target and draft.
-    The run stops at the first decision the evidence supports, or at the question or time budget. Each
-    answer is stored as it arrives; rerunning the same command resumes (or continues) where it stopped.
+
+    The run stops at the first decision the evidence supports, or at the question or time budget.
+
+    Each answer is stored as it arrives; rerunning the same command resumes (or continues) where it
+    stopped.
     """
     from flyspec import assets
     from flyspec.gate import GateOptions, build_report, run

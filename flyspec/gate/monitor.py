@@ -31,7 +31,7 @@ from flyspec.gate.sequential import ConfidenceSequence, sequential_decision
 from flyspec.gate.store import RunEvent
 
 CS_METHOD = (
-    "betting confidence sequence (Waudby-Smith and Ramdas, hedged capital with predictable plug-in bets), "
+    "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
     "without replacement over the question pool, at level 1 - 2 alpha"
 )
 DATA_STOPS = ("boundary", "max_questions")
