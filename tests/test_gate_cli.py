@@ -309,7 +309,7 @@ def test_loss_detected_is_worded_as_a_loss_and_advice_is_not_optional_stopping(t
 def test_significant_mcnemar_beside_a_pass(tmp_path: Path) -> None:
     """A loss the exact test calls significant but that is shown smaller than the margin is a PASS (the
     old rule called it FAIL); the significant test is reported beside it, with a note."""
-    report = build_report(_store(tmp_path / "s.sqlite", 1000, 9, 1))
+    report = build_report(_store(tmp_path / "s.sqlite", 400, 9, 1))
     d = report.to_dict()["decision"]
     assert (d["decision"], d["significant_loss"], d["loss_detected"]) == ("PASS", True, True)
     assert any("loses significantly more questions than it gains" in n for n in report.notes)

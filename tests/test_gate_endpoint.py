@@ -530,6 +530,7 @@ def test_baseline_noise_is_shown_next_to_the_candidates_flips(
     assert "The baseline's own noise, next to the candidate's flips: pilot `pilot`" in rep.to_markdown()
 
 
+@pytest.mark.slow
 def test_two_gate_runs_on_one_store_at_once(servers: tuple[ServerState, list[str]], tmp_path: Path) -> None:
     """Two real `flyspec gate run` processes on the same store: the second is refused at once with the
     first one's PID while the first is answering (its candidate's server holds the answers until the
@@ -569,6 +570,7 @@ def _has_answers(store: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
     servers: tuple[ServerState, list[str]], tmp_path: Path
 ) -> None:

@@ -89,7 +89,7 @@ def explain_decision(
     else:
         gain = "no loss at all" if high == 0 else f"a gain of {hi.lstrip('+')} points"
         lines.append(
-            f"The interval reaches from a loss larger than the margin ({lo} points, beyond -{m}) to {gain}: "
+            f"The interval reaches from {lo} points, a loss not smaller than the margin of {m}, to {gain}: "
             f"the data cannot tell yet whether the candidate stays within {m} points. INCONCLUSIVE."
         )
     return lines
