@@ -96,6 +96,11 @@ class LLM:
         self.engine = engine
         self._ids = itertools.count()
 
+    @property
+    def max_running(self) -> int:
+        """How many requests can run at once (the admission cap of the token budget and max_num_seqs)."""
+        return self.engine.max_running
+
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""
         return self.engine.tokenizer

@@ -41,12 +41,8 @@ PURE = ("flyspec.spec_decode.verify", "flyspec.spec_decode.sampling")
 ENGINE_USERS = ("flyspec.gate", "flyspec.bench", "flyspec.cli")
 SERVER_SIDE = ("flyspec.server", "flyspec.cli.serve")
 
-# Imports that break a rule in files another engineer is changing right now (like import-linter's
-# ignore_imports): delete an entry as soon as its file no longer needs it.
-IGNORED = {
-    # The gate's engine executor drives LLMEngine step by step; it is moving onto LLM.stream.
-    ("flyspec.gate.arms", "flyspec.engine.engine"),
-}
+# Imports allowed to break a rule (like import-linter's ignore_imports), each with its reason. None today.
+IGNORED: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -51,7 +51,7 @@ class EngineExecutor:
     def max_in_flight(self) -> int:
         """How many requests the engine runs at once (its admission cap)."""
         self.prepare()
-        return int(self._llm.engine.max_running)
+        return self._llm.max_running
 
     def facts(self) -> dict[str, Any]:
         """What the run's notes record about this executor."""
