@@ -171,7 +171,10 @@ def test_plans_run_each_method_for_every_peer_that_supports_it(tmp_path: Path) -
     assert vllm.argv[vllm.argv.index("--max-num-seqs") + 1] == "32"
     llama = list(by["llama.cpp draft_model"].argv)
     assert llama[llama.index("-np") + 1] == "32" and llama[llama.index("-c") + 1] == str(32 * 1024)
-    assert llama[llama.index("-md") + 1] == "/g/draft.gguf" and llama[llama.index("--draft-max") + 1] == "4"
+    assert (
+        llama[llama.index("-md") + 1] == "/g/draft.gguf"
+        and llama[llama.index("--spec-draft-n-max") + 1] == "4"
+    )
     assert by["llama.cpp target"].arms[0].extra_body == {"cache_prompt": False}
     assert "GGUF" in by["llama.cpp target"].weights
 

@@ -32,9 +32,9 @@ from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
 PEERS = ("flyspec", "vllm", "llama.cpp")
 METHODS = ("target", "draft_model", "fly", "ngram")
 INSTALL_HINT = "run `make peers` in the flyspec checkout (or set FLYSPEC_PEERS to the folder it made)"
-# vLLM's CPU KV cache in GiB: 32 sequences of 1,024 tokens of the 1.5B model need under 1 GiB, and its
-# default (a share of RAM) would crowd a 24 GB machine for nothing.
-VLLM_KV_CACHE_GIB = 4
+# vLLM's CPU KV cache in GiB: 2 GiB holds about 40,000 tokens of the 1.5B target and its 0.5B draft,
+# more than 32 sequences of 1,024 tokens; a larger pool would only add to the memory it is measured by.
+VLLM_KV_CACHE_GIB = 2
 
 
 def peers_dir() -> Path:
@@ -168,11 +168,19 @@ def _vllm_env(root: Path, threads: int) -> dict[str, str]:
     return env
 
 
+def _flyspec_command() -> list[str]:
+    """The `flyspec` entry point of this interpreter's environment (the same code as this process)."""
+    script = Path(sys.executable).with_name("flyspec")
+    return (
+        [str(script)]
+        if os.access(script, os.X_OK)
+        else [sys.executable, "-c", "from flyspec.cli import main; main()"]
+    )
+
+
 def _flyspec_plan(method: str, methods: tuple[str, ...], inp: PlanInputs) -> ServerPlan | None:
     argv = [
-        sys.executable,
-        "-c",
-        "from flyspec.cli import main; main()",
+        *_flyspec_command(),
         "serve",
         str(inp.target_dir),
         "--dtype",
@@ -271,17 +279,10 @@ def _llama_plan(method: str, inp: PlanInputs) -> ServerPlan | None:
     if method == "draft_model":
         if inp.draft_gguf is None:
             return None
-        # A fixed draft length of K, as the other servers draft: no minimum and no probability cut-off.
-        argv += [
-            "-md",
-            str(inp.draft_gguf),
-            "--draft-max",
-            str(inp.k),
-            "--draft-min",
-            "0",
-            "--draft-p-min",
-            "0",
-        ]
+        # A fixed draft length of K, as the other servers draft: no minimum and no probability cut-off
+        # (flag names of llama.cpp b11434; older builds called them --draft-max/--draft-min).
+        argv += ["-md", str(inp.draft_gguf), "--spec-draft-n-max", str(inp.k), "--spec-draft-n-min", "0"]
+        argv += ["--spec-draft-p-min", "0", "-td", str(inp.threads)]
         arm = "standard"
     # cache_prompt off: the same prompts come back at every level, and prefix reuse would skip prefill.
     arms = (ArmSpec(arm, {"cache_prompt": False}),)

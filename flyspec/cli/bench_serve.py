@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from datetime import UTC, datetime
@@ -92,6 +93,8 @@ def _run_server(
     say: Any,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Start one server, run every level (arms interleaved, rotating which goes first), stop it."""
+    import httpx
+
     from flyspec.bench import serving
     from flyspec.bench.peers import start_server
 
@@ -160,7 +163,7 @@ def _run_server(
                 running.memory.sample()
                 server["peak_rss_bytes"] = running.memory.peak_rss
                 server["peak_pss_bytes"] = running.memory.peak_pss
-    except RuntimeError as exc:  # the server failed to start or died: reported, and the run goes on
+    except (RuntimeError, httpx.HTTPError) as exc:  # failed to start or died: reported, and the run goes on
         server["error"] = str(exc)
         say(f"{plan.label}: FAILED: {str(exc).splitlines()[0]}")
     return server, rows
@@ -308,7 +311,8 @@ def bench_serve(
     if dry_run:
         for plan in plans:
             arms = ", ".join(a.name for a in plan.arms)
-            where = " ".join(plan.argv) if plan.argv else plan.url
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
+            where = f"{env} {shlex.join(plan.argv)}".strip() if plan.argv else plan.url
             print(f"{plan.label} [{arms}] ({plan.weights}): {where}")
         return
     if not plans:
@@ -344,45 +348,49 @@ def bench_serve(
         "start_timeout": start_timeout,
         "api_key": api_key,
     }
-    servers, rows = [], []
+    settings = {
+        "model": model,
+        "draft": draft,
+        "k": k,
+        "peers": list(peers),
+        "methods": list(method_names),
+        "concurrency": list(levels),
+        "requests_per_level": {str(c): requests_for(c, waves, min_requests) for c in levels},
+        "max_tokens": max_tokens,
+        "dataset": dataset,
+        "num_prompts": len(measured),
+        "prompts_sha256": prompts_sha256(measured),
+        "repeats": repeats,
+        "warmup_tokens": warmup_tokens,
+        "max_model_len": max_model_len,
+        "dtype": dtype,
+        "threads": inputs.threads,
+    }
+    servers: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    report: dict[str, Any] = {}
     for plan in plans:
         server, plan_rows = _run_server(
             plan, levels, [p.token_ids for p in measured], [p.token_ids for p in warm], opts, logs, say
         )
         servers.append(server)
         rows += plan_rows
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    report = {
-        "schema": "flyspec-bench-serve/1",
-        "command": ["flyspec", *sys.argv[1:]],
-        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "elapsed_s": time.monotonic() - started,
-        "machine": machine,
-        "settings": {
-            "model": model,
-            "draft": draft,
-            "k": k,
-            "peers": list(peers),
-            "methods": list(method_names),
-            "concurrency": list(levels),
-            "requests_per_level": {str(c): requests_for(c, waves, min_requests) for c in levels},
-            "max_tokens": max_tokens,
-            "dataset": dataset,
-            "num_prompts": len(measured),
-            "prompts_sha256": prompts_sha256(measured),
-            "repeats": repeats,
-            "warmup_tokens": warmup_tokens,
-            "max_model_len": max_model_len,
-            "dtype": dtype,
-            "threads": inputs.threads,
-        },
-        "servers": servers,
-        "skipped": skipped,
-        "results": _median_rows(rows),
-        "runs": rows,
-    }
-    if json_path is not None:  # first: the measurements are the expensive part
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        report = {
+            "schema": "flyspec-bench-serve/1",
+            "command": ["flyspec", *sys.argv[1:]],
+            "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "elapsed_s": time.monotonic() - started,
+            "complete": len(servers) == len(plans),
+            "machine": machine,
+            "settings": settings,
+            "servers": servers,
+            "skipped": skipped,
+            "results": _median_rows(rows),
+            "runs": rows,
+        }
+        if json_path is not None:  # after every server: a long run that breaks later keeps what it measured
+            json_path.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     if markdown is not None:
         markdown.write_text(render_markdown(report))
