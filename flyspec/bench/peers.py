@@ -279,10 +279,11 @@ def _llama_plan(method: str, inp: PlanInputs) -> ServerPlan | None:
     if method == "draft_model":
         if inp.draft_gguf is None:
             return None
+        # b11434 loads a draft given by -md but drafts nothing unless --spec-type names the method.
         # A fixed draft length of K, as the other servers draft: no minimum and no probability cut-off
-        # (flag names of llama.cpp b11434; older builds called them --draft-max/--draft-min).
-        argv += ["-md", str(inp.draft_gguf), "--spec-draft-n-max", str(inp.k), "--spec-draft-n-min", "0"]
-        argv += ["--spec-draft-p-min", "0", "-td", str(inp.threads)]
+        # (older builds called these --draft-max/--draft-min).
+        argv += ["-md", str(inp.draft_gguf), "--spec-type", "draft-simple", "-td", str(inp.threads)]
+        argv += ["--spec-draft-n-max", str(inp.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
         arm = "standard"
     # cache_prompt off: the same prompts come back at every level, and prefix reuse would skip prefill.
     arms = (ArmSpec(arm, {"cache_prompt": False}),)
