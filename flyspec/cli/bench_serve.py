@@ -20,7 +20,16 @@ from typing import Annotated, Any
 
 import typer
 
-from flyspec.bench.peers import METHODS, PEERS, ServerPlan
+from flyspec.bench.peers import (
+    METHODS,
+    PEERS,
+    ArmSpec,
+    PlanInputs,
+    ServerPlan,
+    missing_peer,
+    peers_dir,
+    plan_servers,
+)
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -247,8 +256,6 @@ def bench_serve(
     with ignore_eos. Reports aggregate and per-request tokens/s, TTFT, ITL, TPOT, end-to-end latency,
     and each server's start time and peak memory.
     """
-    from flyspec.bench.peers import PlanInputs, missing_peer, peers_dir, plan_servers
-
     peers = parse_names("--peer", peer, PEERS)
     method_names = parse_names("--methods", methods, METHODS)
     levels = parse_levels(concurrency)
@@ -303,8 +310,6 @@ def bench_serve(
         dtype=dtype,
     )
     plans = plan_servers(tuple(runnable), method_names, inputs)
-    from flyspec.bench.peers import ArmSpec
-
     plans += [ServerPlan("url", u, "as served", (ArmSpec("target"),), url=u.rstrip("/")) for u in url or []]
     for line in skipped:
         print(line, file=sys.stderr)
