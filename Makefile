@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # multi-GB CUDA build. Override on a GPU machine, e.g. make install TORCH="torch==2.13.0 --index-url ...".
 TORCH ?= torch==2.13.0
 
-.PHONY: install assets assets-qwen test test-fast lint format demo bench clean
+.PHONY: install assets assets-qwen test test-fast lint format demo bench peers clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,12 @@ bench: install assets assets-qwen
 	mkdir -p benchmarks
 	$(BIN)/flyspec bench --preset reference --json benchmarks/reference.json \
 		--plot benchmarks/reference.png --markdown BENCHMARKS.md
+
+# Benchmark peers for `flyspec bench-serve` (vLLM CPU build in its own venv, llama.cpp's server built
+# from source, the zoo GGUF files) under .peers/; never needed by `make test`. Downloads and a compile:
+# about 30-50 minutes on 2 cores. Re-running keeps what is already installed.
+peers: install assets-qwen
+	bash scripts/peers/install.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -12,6 +12,7 @@ import sys
 import typer
 
 from flyspec.cli.bench import bench
+from flyspec.cli.bench_serve import bench_serve
 from flyspec.cli.capacity import capacity_command
 from flyspec.cli.demo import demo
 from flyspec.cli.gate import gate_app
@@ -30,6 +31,7 @@ app = typer.Typer(
 app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("bench")(bench)
+app.command("bench-serve")(bench_serve)
 app.command("capacity")(capacity_command)
 app.add_typer(gate_app, name="gate")
 app.add_typer(models_app, name="models")
