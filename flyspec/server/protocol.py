@@ -447,9 +447,12 @@ class ChatCompletionRequest(_SamplingFields):
                 )
             return
         if self.tool_choice != "none":
-            choice = self.tool_choice if isinstance(self.tool_choice, str | None) else "a named function"
+            if isinstance(self.tool_choice, NamedToolChoice):
+                choice = f"naming {self.tool_choice.function.name!r}"
+            else:
+                choice = repr(self.tool_choice or "auto") + ("" if self.tool_choice else " (the default)")
             raise OpenAIError(
-                f"tools with tool_choice={choice!r} is not supported yet: this server cannot parse or "
+                f"tools with tool_choice {choice} is not supported yet: this server cannot parse or "
                 'enforce tool calls; send tool_choice="none" for a plain text answer, or leave tools out',
                 param="tools",
             )
@@ -494,7 +497,7 @@ _Model = TypeVar("_Model", bound=BaseModel)
 _UNION_FIELDS = {
     "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists",
     "stop": "a string or a list of strings",
-    "content": 'a string or a list of {"type": "text", "text": ...} parts',
+    "content": 'a string or a list of {"type": "text", "text": ...} parts (no images or audio)',
     "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
 }
 # Error kinds that say more than "wrong type": preferred when a union reports several.
