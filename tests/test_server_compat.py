@@ -19,6 +19,7 @@ import test_server_bounds
 from prometheus_client.parser import text_string_to_metric_families
 from test_server_bounds import KEY, MODEL, Server
 
+from flyspec import assets
 from flyspec.server.app import IGNORED_FIELDS_HEADER
 
 server = test_server_bounds.server  # the same fixture: one tiny server for this module
@@ -98,6 +99,13 @@ def test_unknown_fields_are_ignored_named_in_a_header_and_logged(
     assert bad.status_code == 400 and bad.headers[IGNORED_FIELDS_HEADER] == "bogus"
     streamed = server.post("/v1/completions", {"model": MODEL, "prompt": "w1", "stream": True, "bogus": 1})
     assert streamed.status_code == 200 and streamed.headers[IGNORED_FIELDS_HEADER] == "bogus"
+    # Names are client input: control and non-ASCII characters are escaped, never sent raw (found by
+    # schemathesis: a raw control character made the header illegal and the connection drop).
+    odd = server.post(
+        "/v1/completions",
+        {"model": MODEL, "prompt": "w1", "max_tokens": 1, "a\x15b": 1, "é": 2, "": 3, " x": 4},
+    )
+    assert odd.status_code == 200 and odd.headers[IGNORED_FIELDS_HEADER] == r'a\u0015b, \u00e9, "", \u0020x'
 
 
 def test_vllm_bench_serve_request_shapes_work(server: Server) -> None:
@@ -390,3 +398,37 @@ def test_probe_table(server: Server) -> None:
     print("\n| request shape | result |\n|---|---|\n" + "\n".join(rows))
     with pytest.raises(openai.BadRequestError, match="tools with tool_choice .auto. .the default."):
         _client(server).chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS)  # type: ignore[arg-type]
+
+
+QWEN = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.mark.slow  # loads a real tokenizer from the prepared cache
+@pytest.mark.skipif(
+    not assets.is_prepared(QWEN), reason=f"{QWEN} is not prepared (flyspec models prepare {QWEN})"
+)
+def test_agent_history_renders_through_the_real_qwen_template() -> None:
+    """Through the server's prompt path and Qwen2.5's own chat template, an assistant tool call renders
+    as a <tool_call> block with its arguments as a JSON object (not a doubly quoted string) and the tool
+    result as a <tool_response> block, followed by an open assistant turn."""
+    import asyncio
+
+    import transformers
+
+    from flyspec.server.prompts import PromptEncoder
+    from flyspec.server.protocol import ChatCompletionRequest, parse_body
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(assets.model_dir(QWEN), fix_mistral_regex=False)
+    messages = [{"role": "user", "content": "add 1 and 2"}, *AGENT_HISTORY[2:]]
+    messages[2] = {**messages[2], "content": "3"}
+    req = parse_body(ChatCompletionRequest, json.dumps({"messages": messages}).encode())
+    req.check(max_messages=4096)
+    encoder = PromptEncoder(tokenizer, len(tokenizer), 4096)
+    try:
+        ids = asyncio.run(encoder.chat_ids(req.template_messages()))
+    finally:
+        encoder.close()
+    text = tokenizer.decode(ids)
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in text
+    assert "<tool_response>\n3\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")

@@ -196,12 +196,8 @@ class _IgnoredFieldsHeader:
         async def send_with_header(message: Message) -> None:
             names = scope.get("state", {}).get("ignored_fields")
             if message["type"] == "http.response.start" and names:
-                shown = names[:_MAX_NAMES_IN_HEADER]
-                value = ", ".join(shown) + (
-                    f", ... ({len(names) - len(shown)} more)" if names[len(shown) :] else ""
-                )
                 headers = list(message.get("headers", []))
-                headers.append((IGNORED_FIELDS_HEADER.encode(), value.encode("ascii", "backslashreplace")))
+                headers.append((IGNORED_FIELDS_HEADER.encode(), _name_list(names).encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -267,11 +263,24 @@ def _api_key_check(state: ServerState) -> Any:
     return Depends(check_api_key)
 
 
+def _printable(name: str) -> str:
+    # Field names are client input: escape anything but visible ASCII (HTTP header values must not carry
+    # control characters, nor start or end with a space); an empty name shows as "".
+    return "".join(c if "!" <= c <= "~" else f"\\u{ord(c):04x}" for c in name) or '""'
+
+
+def _name_list(names: list[str]) -> str:
+    """The names for the header and the log line: escaped, at most _MAX_NAMES_IN_HEADER of them."""
+    shown = ", ".join(_printable(n) for n in names[:_MAX_NAMES_IN_HEADER])
+    more = len(names) - _MAX_NAMES_IN_HEADER
+    return shown + (f", ... ({more} more)" if more > 0 else "")
+
+
 def _note_ignored(request: Request, body: Any) -> None:
     names = ignored_fields(body)
     if names:
         request.state.ignored_fields = names
-        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, ", ".join(names[:50]))
+        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, _name_list(names))
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
