@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server end to end (SPEC 8, issue 6).
+"""The OpenAI-compatible server end to end (docs/server.md).
 
 Every test talks HTTP to a real uvicorn server on a free loopback port. The engine serves a tiny
 random-weight Llama with FLy verification; its drafter is a slightly perturbed copy of the target, so

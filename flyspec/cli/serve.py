@@ -38,7 +38,10 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[
         str | None,
-        typer.Option(envvar="FLYSPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
+        typer.Option(
+            envvar="FLYSPEC_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize.",
+        ),
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
