@@ -10,6 +10,12 @@ SmolLM2 package's `__init__` imports llama-cpp and llm, so its folder is located
 and saves a dense bfloat16 safetensors folder with config and tokenizer under
 `$FLYSPEC_CACHE/models/NAME` (default `~/.cache/flyspec`). Loads then come from that folder in seconds.
 This module imports neither torch nor transformers at import time, so `flyspec --help` stays fast.
+
+The cache is checked where it is used. The marker file records every file's size, modification time and
+sha256. Each load (`resolve_model`) checks sizes and the safetensors headers (a truncated or padded
+weights file cannot match its header) and re-hashes any file modified since it was recorded;
+`flyspec models verify NAME` re-hashes everything. A problem names the file and the fix
+(`flyspec models prepare NAME --force`).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 _CHUNK = 8 << 20
 _MARKER = "flyspec-prepared.json"
+_SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own limit on the JSON header size
 
 
 @dataclass(frozen=True)
@@ -110,8 +118,86 @@ def model_dir(name: str) -> Path:
 
 
 def is_prepared(name: str) -> bool:
-    """Whether `flyspec models prepare NAME` has completed for `name` in the current cache."""
-    return (model_dir(name) / _MARKER).is_file()
+    """Whether `flyspec models prepare NAME` completed for `name` in the current cache and the folder
+    still passes the cheap check (every recorded file present with its size, safetensors intact)."""
+    return cache_problems(name) == []
+
+
+def cache_problems(name: str) -> list[str] | None:
+    """None when zoo model `name` is not prepared, else the cheap check's problems (empty when intact)."""
+    folder = model_dir(name)
+    if not (folder / _MARKER).is_file():
+        return None
+    return check_prepared_folder(folder, rehash="none")
+
+
+def _record_file(path: Path) -> dict[str, int | str]:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256_of([path])}
+
+
+def record_prepared(folder: Path, marker: dict[str, object]) -> None:
+    """Write the marker of a prepared folder: `marker` plus every file's size, mtime and sha256."""
+    files = {
+        p.relative_to(folder).as_posix(): _record_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != _MARKER
+    }
+    (folder / _MARKER).write_text(json.dumps({**marker, "files": files}, indent=2) + "\n")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is not whole (truncated, padded, no readable header), or None. Its header
+    gives the byte ranges of all tensors, so the file size must be exactly header + data."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                return f"is {size} bytes, too short for a safetensors header"
+            header_len = int.from_bytes(prefix, "little")
+            if header_len > min(_SAFETENSORS_HEADER_MAX, size - 8):
+                return f"has an unreadable safetensors header (declared {header_len} bytes)"
+            header = json.loads(fh.read(header_len))
+    except (OSError, ValueError) as exc:
+        return f"has an unreadable safetensors header ({exc})"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    expected = 8 + header_len + max(ends, default=0)
+    if size != expected:
+        return f"is {size} bytes but its safetensors header describes {expected} (truncated or padded)"
+    return None
+
+
+def check_prepared_folder(folder: Path, rehash: Literal["none", "modified", "all"] = "modified") -> list[str]:
+    """Problems of a prepared folder (empty when it is intact), each naming a file.
+
+    Always: every recorded file exists with its recorded size, every .safetensors file matches its
+    header. `rehash` says which files are hashed and compared with their recorded sha256: none, those
+    modified since they were recorded, or all. A marker from before checksums were recorded only gets the
+    safetensors check (and, with rehash="all", a problem saying so).
+    """
+    marker = json.loads((folder / _MARKER).read_text())
+    recorded: dict[str, dict[str, object]] = marker.get("files") or {}
+    problems: list[str] = []
+    if rehash == "all" and not recorded:
+        problems.append(f"{folder / _MARKER} records no checksums to verify (prepared by an older flyspec)")
+    for rel, info in recorded.items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+            continue
+        stat = path.stat()
+        if stat.st_size != info["size"]:
+            problems.append(
+                f"{path} is {stat.st_size} bytes, {info['size']} were recorded (truncated or changed)"
+            )
+        elif _should_hash(rehash, stat.st_mtime_ns, info) and sha256_of([path]) != info["sha256"]:
+            problems.append(f"{path} does not match its recorded sha256 (corrupted)")
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem is not None and not any(str(path) in p for p in problems):
+            problems.append(f"{path} {problem}")
+    return problems
 
 
 def _module(package: str) -> str:
@@ -235,8 +321,9 @@ def prepare(name: str, force: bool = False, show_progress: bool = True) -> Path:
             _convert(gguf, out)
             progress.update(task, total=1, completed=1)
         versions = {p: importlib.metadata.version(p) for p in entry.packages}
-        marker = {"name": entry.name, "sha256": entry.sha256, "packages": versions, "dtype": "bfloat16"}
-        (out / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        record_prepared(
+            out, {"name": entry.name, "sha256": entry.sha256, "packages": versions, "dtype": "bfloat16"}
+        )
         if final.exists():
             shutil.rmtree(final)
         out.rename(final)  # atomic within one filesystem: a folder with the marker is always complete
@@ -245,16 +332,44 @@ def prepare(name: str, force: bool = False, show_progress: bool = True) -> Path:
     return final
 
 
+def _should_hash(rehash: str, mtime_ns: int, info: dict[str, object]) -> bool:
+    return rehash == "all" or (rehash == "modified" and mtime_ns != info.get("mtime_ns"))
+
+
+def verify_prepared(name: str, rehash: Literal["none", "modified", "all"] = "all") -> Path:
+    """The folder of prepared zoo model `name` after check_prepared_folder(rehash=...); ValueError
+    naming the broken files and the fix otherwise."""
+    entry = zoo_entry(name)
+    folder = model_dir(entry.name)
+    if not (folder / _MARKER).is_file():
+        raise ValueError(
+            f"zoo model {entry.name!r} is not prepared in {cache_dir()}: run "
+            f"`flyspec models prepare {entry.name}`"
+        )
+    _raise_for(check_prepared_folder(folder, rehash), entry.name)
+    return folder
+
+
+def _raise_for(problems: list[str], name: str | None) -> None:
+    if not problems:
+        return
+    fix = (
+        f"run `flyspec models prepare {name} --force` to prepare it again"
+        if name is not None
+        else "prepare or copy the model again"
+    )
+    raise ValueError(f"the prepared model cache failed its check: {'; '.join(problems)}; {fix}")
+
+
 def resolve_model(name_or_path: str) -> Path:
-    """A prepared zoo name's cache folder, or an existing folder / file path; ValueError otherwise."""
+    """A prepared zoo name's cache folder (checked), or an existing folder / file path; ValueError
+    otherwise. A folder holding a prepared-model marker is checked too, whichever way it is named."""
     if name_or_path in ZOO:
-        if not is_prepared(name_or_path):
-            raise ValueError(
-                f"zoo model {name_or_path!r} is not prepared in {cache_dir()}: run "
-                f"`flyspec models prepare {name_or_path}`"
-            )
-        return model_dir(name_or_path)
+        return verify_prepared(name_or_path, rehash="modified")
     path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / _MARKER).is_file():
+        name = json.loads((path / _MARKER).read_text()).get("name")
+        _raise_for(check_prepared_folder(path, "modified"), name if name in ZOO else None)
     if path.is_dir() or path.is_file():
         return path
     if path.exists():

@@ -195,3 +195,117 @@ def test_prepare_converts_once_then_is_a_no_op(tmp_path: Path, monkeypatch: pyte
     loaded = load_model(SMOL)
     assert loaded.dtype == torch.bfloat16 and loaded.path == str(folder)
     assert loaded.model.arch.model_type == "llama" and loaded.model.vocab_size == 49152
+
+
+def _tiny_prepared(cache: Path, legacy: bool = False) -> Path:
+    """A tiny random-weight model placed in `cache` as if `flyspec models prepare smollm2...` had made it;
+    legacy=True writes the marker an older flyspec wrote (no per-file checksums)."""
+    from tiny_llm import save_tiny
+
+    folder = save_tiny(cache / "models" / SMOL, seed=0)
+    marker = {"name": SMOL, "sha256": ZOO[SMOL].sha256, "packages": {}, "dtype": "float32"}
+    if legacy:
+        (folder / "flyspec-prepared.json").write_text(json.dumps(marker))
+    else:
+        assets.record_prepared(folder, marker)
+    return folder
+
+
+def _corrupt_middle(path: Path, keep_mtime: bool = False) -> None:
+    """Overwrite 64 bytes in the middle of `path` with random bytes (same size)."""
+    stat = path.stat()
+    with open(path, "r+b") as fh:
+        fh.seek(stat.st_size // 2)
+        fh.write(os.urandom(64))
+    if keep_mtime:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_prepared_folder_records_checksums_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker records size and sha256 of every file; an intact folder is prepared, resolves, loads
+    through load_model by its zoo name and passes `flyspec models verify`."""
+    from flyspec.models.loader import load_model
+
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    folder = _tiny_prepared(tmp_path)
+    files = json.loads((folder / "flyspec-prepared.json").read_text())["files"]
+    assert files["model.safetensors"]["sha256"] == sha256_of([folder / "model.safetensors"])
+    assert {"config.json", "tokenizer.json"} <= set(files)
+    assert assets.is_prepared(SMOL) and resolve_model(SMOL) == folder
+    assert load_model(SMOL, dtype="float32").model.vocab_size == 256
+    result = _flyspec("models", "verify", SMOL, "--json", env={"FLYSPEC_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["ok"] is True
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated weights", "random bytes in weights", "truncated tokenizer", "missing config"]
+)
+def test_corrupted_cache_is_refused_naming_the_file_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A truncated weights file, random bytes inside it, a truncated tokenizer or a missing file: the
+    folder no longer counts as prepared (except for same-size random bytes, which only hashing finds),
+    and loading it by zoo name or path fails with one error naming the damaged file and
+    `flyspec models prepare NAME --force`, instead of NaN logits or a SafetensorError traceback."""
+    from flyspec.models.loader import load_model
+
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    folder = _tiny_prepared(tmp_path)
+    target = {
+        "truncated weights": "model.safetensors",
+        "random bytes in weights": "model.safetensors",
+        "truncated tokenizer": "tokenizer.json",
+        "missing config": "config.json",
+    }[damage]
+    path = folder / target
+    if damage.startswith("truncated"):
+        with open(path, "r+b") as fh:
+            fh.truncate(path.stat().st_size - 100)
+    elif damage.startswith("random"):
+        _corrupt_middle(path)
+    else:
+        path.unlink()
+    assert assets.is_prepared(SMOL) is damage.startswith("random")
+    fix = f"flyspec models prepare {SMOL} --force"
+    for name_or_path in (SMOL, str(folder)):
+        with pytest.raises(ValueError, match=f"{path}.*{fix}"):
+            resolve_model(name_or_path)
+    with pytest.raises(ValueError, match=target):
+        load_model(SMOL)
+    result = _flyspec("models", "verify", SMOL, env={"FLYSPEC_CACHE": str(tmp_path)})
+    assert result.returncode == 2 and target in result.stderr and fix in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_models_list_and_verify_report_damage(tmp_path: Path) -> None:
+    """`models list` does not call a truncated folder prepared and says what is damaged; `models verify`
+    re-hashes every file, so it finds same-size corruption even when the modification time was put back
+    (which the per-load check, trusting unmodified files, does not re-hash)."""
+    folder = _tiny_prepared(tmp_path)
+    env = {"FLYSPEC_CACHE": str(tmp_path)}
+    _corrupt_middle(folder / "model.safetensors", keep_mtime=True)
+    assert assets.check_prepared_folder(folder, rehash="modified") == []
+    result = _flyspec("models", "verify", SMOL, env=env)
+    assert result.returncode == 2 and "model.safetensors does not match its recorded sha256" in result.stderr
+    with open(folder / "model.safetensors", "r+b") as fh:
+        fh.truncate(1000)
+    result = _flyspec("models", "list", "--json", env=env)
+    row = {r["name"]: r for r in json.loads(result.stdout.strip().splitlines()[-1])["models"]}[SMOL]
+    assert row["prepared"] is False and "model.safetensors is 1000 bytes" in row["problems"][0]
+
+
+def test_legacy_marker_without_checksums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder prepared before checksums were recorded still loads when intact; a truncated weights file
+    is caught by its safetensors header alone; `models verify` says no checksums are recorded and how to
+    record them."""
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    folder = _tiny_prepared(tmp_path, legacy=True)
+    assert assets.is_prepared(SMOL) and resolve_model(SMOL) == folder
+    with open(folder / "model.safetensors", "r+b") as fh:
+        fh.truncate(folder.joinpath("model.safetensors").stat().st_size - 8)
+    assert not assets.is_prepared(SMOL)
+    with pytest.raises(ValueError, match="safetensors header describes.*--force"):
+        resolve_model(SMOL)
+    with pytest.raises(ValueError, match="records no checksums.*--force"):
+        assets.verify_prepared(SMOL)

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server end to end (SPEC 8, issue 6).
+"""The OpenAI-compatible server end to end (docs/server.md).
 
 Every test talks HTTP to a real uvicorn server on a free loopback port. The engine serves a tiny
 random-weight Llama with FLy verification; its drafter is a slightly perturbed copy of the target, so
@@ -71,12 +71,15 @@ class Served:
         return httpx.post(f"{self.url}{path}", content=content, headers=headers, timeout=60)
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
-        """Every sample of /metrics, parsed by prometheus-client's own text parser."""
+        """Every sample of /metrics, parsed by prometheus-client's own text parser, keyed by name and its
+        labels other than model_name, which every flyspec series must carry with the served name."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        ours = [s for s in samples if s.name.startswith("flyspec:")]
+        assert ours and all(s.labels.get("model_name") == MODEL for s in ours)
         return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
+            (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+            for s in ours
         }
 
     def wait_idle(self, timeout: float = 30.0) -> None:
@@ -297,7 +300,8 @@ _BAD_REQUESTS = [
     ("/v1/completions", b'{"model": "tiny", "prompt": "w1"', 400, None, "invalid_json"),
     ("/v1/completions", b"[1, 2]", 400, None, "invalid_json"),
     ("/v1/completions", b"", 400, None, "invalid_json"),
-    ("/v1/completions", {**_GOOD, "max_tokens": "5"}, 400, "max_tokens", None),
+    ("/v1/completions", {**_GOOD, "max_tokens": "five"}, 400, "max_tokens", None),
+    ("/v1/completions", {**_GOOD, "max_tokens": 2.5}, 400, "max_tokens", None),
     ("/v1/completions", {**_GOOD, "temperature": "hot"}, 400, "temperature", None),
     ("/v1/completions", {**_GOOD, "prompt": 5}, 400, "prompt", None),
     ("/v1/completions", {**_GOOD, "stream": "yes"}, 400, "stream", None),
@@ -309,7 +313,7 @@ _BAD_REQUESTS = [
     ("/v1/completions", {**_GOOD, "prompt": "w1 " * 200}, 400, "prompt", "context_length_exceeded"),
     ("/v1/completions", {**_GOOD, "prompt": [5, 99_999]}, 400, "prompt", None),
     ("/v1/completions", {**_GOOD, "prompt": ""}, 400, "prompt", None),
-    ("/v1/completions", {**_GOOD, "top-k": 3}, 400, "top-k", None),
+    ("/v1/completions", {**_GOOD, "top_k": "3.5"}, 400, "top_k", None),
     ("/v1/completions", {**_GOOD, "top_p": 0.0}, 400, "top_p", None),
     ("/v1/completions", {**_GOOD, "n": 2}, 400, "n", None),
     ("/v1/completions", {**_GOOD, "verification": "lossy"}, 400, "verification", None),

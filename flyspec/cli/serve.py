@@ -1,4 +1,4 @@
-"""`flyspec serve`: the OpenAI-compatible server (flyspec/server/) on uvicorn."""
+"""`flyspec serve`: the OpenAI-compatible server (flyspec/server/, docs/server.md) on uvicorn."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ from typing import Annotated
 import typer
 
 from flyspec.cli.options import SpeculativeConfigOption, parse_speculative_config
+from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
 logger = logging.getLogger("flyspec.server")
+
+# Enough slots that 32 concurrent clients (a common `vllm bench serve` setting) never queue; the token
+# budget admits all of them for any K up to 31: 2048 // (1 + K) >= 64. KV memory grows with the slots
+# times the longest sequence served, so lower --max-num-seqs on a small machine.
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def _is_loopback(host: str) -> bool:
@@ -31,26 +38,36 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[
         str | None,
-        typer.Option(envvar="FLYSPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
+        typer.Option(
+            envvar="FLYSPEC_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize.",
+        ),
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     max_model_len: Annotated[
         int | None, typer.Option(help="Longest prompt + output in tokens (default: the model's).")
     ] = None,
-    max_num_seqs: Annotated[int, typer.Option(help="Most requests running at once.")] = 16,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget of one target pass.")] = 2048,
+    max_num_seqs: Annotated[int, typer.Option(help="Most requests running at once.")] = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="Token budget of one target pass; each decode request charges 1 + K.")
+    ] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     served_model_name: Annotated[
         str | None, typer.Option(help="Model name clients send (default: the MODEL argument).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Engine seed for requests that set none.")] = 0,
+    max_request_bytes: Annotated[
+        int, typer.Option(help="Largest request body accepted; larger ones get HTTP 413 before being read.")
+    ] = DEFAULT_MAX_REQUEST_BYTES,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, with Prometheus metrics at /metrics.
 
-    Routes: /v1/models, /v1/completions, /v1/chat/completions (stream=true for server-sent events), /health.
+    Routes: /v1/models, /v1/completions, /v1/chat/completions (stream=true for server-sent events),
+    /tokenize, /detokenize, /version, /ping, /health, /openapi.json.
 
-    Extra request fields: seed, top_k, and verification ("standard" forces lossless verification).
+    Extra request fields: seed, top_k, stop_token_ids, ignore_eos, and verification ("standard" forces
+    lossless verification). Unknown fields are ignored and named in the x-flyspec-ignored-fields header.
 
     Each response carries the request's acceptance counters in `spec_decode`.
     """
@@ -67,6 +84,8 @@ def serve(
     logging.basicConfig(level=levels[log_level], format="%(levelname)s %(name)s: %(message)s")
     if not 0 <= port <= 65535:
         raise ValueError(f"--port={port} is invalid: it must be in 0..65535")
+    if max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes={max_request_bytes} is invalid: it must be at least 1")
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key is empty: give a key or leave the option out")
     if not _is_loopback(host) and api_key is None:
@@ -89,6 +108,8 @@ def serve(
 
     engine = LLMEngine(config)  # logs the admission cap and, with FLy, the lossy warning
     name = served_model_name or model
-    app = build_app(engine, served_model_name=name, api_key=api_key)
+    app = build_app(
+        engine, served_model_name=name, api_key=api_key, max_request_bytes=max_request_bytes, model_root=model
+    )
     logger.info("serving %s as '%s' on http://%s:%d/v1", model, name, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -1,14 +1,18 @@
-"""The FastAPI app: OpenAI-compatible routes, /health and /metrics (SPEC 8).
+"""The FastAPI app: OpenAI-compatible routes, vLLM's utility routes, /health and /metrics.
 
-Handlers parse and validate, tokenize, and hand token ids to the engine loop; they never touch the engine.
-Every error leaves as OpenAI-style JSON: 400 for bad input, 401 for a bad key, 500 when the engine fails,
-503 while shutting down.
+Handlers read the body (bounded by --max-request-bytes), parse and validate it, tokenise on the prompt
+worker thread, and hand token ids to the engine loop; they never touch the engine. Every error leaves as
+OpenAI-style JSON: 400 for bad input, 401 for a bad key, 413 for a body over the limit, 500 when the
+engine fails, 503 while shutting down. docs/server.md describes the routes, fields and bounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
+import importlib.metadata
+import json
 import logging
 import secrets
 import time
@@ -19,24 +23,36 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flyspec.chat import render_chat
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
+from flyspec.server.body import read_body
 from flyspec.server.engine_loop import EngineLoop, RequestStream
+from flyspec.server.errors import OpenAIError, error_responses, invalid_request
+from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 from flyspec.server.metrics import ServerMetrics
+from flyspec.server.openapi import install_openapi, json_body
+from flyspec.server.prompts import PromptEncoder
 from flyspec.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    OpenAIError,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    ignored_fields,
+    parse_body,
+)
+from flyspec.server.responses import (
+    Choice,
     chat_json,
     completion_json,
-    invalid_request,
-    parse_body,
     spec_decode_json,
+    stop_reason,
     usage_json,
 )
 from flyspec.server.streaming import EngineStreamResponse, chat_events, completion_events
@@ -44,31 +60,74 @@ from flyspec.server.streaming import EngineStreamResponse, chat_events, completi
 logger = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
+IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
+_MAX_NAMES_IN_HEADER = 32
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+_V1_ERRORS = error_responses(400, 401, 413, 500, 503)
+_STREAM_OR_JSON = {
+    200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"}
+}
+
+
+def flyspec_version() -> str:
+    """The installed flyspec version ("unknown" when running from a source tree without metadata)."""
+    try:
+        return importlib.metadata.version("flyspec")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class ServerState:
-    """What the handlers share: the engine loop, a private tokenizer, limits and names."""
+    """What the handlers share: the engine loop, the prompt encoder, limits and names."""
 
-    def __init__(self, engine: Any, served_model_name: str, api_key: str | None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        served_model_name: str,
+        api_key: str | None,
+        max_request_bytes: int,
+        model_root: str,
+    ) -> None:
         self.served_model_name = served_model_name
         self.api_key = api_key
-        # A copy of our own: the engine thread detokenizes with its tokenizer while handlers encode.
-        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        self.max_request_bytes = max_request_bytes
+        self.model_root = model_root
         self.vocab_size = int(engine.vocab_size)
         self.max_model_len = int(engine.max_model_len)
+        # A tokenizer copy of our own: the engine thread detokenizes with its tokenizer while we encode.
+        self.encoder = PromptEncoder(copy.deepcopy(engine.tokenizer), self.vocab_size, self.max_model_len)
         num_spec = len(engine.stats.accepted_per_position)  # K, or 0 without speculation
-        self.metrics = ServerMetrics(num_spec, bool(engine.is_lossy))
+        self.metrics = ServerMetrics(
+            served_model_name, num_spec, bool(engine.is_lossy), int(engine.max_running)
+        )
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.created = int(time.time())
+        # OpenAI's system_fingerprint identifies the backend configuration: same value, same engine setup.
+        config = f"{flyspec_version()}|{getattr(engine, 'config', None)!r}"
+        self.system_fingerprint = "fp_" + hashlib.sha256(config.encode()).hexdigest()[:12]
 
 
-def build_app(engine: Any, *, served_model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(
+    engine: Any,
+    *,
+    served_model_name: str,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    model_root: str | None = None,
+) -> FastAPI:
     """An app serving `engine` (an LLMEngine) under `served_model_name`.
 
-    With `api_key`, every /v1 route needs `Authorization: Bearer <api_key>`; /health and /metrics stay
-    open (probes and scrapers). The engine loop thread starts and stops with the app's lifespan.
+    With `api_key`, every /v1 route and /tokenize, /detokenize need `Authorization: Bearer <api_key>`;
+    /health, /ping, /version and /metrics stay open (probes and scrapers). Bodies over
+    `max_request_bytes` get 413. `model_root` is the model path reported as `root` in /v1/models (default:
+    the served name). The engine loop thread starts and stops with the app's lifespan.
     """
-    state = ServerState(engine, served_model_name, api_key)
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes={max_request_bytes}: must be at least 1")
+    state = ServerState(
+        engine, served_model_name, api_key, max_request_bytes, model_root or served_model_name
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,12 +136,23 @@ def build_app(engine: Any, *, served_model_name: str, api_key: str | None = None
             yield
         finally:
             await asyncio.to_thread(state.engine_loop.stop)
+            state.encoder.close()
 
-    app = FastAPI(title="flyspec", lifespan=lifespan)
+    app = FastAPI(title="flyspec", version=flyspec_version(), lifespan=lifespan)
     app.state.flyspec = state
+    app.add_middleware(_IgnoredFieldsHeader)
     _install_error_handlers(app)
+    install_openapi(
+        app,
+        [
+            CompletionRequest,
+            ChatCompletionRequest,
+            TokenizeCompletionRequest,
+            TokenizeChatRequest,
+            DetokenizeRequest,
+        ],
+    )
 
-    @app.get("/health")
     async def health() -> Response:
         if not state.engine_loop.alive:
             return _error_response(
@@ -90,12 +160,48 @@ def build_app(engine: Any, *, served_model_name: str, api_key: str | None = None
             )
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    # /ping is vLLM's name for the same probe (GET and POST, as vLLM answers both).
+    for method, route, operation in (
+        ("get", "/health", "health"),
+        ("get", "/ping", "ping"),
+        ("post", "/ping", "ping_post"),
+    ):
+        getattr(app, method)(route, operation_id=operation, responses=error_responses(503))(health)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": flyspec_version()})
+
+    app.include_router(_tokenizer_router(state))
     app.include_router(_v1_router(state))
     return app
+
+
+class _IgnoredFieldsHeader:
+    """Adds the `x-flyspec-ignored-fields` header to any response whose request carried unknown fields
+    (success, stream or error alike); handlers record them in the request state."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            names = scope.get("state", {}).get("ignored_fields")
+            if message["type"] == "http.response.start" and names:
+                headers = list(message.get("headers", []))
+                headers.append((IGNORED_FIELDS_HEADER.encode(), _name_list(names).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -112,7 +218,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error_response(OpenAIError(str(exc.detail), status=exc.status_code, type=kind))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the methods of one route only; a path may have several
+            headers["Allow"] = ", ".join(_methods_of(request.app, request.scope))
+        error = OpenAIError(str(exc.detail), status=exc.status_code, type=kind, headers=headers or None)
+        return _error_response(error)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -120,89 +230,57 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error_response(OpenAIError(f"internal error: {exc}", status=500, type="server_error"))
 
 
+def _methods_of(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route of `app` fully matches for this request's path (asked of the routes
+    themselves, so mounted routers count too)."""
+    return [
+        method
+        for method in _HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in app.router.routes)
+    ]
+
+
 def _error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def _v1_router(state: ServerState) -> APIRouter:
+def _api_key_check(state: ServerState) -> Any:
+    key = state.api_key.encode() if state.api_key is not None else None
+
     async def check_api_key(request: Request) -> None:
-        if state.api_key is None:
+        if key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # Headers arrive as latin-1 text; compare the raw bytes, which compare_digest accepts whatever
+        # characters the client sent (it refuses non-ASCII str).
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode("latin-1"), key):
             raise OpenAIError(
                 "missing or incorrect API key: send 'Authorization: Bearer <key>'",
                 status=401,
                 code="invalid_api_key",
             )
 
-    router = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    return Depends(check_api_key)
 
-    @router.get("/models")
-    async def models() -> Response:
-        card = {
-            "id": state.served_model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "flyspec",
-            "max_model_len": state.max_model_len,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
 
-    @router.post("/completions")
-    async def completions(request: Request) -> Response:
-        arrival = time.monotonic()
-        req = parse_body(CompletionRequest, await request.body())
-        req.check()
-        _check_model(state, req.model)
-        prompts = [_prompt_ids(state, p) for p in req.prompts()]
-        params = [_sampling_params(state, req, len(ids), req.max_tokens, chat=False) for ids in prompts]
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await _submit(state, request_id, prompts, params, arrival)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if req.stream:
-            events = completion_events(
-                request_id, state.served_model_name, stream, params[0].stop, include_usage
-            )
-            return EngineStreamResponse(events, stream)
-        finals = await _collect(stream, request)
-        outs = [finals[i] for i in range(len(prompts))]
-        body = completion_json(
-            request_id,
-            state.served_model_name,
-            [{"text": o.outputs[0].text, "finish_reason": o.outputs[0].finish_reason} for o in outs],
-            usage_json(outs),
-            spec_decode_json([o.metrics for o in outs]),
-        )
-        return JSONResponse(body)
+def _printable(name: str) -> str:
+    # Field names are client input: escape anything but visible ASCII (HTTP header values must not carry
+    # control characters, nor start or end with a space); an empty name shows as "".
+    return "".join(c if "!" <= c <= "~" else f"\\u{ord(c):04x}" for c in name) or '""'
 
-    @router.post("/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        arrival = time.monotonic()
-        req = parse_body(ChatCompletionRequest, await request.body())
-        req.check()
-        _check_model(state, req.model)
-        ids = _chat_prompt_ids(state, req)
-        params = [_sampling_params(state, req, len(ids), req.requested_max_tokens(), chat=True)]
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await _submit(state, request_id, [ids], params, arrival)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if req.stream:
-            events = chat_events(request_id, state.served_model_name, stream, params[0].stop, include_usage)
-            return EngineStreamResponse(events, stream)
-        out = (await _collect(stream, request))[0]
-        body = chat_json(
-            request_id,
-            state.served_model_name,
-            out.outputs[0].text,
-            out.outputs[0].finish_reason,
-            usage_json([out]),
-            spec_decode_json(out.metrics),
-        )
-        return JSONResponse(body)
 
-    return router
+def _name_list(names: list[str]) -> str:
+    """The names for the header and the log line: escaped, at most _MAX_NAMES_IN_HEADER of them."""
+    shown = ", ".join(_printable(n) for n in names[:_MAX_NAMES_IN_HEADER])
+    more = len(names) - _MAX_NAMES_IN_HEADER
+    return shown + (f", ... ({more} more)" if more > 0 else "")
+
+
+def _note_ignored(request: Request, body: Any) -> None:
+    names = ignored_fields(body)
+    if names:
+        request.state.ignored_fields = names
+        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, _name_list(names))
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
@@ -214,29 +292,168 @@ def _check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-def _prompt_ids(state: ServerState, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, str):
-        ids = state.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
-    else:
-        bad = [t for t in prompt if not 0 <= t < state.vocab_size]
-        if bad:
+def _tokenizer_router(state: ServerState) -> APIRouter:
+    router = APIRouter(dependencies=[_api_key_check(state)])
+
+    @router.post(
+        "/tokenize",
+        openapi_extra=json_body(TokenizeCompletionRequest, TokenizeChatRequest),
+        responses=error_responses(400, 401, 413),
+    )
+    async def tokenize(request: Request) -> Response:
+        body = await read_body(request, state.max_request_bytes)
+        try:
+            is_chat = isinstance(data := json.loads(body), dict) and "messages" in data
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            is_chat = False  # parse_body reports the syntax error
+        req: TokenizeChatRequest | TokenizeCompletionRequest
+        if is_chat:
+            req = parse_body(TokenizeChatRequest, body)
+            _note_ignored(request, req)
+            _check_model(state, req.model)
+            if not req.add_generation_prompt:
+                raise OpenAIError(
+                    "add_generation_prompt=false is not supported", param="add_generation_prompt"
+                )
+            ids = await state.encoder.chat_ids([m.to_template() for m in req.messages], bounded=False)
+        else:
+            req = parse_body(TokenizeCompletionRequest, body)
+            _note_ignored(request, req)
+            _check_model(state, req.model)
+            ids = await state.encoder.text_ids(req.prompt, add_special_tokens=req.add_special_tokens)
+        strs = await state.encoder.token_strs(ids) if req.return_token_strs else None
+        return JSONResponse(
+            {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
+        )
+
+    @router.post(
+        "/detokenize", openapi_extra=json_body(DetokenizeRequest), responses=error_responses(400, 401, 413)
+    )
+    async def detokenize(request: Request) -> Response:
+        req = parse_body(DetokenizeRequest, await read_body(request, state.max_request_bytes))
+        _note_ignored(request, req)
+        _check_model(state, req.model)
+        bad = next((t for t in req.tokens if not 0 <= t < state.vocab_size), None)
+        if bad is not None:
             raise OpenAIError(
-                f"prompt: token id {bad[0]} is outside the vocabulary [0, {state.vocab_size})",
-                param="prompt",
+                f"tokens: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param="tokens"
             )
-        ids = list(prompt)
-    if not ids:
-        raise OpenAIError("prompt: must not be empty", param="prompt")
-    return ids
+        return JSONResponse({"prompt": await state.encoder.decode(req.tokens)})
+
+    return router
 
 
-def _chat_prompt_ids(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        ids, _ = render_chat(state.tokenizer, messages)
-    except ValueError as exc:
-        raise OpenAIError(f"messages: {exc}", param="messages") from None
-    return ids
+def _v1_router(state: ServerState) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=[_api_key_check(state)])
+
+    @router.get("/models", responses=error_responses(401))
+    async def models() -> Response:
+        card = {
+            "id": state.served_model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "flyspec",
+            "root": state.model_root,
+            "parent": None,
+            "max_model_len": state.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @router.post(
+        "/completions",
+        openapi_extra=json_body(CompletionRequest),
+        responses={**_STREAM_OR_JSON, **_V1_ERRORS},
+    )
+    async def completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        req = parse_body(CompletionRequest, await read_body(request, state.max_request_bytes))
+        _note_ignored(request, req)
+        req.check()
+        _check_model(state, req.model)
+        prompts = [
+            await state.encoder.prompt_ids(p, add_special_tokens=req.add_special_tokens)
+            for p in req.prompts()
+        ]
+        params = [_sampling_params(state, req, len(ids), req.max_tokens, chat=False) for ids in prompts]
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        stream = await _submit(state, request_id, prompts, params, arrival)
+        choice_of = _choice_maker(state, params[0])
+        if req.stream:
+            events = completion_events(
+                request_id,
+                state.served_model_name,
+                state.system_fingerprint,
+                stream,
+                params[0].stop,
+                req.include_usage,
+                choice_of,
+            )
+            return EngineStreamResponse(events, stream)
+        finals = await _collect(stream, request)
+        outs = [finals[i] for i in range(len(prompts))]
+        body = completion_json(
+            request_id,
+            state.served_model_name,
+            [await choice_of(o) for o in outs],
+            usage_json(outs),
+            spec_decode_json([o.metrics for o in outs]),
+            state.system_fingerprint,
+        )
+        return JSONResponse(body)
+
+    @router.post(
+        "/chat/completions",
+        openapi_extra=json_body(ChatCompletionRequest),
+        responses={**_STREAM_OR_JSON, **_V1_ERRORS},
+    )
+    async def chat_completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        req = parse_body(ChatCompletionRequest, await read_body(request, state.max_request_bytes))
+        _note_ignored(request, req)
+        req.check(max_messages=state.max_model_len)
+        _check_model(state, req.model)
+        ids = await state.encoder.chat_ids(req.template_messages())
+        params = [_sampling_params(state, req, len(ids), req.requested_max_tokens(), chat=True)]
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await _submit(state, request_id, [ids], params, arrival)
+        choice_of = _choice_maker(state, params[0])
+        if req.stream:
+            events = chat_events(
+                request_id,
+                state.served_model_name,
+                state.system_fingerprint,
+                stream,
+                params[0].stop,
+                req.include_usage,
+                choice_of,
+            )
+            return EngineStreamResponse(events, stream)
+        out = (await _collect(stream, request))[0]
+        body = chat_json(
+            request_id,
+            state.served_model_name,
+            await choice_of(out),
+            usage_json([out]),
+            spec_decode_json(out.metrics),
+            state.system_fingerprint,
+        )
+        return JSONResponse(body)
+
+    return router
+
+
+def _choice_maker(state: ServerState, params: SamplingParams) -> Any:
+    """A coroutine function turning a finished output into its Choice; decodes the generated tokens only
+    when a stop string may have ended it (to report which one)."""
+
+    async def choice_of(out: RequestOutput) -> Choice:
+        o = out.outputs[0]
+        decoded = (
+            await state.encoder.decode(o.token_ids) if params.stop and o.finish_reason == "stop" else None
+        )
+        return Choice(o.text, o.finish_reason, stop_reason(o, params.stop, params.stop_token_ids, decoded))
+
+    return choice_of
 
 
 def _sampling_params(
@@ -249,12 +466,7 @@ def _sampling_params(
 ) -> SamplingParams:
     room = state.max_model_len - prompt_len
     if room < 1:
-        raise OpenAIError(
-            f"the prompt is {prompt_len} tokens, which leaves no room to generate within "
-            f"max_model_len={state.max_model_len}",
-            param="messages" if chat else "prompt",
-            code="context_length_exceeded",
-        )
+        raise state.encoder.too_long(prompt_len, "messages" if chat else "prompt")
     name = "max_completion_tokens" if chat and req.max_tokens is None else "max_tokens"
     if max_tokens is None:
         max_tokens = room if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
@@ -274,7 +486,7 @@ def _sampling_params(
             top_k=0 if req.top_k is None else req.top_k,
             max_tokens=max_tokens,
             seed=req.seed,
-            stop=req.stop,
+            stop=req.stop_list(),
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
             verification=req.verification,

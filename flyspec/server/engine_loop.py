@@ -5,6 +5,10 @@ queue and read their request's outputs from an asyncio queue that this thread fe
 `loop.call_soon_threadsafe`. The thread blocks on the command queue when there is nothing to run (no
 busy spin), and steps the engine while any request is unfinished. An exception inside `step()` fails the
 requests that were in flight with a 500 error and the loop keeps serving.
+
+It drives LLMEngine through its public methods (add_request, abort_request, step) rather than through
+`LLM.stream`, because a server must interleave steps with requests that arrive and leave between any
+two steps, which the one-caller iterator API does not offer.
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
+from flyspec.server.errors import OpenAIError, invalid_request
 from flyspec.server.metrics import ServerMetrics
-from flyspec.server.protocol import OpenAIError, invalid_request
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +43,9 @@ class _Tracked:
 
     index: int  # the choice index inside its HTTP request
     sink: asyncio.Queue[tuple[int, Any]]
-    arrival: float
+    arrival: float  # when the HTTP request arrived
+    queued_at: float = 0.0  # when the engine took it
+    scheduled_at: float | None = None  # when it got a slot
     first_token_at: float | None = None
     last_token_at: float = 0.0
     num_tokens: int = 0
@@ -102,6 +109,8 @@ class EngineLoop:
         self.metrics = metrics
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._tracked: dict[str, _Tracked] = {}
+        # Engine requests not yet seen holding a slot, in the order they were added (see _note_admissions).
+        self._queued: deque[str] = deque()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -203,6 +212,9 @@ class EngineLoop:
         if isinstance(command, _Abort):
             if self._tracked.pop(command.request_id, None) is not None:
                 self._abort_in_engine(command.request_id)
+                self.metrics.request_success["abort"].inc()
+                with contextlib.suppress(ValueError):
+                    self._queued.remove(command.request_id)
             return
         tracked = command.tracked
         try:
@@ -217,19 +229,24 @@ class EngineLoop:
                 OpenAIError(f"the engine failed to add the request: {exc}", status=500, type="server_error"),
             )
             return
+        tracked.queued_at = time.monotonic()
         self._tracked[command.request_id] = tracked
+        self._queued.append(command.request_id)
         self._deliver(tracked, _ACCEPTED)
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             outputs: list[RequestOutput] = self.engine.step()
         except Exception as exc:
             logger.exception("engine step failed; failing the %d requests in flight", len(self._tracked))
+            self.metrics.request_success["error"].inc(len(self._tracked))
             self._fail_all(
                 OpenAIError(f"the engine failed while decoding: {exc}", status=500, type="server_error")
             )
             time.sleep(_FAILED_STEP_PAUSE_S)
-            outputs = []
+            return
+        self._note_admissions(started)
         now = time.monotonic()
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
@@ -238,7 +255,17 @@ class EngineLoop:
             self._observe_latency(tracked, out, now)
             self._deliver(tracked, out)
             if out.finished:
+                self._observe_finished(tracked, out, now)
                 del self._tracked[out.request_id]
+
+    def _note_admissions(self, step_started: float) -> None:
+        """Mark the requests this step admitted: the scheduler admits first come, first served at the
+        start of a step, so the oldest queued requests beyond the engine's waiting count got a slot."""
+        while len(self._queued) > self.engine.num_waiting:
+            tracked = self._tracked.get(self._queued.popleft())
+            if tracked is not None:
+                tracked.scheduled_at = step_started
+                self.metrics.request_queue_time.observe(step_started - tracked.queued_at)
 
     def _observe_latency(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
         num_tokens = len(out.outputs[0].token_ids)
@@ -253,14 +280,28 @@ class EngineLoop:
                     self.metrics.inter_token_latency.observe(per_token)
             tracked.last_token_at = now
             tracked.num_tokens = num_tokens
-        if out.finished and out.outputs[0].finish_reason != "abort":
-            self.metrics.e2e_request_latency.observe(now - tracked.arrival)
+
+    def _observe_finished(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
+        reason = out.outputs[0].finish_reason or "stop"
+        self.metrics.request_success[reason].inc()
+        if reason == "abort":
+            return
+        m = self.metrics
+        m.e2e_request_latency.observe(now - tracked.arrival)
+        m.request_prompt_tokens.observe(len(out.prompt_token_ids))
+        m.request_generation_tokens.observe(len(out.outputs[0].token_ids))
+        scheduled = tracked.scheduled_at if tracked.scheduled_at is not None else tracked.queued_at
+        first = tracked.first_token_at if tracked.first_token_at is not None else now
+        m.request_prefill_time.observe(first - scheduled)
+        m.request_decode_time.observe(now - first)
+        m.request_inference_time.observe(now - scheduled)
 
     def _fail_all(self, error: OpenAIError) -> None:
         for request_id, tracked in list(self._tracked.items()):
             self._deliver(tracked, error)
             self._abort_in_engine(request_id)
         self._tracked.clear()
+        self._queued.clear()
 
     def _abort_in_engine(self, request_id: str) -> None:
         try:

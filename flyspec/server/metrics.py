@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server (SPEC 8), named like vLLM's with the `flyspec:` prefix.
+"""Prometheus metrics of the server, named like vLLM's with the `flyspec:` prefix and a `model_name` label
+on every series, so vLLM dashboards and alerts port by changing the prefix (docs/server.md lists them).
 
 Each app gets its own CollectorRegistry so several servers can live in one process (tests, benchmarks).
 Counters follow the engine's cumulative `stats`: after every step the engine loop adds the difference to
@@ -14,6 +15,9 @@ from flyspec.spec_decode.metrics import SpecDecodeStats
 # Seconds; covers a tiny CPU model (milliseconds) up to long generations of a real one.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 # Engine counter (SpecDecodeStats attribute) -> metric name without the `_total` suffix.
 _COUNTERS = {
@@ -31,54 +35,118 @@ _COUNTERS = {
     "prompt_tokens": ("flyspec:prompt_tokens", "Prompt tokens processed."),
 }
 
+_LABEL = ["model_name"]
+
 
 class ServerMetrics:
     """All server metrics in one registry; updated only by the engine loop thread."""
 
-    def __init__(self, num_speculative_tokens: int, lossy: bool) -> None:
+    def __init__(self, model_name: str, num_speculative_tokens: int, lossy: bool, max_running: int) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.num_requests_running = Gauge(
-            "flyspec:num_requests_running", "Requests in the running batch.", registry=r
+        name = {"model_name": model_name}
+
+        def gauge(metric: str, doc: str) -> Gauge:
+            return Gauge(metric, doc, _LABEL, registry=r).labels(**name)
+
+        def histogram(metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(metric, doc, _LABEL, buckets=buckets, registry=r).labels(**name)
+
+        self.num_requests_running = gauge("flyspec:num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("flyspec:num_requests_waiting", "Requests waiting to be admitted.")
+        self.max_running_requests = gauge(
+            "flyspec:max_running_requests",
+            "The admission cap: min(max_num_seqs, max_num_batched_tokens // (1 + K)); running requests "
+            "never exceed it.",
         )
-        self.num_requests_waiting = Gauge(
-            "flyspec:num_requests_waiting", "Requests waiting to be admitted.", registry=r
+        self.max_running_requests.set(max_running)
+        self._max_running = max_running
+        self.kv_cache_usage_perc = gauge(
+            "flyspec:kv_cache_usage_perc",
+            "Fraction (0 to 1) of the KV cache held by running requests. The cache is allocated per slot "
+            "(one per admissible request), so this is running requests / the admission cap.",
         )
-        self.lossy_verification_enabled = Gauge(
+        self.lossy_verification_enabled = gauge(
             "flyspec:lossy_verification_enabled",
             "1 when the engine verifies with FLy (lossy), 0 when verification is lossless.",
-            registry=r,
         )
         self.lossy_verification_enabled.set(1 if lossy else 0)
-        self._counters = {key: Counter(name, doc, registry=r) for key, (name, doc) in _COUNTERS.items()}
-        self.accepted_per_pos = Counter(
+        self.num_preemptions = Counter(
+            "flyspec:num_preemptions",
+            "Preemptions of running requests: always 0, the scheduler admits only requests whose decode "
+            "steps always fit and never evicts one.",
+            _LABEL,
+            registry=r,
+        ).labels(**name)
+        self._counters = {
+            key: Counter(metric, doc, _LABEL, registry=r).labels(**name)
+            for key, (metric, doc) in _COUNTERS.items()
+        }
+        accepted_per_pos = Counter(
             "flyspec:spec_decode_num_accepted_tokens_per_pos",
             "Verification steps whose draft token at this position was kept.",
-            ["position"],
+            ["model_name", "position"],
             registry=r,
         )
-        # Create every position up front so dashboards see zeros rather than missing series.
+        # Create every labelled series up front so dashboards see zeros rather than missing series.
         self._positions = [
-            self.accepted_per_pos.labels(position=str(i)) for i in range(num_speculative_tokens)
+            accepted_per_pos.labels(model_name=model_name, position=str(i))
+            for i in range(num_speculative_tokens)
         ]
-        self.time_to_first_token = Histogram(
+        success = Counter(
+            "flyspec:request_success",
+            "Requests that finished, by reason: stop (stop string, stop token or end of sequence), length "
+            "(max_tokens or max_model_len), abort (the client went away), error (the engine failed).",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.request_success = {
+            reason: success.labels(model_name=model_name, finished_reason=reason)
+            for reason in FINISHED_REASONS
+        }
+        self.time_to_first_token = histogram(
             "flyspec:time_to_first_token_seconds",
             "Seconds from request arrival to its first generated token.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = histogram(
             "flyspec:inter_token_latency_seconds",
             "Seconds per generated token after the first: the gap between two outputs of a request divided "
             "by the tokens it brought (speculative steps bring several), observed once per token.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.e2e_request_latency = Histogram(
+        self.e2e_request_latency = histogram(
             "flyspec:e2e_request_latency_seconds",
             "Seconds from request arrival to its last token, for requests that finished (not aborted).",
-            buckets=_REQUEST_BUCKETS,
-            registry=r,
+            _REQUEST_BUCKETS,
+        )
+        self.request_queue_time = histogram(
+            "flyspec:request_queue_time_seconds",
+            "Seconds a request waited in the engine's queue before it got a slot.",
+            _REQUEST_BUCKETS,
+        )
+        self.request_prefill_time = histogram(
+            "flyspec:request_prefill_time_seconds",
+            "Seconds from getting a slot to the first generated token (the prompt's prefill).",
+            _REQUEST_BUCKETS,
+        )
+        self.request_decode_time = histogram(
+            "flyspec:request_decode_time_seconds",
+            "Seconds from the first generated token to the last, for finished requests.",
+            _REQUEST_BUCKETS,
+        )
+        self.request_inference_time = histogram(
+            "flyspec:request_inference_time_seconds",
+            "Seconds from getting a slot to the last token (prefill plus decode), for finished requests.",
+            _REQUEST_BUCKETS,
+        )
+        self.request_prompt_tokens = histogram(
+            "flyspec:request_prompt_tokens", "Prompt length of finished requests, in tokens.", _TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = histogram(
+            "flyspec:request_generation_tokens",
+            "Generated length of finished requests, in tokens.",
+            _TOKEN_BUCKETS,
         )
         self._last = SpecDecodeStats(num_speculative_tokens=num_speculative_tokens)
 
@@ -96,3 +164,4 @@ class ServerMetrics:
                 self._last.accepted_per_position[i] = stats.accepted_per_position[i]
         self.num_requests_running.set(num_running)
         self.num_requests_waiting.set(num_waiting)
+        self.kv_cache_usage_perc.set(num_running / self._max_running)

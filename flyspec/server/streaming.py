@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from flyspec.outputs import RequestOutput
 from flyspec.server.engine_loop import RequestStream
-from flyspec.server.protocol import OpenAIError, spec_decode_json, usage_json
+from flyspec.server.errors import OpenAIError
+from flyspec.server.responses import Choice, spec_decode_json, usage_json
+
+ChoiceOf = Callable[[RequestOutput], Awaitable[Choice]]
+"""Turns a finished output into its Choice (finish and stop reason)."""
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -28,9 +32,13 @@ class EngineStreamResponse(StreamingResponse):
     """Server-sent events of one engine stream; whatever ends the response (done, error, hang-up, even
     before the first event) aborts what is still running, so no slot outlives its client."""
 
-    def __init__(self, events: AsyncIterator[str], stream: RequestStream) -> None:
+    def __init__(
+        self, events: AsyncIterator[str], stream: RequestStream, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(
-            _in_band_errors(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            _in_band_errors(events),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", **(headers or {})},
         )
         self.stream = stream
 
@@ -82,12 +90,19 @@ class TextDeltas:
 
 
 async def completion_events(
-    request_id: str, model: str, stream: RequestStream, stop: list[str] | None, include_usage: bool
+    request_id: str,
+    model: str,
+    fingerprint: str,
+    stream: RequestStream,
+    stop: list[str],
+    include_usage: bool,
+    choice_of: ChoiceOf,
 ) -> AsyncIterator[str]:
-    """/v1/completions chunks: text deltas per choice, the finish reason (with that choice's spec_decode)
-    on its last chunk, then with include_usage a choice-less chunk with usage and spec_decode, then [DONE]."""
+    """/v1/completions chunks: text deltas per choice, the finish and stop reason (with that choice's
+    spec_decode) on its last chunk, then with include_usage a choice-less chunk with usage and spec_decode,
+    then [DONE]."""
     created = int(time.time())
-    deltas = TextDeltas(stop or [])
+    deltas = TextDeltas(stop)
     finals: dict[int, RequestOutput] = {}
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -96,6 +111,7 @@ async def completion_events(
             "object": "text_completion",
             "created": created,
             "model": model,
+            "system_fingerprint": fingerprint,
             "choices": choices,
         }
         if include_usage:
@@ -107,14 +123,11 @@ async def completion_events(
         piece = deltas.next(index, out)
         if not piece and not out.finished:
             continue
-        choice = {
-            "index": index,
-            "text": piece,
-            "logprobs": None,
-            "finish_reason": out.outputs[0].finish_reason,
-        }
+        choice = {"index": index, "text": piece, "logprobs": None, "finish_reason": None, "stop_reason": None}
         if out.finished:
             finals[index] = out
+            final = await choice_of(out)
+            choice.update(finish_reason=final.finish_reason, stop_reason=final.stop_reason)
             yield sse(chunk([choice], spec_decode=spec_decode_json(out.metrics)))
         else:
             yield sse(chunk([choice]))
@@ -125,38 +138,52 @@ async def completion_events(
 
 
 async def chat_events(
-    request_id: str, model: str, stream: RequestStream, stop: list[str] | None, include_usage: bool
+    request_id: str,
+    model: str,
+    fingerprint: str,
+    stream: RequestStream,
+    stop: list[str],
+    include_usage: bool,
+    choice_of: ChoiceOf,
 ) -> AsyncIterator[str]:
-    """/v1/chat/completions chunks: the assistant role, content deltas, the finish reason (with
+    """/v1/chat/completions chunks: the assistant role, content deltas, the finish and stop reason (with
     spec_decode), then with include_usage a choice-less usage chunk, then [DONE]."""
     created = int(time.time())
-    deltas = TextDeltas(stop or [])
+    deltas = TextDeltas(stop)
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None, **extra: Any) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: Choice | None = None, **extra: Any) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish.finish_reason if finish else None,
+            "stop_reason": finish.stop_reason if finish else None,
+        }
         body = {
             "id": request_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "system_fingerprint": fingerprint,
+            "choices": [choice],
         }
         if include_usage:
             body["usage"] = None
         body.update(extra)
         return body
 
-    yield sse(chunk({"role": "assistant", "content": ""}, None))
+    yield sse(chunk({"role": "assistant", "content": ""}))
     final: RequestOutput | None = None
     async for _, out in stream:
         piece = deltas.next(0, out)
         if out.finished:
             final = out
             delta = {"content": piece} if piece else {}
-            yield sse(chunk(delta, out.outputs[0].finish_reason, spec_decode=spec_decode_json(out.metrics)))
+            yield sse(chunk(delta, await choice_of(out), spec_decode=spec_decode_json(out.metrics)))
         elif piece:
-            yield sse(chunk({"content": piece}, None))
+            yield sse(chunk({"content": piece}))
     if include_usage and final is not None:
-        usage_chunk = chunk({}, None, usage=usage_json([final]), spec_decode=spec_decode_json(final.metrics))
+        usage_chunk = chunk({}, usage=usage_json([final]), spec_decode=spec_decode_json(final.metrics))
         usage_chunk["choices"] = []
         yield sse(usage_chunk)
     yield sse("[DONE]")
