@@ -179,7 +179,7 @@ class LLM:
                     for out in engine.step():
                         if out.finished and out.request_id in in_flight:
                             in_flight.discard(out.request_id)
-                            bar.advance(len(out.outputs[0].token_ids))
+                            bar.advance(sum(len(o.token_ids) for o in out.outputs))
                             yield out
             finally:
                 # Reached on errors, Ctrl-C and a consumer that stops early: leave the engine clean.

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+"""Why a sequence ended: a stop condition, a length limit, an abort, or an error in this request alone
+(RequestOutput.error says what; the other requests of the batch are unaffected)."""
 
 ACCEPTANCE_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_forgiven_tokens")
 
@@ -95,19 +97,54 @@ class RequestMetrics(AcceptanceRates):
     forgiven_positions: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """The log-probability of one token at one position (vLLM's Logprob).
+
+    logprob: natural log, -inf for a token the processed distribution excludes (filtered by top-k, top-p,
+    min-p or a grammar). rank: 1 + the number of tokens strictly more likely at that position (the most
+    likely token has rank 1). decoded_token: the token decoded on its own.
+    """
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+PositionLogprobs = dict[int, Logprob]
+"""One position: the chosen token first, then the top-k alternatives by rank (k or k + 1 entries)."""
+
+
 @dataclass
 class CompletionOutput:
-    """One generated sequence: cumulative text and token ids so far."""
+    """One generated sequence: cumulative text and token ids so far.
+
+    logprobs: with SamplingParams(logprobs=k), one PositionLogprobs per token id, under the processed
+    target distribution the token was verified or sampled with (docs/sampling.md); else None.
+    cumulative_logprob: their sum (None without logprobs). metrics: this sample's own counters (for n > 1
+    the request's metrics add them up).
+    """
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    metrics: RequestMetrics | None = None
 
 
 @dataclass
 class RequestOutput:
-    """The state of one request after an engine step (cumulative, not a delta)."""
+    """The state of one request after an engine step (cumulative, not a delta).
+
+    outputs: one CompletionOutput per sample (SamplingParams.n), indices 0..n-1. prompt_logprobs: with
+    SamplingParams(prompt_logprobs=k), one entry per prompt token: None for the first, then the
+    PositionLogprobs of that token given the tokens before it (the model's raw distribution); else None.
+    error: why this request failed alone (finish_reason "error"), else None. metrics: the request's
+    counters (summed over samples when n > 1; per-sample forgiven positions are then in
+    outputs[i].metrics).
+    """
 
     request_id: str
     prompt: str | None
@@ -115,3 +152,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    error: str | None = None

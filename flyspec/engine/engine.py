@@ -9,6 +9,11 @@ tells it what the target prefilled and what verification kept, and never asks wh
 
 Without a speculative config the same loop decodes one token per request per step (K = 0).
 
+Logits processing (penalties, logit bias, grammar masks; engine/logits_processing.py) and logprobs
+(engine/logprobs.py) cost nothing for requests that do not use them. A request whose processing,
+verification or commit raises (or whose distribution is not finite) fails alone with finish_reason
+"error": its slot is freed and the other requests' outputs are exactly what they would be without it.
+
 Exactness: in float32, greedy speculative output is token-identical to target-only greedy output. In
 bfloat16 the (1 + K)-token verify pass may round differently from one-token decoding, so at rare
 near-ties the two can pick different tokens; that is expected (docs/verification.md), not a bug.
@@ -25,12 +30,15 @@ from flyspec.budget import capacity
 from flyspec.config import EngineConfig, log_lossy_warning
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.drafters.build import build_drafter
-from flyspec.engine.model_runner import ModelRunner, logits_to_probs, sample_tokens
+from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing
+from flyspec.engine.logprobs import LogprobsBuilder, log_of, prompt_logprobs
+from flyspec.engine.model_runner import ModelRunner, sample_tokens
 from flyspec.engine.scheduler import Scheduler
-from flyspec.engine.sequence import Sequence
+from flyspec.engine.sequence import RequestGroup, Sequence
+from flyspec.engine.structured import Grammars
 from flyspec.engine.timing import StepClock, StepTiming
 from flyspec.models.loader import LoadedModel, load_model
-from flyspec.outputs import RequestOutput
+from flyspec.outputs import PositionLogprobs, RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.spec_decode.metrics import SpecDecodeStats
 from flyspec.spec_decode.verify import FlyParams, verify
@@ -87,7 +95,11 @@ class LLMEngine:
 
         self.scheduler = Scheduler(config.max_num_batched_tokens, slots, 1 + self.k)
         self.stats = SpecDecodeStats(num_speculative_tokens=self.k)
-        self._requests: dict[str, Sequence] = {}
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.processing = TargetProcessing(self.grammars)
+        self.logprobs = LogprobsBuilder(self.tokenizer)
+        self._requests: dict[str, RequestGroup] = {}
+        self._seqs: dict[str, Sequence] = {}  # every unfinished sample, by its own (unique) id
         self._num_added = 0
         logger.info(self.capacity.describe())
         if self.is_lossy:
@@ -131,13 +143,16 @@ class LLMEngine:
 
         prompt: text (tokenised with the tokenizer's default special tokens) or token ids.
         prompt_text: the text to report as the prompt when `prompt` is token ids (e.g. a chat template).
+        With params.n > 1 the request runs as n samples (internal ids f"{i}_{request_id}") whose seeds
+        are seed + i, and one RequestOutput carries all of them.
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id={request_id!r}: must be a non-empty string")
-        if request_id in self._requests:
-            raise ValueError(f"request_id={request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        sample_ids = [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
+        if request_id in self._requests or any(i in self._seqs for i in [request_id, *sample_ids]):
+            raise ValueError(f"request_id={request_id!r} is already in use by an unfinished request")
         token_ids = self._tokenize(prompt)
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
@@ -149,19 +164,45 @@ class LLMEngine:
                 "verification='fly' needs an engine started with speculative_config "
                 "rejection_sample_method='fly'"
             )
-        seed = params.seed if params.seed is not None else self.config.seed + self._num_added
+        if params.logit_bias is not None:
+            bad = [t for t in params.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+                )
+        state = self._logits_state(params, token_ids)
+        # Sample i draws from seed + i (mod 2**64, the generator's range); unseeded requests take the engine
+        # seed plus their arrival index, each sample counting as one arrival.
+        base = params.seed if params.seed is not None else self.config.seed + self._num_added
         text = prompt if isinstance(prompt, str) else prompt_text
-        seq = Sequence(request_id, text, token_ids, params, seed, self.eos_token_ids)
-        self._num_added += 1
-        self._requests[request_id] = seq
-        self.scheduler.add(seq)
+        seqs = []
+        for i, sample_id in enumerate(sample_ids):
+            sample_state = state if i == 0 or state is None else state.fork(token_ids)
+            seqs.append(
+                Sequence(
+                    sample_id,
+                    text,
+                    token_ids,
+                    params,
+                    (base + i) % 2**64,
+                    self.eos_token_ids,
+                    group_id=request_id,
+                    index=i,
+                    logits_state=sample_state,
+                )
+            )
+        self._num_added += len(seqs)
+        self._requests[request_id] = RequestGroup(request_id, seqs)
+        for seq in seqs:
+            self._seqs[seq.request_id] = seq
+            self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request and free its slot (no further output is produced; unknown ids are ignored)."""
-        seq = self.scheduler.abort(request_id)
-        if seq is not None:
-            seq.finish("abort")
-            self._forget(seq)
+        """Stop a request (all of its samples) and free its slots (no further output is produced; unknown
+        ids are ignored)."""
+        group = self._requests.pop(request_id, None)
+        if group is not None:
+            self._abort(group)
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for every request that got tokens or finished."""
@@ -173,9 +214,17 @@ class LLMEngine:
             touched.extend(planned.decodes)
         if planned.prefills:
             touched.extend(self._prefill(planned.prefills))
+        for seq in touched:
+            if seq.error is not None:  # a failed sample fails its request: stop the other samples
+                self._abort(self._requests[seq.group_id])
         for seq in self.scheduler.release_finished():
-            self._forget(seq)
-        outputs = [seq.to_output() for seq in touched]
+            self._release(seq)
+        outputs = []
+        for group_id in dict.fromkeys(seq.group_id for seq in touched):
+            group = self._requests[group_id]
+            outputs.append(group.to_output())
+            if group.is_finished:
+                del self._requests[group_id]
         self._clock.end_step()
         return outputs
 
@@ -192,10 +241,26 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ internals
 
-    def _forget(self, seq: Sequence) -> None:
-        self._requests.pop(seq.request_id, None)
+    def _release(self, seq: Sequence) -> None:
+        self._seqs.pop(seq.request_id, None)
         if self.drafter is not None:
             self.drafter.release(seq)
+
+    def _abort(self, group: RequestGroup) -> None:
+        for seq in group.seqs:
+            if self.scheduler.abort(seq.request_id) is not None:
+                if not seq.is_finished:
+                    seq.finish("abort")
+                self._release(seq)
+
+    def _logits_state(self, params: SamplingParams, prompt: list[int]) -> RequestLogitsState | None:
+        """The request's processing state, or None when it needs none (the fast path)."""
+        if not params.shapes_logits:
+            return None
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.grammars.matcher(params.structured_outputs)
+        return RequestLogitsState(params, prompt, self.vocab_size, self.target.device, grammar)
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -217,35 +282,121 @@ class LLMEngine:
     def _detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _commit(self, seq: Sequence, tokens: list[int]) -> int:
-        kept = seq.append_tokens(tokens, self._detokenize, self.max_model_len)
+    def _commit(self, seq: Sequence, tokens: list[int], logprobs: list[PositionLogprobs] | None) -> None:
+        try:
+            kept = seq.append_tokens(tokens, self._detokenize, self.max_model_len)
+            if logprobs is not None:
+                seq.add_logprobs(logprobs[:kept])
+        except Exception as exc:  # e.g. a grammar that rejects a committed token: this request alone
+            logger.warning("request %s fails alone while committing tokens: %s", seq.request_id, exc)
+            seq.fail(f"committing tokens failed: {type(exc).__name__}: {exc}")
+            return
         seq.num_computed = seq.num_tokens - 1
         self.stats.generation_tokens += kept
-        return kept
+
+    def _emitted_logprobs(
+        self, probs: torch.Tensor, seqs: list[Sequence], tokens: list[list[int]]
+    ) -> list[list[PositionLogprobs] | None]:
+        """Logprobs of each request's emitted tokens: tokens[b][j] under probs[b, j] ([B, P, V] processed
+        target probabilities); None for requests that did not ask."""
+        result: list[list[PositionLogprobs] | None] = [None] * len(seqs)
+        want = [b for b, s in enumerate(seqs) if s.logprobs is not None and tokens[b]]
+        if not want:
+            return result
+        b_idx = [b for b in want for _ in tokens[b]]
+        j_idx = [j for b in want for j in range(len(tokens[b]))]
+        device = probs.device
+        rows = probs[torch.tensor(b_idx, device=device), torch.tensor(j_idx, device=device)]
+        num_top = [seqs[b].params.logprobs for b in b_idx]
+        entries = self.logprobs.build(log_of(rows), [t for b in want for t in tokens[b]], num_top)  # type: ignore[arg-type]
+        start = 0
+        for b in want:
+            result[b] = entries[start : start + len(tokens[b])]
+            start += len(tokens[b])
+        return result
 
     def _prefill(self, chunks: list[tuple[Sequence, int]]) -> list[Sequence]:
         """Prefill prompt chunks in one padded pass (target and draft); sample the first token of every
-        request whose prompt is now complete, and return those requests."""
+        request whose prompt is now complete, and return those requests. Requests that asked for prompt
+        logprobs keep the logits of every chunk position (the others only the last one's)."""
         rows = [seq.prompt_token_ids[seq.num_computed : seq.num_computed + n] for seq, n in chunks]
         slots = [seq.slot for seq, _ in chunks]
         starts = [seq.num_computed for seq, _ in chunks]
         done = [seq.num_computed + n == seq.num_prompt_tokens for seq, n in chunks]
-        keep = [[n - 1] if last else [] for (_, n), last in zip(chunks, done, strict=True)]
-        logits = self.target.forward(rows, slots, starts, keep)
+        sample = [last and seq.params.max_tokens > 0 for (seq, _), last in zip(chunks, done, strict=True)]
+        scored = [seq.wants_prompt_logprobs for seq, _ in chunks]
+        if any(scored):
+            logits = self._prefill_scoring(chunks, rows, slots, starts, sample, scored)
+        else:
+            keep = [[n - 1] if s else [] for (_, n), s in zip(chunks, sample, strict=True)]
+            logits = self.target.forward(rows, slots, starts, keep)
         if self.drafter is not None:
             self.drafter.prefill(rows, slots, starts)
         for seq, n in chunks:
             seq.num_computed += n
             self.stats.prompt_tokens += n
         finished = [seq for (seq, _), last in zip(chunks, done, strict=True) if last]
-        if finished:
+        for seq in finished:
+            if seq.params.max_tokens == 0 and not seq.is_finished:  # scoring only: nothing generated
+                seq.finish("length")
+        todo = [seq for (seq, _), s in zip(chunks, sample, strict=True) if s]
+        if todo:
             assert logits is not None
-            probs = logits_to_probs(logits, [s.params for s in finished])
-            uniform = torch.cat([s.draw_uniforms(1) for s in finished])
-            tokens = sample_tokens(probs, [s.params.greedy for s in finished], uniform)
-            for seq, token in zip(finished, tokens, strict=True):
-                self._commit(seq, [token])
+            if any(seq.is_finished for seq in todo):  # failed while scoring its prompt
+                alive = [b for b, seq in enumerate(todo) if not seq.is_finished]
+                logits, todo = logits[alive], [todo[b] for b in alive]
+        if todo:
+            probs, failed = self.processing.probs(logits, todo, [[]] * len(todo))
+            uniform = torch.cat([s.draw_uniforms(1) for s in todo])
+            tokens = sample_tokens(probs, [s.params.greedy for s in todo], uniform)
+            entries = self._emitted_logprobs(probs.unsqueeze(1), todo, [[t] for t in tokens])
+            for b, (seq, token) in enumerate(zip(todo, tokens, strict=True)):
+                if b in failed:
+                    seq.fail(failed[b])
+                else:
+                    self._commit(seq, [token], entries[b])
         return finished
+
+    def _prefill_scoring(
+        self,
+        chunks: list[tuple[Sequence, int]],
+        rows: list[list[int]],
+        slots: list[int],
+        starts: list[int],
+        sample: list[bool],
+        scored: list[bool],
+    ) -> torch.Tensor | None:
+        """The prefill pass when some chunks want prompt logprobs: record those, and return the logits of
+        the positions that sample a first token (what `forward` with keep returns otherwise)."""
+        keep = [
+            list(range(n)) if want else ([n - 1] if s else [])
+            for (_, n), want, s in zip(chunks, scored, sample, strict=True)
+        ]
+        hidden = self.target.forward_hidden(rows, slots, starts, keep)
+        assert hidden is not None
+        sampling_rows, offset = [], 0
+        for (seq, n), kept, want, s, start in zip(chunks, keep, scored, sample, starts, strict=True):
+            if want:
+                # Position p predicts prompt token p + 1; the prompt's last position predicts the output.
+                next_tokens = seq.prompt_token_ids[start + 1 : start + n + 1]
+                self._score_prompt(seq, hidden[offset : offset + len(next_tokens)], next_tokens)
+            if s:
+                sampling_rows.append(offset + len(kept) - 1)
+            offset += len(kept)
+        return self.target.logits(hidden[sampling_rows]) if sampling_rows else None
+
+    def _score_prompt(self, seq: Sequence, hidden: torch.Tensor, next_tokens: list[int]) -> None:
+        if seq.prompt_logprobs is None:
+            seq.prompt_logprobs = [None]  # the first prompt token has no prefix to be predicted from
+        try:
+            num_top = seq.params.prompt_logprobs
+            assert num_top is not None
+            seq.prompt_logprobs.extend(
+                prompt_logprobs(self.logprobs, hidden, self.target.logits, next_tokens, num_top)
+            )
+        except Exception as exc:
+            logger.warning("request %s fails alone while scoring its prompt: %s", seq.request_id, exc)
+            seq.fail(f"computing prompt logprobs failed: {type(exc).__name__}: {exc}")
 
     def _decode(self, seqs: list[Sequence]) -> None:
         """One decode step for running requests: draft, verify in one target pass, commit, roll back."""
@@ -257,30 +408,41 @@ class LLMEngine:
         if self.drafter is None:
             logits = self.target.forward([[s.token_ids[-1]] for s in seqs], slots, starts, [[0]] * len(seqs))
             assert logits is not None
-            probs = logits_to_probs(logits, [s.params for s in seqs])
+            probs, failed = self.processing.probs(logits, seqs, [[]] * len(seqs))
             tokens = sample_tokens(probs, [s.params.greedy for s in seqs], sample_u)
-            for seq, token in zip(seqs, tokens, strict=True):
-                self._commit(seq, [token])
+            entries = self._emitted_logprobs(probs.unsqueeze(1), seqs, [[t] for t in tokens])
+            for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
+                if b in failed:
+                    seq.fail(failed[b])
+                else:
+                    self._commit(seq, [token], entries[b])
             return
 
         proposal = self.drafter.propose(seqs, draft_u)
         num_draft = proposal.num_tokens.tolist()
-        drafts = proposal.token_ids.tolist()
-        rows = [[s.token_ids[-1], *drafts[b][: num_draft[b]]] for b, s in enumerate(seqs)]
+        drafts = [row[:n] for row, n in zip(proposal.token_ids.tolist(), num_draft, strict=True)]
+        rows = [[s.token_ids[-1], *drafts[b]] for b, s in enumerate(seqs)]
         logits = self.target.forward(rows, slots, starts, [list(range(n + 1)) for n in num_draft])
         assert logits is not None
-        row_params = [s.params for s, n in zip(seqs, num_draft, strict=True) for _ in range(n + 1)]
-        target_probs = _to_padded_rows(logits_to_probs(logits, row_params), num_draft, k)
+        # verify() checks finiteness itself; a failure there is isolated row by row in _verify.
+        flat, failed = self.processing.probs(logits, seqs, drafts, check_rows=False)
+        target_probs = _to_padded_rows(flat, num_draft, k)
         greedy = torch.tensor([s.params.greedy for s in seqs], dtype=torch.bool)
-        accepted, forgiven, final_ids = self._verify(seqs, proposal, target_probs, greedy, verify_u, sample_u)
+        accepted, forgiven, final_ids = self._verify(
+            seqs, proposal, target_probs, greedy, verify_u, sample_u, failed
+        )
         self.drafter.commit(seqs, accepted)
+        entries = self._emitted_logprobs(target_probs, seqs, final_ids)
 
         for b, seq in enumerate(seqs):
+            if b in failed:
+                seq.fail(failed[b])
+                continue
             old_outputs = len(seq.output_token_ids)
             self._record(
                 seq, num_draft[b], accepted[b], len(forgiven[b]), [old_outputs + i for i in forgiven[b]]
             )
-            self._commit(seq, final_ids[b])
+            self._commit(seq, final_ids[b], entries[b])
             # A stop condition may have cut the step's tokens short; forget forgiven positions past it.
             seq.metrics.forgiven_positions = [
                 i for i in seq.metrics.forgiven_positions if i < len(seq.output_token_ids)
@@ -294,38 +456,71 @@ class LLMEngine:
         greedy: torch.Tensor,
         verify_u: torch.Tensor,
         sample_u: torch.Tensor,
+        failed: dict[int, str],
     ) -> tuple[list[int], list[list[int]], list[list[int]]]:
-        """verify() for all rows: FLy for rows that allow it, standard for the rest (a request with
-        verification="standard" in a FLy engine), as at most two calls. Returns per-row accepted counts,
-        forgiven draft positions and the tokens to commit."""
+        """verify() for all rows not in `failed`: FLy for rows that allow it, standard for the rest (a
+        request with verification="standard" in a FLy engine), as at most two calls. If a call raises, its
+        rows are verified one at a time (each row's result does not depend on the others) and the rows
+        that still raise join `failed`. Returns per-row accepted counts, forgiven draft positions and the
+        tokens to commit (0, [] and [] for failed rows)."""
         use_fly = [self.fly is not None and s.params.verification != "standard" for s in seqs]
         accepted = [0] * len(seqs)
         forgiven: list[list[int]] = [[] for _ in seqs]
         final_ids: list[list[int]] = [[] for _ in seqs]
         for fly_group in (False, True):
-            idx = [b for b in range(len(seqs)) if use_fly[b] == fly_group]
+            idx = [b for b in range(len(seqs)) if use_fly[b] == fly_group and b not in failed]
             if not idx:
                 continue
-            # The usual case is one group of all rows: then no copies of the [B, K+1, V] probabilities.
-            sel = None if len(idx) == len(seqs) else idx
-            with self._verify_timer:
-                out = verify(
-                    _rows(proposal.token_ids, sel),
-                    _rows(target_probs, sel),
-                    None if proposal.probs is None else _rows(proposal.probs, sel),
-                    greedy=_rows(greedy, sel),
-                    fly=self.fly if fly_group else None,
-                    num_draft_tokens=_rows(proposal.num_tokens, sel),
-                    uniform=_rows(verify_u, sel),
-                    sample_uniform=_rows(sample_u, sel),
-                )
-            num_accepted, token_ids = out.num_accepted.tolist(), out.token_ids.tolist()
-            forgiven_mask = out.forgiven.tolist()
-            for j, b in enumerate(idx):
-                accepted[b] = num_accepted[j]
-                forgiven[b] = [i for i, f in enumerate(forgiven_mask[j]) if f]
-                final_ids[b] = token_ids[j][: accepted[b] + 1]
+            args = (proposal, target_probs, greedy, verify_u, sample_u, self.fly if fly_group else None)
+            try:
+                # The usual case is one group of all rows: then no copies of the [B, K+1, V] probabilities.
+                results = self._verify_rows(None if len(idx) == len(seqs) else idx, idx, *args)
+            except Exception:
+                results = []
+                for b in idx:
+                    try:
+                        results.extend(self._verify_rows([b], [b], *args))
+                    except Exception as exc:
+                        failed[b] = f"verification failed: {type(exc).__name__}: {exc}"
+                        logger.warning("request %s fails alone: %s", seqs[b].request_id, failed[b])
+            for b, num_accepted, forgiven_b, ids_b in results:
+                accepted[b], forgiven[b], final_ids[b] = num_accepted, forgiven_b, ids_b
         return accepted, forgiven, final_ids
+
+    def _verify_rows(
+        self,
+        sel: list[int] | None,
+        idx: list[int],
+        proposal: Proposal,
+        target_probs: torch.Tensor,
+        greedy: torch.Tensor,
+        verify_u: torch.Tensor,
+        sample_u: torch.Tensor,
+        fly: FlyParams | None,
+    ) -> list[tuple[int, int, list[int], list[int]]]:
+        """(row, accepted, forgiven positions, tokens to commit) for the rows `sel` (None = all, = idx)."""
+        with self._verify_timer:
+            out = verify(
+                _rows(proposal.token_ids, sel),
+                _rows(target_probs, sel),
+                None if proposal.probs is None else _rows(proposal.probs, sel),
+                greedy=_rows(greedy, sel),
+                fly=fly,
+                num_draft_tokens=_rows(proposal.num_tokens, sel),
+                uniform=_rows(verify_u, sel),
+                sample_uniform=_rows(sample_u, sel),
+            )
+        num_accepted, token_ids = out.num_accepted.tolist(), out.token_ids.tolist()
+        forgiven_mask = out.forgiven.tolist()
+        return [
+            (
+                b,
+                num_accepted[j],
+                [i for i, f in enumerate(forgiven_mask[j]) if f],
+                token_ids[j][: num_accepted[j] + 1],
+            )
+            for j, b in enumerate(idx)
+        ]
 
     def _record(
         self, seq: Sequence, num_draft: int, accepted: int, forgiven: int, positions: list[int]

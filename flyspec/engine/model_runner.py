@@ -1,4 +1,4 @@
-"""Batched forward passes of one model over its slot KV cache, and logits -> probabilities.
+"""Batched forward passes of one model over its slot KV cache, and logits -> probabilities for drafts.
 
 Every pass (prompt chunks, draft steps, target verification) is the same operation: B ragged rows of new
 tokens, row b written at cache positions start[b].. of slot slots[b], padded into one [B, T] forward.
@@ -12,10 +12,11 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from flyspec.engine.logits_processing import robust_probs
 from flyspec.engine.timing import UNTIMED, PartTimer
 from flyspec.models.llama import ForwardBatch
 from flyspec.sampling_params import SamplingParams
-from flyspec.spec_decode.sampling import inverse_cdf_sample, process_logits
+from flyspec.spec_decode.sampling import inverse_cdf_sample
 
 
 class ModelRunner:
@@ -48,38 +49,50 @@ class ModelRunner:
         [sum(len(keep[b])), V] in row-major order, or None when nothing is kept.
         """
         with self.timer:
-            lengths = [len(r) for r in rows]
-            width = max(lengths)
-            padded = [list(r) + [0] * (width - len(r)) for r in rows]
-            input_ids = torch.tensor(padded, dtype=torch.int64, device=self.device)
-            batch = ForwardBatch(
-                slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
-                start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
-                num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
-            )
-            hidden = self.model(input_ids, batch, self.cache)
-            if keep is None or not any(keep):
-                return None
-            row_idx = [b for b, positions in enumerate(keep) for _ in positions]
-            pos_idx = [p for positions in keep for p in positions]
-            device = self.device
-            picked = hidden[torch.tensor(row_idx, device=device), torch.tensor(pos_idx, device=device)]
-            return self.model.compute_logits(picked).float()
+            hidden = self._hidden(rows, slots, starts, keep)
+            return None if hidden is None else self.model.compute_logits(hidden).float()
 
+    @torch.inference_mode()
+    def forward_hidden(
+        self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int], keep: Seq[Seq[int]]
+    ) -> torch.Tensor | None:
+        """Like `forward`, but returns the final hidden states [sum(len(keep[b])), H] of the kept
+        positions, so that a caller can turn many positions into logits a slice at a time (`logits`)."""
+        with self.timer:
+            return self._hidden(rows, slots, starts, keep)
 
-def sampling_tensors(
-    params: Seq[SamplingParams], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row temperature, top_k and top_p tensors for process_logits."""
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
-    top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-    return temperature, top_k, top_p
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [M, V] of final hidden states [M, H]."""
+        return self.model.compute_logits(hidden).float()
+
+    def _hidden(
+        self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int], keep: Seq[Seq[int]] | None
+    ) -> torch.Tensor | None:
+        lengths = [len(r) for r in rows]
+        width = max(lengths)
+        padded = [list(r) + [0] * (width - len(r)) for r in rows]
+        input_ids = torch.tensor(padded, dtype=torch.int64, device=self.device)
+        batch = ForwardBatch(
+            slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
+            start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
+            num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
+        )
+        hidden = self.model(input_ids, batch, self.cache)
+        if keep is None or not any(keep):
+            return None
+        row_idx = [b for b, positions in enumerate(keep) for _ in positions]
+        pos_idx = [p for positions in keep for p in positions]
+        device = self.device
+        return hidden[torch.tensor(row_idx, device=device), torch.tensor(pos_idx, device=device)]
 
 
 def logits_to_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
-    """Processed probabilities [N, V], one SamplingParams per logits row (greedy rows: raw softmax)."""
-    return process_logits(logits, *sampling_tensors(params, logits.device))
+    """Processed probabilities [N, V], one SamplingParams per logits row (greedy rows: raw softmax), for
+    draft distributions. A row that cannot be processed gets a one-hot distribution at its argmax, so a
+    bad request cannot fail the drafting of the others: that row then drafts greedily, and verification
+    of a one-hot draft distribution is exact (the request itself fails in the target's processing)."""
+    return robust_probs(logits, params)[0]
 
 
 def sample_tokens(probs: torch.Tensor, greedy: Seq[bool], uniform: torch.Tensor) -> list[int]:

@@ -1,4 +1,5 @@
-"""Per-request state: token ids, target cache length, status, random stream, stop handling, metrics."""
+"""Per-request state: token ids, target cache length, status, random stream, stop handling, metrics,
+logprobs, and the group of samples (SamplingParams.n) that makes one RequestOutput."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from flyspec.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from flyspec.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from flyspec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from flyspec.engine.logits_processing import RequestLogitsState
 
 
 class SequenceStatus(enum.Enum):
@@ -28,6 +33,9 @@ class Sequence:
     many of the request's tokens the target cache holds. Once the prompt is prefilled,
     `num_computed == num_tokens - 1`: the newest token is always the next one fed to the target. Rolling
     back is just setting that number lower. (The drafter keeps its own draft-side lengths.)
+
+    `request_id` is unique among running sequences: the request's own id, or for sample i of an n > 1
+    request `f"{i}_{request_id}"` (vLLM's spelling); `group_id` is the request's id in both cases.
     """
 
     def __init__(
@@ -38,8 +46,14 @@ class Sequence:
         params: SamplingParams,
         seed: int,
         eos_token_ids: frozenset[int],
+        *,
+        group_id: str | None = None,
+        index: int = 0,
+        logits_state: RequestLogitsState | None = None,
     ) -> None:
         self.request_id = request_id
+        self.group_id = group_id if group_id is not None else request_id
+        self.index = index
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -53,6 +67,13 @@ class Sequence:
         self.num_computed = 0
         self.text = ""
         self.metrics = RequestMetrics(arrival_time=time.monotonic())
+        self.error: str | None = None
+        self.logits_state = logits_state
+        self.logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        # Filled by the prefill when asked (for an n > 1 request only by sample 0: one prompt, one score).
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
+        self.wants_prompt_logprobs = params.prompt_logprobs is not None and index == 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -91,10 +112,22 @@ class Sequence:
         self.slot = slot
 
     def finish(self, reason: str) -> None:
-        """Mark the request finished with reason "stop", "length" or "abort"."""
+        """Mark the request finished with reason "stop", "length", "abort" or "error"."""
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.metrics.finished_time = time.monotonic()
+
+    def fail(self, message: str) -> None:
+        """Finish this request alone with an error (the rest of its batch goes on)."""
+        self.error = message
+        self.finish("error")
+
+    def add_logprobs(self, entries: list[PositionLogprobs]) -> None:
+        """Record the logprobs of tokens just committed (one entry per kept token)."""
+        assert self.logprobs is not None
+        self.logprobs.extend(entries)
+        for entry, token in zip(entries, self.output_token_ids[-len(entries) :], strict=True):
+            self.cumulative_logprob += entry[token].logprob
 
     def append_tokens(
         self, new_token_ids: list[int], detokenize: Callable[[list[int]], str], max_model_len: int
@@ -102,15 +135,19 @@ class Sequence:
         """Commit generated tokens in order until a stop condition; return how many were kept.
 
         Stop order per token: a stop string completed by this token (text cut before it), a stop token
-        id or end-of-sequence (kept in token_ids, hidden from text by the detokeniser), max_tokens, and
-        max_model_len.
+        id or end-of-sequence (kept in token_ids, hidden from text by the detokeniser), a grammar that is
+        complete (structured output), max_tokens, and max_model_len. A token the grammar forbids raises
+        ValueError (the engine fails this request alone).
         """
         params = self.params
         if self.metrics.first_token_time is None and new_token_ids:
             self.metrics.first_token_time = time.monotonic()
         kept = 0
         stop_text: str | None = None
+        state = self.logits_state
         for token in new_token_ids:
+            if state is not None:
+                state.accept(token)
             self.output_token_ids.append(token)
             kept += 1
             if params.stop:
@@ -118,7 +155,10 @@ class Sequence:
                 if stop_text is not None:
                     self.finish("stop")
                     break
-            if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            stop_token = token in params.stop_token_ids or (
+                token in self.eos_token_ids and not params.ignore_eos
+            )
+            if stop_token or (state is not None and state.grammar is not None and state.grammar.is_finished):
                 self.finish("stop")
             elif len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
                 self.finish("length")
@@ -133,24 +173,77 @@ class Sequence:
             self.text = text if self.is_finished else text.rstrip("\ufffd")
         return kept
 
-    def to_output(self) -> RequestOutput:
-        """Cumulative snapshot of this request for the caller."""
-        completion = CompletionOutput(
-            index=0,
+    def completion(self) -> CompletionOutput:
+        """This sample's cumulative output."""
+        return CompletionOutput(
+            index=self.index,
             text=self.text,
             token_ids=list(self.output_token_ids),
             finish_reason=self.finish_reason,  # type: ignore[arg-type]
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            metrics=self.metrics_snapshot(),
         )
+
+    def metrics_snapshot(self) -> RequestMetrics:
+        """A copy of the metrics that later steps do not change."""
+        return dataclasses.replace(self.metrics, forgiven_positions=list(self.metrics.forgiven_positions))
+
+
+class RequestGroup:
+    """The samples of one request (one Sequence unless SamplingParams.n > 1) and its RequestOutput.
+
+    The request is finished when every sample is; if one sample fails, the request fails (`error`) and
+    the engine aborts the others.
+    """
+
+    def __init__(self, request_id: str, seqs: list[Sequence]) -> None:
+        self.request_id = request_id
+        self.seqs = seqs
+
+    @property
+    def is_finished(self) -> bool:
+        """True once every sample finished."""
+        return all(s.is_finished for s in self.seqs)
+
+    @property
+    def error(self) -> str | None:
+        """The first failed sample's error, or None."""
+        return next((s.error for s in self.seqs if s.error is not None), None)
+
+    def to_output(self) -> RequestOutput:
+        """Cumulative snapshot of this request for the caller."""
+        first = self.seqs[0]
+        completions = [s.completion() for s in self.seqs]
+        metrics = completions[0].metrics if len(self.seqs) == 1 else _combined(completions)
+        assert metrics is not None
         return RequestOutput(
             request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_token_ids),
-            outputs=[completion],
+            prompt=first.prompt,
+            prompt_token_ids=list(first.prompt_token_ids),
+            outputs=completions,
             finished=self.is_finished,
-            metrics=dataclasses.replace(
-                self.metrics, forgiven_positions=list(self.metrics.forgiven_positions)
-            ),
+            metrics=metrics,
+            prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
+            error=self.error,
         )
+
+
+def _combined(completions: list[CompletionOutput]) -> RequestMetrics:
+    """The request's metrics over its samples: counters add up, the first token and the last finish
+    count; forgiven positions stay per sample (CompletionOutput.metrics)."""
+    each = [c.metrics for c in completions if c.metrics is not None]
+    firsts = [m.first_token_time for m in each if m.first_token_time is not None]
+    finishes = [m.finished_time for m in each]
+    return RequestMetrics(
+        num_drafts=sum(m.num_drafts for m in each),
+        num_draft_tokens=sum(m.num_draft_tokens for m in each),
+        num_accepted_tokens=sum(m.num_accepted_tokens for m in each),
+        num_forgiven_tokens=sum(m.num_forgiven_tokens for m in each),
+        arrival_time=min(m.arrival_time for m in each),
+        first_token_time=min(firsts) if firsts else None,
+        finished_time=None if None in finishes else max(f for f in finishes if f is not None),
+    )
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str | None:

@@ -19,21 +19,27 @@ def _check_rows(name: str, tensor: torch.Tensor, n: int) -> None:
 
 
 def process_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row sampling distributions from logits.
 
-    Rows with temperature 0 are greedy rows: they get the softmax of the raw logits (docs/verification.md),
-    and their top-k / top-p values are ignored. Other rows: logits / temperature, then top-k (0 = off; ties
-    with the k-th largest logit are kept), then top-p on the renormalised top-k distribution (1.0 = off;
-    the smallest prefix of the descending order whose mass reaches top_p, at least one token), then
-    renormalised.
+    Rows with temperature 0 are greedy rows: they get the softmax of their logits as given
+    (docs/verification.md), and their min-p / top-k / top-p values are ignored. Other rows: logits /
+    temperature, then min-p (0 = off; drop tokens whose probability is below min_p times the largest),
+    then top-k (0 = off; ties with the k-th largest logit are kept), then top-p on the renormalised
+    distribution so far (1.0 = off; the smallest prefix of the descending order whose mass reaches top_p,
+    at least one token), then renormalised. Logits already at -inf (a grammar mask) stay excluded.
 
     Args:
         logits: [N, V] float32.
         temperature: [N], >= 0.
         top_k: [N] int64, >= 0.
         top_p: [N], in (0, 1].
+        min_p: [N] in [0, 1], or None (off for every row).
 
     Returns:
         [N, V] float32 probabilities (rows sum to 1; filtered tokens are exactly 0).
@@ -43,6 +49,10 @@ def process_logits(
     n, vocab = logits.shape
     for name, tensor in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
         _check_rows(name, tensor, n)
+    if min_p is not None:
+        _check_rows("min_p", min_p, n)
+        if ((min_p < 0) | (min_p > 1)).any():
+            raise ValueError(f"min_p must lie in [0, 1], got {min_p.tolist()}")
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
     if (temperature < 0).any() or not torch.isfinite(temperature).all():
@@ -58,6 +68,16 @@ def process_logits(
     top_p = top_p.to(device)
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
+
+    if min_p is not None:
+        min_p = min_p.to(device=device, dtype=logits.dtype)
+        use_min_p = (~greedy) & (min_p > 0)
+        if use_min_p.any():
+            # p_i < min_p * p_max  <=>  s_i < s_max + ln(min_p): no softmax needed.
+            rows = use_min_p.nonzero().squeeze(1)
+            sub = scaled[rows]
+            floor = sub.amax(dim=-1, keepdim=True) + min_p[rows].log().unsqueeze(1)
+            scaled[rows] = sub.masked_fill(sub < floor, float("-inf"))
 
     use_k = (top_k > 0) & (top_k < vocab)
     use_p = top_p < 1

@@ -1,0 +1,92 @@
+"""Log-probabilities of chosen tokens and their top-k alternatives, from distributions already computed.
+
+Generated tokens: the processed target distribution at the token's position in the pass that produced
+it (the prefill's last position, a decode step, or a verify pass; accepted, forgiven, recovered and bonus
+tokens alike), so a forgiven token shows how unlikely the target found it. No extra model pass runs.
+Prompt tokens: the model's raw distribution (log-softmax of the prefill logits), as vLLM reports them and
+as likelihood-based evaluation expects; temperature and the other sampling settings do not apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import torch
+
+from flyspec.outputs import Logprob, PositionLogprobs
+
+PROMPT_LOGPROB_SLICE = 256
+"""Prompt positions whose logits are materialised at once: [256, V] float32 bounds the memory of scoring
+a long prompt (about 150 MB for a 150k vocabulary) whatever the chunk size."""
+
+
+class LogprobsBuilder:
+    """Turns log-probability rows into PositionLogprobs, decoding each token id once (cached)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._decoded: dict[int, str] = {}
+
+    def decode(self, token_ids: Seq[int]) -> list[str]:
+        """Each token id decoded on its own."""
+        missing = sorted({t for t in token_ids if t not in self._decoded})
+        if missing:
+            for t, text in zip(missing, self.tokenizer.batch_decode([[t] for t in missing]), strict=True):
+                self._decoded[t] = text
+        return [self._decoded[t] for t in token_ids]
+
+    def build(self, logprobs: torch.Tensor, tokens: Seq[int], num_top: Seq[int]) -> list[PositionLogprobs]:
+        """One PositionLogprobs per row of `logprobs` [M, V] (natural-log probabilities): the chosen
+        tokens[m] first, then the num_top[m] most likely tokens."""
+        if not len(tokens):
+            return []
+        chosen = torch.tensor(list(tokens), dtype=torch.int64, device=logprobs.device)
+        chosen_lp = logprobs.gather(1, chosen.unsqueeze(1))
+        ranks = ((logprobs > chosen_lp).sum(dim=1) + 1).tolist()
+        chosen_values = chosen_lp.squeeze(1).tolist()
+        k = max(num_top)
+        top_values: list[list[float]] = [[] for _ in tokens]
+        top_tokens: list[list[int]] = [[] for _ in tokens]
+        if k:
+            top_lp, top_ids = logprobs.topk(k, dim=1)
+            top_values, top_tokens = top_lp.tolist(), top_ids.tolist()
+        texts = dict(zip(*self._texts(tokens, top_tokens), strict=True))
+        out = []
+        for m, token in enumerate(tokens):
+            entry = {token: Logprob(chosen_values[m], ranks[m], texts[token])}
+            values = top_values[m]
+            for i in range(num_top[m]):
+                alt = top_tokens[m][i]
+                if alt not in entry:
+                    # rank = 1 + tokens strictly more likely: the first index holding this value.
+                    entry[alt] = Logprob(values[i], values.index(values[i]) + 1, texts[alt])
+            out.append(entry)
+        return out
+
+    def _texts(self, tokens: Seq[int], top_tokens: list[list[int]]) -> tuple[list[int], list[str]]:
+        ids = sorted(set(tokens).union(*top_tokens))
+        return ids, self.decode(ids)
+
+
+def log_of(probs: torch.Tensor) -> torch.Tensor:
+    """Natural log of processed probabilities (0 -> -inf)."""
+    return probs.clamp_min(0).log()
+
+
+def prompt_logprobs(
+    builder: LogprobsBuilder,
+    hidden: torch.Tensor,
+    compute_logits: Any,
+    next_tokens: Seq[int],
+    num_top: int,
+) -> list[PositionLogprobs]:
+    """PositionLogprobs of next_tokens[i] given the prefix ending at hidden[i], under the raw model
+    distribution, computed PROMPT_LOGPROB_SLICE positions at a time. compute_logits: hidden -> logits."""
+    out: list[PositionLogprobs] = []
+    for start in range(0, len(next_tokens), PROMPT_LOGPROB_SLICE):
+        stop = start + PROMPT_LOGPROB_SLICE
+        logprobs = torch.log_softmax(compute_logits(hidden[start:stop]).float(), dim=-1)
+        tokens = next_tokens[start:stop]
+        out.extend(builder.build(logprobs, tokens, [num_top] * len(tokens)))
+    return out
