@@ -63,7 +63,8 @@ class StructuredOutputsParams:
 
     Set exactly one of: json (a JSON schema, as a dict or its JSON text), json_object=True (any JSON
     object), regex (a regular expression the whole output matches), choice (the output is exactly one of
-    these strings), grammar (a Lark grammar). JSON is compact: no whitespace outside strings.
+    these strings), grammar (a Lark grammar). JSON may have whitespace between its tokens (llguidance's
+    and vLLM's default).
     """
 
     json: dict[str, Any] | str | None = None

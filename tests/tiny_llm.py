@@ -3,6 +3,8 @@
 `save_tiny(path, ...)` writes an HF folder (config, safetensors weights, tokenizer, chat template) that
 every loader path reads like a real checkpoint. Vocabulary: 4 special tokens, a few chat words, then
 words "w0", "w1", ... up to VOCAB_SIZE ids, so any id the model produces decodes to a word.
+`save_tiny(path, byte_level=True)` instead uses a byte-level tokenizer (4 special tokens, then one token
+per byte, BYTE_VOCAB_SIZE ids), which can spell any text: a grammar can drive it (structured output).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 VOCAB_SIZE = 256
+BYTE_VOCAB_SIZE = 260
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 CHAT_WORDS = ["user", "assistant", ":"]
 BOS_ID, EOS_ID = 1, 2
@@ -42,6 +46,20 @@ def make_tokenizer(size: int = VOCAB_SIZE, extra_words: int = 0) -> transformers
     return fast
 
 
+def make_byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer without merges: ids 4..259 are the 256 bytes; prepends <s>."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(bytes_to_unicode().values()))}
+    tok = Tokenizer(models.BPE(vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
 def save_tiny(
     path: Path,
     *,
@@ -52,8 +70,11 @@ def save_tiny(
     vocab_size: int = VOCAB_SIZE,
     extra_words: int = 0,
     max_position_embeddings: int = 512,
+    byte_level: bool = False,
 ) -> Path:
     """Write a random-weight checkpoint; larger `std` gives peakier (lower-entropy) next-token logits."""
+    if byte_level:
+        vocab_size = BYTE_VOCAB_SIZE
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -78,7 +99,8 @@ def save_tiny(
             if not name.endswith("norm.weight"):
                 param.normal_(0.0, std)
     model.save_pretrained(path)
-    make_tokenizer(vocab_size, extra_words).save_pretrained(path)
+    tokenizer = make_byte_tokenizer() if byte_level else make_tokenizer(vocab_size, extra_words)
+    tokenizer.save_pretrained(path)
     return path
 
 

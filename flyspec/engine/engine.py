@@ -30,7 +30,7 @@ from flyspec.budget import capacity
 from flyspec.config import EngineConfig, log_lossy_warning
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.drafters.build import build_drafter
-from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing
+from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing, non_finite_message
 from flyspec.engine.logprobs import LogprobsBuilder, log_of, prompt_logprobs
 from flyspec.engine.model_runner import ModelRunner, sample_tokens
 from flyspec.engine.scheduler import Scheduler
@@ -481,7 +481,11 @@ class LLMEngine:
                     try:
                         results.extend(self._verify_rows([b], [b], *args))
                     except Exception as exc:
-                        failed[b] = f"verification failed: {type(exc).__name__}: {exc}"
+                        failed[b] = (
+                            non_finite_message(seqs[b].params)
+                            if not bool(torch.isfinite(target_probs[b].sum()))
+                            else f"verification failed: {type(exc).__name__}: {exc}"
+                        )
                         logger.warning("request %s fails alone: %s", seqs[b].request_id, failed[b])
             for b, num_accepted, forgiven_b, ids_b in results:
                 accepted[b], forgiven[b], final_ids[b] = num_accepted, forgiven_b, ids_b

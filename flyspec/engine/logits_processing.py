@@ -289,6 +289,6 @@ class TargetProcessing:
 def non_finite_message(params: SamplingParams) -> str:
     """The error of a request whose processed distribution is NaN or infinite."""
     return (
-        "the processed distribution is not finite (NaN or inf) with temperature="
+        "processing the logits failed: the distribution is not finite (NaN or inf) with temperature="
         f"{params.temperature!r}, top_k={params.top_k!r}, top_p={params.top_p!r}"
     )

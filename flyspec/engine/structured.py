@@ -95,19 +95,29 @@ class Grammars:
     ) -> torch.Tensor:
         """Allowed-token masks [sum(len(drafts[i]) + 1), V] bool: for matcher i, its current state and
         then the state after each prefix of drafts[i] (the matchers end where they started)."""
-        import llguidance.torch as llg_torch
-
         self._ll_tokenizer()
         num_rows = sum(len(d) + 1 for d in drafts)
         bitmask = torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        jobs, row = [], 0
+        plain, with_drafts, row = [], [], 0
         for m, d in zip(matchers, drafts, strict=True):
-            jobs.append((m._matcher, row, list(d)))
+            if d:
+                with_drafts.append((m._matcher, row, list(d)))
+            else:
+                plain.append((m._matcher, row))
             row += len(d) + 1
-        llg_torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, jobs, bitmask)
-        for m, _, _ in jobs:
-            if m.is_error():
-                raise ValueError(f"the grammar failed: {m.get_error()}")
+        # One parallel call per kind (the draft-token variant needs at least one draft per matcher). The
+        # executor writes each row straight into the tensor's memory, as llguidance.torch does; that module
+        # is not imported because it pulls torch.compile's stack (seconds of import time).
+        row_bytes = bitmask.shape[1] * bitmask.element_size()
+        if plain:
+            self._executor.unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), row_bytes, num_rows)
+        if with_drafts:
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(
+                with_drafts, bitmask.data_ptr(), row_bytes, num_rows
+            )
+        for m in matchers:
+            if m._matcher.is_error():
+                raise ValueError(f"the grammar failed: {m._matcher.get_error()}")
         return unpack_bitmask(bitmask.to(device), self.vocab_size)
 
 
