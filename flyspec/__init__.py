@@ -13,13 +13,22 @@ if TYPE_CHECKING:
     from flyspec.config import EngineConfig, SpeculativeConfig
     from flyspec.llm import LLM
     from flyspec.outputs import CompletionOutput, RequestOutput
-    from flyspec.sampling_params import SamplingParams
+    from flyspec.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams", "SpeculativeConfig"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "RequestOutput",
+    "SamplingParams",
+    "SpeculativeConfig",
+    "StructuredOutputsParams",
+]
 
 _HOMES = {
     "LLM": "flyspec.llm",
     "SamplingParams": "flyspec.sampling_params",
+    "StructuredOutputsParams": "flyspec.sampling_params",
     "SpeculativeConfig": "flyspec.config",
     "EngineConfig": "flyspec.config",
     "RequestOutput": "flyspec.outputs",

@@ -194,7 +194,8 @@ def test_prompt_logprobs_equal_an_independent_forward_pass(models, hf_models, ma
 
 def test_prompt_logprobs_with_speculation_and_n_samples(models, hf_models):
     """In a speculative engine, an n = 3 request scores its prompt once (sample 0's prefill) and returns
-    it on the RequestOutput; every sample has its own logprobs."""
+    it on the RequestOutput; every sample has its own logprobs; a max_tokens=0 request scores the same
+    prompt identically and leaves no slot behind."""
     eng = engine(models["target"], {"model": models["draft"], "num_speculative_tokens": 2})
     params = SamplingParams(
         temperature=1.0, seed=3, n=3, max_tokens=5, prompt_logprobs=1, logprobs=0, ignore_eos=True
@@ -203,3 +204,6 @@ def test_prompt_logprobs_with_speculation_and_n_samples(models, hf_models):
     check_prompt_logprobs(out, hf_models("target"), 1)
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert all(len(c.logprobs) == 5 and math.isfinite(c.cumulative_logprob) for c in out.outputs)
+    scored = run(eng, PROMPTS[1:2], SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
+    assert scored.prompt_logprobs == out.prompt_logprobs and scored.outputs[0].token_ids == []
+    assert not eng.has_unfinished_requests() and eng.num_running == 0

@@ -125,6 +125,8 @@ class Sequence:
     def add_logprobs(self, entries: list[PositionLogprobs]) -> None:
         """Record the logprobs of tokens just committed (one entry per kept token)."""
         assert self.logprobs is not None
+        if not entries:
+            return
         self.logprobs.extend(entries)
         for entry, token in zip(entries, self.output_token_ids[-len(entries) :], strict=True):
             self.cumulative_logprob += entry[token].logprob
