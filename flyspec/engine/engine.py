@@ -31,7 +31,7 @@ from flyspec.config import EngineConfig, log_lossy_warning
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.drafters.build import build_drafter
 from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing, non_finite_message
-from flyspec.engine.logprobs import LogprobsBuilder, log_of, prompt_logprobs
+from flyspec.engine.logprobs import LogprobsBuilder, prompt_logprobs
 from flyspec.engine.model_runner import ModelRunner, sample_tokens
 from flyspec.engine.scheduler import Scheduler
 from flyspec.engine.sequence import RequestGroup, Sequence
@@ -308,7 +308,7 @@ class LLMEngine:
         device = probs.device
         rows = probs[torch.tensor(b_idx, device=device), torch.tensor(j_idx, device=device)]
         num_top = [seqs[b].params.logprobs for b in b_idx]
-        entries = self.logprobs.build(log_of(rows), [t for b in want for t in tokens[b]], num_top)  # type: ignore[arg-type]
+        entries = self.logprobs.build(rows, [t for b in want for t in tokens[b]], num_top)  # type: ignore[arg-type]
         start = 0
         for b in want:
             result[b] = entries[start : start + len(tokens[b])]

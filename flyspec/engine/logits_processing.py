@@ -40,7 +40,10 @@ class RequestLogitsState:
     """What one request's logits processing carries across steps: its grammar matcher, the counts of its
     generated tokens (penalties), the tokens of its prompt (repetition penalty) and its logit bias.
 
-    Only requests that use one of these get a state (Sequence.logits_state is None otherwise).
+    Only requests that use one of these get a state (Sequence.logits_state is None otherwise). Penalties
+    touch only tokens that occurred, so besides dense [V] counts the state keeps the distinct tokens of
+    the history (the output, plus the prompt under a repetition penalty): processing then works on those
+    columns alone, not on the whole vocabulary.
     """
 
     def __init__(
@@ -57,6 +60,8 @@ class RequestLogitsState:
         self.device = device
         self._counts: torch.Tensor | None = None
         self._pending: list[int] = []
+        self._history: dict[int, None] = {}  # distinct history tokens, in order of first occurrence
+        self._history_ids: torch.Tensor | None = None  # the same as a tensor, rebuilt when it grows
         self.prompt_seen: torch.Tensor | None = None
         if params.has_penalties:
             self._counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
@@ -65,6 +70,7 @@ class RequestLogitsState:
             self.prompt_seen = torch.zeros(vocab_size, dtype=torch.bool, device=device).index_fill_(
                 0, ids, True
             )
+            self._history = dict.fromkeys(prompt_token_ids)
         self.bias_ids: torch.Tensor | None = None
         self.bias_values: torch.Tensor | None = None
         if params.logit_bias:
@@ -79,6 +85,15 @@ class RequestLogitsState:
             self.grammar.accept(token)
         if self._counts is not None:
             self._pending.append(token)
+            if token not in self._history:
+                self._history[token] = None
+                self._history_ids = None
+
+    def history_ids(self) -> torch.Tensor:
+        """[U] int64 distinct tokens a penalty may touch (output, and prompt under a repetition penalty)."""
+        if self._history_ids is None:
+            self._history_ids = torch.tensor(list(self._history), dtype=torch.int64, device=self.device)
+        return self._history_ids
 
     def output_counts(self) -> torch.Tensor:
         """[V] float32 occurrences of each token among the committed output tokens."""
@@ -229,7 +244,7 @@ class TargetProcessing:
 
         with_penalty = [b for b in shaped if seqs[b].params.has_penalties]
         if with_penalty:
-            self._penalise(logits, seqs, drafts, with_penalty, starts, rows_of(with_penalty))
+            self._penalise(logits, seqs, drafts, with_penalty, starts)
 
     @staticmethod
     def _penalise(
@@ -238,52 +253,44 @@ class TargetProcessing:
         drafts: Seq[Seq[int]],
         bs: list[int],
         starts: list[int],
-        rows: torch.Tensor,
     ) -> None:
+        """Penalties on the columns of each request's history tokens (plus its drafts) only.
+
+        Row j of request b has the history output + d[:j]; for the U distinct tokens that can occur in
+        any of its rows, counts[j, u] = output count + occurrences in d[:j], so the work per request is
+        [K_b + 1, U], not [K_b + 1, V].
+        """
         device = logits.device
-        # Row m of the penalised block is position j of request b: its history is the output plus d[:j].
-        which = torch.tensor(
-            [i for i, b in enumerate(bs) for _ in range(starts[b + 1] - starts[b])], device=device
-        )
-        base = torch.stack([seqs[b].logits_state.output_counts() for b in bs])  # type: ignore[union-attr]
-        counts = base[which]
-        extra_rows, extra_ids, m = [], [], 0
         for b in bs:
-            d = drafts[b]
-            for j in range(len(d) + 1):
-                extra_rows.extend([m] * j)
-                extra_ids.extend(d[:j])
-                m += 1
-        if extra_ids:
-            counts.index_put_(
-                (torch.tensor(extra_rows, device=device), torch.tensor(extra_ids, device=device)),
-                torch.ones(len(extra_ids), device=device),
-                accumulate=True,
-            )
-        params = [seqs[b].params for b in bs]
-        per_row = [p for p, b in zip(params, bs, strict=True) for _ in range(starts[b + 1] - starts[b])]
-        seen = None
-        if any(p.repetition_penalty != 1 for p in params):
-            no_prompt = torch.zeros(logits.shape[1], dtype=torch.bool, device=device)
-            prompt_seen = torch.stack(
-                [
-                    s.prompt_seen if s.prompt_seen is not None else no_prompt
-                    for s in (seqs[b].logits_state for b in bs)  # type: ignore[union-attr]
-                ]
-            )
-            seen = prompt_seen[which] | (counts > 0)
+            state = seqs[b].logits_state
+            assert state is not None
+            params = state.params
+            d = torch.tensor(list(drafts[b]), dtype=torch.int64, device=device)
+            ids = torch.unique(torch.cat([state.history_ids(), d]))
+            if not len(ids):
+                continue
+            counts = state.output_counts()[ids].expand(len(d) + 1, -1)
+            if len(d):
+                hits = (d.unsqueeze(1) == ids.unsqueeze(0)).to(counts.dtype)  # [K_b, U]
+                prefix = torch.cat([hits.new_zeros(1, len(ids)), hits.cumsum(dim=0)])
+                counts = counts + prefix
+            seen = None
+            if state.prompt_seen is not None:
+                seen = state.prompt_seen[ids].unsqueeze(0) | (counts > 0)
+            block = torch.arange(starts[b], starts[b + 1], device=device).unsqueeze(1)
+            n = starts[b + 1] - starts[b]
 
-        def column(name: str) -> torch.Tensor:
-            return torch.tensor([getattr(p, name) for p in per_row], dtype=torch.float32, device=device)
+            def column(value: float, n: int = n) -> torch.Tensor:
+                return torch.full((n,), value, dtype=torch.float32, device=device)
 
-        logits[rows] = apply_penalties(
-            logits[rows],
-            counts,
-            seen,
-            column("presence_penalty"),
-            column("frequency_penalty"),
-            column("repetition_penalty"),
-        )
+            logits[block, ids] = apply_penalties(
+                logits[block, ids],
+                counts,
+                seen,
+                column(params.presence_penalty),
+                column(params.frequency_penalty),
+                column(params.repetition_penalty),
+            )
 
 
 def non_finite_message(params: SamplingParams) -> str:

@@ -36,21 +36,30 @@ class LogprobsBuilder:
                 self._decoded[t] = text
         return [self._decoded[t] for t in token_ids]
 
-    def build(self, logprobs: torch.Tensor, tokens: Seq[int], num_top: Seq[int]) -> list[PositionLogprobs]:
-        """One PositionLogprobs per row of `logprobs` [M, V] (natural-log probabilities): the chosen
-        tokens[m] first, then the num_top[m] most likely tokens."""
+    def build(
+        self, scores: torch.Tensor, tokens: Seq[int], num_top: Seq[int], *, kind: str = "probs"
+    ) -> list[PositionLogprobs]:
+        """One PositionLogprobs per row of `scores` [M, V]: the chosen tokens[m] first, then the
+        num_top[m] most likely tokens.
+
+        kind: "probs" (processed probabilities; logprob = ln p) or "logits" (raw logits; logprob =
+        logit - logsumexp). Ranks and the top-k are taken on the scores themselves (the order is the
+        same), so only the reported entries are turned into logprobs: no [M, V] log pass.
+        """
         if not len(tokens):
             return []
-        chosen = torch.tensor(list(tokens), dtype=torch.int64, device=logprobs.device)
-        chosen_lp = logprobs.gather(1, chosen.unsqueeze(1))
-        ranks = ((logprobs > chosen_lp).sum(dim=1) + 1).tolist()
+        device = scores.device
+        chosen = torch.tensor(list(tokens), dtype=torch.int64, device=device)
+        chosen_scores = scores.gather(1, chosen.unsqueeze(1))
+        ranks = ((scores > chosen_scores).sum(dim=1) + 1).tolist()
+        top_scores, top_ids = scores.topk(max(num_top), dim=1)  # k = 0 gives [M, 0]
+        if kind == "probs":
+            chosen_lp, top_lp = log_of(chosen_scores), log_of(top_scores)
+        else:
+            norm = torch.logsumexp(scores, dim=1, keepdim=True)
+            chosen_lp, top_lp = chosen_scores - norm, top_scores - norm
         chosen_values = chosen_lp.squeeze(1).tolist()
-        k = max(num_top)
-        top_values: list[list[float]] = [[] for _ in tokens]
-        top_tokens: list[list[int]] = [[] for _ in tokens]
-        if k:
-            top_lp, top_ids = logprobs.topk(k, dim=1)
-            top_values, top_tokens = top_lp.tolist(), top_ids.tolist()
+        top_values, top_tokens = top_lp.tolist(), top_ids.tolist()
         texts = dict(zip(*self._texts(tokens, top_tokens), strict=True))
         out = []
         for m, token in enumerate(tokens):
@@ -86,7 +95,7 @@ def prompt_logprobs(
     out: list[PositionLogprobs] = []
     for start in range(0, len(next_tokens), PROMPT_LOGPROB_SLICE):
         stop = start + PROMPT_LOGPROB_SLICE
-        logprobs = torch.log_softmax(compute_logits(hidden[start:stop]).float(), dim=-1)
+        logits = compute_logits(hidden[start:stop]).float()
         tokens = next_tokens[start:stop]
-        out.extend(builder.build(logprobs, tokens, [num_top] * len(tokens)))
+        out.extend(builder.build(logits, tokens, [num_top] * len(tokens), kind="logits"))
     return out
