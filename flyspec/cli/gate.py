@@ -16,7 +16,8 @@ import typer
 gate_app = typer.Typer(
     name="gate",
     help="Paired quality gate: does a candidate decoding configuration (e.g. FLy) keep the baseline's "
-    "accuracy within a pre-registered margin? plan -> pilot -> run -> report.",
+    "accuracy within a pre-registered margin? plan -> pilot -> run -> report; compare existing eval logs; "
+    "tune: the fastest FLy setting proven safe.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -326,6 +327,84 @@ def pilot_command(
     _run_and_report(options, as_json)
 
 
+def _exit_for(decision: str | None, strict: bool) -> None:
+    """The exit code of a decision: 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0)."""
+    from flyspec.gate.decision import FAIL, INCONCLUSIVE
+
+    if decision == FAIL:
+        raise typer.Exit(1)
+    if decision == INCONCLUSIVE and strict:
+        raise typer.Exit(2)
+
+
+@gate_app.command("compare")
+def compare_command(
+    baseline: Annotated[
+        str,
+        typer.Argument(
+            help="Baseline log: an lm-eval samples_*.jsonl file or folder, an Inspect .eval/.json log or "
+            "folder, or STORE.db:RUN:ARM."
+        ),
+    ],
+    candidate: Annotated[str, typer.Argument(help="Candidate log, in any of the same forms.")],
+    margin: Annotated[
+        float,
+        typer.Option(
+            "--margin",
+            help="Tolerated accuracy loss, fraction in (0, 1). Declared now, after the data: the report says "
+            "so.",
+        ),
+    ],
+    alpha: Annotated[float, typer.Option("--alpha", help="One-sided level (95% interval at 0.025).")] = 0.025,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            "--metric", help="lm-eval metric field or Inspect scorer (default: the only or first one)."
+        ),
+    ] = None,
+    filter_name: Annotated[
+        str | None, typer.Option("--filter", help="lm-eval filter, required when several were logged.")
+    ] = None,
+    epoch: Annotated[
+        int | None,
+        typer.Option(
+            "--epoch",
+            help="Compare this epoch only; required when a log holds several epochs per question (they are "
+            "not independent pairs).",
+        ),
+    ] = None,
+    as_json: AsJson = False,
+    html_file: Annotated[
+        Path | None, typer.Option("--html", help="Also write an HTML report with a plot.")
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")
+    ] = False,
+) -> None:
+    """Paired decision from two existing per-sample logs (lm-eval, Inspect, or a gate store), nothing re-run.
+
+    The logs are paired by task and question id (refused, naming the questions, when they differ) and decided
+    per task and pooled with the gate's rule. The margin is declared after the data, and the report says so.
+    Exit code: 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0).
+    """
+    from flyspec.gate.compare import compare_logs
+
+    rep = compare_logs(baseline, candidate, margin, alpha, metric=metric, filter=filter_name, epoch=epoch)
+    print(
+        f"gate compare: margin {100 * margin:g} points and alpha {alpha:g} declared now, after the data (not "
+        "a pre-registered run)",
+        file=sys.stderr,
+    )
+    if html_file is not None:
+        html_file.write_text(rep.to_html(), encoding="utf-8")
+        print(f"wrote {html_file}", file=sys.stderr)
+    if as_json:
+        _emit_json(rep.to_dict())
+    else:
+        print(rep.to_markdown())
+    _exit_for(rep.decision, strict)
+
+
 @gate_app.command("report")
 def report(
     store: Path = typer.Option(..., "--store", help="The gate store file."),
@@ -347,7 +426,7 @@ def report(
     Exit code (of the registered decision): 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0).
     """
-    from flyspec.gate.report import FAIL, INCONCLUSIVE, build_report
+    from flyspec.gate.report import build_report
 
     rep = build_report(store, run_id, margin)
     for warning in rep.warnings:
@@ -360,7 +439,4 @@ def report(
         _emit_json(rep.to_dict())
     else:
         print(rep.to_markdown())
-    if rep.decision == FAIL:
-        raise typer.Exit(1)
-    if rep.decision == INCONCLUSIVE and strict:
-        raise typer.Exit(2)
+    _exit_for(rep.decision, strict)

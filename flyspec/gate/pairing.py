@@ -6,8 +6,9 @@ the gate store's prompt hash), the same hash. Anything else is refused with a me
 few mismatching questions each way and how many there are, because pairing different questions would
 make the lost/gained counts meaningless.
 
-Every epoch of a question is one pair. The paired tests treat pairs as independent, which several
-epochs of the same question are not; compare single-epoch logs when that matters.
+Every epoch of a question is one pair here. The paired tests treat pairs as independent, which several
+epochs of the same question are not, so ``gate compare`` (flyspec/gate/compare.py) refuses logs with several
+epochs unless one epoch is chosen.
 """
 
 from __future__ import annotations

@@ -206,6 +206,7 @@ class Report:
         return {
             "decision": pooled.decision,
             "registered_decision": pooled.decision,
+            "pre_registered": self.run.kind != "compare",
             "design": self.design,
             "method": CS_METHOD if self.sequential_plan is not None else "tango",
             "scope": "pooled",

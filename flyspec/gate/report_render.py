@@ -167,6 +167,21 @@ def advice(report: Report) -> list[str]:
     ]
 
 
+def compare_advice(report: Report) -> list[str]:
+    """What to do next after ``gate compare`` reads INCONCLUSIVE (an empty list otherwise)."""
+    pooled = report.pooled
+    if pooled is None or pooled.decision != INCONCLUSIVE or pooled.n == 0:
+        return []
+    plan = _plan_sentence(pooled, _m(report))
+    return [
+        *([plan] if plan else []),
+        "Do not add samples to these logs and compare again until the result looks better: that is optional "
+        "stopping, and it makes a wrong PASS more likely than alpha. To decide, run the gate with the margin "
+        "registered before the first answer on questions these logs have not used, sequentially so that it "
+        "can stop as soon as the evidence is clear: `flyspec gate run --sequential --margin M ...`.",
+    ]
+
+
 def _decision_heading(pooled: Comparison) -> str:
     loss = " (loss detected)" if pooled.decision == INCONCLUSIVE and pooled.loss_detected else ""
     return f"## Decision: **{pooled.decision}**{loss}"
@@ -253,10 +268,11 @@ def _sequential_lines(report: Report) -> list[str]:
 def _paired_table(report: Report) -> list[str]:
     m = _m(report)
     kind = "confidence sequence" if report.sequential is not None else "CI"
+    scope = "task" if report.run.kind == "compare" else "dataset"
     lines = [
         "## Paired results",
         "",
-        f"| dataset | n | baseline acc | candidate acc | lost | gained | net | exact p | mid-p | "
+        f"| {scope} | n | baseline acc | candidate acc | lost | gained | net | exact p | mid-p | "
         f"{100 * report.level:g}% {kind} of net (points) | margin | decision |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
@@ -424,15 +440,48 @@ def _arm_lines(report: Report) -> list[str]:
     return lines
 
 
+def _source_lines(report: Report) -> list[str]:
+    """What ``gate compare`` read, and how the margin came about (it replaces the registration)."""
+    reg = report.run.registration
+    lines = [
+        "## Logs compared",
+        "",
+        f"- margin {report.run.margin:g} ({_m(report)} points), alpha {report.alpha:g} (one-sided): declared "
+        "now, after the data (not a pre-registered run)",
+    ]
+    for side, info in reg.get("sources", {}).items():
+        chosen = f", filter {info['filter']}" if info.get("filter") else ""
+        lines.append(
+            f"- {side}: `{info['source']}` ({info['kind']} log, scored by {info['metric']}{chosen}; "
+            f"{info['samples']} samples)"
+        )
+    epoch = reg.get("epoch")
+    lines.append(
+        f"- epoch {epoch} of each question only (one independent pair per question)"
+        if epoch is not None
+        else "- one epoch per question (one independent pair per question)"
+    )
+    lines.append(
+        "- paired by task and question id, with the prompt, document or input hashes checked wherever both "
+        "logs carry them"
+    )
+    return lines
+
+
 def markdown(report: Report) -> str:
     """The whole report as markdown."""
-    design = f", {report.design}" if report.run.kind == "gate" else ""
-    lines = [f"# flyspec quality gate: run `{report.run.run_id}` ({report.run.kind}{design})", ""]
+    kind = report.run.kind
+    if kind == "compare":
+        title = "# flyspec quality gate: comparing existing logs (margin declared after the data)"
+    else:
+        design = f", {report.design}" if kind == "gate" else ""
+        title = f"# flyspec quality gate: run `{report.run.run_id}` ({kind}{design})"
+    lines = [title, ""]
     for warning in report.warnings:
         lines += [f"> **WARNING:** {warning}", ""]
-    lines += _pilot_lines(report) if report.run.kind == "pilot" else _gate_lines(report)
+    lines += _pilot_lines(report) if kind == "pilot" else _gate_lines(report)
     lines += _speed_lines(report)
-    lines += _registration_lines(report)
+    lines += _source_lines(report) if kind == "compare" else _registration_lines(report)
     return "\n".join(lines) + "\n"
 
 
