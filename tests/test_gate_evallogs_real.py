@@ -24,9 +24,10 @@ import httpx
 import pytest
 from tiny_llm import save_perturbed, save_tiny
 
+from flyspec.gate.compare import compare_logs
 from flyspec.gate.evallogs import read_eval_log
 from flyspec.gate.pairing import pair_logs
-from flyspec.gate.stats import paired_counts
+from flyspec.gate.stats import decide, paired_counts
 
 BIN = Path(sys.executable).parent
 QUESTIONS = 16
@@ -187,6 +188,17 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     counts = paired_counts(task.baseline, task.candidate)
     print(f"lm-eval logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
     assert (counts.n, counts.lost, counts.gained) == (QUESTIONS, lost, gained)
+    # `gate compare` on the same folders, through the installed command as a user runs it.
+    cmd = [str(BIN / "flyspec"), "gate", "compare", str(tmp_path / "baseline"), str(tmp_path / "candidate")]
+    done = subprocess.run(
+        [*cmd, "--margin", "0.5", "--filter", "whole", "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode in (0, 1), done.stderr
+    decision = json.loads(done.stdout.strip().splitlines()[-1])["decision"]
+    expected = decide(QUESTIONS, lost, gained, 0.5)
+    assert (decision["n"], decision["lost"], decision["gained"]) == (QUESTIONS, lost, gained)
+    assert (decision["decision"], decision["low"]) == (expected.decision, pytest.approx(expected.low))
+    assert "declared now, after the data" in done.stderr
 
 
 INSPECT_TASK = """from inspect_ai import Task, task
@@ -233,3 +245,8 @@ def test_inspect_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     counts = paired_counts(task.baseline, task.candidate)
     print(f"Inspect logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
     assert (counts.n, counts.lost, counts.gained) == (2 * QUESTIONS, 2 * lost, 2 * gained)
+    # `gate compare` refuses two epochs per question (not independent pairs) and compares one when asked.
+    with pytest.raises(ValueError, match="holds 2 epochs per question"):
+        compare_logs(str(tmp_path / "baseline"), str(tmp_path / "candidate"), 0.5)
+    pooled = compare_logs(str(tmp_path / "baseline"), str(tmp_path / "candidate"), 0.5, epoch=1).pooled
+    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained) == (QUESTIONS, lost, gained)
