@@ -405,6 +405,176 @@ def compare_command(
     _exit_for(rep.decision, strict)
 
 
+def _numbers(text: str | None, kind: type, flag: str) -> tuple | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: give comma-separated {kind.__name__}s, e.g. 3,2,1") from None
+    if not values:
+        raise ValueError(f"{flag} {text!r}: give at least one value")
+    return values
+
+
+@gate_app.command("tune")
+def tune_command(
+    store: Annotated[str, typer.Option("--store", help=_STORE_HELP)],
+    dataset: Annotated[list[str], typer.Option("--dataset", help=_DATASET_HELP)],
+    baseline: Annotated[
+        str, typer.Option("--baseline", help="Baseline arm, standard verification. " + _ARM_HELP)
+    ],
+    margin: Annotated[
+        float, typer.Option("--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered.")
+    ],
+    alpha: Annotated[
+        float, typer.Option("--alpha", help="One-sided level of each test and of the whole tune.")
+    ] = 0.025,
+    candidates: Annotated[
+        str | None,
+        typer.Option(
+            "--candidates",
+            help="JSON list (or JSON file) of settings: speculative_config fragments such as "
+            '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
+            '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
+            "x --thresholds.",
+        ),
+    ] = None,
+    windows: Annotated[
+        str | None,
+        typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
+    ] = None,
+    thresholds: Annotated[
+        str | None, typer.Option("--thresholds", help="Grid entropy thresholds (default: 0.6,0.3).")
+    ] = None,
+    order: Annotated[
+        str,
+        typer.Option(
+            "--order",
+            help="speed: slowest first, measured on the calibration questions (default); given: the "
+            "candidates' order.",
+        ),
+    ] = "speed",
+    order_by: Annotated[
+        str,
+        typer.Option(
+            "--order-by",
+            help="Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s.",
+        ),
+    ] = "mean_acceptance_length",
+    calibration_questions: Annotated[
+        int,
+        typer.Option(
+            "--calibration-questions",
+            help="Questions that measure speed (never graded, never test questions); 0 only with "
+            "--order given.",
+        ),
+    ] = 8,
+    fixed: Annotated[
+        bool,
+        typer.Option(
+            "--fixed", help="Fixed-size tests on every test question instead of sequential tests (default)."
+        ),
+    ] = False,
+    max_questions: Annotated[
+        int | None,
+        typer.Option(
+            "--max-questions",
+            help="Test questions: the next N of the seeded order after the calibration ones (default: all).",
+        ),
+    ] = None,
+    max_minutes: MaxMinutes = None,
+    temperature: Temperature = None,
+    top_p: TopP = None,
+    max_tokens: MaxTokens = None,
+    seed: Seed = None,
+    order_seed: OrderSeed = None,
+    run_name: Annotated[
+        str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")
+    ] = None,
+    no_progress: NoProgress = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."
+        ),
+    ] = False,
+) -> None:
+    """The fastest FLy setting shown non-inferior to standard verification, the error rate controlled.
+
+    Settings are tested in an order fixed before any quality data (slowest first by default, measured on
+    calibration questions that are never graded), each against the margin at the full alpha; testing stops
+    at the first setting that does not PASS (fixed-sequence procedure: the chance of choosing any setting
+    worse than the margin stays at most alpha). The baseline answers once; every setting reuses its stored
+    answers. Rerunning the same command resumes.
+    """
+    from flyspec.gate.tune import TuneOptions, describe_pause, tune
+    from flyspec.gate.tune_report import build_tune_report
+
+    aliases = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
+    options = TuneOptions(
+        store=store,
+        datasets=tuple(dataset),
+        baseline=baseline,
+        margin=margin,
+        candidates=candidates,
+        alpha=alpha,
+        windows=_numbers(windows, int, "--windows"),
+        thresholds=_numbers(thresholds, float, "--thresholds"),
+        order=order,
+        order_by=aliases.get(order_by, order_by),
+        calibration_questions=calibration_questions,
+        sequential=not fixed,
+        max_questions=max_questions,
+        max_minutes=max_minutes,
+        temperature=0.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        max_tokens=512 if max_tokens is None else max_tokens,
+        seed=0 if seed is None else seed,
+        order_seed=order_seed,
+        run_id=run_name,
+        progress=not no_progress,
+    )
+    try:
+        result = tune(options)
+    except KeyboardInterrupt:
+        print(
+            f"gate tune: interrupted; every stored answer is kept in {store}; rerun to resume",
+            file=sys.stderr,
+        )
+        raise typer.Exit(130) from None
+    if result.reason != "complete":
+        print(describe_pause(result, store), file=sys.stderr)
+    with_report = result.reason == "complete" or _has_run(store, options.name)
+    if with_report:
+        rep = build_tune_report(store, options.name)
+        if as_json:
+            _emit_json(rep.to_dict())
+        else:
+            print(rep.to_markdown())
+    if result.interrupted:
+        raise typer.Exit(130)
+
+
+def _run_kind(store: Path, run_id: str | None) -> str | None:
+    """The kind of the run ``gate report`` shows (None when the store or run does not exist)."""
+    from flyspec.gate.store import GateStore
+
+    if not store.is_file():
+        return None
+    with GateStore(store) as opened:
+        runs = opened.runs()
+        run = opened.get_run(run_id) if run_id is not None else (runs[-1] if runs else None)
+    return run.kind if run is not None else None
+
+
+def _has_run(store: str, run_id: str) -> bool:
+    from flyspec.gate.store import GateStore
+
+    with GateStore(store) as opened:
+        return opened.get_run(run_id) is not None
+
+
 @gate_app.command("report")
 def report(
     store: Path = typer.Option(..., "--store", help="The gate store file."),
@@ -428,6 +598,15 @@ def report(
     """
     from flyspec.gate.report import build_report
 
+    if _run_kind(store, run_id) == "tune":
+        from flyspec.gate.tune_report import build_tune_report
+
+        tuned = build_tune_report(store, run_id)
+        if as_json:
+            _emit_json(tuned.to_dict())
+        else:
+            print(tuned.to_markdown())
+        return
     rep = build_report(store, run_id, margin)
     for warning in rep.warnings:
         if rep.margin_overridden and warning.startswith("USING MARGIN"):

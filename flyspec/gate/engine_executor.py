@@ -14,6 +14,8 @@ from typing import Any
 
 from flyspec.gate.arms import Completion, EngineArm, Job, Sampling, is_fly
 
+WARMUP_PROMPT = "Hello"
+
 
 class EngineExecutor:
     """Answers the jobs of one or more engine arms with one engine started from the first arm's config.
@@ -41,11 +43,15 @@ class EngineExecutor:
         return f"engine {self.lead.config['model']} for arm(s) {', '.join(self.arms)}"
 
     def prepare(self) -> None:
-        """Start the engine (load weights) now, so model loading is not timed as answering."""
+        """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
         if self._llm is None:
             from flyspec.llm import LLM
+            from flyspec.sampling_params import SamplingParams
 
             self._llm = LLM.from_config(self.lead.engine_config)
+            # The first steps of a fresh engine pay one-time costs (allocations, lazy initialisation) that
+            # would be charged to whichever arm answers first and skew its tokens/s.
+            self._llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
 
     @property
     def max_in_flight(self) -> int:

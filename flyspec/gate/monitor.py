@@ -101,13 +101,17 @@ class SequentialStop:
 
 
 def in_order_diffs(
-    order: Sequence[QuestionKey], correct: Mapping[tuple[str, int, str, str], bool]
+    order: Sequence[QuestionKey],
+    correct: Mapping[tuple[str, int, str, str], bool],
+    lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
 ) -> list[int]:
-    """Paired differences along the registered order, up to the first question missing an answer."""
+    """Paired differences (second lane minus first) along the registered order, up to the first question
+    missing an answer."""
+    first, second = lanes
     diffs: list[int] = []
     for dataset, qid in order:
-        base = correct.get((*BASELINE, dataset, qid))
-        cand = correct.get((*CANDIDATE, dataset, qid))
+        base = correct.get((*first, dataset, qid))
+        cand = correct.get((*second, dataset, qid))
         if base is None or cand is None:
             break
         diffs.append(int(cand) - int(base))
@@ -140,15 +144,18 @@ def sequential_stop(
     correct: Mapping[tuple[str, int, str, str], bool],
     plan: SequentialPlan,
     events: Sequence[RunEvent] = (),
+    lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
 ) -> SequentialStop:
     """The stop a sequential run reached, recomputed from its stored answers and session events.
 
     When the last session ended with a pause (time budget, Ctrl-C, error), the stop is where that pause
     was recorded: answers that completed after it are stored but wait for a resume. Otherwise the first
     crossing along the complete prefix decides; without one, a prefix covering every registered question
-    stops at ``max_questions``; else the run is ``in_progress`` (running, or killed).
+    stops at ``max_questions``; else the run is ``in_progress`` (running, or killed). ``lanes`` are the
+    baseline and candidate lanes (``gate tune`` pairs the baseline with each setting in turn) and
+    ``events`` that pair's session events.
     """
-    diffs = in_order_diffs(order, correct)
+    diffs = in_order_diffs(order, correct, lanes)
     last = events[-1] if events else None
     if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
         return _stop(diffs, plan, last.reason, min(last.stopped_at, len(diffs)))
@@ -165,9 +172,15 @@ class SequentialMonitor:
     The same data give the same stop as ``sequential_stop`` (both follow the registered order).
     """
 
-    def __init__(self, order: Sequence[QuestionKey], plan: SequentialPlan) -> None:
+    def __init__(
+        self,
+        order: Sequence[QuestionKey],
+        plan: SequentialPlan,
+        lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
+    ) -> None:
         self.order = list(order)
         self.plan = plan
+        self.lanes = lanes
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.prefix = 0
         self.lost = self.gained = 0
@@ -185,8 +198,8 @@ class SequentialMonitor:
             return None
         while self.prefix < len(self.order):
             dataset_i, qid = self.order[self.prefix]
-            base = self.correct.get((*BASELINE, dataset_i, qid))
-            cand = self.correct.get((*CANDIDATE, dataset_i, qid))
+            base = self.correct.get((*self.lanes[0], dataset_i, qid))
+            cand = self.correct.get((*self.lanes[1], dataset_i, qid))
             if base is None or cand is None:
                 return None
             d = int(cand) - int(base)

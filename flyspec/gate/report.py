@@ -367,9 +367,11 @@ def _sequential_row(
 # -------------------------------------------------------------------------------------- speeds
 
 
-def _speeds(
+def measure_speeds(
     answers: list[AnswerRecord], batches: list[tuple[str, int, int, int, float]]
 ) -> tuple[list[ArmSpeed], list[SharedThroughput]]:
+    """Each lane's speed from its stored answers (counters, latencies) and recorded batches (busy time),
+    and the throughput of engines that several lanes shared."""
     wall: dict[tuple[str, int], float] = defaultdict(float)
     tokens: dict[tuple[str, int], int] = defaultdict(int)
     shared: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
@@ -551,6 +553,12 @@ def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunReco
 def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report:
     notes: list[str] = []
     run = _pick_run(store, run_id, notes)
+    if run.kind in ("tune", "calibration"):
+        tune = run.registration.get("calibration", {}).get("tune") or run.run_id
+        raise ValueError(
+            f"run {run.run_id!r} is part of a gate tune: its report is `flyspec gate report --store "
+            f"{store.path} --run {tune}` (a calibration run measures speed only and is never graded)"
+        )
     overridden = margin is not None and margin != run.margin
     if overridden and (isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 < margin < 1):
         raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
@@ -574,7 +582,7 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
         )
     answers = store.answers(run.run_id)
     correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
-    report.speeds, report.shared = _speeds(answers, store.batches(run.run_id))
+    report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
     pairs = _pairs(store, run, correct)
     if run.kind == "pilot":
         report.pilot = _pilot(run, pairs, run.margin, run.alpha)

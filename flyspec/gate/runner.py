@@ -30,7 +30,7 @@ from flyspec.gate.graders import check_reference
 from flyspec.gate.monitor import SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, GateOptions
 from flyspec.gate.order import QuestionKey, select_questions
-from flyspec.gate.session import Session, log
+from flyspec.gate.session import Session, SessionSettings, log
 from flyspec.gate.store import GateStore, RegisteredQuestion
 
 Lane = tuple[str, int]
@@ -69,7 +69,9 @@ class _Plan:
         return "candidate" if "candidate" in self.arms else "noise"
 
 
-def _load_datasets(specs: Sequence[str], shuffle_seed: int) -> dict[str, tuple[str, list[Question]]]:
+def load_datasets(specs: Sequence[str], shuffle_seed: int) -> dict[str, tuple[str, list[Question]]]:
+    """Every question of each dataset, by its report name, with its spec as given; every reference answer
+    checked against its grader (ValueError naming the dataset and question)."""
     loaded: dict[str, tuple[str, list[Question]]] = {}
     for spec in specs:
         questions = load_dataset(spec, None, shuffle_seed=shuffle_seed)
@@ -105,7 +107,7 @@ def _plan(options: GateOptions) -> _Plan:
                 "questions that later `gate run`s leave out, and measures the candidate's flip rate. "
                 "(To measure sampling noise, give --temperature > 0.)"
             )
-    return _Plan(options, arms, lanes, _load_datasets(options.datasets, options.shuffle_seed))
+    return _Plan(options, arms, lanes, load_datasets(options.datasets, options.shuffle_seed))
 
 
 def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str]]:
@@ -259,7 +261,7 @@ def run(options: GateOptions) -> RunResult:
         monitor = (
             SequentialMonitor([(q.dataset, q.id) for q in questions], sequential) if sequential else None
         )
-        session = Session(store, options, plan.lanes, questions, monitor)
+        session = Session(store, SessionSettings.of(options), plan.lanes, questions, monitor)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "

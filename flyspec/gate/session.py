@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from dataclasses import dataclass
 
-from flyspec.gate.arms import Completion, Job
+from flyspec.gate.arms import Completion, Job, Sampling
 from flyspec.gate.datasets import Question
 from flyspec.gate.dispatch import Answer, Dispatcher, Executor
 from flyspec.gate.graders import Grade, equivalence_normaliser, grade, grade_against_baseline
@@ -19,6 +20,34 @@ from flyspec.gate.progress import GateProgress
 from flyspec.gate.store import AnswerRecord, GateStore
 
 Lane = tuple[str, int]
+NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What one answering session needs from its run: where to store, the seeds, the sampling, whether
+    to show a bar, the answering time budget in seconds (counted from the first answer request, after the
+    models are loaded), and whether answers are graded (a tune's calibration answers are not: they only
+    measure speed, so no quality data can influence the order of the tests)."""
+
+    run_id: str
+    seed: int
+    sampling: Sampling
+    progress: bool = True
+    max_seconds: float | None = None
+    graded: bool = True
+
+    @classmethod
+    def of(cls, options: GateOptions) -> SessionSettings:
+        """The settings of a gate run or pilot."""
+        minutes = options.max_minutes
+        return cls(
+            options.name,
+            options.seed,
+            options.sampling,
+            options.progress,
+            60 * minutes if minutes is not None else None,
+        )
 
 
 def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
@@ -42,23 +71,24 @@ class Session:
     def __init__(
         self,
         store: GateStore,
-        options: GateOptions,
+        settings: SessionSettings,
         lanes: list[Lane],
         questions: list[Question],
         monitor: SequentialMonitor | None,
     ) -> None:
         self.store = store
-        self.options = options
+        self.settings = settings
         self.lanes = lanes
-        self.run_id = options.name
+        self.run_id = settings.run_id
         self.questions = questions
         self.monitor = monitor
-        self.done = store.answered_keys(self.run_id)
+        # Only this session's lanes: a tune run stores every setting's answers in one run.
+        self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}
         # Why this session stopped and, for a sequential run, the in-order prefix length at that moment.
         self.reason: str | None = None
         self.stopped_at: int | None = None
-        self.stored = store.answers(self.run_id)
+        self.stored = [r for r in store.answers(self.run_id) if (r.arm, r.repeat) in lanes]
         # Reference outputs (the first lane's) for equivalent_to_baseline questions, and answers waiting
         # for theirs.
         first = lanes[0]
@@ -78,7 +108,7 @@ class Session:
         """The executor's unanswered jobs in the registered order, its lanes side by side per question."""
         if self.monitor is not None and self.monitor.stop is not None:
             return []
-        seed = self.options.seed
+        seed = self.settings.seed
         lanes = [lane for lane in self.lanes if lane[0] in executor.arms]
         return [
             Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
@@ -105,6 +135,8 @@ class Session:
         answered again after a crash, never stored ungraded)."""
         job, completion = answer.job, answer.completion
         q = job.question
+        if not self.settings.graded:
+            return [(job, completion, Grade(None, False, NOT_GRADED))]
         if equivalence_normaliser(q.grader) is None:
             return [(job, completion, grade(q.grader, completion.text, q.answer))]
         key = (q.dataset, q.id)
@@ -165,23 +197,23 @@ class Session:
     def answer(self, executors: list[Executor]) -> str:
         """Answer every unanswered job (or until a stop); returns why it ended."""
         jobs = [self.jobs(ex) for ex in executors]
-        minutes = self.options.max_minutes
-        deadline = time.monotonic() + 60 * minutes if minutes is not None else None
+        budget = self.settings.max_seconds
+        deadline = time.monotonic() + budget if budget is not None else None
         progress = GateProgress(
             self.lanes,
             self.total,
             len(self.done),
             monitor=self.monitor,
             deadline=deadline,
-            enabled=self.options.progress,
+            enabled=self.settings.progress,
         )
         for record in self.stored:
             progress.add((record.arm, record.repeat), record.correct, new=False)
-        with progress as bar, Dispatcher(executors, jobs, self.options.sampling) as dispatcher:
+        with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
             try:
                 self._loop(dispatcher, bar, deadline)
             finally:
-                self._record_times(executors, dispatcher)
+                self._record_times(executors, jobs, dispatcher)
             dispatcher.raise_error()
         return self.reason or "complete"
 
@@ -214,11 +246,14 @@ class Session:
                     raise
                 return
 
-    def _record_times(self, executors: list[Executor], dispatcher: Dispatcher) -> None:
-        for executor, spent in zip(executors, dispatcher.times, strict=True):
+    def _record_times(self, executors: list[Executor], jobs: list[list[Job]], dispatcher: Dispatcher) -> None:
+        for todo, spent in zip(jobs, dispatcher.times, strict=True):
             if not spent.answers:
                 continue
-            lanes = [lane for lane in self.lanes if lane[0] in executor.arms]
+            # The lanes this executor answered in this session: a shared engine whose other lane was
+            # already stored (a tune's baseline) ran one lane alone, and its busy time is that lane's.
+            answered = {(job.arm, job.repeat) for job in todo}
+            lanes = [lane for lane in self.lanes if lane in answered]
             arm, repeat = lanes[0] if len(lanes) == 1 else ("+".join(f"{a}#{r}" for a, r in lanes), -1)
             self.store.add_batch(
                 self.run_id, arm, repeat, spent.answers, spent.completion_tokens, spent.seconds

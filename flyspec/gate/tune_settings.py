@@ -1,0 +1,162 @@
+"""The settings ``gate tune`` chooses among: FLy speculative configs tried against one standard baseline.
+
+A candidate is given in one of two forms (docs/gate.md, "gate tune"):
+
+- a fragment of a ``speculative_config``, e.g. ``{"fly_window_size": 2, "fly_entropy_threshold": 0.3}``:
+  the baseline engine arm with these keys set and ``rejection_sample_method`` "fly" (the same models,
+  K, dtype and engine settings, so only the verifier differs);
+- ``{"arm": ARM, "speculative_config": {...}}``: any arm, e.g. an endpoint serving that setting (a vLLM
+  or flyspec server is started with its speculative config, so each setting is its own server), with the
+  config it runs, which the report prints for pasting.
+
+Without candidates the default grid is every window ``fly_window_size`` from ``min(6, K - 1)`` down to 1
+times the entropy thresholds 0.6 and 0.3, for the baseline's K.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from flyspec.gate.arms import Arm, EngineArm, load_arm_spec, parse_arm
+
+DEFAULT_THRESHOLDS = (0.6, 0.3)
+MAX_DEFAULT_WINDOW = 6
+_ENTRY_KEYS = ("arm", "speculative_config")
+
+
+@dataclass(frozen=True)
+class TuneSetting:
+    """One candidate: its arm name in the store (``s1``, ``s2``, ... in the order given), a label for
+    people, the speculative config to paste, and the arm that runs it."""
+
+    id: str
+    label: str
+    speculative_config: dict[str, Any]
+    arm: Arm
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "label": self.label, "speculative_config": self.speculative_config}
+
+
+def baseline_spec(baseline: Arm) -> dict[str, Any] | None:
+    """The baseline engine arm's speculative config; ValueError unless it verifies with standard (lossless)
+    speculative decoding. None for an endpoint baseline (its server's config is not visible here)."""
+    if not isinstance(baseline, EngineArm):
+        return None
+    spec = baseline.config["speculative_config"]
+    if spec is None or spec.get("rejection_sample_method") != "standard":
+        raise ValueError(
+            "baseline: gate tune compares FLy settings with standard speculative decoding, so the baseline "
+            "engine arm needs a speculative_config with rejection_sample_method 'standard' (got "
+            f"{json.dumps(spec)})"
+        )
+    return spec
+
+
+def default_grid(
+    k: int, windows: tuple[int, ...] | None = None, thresholds: tuple[float, ...] | None = None
+) -> list[dict[str, Any]]:
+    """The grid of FLy settings for K draft tokens: every window times every threshold."""
+    if k < 2:
+        raise ValueError(f"num_speculative_tokens={k}: FLy needs K >= 2, so there is nothing to tune")
+    if windows is None:
+        windows = tuple(range(min(MAX_DEFAULT_WINDOW, k - 1), 0, -1))
+    if thresholds is None:
+        thresholds = DEFAULT_THRESHOLDS
+    if not windows or not thresholds:
+        raise ValueError("the grid needs at least one window and one entropy threshold")
+    return [{"fly_window_size": w, "fly_entropy_threshold": t} for w in windows for t in thresholds]
+
+
+def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    """``W=2, theta=0.3`` plus whatever else differs from the baseline's config (e.g. ``K=5``)."""
+    parts = [f"W={spec.get('fly_window_size')}", f"theta={spec.get('fly_entropy_threshold'):g}"]
+    if spec.get("fly_entropy_top_k") not in (None, 3):
+        parts.append(f"top-k={spec['fly_entropy_top_k']}")
+    k = spec.get("num_speculative_tokens")
+    if reference is not None and k != reference.get("num_speculative_tokens"):
+        parts.append(f"K={spec.get('num_speculative_tokens')}")
+    return ", ".join(parts)
+
+
+def _fly_spec(data: Any, where: str) -> dict[str, Any]:
+    from flyspec.config import SpeculativeConfig
+
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: speculative_config must be a JSON object, got {type(data).__name__}")
+    try:
+        spec = SpeculativeConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if not spec.is_lossy:
+        raise ValueError(f"{where}: a candidate must verify with FLy (rejection_sample_method 'fly')")
+    # Unset keys (null) are left out: the config is printed for pasting, and absent means the default.
+    return {key: value for key, value in spec.to_dict().items() if value is not None}
+
+
+def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
+    setting_id = f"s{index + 1}"
+    where = f"candidate {index + 1}"
+    if not isinstance(entry, dict) or not entry:
+        raise ValueError(f"{where}: must be a non-empty JSON object, got {entry!r:.80}")
+    if "arm" in entry:
+        unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+        if unknown or "speculative_config" not in entry:
+            raise ValueError(
+                f"{where}: an entry with an arm takes exactly 'arm' and 'speculative_config' (the config "
+                f"that arm runs, for the report){f'; unknown: {unknown}' if unknown else ''}"
+            )
+        spec = _fly_spec(entry["speculative_config"], where)
+        arm = parse_arm(setting_id, load_arm_spec(entry["arm"], setting_id))
+        if isinstance(arm, EngineArm) and _fly_spec(arm.config["speculative_config"], where) != spec:
+            raise ValueError(f"{where}: the engine arm's speculative_config differs from the one given")
+        return TuneSetting(setting_id, label(spec, reference), spec, arm)
+    if reference is None or not isinstance(baseline, EngineArm):
+        raise ValueError(
+            f"{where}: with an endpoint baseline every candidate needs its own arm: "
+            '{"arm": {...}, "speculative_config": {...}}'
+        )
+    spec = _fly_spec({**reference, "rejection_sample_method": "fly", **entry}, where)
+    arm = parse_arm(setting_id, {**baseline.public_dict(), "speculative_config": spec})
+    return TuneSetting(setting_id, label(spec, reference), spec, arm)
+
+
+def parse_settings(baseline: Arm, candidates: list[Any]) -> list[TuneSetting]:
+    """Validate the candidates (in the order given); ValueError naming the entry for a bad or repeated
+    one."""
+    reference = baseline_spec(baseline)
+    if not isinstance(candidates, list) or not candidates:
+        raise ValueError("candidates: give a non-empty JSON list of settings")
+    settings = [_setting(i, entry, baseline, reference) for i, entry in enumerate(candidates)]
+    seen: dict[str, str] = {}
+    for s in settings:
+        key = json.dumps(s.speculative_config, sort_keys=True)
+        if key in seen and isinstance(s.arm, EngineArm):
+            raise ValueError(
+                f"candidate {s.id[1:]}: the same setting as candidate {seen[key][1:]} ({s.label})"
+            )
+        seen[key] = s.id
+    return settings
+
+
+def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
+    """Candidates as a JSON list string, the path of a JSON file holding one, or a list already."""
+    if spec is None or isinstance(spec, list):
+        return spec
+    from pathlib import Path
+
+    text = spec.strip()
+    if not text.startswith("["):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--candidates {text!r}: neither a JSON list nor an existing JSON file")
+        text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--candidates: invalid JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"--candidates: must be a JSON list of settings, got {type(data).__name__}")
+    return data
