@@ -107,6 +107,7 @@ _CONFIG_KEYS = (
     "run",
     "shuffle_seed",
     "exclude_run",
+    "judge",
 )
 
 
@@ -166,6 +167,7 @@ def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> An
         shuffle_seed=s.get("shuffle_seed", 0),
         exclude_runs=tuple(s.get("exclude_run", ())),
         progress=progress,
+        judge=s.get("judge"),
     )
 
 
@@ -236,6 +238,15 @@ ExcludeRun = Annotated[
     ),
 ]
 Config = Annotated[Path | None, typer.Option("--config", help="JSON file with any of these settings.")]
+JudgeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--judge",
+        help="Judge of the questions with grader 'judge', as a JSON object or file: "
+        '{"base_url": "http://HOST:PORT/v1", "model": "NAME", "max_tokens": 512, "seed": 0}. It compares '
+        "both arms' answers in both orders (temperature 0).",
+    ),
+]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
 AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the report as one JSON object.")]
 
@@ -268,6 +279,7 @@ def run_command(
         str | None, typer.Option("--run", help="Run name in the store (default 'gate').")
     ] = None,
     exclude_run: ExcludeRun = None,
+    judge: JudgeOption = None,
     config: Config = None,
     no_progress: NoProgress = False,
     as_json: AsJson = False,
@@ -277,7 +289,7 @@ def run_command(
         "gate", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
         candidate=candidate, margin=margin, alpha=alpha, sequential=sequential, max_questions=max_questions,
         max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run,
+        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
     )  # fmt: skip
     _run_and_report(options, as_json)
 
@@ -312,6 +324,7 @@ def pilot_command(
         str | None, typer.Option("--run", help="Run name in the store (default 'pilot').")
     ] = None,
     exclude_run: ExcludeRun = None,
+    judge: JudgeOption = None,
     config: Config = None,
     no_progress: NoProgress = False,
     as_json: AsJson = False,
@@ -322,7 +335,7 @@ def pilot_command(
         "pilot", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
         candidate=candidate, margin=margin, alpha=alpha, max_questions=max_questions,
         max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run,
+        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
     )  # fmt: skip
     _run_and_report(options, as_json)
 

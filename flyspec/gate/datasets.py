@@ -17,7 +17,8 @@ plain JSONL.
 - any other path: JSONL rows ``{"id", "prompt" | "messages", "answer", "grader", "meta"}`` (``id``
   defaults to the line number; ``messages`` is a chat, possibly multi-turn, ending with a user turn;
   ``answer`` is a string or number, an object ``{"tests", "entry_point", "prefix"}`` for ``grader:
-  "code"``, and absent for ``grader: "equivalent_to_baseline[:normaliser]"``).
+  "code"``, optional for ``grader: "judge"`` (a reference the judge is shown), and absent for
+  ``grader: "equivalent_to_baseline[:normaliser]"``).
 
 Every problem in a file (bad JSON or CSV, non-UTF-8 bytes, a missing or ill-typed field, a ``meta`` that
 is not an object, a duplicate id, a reference answer its grader cannot use) is one ValueError naming the
@@ -35,7 +36,7 @@ from typing import Any
 
 from flyspec.gate.code_datasets import read_humaneval, read_mbpp
 from flyspec.gate.code_grader import CodeTask
-from flyspec.gate.graders import check_grader, check_reference, equivalence_normaliser
+from flyspec.gate.graders import JUDGE, check_grader, check_reference, equivalence_normaliser
 from flyspec.gate.questions import DatasetInfo, Question
 from flyspec.gate.rows import jsonl_rows, table_rows, text_field
 
@@ -206,6 +207,13 @@ def _jsonl_answer(row: dict[str, Any], grader: str, where: str) -> str:
     """The reference as text: a string or number; a code task object as canonical JSON; none for
     equivalence (which compares with the baseline's output)."""
     answer = row.get("answer")
+    if grader == JUDGE:
+        # Optional: a reference answer the judge is shown beside the two answers.
+        if answer is None:
+            return ""
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+            raise ValueError(f"{where}: a judge question's 'answer' (a reference for the judge) must be text")
+        return str(answer)
     if equivalence_normaliser(grader) is not None:
         if answer not in (None, ""):
             raise ValueError(
@@ -240,7 +248,7 @@ def _read_jsonl(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
         if "grader" not in row:
             missing = "its answer and its grader" if row.get("answer") in (None, "") else "its grader"
             raise ValueError(
-                f"{where}: row is missing {missing} (graders: gsm8k, math, choice, exact, code, "
+                f"{where}: row is missing {missing} (graders: gsm8k, math, choice, exact, code, judge, "
                 "equivalent_to_baseline[:normaliser])"
             )
         try:

@@ -11,6 +11,8 @@
 - ``code``: the program in the output (``flyspec.gate.code_grader``) is run with the reference's tests in
   a separate, limited process (``flyspec.gate.code_exec``); right only if every test passes. A crash,
   timeout, memory error or ``sys.exit`` is wrong, never an error of the gate.
+- ``judge``: open-ended answers, graded by a judge model that compares both arms' answers in both orders
+  (``flyspec.gate.judge``); like ``equivalent_to_baseline`` it grades a pair, never one answer.
 - ``equivalent_to_baseline[:normaliser]``: for traffic with no reference. Not a per-answer grader: the
   candidate's output is right when it equals the baseline arm's output for the same question after the
   named normaliser (``NORMALISERS``), and the baseline is always right (``grade_equivalence``). This
@@ -30,7 +32,8 @@ from flyspec.gate.code_exec import SandboxLimits, run_program
 from flyspec.gate.code_grader import CodeTask, build_program, extract_code
 
 EQUIVALENCE = "equivalent_to_baseline"
-GRADERS = ("gsm8k", "math", "choice", "exact", "code", EQUIVALENCE)
+JUDGE = "judge"
+GRADERS = ("gsm8k", "math", "choice", "exact", "code", JUDGE, EQUIVALENCE)
 
 # A number as people write it: optional sign (not a hyphen inside "2-3"), optional $, thousands commas
 # only in groups of three, decimals, and an optional "/denominator".
@@ -242,12 +245,20 @@ def _grade_equivalence_alone(output: str, answer: str) -> Grade:
     )
 
 
+def _grade_judge_alone(output: str, answer: str) -> Grade:
+    raise ValueError(
+        f"the {JUDGE} grader compares two arms' answers with a judge model: a run with judge questions needs "
+        "a judge (--judge), and grades each pair once both answers are in"
+    )
+
+
 _GRADE_FUNCTIONS: dict[str, Callable[[str, str], Grade]] = {
     "gsm8k": grade_gsm8k,
     "math": grade_math,
     "choice": grade_choice,
     "exact": grade_exact,
     "code": grade_code,
+    JUDGE: _grade_judge_alone,
     EQUIVALENCE: _grade_equivalence_alone,
 }
 
@@ -271,6 +282,8 @@ def check_reference(grader: str, answer: str) -> None:
     """Raise ValueError if ``answer`` cannot serve as a reference for ``grader`` (checked before a run,
     so that a bad reference stops the run before its first answer instead of in the middle)."""
     grader = check_grader(grader)
+    if grader == JUDGE:
+        return  # any text, or none: the judge sees it as a reference answer when there is one
     if grader == "code":
         CodeTask.from_answer(answer)
     elif equivalence_normaliser(grader) is not None:

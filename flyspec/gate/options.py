@@ -50,7 +50,8 @@ class GateOptions:
     of each dataset's seeded order; max_questions: the first N of the interleaved order. order_seed:
     the question order (default: ``seed``, which also derives the per-question sampling seeds).
     exclude_runs: leave out the questions these runs of the store used (pilots are always left out of
-    gate runs).
+    gate runs). judge: the judge endpoint of ``judge`` questions (flyspec/gate/judge.py), as a dict, JSON
+    string or JSON file.
     """
 
     store: str | Path
@@ -73,6 +74,7 @@ class GateOptions:
     shuffle_seed: int = 0
     exclude_runs: tuple[str, ...] = field(default_factory=tuple)
     progress: bool = True
+    judge: ArmSpec | None = None
 
     def __post_init__(self) -> None:
         datasets = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)

@@ -140,6 +140,31 @@ class NoiseReference:
 
 
 @dataclass
+class JudgeSummary:
+    """How the judge ruled on the judged questions with both answers stored, and its position bias.
+
+    ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
+    ``disagree`` (each order preferred the answer in the same position, so the orders disagree: a tie) and
+    ``ties`` (a tie or an unreadable verdict in either order) add up to ``questions``. ``unreadable``
+    counts verdicts that could not be read (each is a tie); ``chose_a``/``chose_b`` count the decisive
+    verdicts by the position of the answer chosen.
+    """
+
+    model: str
+    template: str
+    questions: int
+    baseline_better: int
+    candidate_better: int
+    disagree: int
+    ties: int
+    verdicts: int
+    unreadable: int
+    chose_a: int
+    chose_b: int
+    position_p: float
+
+
+@dataclass
 class Exploratory:
     """A decision at a margin other than the registered one: for exploration only."""
 
@@ -169,6 +194,7 @@ class Report:
     sequential_plan: SequentialPlan | None = None
     exploratory: Exploratory | None = None
     noise: NoiseReference | None = None
+    judge: JudgeSummary | None = None
     explanation: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -254,6 +280,7 @@ class Report:
             "speeds": [asdict(s) for s in self.speeds],
             "shared_engine_speeds": [asdict(s) for s in self.shared],
             "noise": asdict(self.noise) if self.noise is not None else None,
+            "judge": asdict(self.judge) if self.judge is not None else None,
             "notes": self.notes,
         }
         if self.run.kind == "pilot":
@@ -583,6 +610,7 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
     answers = store.answers(run.run_id)
     correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
     report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
+    report.judge = _judge_summary(store, run, answers)
     pairs = _pairs(store, run, correct)
     if run.kind == "pilot":
         report.pilot = _pilot(run, pairs, run.margin, run.alpha)
@@ -604,6 +632,56 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
     report.explanation = explanation(report)
     report.advice = advice(report)
     return report
+
+
+def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]) -> JudgeSummary | None:
+    """The judge's rulings on the judged questions whose two answers are stored (the verdicts on exactly
+    those two outputs)."""
+    from flyspec.gate.judge import outcome, pair_hash
+    from flyspec.gate.judging import lane_label
+
+    judge = run.registration.get("judge")
+    if not isinstance(judge, dict):
+        return None
+    first, second = _lanes(run)
+    labels = (lane_label(first), lane_label(second))
+    outputs = {(a.arm, a.repeat, a.dataset, a.question_id): a.output for a in answers}
+    verdicts: dict[tuple[str, str, str, str], tuple[str | None, str]] = {}
+    for j in store.judgements(run.run_id):
+        if (j.first_lane, j.second_lane) == labels:
+            verdicts[(j.dataset, j.question_id, j.position, j.pair_sha256)] = (j.verdict, j.preferred)
+    counts = {"first": 0, "second": 0, "disagree": 0, "tie": 0}
+    said: list[tuple[str, str | None]] = []
+    for q in store.questions(run.run_id):
+        if q.grader != "judge":
+            continue
+        a = outputs.get((*first, q.dataset, q.question_id))
+        b = outputs.get((*second, q.dataset, q.question_id))
+        if a is None or b is None:
+            continue
+        digest = pair_hash(a, b)
+        ab = verdicts.get((q.dataset, q.question_id, "AB", digest))
+        ba = verdicts.get((q.dataset, q.question_id, "BA", digest))
+        if ab is None or ba is None:
+            continue
+        counts[outcome(ab[1], ba[1])] += 1
+        said += [("AB", ab[0]), ("BA", ba[0])]
+    chose_a = sum(v == "A" for _, v in said)
+    chose_b = sum(v == "B" for _, v in said)
+    return JudgeSummary(
+        model=str(judge.get("model")),
+        template=f"{judge.get('template')} (sha256 {str(judge.get('template_sha256'))[:12]})",
+        questions=sum(counts.values()),
+        baseline_better=counts["first"],
+        candidate_better=counts["second"],
+        disagree=counts["disagree"],
+        ties=counts["tie"],
+        verdicts=len(said),
+        unreadable=sum(v is None for _, v in said),
+        chose_a=chose_a,
+        chose_b=chose_b,
+        position_p=mcnemar(chose_a, chose_b).exact_p,
+    )
 
 
 def _warn_incomplete(report: Report, complete: int, registered: int) -> None:

@@ -241,10 +241,67 @@ def _gate_lines(report: Report) -> list[str]:
     if report.advice:
         lines += [" ".join(report.advice), ""]
     lines += _exploratory_lines(report)
+    lines += _judge_lines(report)
     lines += [f"**Rule.** {rule(report)}", ""]
     if report.sequential is not None:
         lines += _sequential_lines(report)
     return lines + _paired_table(report)
+
+
+def _judge_lines(report: Report) -> list[str]:
+    """What lost and gained mean for judged questions, the position-swap counts and the position bias."""
+    j = report.judge
+    if j is None:
+        return []
+    sampling = report.run.registration.get("judge", {}).get("sampling", {})
+    lines = [
+        "## Judge",
+        "",
+        f"Questions with grader `judge` were graded by the judge model `{j.model}` (prompt {j.template}; "
+        f"temperature 0, max_tokens {sampling.get('max_tokens')}, seed {sampling.get('seed')}), which saw "
+        "the request and both answers and said which is better, twice, with the answers' positions "
+        "swapped. For these questions **lost** means the judge preferred the baseline's answer in both "
+        "orders, **gained** the candidate's in both orders; a tie, an unreadable verdict, or a preference "
+        "that flipped when the answers swapped places counts as concordant (both right). The accuracies "
+        "are then the share of questions where an arm was not judged worse.",
+        "",
+        "| judged questions | both orders: baseline better (lost) | both orders: candidate better (gained) | "
+        "orders disagree (tie) | tie or unreadable (tie) | unreadable verdicts |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {j.questions} | {j.baseline_better} | {j.candidate_better} | {j.disagree} | {j.ties} | "
+        f"{j.unreadable} of {j.verdicts} |",
+        "",
+    ]
+    decisive = j.chose_a + j.chose_b
+    if decisive:
+        share = j.chose_a / decisive
+        bias = (
+            "a strong position bias: treat its verdicts with care"
+            if j.position_p < 0.05
+            else "no significant position bias"
+        )
+        lines += [
+            f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
+            f"{j.chose_a} ({100 * share:.0f}%); an unbiased judge chooses A about half the time, since each "
+            f"arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias}). "
+            + (
+                f"On the {j.disagree} question(s) where the orders disagree, the position, not the answer, "
+                "decided."
+                if j.disagree
+                else "The two orders never disagreed."
+            ),
+            "",
+        ]
+    else:
+        lines += ["Position bias: the judge gave no decisive verdict (only ties or unreadable ones).", ""]
+    if j.unreadable:
+        lines += [
+            f"{j.unreadable} verdicts had no readable final line ('Verdict: A', 'Verdict: B' or 'Verdict: "
+            "tie') and were counted as ties; a judge that often fails to say a verdict makes the gate "
+            "blind, since ties carry no information about a difference.",
+            "",
+        ]
+    return lines
 
 
 def _sequential_lines(report: Report) -> list[str]:
@@ -415,6 +472,14 @@ def _registration_lines(report: Report) -> list[str]:
     for name, info in reg.get("datasets", {}).items():
         lines.append(f"- dataset `{name}`: {info['questions']} questions, sha256 {info['sha256'][:16]}...")
     lines += _arm_lines(report)
+    judge = reg.get("judge")
+    if isinstance(judge, dict):
+        served = judge.get("served_model") or {}
+        lines.append(
+            f"- judge: model `{judge.get('model')}` (served id {served.get('id') or 'not reported'}), prompt "
+            f"template {judge.get('template')} (sha256 {judge.get('template_sha256')}), sampling "
+            f"{json.dumps(judge.get('sampling'), sort_keys=True)}, both positions per question"
+        )
     if run.notes.get("shared_engine"):
         lines.append(f"- {run.notes.get('shared_engine_note', 'arms shared one engine')}")
     lines += [f"- note: {note}" for note in report.notes]

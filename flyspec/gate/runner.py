@@ -26,7 +26,8 @@ from flyspec.gate.datasets import Question, dataset_info, load_dataset
 from flyspec.gate.dispatch import Executor
 from flyspec.gate.endpoint_executor import OpenAIExecutor
 from flyspec.gate.engine_executor import EngineExecutor
-from flyspec.gate.graders import check_reference
+from flyspec.gate.graders import JUDGE, check_reference
+from flyspec.gate.judge import Judge, parse_judge
 from flyspec.gate.monitor import SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, GateOptions
 from flyspec.gate.order import QuestionKey, select_questions
@@ -60,6 +61,7 @@ class _Plan:
     arms: dict[str, Arm]
     lanes: list[Lane]
     datasets: dict[str, tuple[str, list[Question]]]  # name -> (spec as given, every question)
+    judge: Judge | None = None
 
     @property
     def mode(self) -> str | None:
@@ -107,7 +109,17 @@ def _plan(options: GateOptions) -> _Plan:
                 "questions that later `gate run`s leave out, and measures the candidate's flip rate. "
                 "(To measure sampling noise, give --temperature > 0.)"
             )
-    return _Plan(options, arms, lanes, load_datasets(options.datasets, options.shuffle_seed))
+    datasets = load_datasets(options.datasets, options.shuffle_seed)
+    judged = [name for name, (_, qs) in datasets.items() if any(q.grader == JUDGE for q in qs)]
+    judge = parse_judge(options.judge) if options.judge is not None else None
+    if judged and judge is None:
+        raise ValueError(
+            f"dataset {judged[0]!r} has questions with grader 'judge': give the judge endpoint with --judge "
+            '\'{"base_url": "http://HOST:PORT/v1", "model": "NAME"}\''
+        )
+    if judge is not None and not judged:
+        raise ValueError("--judge: no question of the run has grader 'judge', so there is nothing to judge")
+    return _Plan(options, arms, lanes, datasets, judge)
 
 
 def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str]]:
@@ -141,11 +153,19 @@ def _identities(plan: _Plan, served: dict[str, dict[str, Any] | None]) -> dict[s
     return out
 
 
+def _judge_identity(plan: _Plan, served: dict[str, Any] | None) -> dict[str, Any] | None:
+    return plan.judge.identity(served) if plan.judge is not None else None
+
+
 def _registered_served(store: GateStore, run_id: str) -> dict[str, dict[str, Any] | None]:
-    """The served models a registered run recorded (to check a resume before asking the servers)."""
+    """The served models a registered run recorded (to check a resume before asking the servers); the
+    judge's under the key ``judge``."""
     run = store.get_run(run_id)
     arms = run.registration.get("arms", {}) if run is not None else {}
-    return {name: identity.get("served_model") for name, identity in arms.items()}
+    served = {name: identity.get("served_model") for name, identity in arms.items()}
+    judge = run.registration.get("judge") if run is not None else None
+    served[JUDGE] = judge.get("served_model") if isinstance(judge, dict) else None
+    return served
 
 
 def _registration(
@@ -155,6 +175,7 @@ def _registration(
     excluded: tuple[set[QuestionKey], list[str]],
     identities: dict[str, dict[str, Any]],
     sequential: SequentialPlan | None,
+    judge: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     o = plan.options
     counts: dict[str, int] = {name: 0 for name in plan.datasets}
@@ -182,6 +203,8 @@ def _registration(
         registration["sequential"] = sequential.to_dict()
     if plan.mode is not None:
         registration["pilot"] = {"mode": plan.mode}
+    if judge is not None:
+        registration["judge"] = judge
     return registration
 
 
@@ -206,12 +229,23 @@ def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, tuple[s
 # ----------------------------------------------------------------------------------------- run
 
 
+def _judge_served(plan: _Plan) -> dict[str, Any] | None:
+    """The judge's served model from its /v1/models (ValueError when it does not serve the model)."""
+    if plan.judge is None:
+        return None
+    reader = OpenAIExecutor(plan.judge.endpoint)
+    reader.prepare()
+    return reader.served_model()
+
+
 def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
     notes: dict[str, Any] = {
         "arm_settings": {name: arm.public_dict() for name, arm in plan.arms.items()},
         "dataset_sources": {name: spec for name, (spec, _) in plan.datasets.items()},
         "executors": [ex.facts() for ex in executors],
     }
+    if plan.judge is not None:
+        notes["judge_settings"] = plan.judge.public_dict()
     shared = [sorted(ex.arms) for ex in executors if ex.shared]
     if shared:
         notes["shared_engine"] = shared
@@ -242,11 +276,14 @@ def run(options: GateOptions) -> RunResult:
             for i, q in enumerate(questions)
         ]
         # A resume with other settings is refused before any server is asked which model it serves.
-        guess = _identities(plan, _registered_served(store, run_id))
+        known = _registered_served(store, run_id)
+        guess = _identities(plan, known)
         store.check_resumable(
             run_id,
             options.kind,
-            _registration(plan, questions, pool, excluded, guess, sequential),
+            _registration(
+                plan, questions, pool, excluded, guess, sequential, _judge_identity(plan, known[JUDGE])
+            ),
             registered,
         )
         executors = make_executors(list(plan.arms.values()))
@@ -255,13 +292,16 @@ def run(options: GateOptions) -> RunResult:
             if isinstance(ex, OpenAIExecutor):
                 ex.prepare()
                 served[ex.arm.name] = ex.served_model()
-        registration = _registration(plan, questions, pool, excluded, _identities(plan, served), sequential)
+        judge = _judge_identity(plan, _judge_served(plan))
+        registration = _registration(
+            plan, questions, pool, excluded, _identities(plan, served), sequential, judge
+        )
         new = store.register(run_id, options.kind, registration, registered)
         store.add_event(run_id, "start")
         monitor = (
             SequentialMonitor([(q.dataset, q.id) for q in questions], sequential) if sequential else None
         )
-        session = Session(store, SessionSettings.of(options), plan.lanes, questions, monitor)
+        session = Session(store, SessionSettings.of(options, plan.judge), plan.lanes, questions, monitor)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "

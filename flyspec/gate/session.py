@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from flyspec.gate.arms import Completion, Job, Sampling
 from flyspec.gate.datasets import Question
 from flyspec.gate.dispatch import Answer, Dispatcher, Executor
-from flyspec.gate.graders import Grade, equivalence_normaliser, grade, grade_against_baseline
+from flyspec.gate.graders import JUDGE, Grade, equivalence_normaliser, grade, grade_against_baseline
+from flyspec.gate.judge import Judge
+from flyspec.gate.judging import Item, JudgedPairs
 from flyspec.gate.monitor import SequentialMonitor, SequentialStop
 from flyspec.gate.options import GateOptions
 from flyspec.gate.order import QuestionKey
@@ -27,8 +29,9 @@ NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
 class SessionSettings:
     """What one answering session needs from its run: where to store, the seeds, the sampling, whether
     to show a bar, the answering time budget in seconds (counted from the first answer request, after the
-    models are loaded), and whether answers are graded (a tune's calibration answers are not: they only
-    measure speed, so no quality data can influence the order of the tests)."""
+    models are loaded), whether answers are graded (a tune's calibration answers are not: they only
+    measure speed, so no quality data can influence the order of the tests), and the judge of ``judge``
+    questions."""
 
     run_id: str
     seed: int
@@ -36,9 +39,10 @@ class SessionSettings:
     progress: bool = True
     max_seconds: float | None = None
     graded: bool = True
+    judge: Judge | None = None
 
     @classmethod
-    def of(cls, options: GateOptions) -> SessionSettings:
+    def of(cls, options: GateOptions, judge: Judge | None = None) -> SessionSettings:
         """The settings of a gate run or pilot."""
         minutes = options.max_minutes
         return cls(
@@ -47,6 +51,7 @@ class SessionSettings:
             options.sampling,
             options.progress,
             60 * minutes if minutes is not None else None,
+            judge=judge,
         )
 
 
@@ -96,6 +101,10 @@ class Session:
             (r.dataset, r.question_id): r.output for r in self.stored if (r.arm, r.repeat) == first
         }
         self.waiting: dict[QuestionKey, list[tuple[Job, Completion]]] = {}
+        judge = settings.judge
+        self.judged = (
+            JudgedPairs(store, self.run_id, judge, lanes) if judge is not None and settings.graded else None
+        )
         for record in self.stored:
             if monitor is not None:
                 monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
@@ -120,9 +129,19 @@ class Session:
     def record(self, answer: Answer, bar: GateProgress) -> SequentialStop | None:
         """Grade and commit one answer (and any answers that waited for it); returns the sequential stop
         if one of them caused it."""
+        return self._store(self._graded(answer), bar)
+
+    def _store(self, items: list[Item], bar: GateProgress) -> SequentialStop | None:
+        """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
+        update the monitor and the bar; returns the sequential stop if one of them caused it."""
+        if not items:
+            return None
+        self.store.add_answers(
+            self.run_id, [self._record(job, completion, g) for job, completion, g in items]
+        )
         stop = None
-        for job, completion, g in self._graded(answer):
-            self._commit(job, completion, g)
+        for job, completion, g in items:
+            self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
             q = job.question
             if self.monitor is not None:
                 stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) or stop
@@ -137,6 +156,10 @@ class Session:
         q = job.question
         if not self.settings.graded:
             return [(job, completion, Grade(None, False, NOT_GRADED))]
+        if q.grader == JUDGE:
+            if self.judged is None:
+                raise ValueError(f"question {q.dataset}/{q.id} has grader 'judge' but the run has no judge")
+            return self.judged.add(job, completion)
         if equivalence_normaliser(q.grader) is None:
             return [(job, completion, grade(q.grader, completion.text, q.answer))]
         key = (q.dataset, q.id)
@@ -152,32 +175,29 @@ class Session:
             return []
         return [(job, completion, grade_against_baseline(q.grader, reference, completion.text)[1])]
 
-    def _commit(self, job: Job, completion: Completion, g: Grade) -> None:
+    @staticmethod
+    def _record(job: Job, completion: Completion, g: Grade) -> AnswerRecord:
         q = job.question
         acc = completion.acceptance
-        self.store.add_answer(
-            self.run_id,
-            AnswerRecord(
-                arm=job.arm,
-                repeat=job.repeat,
-                dataset=q.dataset,
-                question_id=q.id,
-                seed=job.seed,
-                output=completion.text,
-                extracted=g.extracted,
-                correct=g.correct,
-                finish_reason=completion.finish_reason,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                latency_s=completion.latency_s,
-                num_drafts=acc.num_drafts if acc else None,
-                num_draft_tokens=acc.num_draft_tokens if acc else None,
-                num_accepted_tokens=acc.num_accepted_tokens if acc else None,
-                num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
-                source=completion.source,
-            ),
+        return AnswerRecord(
+            arm=job.arm,
+            repeat=job.repeat,
+            dataset=q.dataset,
+            question_id=q.id,
+            seed=job.seed,
+            output=completion.text,
+            extracted=g.extracted,
+            correct=g.correct,
+            finish_reason=completion.finish_reason,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            latency_s=completion.latency_s,
+            num_drafts=acc.num_drafts if acc else None,
+            num_draft_tokens=acc.num_draft_tokens if acc else None,
+            num_accepted_tokens=acc.num_accepted_tokens if acc else None,
+            num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
+            source=completion.source,
         )
-        self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
 
     def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
         if fingerprint is None:
@@ -210,26 +230,46 @@ class Session:
         for record in self.stored:
             progress.add((record.arm, record.repeat), record.correct, new=False)
         with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
+            aborted = True
             try:
                 self._loop(dispatcher, bar, deadline)
+                aborted = False
             finally:
                 self._record_times(executors, jobs, dispatcher)
+                if self.judged is not None:
+                    self.judged.close(wait_for_calls=not aborted)
             dispatcher.raise_error()
+            if self.judged is not None and self.judged.error is not None:
+                raise self.judged.error
         return self.reason or "complete"
+
+    @property
+    def _judging(self) -> bool:
+        """True while judge calls are in flight (the session waits for them, like answers in flight)."""
+        return self.judged is not None and self.judged.busy
+
+    def _stopped_by(self, stop: SequentialStop | None, dispatcher: Dispatcher, in_flight: str) -> None:
+        if stop is not None and self.reason is None:
+            self.reason, self.stopped_at = stop.reason, stop.stopped_at
+            dispatcher.stop()
+            log(f"gate: stopped after {stop.stopped_at} questions ({stop.decision}); {in_flight}")
 
     def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
         in_flight = "the answers in flight are finished and stored"
-        while not dispatcher.finished:
+        while not dispatcher.finished or self._judging:
             try:
-                answer = dispatcher.next(timeout=0.25)
+                answer = dispatcher.next(timeout=0.25) if not dispatcher.finished else None
                 if answer is not None:
-                    stop = self.record(answer, bar)
-                    if stop is not None and self.reason is None:
-                        self.reason, self.stopped_at = stop.reason, stop.stopped_at
-                        dispatcher.stop()
-                        log(f"gate: stopped after {stop.stopped_at} questions ({stop.decision}); {in_flight}")
+                    self._stopped_by(self.record(answer, bar), dispatcher, in_flight)
                 else:
                     bar.refresh()
+                if self.judged is not None:
+                    wait = 0.25 if dispatcher.finished else 0.0
+                    self._stopped_by(self._store(self.judged.poll(wait), bar), dispatcher, in_flight)
+                    if self.judged.error is not None:
+                        self._pause(
+                            "error", dispatcher, f"gate: the judge failed; {in_flight} before stopping"
+                        )
                 if dispatcher.failed:
                     self._pause("error", dispatcher, f"gate: an arm failed; {in_flight} before stopping")
                 if deadline is not None and time.monotonic() > deadline:
@@ -240,8 +280,10 @@ class Session:
                         "interrupted", dispatcher, f"gate: stopping; {in_flight} (Ctrl-C again to drop them)"
                     )
                     continue
-                # Already stopping: give up on the answers in flight (nothing stored is lost).
+                # Already stopping: give up on the answers and judge calls in flight (nothing stored is lost).
                 dispatcher.abort()
+                if self.judged is not None:
+                    self.judged.close(wait_for_calls=False)
                 if self.reason in (None, "interrupted"):
                     raise
                 return

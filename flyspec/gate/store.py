@@ -20,7 +20,9 @@ from typing import Any
 
 from flyspec.gate.lock import StoreLock
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 2 added the judgements table; a version-1 store gains it (an empty table) when opened.
+_READABLE_VERSIONS = (0, 1, SCHEMA_VERSION)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -73,6 +75,22 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL,
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS judgements (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    first_lane TEXT NOT NULL,
+    second_lane TEXT NOT NULL,
+    position TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    verdict TEXT,
+    preferred TEXT NOT NULL,
+    output TEXT NOT NULL,
+    latency_s REAL NOT NULL,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)
+);
 CREATE TABLE IF NOT EXISTS batches (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     arm TEXT NOT NULL,
@@ -106,6 +124,30 @@ class AnswerRecord:
     num_accepted_tokens: int | None = None
     num_forgiven_tokens: int | None = None
     source: str = ""
+
+
+@dataclass(frozen=True)
+class JudgementRecord:
+    """One call of the judge on one question's pair of answers, in one position.
+
+    ``first_lane``/``second_lane`` are the lanes compared (``baseline#0``, ``candidate#0``); ``position``
+    is ``AB`` (the first lane's answer shown as A) or ``BA`` (swapped); ``pair_sha256`` is the hash of the
+    two outputs judged, so a stored judgement is reused only for exactly those outputs. ``verdict`` is what
+    the judge said (``A``, ``B``, ``tie``, or None when it could not be read) and ``preferred`` what that
+    means for the lanes (``first``, ``second`` or ``tie``).
+    """
+
+    dataset: str
+    question_id: str
+    first_lane: str
+    second_lane: str
+    position: str
+    pair_sha256: str
+    verdict: str | None
+    preferred: str
+    output: str
+    latency_s: float
+    source: str
 
 
 @dataclass(frozen=True)
@@ -174,9 +216,10 @@ class GateStore:
             # answer is negligible next to generating it.
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in _READABLE_VERSIONS:
                 raise ValueError(
-                    f"store {self.path}: schema version {version}, this flyspec reads {SCHEMA_VERSION}"
+                    f"store {self.path}: schema version {version}, this flyspec reads versions up to "
+                    f"{SCHEMA_VERSION}"
                 )
             with self._db:
                 self._db.executescript(_SCHEMA)
@@ -217,7 +260,7 @@ class GateStore:
             return False
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
-                for table in ("questions", "batches", "events", "runs"):
+                for table in ("questions", "batches", "events", "judgements", "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._db.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -280,17 +323,46 @@ class GateStore:
 
     def add_answer(self, run_id: str, record: AnswerRecord) -> bool:
         """Commit one answer now; False (and nothing written) if that key is already stored."""
+        return self.add_answers(run_id, [record]) == 1
+
+    def add_answers(self, run_id: str, records: list[AnswerRecord]) -> int:
+        """Commit several answers in one transaction (both answers of a judged pair are stored together or
+        not at all); keys already stored are skipped. Returns how many rows were written."""
+        written = 0
+        with self._db:
+            for record in records:
+                row = asdict(record)
+                columns = ["run_id", *row.keys(), "created_at"]
+                values = [run_id, *row.values(), time.time()]
+                values[columns.index("correct")] = int(record.correct)
+                cursor = self._db.execute(
+                    f"INSERT INTO answers ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                    "ON CONFLICT (run_id, arm, repeat, dataset, question_id) DO NOTHING",
+                    values,
+                )
+                written += cursor.rowcount
+        return written
+
+    def add_judgement(self, run_id: str, record: JudgementRecord) -> bool:
+        """Commit one judge call now; False (and nothing written) if that judgement is already stored."""
         row = asdict(record)
         columns = ["run_id", *row.keys(), "created_at"]
-        values = [run_id, *row.values(), time.time()]
-        values[columns.index("correct")] = int(record.correct)
         with self._db:
             cursor = self._db.execute(
-                f"INSERT INTO answers ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
-                "ON CONFLICT (run_id, arm, repeat, dataset, question_id) DO NOTHING",
-                values,
+                f"INSERT INTO judgements ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                "ON CONFLICT DO NOTHING",
+                [run_id, *row.values(), time.time()],
             )
         return cursor.rowcount == 1
+
+    def judgements(self, run_id: str) -> list[JudgementRecord]:
+        """Every stored judge call of a run, oldest first."""
+        names = list(JudgementRecord.__dataclass_fields__)
+        rows = self._db.execute(
+            f"SELECT {', '.join(names)} FROM judgements WHERE run_id = ? ORDER BY created_at, rowid",
+            (run_id,),
+        )
+        return [JudgementRecord(*row) for row in rows]
 
     def add_batch(
         self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float

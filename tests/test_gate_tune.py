@@ -1,0 +1,230 @@
+"""`flyspec gate tune` end to end on tiny random-weight models, through the real CLI entry point.
+
+The dataset's references are the target's own greedy outputs (exact match), so the baseline (standard
+speculative decoding, lossless) is right on every question and every question a FLy setting changes is a
+lost one. The three settings are FLy with an entropy threshold of 2.0 (above ln 3, the largest top-3
+entropy, so it never forgives: the same outputs and acceptance as standard), W=2 with theta 0.3, and the
+most forgiving W=1 with theta 0; the order by speed is measured, not assumed. The fixed-sequence
+procedure's error control itself is proven by simulation in tests/test_gate_stats_validity.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_gate_cli import _last_json, flyspec  # noqa: F401 - flyspec is a fixture
+from tiny_llm import save_perturbed, save_tiny
+
+from flyspec.gate.decision import NOT_TESTED, PASS
+from flyspec.gate.multiple import fixed_sequence
+from flyspec.gate.store import GateStore
+from flyspec.gate.tune import TuneOptions, calibration_speeds, tune
+from flyspec.gate.tune_report import setting_status
+
+MAX_TOKENS = 10
+QUESTIONS = 16
+SETTINGS = [
+    {"fly_window_size": 2, "fly_entropy_threshold": 2.0},
+    {"fly_window_size": 2, "fly_entropy_threshold": 0.3},
+    {"fly_window_size": 1, "fly_entropy_threshold": 0.0},
+]
+
+
+@dataclass(frozen=True)
+class Setup:
+    baseline: dict
+    dataset: Path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    """A target that is unsure often (so FLy forgives), a draft close to it, and the target's greedy texts
+    as references."""
+    from flyspec import LLM, SamplingParams
+
+    root = tmp_path_factory.mktemp("tune")
+    target = save_tiny(root / "target", seed=3, std=0.25)
+    draft = save_perturbed(target, root / "draft", seed=5, noise=0.003)
+    prompts = [f"w{i} w{2 * i} w{3 * i}" for i in range(QUESTIONS)]
+    outs = LLM(str(target), dtype="float32").generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False
+    )
+    dataset = root / "words.jsonl"
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "prompt": p, "answer": o.outputs[0].text, "grader": "exact"}) + "\n"
+            for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+        )
+    )
+    spec = {"model": str(draft), "num_speculative_tokens": 3, "rejection_sample_method": "standard"}
+    baseline = {"kind": "engine", "model": str(target), "dtype": "float32", "max_num_seqs": 4}
+    return Setup({**baseline, "speculative_config": spec}, dataset)
+
+
+def _args(setup: Setup, store: Path, *extra: str) -> list[str]:
+    return [
+        "tune", "--store", str(store), "--dataset", str(setup.dataset), "--baseline",
+        json.dumps(setup.baseline), "--candidates", json.dumps(SETTINGS), "--max-tokens", str(MAX_TOKENS),
+        "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def _rows(store: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(store) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_tune_three_settings_report_json_and_resume(flyspec, setup: Setup, tmp_path: Path) -> None:  # noqa: F811
+    """A sequential tune of three settings ordered by calibration speed: the JSON's last line has `chosen`
+    and `settings` in test order, each with its speculative_config, decision, tokens/s and mean acceptance
+    length; the decisions are the fixed-sequence labels of the recomputed tests and `chosen` is the last
+    PASS before the first non-PASS; a NOT TESTED setting was never run; the baseline answered each test
+    question once and every setting used its seeds; the markdown has the answer, the table, the config to
+    paste and the procedure; rerunning the command answers nothing and reports the same."""
+    store = tmp_path / "tune.db"
+    done = flyspec(*_args(setup, store, "--margin", "0.3", "--calibration-questions", "3", "--json"))
+    assert done.returncode == 0, done.stderr
+    report = _last_json(done.stdout)
+    settings = report["settings"]
+    assert len(settings) == 3 and [s["position"] for s in settings] == [1, 2, 3]
+    for s in settings:
+        assert {"speculative_config", "decision", "tokens_per_s", "mean_acceptance_length"} <= set(s)
+        assert s["speculative_config"]["rejection_sample_method"] == "fly"
+        assert s["tokens_per_s"] > 0 and 1 <= s["mean_acceptance_length"] <= 4
+    with GateStore(store) as opened:
+        run = opened.get_run("tune")
+        assert run is not None
+        order = run.registration["order"]["settings"]
+        assert [s["id"] for s in settings] == order
+        statuses = []
+        for setting_id in order:
+            statuses.append(setting_status(opened, run, setting_id))
+            if statuses[-1].decision != PASS:
+                break
+        answers = opened.answers("tune")
+    expected = fixed_sequence([s.decision for s in statuses] + [None] * (3 - len(statuses)))
+    assert [s["decision"] for s in settings] == expected.labels
+    chosen = settings[expected.chosen]["speculative_config"] if expected.chosen is not None else None
+    assert report["chosen"] == chosen
+    for s in settings[: len(statuses)]:
+        assert (s["n"], s["final"]) == (next(t.n for t in statuses if t.setting_id == s["id"]), True)
+    untested = {s["id"] for s in settings if s["decision"] == NOT_TESTED}
+    assert not untested & {a.arm for a in answers}
+    baseline = {a.question_id: a.seed for a in answers if a.arm == "baseline"}
+    assert len(baseline) == max(t.n for t in statuses)
+    assert all(baseline[a.question_id] == a.seed for a in answers if a.arm != "baseline")
+
+    markdown = flyspec(*_args(setup, store, "--margin", "0.3", "--calibration-questions", "3")).stdout
+    assert "## Answer" in markdown and "## Settings in the registered test order" in markdown
+    assert "| 0 | standard (baseline) |" in markdown and "Maurer, Hothorn and Lehmacher 1995" in markdown
+    if chosen is not None:
+        assert report["answer"].startswith(f"{report['chosen_label']}: ")
+        assert "standard speed, non-inferior within 30 points on" in report["answer"]
+        assert json.dumps(chosen, sort_keys=True) in markdown
+    else:
+        assert report["answer"].startswith("No setting passed")
+    assert _rows(store, "SELECT COUNT(*) FROM answers") == [(len(answers) + 3 * 4,)]  # + calibration
+    again = flyspec(*_args(setup, store, "--margin", "0.3", "--calibration-questions", "3", "--json"))
+    assert _last_json(again.stdout)["settings"] == settings
+    assert _rows(store, "SELECT COUNT(*) FROM answers") == [(len(answers) + 3 * 4,)]
+    assert (
+        flyspec("report", "--store", str(store), "--json")
+        .stdout.strip()
+        .endswith(json.dumps(chosen, default=str) + "}")
+    )
+
+
+def test_tune_order_is_fixed_from_calibration_before_any_grade(
+    flyspec,  # noqa: F811
+    setup: Setup,
+    tmp_path: Path,
+) -> None:
+    """The registered test order is the calibration speed order (slowest first); the calibration questions
+    are disjoint from the test questions; calibration answers are never graded; every calibration answer
+    was stored before the tune run was registered, and the tune was registered before its first answer."""
+    store = tmp_path / "order.db"
+    done = flyspec(
+        *_args(setup, store, "--margin", "0.3", "--calibration-questions", "3", "--max-questions", "4")
+    )
+    assert done.returncode == 0, done.stderr
+    with GateStore(store) as opened:
+        run = opened.get_run("tune")
+        assert run is not None
+        speeds = calibration_speeds(opened, "tune/calibration")
+        calibration = {(q.dataset, q.question_id) for q in opened.questions("tune/calibration")}
+        tests = {(q.dataset, q.question_id) for q in opened.questions("tune")}
+        graded = [a for a in opened.answers("tune/calibration") if a.correct or a.extracted is not None]
+        created = opened.get_run("tune").created_at  # type: ignore[union-attr]
+    order = run.registration["order"]
+    assert order["method"] == "speed" and order["by"] == "mean_acceptance_length"
+    lengths = {sid: speeds[sid]["mean_acceptance_length"] for sid in ("s1", "s2", "s3")}
+    assert order["values"] == lengths
+    assert order["settings"] == sorted(lengths, key=lambda sid: (lengths[sid], sid))
+    assert order["settings"][0] == "s1"  # theta 2.0 never forgives: the acceptance of standard verification
+    assert len(calibration) == 3 and len(tests) == 4 and not calibration & tests
+    assert sorted(map(tuple, run.registration["calibration"]["questions"])) == sorted(calibration)
+    assert graded == []
+    (last_calibration,) = _rows(
+        store, "SELECT MAX(created_at) FROM answers WHERE run_id = 'tune/calibration'"
+    )[0]
+    (first_test,) = _rows(store, "SELECT MIN(created_at) FROM answers WHERE run_id = 'tune'")[0]
+    assert last_calibration < created < first_test
+    gate_report = flyspec("report", "--store", str(store), "--run", "tune/calibration")
+    assert gate_report.returncode != 0 and "part of a gate tune" in gate_report.stderr
+
+
+def test_tune_stops_at_the_first_setting_that_does_not_pass(
+    flyspec,  # noqa: F811
+    setup: Setup,
+    tmp_path: Path,
+) -> None:
+    """With the order given and no calibration, a fixed test on 5 questions cannot show non-inferiority
+    within 10 points for the first setting (it loses nothing, but 5 questions are too few): it is
+    INCONCLUSIVE, the other two are NOT TESTED and have no answer at all, nothing is chosen, and the
+    words say to keep standard verification."""
+    store = tmp_path / "stop.db"
+    args = ["--margin", "0.1", "--order", "given", "--calibration-questions", "0", "--fixed"]
+    done = flyspec(*_args(setup, store, *args, "--max-questions", "5", "--json"))
+    assert done.returncode == 0, done.stderr
+    report = _last_json(done.stdout)
+    assert [s["decision"] for s in report["settings"]] == ["INCONCLUSIVE", NOT_TESTED, NOT_TESTED]
+    assert report["chosen"] is None and report["answer"].startswith("No setting passed")
+    first = report["settings"][0]
+    assert (first["n"], first["lost"], first["gained"]) == (5, 0, 0)
+    assert report["speed_source"] == "test" and report["settings"][1]["tokens_per_s"] is None
+    assert _rows(store, "SELECT DISTINCT arm FROM answers ORDER BY arm") == [("baseline",), ("s1",)]
+
+
+def test_tune_bad_input_is_named(setup: Setup, tmp_path: Path) -> None:
+    """A lossy baseline, a candidate that is not FLy, a repeated setting, an order by speed without
+    calibration, judge questions and too many questions are each refused with a message naming them,
+    before the store is touched."""
+    store = tmp_path / "bad.db"
+    fly_base = {**setup.baseline, "speculative_config": {**setup.baseline["speculative_config"]}}
+    fly_base["speculative_config"]["rejection_sample_method"] = "fly"
+
+    def options(**changes: object) -> TuneOptions:
+        settings = {"store": store, "datasets": (str(setup.dataset),), "baseline": setup.baseline}
+        return TuneOptions(**{**settings, "margin": 0.05, "candidates": SETTINGS, **changes})  # type: ignore[arg-type]
+
+    with pytest.raises(ValueError, match="rejection_sample_method 'standard'"):
+        tune(options(baseline=fly_base))
+    with pytest.raises(ValueError, match="candidate 1: a candidate must verify with FLy"):
+        tune(options(candidates=[{"rejection_sample_method": "standard"}]))
+    with pytest.raises(ValueError, match="candidate 2: the same setting as candidate 1"):
+        tune(options(candidates=[SETTINGS[0], SETTINGS[0]]))
+    with pytest.raises(ValueError, match="fly_window_size=3 is invalid"):
+        tune(options(candidates=[{"fly_window_size": 3}]))
+    with pytest.raises(ValueError, match="calibration_questions=0: the order by speed"):
+        options(calibration_questions=0)
+    with pytest.raises(ValueError, match="max_questions=99: 13 questions remain"):
+        tune(options(calibration_questions=3, max_questions=99))
+    judged = tmp_path / "judged.jsonl"
+    judged.write_text(json.dumps({"id": "a", "prompt": "Say hi.", "grader": "judge"}) + "\n")
+    with pytest.raises(ValueError, match="cannot use judge questions"):
+        tune(options(datasets=(str(judged),)))
+    assert not store.exists()
