@@ -11,11 +11,17 @@ procedure's error control itself is proven by simulation in tests/test_gate_stat
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from test_gate_cli import _last_json, flyspec  # noqa: F401 - flyspec is a fixture
 from tiny_llm import save_perturbed, save_tiny
 
@@ -23,7 +29,7 @@ from flyspec.gate.decision import NOT_TESTED, PASS
 from flyspec.gate.multiple import fixed_sequence
 from flyspec.gate.store import GateStore
 from flyspec.gate.tune import TuneOptions, calibration_speeds, tune
-from flyspec.gate.tune_report import setting_status
+from flyspec.gate.tune_report import build_tune_report, setting_status
 
 MAX_TOKENS = 10
 QUESTIONS = 16
@@ -228,3 +234,96 @@ def test_tune_bad_input_is_named(setup: Setup, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot use judge questions"):
         tune(options(datasets=(str(judged),)))
     assert not store.exists()
+
+
+ENDPOINT_ACCEPTED = {"std": 8, "w3": 9, "w2": 10, "w1": 12}  # of 16 drafted in 4 steps, per answer
+
+
+def _endpoint_app() -> FastAPI:
+    """Four scripted servers in one: standard ("std") and three FLy windows, each reporting flyspec's
+    spec_decode counters with its own acceptance; "w1" answers wrongly on even questions."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"data": [{"id": m, "root": m} for m in ENDPOINT_ACCEPTED]})
+
+    @app.post("/v1/completions")
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        i = int(body["prompt"].split()[-1])
+        text = "no" if body["model"] == "w1" and i % 2 == 0 else "yes"
+        counts = {
+            "num_drafts": 4,
+            "num_draft_tokens": 16,
+            "num_accepted_tokens": ENDPOINT_ACCEPTED[body["model"]],
+        }
+        return JSONResponse(
+            {
+                "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+                "spec_decode": {**counts, "num_forgiven_tokens": ENDPOINT_ACCEPTED[body["model"]] - 8},
+            }
+        )
+
+    return app
+
+
+def test_tune_with_endpoint_arms_orders_by_the_servers_counters(tmp_path: Path) -> None:
+    """Endpoint arms, one server per setting, given out of order: the order is the servers' reported
+    mean acceptance length on the calibration questions (W=3, W=2, W=1); the two windows that lose
+    nothing PASS and W=1, which loses every even question, FAILs; W=2 is chosen, and its JSON config is
+    the one the entry declared."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(_endpoint_app(), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}/v1"
+    dataset = tmp_path / "yes.jsonl"
+    dataset.write_text(
+        "".join(
+            json.dumps({"prompt": f"Say yes {i}", "answer": "yes", "grader": "exact"}) + "\n"
+            for i in range(40)
+        )
+    )
+    spec = {
+        "method": "draft_model",
+        "model": "d",
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "fly",
+    }
+    candidates = [
+        {"arm": {"base_url": url, "model": f"w{w}"}, "speculative_config": {**spec, "fly_window_size": w}}
+        for w in (1, 3, 2)
+    ]
+    try:
+        tune(
+            TuneOptions(
+                tmp_path / "ep.db",
+                (str(dataset),),
+                {"base_url": url, "model": "std"},
+                0.3,
+                candidates=candidates,
+                calibration_questions=2,
+                progress=False,
+            )
+        )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    report = build_tune_report(tmp_path / "ep.db").to_dict()
+    assert report["order"]["settings"] == ["s2", "s3", "s1"]
+    assert report["order"]["values"] == {"s1": 4.0, "s2": 3.25, "s3": 3.5}
+    assert [s["decision"] for s in report["settings"]] == ["PASS", "PASS", "FAIL"]
+    assert report["chosen"] == {
+        **spec,
+        "fly_window_size": 2,
+        "fly_entropy_threshold": 0.3,
+        "fly_entropy_top_k": 3,
+    }
+    assert report["settings"][1]["forgiven_share"] == pytest.approx(2 / 10)
+    assert report["baseline"]["mean_acceptance_length"] == 3.0
