@@ -396,8 +396,12 @@ def compare_command(
 ) -> None:
     """Paired decision from two existing per-sample logs (lm-eval, Inspect, or a gate store), nothing re-run.
 
-    The logs are paired by task and question id (refused, naming the questions, when they differ) and decided
-    per task and pooled with the gate's rule. The margin is declared after the data, and the report says so.
+    The logs are paired by task and question id; different question sets are refused, naming them.
+
+    Each task and the pooled questions are decided with the gate's rule (Tango's interval vs the margin).
+
+    The margin is declared after the data, and the report says so.
+
     Exit code: 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0).
     """
     from flyspec.gate.compare import compare_logs
@@ -515,11 +519,13 @@ def tune_command(
 ) -> None:
     """The fastest FLy setting shown non-inferior to standard verification, the error rate controlled.
 
-    Settings are tested in an order fixed before any quality data (slowest first by default, measured on
-    calibration questions that are never graded), each against the margin at the full alpha; testing stops
-    at the first setting that does not PASS (fixed-sequence procedure: the chance of choosing any setting
-    worse than the margin stays at most alpha). The baseline answers once; every setting reuses its stored
-    answers. Rerunning the same command resumes.
+    The test order is fixed before any quality data: slowest first, measured on calibration questions.
+
+    Each setting is tested against the margin at the full alpha; testing stops at the first that fails.
+
+    The chance of choosing any setting worse than the margin stays at most alpha (fixed sequence).
+
+    The baseline answers once and every setting reuses its answers; rerunning the command resumes.
     """
     from flyspec.gate.tune import TuneOptions, describe_pause, tune
     from flyspec.gate.tune_report import build_tune_report
