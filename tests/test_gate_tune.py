@@ -15,7 +15,7 @@ import socket
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -327,3 +327,20 @@ def test_tune_with_endpoint_arms_orders_by_the_servers_counters(tmp_path: Path) 
     }
     assert report["settings"][1]["forgiven_share"] == pytest.approx(2 / 10)
     assert report["baseline"]["mean_acceptance_length"] == 3.0
+
+
+def test_tune_paused_by_its_time_budget_resumes_to_the_same_report(setup: Setup, tmp_path: Path) -> None:
+    """A time budget far too small pauses the tune during its calibration (reason time_budget); the same
+    call without the budget continues from the stored answers and completes with a report, and the
+    calibration holds exactly one answer per arm and question."""
+    options = TuneOptions(
+        tmp_path / "pause.db", (str(setup.dataset),), setup.baseline, 0.3, candidates=SETTINGS,
+        calibration_questions=2, max_questions=4, max_tokens=MAX_TOKENS, progress=False,
+    )  # fmt: skip
+    paused = tune(replace(options, max_minutes=1e-4))
+    assert paused.reason == "time_budget"
+    assert tune(options).reason == "complete"
+    assert _rows(tmp_path / "pause.db", "SELECT COUNT(*), COUNT(DISTINCT arm || question_id) FROM answers "
+                 "WHERE run_id = 'tune/calibration'") == [(8, 8)]  # fmt: skip
+    report = build_tune_report(tmp_path / "pause.db").to_dict()
+    assert report["complete"] and len(report["settings"]) == 3
