@@ -98,3 +98,36 @@ def test_gate_endpoint_arms_against_the_flyspec_server(tmp_path: Path) -> None:
     assert all(r.num_drafts and r.num_forgiven_tokens == 0 for r in base)
     assert sum(r.num_forgiven_tokens or 0 for r in cand) > 0
     assert all(r.completion_tokens == MAX_TOKENS or r.finish_reason == "stop" for r in records)
+
+
+def test_an_arm_setting_the_server_ignores_stops_the_run_before_any_answer_is_stored(tmp_path: Path) -> None:
+    """A misspelt extra_body key (`verfication` for `verification`) would make the baseline run lossy
+    while registered as lossless; flyspec serve names ignored fields in a header and the gate refuses the
+    arm, naming the key, with no answer stored for it."""
+    target = save_tiny(tmp_path / "target", seed=0)
+    dataset = tmp_path / "one.jsonl"
+    dataset.write_text(json.dumps({"id": "q0", "prompt": "w1 w2", "answer": "w3", "grader": "exact"}) + "\n")
+    engine = LLMEngine(EngineConfig(model=str(target), dtype="float32", max_model_len=64))
+    app = build_app(engine, served_model_name="tiny")
+    store = tmp_path / "gate.sqlite"
+    with serve_in_background(app) as server:
+        arm = {"base_url": server.base_url, "model": "tiny"}
+        try:
+            run_gate(
+                store,
+                str(dataset),
+                baseline={**arm, "extra_body": {"verfication": "standard"}},
+                candidate=arm,
+                margin=0.1,
+                temperature=0.0,
+                max_tokens=4,
+                progress=False,
+            )
+        except ValueError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("the run went on with an ignored arm setting")
+    assert "verfication" in message and "ignored" in message
+    with GateStore(store) as opened:
+        run = opened.runs()[0]
+        assert not [r for r in opened.answers(run.run_id) if r.arm == "baseline"]

@@ -23,6 +23,9 @@ import httpx
 from flyspec.gate.arms import Completion, Job, OpenAIArm, Sampling
 from flyspec.outputs import AcceptanceCounts
 
+# The response header in which flyspec serve names the request fields it ignored.
+IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
+
 
 class EndpointError(ConnectionError):
     """An endpoint stayed unreachable or failing after every retry."""
@@ -186,12 +189,32 @@ class OpenAIExecutor:
                     f"arm {self.arm.name!r}: {url}{route} rejected the request with HTTP "
                     f"{response.status_code}: {response.text[:500]}"
                 )
+            self._refuse_ignored_settings(response, url, route)
             return self._parse(response, url, route, time.monotonic() - start)
         raise EndpointError(
             f"arm {self.arm.name!r}: no answer for question {job.question.dataset}/{job.question.id} after "
             f"{self.arm.max_retries + 1} attempt(s); last error: {last_error}. Answers stored so far are "
             "kept; rerun the same command to resume."
         )
+
+    def _refuse_ignored_settings(self, response: httpx.Response, url: str, route: str) -> None:
+        """Stop when the server ignored one of this arm's extra_body settings.
+
+        Servers ignore unknown fields (vLLM and flyspec alike), so a misspelt setting such as
+        `verfication` would silently run a different configuration than the one registered. flyspec serve
+        names what it ignored in a response header; vLLM only logs it, so there the check cannot run.
+        """
+        header = response.headers.get(IGNORED_FIELDS_HEADER)
+        if not header:
+            return
+        ignored = {name.strip() for name in header.split(",")}
+        mine = sorted(key for key in self.arm.extra_body if key in ignored)
+        if mine:
+            raise ValueError(
+                f"arm {self.arm.name!r}: {url}{route} ignored the arm's extra_body setting(s) "
+                f"{', '.join(mine)} (it does not know them), so the arm would not run the configuration "
+                "that was registered; fix the spelling or remove them"
+            )
 
     def _parse(self, response: httpx.Response, url: str, route: str, latency: float) -> Completion:
         try:
