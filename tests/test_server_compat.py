@@ -2,8 +2,9 @@
 `vllm bench serve`'s request shapes, agent histories, vLLM's response fields, utility routes and metric
 names. Real uvicorn on a loopback port, tiny random-weight model, the official openai client.
 
-`test_probe_table` is the table of request shapes a new user would try: every row either works or is a
-400 whose message names the field; run with -s to print it.
+`test_probe_table` is the table of request shapes a new user would try, against a byte-level tiny model
+(it can spell JSON, so grammars apply) with FLy: every row either works or is a 400 whose message names
+the field and why; run with -s to print it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import test_server_bounds
 from prometheus_client.parser import text_string_to_metric_families
 from test_server_bounds import KEY, MODEL, Server
+from test_server_features import byte_fly, models  # noqa: F401 - fixtures of the probe table
 
 from flyspec import assets
 from flyspec.server.app import IGNORED_FIELDS_HEADER
@@ -95,7 +97,9 @@ def test_unknown_fields_are_ignored_named_in_a_header_and_logged(
     assert any("ignoring unknown request fields: top-k, frobnicate" in m for m in caplog.messages)
     plain = server.post("/v1/completions", {"model": MODEL, "prompt": "w1", "max_tokens": 2})
     assert plain.status_code == 200 and IGNORED_FIELDS_HEADER not in plain.headers
-    bad = server.post("/v1/completions", {"model": MODEL, "prompt": "w1", "n": 3, "stream": True, "bogus": 1})
+    bad = server.post(
+        "/v1/completions", {"model": MODEL, "prompt": "w1", "best_of": 3, "stream": True, "bogus": 1}
+    )
     assert bad.status_code == 400 and bad.headers[IGNORED_FIELDS_HEADER] == "bogus"
     streamed = server.post("/v1/completions", {"model": MODEL, "prompt": "w1", "stream": True, "bogus": 1})
     assert streamed.status_code == 200 and streamed.headers[IGNORED_FIELDS_HEADER] == "bogus"
@@ -255,6 +259,8 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
     c, p = "/v1/chat/completions", "/v1/completions"
     chat: dict[str, Any] = {"model": MODEL, "messages": CHAT, "max_tokens": 2}
     comp: dict[str, Any] = {"model": MODEL, "prompt": "w1 w2", "max_tokens": 2}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    named = {"type": "function", "function": {"name": "add"}}
     return [
         ("chat, minimal", c, chat, None),
         ("completions, minimal", p, comp, None),
@@ -287,7 +293,20 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
         ("parallel_tool_calls without tools", c, {**chat, "parallel_tool_calls": True}, None),
         ("tools + tool_choice none", c, {**chat, "tools": TOOLS, "tool_choice": "none"}, None),
         ("tools (tool_choice auto)", c, {**chat, "tools": TOOLS}, "tools"),
-        ("tools + tool_choice required", c, {**chat, "tools": TOOLS, "tool_choice": "required"}, "tools"),
+        ("tools + tool_choice required", c, {**chat, "tools": TOOLS, "tool_choice": "required"}, None),
+        (
+            "tools + tool_choice required, parallel_tool_calls false",
+            c,
+            {**chat, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+            None,
+        ),
+        ("tools + tool_choice naming a function", c, {**chat, "tools": TOOLS, "tool_choice": named}, None),
+        (
+            "tool_choice naming a function that is not in tools",
+            c,
+            {**chat, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "sub"}}},
+            "tool_choice.function.name",
+        ),
         ("legacy functions", c, {**chat, "functions": [{"name": "add"}]}, "functions"),
         ("agent history: content null + tool_calls, tool role", c, {**chat, "messages": AGENT_HISTORY}, None),
         ("developer role", c, {**chat, "messages": [{"role": "developer", "content": "w1"}, *CHAT]}, None),
@@ -316,48 +335,86 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
             None,
         ),
         ("response_format text", c, {**chat, "response_format": {"type": "text"}}, None),
-        (
-            "response_format json_object",
-            c,
-            {**chat, "response_format": {"type": "json_object"}},
-            "response_format",
-        ),
+        ("response_format json_object", c, {**chat, "response_format": {"type": "json_object"}}, None),
         (
             "response_format json_schema",
             c,
-            {**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-            "response_format",
+            {
+                **chat,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+            },
+            None,
         ),
-        ("guided_json (vLLM)", c, {**chat, "guided_json": {"type": "object"}}, "guided_json"),
-        ("chat logprobs + top_logprobs", c, {**chat, "logprobs": True, "top_logprobs": 2}, "logprobs"),
-        ("chat logprobs false, top_logprobs 0", c, {**chat, "logprobs": False, "top_logprobs": 0}, None),
         (
-            "lm-eval loglikelihood: echo + logprobs, max_tokens 0",
-            p,
-            {**comp, "echo": True, "logprobs": 1, "max_tokens": 0},
-            "echo",
+            "response_format json_schema that does not compile",
+            c,
+            {**chat, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+            "response_format.json_schema.schema",
         ),
-        ("completions logprobs 1", p, {**comp, "logprobs": 1}, "logprobs"),
-        ("n 2", c, {**chat, "n": 2}, "n"),
-        ("best_of 2", p, {**comp, "best_of": 2}, "best_of"),
+        ("guided_json (vLLM)", c, {**chat, "guided_json": schema}, None),
+        ("guided_choice (vLLM)", p, {**comp, "guided_choice": ["yes", "no"]}, None),
+        ("structured_outputs regex (vLLM)", p, {**comp, "structured_outputs": {"regex": "[0-9]+"}}, None),
+        (
+            "response_format and guided_json together",
+            c,
+            {**chat, "response_format": {"type": "json_object"}, "guided_json": schema},
+            "guided_json",
+        ),
+        ("chat logprobs + top_logprobs", c, {**chat, "logprobs": True, "top_logprobs": 2}, None),
+        ("chat logprobs false, top_logprobs 0", c, {**chat, "logprobs": False, "top_logprobs": 0}, None),
+        ("chat top_logprobs without logprobs", c, {**chat, "top_logprobs": 2}, "top_logprobs"),
+        (
+            "lm-eval loglikelihood: token ids, echo, logprobs 1, max_tokens 1",
+            p,
+            {
+                **comp,
+                "prompt": [[1, 70, 71, 72]],
+                "echo": True,
+                "logprobs": 1,
+                "max_tokens": 1,
+                "temperature": 0,
+            },
+            None,
+        ),
+        ("echo + logprobs, max_tokens 0", p, {**comp, "echo": True, "logprobs": 1, "max_tokens": 0}, None),
+        ("max_tokens 0 without echo", p, {**comp, "max_tokens": 0}, "max_tokens"),
+        ("completions logprobs 1", p, {**comp, "logprobs": 1}, None),
+        ("completions logprobs 21", p, {**comp, "logprobs": 21}, "logprobs"),
+        ("vLLM prompt_logprobs 1", p, {**comp, "prompt_logprobs": 1}, None),
+        ("n 2", c, {**chat, "n": 2}, None),
+        ("n 2, streamed", p, {**comp, "n": 2, "stream": True}, None),
+        ("n 200", c, {**chat, "n": 200}, "n"),
+        ("best_of 2 (n 1)", p, {**comp, "best_of": 2}, "best_of"),
+        ("n 2, best_of 2", p, {**comp, "n": 2, "best_of": 2}, None),
         ("suffix", p, {**comp, "suffix": "w9"}, "suffix"),
-        ("presence_penalty 0.5", c, {**chat, "presence_penalty": 0.5}, "presence_penalty"),
-        ("frequency_penalty 0.5", c, {**chat, "frequency_penalty": 0.5}, "frequency_penalty"),
-        ("logit_bias {50: 5}", c, {**chat, "logit_bias": {"50": 5}}, "logit_bias"),
+        ("presence_penalty 0.5", c, {**chat, "presence_penalty": 0.5}, None),
+        ("frequency_penalty 0.5", c, {**chat, "frequency_penalty": 0.5}, None),
+        ("presence_penalty 3", c, {**chat, "presence_penalty": 3}, "presence_penalty"),
+        ('logit_bias {"50": 5}', c, {**chat, "logit_bias": {"50": 5}}, None),
+        ('logit_bias {"50": 500}', c, {**chat, "logit_bias": {"50": 500}}, "logit_bias.50"),
+        (
+            'logit_bias {"999999": 1} (outside the vocabulary)',
+            c,
+            {**chat, "logit_bias": {"999999": 1}},
+            "logit_bias",
+        ),
         (
             "vLLM repetition_penalty 1.0, min_p 0, top_k -1",
             p,
             {**comp, "repetition_penalty": 1.0, "min_p": 0, "top_k": -1},
             None,
         ),
-        ("vLLM repetition_penalty 1.1", p, {**comp, "repetition_penalty": 1.1}, "repetition_penalty"),
-        ("vLLM min_p 0.1", p, {**comp, "min_p": 0.1}, "min_p"),
+        ("vLLM repetition_penalty 1.1", p, {**comp, "repetition_penalty": 1.1}, None),
+        ("vLLM repetition_penalty 0", p, {**comp, "repetition_penalty": 0}, "repetition_penalty"),
+        ("vLLM min_p 0.1", p, {**comp, "min_p": 0.1}, None),
         (
             "vLLM skip_special_tokens true, min_tokens 0",
             p,
             {**comp, "skip_special_tokens": True, "min_tokens": 0},
             None,
         ),
+        ("vLLM min_tokens 3", p, {**comp, "min_tokens": 3}, "min_tokens"),
+        ("vLLM use_beam_search", p, {**comp, "use_beam_search": True}, "use_beam_search"),
         (
             "chat_template_kwargs enable_thinking",
             c,
@@ -379,16 +436,17 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
     ]
 
 
-def test_probe_table(server: Server) -> None:
-    """Every request shape of the probe table either works (200 with the tokens asked for) or is a 400
-    whose `param` and message name the field, and says why; the openai client sees the same (a
-    BadRequestError naming the field)."""
+def test_probe_table(byte_fly: Any) -> None:  # noqa: F811 - the fixture imported above
+    """Every request shape of the probe table either works (200) or is a 400 whose `param` and message
+    name the field and say why; works rows report what the ignored-fields header names. The openai
+    client sees the same (a BadRequestError naming the field)."""
     rows = []
     for description, route, body, expected in _probe_rows():
-        r = server.post(route, body)
+        r = byte_fly.post(route, body)
         if expected is None:
             assert r.status_code == 200, (description, r.text)
-            outcome = "works"
+            ignored = r.headers.get(IGNORED_FIELDS_HEADER)
+            outcome = "works" + (f" (ignored-fields header: {ignored})" if ignored else "")
         else:
             error = r.json()["error"]
             assert r.status_code == 400 and error["param"] == expected, (description, r.text)
@@ -396,8 +454,9 @@ def test_probe_table(server: Server) -> None:
             outcome = f"400 `{expected}`: {error['message']}"
         rows.append(f"| {description} | {outcome} |")
     print("\n| request shape | result |\n|---|---|\n" + "\n".join(rows))
+    client = openai.OpenAI(base_url=f"{byte_fly.url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="tools with tool_choice .auto. .the default."):
-        _client(server).chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS)  # type: ignore[arg-type]
+        client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS)  # type: ignore[arg-type]
 
 
 QWEN = "qwen2.5-coder-0.5b-instruct"

@@ -32,8 +32,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.server.body import read_body
+from flyspec.server.choices import ChoiceShaper, Echo
+from flyspec.server.constraints import Constraint, constraint_of
 from flyspec.server.engine_loop import EngineLoop, RequestStream
-from flyspec.server.errors import OpenAIError, error_responses, invalid_request
+from flyspec.server.errors import OpenAIError, error_responses
 from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 from flyspec.server.metrics import ServerMetrics
 from flyspec.server.openapi import install_openapi, json_body
@@ -47,19 +49,13 @@ from flyspec.server.protocol import (
     ignored_fields,
     parse_body,
 )
-from flyspec.server.responses import (
-    Choice,
-    chat_json,
-    completion_json,
-    spec_decode_json,
-    stop_reason,
-    usage_json,
-)
+from flyspec.server.request_params import sampling_params
+from flyspec.server.responses import chat_json, completion_json, spec_decode_json, usage_json
 from flyspec.server.streaming import EngineStreamResponse, chat_events, completion_events
+from flyspec.server.tool_calls import ToolCallFormat
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
 _MAX_NAMES_IN_HEADER = 32
 _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -277,10 +273,15 @@ def _name_list(names: list[str]) -> str:
 
 
 def _note_ignored(request: Request, body: Any) -> None:
-    names = ignored_fields(body)
+    """Record what the response's ignored-fields header names: unknown fields (also logged as a warning)
+    and recognised fields that change nothing in this request (bookkeeping fields and the like)."""
+    unknown = ignored_fields(body)
+    unused = body.unused_fields() if isinstance(body, CompletionRequest | ChatCompletionRequest) else []
+    names = unknown + [name for name in unused if name not in unknown]
     if names:
         request.state.ignored_fields = names
-        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, _name_list(names))
+    if unknown:
+        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, _name_list(unknown))
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
@@ -370,31 +371,49 @@ def _v1_router(state: ServerState) -> APIRouter:
         _note_ignored(request, req)
         req.check()
         _check_model(state, req.model)
+        constraint = constraint_of(req)
+        texts = req.prompts()
         prompts = [
-            await state.encoder.prompt_ids(p, add_special_tokens=req.add_special_tokens)
-            for p in req.prompts()
+            await state.encoder.prompt_ids(p, add_special_tokens=req.add_special_tokens) for p in texts
         ]
-        params = [_sampling_params(state, req, len(ids), req.max_tokens, chat=False) for ids in prompts]
+        params = [_sampling_params(state, req, ids, constraint) for ids in prompts]
+        echo = None
+        if req.echo:
+            echo = [
+                Echo(
+                    text if isinstance(text, str) else await state.encoder.decode(ids),
+                    (await state.encoder.token_texts(ids[:1]))[0],
+                )
+                for text, ids in zip(texts, prompts, strict=True)
+            ]
+        shaper = ChoiceShaper(
+            params[0],
+            state.encoder.decode,
+            logprobs=req.logprobs,
+            prompt_logprobs=req.prompt_logprobs is not None,
+            echo=echo,
+        )
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await _submit(state, request_id, prompts, params, arrival)
-        choice_of = _choice_maker(state, params[0])
+        stream = await _submit(state, request_id, prompts, params, arrival, constraint)
         if req.stream:
             events = completion_events(
                 request_id,
                 state.served_model_name,
                 state.system_fingerprint,
                 stream,
-                params[0].stop,
+                shaper,
                 req.include_usage,
-                choice_of,
             )
             return EngineStreamResponse(events, stream)
         finals = await _collect(stream, request)
         outs = [finals[i] for i in range(len(prompts))]
+        choices = [
+            await shaper.completion_choice(p, out, s) for p, out in enumerate(outs) for s in out.outputs
+        ]
         body = completion_json(
             request_id,
             state.served_model_name,
-            [await choice_of(o) for o in outs],
+            choices,
             usage_json(outs),
             spec_decode_json([o.metrics for o in outs]),
             state.system_fingerprint,
@@ -412,87 +431,61 @@ def _v1_router(state: ServerState) -> APIRouter:
         _note_ignored(request, req)
         req.check(max_messages=state.max_model_len)
         _check_model(state, req.model)
-        ids = await state.encoder.chat_ids(req.template_messages())
-        params = [_sampling_params(state, req, len(ids), req.requested_max_tokens(), chat=True)]
+        tool_format = ToolCallFormat.of(req)
+        constraint = constraint_of(req, tool_format)
+        ids = await state.encoder.chat_ids(req.template_messages(), tools=req.template_tools())
+        params = [_sampling_params(state, req, ids, constraint)]
+        shaper = ChoiceShaper(
+            params[0],
+            state.encoder.decode,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            prompt_logprobs=req.prompt_logprobs is not None,
+            tool_format=tool_format,
+        )
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await _submit(state, request_id, [ids], params, arrival)
-        choice_of = _choice_maker(state, params[0])
+        stream = await _submit(state, request_id, [ids], params, arrival, constraint)
         if req.stream:
             events = chat_events(
                 request_id,
                 state.served_model_name,
                 state.system_fingerprint,
                 stream,
-                params[0].stop,
+                shaper,
                 req.include_usage,
-                choice_of,
             )
             return EngineStreamResponse(events, stream)
         out = (await _collect(stream, request))[0]
         body = chat_json(
             request_id,
             state.served_model_name,
-            await choice_of(out),
+            [await shaper.chat_choice(sample) for sample in out.outputs],
             usage_json([out]),
             spec_decode_json(out.metrics),
             state.system_fingerprint,
+            shaper.vllm_prompt_logprobs(out),
         )
         return JSONResponse(body)
 
     return router
 
 
-def _choice_maker(state: ServerState, params: SamplingParams) -> Any:
-    """A coroutine function turning a finished output into its Choice; decodes the generated tokens only
-    when a stop string may have ended it (to report which one)."""
-
-    async def choice_of(out: RequestOutput) -> Choice:
-        o = out.outputs[0]
-        decoded = (
-            await state.encoder.decode(o.token_ids) if params.stop and o.finish_reason == "stop" else None
-        )
-        return Choice(o.text, o.finish_reason, stop_reason(o, params.stop, params.stop_token_ids, decoded))
-
-    return choice_of
-
-
 def _sampling_params(
     state: ServerState,
     req: CompletionRequest | ChatCompletionRequest,
-    prompt_len: int,
-    max_tokens: int | None,
-    *,
-    chat: bool,
+    prompt_ids: list[int],
+    constraint: Constraint | None,
 ) -> SamplingParams:
-    room = state.max_model_len - prompt_len
-    if room < 1:
-        raise state.encoder.too_long(prompt_len, "messages" if chat else "prompt")
-    name = "max_completion_tokens" if chat and req.max_tokens is None else "max_tokens"
-    if max_tokens is None:
-        max_tokens = room if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
-    elif max_tokens < 1:
-        raise OpenAIError(f"{name}={max_tokens}: must be at least 1", param=name)
-    elif max_tokens > room:
-        raise OpenAIError(
-            f"{name}={max_tokens} is too large: the prompt is {prompt_len} tokens and "
-            f"max_model_len={state.max_model_len}, so at most {room} tokens can be generated",
-            param=name,
-            code="context_length_exceeded",
+    if len(prompt_ids) >= state.max_model_len:
+        raise state.encoder.too_long(
+            len(prompt_ids), "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         )
-    try:
-        return SamplingParams(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if req.top_k is None else req.top_k,
-            max_tokens=max_tokens,
-            seed=req.seed,
-            stop=req.stop_list(),
-            stop_token_ids=req.stop_token_ids,
-            ignore_eos=req.ignore_eos,
-            verification=req.verification,
-        )
-    except ValueError as exc:
-        raise invalid_request(exc) from None
+    return sampling_params(
+        req,
+        prompt_len=len(prompt_ids),
+        max_model_len=state.max_model_len,
+        vocab_size=state.vocab_size,
+        structured=constraint.params if constraint is not None else None,
+    )
 
 
 async def _submit(
@@ -501,10 +494,15 @@ async def _submit(
     prompts: list[list[int]],
     params: list[SamplingParams],
     arrival: float,
+    constraint: Constraint | None,
 ) -> RequestStream:
-    # One engine request per choice; a single-choice request keeps the response id as its engine id.
+    # One engine request per prompt; a single-prompt request keeps the response id as its engine id.
     ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
-    return await state.engine_loop.submit(list(zip(ids, prompts, params, strict=True)), arrival)
+    try:
+        return await state.engine_loop.submit(list(zip(ids, prompts, params, strict=True)), arrival)
+    except OpenAIError as exc:
+        # A grammar that does not compile is found by the engine, in its own field names.
+        raise (constraint.rename(exc) if constraint is not None else exc) from None
 
 
 async def _collect(stream: RequestStream, request: Request) -> dict[int, RequestOutput]:

@@ -3,8 +3,9 @@
 The engine is not thread-safe, so HTTP handlers never touch it: they put `add` / `abort` commands on a
 queue and read their request's outputs from an asyncio queue that this thread feeds through
 `loop.call_soon_threadsafe`. The thread blocks on the command queue when there is nothing to run (no
-busy spin), and steps the engine while any request is unfinished. An exception inside `step()` fails the
-requests that were in flight with a 500 error and the loop keeps serving.
+busy spin), and steps the engine while any request is unfinished. A request that fails inside the engine
+alone (finish_reason "error"; the batch goes on) reaches its handler as a 500; an exception out of
+`step()` itself fails the requests that were in flight with a 500 and the loop keeps serving.
 
 It drives LLMEngine through its public methods (add_request, abort_request, step) rather than through
 `LLM.stream`, because a server must interleave steps with requests that arrive and leave between any
@@ -68,8 +69,9 @@ class _Abort:
 class RequestStream:
     """The outputs of one HTTP request's engine requests (one per choice), as they arrive.
 
-    Iterating yields `(index, RequestOutput)` with cumulative text until every choice finished; an engine
-    failure raises OpenAIError. `close()` aborts whatever has not finished (the client went away).
+    Iterating yields `(index, RequestOutput)` with cumulative text until every prompt's request finished;
+    an engine failure, of the whole step or of one request alone (`RequestOutput.error`), raises a 500
+    OpenAIError. `close()` aborts whatever has not finished (the client went away).
     """
 
     engine_loop: EngineLoop
@@ -89,6 +91,10 @@ class RequestStream:
                 raise item
             if item.finished:
                 self.finished.add(index)
+            if item.error is not None:  # a server fault in this request alone, never bad input
+                raise OpenAIError(
+                    f"the engine failed on this request: {item.error}", status=500, type="server_error"
+                )
             yield index, item
 
     def close(self) -> None:
@@ -268,7 +274,7 @@ class EngineLoop:
                 self.metrics.request_queue_time.observe(step_started - tracked.queued_at)
 
     def _observe_latency(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
-        num_tokens = len(out.outputs[0].token_ids)
+        num_tokens = sum(len(sample.token_ids) for sample in out.outputs)
         new = num_tokens - tracked.num_tokens
         if new > 0:
             if tracked.first_token_at is None:
@@ -282,14 +288,21 @@ class EngineLoop:
             tracked.num_tokens = num_tokens
 
     def _observe_finished(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
-        reason = out.outputs[0].finish_reason or "stop"
-        self.metrics.request_success[reason].inc()
+        # Each sample counts with its own finish reason (as vLLM counts parallel samples); a failed request
+        # counts once, as error, although the engine aborted its other samples.
+        reasons = {sample.finish_reason or "stop" for sample in out.outputs}
+        reason = "error" if out.error is not None else "abort" if reasons == {"abort"} else None
+        if reason is None:
+            for sample in out.outputs:
+                self.metrics.request_success[sample.finish_reason or "stop"].inc()
+        else:
+            self.metrics.request_success[reason].inc()
         if reason == "abort":
             return
         m = self.metrics
         m.e2e_request_latency.observe(now - tracked.arrival)
         m.request_prompt_tokens.observe(len(out.prompt_token_ids))
-        m.request_generation_tokens.observe(len(out.outputs[0].token_ids))
+        m.request_generation_tokens.observe(sum(len(sample.token_ids) for sample in out.outputs))
         scheduled = tracked.scheduled_at if tracked.scheduled_at is not None else tracked.queued_at
         first = tracked.first_token_at if tracked.first_token_at is not None else now
         m.request_prefill_time.observe(first - scheduled)

@@ -78,16 +78,23 @@ class PromptEncoder:
             raise OpenAIError("prompt: tokenises to no tokens", param="prompt")
         return ids
 
-    async def chat_ids(self, messages: list[dict[str, Any]], *, bounded: bool = True) -> list[int]:
-        """Token ids of a conversation rendered through the chat template, with the assistant turn open;
-        `bounded`: 400 unless it leaves room for a generated token."""
+    async def chat_ids(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        bounded: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Token ids of a conversation (and the tools shown to the model) rendered through the chat
+        template, with the assistant turn open; `bounded`: 400 unless it leaves room for a generated
+        token."""
         field = "messages"
         joined = "\n".join(str(m.get("content") or "") for m in messages)
 
         def render() -> list[int]:
             if bounded:  # the contents alone must fit (the template only adds tokens) before rendering
                 self._check_prefixes(joined, _PREFIX_MARGIN + 2 * len(messages))
-            return render_chat(self.tokenizer, messages)[0]
+            return render_chat(self.tokenizer, messages, tools=tools)[0]
 
         try:
             ids = await self._run(render)
@@ -106,6 +113,11 @@ class PromptEncoder:
     async def decode(self, ids: list[int]) -> str:
         """The text of token ids as the engine decodes output (special tokens skipped)."""
         return await self._run(lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    async def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token id decoded on its own, special tokens included (as the engine's logprobs spell
+        tokens)."""
+        return await self._run(lambda: list(self.tokenizer.batch_decode([[t] for t in ids])))
 
     async def token_strs(self, ids: list[int]) -> list[str]:
         """The vocabulary entry of each token id."""

@@ -5,10 +5,10 @@ accepted, and unknown fields are accepted and ignored (the handler names them in
 `x-flyspec-ignored-fields` response header and a warning log line). Two deliberate differences: a boolean
 is never a number, and booleans must be JSON `true` / `false`.
 
-Fields the server recognises but cannot honour yet (penalties, logprobs, n > 1, grammars, tool calling)
-are a 400 naming the field, except for their no-op values (`n: 1`, `repetition_penalty: 1.0`, ...), which
-clients such as `vllm bench serve` send on every request. Every sampling value is bounded into a range the
-engine computes safely in float32; docs/server.md lists the bounds and why.
+The few fields the server recognises but cannot honour (beam search, min_tokens, ...) are a 400 naming
+the field, except for their no-op values, which clients send by default. Every sampling value is bounded
+into a range the engine computes safely in float32; the bounds are the engine's own
+(flyspec/sampling_params.py), and docs/server.md lists them with the reasons.
 """
 
 from __future__ import annotations
@@ -26,6 +26,23 @@ from pydantic import (
     field_validator,
 )
 
+from flyspec.sampling_params import (
+    LOGIT_BIAS_MAX,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    PENALTY_MAX,
+    REPETITION_PENALTY_MAX,
+    REPETITION_PENALTY_MIN,
+    SEED_MAX,
+    SEED_MIN,
+    TEMPERATURE_MAX,
+    TEMPERATURE_MIN,
+    TOP_K_MAX,
+    TOP_P_MIN,
+)
 from flyspec.server.errors import OpenAIError
 
 
@@ -44,19 +61,13 @@ _NUMBER = _not_a_bool("a number")
 Int = Annotated[int, _INTEGER]
 Float = Annotated[float, _NUMBER]
 
-# Documented bounds (docs/server.md explains each one).
-TEMPERATURE_FLOOR = 0.01  # below it logits / temperature can overflow float32 (1e-40 gives inf, then NaN)
-TEMPERATURE_MAX = 100.0  # above it the distribution is uniform to float32 precision; 1e300 is inf there
-TOP_P_MIN = 1e-9  # float32 flushes much smaller values to 0; any top_p <= 1/vocab keeps one token anyway
-TOP_K_MAX = 2**31 - 1  # fits every integer tensor the sampler builds; any top_k >= vocab size is "off"
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as vLLM accepts
-MAX_STOP_STRINGS = 64
-MAX_STOP_STRING_CHARS = 1024
-MAX_STOP_TOKEN_IDS = 1024
 MAX_PROMPTS_PER_REQUEST = 256
+"""Each prompt of a list is an engine request; more would monopolise the first-come-first-served queue."""
+MAX_CHOICES_PER_REQUEST = 256
+"""prompts x n: every choice is a sequence in the batch, so one request may not ask for more."""
 
 _BOUND_REASONS = {
-    "temperature": f"use 0 for greedy decoding or a value in [{TEMPERATURE_FLOOR}, {TEMPERATURE_MAX:g}]; "
+    "temperature": f"use 0 for greedy decoding or a value in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX:g}]; "
     "outside that range logits / temperature is not safe in float32",
     "top_p": f"it must be in [{TOP_P_MIN:g}, 1] (1 = off); smaller values round to 0 in float32, and any "
     "top_p at or below 1/vocabulary already keeps only the most likely token",
@@ -65,12 +76,17 @@ _BOUND_REASONS = {
     "seed": f"seeds are signed 64-bit integers in [{SEED_MIN}, {SEED_MAX}]",
     "stop": f"at most {MAX_STOP_STRINGS} stop strings of 1 to {MAX_STOP_STRING_CHARS} characters each",
     "stop_token_ids": f"at most {MAX_STOP_TOKEN_IDS} token ids, each >= 0",
-    "presence_penalty": "it must be in [-2, 2]",
-    "frequency_penalty": "it must be in [-2, 2]",
-    "repetition_penalty": "it must be > 0 (1 = off)",
+    "presence_penalty": f"it must be in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}] (0 = off)",
+    "frequency_penalty": f"it must be in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}] (0 = off)",
+    "repetition_penalty": f"it must be in [{REPETITION_PENALTY_MIN}, {REPETITION_PENALTY_MAX:g}] (1 = off); "
+    "within it a logit changes at most 100-fold",
     "min_p": "it must be in [0, 1] (0 = off)",
-    "top_logprobs": "it must be in [0, 20]",
-    "n": "it must be >= 1",
+    "logit_bias": f"each bias must be in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]",
+    "logprobs": f"it must be in [0, {MAX_LOGPROBS}] (the alternatives reported per token)",
+    "top_logprobs": f"it must be in [0, {MAX_LOGPROBS}] (the alternatives reported per token)",
+    "prompt_logprobs": f"it must be in [0, {MAX_LOGPROBS}] (the alternatives reported per prompt token)",
+    "n": f"it must be in [1, {MAX_N}]",
+    "best_of": f"it must be in [1, {MAX_N}]",
 }
 
 # Constrained types; the bool check comes after the constraint so the JSON schema shows minimum/maximum.
@@ -78,12 +94,13 @@ Temperature = Annotated[float, Field(ge=0, le=TEMPERATURE_MAX), _NUMBER]
 TopP = Annotated[float, Field(ge=TOP_P_MIN, le=1), _NUMBER]
 TopK = Annotated[int, Field(ge=-1, le=TOP_K_MAX), _INTEGER]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), _INTEGER]
-Penalty = Annotated[float, Field(ge=-2, le=2), _NUMBER]
+Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX), _NUMBER]
+RepetitionPenalty = Annotated[float, Field(ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX), _NUMBER]
+Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX), _NUMBER]
 Fraction = Annotated[float, Field(ge=0, le=1), _NUMBER]
-PositiveFloat = Annotated[float, Field(gt=0), _NUMBER]
 NonNegativeInt = Annotated[int, Field(ge=0), _INTEGER]
-PositiveInt = Annotated[int, Field(ge=1), _INTEGER]
-TopLogprobs = Annotated[int, Field(ge=0, le=20), _INTEGER]
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), _INTEGER]
+NumSamples = Annotated[int, Field(ge=1, le=MAX_N), _INTEGER]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 
@@ -98,87 +115,117 @@ class StreamOptions(_Body):
     """`stream_options`: `include_usage` adds a final chunk with token usage."""
 
     include_usage: StrictBool = False
-    continuous_usage_stats: StrictBool = False  # vLLM: usage in every chunk (not supported yet)
+    continuous_usage_stats: StrictBool = False  # vLLM: usage in every chunk (not supported)
+
+
+class JsonSchemaFormat(_Body):
+    """`response_format.json_schema`: the schema the output must validate against (always enforced
+    strictly, by a grammar); name and description only label it."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(_Body):
-    """`response_format`: only `{"type": "text"}` (the default) is supported for now."""
+    """`response_format`: free text (the default), any JSON object, or JSON following a schema."""
 
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The OpenAI shape that StructuredOutputsParams.from_response_format reads."""
+        spec = None if self.json_schema is None else {"schema": self.json_schema.schema_}
+        return {"type": self.type, "json_schema": spec}
 
 
-# Recognised fields the engine does not implement yet -> the values that change nothing. Clients send
-# these defaults routinely; anything else is refused by name rather than silently ignored.
+# Recognised fields the engine does not implement -> the values that change nothing. Clients send these
+# defaults routinely; anything else is refused by name rather than silently ignored.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-    "min_p": (None, 0),
     "min_tokens": (None, 0),
-    "logit_bias": (None, {}),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1),
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True),
-    "prompt_logprobs": (None,),
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
-    "structured_outputs": (None,),
     "truncate_prompt_tokens": (None,),
 }
+_NO_OP_REASONS = {
+    "min_tokens": "the engine cannot hold back end-of-sequence yet",
+    "use_beam_search": "the engine has no beam search",
+    "length_penalty": "it only applies to beam search, which the engine does not have",
+}
+
+# OpenAI bookkeeping fields: accepted, and named in the ignored-fields header since they change nothing.
+_BOOKKEEPING = ("user", "metadata", "store", "service_tier")
 
 
 class _SamplingFields(_Body):
     """Fields shared by completions and chat completions, including the flyspec and vLLM extensions
-    (seed, top_k, stop_token_ids, ignore_eos, verification)."""
+    (seed, top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, verification, guided_*)."""
 
     model: str | None = None  # None = the served model, so `curl` users can omit it
     max_tokens: Int | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None  # extension; 0 or -1 = off
+    min_p: Fraction | None = None  # vLLM extension; 0 = off
     seed: Seed | None = None
+    n: NumSamples = 1
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM extension; 1 = off
+    logit_bias: dict[str, Bias] | None = None
+    prompt_logprobs: NumLogprobs | None = None  # vLLM extension
     stop: Stop | None = None
     stop_token_ids: Annotated[list[NonNegativeInt], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: StrictBool = False  # extension (as in vLLM), for benchmarks that need fixed lengths
     verification: Literal["standard", "fly"] | None = None  # extension: "standard" forces lossless
     stream: StrictBool = False
     stream_options: StreamOptions | None = None  # shapes a stream; without stream=true it changes nothing
+    # Output constraints (one at most): OpenAI's response_format, vLLM's guided_* and structured_outputs.
     response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
     # Accepted, and without effect on decoding: bookkeeping fields of the OpenAI API.
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: StrictBool | None = None
     service_tier: str | None = None
     # Recognised, honoured only with their no-op values (see _NO_OP_VALUES).
-    n: PositiveInt = 1
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: PositiveFloat | None = None
-    min_p: Fraction | None = None
     min_tokens: NonNegativeInt | None = None
-    logit_bias: dict[str, Float] | None = None
     use_beam_search: StrictBool | None = None
     length_penalty: Float | None = None
     include_stop_str_in_output: StrictBool | None = None
     skip_special_tokens: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
-    prompt_logprobs: Int | None = None
     allowed_token_ids: list[Int] | None = None
     bad_words: list[str] | None = None
-    guided_json: Any = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    structured_outputs: dict[str, Any] | None = None
     truncate_prompt_tokens: Int | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(
+                    f"logit_bias={_short(value)}: key {key!r} is not a token id (JSON keys are strings of "
+                    'digits, e.g. "50256")'
+                )
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_floor(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < TEMPERATURE_MIN:
+            raise ValueError(f"temperature={value!r} is out of range: {_BOUND_REASONS['temperature']}")
+        return value
 
     def _reject_unsupported(self) -> None:
         """Refuse recognised fields that carry anything but their no-op value."""
@@ -186,29 +233,24 @@ class _SamplingFields(_Body):
             value = getattr(self, name)
             if not _is_no_op(value, no_ops):
                 shown = " or ".join("null" if v is None else json.dumps(v) for v in no_ops)
+                why = _NO_OP_REASONS.get(name, "the server does not implement it")
                 raise OpenAIError(
-                    f"{name}={_short(value)} is not supported yet: the engine does not implement it; send "
-                    f"{shown} or leave the field out",
+                    f"{name}={_short(value)} is not supported: {why}; send {shown} or leave the field out",
                     param=name,
                 )
-        if self.response_format is not None and self.response_format.type != "text":
-            raise OpenAIError(
-                f"response_format type {self.response_format.type!r} is not supported yet (structured "
-                'output needs grammar masks in the engine); send {"type": "text"} or leave it out',
-                param="response_format",
-            )
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             raise OpenAIError(
-                "stream_options.continuous_usage_stats=true is not supported yet; use include_usage",
+                "stream_options.continuous_usage_stats=true is not supported; use include_usage",
                 param="stream_options.continuous_usage_stats",
             )
 
-    @field_validator("temperature")
-    @classmethod
-    def _temperature_floor(cls, value: float | None) -> float | None:
-        if value is not None and 0 < value < TEMPERATURE_FLOOR:
-            raise ValueError(f"temperature={value!r} is out of range: {_BOUND_REASONS['temperature']}")
-        return value
+    def unused_fields(self) -> list[str]:
+        """Recognised fields this request sent that change nothing in its output (bookkeeping fields,
+        stream_options without stream): named in the ignored-fields header next to the unknown ones."""
+        names = [n for n in _BOOKKEEPING if getattr(self, n) is not None]
+        if self.stream_options is not None and not self.stream:
+            names.append("stream_options")
+        return names
 
     def stop_list(self) -> list[str]:
         """The stop strings as a list."""
@@ -227,25 +269,29 @@ class CompletionRequest(_SamplingFields):
 
     prompt: str | list[str] | list[Int] | list[list[Int]]
     add_special_tokens: StrictBool = True  # vLLM: tokenise text prompts with the tokenizer's BOS etc.
-    echo: StrictBool = False
-    logprobs: NonNegativeInt | None = None
-    best_of: PositiveInt | None = None
+    echo: StrictBool = False  # the prompt is returned before the completion (with its logprobs if asked)
+    logprobs: NumLogprobs | None = None
+    best_of: NumSamples | None = None
     suffix: str | None = None
 
     def check(self) -> None:
         """Raise OpenAIError for values this server does not support."""
         self._reject_unsupported()
-        if self.echo:
-            raise OpenAIError("echo=true is not supported yet (it needs prompt logprobs)", param="echo")
-        if self.logprobs is not None:
+        if self.best_of is not None and self.best_of != self.n:
             raise OpenAIError(
-                f"logprobs={self.logprobs} is not supported yet; send null or leave it out", param="logprobs"
+                f"best_of={self.best_of} is not supported with n={self.n}: the server returns every "
+                "sample it draws, so best_of must equal n (or be left out)",
+                param="best_of",
             )
-        if self.best_of not in (None, 1):
-            raise OpenAIError(f"best_of={self.best_of} is not supported yet: only 1", param="best_of")
         if self.suffix:
             raise OpenAIError("suffix is not supported (no fill-in-the-middle)", param="suffix")
-        self.prompts()
+        num_choices = len(self.prompts()) * self.n
+        if num_choices > MAX_CHOICES_PER_REQUEST:
+            raise OpenAIError(
+                f"n={self.n} with {len(self.prompts())} prompts asks for {num_choices} choices; at most "
+                f"{MAX_CHOICES_PER_REQUEST} per request (each is a sequence in the running batch)",
+                param="n",
+            )
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of prompts (text or token ids), one choice each."""
@@ -337,9 +383,10 @@ class ChatMessage(_Body):
 
 
 class FunctionDefinition(_Body):
-    """A tool's function: name, description and JSON-schema parameters."""
+    """A tool's function: name, description and JSON-schema parameters (strict or not, a call the server
+    enforces always follows the schema)."""
 
-    name: str
+    name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
@@ -350,6 +397,10 @@ class Tool(_Body):
 
     type: Literal["function"]
     function: FunctionDefinition
+
+    def to_template(self) -> dict[str, Any]:
+        """The tool as chat templates read it (OpenAI's shape, unset fields left out)."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
 
 
 class NamedFunction(_Body):
@@ -369,10 +420,10 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: TopLogprobs | None = None
+    top_logprobs: NumLogprobs | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # only meaningful with tool calling
+    parallel_tool_calls: StrictBool | None = None  # with tool_choice "required": one call or several
     functions: list[dict[str, Any]] | None = None  # the legacy spelling of tools
     function_call: str | dict[str, Any] | None = None
     reasoning_effort: str | None = None  # accepted; the served models have no reasoning modes
@@ -385,14 +436,10 @@ class ChatCompletionRequest(_SamplingFields):
     def check(self, max_messages: int) -> None:
         """Raise OpenAIError for values this server does not support."""
         self._reject_unsupported()
-        if self.logprobs:
+        if self.top_logprobs and not self.logprobs:
             raise OpenAIError(
-                "logprobs=true is not supported yet; send false or leave it out", param="logprobs"
-            )
-        if self.top_logprobs:
-            raise OpenAIError(
-                f"top_logprobs={self.top_logprobs} is not supported yet (logprobs are not); send 0 or "
-                "leave it out",
+                f"top_logprobs={self.top_logprobs} needs logprobs=true (it sets how many alternatives each "
+                "token's logprobs list)",
                 param="top_logprobs",
             )
         if self.max_tokens is not None and self.max_completion_tokens is not None:
@@ -413,8 +460,7 @@ class ChatCompletionRequest(_SamplingFields):
                 )
         if self.chat_template_kwargs:
             raise OpenAIError(
-                f"chat_template_kwargs={_short(self.chat_template_kwargs)} is not supported yet; leave it "
-                "out",
+                f"chat_template_kwargs={_short(self.chat_template_kwargs)} is not supported; leave it out",
                 param="chat_template_kwargs",
             )
         self._check_tools()
@@ -436,8 +482,8 @@ class ChatCompletionRequest(_SamplingFields):
     def _check_tools(self) -> None:
         if self.functions and self.function_call != "none":
             raise OpenAIError(
-                'functions (function calling) is not supported yet; send function_call="none" or '
-                "leave functions out",
+                "functions (legacy function calling) is not supported: send the functions as tools with "
+                'tool_choice "required" or naming one, or function_call="none"',
                 param="functions",
             )
         if not self.tools:
@@ -446,20 +492,51 @@ class ChatCompletionRequest(_SamplingFields):
                     "tool_choice asks for a tool call but no tools are given", param="tool_choice"
                 )
             return
-        if self.tool_choice != "none":
-            if isinstance(self.tool_choice, NamedToolChoice):
-                choice = f"naming {self.tool_choice.function.name!r}"
-            else:
-                choice = repr(self.tool_choice or "auto") + ("" if self.tool_choice else " (the default)")
+        if self.tool_choice in (None, "auto"):
+            choice = '"auto"' + ("" if self.tool_choice else " (the default)")
             raise OpenAIError(
-                f"tools with tool_choice {choice} is not supported yet: this server cannot parse or "
-                'enforce tool calls; send tool_choice="none" for a plain text answer, or leave tools out',
+                f"tools with tool_choice {choice} is not supported: the server has no parser to find tool "
+                'calls in free text. Send tool_choice "required" or {"type": "function", "function": '
+                '{"name": ...}} to get a call that a grammar enforces, or tool_choice="none" for a text '
+                "answer",
                 param="tools",
             )
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            if name not in [t.function.name for t in self.tools]:
+                raise OpenAIError(
+                    f"tool_choice.function.name={name!r} is not one of the tools "
+                    f"({', '.join(repr(t.function.name) for t in self.tools)})",
+                    param="tool_choice.function.name",
+                )
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the answer is a tool call the server enforces (tool_choice "required" or named)."""
+        return bool(self.tools) and self.tool_choice not in (None, "none", "auto")
+
+    def unused_fields(self) -> list[str]:
+        """As for completions, plus reasoning_effort, parallel_tool_calls where no enforced "required"
+        call reads it, and tools / functions that a "none" choice keeps out of the prompt."""
+        names = super().unused_fields()
+        if self.reasoning_effort is not None:
+            names.append("reasoning_effort")
+        if self.parallel_tool_calls is not None and not (self.calls_tools and self.tool_choice == "required"):
+            names.append("parallel_tool_calls")
+        if self.tools and self.tool_choice == "none":
+            names.append("tools")
+        if self.functions:
+            names.append("functions")
+        return names
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The conversation as chat-template dicts (tool calls and tool results included)."""
         return [m.to_template() for m in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools shown to the model: only when a call is enforced (with tool_choice "none" they are
+        left out, as vLLM's --exclude-tools-when-tool-choice-none does)."""
+        return [t.to_template() for t in self.tools or []] if self.calls_tools else None
 
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens (the current OpenAI name) or max_tokens (the older one)."""
@@ -558,11 +635,12 @@ def _validation_error(exc: ValidationError) -> OpenAIError:
         return OpenAIError(f"request body is not valid JSON: {err['msg']}", code="invalid_json")
     if kind == "model_type" and not err["loc"]:
         return OpenAIError("request body must be a JSON object", code="invalid_json")
-    # A union member's loc carries its type name (e.g. 'list[int]', 'constrained-str'); keep field names and
-    # indexes only.
+    # A union member's loc carries its type name (e.g. 'list[int]', 'constrained-str'); keep field names,
+    # indexes and token-id keys (logit_bias.50) only.
     path: list[str] = []
+    type_names = ("str", "int", "float", "bool")
     for part in err["loc"]:
-        if isinstance(part, str) and (not part.isidentifier() or part in ("str", "int", "float", "bool")):
+        if isinstance(part, str) and not part.isdigit() and (not part.isidentifier() or part in type_names):
             continue
         path.append(str(part))
     param = ".".join(path) or None

@@ -4,19 +4,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from flyspec.outputs import CompletionOutput, RequestMetrics, RequestOutput
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One finished choice: its text, why it ended, and (vLLM's `stop_reason`) what ended it."""
-
-    text: str
-    finish_reason: str | None
-    stop_reason: str | int | None
 
 
 def stop_reason(
@@ -49,9 +39,9 @@ def spec_decode_json(metrics: RequestMetrics | list[RequestMetrics]) -> dict[str
 
 
 def usage_json(outputs: list[RequestOutput]) -> dict[str, int]:
-    """The OpenAI `usage` object, summed over the choices' final outputs."""
+    """The OpenAI `usage` object over the final outputs: each prompt counted once, every sample's tokens."""
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -62,7 +52,7 @@ def usage_json(outputs: list[RequestOutput]) -> dict[str, int]:
 def completion_json(
     request_id: str,
     model: str,
-    choices: list[Choice],
+    choices: list[dict[str, Any]],
     usage: dict[str, int],
     spec_decode: dict[str, int],
     system_fingerprint: str,
@@ -74,16 +64,7 @@ def completion_json(
         "created": int(time.time()),
         "model": model,
         "system_fingerprint": system_fingerprint,
-        "choices": [
-            {
-                "index": i,
-                "text": c.text,
-                "logprobs": None,
-                "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason,
-            }
-            for i, c in enumerate(choices)
-        ],
+        "choices": choices,
         "usage": usage,
         "spec_decode": spec_decode,
     }
@@ -92,27 +73,23 @@ def completion_json(
 def chat_json(
     request_id: str,
     model: str,
-    choice: Choice,
+    choices: list[dict[str, Any]],
     usage: dict[str, int],
     spec_decode: dict[str, int],
     system_fingerprint: str,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """A non-streaming /v1/chat/completions response."""
-    return {
+    """A non-streaming /v1/chat/completions response (vLLM's `prompt_logprobs` when asked)."""
+    body = {
         "id": request_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "system_fingerprint": system_fingerprint,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": choice.text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason,
-            }
-        ],
+        "choices": choices,
         "usage": usage,
         "spec_decode": spec_decode,
     }
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
