@@ -66,8 +66,10 @@ def serve(
     Routes: /v1/models, /v1/completions, /v1/chat/completions (stream=true for server-sent events),
     /tokenize, /detokenize, /version, /ping, /health, /openapi.json.
 
-    Extra request fields: seed, top_k, stop_token_ids, ignore_eos, and verification ("standard" forces
-    lossless verification). Unknown fields are ignored and named in the x-flyspec-ignored-fields header.
+    Beyond OpenAI's fields (logprobs, echo, n, penalties, logit_bias, response_format, enforced tool
+    calls): vLLM's top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, prompt_logprobs,
+    guided_* and structured_outputs, and flyspec's verification ("standard" forces lossless
+    verification). Unknown and no-effect fields are named in the x-flyspec-ignored-fields header.
 
     Each response carries the request's acceptance counters in `spec_decode`.
     """

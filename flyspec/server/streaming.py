@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -90,7 +90,9 @@ class TextDeltas:
         return text[start:end]
 
 
-def _samples(out: RequestOutput, cursors: dict[int, StreamCursor], shaper: ChoiceShaper, prompt: int) -> Any:
+def _samples(
+    out: RequestOutput, cursors: dict[int, StreamCursor], shaper: ChoiceShaper, prompt: int
+) -> Iterator[tuple[int, CompletionOutput, StreamCursor]]:
     """(choice index, sample, its cursor) for the samples of `out` whose choice has not ended."""
     for sample in out.outputs:
         index = shaper.index(prompt, sample)
