@@ -24,6 +24,7 @@ import openai
 import pytest
 import torch
 import transformers
+from prometheus_client.parser import text_string_to_metric_families
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.config import EngineConfig
@@ -81,6 +82,16 @@ class Server:
 
     def prompt_ids(self, **body: Any) -> list[int]:
         return self.ok("/tokenize", body)["tokens"]
+
+    def finished(self, reason: str) -> float:
+        """flyspec:request_success_total for one finished_reason."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return next(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "flyspec:request_success_total" and s.labels["finished_reason"] == reason
+        )
 
 
 def _serve(engine: LLMEngine, target: Path) -> Iterator[Server]:
@@ -537,7 +548,8 @@ def test_a_request_failing_in_the_engine_is_a_500_and_the_others_are_unchanged(
     """A request that fails inside the engine (a sampling value past validation, under FLy) is a 500
     server_error, never a 400 (as JSON, or an error event in its stream that the openai client raises),
     while concurrent greedy, seeded, n > 1 and logprobs requests complete with exactly the output they
-    get alone; the server then has no request left and keeps serving."""
+    get alone; each failure counts once as finished_reason error; the server then has no request left and
+    keeps serving."""
     good = [
         {"prompt": "w1 w2 w3", "max_tokens": 30, "temperature": 0, "ignore_eos": True},
         {"prompt": "w40 w41", "max_tokens": 30, "temperature": 0.8, "seed": 4, "ignore_eos": True},
@@ -545,6 +557,7 @@ def test_a_request_failing_in_the_engine_is_a_500_and_the_others_are_unchanged(
         {"prompt": "w100 w90", "max_tokens": 20, "temperature": 0, "logprobs": 2, "ignore_eos": True},
     ]
     alone = [fly.ok("/v1/completions", body)["choices"] for body in good]
+    errors_before = fly.finished("error")
     marker = [1, 200, 201, 202]
     _poison(fly.engine, monkeypatch, marker, field, value)
     bad = {
@@ -589,6 +602,7 @@ def test_a_request_failing_in_the_engine_is_a_500_and_the_others_are_unchanged(
             )
         )
     monkeypatch.undo()
+    assert fly.finished("error") - errors_before == 3
     _assert_same_choices(fly.ok("/v1/completions", good[0])["choices"], alone[0])
     assert (fly.engine.num_running, fly.engine.num_waiting) == (0, 0)
 

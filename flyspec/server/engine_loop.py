@@ -290,14 +290,10 @@ class EngineLoop:
     def _observe_finished(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
         # Each sample counts with its own finish reason (as vLLM counts parallel samples); a failed request
         # counts once, as error, although the engine aborted its other samples.
-        reasons = {sample.finish_reason or "stop" for sample in out.outputs}
-        reason = "error" if out.error is not None else "abort" if reasons == {"abort"} else None
-        if reason is None:
-            for sample in out.outputs:
-                self.metrics.request_success[sample.finish_reason or "stop"].inc()
-        else:
+        reasons = ["error"] if out.error is not None else [s.finish_reason or "stop" for s in out.outputs]
+        for reason in reasons:
             self.metrics.request_success[reason].inc()
-        if reason == "abort":
+        if set(reasons) == {"abort"}:
             return
         m = self.metrics
         m.e2e_request_latency.observe(now - tracked.arrival)
