@@ -212,7 +212,7 @@ class OpenAIExecutor:
         if mine:
             raise ValueError(
                 f"arm {self.arm.name!r}: {url}{route} ignored the arm's extra_body setting(s) "
-                f"{', '.join(mine)} (it does not know them), so the arm would not run the configuration "
+                f"{', '.join(mine)} (unknown to it, or without effect there), so the arm would not run the configuration "
                 "that was registered; fix the spelling or remove them"
             )
 
