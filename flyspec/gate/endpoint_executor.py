@@ -212,8 +212,8 @@ class OpenAIExecutor:
         if mine:
             raise ValueError(
                 f"arm {self.arm.name!r}: {url}{route} ignored the arm's extra_body setting(s) "
-                f"{', '.join(mine)} (unknown to it, or without effect there), so the arm would not run the configuration "
-                "that was registered; fix the spelling or remove them"
+                f"{', '.join(mine)} (unknown to it, or without effect there), so the arm would not run the "
+                "configuration that was registered; fix the spelling or remove them"
             )
 
     def _parse(self, response: httpx.Response, url: str, route: str, latency: float) -> Completion:
