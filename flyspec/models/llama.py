@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyspec.models.kv_cache import KVCache
+from flyspec.models.quantization import Int8Linear, quantize_model
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -134,6 +135,13 @@ def rope_inv_freq(config: Any) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # F.linear on a float layer (no module __call__ overhead); a quantized layer's own forward.
+    if type(layer) is nn.Linear:
+        return F.linear(x, layer.weight, layer.bias)
+    return layer.forward(x)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -249,6 +257,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         # A plain attribute, not a buffer: `.to(torch.bfloat16)` must not round the frequencies.
         self._inv_freq = rope_inv_freq(config)
+        self.quantization: str | None = None
         self.requires_grad_(False)  # inference only
         self.register_load_state_dict_pre_hook(self._drop_tied_head)
         self.register_state_dict_post_hook(self._add_tied_head)
@@ -278,9 +287,19 @@ class LlamaForCausalLM(nn.Module):
         a = self.arch
         return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, num_slots, max_len, self.dtype, self.device)
 
+    def quantize(self, method: str) -> None:
+        """Quantize every linear layer and the lm_head in place (flyspec/models/quantization.py); a tied
+        lm_head gets an int8 copy of the embedding table, which itself stays in the model's dtype."""
+        quantize_model(self, method)
+        if self.arch.tie_word_embeddings:
+            self.lm_head = Int8Linear(self.model.embed_tokens.weight, None, torch.float32)
+        self.quantization = method
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits `[..., V]` of final-norm hidden states (call it only on the positions needed)."""
+        if self.quantization is not None:
+            return self.lm_head.forward(hidden)
         weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
@@ -409,7 +428,7 @@ class LlamaForCausalLM(nn.Module):
         for index, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm.weight, a.eps)
-            qkv = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).view(bsz, seq, -1, head_dim)
+            qkv = _linear(attn.qkv_proj, x).view(bsz, seq, -1, head_dim)
             qk, v = qkv[:, :, :num_qk], qkv[:, :, num_qk:]
             if a.qk_norm:
                 weight = torch.cat(
@@ -422,9 +441,9 @@ class LlamaForCausalLM(nn.Module):
             # RoPE on q and k together; roll(x, D/2) * sin_signed == rotate_half(x) * sin, bit for bit.
             qk = qk * plan.cos + qk.roll(head_dim // 2, dims=-1) * plan.sin
             out = self._attention(index, qk, v, plan, cache)
-            hidden = hidden + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            hidden = hidden + _linear(attn.o_proj, out)
 
             x = _rms_norm(hidden, layer.post_attention_layernorm.weight, a.eps)
-            gate, up = F.linear(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate, up = _linear(mlp.gate_up_proj, x).chunk(2, dim=-1)
+            hidden = hidden + _linear(mlp.down_proj, F.silu(gate) * up)
         return _rms_norm(hidden, self.model.norm.weight, a.eps)
