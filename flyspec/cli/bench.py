@@ -52,6 +52,7 @@ class Settings:
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
+    quantizations: tuple[str | None, ...] = (None,)
 
 
 PRESETS = {
@@ -96,6 +97,7 @@ def plan(settings: Settings) -> list[Arm]:
         drafters=settings.drafters,
         peer=settings.peer,
         fly_threshold=settings.fly_threshold,
+        quantizations=settings.quantizations,
     )
 
 
@@ -174,6 +176,12 @@ def bench(
         int | None,
         typer.Option(help="torch CPU threads for every arm (default: torch's choice, one per core)."),
     ] = None,
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of weight formats, each with every flyspec arm: none, int8 (default: none)."
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None,
         typer.Option("--json", help="Write the full report as JSON here (also printed as the last line)."),
@@ -224,6 +232,7 @@ def bench(
             "device": device,
             "seed": seed,
             "threads": threads,
+            "quantizations": _formats(quantization),
             "ignore_eos": not stop_at_eos,
         },
         peer,
@@ -242,6 +251,14 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
     return None if text is None else tuple(parse_int_list(option, text))
+
+
+def _formats(text: str | None) -> tuple[str | None, ...] | None:
+    """--quantization: None when absent, else the listed formats with 'none' as None."""
+    if text is None:
+        return None
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    return tuple(None if name == "none" else name for name in names)
 
 
 def _windows(text: str | None) -> tuple[int, ...] | None:
@@ -395,6 +412,7 @@ def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[
         "device": settings.device,
         "seed": settings.seed,
         "threads": settings.threads,
+        "quantizations": list(settings.quantizations),
     }
 
 
