@@ -43,6 +43,18 @@ def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
         torch.testing.assert_close(layer(x).double(), exact, rtol=1e-6, atol=1e-6)
 
 
+def test_large_inputs_are_quantized_in_chunks_with_the_same_result() -> None:
+    """An input too large for one chunk (600 x 1024 bfloat16) gets exactly round(x / s) per row, as a
+    small one does, and x itself is left untouched."""
+    torch.manual_seed(2)
+    x = torch.randn(600, 1024).to(torch.bfloat16)
+    before = x.clone()
+    q, s = quantize_per_token(x)
+    expected = torch.round(x.float() / (x.float().abs().amax(dim=1, keepdim=True) / 127))
+    assert torch.equal(q, expected.to(torch.int8)) and torch.equal(x, before)
+    assert s.shape == (600, 1)
+
+
 def test_per_token_scales_keep_small_rows_precise() -> None:
     """A row with 1000x larger activations does not cost the other rows their precision (one scale per
     token), so each row's relative error matches the row quantized alone."""

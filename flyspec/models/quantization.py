@@ -53,14 +53,26 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, scale
 
 
+_CHUNK_ELEMENTS = 1 << 18
+"""Rows are quantized in chunks of about this many elements: the float32 temporaries of a chunk stay in
+cache, which made quantizing a [2048, 8960] prefill input about 2x faster than in one piece."""
+
+
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 rows of a 2-D input and float32 scales [M, 1], one per row.
 
     |x / s| <= 127 by construction of s, so no clamp is needed; rounding is to nearest, ties to even.
-    The division runs in float32 (a float32 scale promotes a bfloat16 x) and never writes into x.
+    The division runs on a float32 copy (never in x): a bfloat16 x divided by a float32 scale directly
+    takes a slow mixed-dtype path.
     """
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=_EPS) / 127.0
-    return x.div(scale).round_().to(torch.int8), scale
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=_EPS).div_(127.0)
+    rows = max(1, _CHUNK_ELEMENTS // x.shape[1])
+    if x.shape[0] <= rows:
+        return x.to(torch.float32, copy=True).div_(scale).round_().to(torch.int8), scale
+    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    for i in range(0, x.shape[0], rows):
+        q[i : i + rows] = x[i : i + rows].to(torch.float32, copy=True).div_(scale[i : i + rows]).round_()
+    return q, scale
 
 
 class Int8Linear(nn.Module):
