@@ -225,6 +225,17 @@ def _setup(s: dict[str, Any]) -> list[str]:
         "FLy's rule kept. "
         "'same as target-only' = mean share of each output identical to flyspec target-only batch-1 output "
         "before the first difference (bf16 verify passes may round differently; FLy is lossy by design)",
+        *(
+            [
+                "- weight formats: "
+                + ", ".join(q or "as loaded" for q in s["quantizations"])
+                + "; an `int8` arm quantizes the target and the draft (docs/performance.md), is compared "
+                "with int8 target-only, and its 'same as target-only' is against the unquantized output, "
+                "so it also shows how far int8 answers drift"
+            ]
+            if any(s.get("quantizations") or [])
+            else []
+        ),
         "",
     ]
 

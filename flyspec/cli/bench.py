@@ -1,8 +1,9 @@
 """`flyspec bench`: throughput sweep of target-only, standard and FLy decoding, optionally against a peer.
 
 Settings come from a preset ("quick", the default: batch 1, K=4, 4 prompts x 128 tokens, one
-repetition; "reference": the sweep behind BENCHMARKS.md) and any option given explicitly overrides it.
-Options are validated and the arm list is planned before torch is imported or any weights load.
+repetition; "reference": the sweep behind BENCHMARKS.md, batch sizes 1 to 32, unquantized and int8) and
+any option given explicitly overrides it. Options are validated and the arm list is planned before torch
+is imported or any weights load.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Settings:
 PRESETS = {
     "quick": Settings(),
     "reference": Settings(
-        batch_sizes=(1, 4, 8, 16),
+        batch_sizes=(1, 4, 8, 16, 32),
+        quantizations=(None, "int8"),
         ks=(2, 3, 4, 5, 6),
         fly_windows=(1, 2),
         peer="hf",
@@ -128,7 +130,7 @@ def bench(
         str | None, typer.Option(help="Comma list of target, standard, fly (default: all three).")
     ] = None,
     batch_sizes: Annotated[
-        str | None, typer.Option(help="Comma list of batch sizes (default: 1; reference 1,4,8,16).")
+        str | None, typer.Option(help="Comma list of batch sizes (default: 1; reference 1,4,8,16,32).")
     ] = None,
     k: Annotated[
         str | None, typer.Option(help="Comma list of K swept at batch 1 (default: 4; reference 2..6).")
@@ -179,7 +181,8 @@ def bench(
     quantization: Annotated[
         str | None,
         typer.Option(
-            help="Comma list of weight formats, each with every flyspec arm: none, int8 (default: none)."
+            help="Comma list of weight formats, each with every flyspec arm: none, int8 (default: none; "
+            "reference none,int8)."
         ),
     ] = None,
     json_path: Annotated[
