@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_PROMPT_LOOKUP_MAX",
     "DEFAULT_PROMPT_LOOKUP_MIN",
     "LOSSY_WARNING",
+    "QUANTIZATION_METHODS",
     "EngineConfig",
     "SpeculativeConfig",
     "log_lossy_warning",
@@ -47,6 +48,9 @@ _DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 _FLY_FIELDS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
 _NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATION_METHODS = ("int8",)
+"""Weight quantization at load time (flyspec/models/quantization.py); None = the weights as loaded."""
+_DRAFT_QUANTIZATION = (*QUANTIZATION_METHODS, "none")
 _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
@@ -90,7 +94,9 @@ class SpeculativeConfig:
     set, whatever its value. After construction every default is resolved except `fly_window_size`
     (None without FLy; with FLy, min(6, K - 1) when unset) and `draft_sample_method` (None: probabilistic
     drafting for requests that sample, greedy for greedy requests). `method` may be omitted when `model`
-    is given (then it is "draft_model", as in vLLM).
+    is given (then it is "draft_model", as in vLLM). `quantization` is the draft model's weight
+    quantization: None (the default) follows the engine's `quantization`, "int8" quantizes the draft
+    alone, "none" keeps it unquantized; verification stays exact either way, only the drafts change.
 
     `to_dict()` is the canonical form: the settings that apply, defaults resolved, so that
     `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
@@ -108,6 +114,7 @@ class SpeculativeConfig:
     draft_sample_method: str | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         # The one validation path: the constructor, from_dict and EngineConfig all come through here.
@@ -137,6 +144,8 @@ class SpeculativeConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise _invalid("model", self.model, "method='draft_model' needs the draft model's path or name")
         _reject_set(self, _NGRAM_FIELDS, "they only apply to method='ngram'")
+        if self.quantization is not None:
+            _require_choice("quantization", self.quantization, _DRAFT_QUANTIZATION)
         self.prompt_lookup_min, self.prompt_lookup_max = DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_PROMPT_LOOKUP_MAX
 
     def _check_ngram(self) -> None:
@@ -148,6 +157,7 @@ class SpeculativeConfig:
                 self.draft_sample_method,
                 "method='ngram' has no draft distribution to sample from; leave it unset",
             )
+        _reject_set(self, ("quantization",), "method='ngram' has no draft model to quantize")
         lo = self.prompt_lookup_min = _default(self.prompt_lookup_min, DEFAULT_PROMPT_LOOKUP_MIN)
         hi = self.prompt_lookup_max = _default(self.prompt_lookup_max, DEFAULT_PROMPT_LOOKUP_MAX)
         _require_int("prompt_lookup_min", lo, 1)
@@ -202,12 +212,20 @@ class SpeculativeConfig:
         skip = set(_NGRAM_FIELDS) if self.method == "draft_model" else {"model", "draft_sample_method"}
         if not self.is_lossy:
             skip.update(_FLY_FIELDS)
+        if self.quantization is None:  # None follows the engine: not a setting of its own
+            skip.add("quantization")
         return {key: value for key, value in dataclasses.asdict(self).items() if key not in skip}
 
     @property
     def is_lossy(self) -> bool:
         """True when verification may change the output distribution (FLy)."""
         return self.rejection_sample_method == "fly"
+
+    def draft_quantization(self, engine_quantization: str | None) -> str | None:
+        """The quantization the draft model loads with, given the engine's (None = unquantized)."""
+        if self.quantization is None:
+            return engine_quantization
+        return None if self.quantization == "none" else self.quantization
 
     def fly_params(self, vocab_size: int) -> FlyParams | None:
         """The verifier's FLy parameters for a target vocabulary (top-k capped at it), or None."""
@@ -228,10 +246,13 @@ class SpeculativeConfig:
 
 @dataclass
 class EngineConfig:
-    """Everything the engine needs to start: target model, speculation, dtype, device and budgets.
+    """Everything the engine needs to start: target model, speculation, dtype, device, quantization and
+    budgets.
 
     `speculative_config` may be given as a dict (e.g. parsed JSON); it is converted here, the one place
-    that does so, and is always a SpeculativeConfig or None after construction.
+    that does so, and is always a SpeculativeConfig or None after construction. `quantization` ("int8"
+    or None, as vLLM's argument of that name) quantizes the target's weights at load time, and the
+    draft model's unless the speculative config says otherwise (docs/performance.md); CPU only.
     """
 
     model: str
@@ -242,6 +263,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     seed: int = 0
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -259,6 +281,16 @@ class EngineConfig:
         _require_choice("dtype", self.dtype, _DTYPES)
         if not isinstance(self.device, str) or not _DEVICE_RE.fullmatch(self.device):
             raise _invalid("device", self.device, "it must be 'cpu', 'cuda' or 'cuda:N'")
+        if self.quantization is not None:
+            _require_choice("quantization", self.quantization, QUANTIZATION_METHODS)
+        for field, value in (
+            ("quantization", self.quantization),
+            ("draft quantization", self.draft_quantization),
+        ):
+            if value is not None and self.device != "cpu":
+                raise _invalid(
+                    field, value, f"it runs on device='cpu' only (oneDNN int8 kernels), not {self.device!r}"
+                )
         _require_int("max_num_seqs", self.max_num_seqs, 1)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_model_len is not None:
@@ -285,6 +317,14 @@ class EngineConfig:
         """True when the engine runs FLy verification."""
         spec = self.speculative_config
         return spec is not None and spec.is_lossy
+
+    @property
+    def draft_quantization(self) -> str | None:
+        """The draft model's quantization (None without a draft model, or when it is not quantized)."""
+        spec = self.speculative_config
+        if spec is None or spec.method != "draft_model":
+            return None
+        return spec.draft_quantization(self.quantization)
 
 
 def log_lossy_warning(logger: logging.Logger) -> None:

@@ -57,6 +57,7 @@ class LLM:
 
     model: an HF folder, a .gguf file, or a zoo name. speculative_config: a dict or SpeculativeConfig
     (None = no speculation). max_model_len None = min(the model's max_position_embeddings, 4096).
+    quantization: None or "int8" (weights quantized at load time, CPU only; docs/performance.md).
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         seed: int = 0,
+        quantization: str | None = None,
     ) -> None:
         config = EngineConfig(
             model=model,
@@ -79,6 +81,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             seed=seed,
+            quantization=quantization,
         )
         self._start(LLMEngine(config))
 

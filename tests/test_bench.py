@@ -19,7 +19,7 @@ RESULT_FIELDS = {
     "label", "backend", "method", "batch_size", "drafter", "k", "fly_window", "default_window",
     "fly_threshold", "requests", "repeats", "generated_tokens", "seconds", "tokens_per_s",
     "tokens_per_s_runs", "decode_tokens_per_s", "mean_acceptance_length", "acceptance_rate",
-    "forgiven_share", "peak_rss_mb", "prefix_match",
+    "forgiven_share", "peak_rss_mb", "prefix_match", "quantization",
 }  # fmt: skip
 TOP_FIELDS = {
     "schema", "command", "finished_at", "machine", "settings", "results", "ratios", "batch_scaling",
@@ -92,15 +92,42 @@ def test_plan_rejects_bad_options_naming_them(overrides, message):
 
 
 def test_standard_arms_share_the_default_window_fly_engine():
-    """Standard arms run on the FLy engine of the same drafter and K (default window preferred), so the
-    sweep loads one engine per (drafter, K, window) rather than one per arm."""
+    """Standard arms run on the FLy engine of the same weight format, drafter and K (default window
+    preferred), so the sweep loads one engine per (format, drafter, K, window) rather than one per arm."""
     keys = engine_keys(_plan(peer=None))
-    assert keys["flyspec standard K=4 b=1"] == ("draft", 4, 3)
-    assert keys["flyspec standard K=4 b=4"] == ("draft", 4, 3)
-    assert keys["flyspec fly K=4 W=1 b=1"] == ("draft", 4, 1)
-    assert keys["flyspec target-only b=1"] == keys["flyspec target-only b=4"] == (None, None, None)
+    assert keys["flyspec standard K=4 b=1"] == (None, "draft", 4, 3)
+    assert keys["flyspec standard K=4 b=4"] == (None, "draft", 4, 3)
+    assert keys["flyspec fly K=4 W=1 b=1"] == (None, "draft", 4, 1)
+    assert keys["flyspec target-only b=1"] == keys["flyspec target-only b=4"] == (None, None, None, None)
     only_standard = engine_keys(_plan(methods=["standard"], extra_windows=[], peer=None))
-    assert only_standard["flyspec standard K=4 b=1"] == ("draft", 4, None)
+    assert only_standard["flyspec standard K=4 b=1"] == (None, "draft", 4, None)
+    both = engine_keys(_plan(peer=None, quantizations=[None, "int8"]))
+    assert both["flyspec int8 standard K=4 b=1"] == ("int8", "draft", 4, 3)
+    assert both["flyspec standard K=4 b=1"] == (None, "draft", 4, 3)
+
+
+def test_every_weight_format_gets_every_flyspec_arm_and_its_own_baselines():
+    """--quantization none,int8 plans each flyspec arm once per format (the peer once, unquantized), and
+    the report compares an int8 arm with int8 target-only and with its unquantized twin."""
+    arms = _plan(quantizations=[None, "int8"])
+    plain = [a.label for a in arms if a.backend == "flyspec" and a.quantization is None]
+    int8 = [a.label for a in arms if a.quantization == "int8"]
+    assert [label.replace("flyspec int8 ", "flyspec ") for label in int8] == plain
+    assert all(a.quantization is None for a in arms if a.backend == "hf")
+    rows = [
+        {**a.to_dict(), "tokens_per_s": 1.0 + i, "decode_tokens_per_s": None, "mean_acceptance_length": None}
+        for i, a in enumerate(arms)
+    ]
+    names = {r["name"]: r for r in ratios(rows)}
+    vs_target = names["flyspec int8 standard K=4 b=4 / target-only"]
+    assert vs_target["denominator"] == "flyspec int8 target-only b=4"
+    assert names["flyspec int8 standard K=4 b=4 / unquantized"]["denominator"] == "flyspec standard K=4 b=4"
+    scaling = batch_scaling(rows, drafter="draft", headline_k=4)
+    assert {(s["quantization"], s["method"]) for s in scaling} == {
+        (q, m) for q in (None, "int8") for m in ("standard", "fly")
+    }
+    with pytest.raises(ValueError, match="quantization=\\['int4'\\]"):
+        _plan(quantizations=["int4"])
 
 
 def test_waves_fill_every_batch_and_reuse_prompts_cyclically():
@@ -279,3 +306,37 @@ def test_a_schema_1_report_still_renders_without_its_targets(tmp_path):
     assert all(row["label"] in markdown for row in report["results"])
     assert all(r["name"] in markdown for r in report["ratios"])
     assert "## Ratios" in markdown and "Targets" not in markdown and "issue 10" not in markdown
+
+
+def test_bench_measures_int8_arms_beside_the_unquantized_ones(tiny_pair, tmp_path):
+    """--quantization none,int8 runs every flyspec arm in both formats in one interleaved sweep (int8
+    weights loaded once for the target and the draft), labels the int8 rows, compares them with int8
+    target-only and their unquantized twins, and writes the formats into the settings and the re-measure
+    commands."""
+    from typer.testing import CliRunner
+
+    from flyspec.cli import app
+
+    target, draft = tiny_pair
+    out_json, out_md = tmp_path / "q.json", tmp_path / "Q.md"
+    args = [
+        "bench", "--model", str(target), "--draft", str(draft), "--k", "2", "--methods", "target,standard",
+        "--quantization", "none,int8", "--num-prompts", "2", "--max-tokens", "6", "--warmup-tokens", "2",
+        "--dtype", "float32", "--json", str(out_json), "--markdown", str(out_md),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    rows = {r["label"]: r for r in report["results"]}
+    assert list(rows) == [
+        "flyspec target-only b=1",
+        "flyspec standard K=2 b=1",
+        "flyspec int8 target-only b=1",
+        "flyspec int8 standard K=2 b=1",
+    ]
+    assert rows["flyspec int8 standard K=2 b=1"]["quantization"] == "int8"
+    assert report["settings"]["quantizations"] == [None, "int8"]
+    names = {r["name"] for r in report["ratios"]}
+    assert "flyspec int8 target-only b=1 / unquantized" in names
+    assert "flyspec int8 standard K=2 b=1 / target-only" in names
+    assert "--quantization int8" in out_md.read_text()

@@ -21,10 +21,11 @@ def _pct(value: float | None) -> str:
 
 
 def baseline_ratio(report: dict[str, Any], row: dict[str, Any]) -> float | None:
-    """tokens/s relative to target-only of the same backend at the same batch size."""
+    """tokens/s relative to target-only of the same backend and weight format at the same batch size."""
     for other in report["results"]:
         if (
             other["backend"] == row["backend"]
+            and other.get("quantization") == row.get("quantization")
             and other["method"] == "target"
             and other["batch_size"] == row["batch_size"]
             and other["tokens_per_s"]
@@ -113,6 +114,8 @@ def arm_command(report: dict[str, Any], row: dict[str, Any]) -> str:
         args.append("--stop-at-eos")
     if s.get("threads") is not None:
         args += ["--threads", str(s["threads"])]
+    if row.get("quantization"):
+        args += ["--quantization", row["quantization"]]
     method = row["method"]
     args += ["--methods", method]
     if row["drafter"] is not None:
@@ -222,6 +225,17 @@ def _setup(s: dict[str, Any]) -> list[str]:
         "FLy's rule kept. "
         "'same as target-only' = mean share of each output identical to flyspec target-only batch-1 output "
         "before the first difference (bf16 verify passes may round differently; FLy is lossy by design)",
+        *(
+            [
+                "- weight formats: "
+                + ", ".join(q or "as loaded" for q in s["quantizations"])
+                + "; an `int8` arm quantizes the target and the draft (docs/performance.md), is compared "
+                "with int8 target-only, and its 'same as target-only' is against the unquantized output, "
+                "so it also shows how far int8 answers drift"
+            ]
+            if any(s.get("quantizations") or [])
+            else []
+        ),
         "",
     ]
 
@@ -248,9 +262,10 @@ def _batch_scaling(scaling: list[dict[str, Any]]) -> list[str]:
     for b in scaling:
         by_batch = {p["batch_size"]: p["speedup"] for p in b["points"]}
         stop = b["stops_paying_at"]
+        fmt = f"{b['quantization']} " if b.get("quantization") else ""
         rows.append(
             [
-                f"{b['method']} K={b['k']}",
+                f"{fmt}{b['method']} K={b['k']}",
                 *(_num(by_batch.get(x), "{:.2f}x") for x in batches),
                 "pays at every measured batch size" if stop is None else f"batch {stop}",
             ]

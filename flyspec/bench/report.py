@@ -19,9 +19,10 @@ JSON layout (`flyspec bench --json FILE`; schema "flyspec.bench/2"; "flyspec.ben
   `prefix_match` (mean share of each output that equals flyspec target-only batch-1 output before the
   first difference); fields that do not apply are null;
 - `ratios`: `name`, `numerator`, `denominator` (arm labels), `value` (tokens/s ratio) and, where both
-  arms speculate, `acceptance_gain` (relative gain in mean acceptance length);
-- `batch_scaling`: per speculative method, tokens/s relative to target-only at each batch size and
-  `stops_paying_at` (the first batch size where it falls below 1, or null);
+  arms speculate, `acceptance_gain` (relative gain in mean acceptance length); an arm is compared with
+  target-only of its own weight format, and a quantized arm also with its unquantized twin;
+- `batch_scaling`: per weight format and speculative method, tokens/s relative to target-only at each
+  batch size and `stops_paying_at` (the first batch size where it falls below 1, or null);
 - `breakdown`: per profiled arm, seconds and shares of decode time per engine part
   (see flyspec.bench.breakdown); `peak_rss_mb`: the process's peak; `load_s`: seconds spent loading
   models and building engines (outside every timing).
@@ -122,22 +123,44 @@ def _ratio(name: str, num: dict[str, Any] | None, den: dict[str, Any] | None) ->
     return out
 
 
+def _format(row: dict[str, Any]) -> str | None:
+    return row.get("quantization")
+
+
+def _twin(
+    rows: Iterable[dict[str, Any]], row: dict[str, Any], quantization: str | None
+) -> dict[str, Any] | None:
+    """The arm measuring the same configuration as `row` in another weight format."""
+    keys = ("backend", "method", "batch_size", "drafter", "k", "fly_window")
+    return next(
+        (r for r in rows if _format(r) == quantization and all(r.get(k) == row.get(k) for k in keys)), None
+    )
+
+
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every comparison the report discusses, as tokens/s ratios (see the module docstring)."""
     ours = [r for r in rows if r["backend"] == "flyspec"]
     hf = [r for r in rows if r["backend"] == "hf"]
-    base = {b: find(ours, method="target", batch_size=b) for b in sorted({r["batch_size"] for r in rows})}
+    formats = list(dict.fromkeys(_format(r) for r in ours))
+    base = {
+        (q, b): next(
+            (r for r in ours if r["method"] == "target" and r["batch_size"] == b and _format(r) == q), None
+        )
+        for q in formats
+        for b in sorted({r["batch_size"] for r in rows})
+    }
     out: list[dict[str, Any] | None] = [
-        _ratio("flyspec target-only / hf generate (batch 1)", base.get(1), find(hf, method="target"))
+        _ratio("flyspec target-only / hf generate (batch 1)", base.get((None, 1)), find(hf, method="target"))
     ]
     for row in ours:
+        one = base.get((_format(row), 1))
         if row["method"] == "target" and row["batch_size"] > 1:
-            out.append(_ratio(f"target-only batch {row['batch_size']} / batch 1", row, base.get(1)))
-            one = base.get(1)
+            prefix = f"{_format(row)} " if _format(row) else ""
+            out.append(_ratio(f"{prefix}target-only batch {row['batch_size']} / batch 1", row, one))
             if one is not None and row["decode_tokens_per_s"] and one["decode_tokens_per_s"]:
                 out.append(
                     {
-                        "name": f"target-only batch {row['batch_size']} / batch 1, decode only",
+                        "name": f"{prefix}target-only batch {row['batch_size']} / batch 1, decode only",
                         "numerator": row["label"],
                         "denominator": one["label"],
                         "value": row["decode_tokens_per_s"] / one["decode_tokens_per_s"],
@@ -147,13 +170,30 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row["method"] == "target":
             continue
         b = row["batch_size"]
-        out.append(_ratio(f"{row['label']} / target-only", row, base.get(b)))
-        if row["method"] == "standard" and b == 1:
+        out.append(_ratio(f"{row['label']} / target-only", row, base.get((_format(row), b))))
+        if row["method"] == "standard" and b == 1 and _format(row) is None:
             peer = find(hf, method="standard", drafter=row["drafter"], k=row["k"])
             out.append(_ratio(f"{row['label']} / hf assisted", row, peer))
         if row["method"] == "fly":
-            std = find(ours, method="standard", drafter=row["drafter"], k=row["k"], batch_size=b)
+            std = next(
+                (
+                    r
+                    for r in ours
+                    if r["method"] == "standard"
+                    and r["drafter"] == row["drafter"]
+                    and r["k"] == row["k"]
+                    and r["batch_size"] == b
+                    and _format(r) == _format(row)
+                ),
+                None,
+            )
             out.append(_ratio(f"{row['label']} / standard", row, std))
+    for row in ours:
+        if _format(row) is not None:
+            out.append(_ratio(f"{row['label']} / unquantized", row, _twin(ours, row, None)))
+            if row["method"] != "target":
+                bf_target = base.get((None, row["batch_size"]))
+                out.append(_ratio(f"{row['label']} / unquantized target-only", row, bf_target))
     for row in hf:
         if row["method"] == "standard":
             out.append(_ratio(f"{row['label']} / hf generate", row, find(hf, method="target")))
@@ -168,27 +208,31 @@ def _value(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | No
 def batch_scaling(
     rows: list[dict[str, Any]], *, drafter: str | None, headline_k: int | None
 ) -> list[dict[str, Any]]:
-    """For standard and FLy (default window) at the headline K: tokens/s over target-only per batch size."""
+    """Per weight format, for standard and FLy (default window) at the headline K: tokens/s over
+    target-only of the same format per batch size."""
     ours = [r for r in rows if r["backend"] == "flyspec"]
     out = []
-    for method in ("standard", "fly"):
-        points = []
-        for row in sorted(ours, key=lambda r: r["batch_size"]):
-            if row["method"] != method or row["k"] != headline_k or row["drafter"] != drafter:
-                continue
-            if method == "fly" and not row["default_window"]:
-                continue
-            value = _value(row, find(ours, method="target", batch_size=row["batch_size"]))
-            if value is not None:
-                points.append({"batch_size": row["batch_size"], "speedup": value, "label": row["label"]})
-        if points:
-            below = [p["batch_size"] for p in points if p["speedup"] < 1.0]
-            out.append(
-                {
-                    "method": method,
-                    "k": headline_k,
-                    "points": points,
-                    "stops_paying_at": min(below, default=None),
-                }
-            )
+    for q in dict.fromkeys(_format(r) for r in ours):
+        mine = [r for r in ours if _format(r) == q]
+        for method in ("standard", "fly"):
+            points = []
+            for row in sorted(mine, key=lambda r: r["batch_size"]):
+                if row["method"] != method or row["k"] != headline_k or row["drafter"] != drafter:
+                    continue
+                if method == "fly" and not row["default_window"]:
+                    continue
+                value = _value(row, find(mine, method="target", batch_size=row["batch_size"]))
+                if value is not None:
+                    points.append({"batch_size": row["batch_size"], "speedup": value, "label": row["label"]})
+            if points:
+                below = [p["batch_size"] for p in points if p["speedup"] < 1.0]
+                out.append(
+                    {
+                        "method": method,
+                        "quantization": q,
+                        "k": headline_k,
+                        "points": points,
+                        "stops_paying_at": min(below, default=None),
+                    }
+                )
     return out

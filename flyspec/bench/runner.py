@@ -5,11 +5,12 @@ the arm's waves and repetitions; model loading and warm-up are never inside a ti
 repetition runs every arm once in turn, in alternating order (A..Z, then Z..A), so slow drift of a shared
 machine hits all arms alike. Peak RSS is sampled by a background thread while each arm runs.
 
-Engines: one per (drafter, K, FLy window), created lazily. A standard arm runs on the FLy engine of the
-same drafter and K when the sweep has one, as requests with `SamplingParams(verification="standard")`
-(lossless verification per request). Model weights are loaded once per (model, dtype, device) and handed
-to every engine through `LLM.from_config(config, target=..., draft=...)`; a loaded model holds only
-weights (KV caches belong to each engine), so sharing it is safe.
+Engines: one per (weight format, drafter, K, FLy window), created lazily. A standard arm runs on the FLy
+engine of the same format, drafter and K when the sweep has one, as requests with
+`SamplingParams(verification="standard")` (lossless verification per request). Model weights are loaded
+once per (model, weight format) and handed to every engine through
+`LLM.from_config(config, target=..., draft=...)`; a loaded model holds only weights (KV caches belong to
+each engine), so sharing it is safe.
 """
 
 from __future__ import annotations
@@ -76,15 +77,16 @@ class PeakRSS:
         self.peak = max(self.peak, self._process.memory_info().rss)
 
 
-EngineKey = tuple[str | None, int | None, int | None]
+EngineKey = tuple[str | None, str | None, int | None, int | None]
 
 
 def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
-    """label -> (drafter, K, FLy window) of the engine each flyspec arm runs on (see module docstring)."""
-    fly_windows: dict[tuple[str | None, int | None], int] = {}
+    """label -> (quantization, drafter, K, FLy window) of the engine each flyspec arm runs on (see module
+    docstring)."""
+    fly_windows: dict[tuple[str | None, str | None, int | None], int] = {}
     for arm in arms:
         if arm.backend == "flyspec" and arm.method == "fly":
-            key = (arm.drafter, arm.k)
+            key = (arm.quantization, arm.drafter, arm.k)
             # Prefer the default window's engine: it is the one a user would run.
             if key not in fly_windows or arm.default_window:
                 assert arm.fly_window is not None
@@ -93,12 +95,13 @@ def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
     for arm in arms:
         if arm.backend != "flyspec":
             continue
+        q = arm.quantization
         if arm.method == "target":
-            keys[arm.label] = (None, None, None)
+            keys[arm.label] = (q, None, None, None)
         elif arm.method == "fly":
-            keys[arm.label] = (arm.drafter, arm.k, arm.fly_window)
+            keys[arm.label] = (q, arm.drafter, arm.k, arm.fly_window)
         else:
-            keys[arm.label] = (arm.drafter, arm.k, fly_windows.get((arm.drafter, arm.k)))
+            keys[arm.label] = (q, arm.drafter, arm.k, fly_windows.get((q, arm.drafter, arm.k)))
     return keys
 
 
@@ -123,36 +126,41 @@ class BenchRunner:
         self.fly_threshold = fly_threshold
         self.seed = seed
         self.keys = engine_keys(arms)
+        # The format the tokenizer and dtype are read from: the first flyspec arm's (so an int8-only sweep
+        # never loads the unquantized weights).
+        self._first_format = next((a.quantization for a in arms if a.backend == "flyspec"), None)
         self.slots: dict[EngineKey, int] = {}
         for arm in arms:
             if arm.backend == "flyspec":
                 key = self.keys[arm.label]
                 self.slots[key] = max(self.slots.get(key, 1), arm.batch_size)
         self.load_seconds = 0.0
-        self._weights: dict[str, Any] = {}  # model name -> LoadedModel (one dtype and device per sweep)
+        # (model name, quantization) -> LoadedModel (one dtype and device per sweep)
+        self._weights: dict[tuple[str, str | None], Any] = {}
         self._engines: dict[EngineKey, Any] = {}
         self._peer: Any = None
 
     @property
     def tokenizer(self) -> Any:
         """The target's tokenizer (loads the target on first use)."""
-        return self.engine_for(Arm("flyspec", "target", 1)).get_tokenizer()
+        return self._loaded(self.model, self._first_format).tokenizer
 
     @property
     def target_dtype(self) -> Any:
         """The torch dtype the target's weights were loaded in (the peer uses the same)."""
-        return self._loaded(self.model).dtype
+        return self._loaded(self.model, self._first_format).dtype
 
-    def _loaded(self, name: str) -> Any:
-        """The LoadedModel of `name`, loaded on first use and then shared by every engine."""
-        if name not in self._weights:
+    def _loaded(self, name: str, quantization: str | None) -> Any:
+        """The LoadedModel of `name` in a weight format, loaded on first use and then shared by every
+        engine."""
+        if (name, quantization) not in self._weights:
             from flyspec.models.loader import load_model
 
-            self._weights[name] = load_model(name, self.dtype, self.device)
-        return self._weights[name]
+            self._weights[name, quantization] = load_model(name, self.dtype, self.device, quantization)
+        return self._weights[name, quantization]
 
     def _speculative_config(self, key: EngineKey) -> dict[str, Any] | None:
-        drafter, k, window = key
+        _, drafter, k, window = key
         if k is None:
             return None
         method = "ngram" if drafter == "ngram" else "draft_model"
@@ -172,7 +180,7 @@ class BenchRunner:
         from flyspec.config import EngineConfig
         from flyspec.llm import LLM
 
-        key = self.keys.get(arm.label, (None, None, None))
+        key = self.keys.get(arm.label, (arm.quantization, None, None, None))
         if key not in self._engines:
             start = time.perf_counter()
             config = EngineConfig(
@@ -182,10 +190,14 @@ class BenchRunner:
                 device=self.device,
                 max_num_seqs=self.slots.get(key, 1),
                 seed=self.seed,
+                quantization=key[0],
             )
             spec = config.speculative_config
-            draft = self._loaded(spec.model) if spec is not None and spec.model is not None else None
-            self._engines[key] = LLM.from_config(config, target=self._loaded(self.model), draft=draft)
+            draft = None
+            if spec is not None and spec.model is not None:
+                draft = self._loaded(spec.model, config.draft_quantization)
+            target = self._loaded(self.model, config.quantization)
+            self._engines[key] = LLM.from_config(config, target=target, draft=draft)
             self.load_seconds += time.perf_counter() - start
         return self._engines[key]
 

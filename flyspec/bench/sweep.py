@@ -7,7 +7,9 @@ Planning rule (one rule for every sweep, so a reader can predict the arm list fr
 - every larger batch size: target-only, standard and FLy (default window), at the headline K only;
 - each drafter (a draft model, or "ngram" for prompt lookup) gets its own standard and FLy arms;
 - with a peer: the peer's target-only generation at batch 1, and its assisted generation at batch 1 with
-  the same drafter at every K.
+  the same drafter at every K;
+- every weight format asked for (`quantizations`, e.g. unquantized and "int8") gets all of the flyspec
+  arms above (the peer runs the unquantized weights only).
 
 This module imports neither torch nor transformers: plans are validated before any weights load.
 """
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flyspec.config import DEFAULT_FLY_ENTROPY_THRESHOLD, SpeculativeConfig
+from flyspec.config import DEFAULT_FLY_ENTROPY_THRESHOLD, QUANTIZATION_METHODS, SpeculativeConfig
 
 METHODS = ("target", "standard", "fly")
 BACKENDS = ("flyspec", "hf")
@@ -35,7 +37,8 @@ class Arm:
     drafter: a draft model name or path, or "ngram"; None for target-only. k: draft tokens per step
     (None for target-only). fly_window: the resolved FLy window W (None unless method is "fly").
     default_window: whether fly_window is the default min(6, K - 1). show_drafter: put the drafter's
-    short name in the label (set when a sweep has several drafters).
+    short name in the label (set when a sweep has several drafters). quantization: the weight format of
+    the engine's target and draft ("int8", or None for the weights as loaded).
     """
 
     backend: str
@@ -47,14 +50,16 @@ class Arm:
     default_window: bool = False
     fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD
     show_drafter: bool = False
+    quantization: str | None = None
 
     @property
     def label(self) -> str:
-        """A short unique name, e.g. "flyspec fly K=4 W=3 b=1" or "hf assisted K=4 b=1"."""
+        """A short unique name, e.g. "flyspec fly K=4 W=3 b=1", "flyspec int8 target-only b=16" or
+        "hf assisted K=4 b=1"."""
         name = {"target": "target-only", "standard": "standard", "fly": "fly"}[self.method]
         if self.backend == "hf":
             name = {"target": "generate", "standard": "assisted"}[self.method]
-        parts = [self.backend, name]
+        parts = [self.backend, *([self.quantization] if self.quantization else []), name]
         if self.drafter == NGRAM or (self.drafter is not None and self.show_drafter):
             parts.append(self.drafter.rstrip("/").rsplit("/", 1)[-1])
         if self.k is not None:
@@ -124,8 +129,15 @@ def plan_arms(
     drafters: Sequence[str],
     peer: str | None,
     fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD,
+    quantizations: Sequence[str | None] = (None,),
 ) -> list[Arm]:
     """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
+    bad_q = [q for q in quantizations if q is not None and q not in QUANTIZATION_METHODS]
+    if bad_q or not quantizations or len(set(quantizations)) != len(quantizations):
+        raise ValueError(
+            f"quantization={list(quantizations)}: each must be none or one of "
+            f"{', '.join(QUANTIZATION_METHODS)}, each once"
+        )
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ValueError(f"methods={','.join(methods)!r}: each must be one of {', '.join(METHODS)}")
@@ -158,21 +170,26 @@ def plan_arms(
     show = len(drafters) > 1
     arms: list[Arm] = []
     batches = sorted(batch_sizes)
-    for batch in batches:
-        if "target" in methods:
-            arms.append(Arm("flyspec", "target", batch))
-        swept = ks if batch == 1 else [headline_k]
-        for drafter in drafters:
-            for k in swept:
-                if "standard" in methods:
-                    arms.append(Arm("flyspec", "standard", batch, drafter, k, show_drafter=show))
-                if "fly" in methods and k == headline_k:
-                    windows = [default_window(k)]
-                    if batch == 1:
-                        windows += [w for w in extra_windows if w != windows[0]]
-                    for w in windows:
-                        default = w == default_window(k)
-                        arms.append(Arm("flyspec", "fly", batch, drafter, k, w, default, fly_threshold, show))
+    for q in quantizations:
+        for batch in batches:
+            if "target" in methods:
+                arms.append(Arm("flyspec", "target", batch, quantization=q))
+            swept = ks if batch == 1 else [headline_k]
+            for drafter in drafters:
+                for k in swept:
+                    if "standard" in methods:
+                        arms.append(
+                            Arm("flyspec", "standard", batch, drafter, k, show_drafter=show, quantization=q)
+                        )
+                    if "fly" in methods and k == headline_k:
+                        windows = [default_window(k)]
+                        if batch == 1:
+                            windows += [w for w in extra_windows if w != windows[0]]
+                        for w in windows:
+                            default = w == default_window(k)
+                            arms.append(
+                                Arm("flyspec", "fly", batch, drafter, k, w, default, fly_threshold, show, q)
+                            )
     if peer is not None:
         arms.append(Arm(peer, "target", 1))
         for drafter in drafters:

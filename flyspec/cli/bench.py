@@ -1,8 +1,9 @@
 """`flyspec bench`: throughput sweep of target-only, standard and FLy decoding, optionally against a peer.
 
 Settings come from a preset ("quick", the default: batch 1, K=4, 4 prompts x 128 tokens, one
-repetition; "reference": the sweep behind BENCHMARKS.md) and any option given explicitly overrides it.
-Options are validated and the arm list is planned before torch is imported or any weights load.
+repetition; "reference": the sweep behind BENCHMARKS.md, batch sizes 1 to 32, unquantized and int8) and
+any option given explicitly overrides it. Options are validated and the arm list is planned before torch
+is imported or any weights load.
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ class Settings:
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
+    quantizations: tuple[str | None, ...] = (None,)
 
 
 PRESETS = {
     "quick": Settings(),
     "reference": Settings(
-        batch_sizes=(1, 4, 8, 16),
+        batch_sizes=(1, 4, 8, 16, 32),
+        quantizations=(None, "int8"),
         ks=(2, 3, 4, 5, 6),
         fly_windows=(1, 2),
         peer="hf",
@@ -96,6 +99,7 @@ def plan(settings: Settings) -> list[Arm]:
         drafters=settings.drafters,
         peer=settings.peer,
         fly_threshold=settings.fly_threshold,
+        quantizations=settings.quantizations,
     )
 
 
@@ -126,7 +130,7 @@ def bench(
         str | None, typer.Option(help="Comma list of target, standard, fly (default: all three).")
     ] = None,
     batch_sizes: Annotated[
-        str | None, typer.Option(help="Comma list of batch sizes (default: 1; reference 1,4,8,16).")
+        str | None, typer.Option(help="Comma list of batch sizes (default: 1; reference 1,4,8,16,32).")
     ] = None,
     k: Annotated[
         str | None, typer.Option(help="Comma list of K swept at batch 1 (default: 4; reference 2..6).")
@@ -173,6 +177,13 @@ def bench(
     threads: Annotated[
         int | None,
         typer.Option(help="torch CPU threads for every arm (default: torch's choice, one per core)."),
+    ] = None,
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of weight formats, each with every flyspec arm: none, int8 (default: none; "
+            "reference none,int8)."
+        ),
     ] = None,
     json_path: Annotated[
         Path | None,
@@ -224,6 +235,7 @@ def bench(
             "device": device,
             "seed": seed,
             "threads": threads,
+            "quantizations": _formats(quantization),
             "ignore_eos": not stop_at_eos,
         },
         peer,
@@ -242,6 +254,14 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
     return None if text is None else tuple(parse_int_list(option, text))
+
+
+def _formats(text: str | None) -> tuple[str | None, ...] | None:
+    """--quantization: None when absent, else the listed formats with 'none' as None."""
+    if text is None:
+        return None
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    return tuple(None if name == "none" else name for name in names)
 
 
 def _windows(text: str | None) -> tuple[int, ...] | None:
@@ -395,6 +415,7 @@ def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[
         "device": settings.device,
         "seed": settings.seed,
         "threads": settings.threads,
+        "quantizations": list(settings.quantizations),
     }
 
 

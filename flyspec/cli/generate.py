@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flyspec.cli.options import JsonFlag, SpeculativeConfigOption, parse_speculative_config
+from flyspec.cli.options import (
+    JsonFlag,
+    QuantizationOption,
+    SpeculativeConfigOption,
+    parse_quantization,
+    parse_speculative_config,
+)
 
 if TYPE_CHECKING:
     from flyspec.outputs import RequestOutput
@@ -27,6 +33,7 @@ def generate(
     seed: Annotated[int | None, typer.Option(help="Seed of the request's random stream.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    quantization: QuantizationOption = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     chat: Annotated[
         bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")
@@ -41,7 +48,13 @@ def generate(
     params = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens
     )
-    llm = LLM(model, speculative_config=spec, dtype=dtype, device=device)
+    llm = LLM(
+        model,
+        speculative_config=spec,
+        dtype=dtype,
+        device=device,
+        quantization=parse_quantization(quantization),
+    )
     request = (
         GenerationRequest(messages=[{"role": "user", "content": prompt}], params=params)
         if chat

@@ -16,6 +16,14 @@ SpeculativeConfigOption = Annotated[
     ),
 ]
 
+QuantizationOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Weight quantization at load time: int8 (per-channel int8 weights, per-token int8 activations; "
+        "CPU only; the draft model too unless --speculative-config sets its quantization). Default: none.",
+    ),
+]
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
 
 
@@ -34,3 +42,11 @@ def parse_speculative_config(text: str | None) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ValueError(f"--speculative-config must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def parse_quantization(text: str | None) -> str | None:
+    """--quantization as EngineConfig takes it: None for absent or 'none' (the value itself is checked by
+    EngineConfig)."""
+    if text is None or text.strip().lower() == "none":
+        return None
+    return text.strip()

@@ -8,7 +8,12 @@ from typing import Annotated
 
 import typer
 
-from flyspec.cli.options import SpeculativeConfigOption, parse_speculative_config
+from flyspec.cli.options import (
+    QuantizationOption,
+    SpeculativeConfigOption,
+    parse_quantization,
+    parse_speculative_config,
+)
 from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
 logger = logging.getLogger("flyspec.server")
@@ -45,6 +50,7 @@ def serve(
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    quantization: QuantizationOption = None,
     max_model_len: Annotated[
         int | None, typer.Option(help="Longest prompt + output in tokens (default: the model's).")
     ] = None,
@@ -102,6 +108,7 @@ def serve(
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         seed=seed,
+        quantization=parse_quantization(quantization),
     )
     import uvicorn
 

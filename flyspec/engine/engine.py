@@ -64,7 +64,8 @@ class LLMEngine:
         self.capacity = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + self.k)
 
         if target is None:
-            target = load_model(config.model, config.dtype, config.device)
+            target = load_model(config.model, config.dtype, config.device, config.quantization)
+        _check_quantized_as_configured("target", target, config.quantization)
         self.tokenizer = target.tokenizer
         self.max_model_len = _resolve_max_model_len(
             config.max_model_len, target.model.max_position_embeddings
@@ -82,7 +83,9 @@ class LLMEngine:
         if spec is not None:
             if spec.method == "draft_model" and draft is None:
                 assert spec.model is not None
-                draft = load_model(spec.model, config.dtype, config.device)
+                draft = load_model(spec.model, config.dtype, config.device, config.draft_quantization)
+            if draft is not None:
+                _check_quantized_as_configured("draft", draft, config.draft_quantization)
             self.drafter = build_drafter(
                 spec,
                 target,
@@ -555,6 +558,15 @@ def _to_padded_rows(flat: torch.Tensor, num_draft: list[int], k: int) -> torch.T
     cols = torch.tensor([c for n in num_draft for c in range(n + 1)], device=flat.device)
     out[rows, cols] = flat
     return out
+
+
+def _check_quantized_as_configured(role: str, loaded: LoadedModel, quantization: str | None) -> None:
+    # A preloaded model (the benchmarks share weights across engines) must be what the config says.
+    if loaded.quantization != quantization:
+        raise ValueError(
+            f"the preloaded {role} model {loaded.path} has quantization={loaded.quantization!r}, but the "
+            f"engine config asks for quantization={quantization!r}"
+        )
 
 
 def _resolve_max_model_len(requested: int | None, max_position_embeddings: int) -> int:

@@ -16,7 +16,7 @@ from flyspec.engine.logits_processing import robust_probs
 from flyspec.engine.timing import UNTIMED, PartTimer
 from flyspec.models.llama import ForwardBatch
 from flyspec.sampling_params import SamplingParams
-from flyspec.spec_decode.sampling import inverse_cdf_sample
+from flyspec.spec_decode.sampling import first_argmax, inverse_cdf_sample
 
 
 class ModelRunner:
@@ -98,8 +98,8 @@ def logits_to_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.
 def sample_tokens(probs: torch.Tensor, greedy: Seq[bool], uniform: torch.Tensor) -> list[int]:
     """One token per row: argmax (first maximal index) for greedy rows, inverse CDF with `uniform` [N]
     float64 otherwise. The same rule verification uses for its bonus token, so target-only decoding and
-    speculative decoding pick identically."""
-    tokens = probs.argmax(dim=-1)
+    speculative decoding pick identically (first_argmax is argmax without torch's slow CPU loop)."""
+    tokens = first_argmax(probs)
     if not all(greedy):
         drawn = inverse_cdf_sample(probs, uniform.to(probs.device))
         mask = torch.tensor(list(greedy), dtype=torch.bool, device=probs.device)

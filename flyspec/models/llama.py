@@ -5,9 +5,11 @@ its real tokens at positions `start[b] .. start[b] + num_tokens[b] - 1` of slot 
 sees keys `0 .. start[b] + t`. Prefill, one-token decode and the verification of K draft tokens are all
 the same call.
 
-Speed: q/k/v and gate/up are fused into one matmul each, layers call `torch.nn.functional` directly (no
-per-submodule `__call__`), and everything that is the same for all layers (positions, RoPE tables, cache
-indices, the attention mask) is computed once per forward. The parameter names of a transformers
+Speed: a ragged batch (prompt chunks of different lengths, drafts of different lengths) runs its
+projections and MLPs on the real tokens only, packed without padding; q/k/v and gate/up are fused into
+one matmul each, layers call `torch.nn.functional` directly (no per-submodule `__call__`), and everything
+that is the same for all layers (positions, RoPE tables, cache indices, the attention mask) is computed
+once per forward. The parameter names of a transformers
 checkpoint (`model.layers.N.self_attn.q_proj.weight`, ...) load through `load_state_dict`: a pre-hook
 fuses them, and `state_dict()` splits them back, so both directions use transformers' names.
 """
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyspec.models.kv_cache import KVCache
+from flyspec.models.quantization import Int8Linear, quantize_model
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -136,6 +139,13 @@ def rope_inv_freq(config: Any) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # F.linear on a float layer (no module __call__ overhead); a quantized layer's own forward.
+    if type(layer) is nn.Linear:
+        return F.linear(x, layer.weight, layer.bias)
+    return layer.forward(x)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise (in float32 inside the kernel), round to x's dtype, then scale: transformers' rounding.
     return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
@@ -221,8 +231,8 @@ _FOLD_MAX_TOKENS = 16
 class _StepPlan:
     """Per-forward facts shared by every layer."""
 
-    cos: torch.Tensor  # [B, T, 1, D]
-    sin: torch.Tensor  # [B, T, 1, D], first half negated: rotate_half(x) * sin == roll(x) * sin
+    cos: torch.Tensor  # [B, T, 1, D], or [N, 1, D] for the N real tokens of a ragged batch
+    sin: torch.Tensor  # the same shape, first half negated: rotate_half(x) * sin == roll(x) * sin
     length: int  # keys 0..length-1 are read
     read_slots: torch.Tensor | slice
     write_span: tuple[int, int, int] | None  # (slot, start, n) when one row: a plain slice copy
@@ -249,6 +259,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         # A plain attribute, not a buffer: `.to(torch.bfloat16)` must not round the frequencies.
         self._inv_freq = rope_inv_freq(config)
+        self.quantization: str | None = None
         self.requires_grad_(False)  # inference only
         self.register_load_state_dict_pre_hook(self._drop_tied_head)
         self.register_state_dict_post_hook(self._add_tied_head)
@@ -278,9 +289,19 @@ class LlamaForCausalLM(nn.Module):
         a = self.arch
         return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, num_slots, max_len, self.dtype, self.device)
 
+    def quantize(self, method: str) -> None:
+        """Quantize every linear layer and the lm_head in place (flyspec/models/quantization.py); a tied
+        lm_head gets an int8 copy of the embedding table, which itself stays in the model's dtype."""
+        quantize_model(self, method)
+        if self.arch.tie_word_embeddings:
+            self.lm_head = Int8Linear(self.model.embed_tokens.weight, None, torch.float32)
+        self.quantization = method
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits `[..., V]` of final-norm hidden states (call it only on the positions needed)."""
+        if self.quantization is not None:
+            return self.lm_head.forward(hidden)
         weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
@@ -323,6 +344,10 @@ class LlamaForCausalLM(nn.Module):
                 write_src = (steps < num_tokens[:, None]).reshape(-1).nonzero().squeeze(1)
                 write_slot, write_pos = write_slot[write_src], write_pos[write_src]
 
+        if write_src is not None:  # the projections run on the real tokens only (see forward)
+            cos = cos.reshape(bsz * seq, 1, -1)[write_src]
+            sin = sin.reshape(bsz * seq, 1, -1)[write_src]
+
         consecutive = h_slots == list(range(h_slots[0], h_slots[0] + bsz))
         read_slots = slice(h_slots[0], h_slots[0] + bsz) if consecutive else slots
 
@@ -362,20 +387,27 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def _attention(
-        self, index: int, qk: torch.Tensor, v: torch.Tensor, plan: _StepPlan, cache: KVCache
+        self, index: int, qk: torch.Tensor, v: torch.Tensor, plan: _StepPlan, cache: KVCache, shape: tuple
     ) -> torch.Tensor:
-        """Write this layer's new K/V, attend over the cache; returns [B, T, H * D]."""
+        """Write this layer's new K/V, attend over the cache; returns [..., H * D] in qk's layout.
+
+        qk / v are [B, T, heads, D], or [N, heads, D] for the N real tokens of a ragged batch
+        (`plan.write_src` set): q is scattered into the padded [B, T] layout for the attention only.
+        """
         a = self.arch
-        bsz, seq = qk.shape[:2]
-        q, k = qk[:, :, : a.num_heads], qk[:, :, a.num_heads :]
+        bsz, seq = shape
+        q, k = qk[..., : a.num_heads, :], qk[..., a.num_heads :, :]
         if plan.write_span is not None:
             slot, pos, n = plan.write_span
             cache.write_span(index, slot, pos, k[0, :n], v[0, :n])
+        elif plan.write_src is not None:
+            cache.write(index, plan.write_slot, plan.write_pos, k, v)
+            padded = q.new_zeros(bsz * seq, a.num_heads, a.head_dim)
+            padded[plan.write_src] = q
+            q = padded.view(bsz, seq, a.num_heads, a.head_dim)
         else:
             k_new = k.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
             v_new = v.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
-            if plan.write_src is not None:
-                k_new, v_new = k_new[plan.write_src], v_new[plan.write_src]
             cache.write(index, plan.write_slot, plan.write_pos, k_new, v_new)
         keys, values = cache.read(index, plan.read_slots, plan.length)
         mask = plan.layer_masks[index]
@@ -394,23 +426,33 @@ class LlamaForCausalLM(nn.Module):
                 is_causal=plan.is_causal and mask is None,
                 enable_gqa=a.num_heads != a.num_kv_heads,
             ).transpose(1, 2)
+        if plan.write_src is not None:
+            return out.reshape(bsz * seq, a.num_heads * a.head_dim)[plan.write_src]
         return out.reshape(bsz, seq, a.num_heads * a.head_dim)
 
     # Inference mode (not just no_grad): callers such as the engine run inside inference mode, where a
     # cache that grows becomes an inference tensor that may only be written inside inference mode.
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Final-norm hidden states `[B, T, hidden]`; writes the K/V of the real tokens into `cache`."""
+        """Final-norm hidden states `[B, T, hidden]`; writes the K/V of the real tokens into `cache`.
+
+        A ragged batch (rows shorter than T) runs every projection and MLP on its real tokens only, packed
+        as [N, hidden]; only the attention sees the padded layout. Padding positions of the result are
+        zeros.
+        """
         a = self.arch
         bsz, seq = input_ids.shape
         plan = self._plan(input_ids, batch, cache)
         num_qk, head_dim = a.num_heads + a.num_kv_heads, a.head_dim
-        hidden = F.embedding(input_ids, self.model.embed_tokens.weight)
+        src = plan.write_src
+        tokens = input_ids if src is None else input_ids.reshape(-1)[src]
+        hidden = F.embedding(tokens, self.model.embed_tokens.weight)
+        lead = hidden.shape[:-1]
         for index, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm.weight, a.eps)
-            qkv = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).view(bsz, seq, -1, head_dim)
-            qk, v = qkv[:, :, :num_qk], qkv[:, :, num_qk:]
+            qkv = _linear(attn.qkv_proj, x).view(*lead, -1, head_dim)
+            qk, v = qkv[..., :num_qk, :], qkv[..., num_qk:, :]
             if a.qk_norm:
                 weight = torch.cat(
                     (
@@ -421,10 +463,15 @@ class LlamaForCausalLM(nn.Module):
                 qk = _rms_norm(qk, weight, a.eps)
             # RoPE on q and k together; roll(x, D/2) * sin_signed == rotate_half(x) * sin, bit for bit.
             qk = qk * plan.cos + qk.roll(head_dim // 2, dims=-1) * plan.sin
-            out = self._attention(index, qk, v, plan, cache)
-            hidden = hidden + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            out = self._attention(index, qk, v, plan, cache, (bsz, seq))
+            hidden = hidden + _linear(attn.o_proj, out)
 
             x = _rms_norm(hidden, layer.post_attention_layernorm.weight, a.eps)
-            gate, up = F.linear(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-        return _rms_norm(hidden, self.model.norm.weight, a.eps)
+            gate, up = _linear(mlp.gate_up_proj, x).chunk(2, dim=-1)
+            hidden = hidden + _linear(mlp.down_proj, F.silu(gate) * up)
+        hidden = _rms_norm(hidden, self.model.norm.weight, a.eps)
+        if src is None:
+            return hidden
+        padded = hidden.new_zeros(bsz * seq, a.hidden_size)
+        padded[src] = hidden
+        return padded.view(bsz, seq, a.hidden_size)

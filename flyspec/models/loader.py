@@ -16,19 +16,22 @@ import torch
 
 from flyspec.assets import resolve_model
 from flyspec.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
+from flyspec.models.quantization import check_quantization
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
 class LoadedModel:
-    """A ready model with its tokenizer, transformers config, resolved path and weight dtype."""
+    """A ready model with its tokenizer, transformers config, resolved path, weight dtype (of the
+    unquantized parts: embedding, norms, KV cache) and quantization method (None = none)."""
 
     model: LlamaForCausalLM
     tokenizer: Any
     hf_config: Any
     path: str
     dtype: torch.dtype
+    quantization: str | None = None
 
 
 def _device(device: str) -> torch.device:
@@ -79,23 +82,35 @@ def _read_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) ->
     return state
 
 
-def _build(config: Any, state: dict[str, torch.Tensor], device: torch.device) -> LlamaForCausalLM:
+def _build(
+    config: Any, state: dict[str, torch.Tensor], device: torch.device, quantization: str | None
+) -> LlamaForCausalLM:
+    """The model with `state`'s tensors assigned (the dict is emptied, so that quantization can free each
+    float weight as soon as its int8 copy exists)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.load_state_dict(state, strict=True, assign=True)
-    return model.to(device).eval().requires_grad_(False)
+    state.clear()
+    model = model.to(device).eval().requires_grad_(False)
+    if quantization is not None:
+        model.quantize(quantization)
+    return model
 
 
-def load_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> LoadedModel:
+def load_model(
+    name_or_path: str, dtype: str = "auto", device: str = "cpu", quantization: str | None = None
+) -> LoadedModel:
     """Load an HF folder, a .gguf file or a prepared zoo name into the native forward.
 
     dtype "auto" keeps the checkpoint's dtype (a dequantised GGUF is float32), except that float16
-    becomes bfloat16 on CPU. Raises ValueError for an unknown name, a path that is neither folder nor
-    file, an unsupported architecture, or a bad dtype/device.
+    becomes bfloat16 on CPU. quantization "int8" quantizes the linear layers and the lm_head after
+    loading (flyspec/models/quantization.py; CPU only). Raises ValueError for an unknown name, a path
+    that is neither folder nor file, an unsupported architecture, or a bad dtype/device/quantization.
     """
     import transformers
 
     dev = _device(device)
+    check_quantization(quantization, dev)
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: must be one of auto, {', '.join(DTYPES)}")
     path = resolve_model(name_or_path)
@@ -127,5 +142,12 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> L
             f"model file {str(path)!r} is not a .gguf file; pass a Hugging Face folder, a .gguf file "
             "or a zoo name"
         )
-    model = _build(config, state, dev)
-    return LoadedModel(model=model, tokenizer=tokenizer, hf_config=config, path=str(path), dtype=target)
+    model = _build(config, state, dev, quantization)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        hf_config=config,
+        path=str(path),
+        dtype=target,
+        quantization=quantization,
+    )

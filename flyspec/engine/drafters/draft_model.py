@@ -19,7 +19,7 @@ import torch
 
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.model_runner import ModelRunner, logits_to_probs
-from flyspec.spec_decode.sampling import inverse_cdf_sample
+from flyspec.spec_decode.sampling import first_argmax, inverse_cdf_sample
 
 if TYPE_CHECKING:
     from flyspec.engine.sequence import Sequence
@@ -67,7 +67,7 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [], []
         for j in range(k):
             logits = self.runner.forward(rows, slots, starts, keep=[[len(r) - 1] for r in rows])
-            picked = logits.argmax(dim=-1)
+            picked = first_argmax(logits)
             if not all_greedy:
                 q = logits_to_probs(logits, params)
                 picked = torch.where(greedy, picked, inverse_cdf_sample(q, uniform[:, j].to(device)))

@@ -1,0 +1,133 @@
+"""Weight quantization as a load option: `quantization="int8"` (W8A8, dynamic per-token activations).
+
+Every linear layer of the decoder (q/k/v, o, gate/up, down) and the lm_head becomes an `Int8Linear`:
+int8 weights with one symmetric scale per output channel, and activations quantized to int8 on the fly
+with one symmetric scale per token (per row of the input), so a token with a large activation does not
+cost the other tokens of the batch their precision. The product runs in oneDNN's int8 matmul (AMX or
+VNNI where the CPU has them) with float32 accumulation of the scales:
+
+    y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] * q_w[n, k] + bias[n]
+
+The embedding table stays in the model's dtype (a lookup reads a few rows; quantizing it would only add
+error), and so do the norms, RoPE and attention with its KV cache.
+
+Why our own module rather than torchao's `Int8DynamicActivationInt8WeightConfig` or
+`torch.ao.quantization.quantize_dynamic`: in eager mode torchao runs `torch._int_mm` on CPU, no faster
+than bfloat16 here, and torch.ao quantizes activations with one scale per tensor (deprecated besides);
+oneDNN's `qlinear_pointwise` with prepacked weights is the kernel both lower to, and calling it directly
+with per-token scales was 2-3x faster than bfloat16 for decode-sized inputs in the measurements in
+docs/performance.md.
+
+Quantization is on the CPU only (the oneDNN kernel); `check_quantization` says so for other devices.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flyspec.config import QUANTIZATION_METHODS
+
+_EPS = 1e-12  # an all-zero row (a padding token) gets a tiny scale instead of a division by zero
+
+
+def check_quantization(quantization: str | None, device: torch.device) -> None:
+    """ValueError unless `quantization` is None or a supported method on `device`."""
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"quantization={quantization!r}: must be None or one of {', '.join(QUANTIZATION_METHODS)}"
+        )
+    if device.type != "cpu":
+        raise ValueError(
+            f"quantization={quantization!r} runs on the CPU only (oneDNN int8 kernels); got device={device}"
+        )
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 weights [N, K] and float32 scales [N], one per output channel (row)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_(min=_EPS) / 127.0
+    q = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+_CHUNK_ELEMENTS = 1 << 18
+"""Rows are quantized in chunks of about this many elements: the float32 temporaries of a chunk stay in
+cache, which made quantizing a [2048, 8960] prefill input about 2x faster than in one piece."""
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 rows of a 2-D input and float32 scales [M, 1], one per row.
+
+    |x / s| <= 127 by construction of s, so no clamp is needed; rounding is to nearest, ties to even.
+    The division runs on a float32 copy (never in x): a bfloat16 x divided by a float32 scale directly
+    takes a slow mixed-dtype path.
+    """
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=_EPS).div_(127.0)
+    rows = max(1, _CHUNK_ELEMENTS // x.shape[1])
+    if x.shape[0] <= rows:
+        return x.to(torch.float32, copy=True).div_(scale).round_().to(torch.int8), scale
+    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    for i in range(0, x.shape[0], rows):
+        q[i : i + rows] = x[i : i + rows].to(torch.float32, copy=True).div_(scale[i : i + rows]).round_()
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights and per-token dynamically quantized int8 activations.
+
+    Built from a float weight [N, K] (and bias [N]); the float weight is not kept. `out_dtype` is the
+    dtype of the outputs (the model's dtype, or float32 for logits).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.out_dtype = out_dtype
+        q, scale = quantize_per_channel(weight)
+        # Plain attributes, not buffers: the packed weight is an opaque oneDNN layout (the int8 matrix
+        # reordered; `q` itself is not kept), and a quantized model is built from a float checkpoint at
+        # load time, never saved.
+        self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.weight_scale = scale
+        self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
+        self.bias = None if bias is None else bias.detach().float()
+
+    def int8_matmul(self, x_q: torch.Tensor) -> torch.Tensor:
+        """sum_k q_x[m, k] * q_w[n, k] * s_w[n] as float32 [M, N] for int8 rows [M, K]."""
+        return torch.ops.onednn.qlinear_pointwise(
+            x_q, 1.0, 0, self.packed, self.weight_scale, self._zero_points, None, 1.0, 0, torch.float32,
+            "none", [], "",
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] (any float dtype) -> [..., N] in `out_dtype`."""
+        shape = x.shape
+        x_q, x_scale = quantize_per_token(x.reshape(-1, self.in_features))
+        y = self.int8_matmul(x_q).mul_(x_scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.to(self.out_dtype).view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token"
+
+
+def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -> None:
+    """Replace every `nn.Linear` of `model` by an `Int8Linear`, in place, freeing the float weights as
+    it goes (so the peak memory is the float model plus one layer's int8 copy).
+
+    The top-level `lm_head` produces float32 logits; every other layer keeps the model's dtype.
+    """
+    check_quantization(method, next(model.parameters()).device)
+    dtype = next(model.parameters()).dtype
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                logits = parent is model and name == lm_head
+                setattr(
+                    parent, name, Int8Linear(child.weight, child.bias, torch.float32 if logits else dtype)
+                )
+                del child

@@ -1,0 +1,178 @@
+"""int8 weight quantization (flyspec/models/quantization.py): the kernel's arithmetic, per-token scales,
+the quantized model against its float original, exact speculative decoding over int8 weights, and the
+configuration rules of the option."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_llm import save_tiny
+
+from flyspec.config import EngineConfig, SpeculativeConfig
+from flyspec.engine.engine import LLMEngine
+from flyspec.models.llama import ForwardBatch
+from flyspec.models.loader import load_model
+from flyspec.models.quantization import Int8Linear, quantize_per_channel, quantize_per_token
+from flyspec.sampling_params import SamplingParams
+
+PROMPTS = [" ".join(f"w{(7 * i + 3 * j) % 240}" for j in range(2 + 5 * i)) for i in range(6)]
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("qmodels")
+    return {
+        "target": str(save_tiny(root / "target", seed=0)),
+        "draft": str(save_tiny(root / "draft", seed=1)),
+        "qwen2": str(save_tiny(root / "qwen2", seed=2, arch="qwen2")),
+    }
+
+
+def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
+    """Int8Linear's output is s_x[m] * s_w[n] * (q_x @ q_w^T)[m, n] + bias[n], computed exactly in integers
+    (checked against a float64 reference), for inputs of 1, 5 and 33 rows."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 80), torch.randn(96)
+    layer = Int8Linear(weight, bias, torch.float32)
+    q_w, s_w = quantize_per_channel(weight)
+    for rows in (1, 5, 33):
+        x = torch.randn(rows, 80) * torch.logspace(-2, 2, rows).unsqueeze(1)  # very different row scales
+        q_x, s_x = quantize_per_token(x)
+        exact = (q_x.double() @ q_w.double().T) * s_x.double() * s_w.double() + bias.double()
+        torch.testing.assert_close(layer(x).double(), exact, rtol=1e-6, atol=1e-6)
+
+
+def test_large_inputs_are_quantized_in_chunks_with_the_same_result() -> None:
+    """An input too large for one chunk (600 x 1024 bfloat16) gets exactly round(x / s) per row, as a
+    small one does, and x itself is left untouched."""
+    torch.manual_seed(2)
+    x = torch.randn(600, 1024).to(torch.bfloat16)
+    before = x.clone()
+    q, s = quantize_per_token(x)
+    expected = torch.round(x.float() / (x.float().abs().amax(dim=1, keepdim=True) / 127))
+    assert torch.equal(q, expected.to(torch.int8)) and torch.equal(x, before)
+    assert s.shape == (600, 1)
+
+
+def test_per_token_scales_keep_small_rows_precise() -> None:
+    """A row with 1000x larger activations does not cost the other rows their precision (one scale per
+    token), so each row's relative error matches the row quantized alone."""
+    torch.manual_seed(1)
+    weight = torch.randn(64, 64)
+    layer = Int8Linear(weight, None, torch.float32)
+    x = torch.randn(4, 64)
+    x[2] *= 1000
+    ref = x @ weight.T
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(4)])
+    torch.testing.assert_close(layer(x), alone, rtol=0, atol=0)
+    rel = (layer(x) - ref).norm(dim=1) / ref.norm(dim=1)
+    assert rel.max() < 0.02
+
+
+def test_quantized_model_is_close_to_its_float_original(models) -> None:
+    """Every linear layer and the lm_head become Int8Linear (embedding stays float), and the logits of a
+    prefill stay close to the float model's: the same argmax at almost every position."""
+    ref = load_model(models["qwen2"], "float32")
+    quant = load_model(models["qwen2"], "float32", quantization="int8")
+    assert quant.quantization == "int8" and ref.quantization is None
+    linears = [m for m in quant.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [] and isinstance(quant.model.lm_head, Int8Linear)
+    assert quant.model.model.embed_tokens.weight.dtype == torch.float32
+    ids = torch.tensor([[5 + (i * 37) % 240 for i in range(40)]])
+    batch = ForwardBatch(torch.tensor([0]), torch.tensor([0]), torch.tensor([40]))
+    logits = []
+    for loaded in (ref, quant):
+        hidden = loaded.model(ids, batch, loaded.model.new_cache(1, 64))
+        logits.append(loaded.model.compute_logits(hidden[0]))
+    err = (logits[0] - logits[1]).abs().max() / logits[0].abs().max()
+    assert err < 0.05
+    assert (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean() >= 0.9
+
+
+def _run(engine: LLMEngine) -> list[list[int]]:
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, GREEDY)
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[f"r{i}"] for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("drafter", ["random_draft", "self_draft"])
+def test_greedy_speculative_decoding_over_int8_weights_is_exact(models, drafter: str, k: int) -> None:
+    """Exactness holds for the same int8 weights: float32 greedy speculative output with an int8 target
+    and an int8 draft is token-identical to int8 target-only output (integer products do not depend on
+    how many rows a pass has, and each row's activation scale is its own)."""
+    draft = models["draft"] if drafter == "random_draft" else models["target"]
+
+    def engine(spec: dict | None) -> LLMEngine:
+        config = EngineConfig(
+            model=models["target"], speculative_config=spec, dtype="float32", quantization="int8"
+        )
+        return LLMEngine(config)
+
+    reference = _run(engine(None))
+    eng = engine({"model": draft, "num_speculative_tokens": k})
+    assert _run(eng) == reference
+    assert eng.stats.num_drafts > 0
+    if drafter == "self_draft":
+        assert eng.stats.acceptance_rate == 1.0
+
+
+def test_a_float_target_with_an_int8_draft_is_exact(models) -> None:
+    """Quantizing only the draft (speculative_config quantization='int8') changes the drafts, never the
+    output: it equals the float target's own greedy output."""
+    base = {"model": models["target"], "dtype": "float32"}
+    reference = _run(LLMEngine(EngineConfig(**base)))
+    spec = {"model": models["target"], "num_speculative_tokens": 3, "quantization": "int8"}
+    eng = LLMEngine(EngineConfig(**base, speculative_config=spec))
+    assert eng.drafter.runner.model.quantization == "int8"
+    assert eng.target.model.quantization is None
+    assert _run(eng) == reference
+
+
+def test_quantization_config_rules() -> None:
+    """quantization is None or 'int8', CPU only; the draft follows the engine unless its own setting says
+    otherwise; ngram has no draft to quantize; to_dict lists the draft's setting only when set."""
+    assert EngineConfig(model="m", quantization="int8").quantization == "int8"
+    with pytest.raises(ValueError, match="quantization='int4' is invalid: it must be one of 'int8'"):
+        EngineConfig(model="m", quantization="int4")
+    with pytest.raises(ValueError, match="quantization='int8' is invalid: it runs on device='cpu' only"):
+        EngineConfig(model="m", quantization="int8", device="cuda")
+    with pytest.raises(ValueError, match="draft quantization='int8' is invalid: it runs on device='cpu'"):
+        EngineConfig(
+            model="m",
+            device="cuda",
+            speculative_config={"model": "d", "num_speculative_tokens": 2, "quantization": "int8"},
+        )
+    with pytest.raises(ValueError, match="quantization='int8' is invalid: method='ngram' has no draft"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=2, quantization="int8")
+    with pytest.raises(ValueError, match="quantization='fp8' is invalid: it must be one of 'int8', 'none'"):
+        SpeculativeConfig(model="d", num_speculative_tokens=2, quantization="fp8")
+
+    def draft_q(engine_q: str | None, draft: str | None) -> str | None:
+        spec = {"model": "d", "num_speculative_tokens": 2, "quantization": draft}
+        return EngineConfig(model="m", quantization=engine_q, speculative_config=spec).draft_quantization
+
+    assert draft_q("int8", None) == "int8" and draft_q(None, None) is None
+    assert draft_q(None, "int8") == "int8" and draft_q("int8", "none") is None
+    assert EngineConfig(model="m", quantization="int8").draft_quantization is None
+    unset = SpeculativeConfig(model="d", num_speculative_tokens=2)
+    assert "quantization" not in unset.to_dict()
+    given = SpeculativeConfig(model="d", num_speculative_tokens=2, quantization="none")
+    assert SpeculativeConfig.from_dict(given.to_dict()) == given
+
+
+def test_a_preloaded_model_must_match_the_configured_quantization(models) -> None:
+    """An engine handed weights loaded without quantization refuses a config that asks for int8 (and the
+    reverse), naming both, instead of silently running other weights than configured."""
+    loaded = load_model(models["target"], "float32")
+    config = EngineConfig(model=models["target"], dtype="float32", quantization="int8")
+    with pytest.raises(ValueError, match="preloaded target model .* quantization=None, but the engine"):
+        LLMEngine(config, target=loaded)
+    with pytest.raises(ValueError, match="quantization='int4': must be None or one of int8"):
+        load_model(models["target"], "float32", quantization="int4")
