@@ -290,13 +290,14 @@ def test_bench_runs_end_to_end_with_json_plot_and_markdown(tiny_pair, tmp_path):
 
 
 def test_a_schema_1_report_still_renders_without_its_targets(tmp_path):
-    """The committed reference report (schema flyspec.bench/1, with the issue-labelled `targets` list the
-    library no longer computes) re-renders with --from-json: every arm and ratio, no targets section."""
+    """The 2026-11-29 reference report (schema flyspec.bench/1, with the issue-labelled `targets` list the
+    library no longer computes, kept as test data) re-renders with --from-json: every arm and ratio, no
+    targets section."""
     from typer.testing import CliRunner
 
     from flyspec.cli import app
 
-    saved = Path(__file__).resolve().parent.parent / "benchmarks" / "reference.json"
+    saved = Path(__file__).resolve().parent / "data" / "bench-report-schema1.json"
     report = json.loads(saved.read_text())
     assert report["schema"] == "flyspec.bench/1" and report["targets"]
     out = tmp_path / "BENCH.md"

@@ -23,6 +23,21 @@ def test_demo_arms_differ_only_in_the_verifier() -> None:
     assert base == cand
 
 
+def test_demo_arms_quantize_both_arms_alike_and_share_one_engine() -> None:
+    """int8 (the demo's default) must reach both arms' engine config, and arms that differ only in the
+    verifier must still share one engine, while an arm with other weights must not join it."""
+    from flyspec.gate.arms import engine_groups, parse_arm
+
+    base, cand = demo_arms("t", "d", 4, "bfloat16", 8, "int8")
+    arms = [parse_arm("baseline", base), parse_arm("candidate", cand)]
+    assert [a.engine_config.quantization for a in arms] == ["int8", "int8"]
+    assert [a.config["quantization"] for a in arms] == ["int8", "int8"]
+    assert len(engine_groups(arms)) == 1
+    plain = parse_arm("plain", demo_arms("t", "d", 4, "bfloat16", 8)[1])
+    assert "quantization" not in plain.config  # unset stays out: older registered runs keep their settings
+    assert len(engine_groups([*arms, plain])) == 2
+
+
 @pytest.mark.slow
 def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
     """`flyspec demo --questions 2` on tiny models runs the sequential gate: it registers a sequential run

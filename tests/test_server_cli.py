@@ -213,7 +213,7 @@ def test_serve_defaults_admit_32_concurrent_requests_and_pass_schemathesis(tmp_p
                 "--max-examples",
                 "10",
                 "--max-time",
-                "90",
+                "40",
                 "--seed",
                 "19",
                 "--workers",

@@ -29,7 +29,10 @@ import httpx
 from flyspec.assets import check_sha256, source_files, zoo_entry
 from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
 
-PEERS = ("flyspec", "vllm", "llama.cpp")
+# flyspec-int8: our server with quantization="int8" (docs/performance.md), the weights quantized at load
+# from the same bf16 files, to compare with llama.cpp's own quantized format.
+PEERS = ("flyspec", "flyspec-int8", "vllm", "llama.cpp")
+FLYSPEC_PEERS = ("flyspec", "flyspec-int8")
 METHODS = ("target", "draft_model", "fly", "ngram")
 INSTALL_HINT = "run `make peers` in the flyspec checkout (or set FLYSPEC_PEERS to the folder it made)"
 # vLLM's CPU KV cache in GiB: 2 GiB holds about 40,000 tokens of the 1.5B target and its 0.5B draft,
@@ -56,7 +59,7 @@ def llama_server_binary(root: Path) -> Path:
 
 def missing_peer(peer: str, root: Path) -> str | None:
     """None when `peer` can run; otherwise one line saying what is missing and how to install it."""
-    if peer == "flyspec":
+    if peer in FLYSPEC_PEERS:
         return None
     binary = {"vllm": vllm_binary, "llama.cpp": llama_server_binary}[peer](root)
     if os.access(binary, os.X_OK):
@@ -180,7 +183,9 @@ def _flyspec_command() -> list[str]:
     )
 
 
-def _flyspec_plan(method: str, methods: tuple[str, ...], inp: PlanInputs) -> ServerPlan | None:
+def _flyspec_plan(
+    method: str, methods: tuple[str, ...], inp: PlanInputs, peer: str = "flyspec"
+) -> ServerPlan | None:
     argv = [
         *_flyspec_command(),
         "serve",
@@ -192,6 +197,10 @@ def _flyspec_plan(method: str, methods: tuple[str, ...], inp: PlanInputs) -> Ser
         "--max-model-len",
         str(inp.max_model_len),
     ]
+    weights = f"{inp.dtype} safetensors"
+    if peer == "flyspec-int8":
+        argv += ["--quantization", "int8"]
+        weights = f"int8 W8A8 from {weights}"
     if method == "target":
         arms: tuple[ArmSpec, ...] = (ArmSpec("target"),)
     elif method == "draft_model":
@@ -215,7 +224,7 @@ def _flyspec_plan(method: str, methods: tuple[str, ...], inp: PlanInputs) -> Ser
         arms = (ArmSpec("ngram"),)
     else:
         return None
-    return ServerPlan("flyspec", method, f"{inp.dtype} safetensors", arms, tuple(argv), _offline_env())
+    return ServerPlan(peer, method, weights, arms, tuple(argv), _offline_env())
 
 
 def _vllm_plan(method: str, inp: PlanInputs) -> ServerPlan | None:
@@ -299,9 +308,9 @@ def plan_servers(peers: tuple[str, ...], methods: tuple[str, ...], inp: PlanInpu
     plans = []
     for method in ("target", "draft_model", "ngram"):
         for peer in peers:
-            if peer == "flyspec":
+            if peer in FLYSPEC_PEERS:
                 if method in methods or (method == "draft_model" and "fly" in methods):
-                    plans.append(_flyspec_plan(method, methods, inp))
+                    plans.append(_flyspec_plan(method, methods, inp, peer))
             elif method in methods:
                 plans.append(_vllm_plan(method, inp) if peer == "vllm" else _llama_plan(method, inp))
     return [p for p in plans if p is not None]

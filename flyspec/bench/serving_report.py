@@ -22,11 +22,14 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
 
 
-def flyspec_ratio(rows: list[dict[str, Any]], row: dict[str, Any], key: str) -> float | None:
-    """flyspec's `key` over this peer row's, same method/arm/concurrency; None for flyspec's own rows."""
-    if row["peer"] == "flyspec" or row["arm"] not in _SAME_ARM:
+def flyspec_ratio(
+    rows: list[dict[str, Any]], row: dict[str, Any], key: str, ours_peer: str = "flyspec"
+) -> float | None:
+    """`ours_peer`'s `key` (flyspec, or flyspec-int8) over this peer row's, same method/arm/concurrency;
+    None for flyspec's own rows."""
+    if row["peer"].startswith("flyspec") or row["arm"] not in _SAME_ARM:
         return None
-    ours = _find(rows, peer="flyspec", method=row["method"], arm=row["arm"], concurrency=row["concurrency"])
+    ours = _find(rows, peer=ours_peer, method=row["method"], arm=row["arm"], concurrency=row["concurrency"])
     if ours is None or not ours.get(key) or not row.get(key):
         return None
     return ours[key] / row[key]
@@ -48,6 +51,7 @@ RESULT_COLUMNS = (
     "conc.",
     "tokens/s",
     "flyspec / this",
+    "flyspec-int8 / this",
     "vs own target",
     "per request tok/s",
     "TTFT mean (s)",
@@ -69,6 +73,7 @@ def result_cells(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[str]:
         str(row["concurrency"]),
         _num(row["tokens_per_s"]),
         _num(flyspec_ratio(rows, row, "tokens_per_s"), "{:.2f}x"),
+        _num(flyspec_ratio(rows, row, "tokens_per_s", "flyspec-int8"), "{:.2f}x"),
         _num(target_ratio(rows, row), "{:.2f}x"),
         _num(row["per_request_tokens_per_s"]),
         _num(row["ttft_mean_s"]),
@@ -157,7 +162,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "tokens/s: output tokens of all requests of a level over its wall time. flyspec / this: flyspec's "
         "tokens/s on the same method and arm at the same concurrency over this server's (llama.cpp runs "
-        "its own Q4_K_M quantization, not the same weights). TTFT, ITL (gap between streamed chunks), TPOT "
+        "its own Q4_K_M quantization, not the same weights); flyspec-int8 / this: the same for flyspec with "
+        "int8 weights quantized at load. TTFT, ITL (gap between streamed chunks), TPOT "
         "and e2e as `vllm bench serve` defines them. short: requests that stopped before max_tokens.",
         "",
     ]

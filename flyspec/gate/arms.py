@@ -3,9 +3,10 @@
 Two kinds of arm (docs/gate.md, "Running the gate"):
 
 - ``{"kind": "engine", "model", "speculative_config", "dtype", "device", "max_num_seqs",
-  "max_num_batched_tokens", "max_model_len", "seed"}``: this package's engine, in-process. Two engine
-  arms that differ only in the verifier (standard vs FLy, same model, draft and dtype) share ONE engine
-  started with FLy; the standard arm's requests ask for ``verification="standard"``, which is lossless.
+  "max_num_batched_tokens", "max_model_len", "seed", "quantization"}``: this package's engine, in-process.
+  Two engine arms that differ only in the verifier (standard vs FLy, same model, draft, dtype and
+  quantization) share ONE engine started with FLy; the standard arm's requests ask for
+  ``verification="standard"``, which is lossless.
 - ``{"kind": "openai", "base_urls": [...], "model", "api_key", "extra_body": {...}, "concurrency",
   "timeout", "max_retries", "backoff"}``: any OpenAI-compatible server (vLLM, flyspec serve).
   ``concurrency`` requests are in flight per base URL; failed requests (connection errors, timeouts,
@@ -41,6 +42,7 @@ ENGINE_KEYS = (
     "max_num_batched_tokens",
     "max_model_len",
     "seed",
+    "quantization",
 )
 OPENAI_KEYS = (
     "kind",
@@ -243,6 +245,9 @@ def _parse_engine_arm(name: str, data: dict[str, Any]) -> EngineArm:
         "max_model_len": config.max_model_len,
         "seed": config.seed,
     }
+    # Only when set, so the settings (and hence the run) of arms registered before int8 existed are unchanged.
+    if config.quantization is not None:
+        resolved["quantization"] = config.quantization
     return EngineArm(name, resolved, config)
 
 
