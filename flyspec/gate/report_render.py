@@ -313,8 +313,13 @@ def _sequential_lines(report: Report) -> list[str]:
         f"- registered before the first answer: margin {_m(report)} points, alpha {plan.alpha:g}, at most "
         f"{plan.max_questions} questions in the seeded order (seed {plan.order_seed}) drawn from "
         f"{plan.population_size}",
-        f"- stopped at question {stop.stopped_at} ({stop.reason}); pairs complete along the order: "
-        f"{stop.complete_prefix}",
+        f"- stopped at question {stop.stopped_at} ({stop.reason})"
+        + (
+            f"; the answers in flight then were finished and stored, so {stop.complete_prefix} pairs are "
+            "complete along the order now: a rerun counts them first"
+            if stop.complete_prefix > stop.stopped_at
+            else f"; pairs complete along the order: {stop.complete_prefix}"
+        ),
         f"- interval at the stop: [{points(stop.low)}, {points(stop.high)}] points",
         "- the sequence follows the registered order up to the first question still missing an answer, so "
         "the stop depends only on the answers in that order, not on which answers finished first",
