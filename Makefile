@@ -43,8 +43,9 @@ test-fast: install
 demo: install assets assets-qwen
 	$(BIN)/flyspec demo
 
-# BENCHMARKS.md: the reference sweep (Qwen pair, flyspec vs transformers), all cores; about 45 minutes on
-# 2 idle CPU cores. Keep the machine otherwise idle: a second busy process on 2 cores stalls every operator.
+# BENCHMARKS.md: the reference sweep (Qwen pair, bf16 and int8, batch 1/16/32, flyspec vs transformers),
+# all cores; 41 minutes on 2 idle CPU cores. Keep the machine otherwise idle: a second busy process on
+# 2 cores stalls every operator.
 bench: install assets assets-qwen
 	$(BIN)/flyspec models prepare qwen2.5-coder-1.5b-instruct
 	$(BIN)/flyspec models prepare qwen2.5-coder-0.5b-instruct

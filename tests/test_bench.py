@@ -341,3 +341,21 @@ def test_bench_measures_int8_arms_beside_the_unquantized_ones(tiny_pair, tmp_pat
     assert "flyspec int8 target-only b=1 / unquantized" in names
     assert "flyspec int8 standard K=2 b=1 / target-only" in names
     assert "--quantization int8" in out_md.read_text()
+
+
+def test_busy_machine_note_discounts_the_sweeps_own_threads() -> None:
+    """A 2-core sweep with 2 torch threads ends near load 2 on an idle machine: no 'other jobs' note then;
+    a busy start, or load well beyond the sweep's own threads at the end, gets it."""
+    from flyspec.bench.markdown import _machine
+
+    base = {
+        "cpu": "x", "usable_cores": 2, "logical_cores": 2, "memory_gb": 24, "device": "cpu", "python": "3",
+        "torch": "2", "torch_threads": 2, "transformers": "4", "os": "linux", "flyspec_commit": "abc",
+    }  # fmt: skip
+
+    def noted(start: float, end: float) -> bool:
+        lines = _machine({**base, "load_average_start": [start, 0, 0], "load_average_end": [end, 0, 0]})
+        return any("other jobs shared" in line for line in lines)
+
+    assert not noted(0.15, 2.05)
+    assert noted(3.0, 2.05) and noted(0.1, 4.5)

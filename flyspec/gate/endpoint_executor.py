@@ -31,6 +31,19 @@ class EndpointError(ConnectionError):
     """An endpoint stayed unreachable or failing after every retry."""
 
 
+def retry_reason(response: httpx.Response, url: str, who: str, where: str) -> str | None:
+    """The one retry policy of every endpoint call (arms and judge): a reason to retry for 429 and 5xx,
+    None for 200, and a ValueError naming `who` and `where` for any other status (a request the server
+    will never accept, so retrying would only repeat it)."""
+    if response.status_code == 429 or response.status_code >= 500:
+        return f"{url}: HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code != 200:
+        raise ValueError(
+            f"{who}: {where} rejected the request with HTTP {response.status_code}: {response.text[:500]}"
+        )
+    return None
+
+
 _VLLM_COUNTERS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
@@ -181,14 +194,10 @@ class OpenAIExecutor:
             except httpx.TransportError as exc:  # connection refused, reset, DNS, timeouts
                 last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
                 continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"{url}: HTTP {response.status_code}: {response.text[:200]}"
+            reason = retry_reason(response, url, f"arm {self.arm.name!r}", url + route)
+            if reason is not None:
+                last_error = reason
                 continue
-            if response.status_code != 200:
-                raise ValueError(
-                    f"arm {self.arm.name!r}: {url}{route} rejected the request with HTTP "
-                    f"{response.status_code}: {response.text[:500]}"
-                )
             self._refuse_ignored_settings(response, url, route)
             return self._parse(response, url, route, time.monotonic() - start)
         raise EndpointError(

@@ -35,7 +35,7 @@ import httpx
 
 from flyspec.gate.arms import OpenAIArm, load_arm_spec, parse_arm
 from flyspec.gate.datasets import Question
-from flyspec.gate.endpoint_executor import EndpointError
+from flyspec.gate.endpoint_executor import EndpointError, retry_reason
 
 JUDGE = "judge"
 POSITIONS = ("AB", "BA")
@@ -250,14 +250,10 @@ class JudgeClient:
             except httpx.TransportError as exc:
                 last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
                 continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"{url}: HTTP {response.status_code}: {response.text[:200]}"
+            reason = retry_reason(response, url, "judge", f"{url}/chat/completions")
+            if reason is not None:
+                last_error = reason
                 continue
-            if response.status_code != 200:
-                raise ValueError(
-                    f"judge: {url}/chat/completions rejected the request with HTTP {response.status_code}: "
-                    f"{response.text[:500]}"
-                )
             try:
                 text = response.json()["choices"][0]["message"]["content"] or ""
             except (ValueError, KeyError, IndexError, TypeError):

@@ -38,10 +38,10 @@ from flyspec.gate.engine_executor import EngineExecutor
 from flyspec.gate.monitor import PAUSES, SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, _check_count, _check_seed, check_margin_alpha
 from flyspec.gate.order import select_questions
-from flyspec.gate.report import measure_speeds
 from flyspec.gate.runner import load_datasets
 from flyspec.gate.session import Session, SessionSettings, log
 from flyspec.gate.store import GateStore, RegisteredQuestion
+from flyspec.gate.tune_report import lane_speeds
 from flyspec.gate.tune_settings import TuneSetting, default_grid, load_candidates, parse_settings
 
 ORDERS = ("speed", "given")
@@ -347,16 +347,7 @@ def _calibrate(store: GateStore, plan: _Plan, clock: _Clock) -> str:
 def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, float | None]]:
     """Per arm of a calibration run: tokens/s over its engine's busy time, mean acceptance length and
     forgiven share, from the stored answers and batches."""
-    speeds, _ = measure_speeds(store.answers(run_id), store.batches(run_id))
-    return {
-        s.arm: {
-            "tokens_per_s": s.tokens_per_s if s.tokens_per_s is not None else s.request_tokens_per_s,
-            "mean_acceptance_length": s.mean_acceptance_length,
-            "forgiven_share": s.forgiven_share,
-            "answers": s.answers,
-        }
-        for s in speeds
-    }
+    return lane_speeds(store, run_id, first_repeat_only=False)
 
 
 def _order(store: GateStore, plan: _Plan) -> dict[str, Any]:

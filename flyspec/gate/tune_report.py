@@ -195,9 +195,11 @@ def _baseline_spec(run: RunRecord) -> dict[str, Any] | None:
     return arm.get("speculative_config")
 
 
-def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, Any]]:
-    if run_id is None or store.get_run(run_id) is None:
-        return {}
+def lane_speeds(
+    store: GateStore, run_id: str, *, first_repeat_only: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Per arm of a run: tokens/s over its engine's busy time (per request for endpoint arms), mean
+    acceptance length, forgiven share and answers, from the stored answers and batches."""
     speeds, _ = measure_speeds(store.answers(run_id), store.batches(run_id))
     return {
         s.arm: {
@@ -207,8 +209,14 @@ def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, An
             "answers": s.answers,
         }
         for s in speeds
-        if s.repeat == 0
+        if not first_repeat_only or s.repeat == 0
     }
+
+
+def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, Any]]:
+    if run_id is None or store.get_run(run_id) is None:
+        return {}
+    return lane_speeds(store, run_id)
 
 
 def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
