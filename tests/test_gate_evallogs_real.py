@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import httpx
 import pytest
 from tiny_llm import save_perturbed, save_tiny
 
+from flyspec.bench.peers import free_port, wait_ready
 from flyspec.gate.compare import compare_logs
 from flyspec.gate.evallogs import read_eval_log
 from flyspec.gate.pairing import pair_logs
@@ -33,12 +32,6 @@ BIN = Path(sys.executable).parent
 QUESTIONS = 16
 MAX_TOKENS = 12
 MODEL = "tiny"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _prompt(i: int) -> str:
@@ -56,24 +49,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, obje
     configs = {"baseline": [], "candidate": ["--speculative-config", json.dumps(fly)]}
     procs, urls = [], {}
     for name, extra in configs.items():
-        port = _free_port()
+        port = free_port()
         cmd = [str(BIN / "flyspec"), "serve", str(target), "--port", str(port), "--served-model-name", MODEL]
         cmd += ["--dtype", "float32", "--max-num-seqs", "4", *extra]
         log = open(root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process below
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
         urls[name] = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
         for (proc, _), (name, url) in zip(procs, urls.items(), strict=True):
-            while True:
-                assert proc.poll() is None, (root / f"{name}.log").read_text()
-                assert time.monotonic() < deadline, (root / f"{name}.log").read_text()
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_ready(url, proc, 240, root / f"{name}.log")
         yield {"root": root, "target": target, "urls": urls}
     finally:
         for proc, log in procs:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -24,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from flyspec.bench.peers import free_port, wait_ready
 from flyspec.gate.endpoint_executor import EndpointError
 from flyspec.gate.judge import outcome, parse_verdict, preferred
 from flyspec.gate.report import build_report
@@ -111,16 +110,10 @@ def _app(state: Scripted) -> FastAPI:
     return app
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def server() -> Iterator[tuple[Scripted, str]]:
     state = Scripted()
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(_app(state), host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -298,7 +291,7 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
             for i, p in enumerate(OPEN_PROMPTS)
         )
     )
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "judge.log", "w")  # noqa: SIM115 - closed with the process below
     cmd = [str(BIN / "flyspec"), "serve", "smollm2-135m-instruct", "--port", str(port), "--served-model-name"]
     proc = subprocess.Popen(
@@ -308,15 +301,7 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "judge.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_ready(f"http://127.0.0.1:{port}", proc, 180, tmp_path / "judge.log")
         store = tmp_path / "smol.db"
         judge = {
             "base_url": f"http://127.0.0.1:{port}",

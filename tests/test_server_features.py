@@ -25,6 +25,7 @@ import pytest
 import torch
 import transformers
 from prometheus_client.parser import text_string_to_metric_families
+from test_structured import SCHEMA  # the engine tests' schema, so both layers check the same one
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.config import EngineConfig
@@ -34,16 +35,6 @@ from flyspec.server.background import serve_in_background
 
 MODEL = "tiny"
 AGGRESSIVE_FLY = {"rejection_sample_method": "fly", "fly_window_size": 1, "fly_entropy_threshold": 0.0}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 5},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["name", "age", "ok"],
-    "additionalProperties": False,
-}
 ADD = {
     "type": "function",
     "function": {

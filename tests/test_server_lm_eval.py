@@ -14,17 +14,17 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import transformers
-from test_gate_evallogs_real import BIN, LM_EVAL_TASK, _free_port
+from test_gate_evallogs_real import BIN, LM_EVAL_TASK
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec import LLM, SamplingParams
+from flyspec.bench.peers import free_port, wait_ready
 
 MODEL = "tiny"
 DOCS = 8
@@ -58,22 +58,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, objec
     target = save_tiny(root / "target", seed=3, std=0.25)
     draft = save_perturbed(target, root / "draft", seed=5, noise=0.003)
     fly = {"model": str(draft), "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
-    port = _free_port()
+    port = free_port()
     cmd = [str(BIN / "flyspec"), "serve", str(target), "--port", str(port), "--served-model-name", MODEL]
     cmd += ["--dtype", "float32", "--max-num-seqs", "4", "--speculative-config", json.dumps(fly)]
     url = f"http://127.0.0.1:{port}"
     with open(root / "serve.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 240
-            while True:
-                assert proc.poll() is None and time.monotonic() < deadline, (root / "serve.log").read_text()
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_ready(url, proc, 240, root / "serve.log")
             yield {"url": url, "target": target}
         finally:
             proc.terminate()
