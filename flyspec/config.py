@@ -48,7 +48,7 @@ _DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 _FLY_FIELDS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
 _NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATION_METHODS = ("int8",)
+QUANTIZATION_METHODS = ("int8", "int4")
 """Weight quantization at load time (flyspec/models/quantization.py); None = the weights as loaded."""
 _DRAFT_QUANTIZATION = (*QUANTIZATION_METHODS, "none")
 _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
@@ -95,8 +95,9 @@ class SpeculativeConfig:
     (None without FLy; with FLy, min(6, K - 1) when unset) and `draft_sample_method` (None: probabilistic
     drafting for requests that sample, greedy for greedy requests). `method` may be omitted when `model`
     is given (then it is "draft_model", as in vLLM). `quantization` is the draft model's weight
-    quantization: None (the default) follows the engine's `quantization`, "int8" quantizes the draft
-    alone, "none" keeps it unquantized; verification stays exact either way, only the drafts change.
+    quantization: None (the default) follows the engine's `quantization`, "int8" or "int4" quantizes
+    the draft alone (or differently from the target), "none" keeps it unquantized; verification stays
+    exact either way, only the drafts change.
 
     `to_dict()` is the canonical form: the settings that apply, defaults resolved, so that
     `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
@@ -250,8 +251,8 @@ class EngineConfig:
     budgets.
 
     `speculative_config` may be given as a dict (e.g. parsed JSON); it is converted here, the one place
-    that does so, and is always a SpeculativeConfig or None after construction. `quantization` ("int8"
-    or None, as vLLM's argument of that name) quantizes the target's weights at load time, and the
+    that does so, and is always a SpeculativeConfig or None after construction. `quantization` ("int8",
+    "int4" or None, as vLLM's argument of that name) quantizes the target's weights at load time, and the
     draft model's unless the speculative config says otherwise (docs/performance.md); CPU only.
     """
 
@@ -289,7 +290,7 @@ class EngineConfig:
         ):
             if value is not None and self.device != "cpu":
                 raise _invalid(
-                    field, value, f"it runs on device='cpu' only (oneDNN int8 kernels), not {self.device!r}"
+                    field, value, f"it runs on device='cpu' only (CPU kernels), not {self.device!r}"
                 )
         _require_int("max_num_seqs", self.max_num_seqs, 1)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)

@@ -57,7 +57,8 @@ class LLM:
 
     model: an HF folder, a .gguf file, or a zoo name. speculative_config: a dict or SpeculativeConfig
     (None = no speculation). max_model_len None = min(the model's max_position_embeddings, 4096).
-    quantization: None or "int8" (weights quantized at load time, CPU only; docs/performance.md).
+    quantization: None, "int8" or "int4" (weights quantized at load time, CPU only; int8 is the
+        fastest for batches, int4 for a single sequence; docs/performance.md).
     """
 
     def __init__(

@@ -11,8 +11,8 @@ import pytest
 
 from flyspec.bench.prompts import BenchPrompt, waves
 from flyspec.bench.report import batch_scaling, ratios, summarise
-from flyspec.bench.runner import Measurement, engine_keys
-from flyspec.bench.sweep import Arm, plan_arms
+from flyspec.bench.runner import BenchRunner, Measurement, engine_keys
+from flyspec.bench.sweep import Arm, plan_arms, split_format
 from flyspec.outputs import AcceptanceCounts
 
 RESULT_FIELDS = {
@@ -126,8 +126,32 @@ def test_every_weight_format_gets_every_flyspec_arm_and_its_own_baselines():
     assert {(s["quantization"], s["method"]) for s in scaling} == {
         (q, m) for q in (None, "int8") for m in ("standard", "fly")
     }
-    with pytest.raises(ValueError, match="quantization=\\['int4'\\]"):
-        _plan(quantizations=["int4"])
+    with pytest.raises(ValueError, match="quantization=\\['int3'\\]"):
+        _plan(quantizations=["int3"])
+    with pytest.raises(ValueError, match="or TARGET/DRAFT of those"):
+        _plan(quantizations=["int8/fp8"])
+
+
+def test_a_target_draft_format_quantizes_the_draft_on_its_own(tiny_pair):
+    """A format "T/D" splits into the target's and the draft's quantization, and the sweep's engine for
+    such an arm really runs a T target with a D draft (its target-only arm runs T)."""
+
+    assert split_format("int8/int4") == ("int8", "int4") and split_format("none/int4") == (None, "int4")
+    assert split_format("int8") == ("int8", None) and split_format(None) == (None, None)
+    target, draft = tiny_pair
+    arms = plan_arms(
+        methods=["target", "standard"], batch_sizes=[1], ks=[2], headline_k=2, extra_windows=[],
+        drafters=[str(draft)], peer=None, quantizations=["int8/int4"],
+    )  # fmt: skip
+    assert [a.label for a in arms] == [
+        "flyspec int8/int4 target-only b=1",
+        "flyspec int8/int4 standard K=2 b=1",
+    ]
+    runner = BenchRunner(str(target), arms, dtype="float32", device="cpu", ignore_eos=True, fly_threshold=0.3)
+    engine = runner.engine_for(arms[1]).engine
+    assert engine.target.model.quantization == "int8"
+    assert engine.drafter.runner.model.quantization == "int4"
+    assert runner.engine_for(arms[0]).engine.target.model.quantization == "int8"
 
 
 def test_waves_fill_every_batch_and_reuse_prompts_cyclically():

@@ -181,17 +181,21 @@ def test_plans_run_each_method_for_every_peer_that_supports_it(tmp_path: Path) -
     assert "GGUF" in by["llama.cpp target"].weights
 
 
-def test_int8_peer_is_flyspec_serve_with_int8_weights(tmp_path: Path) -> None:
-    """flyspec-int8 is the same server command as flyspec plus --quantization int8, labelled with its
-    weight format, planned right after flyspec within each method."""
-    plans = plan_servers(("flyspec", "flyspec-int8"), ("target", "draft_model"), _inputs(tmp_path))
+def test_quantized_peers_are_flyspec_serve_with_quantized_weights(tmp_path: Path) -> None:
+    """flyspec-int8 and flyspec-int4 are the same server command as flyspec plus --quantization int8 or
+    int4, labelled with their weight format, planned right after flyspec within each method."""
+    peers = ("flyspec", "flyspec-int8", "flyspec-int4")
+    plans = plan_servers(peers, ("target", "draft_model"), _inputs(tmp_path))
     assert [p.label for p in plans] == [
-        "flyspec target", "flyspec-int8 target", "flyspec draft_model", "flyspec-int8 draft_model",
+        "flyspec target", "flyspec-int8 target", "flyspec-int4 target",
+        "flyspec draft_model", "flyspec-int8 draft_model", "flyspec-int4 draft_model",
     ]  # fmt: skip
-    plain, int8 = plans[0], plans[1]
+    plain, int8, int4 = plans[0], plans[1], plans[2]
     assert "--quantization" not in plain.argv
     assert list(int8.argv) == [*plain.argv, "--quantization", "int8"]
-    assert int8.weights.startswith("int8") and missing_peer("flyspec-int8", tmp_path) is None
+    assert list(int4.argv) == [*plain.argv, "--quantization", "int4"]
+    assert int8.weights.startswith("int8") and int4.weights.startswith("int4")
+    assert missing_peer("flyspec-int8", tmp_path) is None and missing_peer("flyspec-int4", tmp_path) is None
 
 
 def test_fly_alone_plans_only_flyspecs_fly_arm(tmp_path: Path) -> None:
@@ -334,9 +338,11 @@ def test_report_ratios_are_flyspec_over_the_peer_on_the_same_arm() -> None:
         _row("flyspec", "draft_model", "fly", 16, 33.0),
         _row("vllm", "draft_model", "standard", 16, 45.0),
         _row("flyspec-int8", "target", "target", 16, 50.0),
+        _row("flyspec-int4", "target", "target", 16, 20.0),
     ]
     assert flyspec_ratio(rows, rows[1], "tokens_per_s") == pytest.approx(0.75)
     assert flyspec_ratio(rows, rows[1], "tokens_per_s", "flyspec-int8") == pytest.approx(1.25)
+    assert flyspec_ratio(rows, rows[1], "tokens_per_s", "flyspec-int4") == pytest.approx(0.5)
     assert flyspec_ratio(rows, rows[5], "tokens_per_s") is None  # our own int8 row has no ratio to us
     assert flyspec_ratio(rows, rows[4], "tokens_per_s") == pytest.approx(0.6)
     assert flyspec_ratio(rows, rows[0], "tokens_per_s") is None
@@ -353,8 +359,8 @@ def test_report_ratios_are_flyspec_over_the_peer_on_the_same_arm() -> None:
         "skipped": ["llama.cpp: skipped, not installed: run `make peers`"],
     }  # fmt: skip
     md = render_markdown(report)
-    assert "| vllm (w) | standard | 16 | 45.00 | 0.60x | - | 1.12x |" in md
-    assert "| vllm (w) | target | 16 | 40.00 | 0.75x | 1.25x | - |" in md
+    assert "| vllm (w) | standard | 16 | 45.00 | 0.60x | - | - | 1.12x |" in md
+    assert "| vllm (w) | target | 16 | 40.00 | 0.75x | 1.25x | 0.50x | - |" in md
     assert "`flyspec bench-serve`" in md and "- llama.cpp: skipped" in md
     assert "| vllm target | w | 150 | 9.0 | - | ok |" in md
 

@@ -233,9 +233,10 @@ def _setup(s: dict[str, Any]) -> list[str]:
             [
                 "- weight formats: "
                 + ", ".join(q or "as loaded" for q in s["quantizations"])
-                + "; an `int8` arm quantizes the target and the draft (docs/performance.md), is compared "
-                "with int8 target-only, and its 'same as target-only' is against the unquantized output, "
-                "so it also shows how far int8 answers drift"
+                + "; an `int8` (or `int4`) arm quantizes the target and the draft, a `T/D` arm the target "
+                "as T and the draft as D (docs/performance.md); each is compared with target-only of its "
+                "target's format, and its 'same as target-only' is against the unquantized output, so it "
+                "also shows how far quantized answers drift"
             ]
             if any(s.get("quantizations") or [])
             else []

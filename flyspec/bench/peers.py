@@ -29,10 +29,11 @@ import httpx
 from flyspec.assets import check_sha256, source_files, zoo_entry
 from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
 
-# flyspec-int8: our server with quantization="int8" (docs/performance.md), the weights quantized at load
-# from the same bf16 files, to compare with llama.cpp's own quantized format.
-PEERS = ("flyspec", "flyspec-int8", "vllm", "llama.cpp")
-FLYSPEC_PEERS = ("flyspec", "flyspec-int8")
+# flyspec-int8 and flyspec-int4: our server with quantization="int8" or "int4" (docs/performance.md), the
+# weights quantized at load from the same bf16 files, to compare with llama.cpp's own quantized format.
+PEERS = ("flyspec", "flyspec-int8", "flyspec-int4", "vllm", "llama.cpp")
+FLYSPEC_PEERS = ("flyspec", "flyspec-int8", "flyspec-int4")
+_QUANTIZED_WEIGHTS = {"int8": "int8 W8A8", "int4": "int4 weight-only, groups of 64"}
 METHODS = ("target", "draft_model", "fly", "ngram")
 INSTALL_HINT = "run `make peers` in the flyspec checkout (or set FLYSPEC_PEERS to the folder it made)"
 # vLLM's CPU KV cache in GiB: 2 GiB holds about 40,000 tokens of the 1.5B target and its 0.5B draft,
@@ -198,9 +199,10 @@ def _flyspec_plan(
         str(inp.max_model_len),
     ]
     weights = f"{inp.dtype} safetensors"
-    if peer == "flyspec-int8":
-        argv += ["--quantization", "int8"]
-        weights = f"int8 W8A8 from {weights}"
+    if peer != "flyspec":
+        quantization = peer.removeprefix("flyspec-")
+        argv += ["--quantization", quantization]
+        weights = f"{_QUANTIZED_WEIGHTS[quantization]} from {weights}"
     if method == "target":
         arms: tuple[ArmSpec, ...] = (ArmSpec("target"),)
     elif method == "draft_model":

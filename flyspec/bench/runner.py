@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flyspec.bench.prompts import BenchPrompt
-from flyspec.bench.sweep import Arm
+from flyspec.bench.sweep import Arm, split_format
 from flyspec.outputs import AcceptanceCounts
 
 
@@ -128,7 +128,9 @@ class BenchRunner:
         self.keys = engine_keys(arms)
         # The format the tokenizer and dtype are read from: the first flyspec arm's (so an int8-only sweep
         # never loads the unquantized weights).
-        self._first_format = next((a.quantization for a in arms if a.backend == "flyspec"), None)
+        self._first_format = split_format(
+            next((a.quantization for a in arms if a.backend == "flyspec"), None)
+        )[0]
         self.slots: dict[EngineKey, int] = {}
         for arm in arms:
             if arm.backend == "flyspec":
@@ -160,13 +162,16 @@ class BenchRunner:
         return self._weights[name, quantization]
 
     def _speculative_config(self, key: EngineKey) -> dict[str, Any] | None:
-        _, drafter, k, window = key
+        fmt, drafter, k, window = key
         if k is None:
             return None
         method = "ngram" if drafter == "ngram" else "draft_model"
         spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
         if method == "draft_model":
             spec["model"] = drafter
+            draft_q = split_format(fmt)[1]
+            if draft_q is not None:
+                spec["quantization"] = draft_q
         if window is not None:
             spec.update(
                 rejection_sample_method="fly",
@@ -190,7 +195,7 @@ class BenchRunner:
                 device=self.device,
                 max_num_seqs=self.slots.get(key, 1),
                 seed=self.seed,
-                quantization=key[0],
+                quantization=split_format(key[0])[0],
             )
             spec = config.speculative_config
             draft = None

@@ -25,8 +25,8 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 def flyspec_ratio(
     rows: list[dict[str, Any]], row: dict[str, Any], key: str, ours_peer: str = "flyspec"
 ) -> float | None:
-    """`ours_peer`'s `key` (flyspec, or flyspec-int8) over this peer row's, same method/arm/concurrency;
-    None for flyspec's own rows."""
+    """`ours_peer`'s `key` (flyspec, flyspec-int8 or flyspec-int4) over this peer row's, same
+    method/arm/concurrency; None for flyspec's own rows."""
     if row["peer"].startswith("flyspec") or row["arm"] not in _SAME_ARM:
         return None
     ours = _find(rows, peer=ours_peer, method=row["method"], arm=row["arm"], concurrency=row["concurrency"])
@@ -52,6 +52,7 @@ RESULT_COLUMNS = (
     "tokens/s",
     "flyspec / this",
     "flyspec-int8 / this",
+    "flyspec-int4 / this",
     "vs own target",
     "per request tok/s",
     "TTFT mean (s)",
@@ -74,6 +75,7 @@ def result_cells(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[str]:
         _num(row["tokens_per_s"]),
         _num(flyspec_ratio(rows, row, "tokens_per_s"), "{:.2f}x"),
         _num(flyspec_ratio(rows, row, "tokens_per_s", "flyspec-int8"), "{:.2f}x"),
+        _num(flyspec_ratio(rows, row, "tokens_per_s", "flyspec-int4"), "{:.2f}x"),
         _num(target_ratio(rows, row), "{:.2f}x"),
         _num(row["per_request_tokens_per_s"]),
         _num(row["ttft_mean_s"]),
@@ -162,9 +164,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "tokens/s: output tokens of all requests of a level over its wall time. flyspec / this: flyspec's "
         "tokens/s on the same method and arm at the same concurrency over this server's (llama.cpp runs "
-        "its own Q4_K_M quantization, not the same weights); flyspec-int8 / this: the same for flyspec with "
-        "int8 weights quantized at load. TTFT, ITL (gap between streamed chunks), TPOT "
-        "and e2e as `vllm bench serve` defines them. short: requests that stopped before max_tokens.",
+        "its own Q4_K_M quantization, not the same weights); flyspec-int8 / this, flyspec-int4 / this: "
+        "the same for flyspec with int8 or int4 weights quantized at load. TTFT, ITL (gap between "
+        "streamed chunks), TPOT and e2e as `vllm bench serve` defines them. short: requests that "
+        "stopped before max_tokens.",
         "",
     ]
     out += _md_table(SERVER_COLUMNS, [server_cells(sv) for sv in report["servers"]])

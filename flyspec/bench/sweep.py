@@ -9,7 +9,8 @@ Planning rule (one rule for every sweep, so a reader can predict the arm list fr
 - with a peer: the peer's target-only generation at batch 1, and its assisted generation at batch 1 with
   the same drafter at every K;
 - every weight format asked for (`quantizations`, e.g. unquantized and "int8") gets all of the flyspec
-  arms above (the peer runs the unquantized weights only).
+  arms above (the peer runs the unquantized weights only). A format "T/D" quantizes the target as T and
+  the draft as D (e.g. "int8/int4"; "none" for unquantized); its target-only arms run T.
 
 This module imports neither torch nor transformers: plans are validated before any weights load.
 """
@@ -38,7 +39,8 @@ class Arm:
     (None for target-only). fly_window: the resolved FLy window W (None unless method is "fly").
     default_window: whether fly_window is the default min(6, K - 1). show_drafter: put the drafter's
     short name in the label (set when a sweep has several drafters). quantization: the weight format of
-    the engine's target and draft ("int8", or None for the weights as loaded).
+    the engine's target and draft ("int8", "int4", "T/D" for target T and draft D, or None for the
+    weights as loaded).
     """
 
     backend: str
@@ -93,6 +95,23 @@ class Arm:
         return {"label": self.label, **fields}
 
 
+def split_format(fmt: str | None) -> tuple[str | None, str | None]:
+    """A sweep weight format as (target quantization, draft quantization for SpeculativeConfig): "int8"
+    -> ("int8", None) (the draft follows the target), "int8/int4" -> ("int8", "int4"), "none/int4" ->
+    (None, "int4"), "int8/none" -> ("int8", "none")."""
+    if fmt is None or "/" not in fmt:
+        return fmt, None
+    target, draft = fmt.split("/", 1)
+    return (None if target == "none" else target), draft
+
+
+def _valid_format(fmt: str | None) -> bool:
+    if fmt is None or "/" not in fmt:
+        return fmt is None or fmt in QUANTIZATION_METHODS
+    target, draft = fmt.split("/", 1)
+    return target in (*QUANTIZATION_METHODS, "none") and draft in (*QUANTIZATION_METHODS, "none")
+
+
 def parse_int_list(field: str, text: str, minimum: int = 1) -> list[int]:
     """ "1,4,8" -> [1, 4, 8]; ValueError naming the option for anything else (duplicates removed, order
     kept)."""
@@ -132,11 +151,11 @@ def plan_arms(
     quantizations: Sequence[str | None] = (None,),
 ) -> list[Arm]:
     """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
-    bad_q = [q for q in quantizations if q is not None and q not in QUANTIZATION_METHODS]
+    bad_q = [q for q in quantizations if not _valid_format(q)]
     if bad_q or not quantizations or len(set(quantizations)) != len(quantizations):
         raise ValueError(
             f"quantization={list(quantizations)}: each must be none or one of "
-            f"{', '.join(QUANTIZATION_METHODS)}, each once"
+            f"{', '.join(QUANTIZATION_METHODS)}, or TARGET/DRAFT of those (e.g. int8/int4), each once"
         )
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:

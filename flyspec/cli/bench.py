@@ -183,8 +183,9 @@ def bench(
     quantization: Annotated[
         str | None,
         typer.Option(
-            help="Comma list of weight formats, each with every flyspec arm: none, int8 (default: none; "
-            "reference none,int8)."
+            help="Comma list of weight formats, each with every flyspec arm: none, int8, int4, or "
+            "TARGET/DRAFT to quantize the draft differently (e.g. int8/int4) (default: none; reference "
+            "none,int8)."
         ),
     ] = None,
     json_path: Annotated[

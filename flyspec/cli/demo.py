@@ -152,7 +152,7 @@ def demo(
         str,
         typer.Option(
             help="Weight quantization of both arms (the same for both, so the comparison stays fair): "
-            "int8 or none (docs/performance.md)."
+            "int8, int4 or none (int8 is the fastest for the demo's batches of 32; docs/performance.md)."
         ),
     ] = DEFAULT_QUANTIZATION,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the question order and the sampling.")] = 0,

@@ -20,7 +20,9 @@ QuantizationOption = Annotated[
     str | None,
     typer.Option(
         help="Weight quantization at load time: int8 (per-channel int8 weights, per-token int8 activations; "
-        "CPU only; the draft model too unless --speculative-config sets its quantization). Default: none.",
+        "the fastest for batches) or int4 (4-bit weights in groups of 64; the fastest for one sequence at a "
+        "time, slower than int8 from about 4 concurrent sequences). CPU only; the draft model too unless "
+        "--speculative-config sets its quantization. Default: none.",
     ),
 ]
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyspec.models.kv_cache import KVCache
-from flyspec.models.quantization import Int8Linear, quantize_model
+from flyspec.models.quantization import quantize_model, quantized_linear
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -291,10 +291,10 @@ class LlamaForCausalLM(nn.Module):
 
     def quantize(self, method: str) -> None:
         """Quantize every linear layer and the lm_head in place (flyspec/models/quantization.py); a tied
-        lm_head gets an int8 copy of the embedding table, which itself stays in the model's dtype."""
+        lm_head gets a quantized copy of the embedding table, which itself stays in the model's dtype."""
         quantize_model(self, method)
         if self.arch.tie_word_embeddings:
-            self.lm_head = Int8Linear(self.model.embed_tokens.weight, None, torch.float32)
+            self.lm_head = quantized_linear(method, self.model.embed_tokens.weight, None, torch.float32)
         self.quantization = method
 
     @torch.inference_mode()

@@ -103,7 +103,7 @@ def load_model(
     """Load an HF folder, a .gguf file or a prepared zoo name into the native forward.
 
     dtype "auto" keeps the checkpoint's dtype (a dequantised GGUF is float32), except that float16
-    becomes bfloat16 on CPU. quantization "int8" quantizes the linear layers and the lm_head after
+    becomes bfloat16 on CPU. quantization "int8" or "int4" quantizes the linear layers and the lm_head after
     loading (flyspec/models/quantization.py; CPU only). Raises ValueError for an unknown name, a path
     that is neither folder nor file, an unsupported architecture, or a bad dtype/device/quantization.
     """

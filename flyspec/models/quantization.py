@@ -1,6 +1,7 @@
-"""Weight quantization as a load option: `quantization="int8"` (W8A8, dynamic per-token activations).
+"""Weight quantization as a load option: `quantization="int8"` (W8A8, dynamic per-token activations)
+or `quantization="int4"` (weight-only, 4-bit groups).
 
-Every linear layer of the decoder (q/k/v, o, gate/up, down) and the lm_head becomes an `Int8Linear`:
+**int8.** Every linear layer of the decoder (q/k/v, o, gate/up, down) and the lm_head becomes an `Int8Linear`:
 int8 weights with one symmetric scale per output channel, and activations quantized to int8 on the fly
 with one symmetric scale per token (per row of the input), so a token with a large activation does not
 cost the other tokens of the batch their precision. The product runs in oneDNN's int8 matmul (AMX or
@@ -18,7 +19,16 @@ oneDNN's `qlinear_pointwise` with prepacked weights is the kernel both lower to,
 with per-token scales was 2-3x faster than bfloat16 for decode-sized inputs in the measurements in
 docs/performance.md.
 
-Quantization is on the CPU only (the oneDNN kernel); `check_quantization` says so for other devices.
+**int4.** Every linear layer and the lm_head become an `Int4Linear`: weights in groups of 64 input
+channels (32 when the width is not a multiple of 64), each group with its own scale and offset
+(asymmetric round-to-nearest), activations in the model's dtype. The product is torch's CPU kernel
+`_weight_int4pack_mm_for_cpu`, which unpacks the weights as it reads them. It reads a quarter of the
+bytes of bfloat16, which makes it the fastest format for a single sequence (decode is bound by memory
+bandwidth there), but it is a matrix-vector kernel: its time grows with every row of the input, so from
+about 4 rows on (a verify pass, a batch) int8 is faster. docs/performance.md has the measurements.
+
+Quantization is on the CPU only (oneDNN and torch's CPU kernels); `check_quantization` says so for other
+devices.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ def check_quantization(quantization: str | None, device: torch.device) -> None:
         )
     if device.type != "cpu":
         raise ValueError(
-            f"quantization={quantization!r} runs on the CPU only (oneDNN int8 kernels); got device={device}"
+            f"quantization={quantization!r} runs on the CPU only (CPU kernels); got device={device}"
         )
 
 
@@ -115,9 +125,94 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token"
 
 
+INT4_GROUP_SIZES = (64, 32)
+"""Input channels per int4 group, first choice first (the kernel takes 32, 64, 128 or 256; 64 costs
+half a bit per weight for the scales and offsets, about what llama.cpp's Q4_K spends)."""
+
+_INT4_ROWS = 16  # the kernel packs output channels in blocks of 16; other widths are padded with zeros
+
+
+def quantize_per_group_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unsigned 4-bit codes [N, K] (int32, 0..15) and float32 (scale, offset) [K / group_size, N, 2] with
+    w ~ (code - 8) * scale + offset, one pair per group of `group_size` input channels of each row (the
+    kernel's layout). The offset is the group's midpoint, so min and max are represented exactly."""
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // group_size, group_size)
+    low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
+    scale = ((high - low) / 15).clamp_(min=_EPS)
+    codes = torch.round((w - low) / scale).clamp_(0, 15).to(torch.int32).view(n, k)
+    offset = low + 8 * scale
+    pairs = torch.stack((scale.view(n, -1).t(), offset.view(n, -1).t()), dim=-1)
+    return codes, pairs
+
+
+class Int4Linear(nn.Module):
+    """A linear layer with 4-bit grouped weights and activations in their own dtype (weight-only).
+
+    Built from a float weight [N, K] (and bias [N]); the float weight is not kept. Each output row depends
+    only on its own input row (the kernel is a matrix-vector product per row), which keeps greedy
+    speculative decoding exact over int4 weights. `out_dtype` is the dtype of the outputs.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.out_dtype = out_dtype
+        self.group_size = next((g for g in INT4_GROUP_SIZES if self.in_features % g == 0), None)
+        if self.group_size is None:
+            raise ValueError(
+                f"quantization='int4' needs layers whose input width is a multiple of "
+                f"{min(INT4_GROUP_SIZES)}; this model has one of width {self.in_features}"
+            )
+        pad = -self.out_features % _INT4_ROWS
+        if pad:
+            weight = torch.cat((weight.detach(), weight.new_zeros(pad, self.in_features)))
+        codes, pairs = quantize_per_group_int4(weight, self.group_size)
+        # Plain attributes, not buffers, as for Int8Linear: an opaque packed layout, never saved.
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        self.scales_and_offsets = pairs.to(weight.dtype)
+        self._pairs = {weight.dtype: self.scales_and_offsets}
+        self.bias = None if bias is None else bias.detach().float()
+
+    def _pairs_for(self, dtype: torch.dtype) -> torch.Tensor:
+        # The kernel wants scales in the activations' dtype; a model runs in one dtype, so this converts
+        # at most once.
+        if dtype not in self._pairs:
+            self._pairs[dtype] = self.scales_and_offsets.to(dtype)
+        return self._pairs[dtype]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] (float32, bfloat16 or float16) -> [..., N] in `out_dtype`."""
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, self.group_size, self._pairs_for(rows.dtype)
+        )
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        y = y.to(torch.float32) if self.bias is not None else y
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.to(self.out_dtype).reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        groups = f"int4 groups of {self.group_size}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {groups}"
+
+
+_LINEAR = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def quantized_linear(
+    method: str, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> nn.Module:
+    """The quantized layer of `method` ("int8" or "int4") built from a float weight [N, K] and bias."""
+    return _LINEAR[method](weight, bias, out_dtype)
+
+
 def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -> None:
-    """Replace every `nn.Linear` of `model` by an `Int8Linear`, in place, freeing the float weights as
-    it goes (so the peak memory is the float model plus one layer's int8 copy).
+    """Replace every `nn.Linear` of `model` by the quantized layer of `method`, in place, freeing the float
+    weights as it goes (so the peak memory is the float model plus one layer's quantized copy).
 
     The top-level `lm_head` produces float32 logits; every other layer keeps the model's dtype.
     """
@@ -127,7 +222,6 @@ def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 logits = parent is model and name == lm_head
-                setattr(
-                    parent, name, Int8Linear(child.weight, child.bias, torch.float32 if logits else dtype)
-                )
+                layer = quantized_linear(method, child.weight, child.bias, torch.float32 if logits else dtype)
+                setattr(parent, name, layer)
                 del child
