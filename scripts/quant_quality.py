@@ -1,7 +1,8 @@
 """How far quantized weights move a model's predictions: the quality table of docs/performance.md.
 
 For each model and format: greedy answers of the unquantized model to the first GSM8K chat prompts, then
-both models scored on those answers position by position (teacher-forced top-1 agreement, KL divergence
+both models scored on those answers position by position, the prompt in a prefill pass as in the engine
+(teacher-forced top-1 agreement, KL divergence
 of the quantized next-token distribution from the unquantized one, mean absolute logit error), and the
 quantized model's own free-running greedy answers compared with the unquantized ones.
 
@@ -20,11 +21,16 @@ from flyspec.models.llama import ForwardBatch
 from flyspec.models.loader import load_model
 
 
-def _logits(loaded, ids: list[int]) -> torch.Tensor:
+def _answer_logits(loaded, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """Logits predicting each answer token, computed as the engine does: the prompt in a prefill pass
+    (int4 layers use their int8 copy there), then the answer tokens in a pass of their own."""
     model = loaded.model
-    batch = ForwardBatch(torch.tensor([0]), torch.tensor([0]), torch.tensor([len(ids)]))
-    hidden = model(torch.tensor([ids]), batch, model.new_cache(1, len(ids)))
-    return model.compute_logits(hidden[0]).float()
+    cache = model.new_cache(1, len(prompt) + len(answer))
+    first = ForwardBatch(torch.tensor([0]), torch.tensor([0]), torch.tensor([len(prompt)]), prefill=True)
+    last = model(torch.tensor([prompt]), first, cache)[0, -1:]
+    rest = ForwardBatch(torch.tensor([0]), torch.tensor([len(prompt)]), torch.tensor([len(answer) - 1]))
+    hidden = model(torch.tensor([answer[:-1]]), rest, cache)[0]
+    return model.compute_logits(torch.cat((last, hidden))).float()
 
 
 def _answers(model: str, quantization: str | None, prompts, max_tokens: int) -> list[list[int]]:
@@ -60,9 +66,8 @@ def main() -> None:
             count = 0
             with torch.inference_mode():
                 for prompt, answer in zip(prompts, base, strict=True):
-                    ids = prompt.token_ids + answer
-                    span = slice(len(prompt.token_ids) - 1, len(ids) - 1)
-                    a, b = _logits(ref, ids)[span], _logits(quant, ids)[span]
+                    a = _answer_logits(ref, prompt.token_ids, answer)
+                    b = _answer_logits(quant, prompt.token_ids, answer)
                     agree += (a.argmax(-1) == b.argmax(-1)).sum().item()
                     kl += (a.log_softmax(-1).exp() * (a.log_softmax(-1) - b.log_softmax(-1))).sum().item()
                     err += (a - b).abs().mean(-1).sum().item()

@@ -582,8 +582,14 @@ def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
     dataset = _datasets(tmp_path)[0]
     base = {"base_url": urls[0], "model": "base"}
     held = {"base_url": urls[1], "model": "held", "concurrency": 2}
+    # The child installs Python's Ctrl-C handler itself: a test run started in the background inherits
+    # SIGINT ignored, and Python leaves an ignored SIGINT ignored.
+    main = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from flyspec.cli import main; main()"
+    )
     command = [
-        sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run", "--sequential",
+        sys.executable, "-c", main, "gate", "run", "--sequential",
         "--store", str(store), "--dataset", dataset, "--margin", "0.1", "--no-progress", "--json",
         "--baseline", json.dumps(base), "--candidate", json.dumps(held),
     ]  # fmt: skip
@@ -594,9 +600,20 @@ def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    # Release the two held requests only once the gate says it is stopping (on a loaded machine the
+    # interrupt can take a while to be handled); the timer keeps a gate that never says so from hanging.
+    watchdog = threading.Timer(60, state.release.set)
+    watchdog.start()
+    assert proc.stderr is not None
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if line.startswith("gate: stopping"):
+            break
     state.release.set()  # the two held requests in flight now finish
-    out, err = proc.communicate(timeout=120)
+    watchdog.cancel()
+    out, rest = proc.communicate(timeout=120)
+    err = "".join(said) + rest
     assert proc.returncode == 130, err
     assert "rerun the same command to resume" in err
     report = json.loads(out.strip().splitlines()[-1])

@@ -15,6 +15,7 @@ from flyspec.models.loader import load_model
 from flyspec.models.quantization import (
     Int4Linear,
     Int8Linear,
+    prefill_pass,
     quantize_per_channel,
     quantize_per_group_int4,
     quantize_per_token,
@@ -107,6 +108,56 @@ def test_int4_rows_do_not_depend_on_the_other_rows(dtype: torch.dtype) -> None:
     x = torch.randn(7, 96).to(dtype)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(7)])
     assert torch.equal(layer(x), alone) and torch.equal(layer(x)[2:5], layer(x[2:5]))
+
+
+def test_int4_layers_use_their_int8_copy_inside_a_prefill_pass() -> None:
+    """Inside `prefill_pass()` an Int4Linear returns exactly its Int8Linear copy's output (the fast path
+    for many rows); outside it, the int4 kernel's; the lm_head flavour has no copy and ignores the mark."""
+    torch.manual_seed(5)
+    weight, bias = torch.randn(48, 64), torch.randn(48)
+    layer = Int4Linear(weight, bias, torch.float32)
+    head = Int4Linear(weight, None, torch.float32, prefill_copy=False)
+    x = torch.randn(9, 64)
+    decode = layer(x)
+    with prefill_pass():
+        assert torch.equal(layer(x), layer.prefill(x))
+        assert torch.equal(head(x), Int4Linear(weight, None, torch.float32, prefill_copy=False)(x))
+    assert not torch.equal(decode, layer.prefill(x)) and torch.equal(layer(x), decode)
+
+
+def test_the_engine_runs_prompts_on_the_int8_copy_and_generated_tokens_on_int4(models, monkeypatch) -> None:
+    """With quantization='int4', the target's prefill passes (and the draft's) take the int8 copies and
+    every decode or verify pass takes the int4 kernel: counted on the real layers of a real engine."""
+    calls = {"int8 copy": 0, "int4 kernel": 0}
+    real_kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+    real_copy = Int8Linear.forward
+
+    def kernel(*args):
+        calls["int4 kernel"] += 1
+        return real_kernel(*args)
+
+    def copy(self, x):
+        calls["int8 copy"] += 1
+        return real_copy(self, x)
+
+    spec = {"model": models["draft"], "num_speculative_tokens": 2}
+    eng = LLMEngine(
+        EngineConfig(model=models["target"], dtype="float32", quantization="int4", speculative_config=spec)
+    )
+    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", kernel)
+    monkeypatch.setattr(Int8Linear, "forward", copy)
+    eng.add_request("r", PROMPTS[3], SamplingParams(temperature=0, max_tokens=1))
+    while eng.has_unfinished_requests():
+        eng.step()
+    linears = 4 * 2  # four projections in each of the tiny model's two layers
+    assert calls == {"int8 copy": 2 * linears, "int4 kernel": 1}  # target + draft prefill; the lm_head
+    calls.update({"int8 copy": 0, "int4 kernel": 0})
+    eng.add_request("s", PROMPTS[3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    eng.step()  # the prefill
+    calls.update({"int8 copy": 0, "int4 kernel": 0})
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert calls["int8 copy"] == 0 and calls["int4 kernel"] > 0
 
 
 def test_int4_refuses_a_width_without_whole_groups() -> None:

@@ -332,7 +332,7 @@ class LLMEngine:
             logits = self._prefill_scoring(chunks, rows, slots, starts, sample, scored)
         else:
             keep = [[n - 1] if s else [] for (_, n), s in zip(chunks, sample, strict=True)]
-            logits = self.target.forward(rows, slots, starts, keep)
+            logits = self.target.forward(rows, slots, starts, keep, prefill=True)
         if self.drafter is not None:
             self.drafter.prefill(rows, slots, starts)
         for seq, n in chunks:
@@ -375,7 +375,7 @@ class LLMEngine:
             list(range(n)) if want else ([n - 1] if s else [])
             for (_, n), want, s in zip(chunks, scored, sample, strict=True)
         ]
-        hidden = self.target.forward_hidden(rows, slots, starts, keep)
+        hidden = self.target.forward_hidden(rows, slots, starts, keep, prefill=True)
         assert hidden is not None
         sampling_rows, offset = [], 0
         for (seq, n), kept, want, s, start in zip(chunks, keep, scored, sample, starts, strict=True):

@@ -41,25 +41,34 @@ class ModelRunner:
         slots: Seq[int],
         starts: Seq[int],
         keep: Seq[Seq[int]] | None = None,
+        *,
+        prefill: bool = False,
     ) -> torch.Tensor | None:
         """Run rows of new tokens through the model, writing their K/V into the cache.
 
         rows[b] are token ids at cache positions starts[b], starts[b] + 1, ... of slot slots[b].
-        keep[b] lists the indices into rows[b] whose logits are wanted. Returns float32 logits
-        [sum(len(keep[b])), V] in row-major order, or None when nothing is kept.
+        keep[b] lists the indices into rows[b] whose logits are wanted. prefill: every row is prompt
+        tokens (ForwardBatch.prefill). Returns float32 logits [sum(len(keep[b])), V] in row-major order,
+        or None when nothing is kept.
         """
         with self.timer:
-            hidden = self._hidden(rows, slots, starts, keep)
+            hidden = self._hidden(rows, slots, starts, keep, prefill)
             return None if hidden is None else self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def forward_hidden(
-        self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int], keep: Seq[Seq[int]]
+        self,
+        rows: Seq[Seq[int]],
+        slots: Seq[int],
+        starts: Seq[int],
+        keep: Seq[Seq[int]],
+        *,
+        prefill: bool = False,
     ) -> torch.Tensor | None:
         """Like `forward`, but returns the final hidden states [sum(len(keep[b])), H] of the kept
         positions, so that a caller can turn many positions into logits a slice at a time (`logits`)."""
         with self.timer:
-            return self._hidden(rows, slots, starts, keep)
+            return self._hidden(rows, slots, starts, keep, prefill)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -67,7 +76,12 @@ class ModelRunner:
         return self.model.compute_logits(hidden).float()
 
     def _hidden(
-        self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int], keep: Seq[Seq[int]] | None
+        self,
+        rows: Seq[Seq[int]],
+        slots: Seq[int],
+        starts: Seq[int],
+        keep: Seq[Seq[int]] | None,
+        prefill: bool,
     ) -> torch.Tensor | None:
         lengths = [len(r) for r in rows]
         width = max(lengths)
@@ -77,6 +91,7 @@ class ModelRunner:
             slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
             start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
             num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
+            prefill=prefill,
         )
         hidden = self.model(input_ids, batch, self.cache)
         if keep is None or not any(keep):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyspec.models.kv_cache import KVCache
-from flyspec.models.quantization import quantize_model, quantized_linear
+from flyspec.models.quantization import prefill_pass, quantize_model, quantized_linear
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -36,12 +36,14 @@ class ForwardBatch:
 
     slots: [B] int64 cache slot of each row; start: [B] int64 cache position of the row's first input
     token; num_tokens: [B] int64 real tokens in the row (inputs at t >= num_tokens[b] are padding: their
-    K/V are never written and their outputs are garbage).
+    K/V are never written and their outputs are garbage). prefill: every row is prompt tokens (int4
+    layers then use their int8 prefill copy; flyspec/models/quantization.py).
     """
 
     slots: torch.Tensor
     start: torch.Tensor
     num_tokens: torch.Tensor
+    prefill: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,7 +296,8 @@ class LlamaForCausalLM(nn.Module):
         lm_head gets a quantized copy of the embedding table, which itself stays in the model's dtype."""
         quantize_model(self, method)
         if self.arch.tie_word_embeddings:
-            self.lm_head = quantized_linear(method, self.model.embed_tokens.weight, None, torch.float32)
+            embed = self.model.embed_tokens.weight
+            self.lm_head = quantized_linear(method, embed, None, torch.float32, logits=True)
         self.quantization = method
 
     @torch.inference_mode()
@@ -440,6 +443,10 @@ class LlamaForCausalLM(nn.Module):
         as [N, hidden]; only the attention sees the padded layout. Padding positions of the result are
         zeros.
         """
+        with prefill_pass(batch.prefill):
+            return self._forward(input_ids, batch, cache)
+
+    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         a = self.arch
         bsz, seq = input_ids.shape
         plan = self._plan(input_ids, batch, cache)

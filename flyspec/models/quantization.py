@@ -25,13 +25,22 @@ channels (32 when the width is not a multiple of 64), each group with its own sc
 `_weight_int4pack_mm_for_cpu`, which unpacks the weights as it reads them. It reads a quarter of the
 bytes of bfloat16, which makes it the fastest format for a single sequence (decode is bound by memory
 bandwidth there), but it is a matrix-vector kernel: its time grows with every row of the input, so from
-about 4 rows on (a verify pass, a batch) int8 is faster. docs/performance.md has the measurements.
+about 4 rows on (a verify pass, a batch) int8 is faster. A prompt of hundreds of tokens would take
+seconds through it, so each int4 layer also keeps an int8 copy of its weights (`Int8Linear`) for prefill
+passes, which the model marks (`ForwardBatch.prefill`, read here through `prefill_pass`): prompt tokens
+always take the int8 copy and generated tokens always the int4 kernel, in target-only and speculative
+runs alike, so exactness is unaffected. The lm_head, which a prefill pass calls for only the last
+position of each prompt, has no copy. docs/performance.md has the measurements.
 
 Quantization is on the CPU only (oneDNN and torch's CPU kernels); `check_quantization` says so for other
 devices.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -131,6 +140,19 @@ half a bit per weight for the scales and offsets, about what llama.cpp's Q4_K sp
 
 _INT4_ROWS = 16  # the kernel packs output channels in blocks of 16; other widths are padded with zeros
 
+_PREFILL = contextvars.ContextVar("flyspec_prefill_pass", default=False)
+
+
+@contextlib.contextmanager
+def prefill_pass(active: bool = True) -> Iterator[None]:
+    """Mark the forward passes inside as prefill passes (prompt tokens only), so that int4 layers use
+    their int8 copy; `active=False` leaves the mark as it is outside."""
+    token = _PREFILL.set(active or _PREFILL.get())
+    try:
+        yield
+    finally:
+        _PREFILL.reset(token)
+
 
 def quantize_per_group_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsigned 4-bit codes [N, K] (int32, 0..15) and float32 (scale, offset) [K / group_size, N, 2] with
@@ -151,11 +173,20 @@ class Int4Linear(nn.Module):
 
     Built from a float weight [N, K] (and bias [N]); the float weight is not kept. Each output row depends
     only on its own input row (the kernel is a matrix-vector product per row), which keeps greedy
-    speculative decoding exact over int4 weights. `out_dtype` is the dtype of the outputs.
+    speculative decoding exact over int4 weights. `out_dtype` is the dtype of the outputs. With
+    `prefill_copy` the layer also holds an `Int8Linear` of the same weight, used inside `prefill_pass()`.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype,
+        *,
+        prefill_copy: bool = True,
+    ) -> None:
         super().__init__()
+        self.prefill = Int8Linear(weight, bias, out_dtype) if prefill_copy else None
         self.out_features, self.in_features = weight.shape
         self.out_dtype = out_dtype
         self.group_size = next((g for g in INT4_GROUP_SIZES if self.in_features % g == 0), None)
@@ -183,6 +214,8 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] (float32, bfloat16 or float16) -> [..., N] in `out_dtype`."""
+        if self.prefill is not None and _PREFILL.get():
+            return self.prefill.forward(x)
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -200,14 +233,19 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {groups}"
 
 
-_LINEAR = {"int8": Int8Linear, "int4": Int4Linear}
-
-
 def quantized_linear(
-    method: str, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+    method: str,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    logits: bool = False,
 ) -> nn.Module:
-    """The quantized layer of `method` ("int8" or "int4") built from a float weight [N, K] and bias."""
-    return _LINEAR[method](weight, bias, out_dtype)
+    """The quantized layer of `method` ("int8" or "int4") built from a float weight [N, K] and bias;
+    `logits` marks the lm_head (an int4 lm_head needs no prefill copy)."""
+    if method == "int4":
+        return Int4Linear(weight, bias, out_dtype, prefill_copy=not logits)
+    return Int8Linear(weight, bias, out_dtype)
 
 
 def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -> None:
@@ -222,6 +260,7 @@ def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 logits = parent is model and name == lm_head
-                layer = quantized_linear(method, child.weight, child.bias, torch.float32 if logits else dtype)
+                out_dtype = torch.float32 if logits else dtype
+                layer = quantized_linear(method, child.weight, child.bias, out_dtype, logits=logits)
                 setattr(parent, name, layer)
                 del child

@@ -48,7 +48,7 @@ class DraftModelDrafter(Drafter):
 
     def prefill(self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int]) -> None:
         """Run the prompt chunks through the draft model too, so the first proposal has little to catch up."""
-        self.runner.forward(rows, slots, starts)
+        self.runner.forward(rows, slots, starts, prefill=True)
         for row, slot, start in zip(rows, slots, starts, strict=True):
             self._cached[slot] = start + len(row)
 
