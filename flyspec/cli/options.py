@@ -21,7 +21,7 @@ QuantizationOption = Annotated[
     typer.Option(
         help="Weight quantization at load time: int8 (per-channel int8 weights, per-token int8 activations; "
         "the fastest for batches) or int4 (4-bit weights in groups of 64; the fastest for one sequence at a "
-        "time, slower than int8 from about 4 concurrent sequences). CPU only; the draft model too unless "
+        "time, no faster than int8 from about 5 concurrent sequences). CPU only; the draft model too unless "
         "--speculative-config sets its quantization. Default: none.",
     ),
 ]

@@ -25,7 +25,7 @@ channels (32 when the width is not a multiple of 64), each group with its own sc
 `_weight_int4pack_mm_for_cpu`, which unpacks the weights as it reads them. It reads a quarter of the
 bytes of bfloat16, which makes it the fastest format for a single sequence (decode is bound by memory
 bandwidth there), but it is a matrix-vector kernel: its time grows with every row of the input, so from
-about 4 rows on (a verify pass, a batch) int8 is faster. A prompt of hundreds of tokens would take
+about 5 rows on (a verify pass, a batch) int8 is as fast or faster. A prompt of hundreds of tokens would take
 seconds through it, so each int4 layer also keeps an int8 copy of its weights (`Int8Linear`) for prefill
 passes, which the model marks (`ForwardBatch.prefill`, read here through `prefill_pass`): prompt tokens
 always take the int8 copy and generated tokens always the int4 kernel, in target-only and speculative
