@@ -31,9 +31,9 @@ from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
 
 # flyspec-int8 and flyspec-int4: our server with quantization="int8" or "int4" (docs/performance.md), the
 # weights quantized at load from the same bf16 files, to compare with llama.cpp's own quantized format.
-PEERS = ("flyspec", "flyspec-int8", "flyspec-int4", "vllm", "llama.cpp")
-FLYSPEC_PEERS = ("flyspec", "flyspec-int8", "flyspec-int4")
 _QUANTIZED_WEIGHTS = {"int8": "int8 W8A8", "int4": "int4 weight-only, groups of 64"}
+FLYSPEC_PEERS = ("flyspec", *(f"flyspec-{q}" for q in _QUANTIZED_WEIGHTS))
+PEERS = (*FLYSPEC_PEERS, "vllm", "llama.cpp")
 METHODS = ("target", "draft_model", "fly", "ngram")
 INSTALL_HINT = "run `make peers` in the flyspec checkout (or set FLYSPEC_PEERS to the folder it made)"
 # vLLM's CPU KV cache in GiB: 2 GiB holds about 40,000 tokens of the 1.5B target and its 0.5B draft,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from flyspec.bench.peers import FLYSPEC_PEERS
+
 # Which flyspec arm a peer's arm is compared with (same method, same lossless verification).
 _SAME_ARM = {"target": "target", "standard": "standard", "ngram": "ngram"}
 
@@ -50,9 +52,7 @@ RESULT_COLUMNS = (
     "arm",
     "conc.",
     "tokens/s",
-    "flyspec / this",
-    "flyspec-int8 / this",
-    "flyspec-int4 / this",
+    *(f"{peer} / this" for peer in FLYSPEC_PEERS),
     "vs own target",
     "per request tok/s",
     "TTFT mean (s)",
@@ -73,9 +73,7 @@ def result_cells(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[str]:
         row["arm"],
         str(row["concurrency"]),
         _num(row["tokens_per_s"]),
-        _num(flyspec_ratio(rows, row, "tokens_per_s"), "{:.2f}x"),
-        _num(flyspec_ratio(rows, row, "tokens_per_s", "flyspec-int8"), "{:.2f}x"),
-        _num(flyspec_ratio(rows, row, "tokens_per_s", "flyspec-int4"), "{:.2f}x"),
+        *(_num(flyspec_ratio(rows, row, "tokens_per_s", peer), "{:.2f}x") for peer in FLYSPEC_PEERS),
         _num(target_ratio(rows, row), "{:.2f}x"),
         _num(row["per_request_tokens_per_s"]),
         _num(row["ttft_mean_s"]),

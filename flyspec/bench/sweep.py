@@ -106,10 +106,8 @@ def split_format(fmt: str | None) -> tuple[str | None, str | None]:
 
 
 def _valid_format(fmt: str | None) -> bool:
-    if fmt is None or "/" not in fmt:
-        return fmt is None or fmt in QUANTIZATION_METHODS
-    target, draft = fmt.split("/", 1)
-    return target in (*QUANTIZATION_METHODS, "none") and draft in (*QUANTIZATION_METHODS, "none")
+    target, draft = split_format(fmt)
+    return target in (None, *QUANTIZATION_METHODS) and draft in (None, "none", *QUANTIZATION_METHODS)
 
 
 def parse_int_list(field: str, text: str, minimum: int = 1) -> list[int]:

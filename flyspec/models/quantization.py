@@ -186,7 +186,6 @@ class Int4Linear(nn.Module):
         prefill_copy: bool = True,
     ) -> None:
         super().__init__()
-        self.prefill = Int8Linear(weight, bias, out_dtype) if prefill_copy else None
         self.out_features, self.in_features = weight.shape
         self.out_dtype = out_dtype
         self.group_size = next((g for g in INT4_GROUP_SIZES if self.in_features % g == 0), None)
@@ -195,6 +194,7 @@ class Int4Linear(nn.Module):
                 f"quantization='int4' needs layers whose input width is a multiple of "
                 f"{min(INT4_GROUP_SIZES)}; this model has one of width {self.in_features}"
             )
+        self.prefill = Int8Linear(weight, bias, out_dtype) if prefill_copy else None
         pad = -self.out_features % _INT4_ROWS
         if pad:
             weight = torch.cat((weight.detach(), weight.new_zeros(pad, self.in_features)))
@@ -202,15 +202,7 @@ class Int4Linear(nn.Module):
         # Plain attributes, not buffers, as for Int8Linear: an opaque packed layout, never saved.
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         self.scales_and_offsets = pairs.to(weight.dtype)
-        self._pairs = {weight.dtype: self.scales_and_offsets}
         self.bias = None if bias is None else bias.detach().float()
-
-    def _pairs_for(self, dtype: torch.dtype) -> torch.Tensor:
-        # The kernel wants scales in the activations' dtype; a model runs in one dtype, so this converts
-        # at most once.
-        if dtype not in self._pairs:
-            self._pairs[dtype] = self.scales_and_offsets.to(dtype)
-        return self._pairs[dtype]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] (float32, bfloat16 or float16) -> [..., N] in `out_dtype`."""
@@ -218,14 +210,13 @@ class Int4Linear(nn.Module):
             return self.prefill.forward(x)
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, self.group_size, self._pairs_for(rows.dtype)
-        )
+        # The kernel wants the scales in the activations' dtype (a model's own calls already match).
+        pairs = self.scales_and_offsets.to(rows.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, pairs)
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
-        y = y.to(torch.float32) if self.bias is not None else y
         if self.bias is not None:
-            y = y.add_(self.bias)
+            y = y.to(torch.float32).add_(self.bias)
         return y.to(self.out_dtype).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
