@@ -10,6 +10,7 @@ from tiny_llm import save_tiny
 
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
+from flyspec.models import int4_kernel
 from flyspec.models.llama import ForwardBatch
 from flyspec.models.loader import load_model
 from flyspec.models.quantization import (
@@ -23,6 +24,7 @@ from flyspec.models.quantization import (
 from flyspec.sampling_params import SamplingParams
 
 PROMPTS = [" ".join(f"w{(7 * i + 3 * j) % 240}" for j in range(2 + 5 * i)) for i in range(6)]
+_TORCH_INT4 = "_weight_int4pack_mm_for_cpu"
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
@@ -77,11 +79,43 @@ def test_per_token_scales_keep_small_rows_precise() -> None:
     assert rel.max() < 0.02
 
 
+@pytest.fixture(params=["ours", "torch"])
+def int4_kernel_choice(request, monkeypatch) -> str:
+    """Each int4 test runs on our few-row kernel and on torch's, the fallback where ours cannot be built
+    (FLYSPEC_INT4_KERNEL=torch asks for it)."""
+    if request.param == "torch":
+        monkeypatch.setenv("FLYSPEC_INT4_KERNEL", "torch")
+    int4_kernel.library.cache_clear()
+    if request.param == "ours" and int4_kernel.library() is None:
+        pytest.skip(f"our int4 kernel cannot be built here: {int4_kernel.unavailable_reason()}")
+    yield request.param
+    int4_kernel.library.cache_clear()
+
+
+def _int4_reference(x: torch.Tensor, layer: Int4Linear, weight: torch.Tensor, kernel: str) -> torch.Tensor:
+    """float64 x @ W^T for the layer's int4 weights W = (code - 8) * scale + offset, one scale and offset
+    per group; on our kernel with the scale and offset' = offset - 8 * scale in bfloat16 and x quantized to
+    int8 per group of the same width (symmetric, round to nearest), as the kernel does."""
+    group = layer.group_size
+    codes, pairs = quantize_per_group_int4(weight, group)
+    scale, offset = pairs[..., 0].double(), pairs[..., 1].double()
+    if kernel == "torch":
+        offset = offset - 8 * scale
+    else:
+        scale, offset = scale.bfloat16().double(), (offset - 8 * scale).bfloat16().double()
+        xg = x.double().view(x.shape[0], -1, group)
+        sx = xg.abs().amax(dim=2, keepdim=True) / 127
+        x = (torch.round(xg / sx) * sx).view_as(x)
+    w = codes.double() * scale.t().repeat_interleave(group, 1) + offset.t().repeat_interleave(group, 1)
+    return x.double() @ w.T
+
+
 @pytest.mark.parametrize("out_features", [96, 40])
-def test_int4_linear_computes_the_grouped_product(out_features: int) -> None:
+def test_int4_linear_computes_the_grouped_product(out_features: int, int4_kernel_choice: str) -> None:
     """Int4Linear's output is x @ ((code - 8) * scale + offset)^T + bias with one scale and offset per
-    group of 64 input channels, checked against a float64 reference for 1, 5 and 33 rows, also for a
-    width the kernel cannot pack (40 output rows, padded to 48 and cut back)."""
+    group of 64 input channels (our kernel: activations quantized to int8 in the same groups), checked
+    against a float64 reference for 1, 5 and 33 rows, also for a width not a multiple of 16 (40 output
+    rows, padded to 48 and cut back)."""
     torch.manual_seed(3)
     weight, bias = torch.randn(out_features, 128), torch.randn(out_features)
     layer = Int4Linear(weight, bias, torch.float32)
@@ -92,22 +126,42 @@ def test_int4_linear_computes_the_grouped_product(out_features: int) -> None:
     assert (dequant - weight.double()).abs().max() <= scale.max() / 2 + 1e-6  # round to nearest
     for rows in (1, 5, 33):
         x = torch.randn(rows, 128)
-        torch.testing.assert_close(
-            layer(x).double(), x.double() @ dequant.T + bias.double(), rtol=1e-5, atol=1e-4
-        )
+        expected = _int4_reference(x, layer, weight, int4_kernel_choice) + bias.double()
+        torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_our_int4_kernel_is_closer_to_the_float_product_than_the_weights_alone_allow() -> None:
+    """Quantizing the activations to int8 per group of 64 (our kernel) adds little to the weights' own
+    int4 error: on Gaussian inputs the product's relative error grows by under 1% of the weight error,
+    for bfloat16 inputs and outputs too."""
+    int4_kernel.library.cache_clear()
+    if int4_kernel.library() is None:
+        pytest.skip(f"our int4 kernel cannot be built here: {int4_kernel.unavailable_reason()}")
+    torch.manual_seed(6)
+    weight = torch.randn(256, 512) * 0.02
+    layer = Int4Linear(weight, None, torch.float32, prefill_copy=False)
+    x = torch.randn(3, 512)
+    exact = x.double() @ weight.double().T
+    weights_only = _int4_reference(x, layer, weight, "torch")
+    err = lambda y: ((y.double() - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert err(layer(x)) < 1.01 * err(weights_only)
+    low = Int4Linear(weight.bfloat16(), None, torch.bfloat16, prefill_copy=False)
+    assert low(x.bfloat16()).dtype == torch.bfloat16 and err(low(x.bfloat16())) < 1.05 * err(weights_only)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_rows_do_not_depend_on_the_other_rows(dtype: torch.dtype) -> None:
+def test_int4_rows_do_not_depend_on_the_other_rows(dtype: torch.dtype, int4_kernel_choice: str) -> None:
     """Each output row of Int4Linear is bit-identical whether its input row is multiplied alone, with
     others, or within a slice of the batch: what keeps speculative decoding exact over int4 weights,
-    whose verify passes have more rows than a target-only step."""
+    whose verify passes have more rows than a target-only step. 19 rows cross our kernel's chunks of 8
+    rows and its different block widths for 1-8 rows; 72 outputs end inside a block of 16."""
     torch.manual_seed(4)
-    layer = Int4Linear(torch.randn(64, 96).to(dtype), None, dtype)
+    layer = Int4Linear(torch.randn(72, 96).to(dtype), None, dtype)
     assert layer.group_size == 32  # 96 is not a multiple of 64
-    x = torch.randn(7, 96).to(dtype)
-    alone = torch.cat([layer(x[i : i + 1]) for i in range(7)])
-    assert torch.equal(layer(x), alone) and torch.equal(layer(x)[2:5], layer(x[2:5]))
+    x = torch.randn(19, 96).to(dtype)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(19)])
+    assert torch.equal(layer(x), alone)
+    assert all(torch.equal(layer(x)[i : i + n], layer(x[i : i + n])) for i in (0, 2) for n in range(2, 9))
 
 
 def test_int4_layers_use_their_int8_copy_inside_a_prefill_pass() -> None:
@@ -125,11 +179,14 @@ def test_int4_layers_use_their_int8_copy_inside_a_prefill_pass() -> None:
     assert not torch.equal(decode, layer.prefill(x)) and torch.equal(layer(x), decode)
 
 
-def test_the_engine_runs_prompts_on_the_int8_copy_and_generated_tokens_on_int4(models, monkeypatch) -> None:
+def test_the_engine_runs_prompts_on_the_int8_copy_and_generated_tokens_on_int4(
+    models, monkeypatch, int4_kernel_choice: str
+) -> None:
     """With quantization='int4', the target's prefill passes (and the draft's) take the int8 copies and
     every decode or verify pass takes the int4 kernel: counted on the real layers of a real engine."""
     calls = {"int8 copy": 0, "int4 kernel": 0}
-    real_kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+    owner, name = (int4_kernel, "matmul") if int4_kernel_choice == "ours" else (torch.ops.aten, _TORCH_INT4)
+    real_kernel = getattr(owner, name)
     real_copy = Int8Linear.forward
 
     def kernel(*args):
@@ -144,7 +201,7 @@ def test_the_engine_runs_prompts_on_the_int8_copy_and_generated_tokens_on_int4(m
     eng = LLMEngine(
         EngineConfig(model=models["target"], dtype="float32", quantization="int4", speculative_config=spec)
     )
-    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", kernel)
+    monkeypatch.setattr(owner, name, kernel)
     monkeypatch.setattr(Int8Linear, "forward", copy)
     eng.add_request("r", PROMPTS[3], SamplingParams(temperature=0, max_tokens=1))
     while eng.has_unfinished_requests():

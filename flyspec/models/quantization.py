@@ -1,5 +1,5 @@
 """Weight quantization as a load option: `quantization="int8"` (W8A8, dynamic per-token activations)
-or `quantization="int4"` (weight-only, 4-bit groups).
+or `quantization="int4"` (4-bit weight groups, activations to int8 per group).
 
 **int8.** Every linear layer of the decoder (q/k/v, o, gate/up, down) and the lm_head becomes an `Int8Linear`:
 int8 weights with one symmetric scale per output channel, and activations quantized to int8 on the fly
@@ -21,16 +21,18 @@ docs/performance.md.
 
 **int4.** Every linear layer and the lm_head become an `Int4Linear`: weights in groups of 64 input
 channels (32 when the width is not a multiple of 64), each group with its own scale and offset
-(asymmetric round-to-nearest), activations in the model's dtype. The product is torch's CPU kernel
-`_weight_int4pack_mm_for_cpu`, which unpacks the weights as it reads them. It reads a quarter of the
-bytes of bfloat16, which makes it the fastest format for a single sequence (decode is bound by memory
-bandwidth there), but it is a matrix-vector kernel: its time grows with every row of the input, so from
-about 5 rows on (a verify pass, a batch) int8 is as fast or faster. A prompt of hundreds of tokens would take
-seconds through it, so each int4 layer also keeps an int8 copy of its weights (`Int8Linear`) for prefill
-passes, which the model marks (`ForwardBatch.prefill`, read here through `prefill_pass`): prompt tokens
-always take the int8 copy and generated tokens always the int4 kernel, in target-only and speculative
-runs alike, so exactness is unaffected. The lm_head, which a prefill pass calls for only the last
-position of each prompt, has no copy. docs/performance.md has the measurements.
+(asymmetric round-to-nearest). The product is our kernel (`int4_kernel`, csrc/int4_matmul.cpp, built
+once per machine): the activations are quantized to int8 in the same groups, one symmetric scale per
+group of each row, and multiplied with the 4-bit codes by AVX-512 VNNI, so the weights, a quarter of
+bfloat16's bytes, are read once for up to 8 rows; a verify pass of a few rows costs little more than one
+row. Where that kernel cannot be built (no compiler, no AVX-512 VNNI), torch's `_weight_int4pack_mm_for_cpu`
+takes its place (activations in the model's dtype), a matrix-vector kernel whose time grows with every
+row. Prompts of hundreds of tokens are still faster through int8's matmul, so each int4 layer also keeps
+an int8 copy of its weights (`Int8Linear`) for prefill passes, which the model marks
+(`ForwardBatch.prefill`, read here through `prefill_pass`): prompt tokens always take the int8 copy and
+generated tokens always the int4 kernel, in target-only and speculative runs alike, so exactness is
+unaffected. The lm_head, which a prefill pass calls for only the last position of each prompt, has no
+copy. docs/performance.md has the measurements.
 
 Quantization is on the CPU only (oneDNN and torch's CPU kernels); `check_quantization` says so for other
 devices.
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 from flyspec.config import QUANTIZATION_METHODS
+from flyspec.models import int4_kernel
 
 _EPS = 1e-12  # an all-zero row (a padding token) gets a tiny scale instead of a division by zero
 
@@ -156,8 +159,8 @@ def prefill_pass(active: bool = True) -> Iterator[None]:
 
 def quantize_per_group_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsigned 4-bit codes [N, K] (int32, 0..15) and float32 (scale, offset) [K / group_size, N, 2] with
-    w ~ (code - 8) * scale + offset, one pair per group of `group_size` input channels of each row (the
-    kernel's layout). The offset is the group's midpoint, so min and max are represented exactly."""
+    w ~ (code - 8) * scale + offset, one pair per group of `group_size` input channels of each row (torch's
+    int4 kernel's layout). The offset is the group's midpoint, so min and max are represented exactly."""
     n, k = weight.shape
     w = weight.detach().float().view(n, k // group_size, group_size)
     low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
@@ -169,11 +172,11 @@ def quantize_per_group_int4(weight: torch.Tensor, group_size: int) -> tuple[torc
 
 
 class Int4Linear(nn.Module):
-    """A linear layer with 4-bit grouped weights and activations in their own dtype (weight-only).
+    """A linear layer with 4-bit grouped weights (see the module docstring for the two kernels).
 
     Built from a float weight [N, K] (and bias [N]); the float weight is not kept. Each output row depends
-    only on its own input row (the kernel is a matrix-vector product per row), which keeps greedy
-    speculative decoding exact over int4 weights. `out_dtype` is the dtype of the outputs. With
+    only on its own input row, bit for bit, which keeps greedy speculative decoding exact over int4
+    weights. `out_dtype` is the dtype of the outputs. With
     `prefill_copy` the layer also holds an `Int8Linear` of the same weight, used inside `prefill_pass()`.
     """
 
@@ -199,9 +202,13 @@ class Int4Linear(nn.Module):
         if pad:
             weight = torch.cat((weight.detach(), weight.new_zeros(pad, self.in_features)))
         codes, pairs = quantize_per_group_int4(weight, self.group_size)
-        # Plain attributes, not buffers, as for Int8Linear: an opaque packed layout, never saved.
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        self.scales_and_offsets = pairs.to(weight.dtype)
+        # Plain attributes, not buffers, as for Int8Linear: packed layouts, never saved.
+        self._kernel = int4_kernel.library()
+        if self._kernel is not None:
+            self.packed, self.scales_and_offsets = int4_kernel.pack(codes, pairs)
+        else:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            self.scales_and_offsets = pairs.to(weight.dtype)
         self.bias = None if bias is None else bias.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -209,8 +216,14 @@ class Int4Linear(nn.Module):
         if self.prefill is not None and _PREFILL.get():
             return self.prefill.forward(x)
         shape = x.shape
-        rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
-        # The kernel wants the scales in the activations' dtype (a model's own calls already match).
+        rows = x.reshape(-1, self.in_features).contiguous()  # the kernels read rows densely
+        if self._kernel is not None:
+            y = int4_kernel.matmul(
+                self._kernel, rows, self.packed, self.scales_and_offsets, self.group_size,
+                self.out_features, self.bias, self.out_dtype,
+            )  # fmt: skip
+            return y.view(*shape[:-1], self.out_features)
+        # torch's kernel wants the scales in the activations' dtype (a model's own calls match).
         pairs = self.scales_and_offsets.to(rows.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, pairs)
         if y.shape[1] != self.out_features:

@@ -1,0 +1,207 @@
+// Weight-only int4 matrix product for a few rows: y[M, N] = x[M, K] * W[N, K]^T (+ bias).
+//
+// Why our own kernel: torch's `_weight_int4pack_mm_for_cpu` unpacks the weights once per input row, so a
+// verify pass of 5 rows costs about 3x one row. Here each block of weights is read once for up to
+// MAX_ROWS rows and multiplied as 4-bit codes, without unpacking to floats: the rows are quantized to int8
+// in groups (one scale per group of G input channels, as the weights are), and AVX-512 VNNI's
+// `vpdpbusd` multiplies 64 code/activation byte pairs per instruction into int32 sums, which are scaled
+// once per group (the scheme of llama.cpp's Q4 x Q8 dot products). Plain C++ with intrinsics and no
+// torch headers: it compiles in about a second with the machine's own instruction set (-march=native)
+// and is called through ctypes; OpenMP here shares torch's runtime (the same libgomp.so.1 is loaded).
+//
+// Layout, made by flyspec/models/int4_kernel.py. Output channels come in blocks of 16 (N is padded).
+//   codes:  [N / 16][K / 8][64] bytes; byte 4j + t of octet q holds the codes (0..15) of channel 16b + j
+//           for input channels 8q + t (low nibble) and 8q + 4 + t (high nibble), t = 0..3.
+//   scales: [N / 16][K / G][2][16] bfloat16 bit patterns: the group's scale, then its offset, so that
+//           w = code * scale + offset.
+// For an activation group x ~ sx * qx (qx int8): sum_k x w = sx * (scale * sum qx code + offset * sum qx).
+//
+// Exactness: a row's int8 codes depend only on that row, integer sums are exact, and the float steps per
+// output element are the same operations in the same order whatever M is and wherever the row falls in
+// a chunk, so a row's result does not depend on the other rows (greedy speculative decoding over int4
+// weights stays token-identical to target-only decoding).
+
+#ifndef __AVX512VNNI__
+#error "the int4 kernel needs AVX-512 VNNI (avx512_vnni); torch's int4 kernel is used instead"
+#endif
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+static const int BLOCK = 16;
+static const int MAX_ROWS = 8;
+
+static inline __m512 bf16_to_f32(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline float bf16_bits_to_float(uint16_t h) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    if (std::isnan(f)) return 0x7FC0;
+    return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);  // round to nearest even
+}
+
+// The quantized rows: int8 codes [m][k], and per group the scale sx and sx * sum(qx) [m][k / group].
+struct Rows {
+    const int8_t* q;
+    const float* sx;
+    const float* cx;
+};
+
+// One row of x (float32 or bfloat16) -> int8 codes with one symmetric scale per group.
+static void quantize_row(const void* x, bool bf16, int64_t row, int64_t k, int64_t group, int8_t* q,
+                         float* sx, float* cx) {
+    std::vector<float> v(group);
+    for (int64_t g = 0; g < k / group; ++g) {
+        float amax = 0.f;
+        for (int64_t i = 0; i < group; ++i) {
+            const int64_t at = row * k + g * group + i;
+            v[i] = bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(x)[at])
+                        : static_cast<const float*>(x)[at];
+            amax = std::fmax(amax, std::fabs(v[i]));
+        }
+        const float scale = amax / 127.f;
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < group; ++i) {
+            const int32_t c = static_cast<int32_t>(std::nearbyint(v[i] * inv));
+            q[row * k + g * group + i] = static_cast<int8_t>(c);
+            sum += c;
+        }
+        sx[row * (k / group) + g] = scale;
+        cx[row * (k / group) + g] = scale * static_cast<float>(sum);
+    }
+}
+
+// R rows times NB consecutive blocks; several blocks give the VNNI units independent chains to work on.
+// (Integer sums are exact, so how they are grouped cannot change a result.)
+template <int R, int NB>
+static void block_rows(const Rows& rows, int64_t k, const uint8_t* codes, const uint16_t* scales,
+                       int64_t group, __m512* out) {
+    const int64_t code_stride = (k / 8) * 64;
+    const int64_t groups = k / group;
+    const int64_t scale_stride = groups * 2 * BLOCK;
+    const __m512i nibble = _mm512_set1_epi8(15);
+    __m512 acc[NB][R];
+    for (int b = 0; b < NB; ++b)
+        for (int r = 0; r < R; ++r) acc[b][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i dots[NB][R];
+        for (int b = 0; b < NB; ++b)
+            for (int r = 0; r < R; ++r) dots[b][r] = _mm512_setzero_si512();
+        for (int64_t c = g * group; c < (g + 1) * group; c += 8) {
+            for (int b = 0; b < NB; ++b) {
+                const __m512i bytes =
+                    _mm512_loadu_si512(reinterpret_cast<const void*>(codes + b * code_stride + c * 8));
+                const __m512i lo = _mm512_and_si512(bytes, nibble);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+                for (int r = 0; r < R; ++r) {
+                    int32_t x0, x1;
+                    std::memcpy(&x0, rows.q + r * k + c, 4);
+                    std::memcpy(&x1, rows.q + r * k + c + 4, 4);
+                    dots[b][r] = _mm512_dpbusd_epi32(dots[b][r], lo, _mm512_set1_epi32(x0));
+                    dots[b][r] = _mm512_dpbusd_epi32(dots[b][r], hi, _mm512_set1_epi32(x1));
+                }
+            }
+        }
+        for (int b = 0; b < NB; ++b) {
+            const __m512 scale = bf16_to_f32(scales + b * scale_stride + g * 2 * BLOCK);
+            const __m512 offset = bf16_to_f32(scales + b * scale_stride + g * 2 * BLOCK + BLOCK);
+            for (int r = 0; r < R; ++r) {
+                const __m512 dot = _mm512_cvtepi32_ps(dots[b][r]);
+                const __m512 sx = _mm512_set1_ps(rows.sx[r * groups + g]);
+                const __m512 cx = _mm512_set1_ps(rows.cx[r * groups + g]);
+                acc[b][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, sx), acc[b][r]);
+                acc[b][r] = _mm512_fmadd_ps(offset, cx, acc[b][r]);
+            }
+        }
+    }
+    for (int b = 0; b < NB; ++b)
+        for (int r = 0; r < R; ++r) out[r * NB + b] = acc[b][r];
+}
+
+typedef void (*BlockFn)(const Rows&, int64_t, const uint8_t*, const uint16_t*, int64_t, __m512*);
+
+// Blocks per call for 1..MAX_ROWS rows, as many as the 32 vector registers hold.
+static const int WIDE = 4;
+static const int WIDTHS[MAX_ROWS + 1] = {0, 4, 4, 2, 2, 2, 2, 1, 1};
+static const BlockFn WIDE_FNS[MAX_ROWS + 1] = {
+    nullptr, block_rows<1, 4>, block_rows<2, 4>, block_rows<3, 2>, block_rows<4, 2>,
+    block_rows<5, 2>, block_rows<6, 2>, block_rows<7, 1>, block_rows<8, 1>,
+};
+static const BlockFn ONE_FNS[MAX_ROWS + 1] = {
+    nullptr, block_rows<1, 1>, block_rows<2, 1>, block_rows<3, 1>, block_rows<4, 1>,
+    block_rows<5, 1>, block_rows<6, 1>, block_rows<7, 1>, block_rows<8, 1>,
+};
+
+// Bias, then the output dtype, for the columns of block `col` that exist (n may end inside a block).
+static void store(const __m512& v, const float* bias, bool bf16_out, void* y, int64_t row, int64_t n,
+                  int64_t col) {
+    float tmp[BLOCK];
+    _mm512_storeu_ps(tmp, v);
+    const int64_t valid = n - col < BLOCK ? n - col : BLOCK;
+    for (int64_t j = 0; j < valid; ++j) {
+        const float f = bias ? tmp[j] + bias[col + j] : tmp[j];
+        if (bf16_out)
+            static_cast<uint16_t*>(y)[row * n + col + j] = float_to_bf16_bits(f);
+        else
+            static_cast<float*>(y)[row * n + col + j] = f;
+    }
+}
+
+extern "C" {
+
+// x: [m, k] float32 (x_bf16 = 0) or bfloat16 (1); y: [m, n] float32 (y_bf16 = 0) or bfloat16 (1);
+// bias: float32 [n] or null; codes and scales as above for n rounded up to a multiple of 16;
+// k % group == 0 and group % 8 == 0.
+void flyspec_int4_matmul(const void* x, int x_bf16, int64_t m, int64_t k, const uint8_t* codes,
+                         const uint16_t* scales, int64_t group, int64_t n, const float* bias, void* y,
+                         int y_bf16) {
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    const int64_t code_stride = (k / 8) * 64;
+    const int64_t scale_stride = (k / group) * 2 * BLOCK;
+    const int64_t spans = (blocks + WIDE - 1) / WIDE;
+    std::vector<int8_t> q(m * k);
+    std::vector<float> sx(m * (k / group)), cx(m * (k / group));
+    const Rows rows_all{q.data(), sx.data(), cx.data()};
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; ++r) quantize_row(x, x_bf16, r, k, group, q.data(), sx.data(), cx.data());
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < spans; ++s) {
+            const int64_t end = (s + 1) * WIDE < blocks ? (s + 1) * WIDE : blocks;
+            __m512 out[MAX_ROWS * WIDE];
+            for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+                const int rows = m - r0 < MAX_ROWS ? static_cast<int>(m - r0) : MAX_ROWS;
+                const Rows chunk{rows_all.q + r0 * k, rows_all.sx + r0 * (k / group),
+                                 rows_all.cx + r0 * (k / group)};
+                int64_t b = s * WIDE;
+                while (b < end) {
+                    const int width = b + WIDTHS[rows] <= end ? WIDTHS[rows] : 1;
+                    (width > 1 ? WIDE_FNS : ONE_FNS)[rows](chunk, k, codes + b * code_stride,
+                                                          scales + b * scale_stride, group, out);
+                    for (int r = 0; r < rows; ++r)
+                        for (int i = 0; i < width; ++i)
+                            store(out[r * width + i], bias, y_bf16, y, r0 + r, n, (b + i) * BLOCK);
+                    b += width;
+                }
+            }
+        }
+    }
+}
+
+}
