@@ -249,7 +249,7 @@ SMOLLM2 = Path.home() / ".cache/flyspec/models/smollm2-135m-instruct"
 @pytest.mark.skipif(not SMOLLM2.exists(), reason="needs `flyspec models prepare smollm2-135m-instruct`")
 def test_real_model_json_schema_under_aggressive_fly():
     """SmolLM2-135M as target and, with Gaussian noise on its weights, as a draft that disagrees often:
-    50 seeded chat requests with a JSON schema under FLy (theta 0, W 1) all return JSON that validates."""
+    25 seeded chat requests with a JSON schema under FLy (theta 0, W 1) all return JSON that validates."""
     from flyspec import LLM
     from flyspec.models.loader import load_model
 
@@ -269,8 +269,8 @@ def test_real_model_json_schema_under_aggressive_fly():
     llm = LLM.from_config(config, target=target, draft=draft)
     messages = [{"role": "user", "content": "Describe a person as JSON with name, age and ok."}]
     outs = llm.chat(
-        [messages] * 50,
-        [json_params(seed, temperature=0.7, max_tokens=64) for seed in range(50)],
+        [messages] * 25,
+        [json_params(seed, temperature=0.7, max_tokens=64) for seed in range(25)],
         use_tqdm=False,
     )
     for out in outs:
