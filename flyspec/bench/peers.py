@@ -31,7 +31,7 @@ from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
 
 # flyspec-int8 and flyspec-int4: our server with quantization="int8" or "int4" (docs/performance.md), the
 # weights quantized at load from the same bf16 files, to compare with llama.cpp's own quantized format.
-_QUANTIZED_WEIGHTS = {"int8": "int8 W8A8", "int4": "int4 weight-only, groups of 64"}
+_QUANTIZED_WEIGHTS = {"int8": "int8 W8A8", "int4": "int4 W4A8, groups of 64"}
 FLYSPEC_PEERS = ("flyspec", *(f"flyspec-{q}" for q in _QUANTIZED_WEIGHTS))
 PEERS = (*FLYSPEC_PEERS, "vllm", "llama.cpp")
 METHODS = ("target", "draft_model", "fly", "ngram")
