@@ -3,9 +3,9 @@
 The C++ source compiles with the machine's C++ compiler (`$CXX`, else `c++` or `g++`) and its own
 instruction set into `$FLYSPEC_CACHE/kernels/`, keyed by a hash of the source, the flags, the compiler and
 the CPU, so a new CPU or a changed source builds afresh and everything else loads the cached library.
-Where no compiler works, or with `FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in
-`unavailable_reason()`, and int4 layers use torch's own kernel instead (slower for more than one row,
-same quantized weights).
+Where it cannot be built (no compiler or a failing one, a CPU without AVX-512 VNNI, an unwritable cache),
+or with `FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in `unavailable_reason()`,
+and int4 layers use torch's own kernel instead (slower for more than one row, same quantized weights).
 
 Why ctypes and not a torch C++ extension: the kernel needs no torch headers, so it builds in about a
 second instead of a minute, and the shared OpenMP runtime (torch's libgomp.so.1, already loaded when this

@@ -1,4 +1,4 @@
-// Weight-only int4 matrix product for a few rows: y[M, N] = x[M, K] * W[N, K]^T (+ bias).
+// int4-weight matrix product for a few rows: y[M, N] = x[M, K] * W[N, K]^T (+ bias), x quantized to int8.
 //
 // Why our own kernel: torch's `_weight_int4pack_mm_for_cpu` unpacks the weights once per input row, so a
 // verify pass of 5 rows costs about 3x one row. Here each block of weights is read once for up to
