@@ -20,9 +20,9 @@ QuantizationOption = Annotated[
     str | None,
     typer.Option(
         help="Weight quantization at load time: int8 (per-channel int8 weights, per-token int8 activations; "
-        "the fastest for batches) or int4 (4-bit weights in groups of 64; the fastest for one sequence at a "
-        "time, no faster than int8 from about 5 concurrent sequences). CPU only; the draft model too unless "
-        "--speculative-config sets its quantization. Default: none.",
+        "the fastest for batches of 16 and more) or int4 (4-bit weights in groups of 64, int8 activations; "
+        "the fastest for one to a few sequences, level with int8 at 16). CPU only; the draft model too "
+        "unless --speculative-config sets its quantization. Default: none.",
     ),
 ]
 
