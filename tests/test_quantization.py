@@ -130,20 +130,21 @@ def test_int4_linear_computes_the_grouped_product(out_features: int, int4_kernel
         torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
 
 
-def test_our_int4_kernel_is_closer_to_the_float_product_than_the_weights_alone_allow() -> None:
+@pytest.mark.parametrize("int4_kernel_choice", ["ours"], indirect=True)
+def test_our_int4_kernels_activation_quantization_adds_little_error(int4_kernel_choice: str) -> None:
     """Quantizing the activations to int8 per group of 64 (our kernel) adds little to the weights' own
-    int4 error: on Gaussian inputs the product's relative error grows by under 1% of the weight error,
-    for bfloat16 inputs and outputs too."""
-    int4_kernel.library.cache_clear()
-    if int4_kernel.library() is None:
-        pytest.skip(f"our int4 kernel cannot be built here: {int4_kernel.unavailable_reason()}")
+    int4 error: on Gaussian inputs the product's relative error grows by under 1% of the weight error
+    (under 5% for bfloat16 inputs and outputs)."""
     torch.manual_seed(6)
     weight = torch.randn(256, 512) * 0.02
     layer = Int4Linear(weight, None, torch.float32, prefill_copy=False)
     x = torch.randn(3, 512)
     exact = x.double() @ weight.double().T
     weights_only = _int4_reference(x, layer, weight, "torch")
-    err = lambda y: ((y.double() - exact).norm() / exact.norm()).item()  # noqa: E731
+
+    def err(y: torch.Tensor) -> float:
+        return ((y.double() - exact).norm() / exact.norm()).item()
+
     assert err(layer(x)) < 1.01 * err(weights_only)
     low = Int4Linear(weight.bfloat16(), None, torch.bfloat16, prefill_copy=False)
     assert low(x.bfloat16()).dtype == torch.bfloat16 and err(low(x.bfloat16())) < 1.05 * err(weights_only)
