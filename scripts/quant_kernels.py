@@ -4,9 +4,9 @@ One pass multiplies every linear layer of the Qwen2.5 1.5B decoder (28 layers of
 down; random weights of the real shapes) by an input of M rows. The weights of all layers together
 (1.3 GB in int8) do not fit in the CPU caches, so each pass reads them from memory, as a real decode step
 does; timing one matrix in a loop would measure the cache instead. Prints milliseconds per pass, the
-median of --repeats (the formats take turns), for bf16 `F.linear`, `Int8Linear`, `Int4Linear`
-(flyspec/models/quantization.py, our few-row kernel) and torch's `_weight_int4pack_mm_for_cpu` on the same
-int4 weights.
+median of --repeats (the formats take turns), for bf16 `F.linear`, `Int8Linear` and `Int4Linear`
+(flyspec/models/quantization.py) on our few-row kernel and on torch's `_weight_int4pack_mm_for_cpu`, the
+fallback (FLYSPEC_INT4_KERNEL=torch), with the same int4 weights.
 
     python scripts/quant_kernels.py --rows 1,2,4,5,8,16
 """
@@ -14,23 +14,33 @@ int4 weights.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
-from flyspec.models.quantization import Int4Linear, Int8Linear, quantize_per_group_int4
+from flyspec.models import int4_kernel
+from flyspec.models.quantization import Int4Linear, Int8Linear
 
 # (out, in) of one Qwen2.5 1.5B decoder layer: fused qkv, o, fused gate/up, down.
 SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))
 
 
-def _torch_int4(w: torch.Tensor):
-    """torch's own int4 kernel on the same quantized weights (what Int4Linear used before its own)."""
-    codes, pairs = quantize_per_group_int4(w, 64)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    pairs = pairs.to(torch.bfloat16)
-    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, pairs)
+def _int4_layers(weights: list[torch.Tensor], kernel: str) -> list[Int4Linear]:
+    """Int4Linear layers of `weights` on our kernel ("ours") or on torch's fallback ("torch"), chosen as a
+    user would, with FLYSPEC_INT4_KERNEL; without the int8 prefill copy, which these passes never use."""
+    saved = os.environ.pop("FLYSPEC_INT4_KERNEL", None)
+    if kernel == "torch":
+        os.environ["FLYSPEC_INT4_KERNEL"] = "torch"
+    int4_kernel.library.cache_clear()
+    try:
+        return [Int4Linear(w, None, torch.bfloat16, prefill_copy=False) for w in weights]
+    finally:
+        os.environ.pop("FLYSPEC_INT4_KERNEL", None)
+        if saved is not None:
+            os.environ["FLYSPEC_INT4_KERNEL"] = saved
+        int4_kernel.library.cache_clear()
 
 
 def main() -> None:
@@ -40,14 +50,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
-    layers: dict[str, list] = {"bf16": [], "int8": [], "int4": [], "int4 torch": []}
-    for _ in range(args.layers):
-        for n, k in SHAPES:
-            w = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
-            layers["bf16"].append(lambda x, w=w: torch.nn.functional.linear(x, w))
-            layers["int8"].append(Int8Linear(w, None, torch.bfloat16))
-            layers["int4"].append(Int4Linear(w, None, torch.bfloat16))
-            layers["int4 torch"].append(_torch_int4(w))
+    weights = [(torch.randn(n, k) * 0.02).to(torch.bfloat16) for _ in range(args.layers) for n, k in SHAPES]
+    layers: dict[str, list] = {
+        "bf16": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in weights],
+        "int8": [Int8Linear(w, None, torch.bfloat16) for w in weights],
+        "int4": _int4_layers(weights, "ours"),
+        "int4 torch": _int4_layers(weights, "torch"),
+    }
     names = " | ".join(f"{name} (ms)" for name in layers)
     print(f"| rows M | {names} | int4 speed-up over int8 | over torch's int4 |")
     print("|---:|" + "---:|" * (len(layers) + 2))
