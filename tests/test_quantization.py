@@ -64,6 +64,28 @@ def test_large_inputs_are_quantized_in_chunks_with_the_same_result() -> None:
     assert s.shape == (600, 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_weights_are_quantized_in_chunks_with_the_same_result(dtype: torch.dtype) -> None:
+    """A weight spanning several chunks (700 x 1024) gets, per channel and per group of 64, exactly the
+    one-piece formulas' codes, scales and offsets, and the weight itself is left untouched (a float32
+    weight is not copied by `.float()`, so in-place math on it would corrupt the model)."""
+    torch.manual_seed(4)
+    weight = torch.randn(700, 1024).to(dtype)
+    before = weight.clone()
+    w = weight.float()
+    scale = w.abs().amax(dim=1) / 127
+    q, s = quantize_per_channel(weight)
+    assert torch.equal(s, scale) and torch.equal(q, torch.round(w / scale[:, None]).to(torch.int8))
+    groups = w.view(700, 16, 64)
+    low, high = groups.amin(dim=2, keepdim=True), groups.amax(dim=2, keepdim=True)
+    step = (high - low) / 15
+    codes, pairs = quantize_per_group_int4(weight, 64)
+    assert torch.equal(codes, torch.round((groups - low) / step).view(700, 1024).to(torch.uint8))
+    assert torch.equal(pairs[..., 0], step.view(700, 16).t())
+    assert torch.equal(pairs[..., 1], (low + 8 * step).view(700, 16).t())
+    assert torch.equal(weight, before)
+
+
 def test_per_token_scales_keep_small_rows_precise() -> None:
     """A row with 1000x larger activations does not cost the other rows their precision (one scale per
     token), so each row's relative error matches the row quantized alone."""

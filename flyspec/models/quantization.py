@@ -67,17 +67,30 @@ def check_quantization(quantization: str | None, device: torch.device) -> None:
         )
 
 
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 weights [N, K] and float32 scales [N], one per output channel (row)."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp_(min=_EPS) / 127.0
-    q = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
-    return q, scale
-
-
 _CHUNK_ELEMENTS = 1 << 18
 """Rows are quantized in chunks of about this many elements: the float32 temporaries of a chunk stay in
-cache, which made quantizing a [2048, 8960] prefill input about 2x faster than in one piece."""
+cache, which made quantizing a [2048, 8960] prefill input about 2x faster than in one piece, and the
+weights of a 1.5B model at load time 2-5x faster (bit for bit the same result)."""
+
+
+def _row_chunks(n: int, k: int, multiple: int = 1) -> Iterator[slice]:
+    """Slices of the n rows (of k elements) in chunks of about `_CHUNK_ELEMENTS`, a multiple of
+    `multiple` rows each."""
+    rows = max(multiple, _CHUNK_ELEMENTS // k // multiple * multiple)
+    for i in range(0, n, rows):
+        yield slice(i, min(i + rows, n))
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 weights [N, K] and float32 scales [N], one per output channel (row)."""
+    n, k = weight.shape
+    q = torch.empty(n, k, dtype=torch.int8, device=weight.device)
+    scale = torch.empty(n, dtype=torch.float32, device=weight.device)
+    for rows in _row_chunks(n, k):
+        w = weight[rows].detach().to(torch.float32, copy=True)  # a copy: the math below is in place
+        s = scale[rows] = w.abs().amax(dim=1).clamp_(min=_EPS).div_(127.0)
+        q[rows] = w.div_(s.unsqueeze(1)).round_().clamp_(-127, 127)
+    return q, scale
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,12 +101,11 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     takes a slow mixed-dtype path.
     """
     scale = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=_EPS).div_(127.0)
-    rows = max(1, _CHUNK_ELEMENTS // x.shape[1])
-    if x.shape[0] <= rows:
+    if x.numel() <= _CHUNK_ELEMENTS:
         return x.to(torch.float32, copy=True).div_(scale).round_().to(torch.int8), scale
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
-    for i in range(0, x.shape[0], rows):
-        q[i : i + rows] = x[i : i + rows].to(torch.float32, copy=True).div_(scale[i : i + rows]).round_()
+    for rows in _row_chunks(*x.shape):
+        q[rows] = x[rows].to(torch.float32, copy=True).div_(scale[rows]).round_()
     return q, scale
 
 
@@ -158,16 +170,20 @@ def prefill_pass(active: bool = True) -> Iterator[None]:
 
 
 def quantize_per_group_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unsigned 4-bit codes [N, K] (int32, 0..15) and float32 (scale, offset) [K / group_size, N, 2] with
+    """Unsigned 4-bit codes [N, K] (uint8, 0..15) and float32 (scale, offset) [K / group_size, N, 2] with
     w ~ (code - 8) * scale + offset, one pair per group of `group_size` input channels of each row (torch's
     int4 kernel's layout). The offset is the group's midpoint, so min and max are represented exactly."""
     n, k = weight.shape
-    w = weight.detach().float().view(n, k // group_size, group_size)
-    low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
-    scale = ((high - low) / 15).clamp_(min=_EPS)
-    codes = torch.round((w - low) / scale).clamp_(0, 15).to(torch.int32).view(n, k)
-    offset = low + 8 * scale
-    pairs = torch.stack((scale.view(n, -1).t(), offset.view(n, -1).t()), dim=-1)
+    codes = torch.empty(n, k, dtype=torch.uint8, device=weight.device)
+    pairs = torch.empty(k // group_size, n, 2, dtype=torch.float32, device=weight.device)
+    for rows in _row_chunks(n, k):
+        w = weight[rows].detach().to(torch.float32, copy=True)  # a copy: the math below is in place
+        w = w.view(-1, k // group_size, group_size)
+        low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
+        scale = ((high - low) / 15).clamp_(min=_EPS)
+        codes[rows] = w.sub_(low).div_(scale).round_().clamp_(0, 15).view(-1, k)
+        pairs[:, rows, 0] = scale.view(-1, k // group_size).t()
+        pairs[:, rows, 1] = low.add_(scale, alpha=8).view(-1, k // group_size).t()
     return codes, pairs
 
 
@@ -207,7 +223,7 @@ class Int4Linear(nn.Module):
         if self._kernel is not None:
             self.packed, self.scales_and_offsets = int4_kernel.pack(codes, pairs)
         else:
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
             self.scales_and_offsets = pairs.to(weight.dtype)
         self.bias = None if bias is None else bias.detach().float()
 
