@@ -73,10 +73,9 @@ cache, which made quantizing a [2048, 8960] prefill input about 2x faster than i
 weights of a 1.5B model at load time 2-5x faster (bit for bit the same result)."""
 
 
-def _row_chunks(n: int, k: int, multiple: int = 1) -> Iterator[slice]:
-    """Slices of the n rows (of k elements) in chunks of about `_CHUNK_ELEMENTS`, a multiple of
-    `multiple` rows each."""
-    rows = max(multiple, _CHUNK_ELEMENTS // k // multiple * multiple)
+def _row_chunks(n: int, k: int) -> Iterator[slice]:
+    """Slices of the n rows (of k elements each) in chunks of about `_CHUNK_ELEMENTS` elements."""
+    rows = max(1, _CHUNK_ELEMENTS // k)
     for i in range(0, n, rows):
         yield slice(i, min(i + rows, n))
 
