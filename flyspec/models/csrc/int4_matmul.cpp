@@ -61,24 +61,24 @@ struct Rows {
     const float* cx;
 };
 
-// One row of x (float32 or bfloat16) -> int8 codes with one symmetric scale per group.
+static inline float load_x(const void* x, bool bf16, int64_t at) {
+    return bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(x)[at]) : static_cast<const float*>(x)[at];
+}
+
+// One row of x (float32 or bfloat16) -> int8 codes with one symmetric scale per group. Each group is
+// read twice (its maximum, then its codes) rather than copied into a buffer: no allocation per call.
 static void quantize_row(const void* x, bool bf16, int64_t row, int64_t k, int64_t group, int8_t* q,
                          float* sx, float* cx) {
-    std::vector<float> v(group);
     for (int64_t g = 0; g < k / group; ++g) {
+        const int64_t first = row * k + g * group;
         float amax = 0.f;
-        for (int64_t i = 0; i < group; ++i) {
-            const int64_t at = row * k + g * group + i;
-            v[i] = bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(x)[at])
-                        : static_cast<const float*>(x)[at];
-            amax = std::fmax(amax, std::fabs(v[i]));
-        }
+        for (int64_t i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(load_x(x, bf16, first + i)));
         const float scale = amax / 127.f;
         const float inv = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
         for (int64_t i = 0; i < group; ++i) {
-            const int32_t c = static_cast<int32_t>(std::nearbyint(v[i] * inv));
-            q[row * k + g * group + i] = static_cast<int8_t>(c);
+            const int32_t c = static_cast<int32_t>(std::nearbyint(load_x(x, bf16, first + i) * inv));
+            q[first + i] = static_cast<int8_t>(c);
             sum += c;
         }
         sx[row * (k / group) + g] = scale;
