@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_PROMPT_LOOKUP_MAX",
     "DEFAULT_PROMPT_LOOKUP_MIN",
     "LOSSY_WARNING",
+    "QUANTIZATION_CHOICES",
     "QUANTIZATION_METHODS",
     "EngineConfig",
     "SpeculativeConfig",
@@ -50,7 +51,10 @@ _NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
 """Weight quantization at load time (flyspec/models/quantization.py); None = the weights as loaded."""
-_DRAFT_QUANTIZATION = (*QUANTIZATION_METHODS, "none")
+QUANTIZATION_CHOICES = (*QUANTIZATION_METHODS, "auto")
+"""What `quantization` accepts: a format, or "auto" (the fastest format on this CPU, measured at load by
+flyspec/models/kernel_check.py; the weights as loaded where none beats bfloat16 or off the CPU)."""
+_DRAFT_QUANTIZATION = (*QUANTIZATION_CHOICES, "none")
 _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
@@ -95,7 +99,7 @@ class SpeculativeConfig:
     (None without FLy; with FLy, min(6, K - 1) when unset) and `draft_sample_method` (None: probabilistic
     drafting for requests that sample, greedy for greedy requests). `method` may be omitted when `model`
     is given (then it is "draft_model", as in vLLM). `quantization` is the draft model's weight
-    quantization: None (the default) follows the engine's `quantization`, "int8" or "int4" quantizes
+    quantization: None (the default) follows the engine's `quantization`, "int8", "int4" or "auto" quantizes
     the draft alone (or differently from the target), "none" keeps it unquantized; verification stays
     exact either way, only the drafts change.
 
@@ -252,8 +256,10 @@ class EngineConfig:
 
     `speculative_config` may be given as a dict (e.g. parsed JSON); it is converted here, the one place
     that does so, and is always a SpeculativeConfig or None after construction. `quantization` ("int8",
-    "int4" or None, as vLLM's argument of that name) quantizes the target's weights at load time, and the
-    draft model's unless the speculative config says otherwise (docs/performance.md); CPU only.
+    "int4", "auto" or None, as vLLM's argument of that name) quantizes the target's weights at load time,
+    and the draft model's unless the speculative config says otherwise (docs/performance.md); int8 and
+    int4 are CPU kernels, "auto" picks the fastest format for this CPU and `max_num_seqs` (none off the
+    CPU).
     """
 
     model: str
@@ -283,12 +289,12 @@ class EngineConfig:
         if not isinstance(self.device, str) or not _DEVICE_RE.fullmatch(self.device):
             raise _invalid("device", self.device, "it must be 'cpu', 'cuda' or 'cuda:N'")
         if self.quantization is not None:
-            _require_choice("quantization", self.quantization, QUANTIZATION_METHODS)
+            _require_choice("quantization", self.quantization, QUANTIZATION_CHOICES)
         for field, value in (
             ("quantization", self.quantization),
             ("draft quantization", self.draft_quantization),
         ):
-            if value is not None and self.device != "cpu":
+            if value not in (None, "auto") and self.device != "cpu":
                 raise _invalid(
                     field, value, f"it runs on device='cpu' only (CPU kernels), not {self.device!r}"
                 )

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rich.console import Console
@@ -21,11 +21,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flyspec.chat import Message, render_chat
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
+from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, TooSlowError, warm_up
 from flyspec.models.loader import LoadedModel
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
 Prompt = str | list[int]
+
+__all__ = ["LLM", "GenerationRequest", "Prompt", "RequestRejected", "TooSlowError"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,12 @@ class LLM:
         """How many requests can run at once (the admission cap of the token budget and max_num_seqs)."""
         return self.engine.max_running
 
+    def warm_up(self, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S) -> float:
+        """Generate a few tokens so that one-time costs are paid before real work, and return the seconds
+        it took. Raises TooSlowError (a ValueError naming the faster options) when `max_tokens` take
+        longer than `time_limit_s` on this machine. Call it before adding work."""
+        return warm_up(self.engine, max_tokens=max_tokens, time_limit_s=time_limit_s)
+
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""
         return self.engine.tokenizer
@@ -120,11 +129,7 @@ class LLM:
         sampling_params: one for all prompts, one per prompt, or None (SamplingParams() defaults).
         use_tqdm: show a progress bar (rich, on stderr) of finished requests.
         """
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        items = list(prompts)  # type: ignore[arg-type]
+        items = _prompt_list(prompts)
         params = _per_prompt(sampling_params, len(items))
         return self._run(
             [GenerationRequest(prompt=p, params=sp) for p, sp in zip(items, params, strict=True)], use_tqdm
@@ -148,20 +153,51 @@ class LLM:
 
     def stream(
         self,
-        requests: Iterable[GenerationRequest],
+        requests: Iterable[GenerationRequest] | Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         *,
         max_in_flight: int | None = None,
         use_tqdm: bool = False,
         total: int | None = None,
     ) -> Iterator[RequestOutput]:
-        """Yield each request's final output as soon as it finishes (in finish order).
+        """Stream outputs, in one of two forms.
 
-        Requests are pulled from `requests` lazily, keeping up to `max_in_flight` of them in the engine
-        (default: as many as can run at once), so a caller can feed an open-ended sequence and stop early
-        by ending it; requests already in flight still finish and are yielded. Closing the generator
-        (e.g. `break`) aborts whatever is still in flight. A request the engine refuses (e.g. a prompt
-        longer than max_model_len) raises ValueError naming it, after aborting the others.
+        - **Prompts** (a text prompt, a token-id list, or a list of them) with `sampling_params` (one for
+          all or one per prompt): yields *incremental* outputs as the tokens arrive, as vLLM's streaming
+          does: each RequestOutput carries only the text and token ids (and logprobs) new since the last
+          one of that request, `finished` on its last.
+              for delta in llm.stream("Count to five:", SamplingParams(max_tokens=16)):
+                  print(delta.outputs[0].text, end="")
+        - **Requests** (an iterable of GenerationRequest, each with its own params): yields each request's
+          *final* output as soon as it finishes (in finish order). Requests are pulled lazily, keeping up
+          to `max_in_flight` of them in the engine (default: as many as can run at once), so a caller can
+          feed an open-ended sequence and stop early by ending it; requests already in flight still
+          finish and are yielded.
+
+        Either way, closing the generator (e.g. `break`) aborts whatever is still in flight, and a request
+        the engine refuses (e.g. a prompt longer than max_model_len) raises ValueError naming it, after
+        aborting the others.
         """
+        if _is_prompts(requests):
+            prompts = _prompt_list(requests)  # type: ignore[arg-type]
+            params = _per_prompt(sampling_params, len(prompts))
+            items = [GenerationRequest(prompt=p, params=sp) for p, sp in zip(prompts, params, strict=True)]
+            return self._stream(items, max_in_flight, use_tqdm, total, deltas=True)
+        if sampling_params is not None:
+            raise ValueError(
+                "sampling_params goes with prompts; GenerationRequest items carry their own params"
+            )
+        return self._stream(requests, max_in_flight, use_tqdm, total, deltas=False)  # type: ignore[arg-type]
+
+    def _stream(
+        self,
+        requests: Iterable[GenerationRequest],
+        max_in_flight: int | None,
+        use_tqdm: bool,
+        total: int | None,
+        *,
+        deltas: bool,
+    ) -> Iterator[RequestOutput]:
         engine = self.engine
         limit = max_in_flight if max_in_flight is not None else engine.max_running
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -169,6 +205,7 @@ class LLM:
         source = iter(requests)
         exhausted = False
         in_flight: set[str] = set()
+        seen: dict[str, dict[int, tuple[int, int]]] = {}
         with _progress(use_tqdm, total) as bar:
             try:
                 while True:
@@ -181,10 +218,15 @@ class LLM:
                     if not in_flight:
                         return
                     for out in engine.step():
-                        if out.finished and out.request_id in in_flight:
+                        if out.request_id not in in_flight:
+                            continue
+                        if deltas:
+                            yield _delta(out, seen)
+                        if out.finished:
                             in_flight.discard(out.request_id)
                             bar.advance(sum(len(o.token_ids) for o in out.outputs))
-                            yield out
+                            if not deltas:
+                                yield out
             finally:
                 # Reached on errors, Ctrl-C and a consumer that stops early: leave the engine clean.
                 for request_id in in_flight:
@@ -218,13 +260,47 @@ class LLM:
         try:
             done = {
                 out.request_id: out
-                for out in self.stream(
-                    named, max_in_flight=len(named) or 1, use_tqdm=use_tqdm, total=len(named)
-                )
+                for out in self._stream(named, len(named) or 1, use_tqdm, len(named), deltas=False)
             }
         except RequestRejected as exc:
             raise ValueError(f"prompt {ids.index(exc.request_id)}: {exc.reason}") from None
         return [done[request_id] for request_id in ids]
+
+
+def _is_prompts(value: object) -> bool:
+    """A text prompt, a token-id list, or a list of either (rather than GenerationRequest items)."""
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list | tuple) or not value:
+        return False
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in value) or all(
+        isinstance(v, str) or (isinstance(v, list) and all(isinstance(t, int) for t in v)) for v in value
+    )
+
+
+def _prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
+    """One prompt (text or token ids) as a list of one; a list of prompts as it is."""
+    if isinstance(prompts, str) or (
+        isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+    ):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)  # type: ignore[arg-type]
+
+
+def _delta(out: RequestOutput, seen: dict[str, dict[int, tuple[int, int]]]) -> RequestOutput:
+    """`out` (cumulative) cut to what is new since the last delta of its request; `seen` remembers, per
+    request and sample, how many tokens and characters were already handed out."""
+    first = out.request_id not in seen
+    done = seen.setdefault(out.request_id, {})
+    outputs = []
+    for o in out.outputs:
+        tokens, chars = done.get(o.index, (0, 0))
+        logprobs = o.logprobs[tokens:] if o.logprobs is not None else None
+        outputs.append(replace(o, text=o.text[chars:], token_ids=o.token_ids[tokens:], logprobs=logprobs))
+        done[o.index] = (len(o.token_ids), len(o.text))
+    if out.finished:
+        del seen[out.request_id]
+    return replace(out, outputs=outputs, prompt_logprobs=out.prompt_logprobs if first else None)
 
 
 def _per_prompt(sampling_params: SamplingParams | Seq[SamplingParams] | None, n: int) -> list[SamplingParams]:

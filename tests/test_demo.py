@@ -24,17 +24,23 @@ def test_demo_arms_differ_only_in_the_verifier() -> None:
 
 
 def test_demo_arms_quantize_both_arms_alike_and_share_one_engine() -> None:
-    """int8 (the demo's default) must reach both arms' engine config, and arms that differ only in the
-    verifier must still share one engine, while an arm with other weights must not join it."""
+    """ "auto" (the demo's default) and an explicit format reach both arms' engine config, arms that differ
+    only in the verifier still share one engine, and an arm with other weights does not join it; an
+    explicit "none" (None) stays out of the settings, so runs registered before quantization existed keep
+    theirs."""
     from flyspec.gate.arms import engine_groups, parse_arm
 
+    names = ("baseline", "candidate")
+    auto = [parse_arm(n, a) for n, a in zip(names, demo_arms("t", "d", 4, "bfloat16", 8), strict=True)]
+    assert [a.config["quantization"] for a in auto] == ["auto", "auto"]
+    assert len(engine_groups(auto)) == 1
     base, cand = demo_arms("t", "d", 4, "bfloat16", 8, "int8")
     arms = [parse_arm("baseline", base), parse_arm("candidate", cand)]
     assert [a.engine_config.quantization for a in arms] == ["int8", "int8"]
     assert [a.config["quantization"] for a in arms] == ["int8", "int8"]
     assert len(engine_groups(arms)) == 1
-    plain = parse_arm("plain", demo_arms("t", "d", 4, "bfloat16", 8)[1])
-    assert "quantization" not in plain.config  # unset stays out: older registered runs keep their settings
+    plain = parse_arm("plain", demo_arms("t", "d", 4, "bfloat16", 8, None)[1])
+    assert "quantization" not in plain.config
     assert len(engine_groups([*arms, plain])) == 2
 
 

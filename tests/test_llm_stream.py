@@ -82,3 +82,42 @@ def test_a_request_needs_exactly_one_of_prompt_or_messages() -> None:
         GenerationRequest()
     with pytest.raises(ValueError, match="exactly one of prompt or messages"):
         GenerationRequest(prompt="a", messages=[{"role": "user", "content": "b"}])
+
+
+def test_prompts_stream_incremental_outputs_that_add_up_to_generate(llm: LLM) -> None:
+    """stream(prompts, params) yields deltas as tokens arrive (README's example): per request, the pieces of
+    text and token ids concatenate to exactly what generate() returns, several pieces arrive before the
+    last, and only the last is finished."""
+    prompts = ["w1 w2 w3", "w4 w5"]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    pieces: dict[str, list] = {}
+    for delta in llm.stream(prompts, params):
+        pieces.setdefault(delta.request_id, []).append(delta)
+    expected = llm.generate(prompts, params, use_tqdm=False)
+    assert len(pieces) == 2
+    for deltas, full in zip(pieces.values(), expected, strict=True):
+        assert len(deltas) > 1
+        assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+        assert "".join(d.outputs[0].text for d in deltas) == full.outputs[0].text
+        assert sum((d.outputs[0].token_ids for d in deltas), []) == full.outputs[0].token_ids
+
+
+def test_one_text_prompt_streams_and_requests_refuse_separate_params(llm: LLM) -> None:
+    """A single text prompt is one request; GenerationRequest items carry their own params, so passing
+    sampling_params beside them is an error rather than silently ignored."""
+    deltas = list(llm.stream("w1 w2", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
+    assert len({d.request_id for d in deltas}) == 1 and deltas[-1].finished
+    with pytest.raises(ValueError, match="sampling_params goes with prompts"):
+        llm.stream([GenerationRequest(prompt="w1")], GREEDY)
+
+
+def test_warm_up_is_bounded_in_time_and_names_faster_options(llm: LLM) -> None:
+    """warm_up() generates its tokens and leaves the engine idle; with a time limit the machine cannot meet
+    it stops with TooSlowError, which says the CPU is too slow and names faster options, and the engine is
+    still idle and usable afterwards."""
+    from flyspec.llm import TooSlowError
+
+    assert llm.warm_up() >= 0
+    with pytest.raises(TooSlowError, match="too slow for this configuration.*Faster options: .*auto"):
+        llm.warm_up(max_tokens=50, time_limit_s=0.0)
+    assert llm.generate(["w1"], GREEDY, use_tqdm=False)[0].finished

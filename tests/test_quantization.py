@@ -347,7 +347,7 @@ def test_quantization_config_rules() -> None:
     with pytest.raises(ValueError, match="quantization='int8' is invalid: method='ngram' has no draft"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=2, quantization="int8")
     with pytest.raises(
-        ValueError, match="quantization='fp8' is invalid: it must be one of 'int8', 'int4', 'none'"
+        ValueError, match="quantization='fp8' is invalid: it must be one of 'int8', 'int4', 'auto', 'none'"
     ):
         SpeculativeConfig(model="d", num_speculative_tokens=2, quantization="fp8")
 

@@ -8,15 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from flyspec import cpuinfo
 
 
 def _git_commit() -> str | None:
@@ -36,14 +28,17 @@ def _git_commit() -> str | None:
 
 
 def describe_machine(device: str) -> dict[str, Any]:
-    """CPU model and core counts, memory, OS, Python/torch/transformers versions, torch threads, the
+    """CPU model, its ISA flags that decide the kernels (AVX2, AVX-512 VNNI/BF16, AMX) and core counts,
+    memory, OS, Python/torch/transformers versions, torch threads, the
     accelerator when `device` is CUDA, the flyspec git commit and the load average now."""
     import psutil
     import torch
     import transformers
 
     info: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpuinfo.cpu_model(),
+        "cpu_isa": cpuinfo.isa_flags(),
+        "cpu_amx": cpuinfo.has_amx(),
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -60,3 +55,15 @@ def describe_machine(device: str) -> dict[str, Any]:
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
+
+
+def cpu_label(machine: dict[str, Any]) -> str:
+    """The CPU of a recorded run for a table: model, ISA flags and cores, e.g. 'AMD EPYC (avx2,
+    avx512_vnni, avx512_bf16; no AMX; 2 usable cores)'. Runs recorded before the flags were say so."""
+    isa = machine.get("cpu_isa")
+    if isa is None:
+        flags = "ISA flags not recorded"
+    else:
+        flags = ", ".join(isa) or "no AVX2"
+        flags += "" if machine.get("cpu_amx") else "; no AMX"
+    return f"{machine['cpu']} ({flags}; {machine['usable_cores']} usable cores)"

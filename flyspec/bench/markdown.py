@@ -11,6 +11,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from flyspec.bench.machine import cpu_label
+
 
 def _num(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
@@ -174,7 +176,7 @@ def _machine(m: dict[str, Any]) -> list[str]:
     out += _table(
         ["", ""],
         [
-            ["CPU", f"{m['cpu']} ({m['usable_cores']} usable cores, {m['logical_cores']} logical)"],
+            ["CPU", f"{cpu_label(m)}, {m['logical_cores']} logical"],
             ["memory", f"{m['memory_gb']} GB"],
             ["device", m["device"] + (f" ({m['gpu']})" if m.get("gpu") else "")],
             [

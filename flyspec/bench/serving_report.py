@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from flyspec.bench.machine import cpu_label
 from flyspec.bench.peers import FLYSPEC_PEERS
 
 # Which flyspec arm a peer's arm is compared with (same method, same lossless verification).
@@ -147,7 +148,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     out = [
         "## Serving: flyspec, vLLM and llama.cpp behind the same client",
         "",
-        f"Run {report['finished_at']} on {m['cpu']} ({m['usable_cores']} usable cores, {m['memory_gb']} GB), "
+        f"Run {report['finished_at']} on {cpu_label(m)}, {m['memory_gb']} GB, "
         f"load average {m['load_average_start']} at the start and {m.get('load_average_end')} at the end.",
         f"Model {s['model']} (draft {s['draft']}, K={s['k']}); {s['num_prompts']} {s['dataset']} chat "
         f"prompts as token ids (sha256 {s['prompts_sha256'][:12]}), {s['max_tokens']} new tokens, greedy, "

@@ -17,6 +17,7 @@ from flyspec.cli.capacity import capacity_command
 from flyspec.cli.demo import demo
 from flyspec.cli.gate import gate_app
 from flyspec.cli.generate import generate
+from flyspec.cli.logs import configure_logging
 from flyspec.cli.models import models_app
 from flyspec.cli.serve import serve
 
@@ -40,6 +41,7 @@ app.command("demo")(demo)
 
 def main() -> None:
     """Entry point: run the app and turn user errors into one clear line on stderr."""
+    configure_logging()
     try:
         app()
     except (ValueError, OSError) as exc:

@@ -36,14 +36,15 @@ def demo_arms(
     num_speculative_tokens: int,
     dtype: str,
     max_num_seqs: int,
-    quantization: str | None = None,
+    quantization: str | None = "auto",
 ) -> tuple[dict, dict]:
     """The baseline (standard verification) and candidate (FLy) arms: same models, same K, same engine
-    settings; only the verifier differs, so the gate runs them on one shared engine."""
+    settings (the weight format too: "auto" resolves once for the one engine both share); only the
+    verifier differs, so the gate runs them on one shared engine."""
 
     def arm(method: str) -> dict:
-        quant = {} if quantization is None else {"quantization": quantization}
-        return quant | {
+        return {
+            "quantization": quantization,
             "kind": "engine",
             "model": target,
             "speculative_config": {

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from flyspec.cli.logs import configure_logging
 from flyspec.cli.options import (
     QuantizationOption,
     SpeculativeConfigOption,
@@ -94,6 +95,7 @@ def serve(
     if log_level not in levels:
         raise ValueError(f"--log-level={log_level!r} is invalid: it must be one of {', '.join(levels)}")
     logging.basicConfig(level=levels[log_level], format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(levels[log_level])
     if not 0 <= port <= 65535:
         raise ValueError(f"--port={port} is invalid: it must be in 0..65535")
     if max_request_bytes < 1:

@@ -37,6 +37,7 @@ from flyspec.engine.scheduler import Scheduler
 from flyspec.engine.sequence import RequestGroup, Sequence
 from flyspec.engine.structured import Grammars
 from flyspec.engine.timing import StepClock, StepTiming
+from flyspec.models.kernel_check import engine_rows
 from flyspec.models.loader import LoadedModel, load_model
 from flyspec.outputs import PositionLogprobs, RequestOutput
 from flyspec.sampling_params import SamplingParams
@@ -63,8 +64,15 @@ class LLMEngine:
         # Budget arithmetic first: a budget that cannot run one request fails before any weights load.
         self.capacity = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + self.k)
 
+        slots = self.capacity.max_running
         if target is None:
-            target = load_model(config.model, config.dtype, config.device, config.quantization)
+            target = load_model(
+                config.model,
+                config.dtype,
+                config.device,
+                config.quantization,
+                kernel_rows=engine_rows(self.k, slots),
+            )
         _check_quantized_as_configured("target", target, config.quantization)
         self.tokenizer = target.tokenizer
         self.max_model_len = _resolve_max_model_len(
@@ -72,7 +80,6 @@ class LLMEngine:
         )
         self.vocab_size: int = target.model.vocab_size
         self.eos_token_ids = _eos_token_ids(target)
-        slots = self.capacity.max_running
         self._clock = StepClock(target.model.device)
         self._verify_timer = self._clock.part("verify_s")
         # Verification writes up to K positions past the last kept token.
@@ -83,7 +90,13 @@ class LLMEngine:
         if spec is not None:
             if spec.method == "draft_model" and draft is None:
                 assert spec.model is not None
-                draft = load_model(spec.model, config.dtype, config.device, config.draft_quantization)
+                draft = load_model(
+                    spec.model,
+                    config.dtype,
+                    config.device,
+                    config.draft_quantization,
+                    kernel_rows=engine_rows(self.k, slots, draft=True),
+                )
             if draft is not None:
                 _check_quantized_as_configured("draft", draft, config.draft_quantization)
             self.drafter = build_drafter(
@@ -561,8 +574,9 @@ def _to_padded_rows(flat: torch.Tensor, num_draft: list[int], k: int) -> torch.T
 
 
 def _check_quantized_as_configured(role: str, loaded: LoadedModel, quantization: str | None) -> None:
-    # A preloaded model (the benchmarks share weights across engines) must be what the config says.
-    if loaded.quantization != quantization:
+    # A preloaded model (the benchmarks share weights across engines) must be what the config says;
+    # "auto" accepts whatever the load chose.
+    if quantization != "auto" and loaded.quantization != quantization:
         raise ValueError(
             f"the preloaded {role} model {loaded.path} has quantization={loaded.quantization!r}, but the "
             f"engine config asks for quantization={quantization!r}"

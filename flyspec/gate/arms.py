@@ -230,6 +230,9 @@ def _parse_engine_arm(name: str, data: dict[str, Any]) -> EngineArm:
     from flyspec.config import EngineConfig, SpeculativeConfig
 
     fields = {k: v for k, v in data.items() if k != "kind"}
+    # Unset means "auto", the fastest weight format this CPU runs (an explicit null keeps the weights as
+    # loaded); the arm's settings record it, so the run's registration says which was asked for.
+    fields.setdefault("quantization", "auto")
     try:
         config = EngineConfig(**fields)
     except (TypeError, ValueError) as exc:
@@ -245,7 +248,8 @@ def _parse_engine_arm(name: str, data: dict[str, Any]) -> EngineArm:
         "max_model_len": config.max_model_len,
         "seed": config.seed,
     }
-    # Only when set, so the settings (and hence the run) of arms registered before int8 existed are unchanged.
+    # Only when set, so an arm with an explicit null has the settings (and hence the run) it had before
+    # quantization existed.
     if config.quantization is not None:
         resolved["quantization"] = config.quantization
     return EngineArm(name, resolved, config)

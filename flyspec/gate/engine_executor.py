@@ -14,8 +14,6 @@ from typing import Any
 
 from flyspec.gate.arms import Completion, EngineArm, Job, Sampling, is_fly
 
-WARMUP_PROMPT = "Hello"
-
 
 class EngineExecutor:
     """Answers the jobs of one or more engine arms with one engine started from the first arm's config.
@@ -46,12 +44,12 @@ class EngineExecutor:
         """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
         if self._llm is None:
             from flyspec.llm import LLM
-            from flyspec.sampling_params import SamplingParams
 
             self._llm = LLM.from_config(self.lead.engine_config)
             # The first steps of a fresh engine pay one-time costs (allocations, lazy initialisation) that
-            # would be charged to whichever arm answers first and skew its tokens/s.
-            self._llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+            # would be charged to whichever arm answers first and skew its tokens/s; a configuration too
+            # slow for this CPU stops here with the faster options, not after minutes of silence.
+            self._llm.warm_up()
 
     @property
     def max_in_flight(self) -> int:

@@ -19,7 +19,6 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from flyspec.assets import cache_dir
+from flyspec.cpuinfo import cpu_signature
 
 BLOCK = 16
 """Output channels per block of the layout (one 512-bit vector of float32)."""
@@ -45,19 +45,10 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
-
-
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(
-        "\0".join((_SOURCE.read_text(), " ".join(_FLAGS), version, _cpu_signature())).encode()
+        "\0".join((_SOURCE.read_text(), " ".join(_FLAGS), version, cpu_signature())).encode()
     ).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"int4_matmul-{key}.so"
     if target.is_file():

@@ -8,15 +8,24 @@ device and the weights are assigned, so no memory is spent on a random initialis
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from flyspec.assets import resolve_model
+from flyspec.config import QUANTIZATION_CHOICES
+from flyspec.models.kernel_check import KernelCheck, resolve_quantization
 from flyspec.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from flyspec.models.quantization import check_quantization
+
+_log = logging.getLogger("flyspec.load")
+DEFAULT_KERNEL_ROWS = (1, 16)
+"""Row counts of the kernel check when the caller does not say (one sequence, a batch of 16)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,6 +41,7 @@ class LoadedModel:
     path: str
     dtype: torch.dtype
     quantization: str | None = None
+    kernel_check: KernelCheck | None = None
 
 
 def _device(device: str) -> torch.device:
@@ -82,37 +92,86 @@ def _read_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) ->
     return state
 
 
+def _layer_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """The distinct [out, in] weight shapes of the decoder's linear layers (the lm_head aside: it runs
+    on a few positions per pass)."""
+    shapes = {
+        (m.out_features, m.in_features)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name != "lm_head"
+    }
+    return sorted(shapes)
+
+
 def _build(
-    config: Any, state: dict[str, torch.Tensor], device: torch.device, quantization: str | None
-) -> LlamaForCausalLM:
+    config: Any,
+    state: dict[str, torch.Tensor],
+    device: torch.device,
+    quantization: str | None,
+    kernel_rows: tuple[int, ...],
+    label: str,
+) -> tuple[LlamaForCausalLM, str | None, KernelCheck | None]:
     """The model with `state`'s tensors assigned (the dict is emptied, so that quantization can free each
-    float weight as soon as its int8 copy exists)."""
+    float weight as soon as its int8 copy exists), quantized as `quantization` resolves on this CPU."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.load_state_dict(state, strict=True, assign=True)
     state.clear()
     model = model.to(device).eval().requires_grad_(False)
+    check = None
+    if quantization == "auto" and model.dtype == torch.float32:
+        # float32 is asked for its precision (e.g. exact speculative decoding); the quantized formats
+        # stand in for bfloat16 weights and are measured against them.
+        _log.info("quantization=auto for %s: none (float32 weights are kept as they are)", label)
+        quantization = None
     if quantization is not None:
+        started = time.perf_counter()
+        quantization, check = resolve_quantization(
+            quantization, _layer_shapes(model), kernel_rows, device, label
+        )
+        if check is not None:
+            how = "cached" if check.from_cache else f"measured in {check.seconds:.1f} s"
+            _log.info("kernel check for %s: %.1f s (%s)", label, time.perf_counter() - started, how)
+    if quantization is not None:
+        started = time.perf_counter()
+        _log.info("quantize %s to %s ...", label, quantization)
         model.quantize(quantization)
-    return model
+        _log.info("quantize %s to %s: %.1f s", label, quantization, time.perf_counter() - started)
+    return model, quantization, check
 
 
 def load_model(
-    name_or_path: str, dtype: str = "auto", device: str = "cpu", quantization: str | None = None
+    name_or_path: str,
+    dtype: str = "auto",
+    device: str = "cpu",
+    quantization: str | None = None,
+    *,
+    kernel_rows: tuple[int, ...] = DEFAULT_KERNEL_ROWS,
 ) -> LoadedModel:
     """Load an HF folder, a .gguf file or a prepared zoo name into the native forward.
 
     dtype "auto" keeps the checkpoint's dtype (a dequantised GGUF is float32), except that float16
     becomes bfloat16 on CPU. quantization "int8" or "int4" quantizes the linear layers and the lm_head after
-    loading (flyspec/models/quantization.py; CPU only). Raises ValueError for an unknown name, a path
-    that is neither folder nor file, an unsupported architecture, or a bad dtype/device/quantization.
+    loading (flyspec/models/quantization.py; CPU only); "auto" takes the fastest format the kernel check
+    measures on this CPU at `kernel_rows` rows (flyspec/models/kernel_check.py), or none, and keeps
+    float32 weights as they are. The check also
+    runs for an explicit format, which is kept but warned about when it is slower than bfloat16 here.
+    `LoadedModel.quantization` is the format actually loaded. Raises ValueError for an unknown name, a
+    path that is neither folder nor file, an unsupported architecture, or a bad dtype/device/quantization.
     """
     import transformers
 
     dev = _device(device)
-    check_quantization(quantization, dev)
+    if quantization not in (None, *QUANTIZATION_CHOICES):
+        raise ValueError(
+            f"quantization={quantization!r}: must be None or one of {', '.join(QUANTIZATION_CHOICES)}"
+        )
+    if quantization != "auto":
+        check_quantization(quantization, dev)
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: must be one of auto, {', '.join(DTYPES)}")
+    started = time.perf_counter()
+    _log.info("load %s ...", name_or_path)
     path = resolve_model(name_or_path)
     if path.is_dir():
         config = transformers.AutoConfig.from_pretrained(path)
@@ -143,7 +202,13 @@ def load_model(
             f"model file {str(path)!r} is not a .gguf file; pass a Hugging Face folder, a .gguf file "
             "or a zoo name"
         )
-    model = _build(config, state, dev, quantization)
+    _log.info(
+        "load %s (%s): %.1f s",
+        name_or_path,
+        str(target).removeprefix("torch."),
+        time.perf_counter() - started,
+    )
+    model, quantization, check = _build(config, state, dev, quantization, kernel_rows, name_or_path)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -151,4 +216,5 @@ def load_model(
         path=str(path),
         dtype=target,
         quantization=quantization,
+        kernel_check=check,
     )

@@ -1,0 +1,165 @@
+"""The load-time kernel check (flyspec/models/kernel_check.py) and quantization="auto".
+
+The ratio test is the guard the issue tracker asked for after int8 fell to oneDNN's reference kernel on an
+AMD EPYC (about 400x slower than bfloat16) and nothing noticed: on whatever CPU runs the tests, each
+quantized format's matmuls at 1 and 16 rows must take at most 1.5x bfloat16's time on the same shapes,
+measured side by side in one process (a ratio, never an absolute time). A second test proves that this
+check fails where a fast path collapses, by forcing the old int8 call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tiny_llm import save_tiny
+
+from flyspec import cpuinfo
+from flyspec.llm import LLM
+from flyspec.models import kernel_check
+from flyspec.models.kernel_check import FormatCheck, KernelCheck
+from flyspec.models.loader import load_model
+
+# The decoder layers of Qwen2.5-0.5B (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864): big enough that
+# the weights stream from memory as in real decoding, small enough to measure in under a second.
+QWEN_05B_SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]
+MAX_RATIO = 1.5
+
+
+def test_every_quantized_format_is_no_slower_than_1_5x_bfloat16_on_this_cpu() -> None:
+    """int8 and int4 matmuls at 1 and 16 rows take at most 1.5x bfloat16's time on the same shapes, and no
+    format runs a reference kernel. Fails on any CPU where a format's fast path collapses."""
+    result = kernel_check.measure(QWEN_05B_SHAPES, rows=(1, 16))
+    for fmt in result.formats.values():
+        assert not fmt.reference_kernel, f"{fmt.describe()} on {result.cpu}"
+        assert max(fmt.ratios.values()) <= MAX_RATIO, f"{fmt.describe()} on {result.cpu}"
+
+
+_OLD_INT8_CALL = textwrap.dedent(
+    """
+    import json, sys, torch
+    from flyspec.models import kernel_check, quantization
+
+    def signed_activations(self, x):
+        # The int8 call before the fix: signed codes with zero point 0.
+        x_q, x_scale = quantization.quantize_per_token(x.reshape(-1, self.in_features))
+        y = torch.ops.onednn.qlinear_pointwise(
+            x_q, 1.0, 0, self.packed, self.weight_scale, self._zero_points, None, 1.0, 0,
+            torch.float32, "none", [], "",
+        ).mul_(x_scale)
+        return y.to(self.out_dtype).view(*x.shape[:-1], self.out_features)
+
+    quantization.Int8Linear.forward = signed_activations
+    result = kernel_check.measure([(256, 256), (512, 256)], rows=(1, 16), formats=("int8",))
+    print(json.dumps(result.to_dict()))
+    """
+)
+
+
+@pytest.mark.skipif("avx512_vnni" not in cpuinfo.isa_flags(), reason="needs an AVX-512 VNNI CPU")
+def test_the_ratio_check_fails_for_the_old_int8_call() -> None:
+    """With the old int8 call forced (signed activations), oneDNN's VNNI path has no kernel for it and runs
+    `ref_int8`: the check names that kernel, marks the format unusable, and the ratio test's bound fails.
+    AMX is switched off for this child (ONEDNN_MAX_CPU_ISA), so the same happens on Intel AMX machines,
+    where AMX would otherwise run the signed call fast."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _OLD_INT8_CALL], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    result = KernelCheck.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    int8 = result.formats["int8"]
+    assert int8.reference_kernel and "ref_int8" in int8.kernel
+    assert not int8.usable
+    assert max(int8.ratios.values()) > MAX_RATIO, int8.describe()
+
+
+def _check(**formats: tuple[str, dict[int, float]]) -> KernelCheck:
+    return KernelCheck(
+        cpu="test CPU",
+        rows=(1, 16),
+        bf16_kernel="oneDNN brg_matmul",
+        bf16_ms={1: 1.0, 16: 2.0},
+        formats={name: FormatCheck(name, kernel, ratios) for name, (kernel, ratios) in formats.items()},
+        seconds=0.0,
+    )
+
+
+def test_auto_takes_the_fastest_usable_format_at_the_largest_row_count() -> None:
+    """'auto' judges at the full batch (the largest row count) among formats that are nowhere slower than
+    bfloat16 and run no reference kernel; with none usable it keeps the weights as loaded."""
+    fast = ("oneDNN brg_matmul:avx512_core_vnni", {1: 0.4, 16: 0.5})
+    assert _check(int8=fast, int4=("flyspec int4", {1: 0.2, 16: 0.7})).fastest() == "int8"
+    assert _check(int8=fast, int4=("flyspec int4", {1: 0.2, 16: 0.3})).fastest() == "int4"
+    # Fastest at the batch, but slower than bfloat16 for one sequence: not usable.
+    assert _check(int8=fast, int4=("flyspec int4", {1: 1.2, 16: 0.3})).fastest() == "int8"
+    # A reference kernel is never chosen, whatever it measured.
+    assert _check(int8=("oneDNN ref_int8:any", {1: 0.1, 16: 0.1})).fastest() is None
+    assert (
+        _check(int4=("flyspec int4 + int8 prefill oneDNN ref_int8:any", {1: 0.1, 16: 0.1})).fastest() is None
+    )
+    assert _check(int8=("oneDNN brg_matmul", {1: 1.01, 16: 0.9})).fastest() is None
+
+
+def test_an_explicit_format_slower_than_bfloat16_is_kept_with_one_warning(monkeypatch, caplog) -> None:
+    """An explicit int8 that the check finds on a reference kernel still loads (the user asked for it), with
+    one warning naming the kernel and the ratio; asking again does not repeat it."""
+    slow = _check(
+        int8=("oneDNN ref_int8:any", {1: 380.0, 16: 412.0}), int4=("flyspec int4", {1: 0.3, 16: 0.6})
+    )
+    monkeypatch.setattr(kernel_check, "check", lambda *args, **kwargs: slow)
+    monkeypatch.setattr(kernel_check, "_warned", set())
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.WARNING, logger="flyspec.kernels"):
+        for _ in range(2):
+            chosen, _ = kernel_check.resolve_quantization("int8", [(8, 8)], (1, 16), cpu)
+            assert chosen == "int8"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "ref_int8:any" in warnings[0] and "412.00x" in warnings[0] and "would choose int4" in warnings[0]
+
+
+def test_auto_off_the_cpu_loads_unquantized_without_measuring(monkeypatch) -> None:
+    """The quantized kernels run on the CPU: "auto" on CUDA means the weights as loaded, and no check runs."""
+    monkeypatch.setattr(kernel_check, "check", lambda *a, **k: pytest.fail("no check off the CPU"))
+    assert kernel_check.resolve_quantization("auto", [(8, 8)], (1, 16), torch.device("cuda")) == (None, None)
+
+
+def test_the_check_is_cached_per_cpu_shapes_and_rows(tmp_path, monkeypatch) -> None:
+    """A second check with the same shapes and rows reads the cached measurement (same numbers, marked
+    from_cache); other rows measure afresh; a corrupt cache file is measured again, not trusted."""
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    shapes = [(64, 64), (128, 64)]
+    first = kernel_check.check(shapes, (1, 4))
+    again = kernel_check.check(shapes, (1, 4))
+    assert not first.from_cache and again.from_cache
+    assert again.formats == first.formats and again.bf16_ms == first.bf16_ms
+    assert not kernel_check.check(shapes, (1, 8)).from_cache
+    (path,) = [
+        p for p in (tmp_path / "kernel-checks").iterdir() if json.loads(p.read_text())["rows"] == [1, 4]
+    ]
+    path.write_text("{not json")
+    assert not kernel_check.check(shapes, (1, 4)).from_cache
+
+
+def test_auto_loads_what_the_check_chose_and_logs_why(tmp_path, monkeypatch, caplog) -> None:
+    """load_model(quantization='auto') measures on the model's own layer shapes, loads the format the check
+    found fastest (or none), records the check, and logs the choice with the numbers; an engine started
+    with 'auto' runs on it."""
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path / "cache"))
+    folder = save_tiny(tmp_path / "m", seed=0)
+    with caplog.at_level(logging.INFO, logger="flyspec.kernels"):
+        loaded = load_model(str(folder), dtype="bfloat16", quantization="auto", kernel_rows=(1, 8))
+    assert loaded.kernel_check is not None
+    assert loaded.quantization == loaded.kernel_check.fastest()
+    assert loaded.kernel_check.rows == (1, 8)
+    assert set(loaded.kernel_check.formats) == {"int8", "int4"}
+    assert any("quantization=auto" in r.getMessage() and "bf16" in r.getMessage() for r in caplog.records)
+    llm = LLM(str(folder), dtype="bfloat16", quantization="auto", max_num_seqs=2)
+    assert llm.generate(["w1 w2"], use_tqdm=False)[0].outputs[0].token_ids
