@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flyspec.chat import Message, render_chat
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
-from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, TooSlowError, warm_up
+from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, TooSlowError
 from flyspec.models.loader import LoadedModel
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
@@ -112,7 +112,7 @@ class LLM:
         """Generate a few tokens so that one-time costs are paid before real work, and return the seconds
         it took. Raises TooSlowError (a ValueError naming the faster options) when `max_tokens` take
         longer than `time_limit_s` on this machine. Call it before adding work."""
-        return warm_up(self.engine, max_tokens=max_tokens, time_limit_s=time_limit_s)
+        return self.engine.warm_up(max_tokens, time_limit_s)
 
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""

@@ -22,12 +22,12 @@ from flyspec.cli.options import parse_quantization
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_MARGIN = 0.02
-DEFAULT_MINUTES = 15.0
+DEFAULT_MINUTES = 30.0
 # Both arms share the engine, so 32 slots are 16 questions in flight. Measured on 2 idle cores (3 minutes of
 # answering each, same seed): bf16 with 16 slots stored 9,881 output tokens (31 answers), int8 with 16
 # 10,977 (35), int8 with 32 14,611 (49): int8 and 32 slots, 1.48x the tokens of the old bf16 default.
 DEFAULT_BATCH = 32
-DEFAULT_QUANTIZATION = "int8"
+DEFAULT_QUANTIZATION = "auto"
 
 
 def demo_arms(
@@ -152,8 +152,8 @@ def demo(
     quantization: Annotated[
         str,
         typer.Option(
-            help="Weight quantization of both arms (the same for both, so the comparison stays fair): "
-            "int8, int4 or none (int8 is the fastest for the demo's batches of 32; docs/performance.md)."
+            help="Weight quantization of both arms (the same for both, so the comparison stays fair): auto "
+            "(the fastest format this CPU runs, measured at load; docs/performance.md), int8, int4 or none."
         ),
     ] = DEFAULT_QUANTIZATION,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the question order and the sampling.")] = 0,

@@ -16,15 +16,14 @@ SpeculativeConfigOption = Annotated[
     ),
 ]
 
-QuantizationOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Weight quantization at load time: int8 (per-channel int8 weights, per-token int8 activations; "
-        "the fastest for batches of 16 and more) or int4 (4-bit weights in groups of 64, int8 activations; "
-        "the fastest for one to a few sequences, level with int8 at 16). CPU only; the draft model too "
-        "unless --speculative-config sets its quantization. Default: none.",
-    ),
-]
+_QUANTIZATION_HELP = (
+    "Weight quantization at load time: auto (each format's matmuls timed against bfloat16 on this CPU and "
+    "the model's shapes at load, about a second, cached; the fastest wins, or none), int8 (per-channel "
+    "int8 weights, per-token int8 activations), int4 (4-bit weights in groups of 64, int8 activations) "
+    "or none. CPU only; the draft model too unless --speculative-config sets its quantization."
+)
+QuantizationOption = Annotated[str | None, typer.Option(help=_QUANTIZATION_HELP + " Default: none.")]
+AutoQuantizationOption = Annotated[str, typer.Option(help=_QUANTIZATION_HELP + " Default: auto.")]
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
 

@@ -10,7 +10,7 @@ import typer
 
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.options import (
-    QuantizationOption,
+    AutoQuantizationOption,
     SpeculativeConfigOption,
     parse_quantization,
     parse_speculative_config,
@@ -55,7 +55,7 @@ def serve(
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    quantization: QuantizationOption = None,
+    quantization: AutoQuantizationOption = "auto",
     max_model_len: Annotated[
         int | None, typer.Option(help="Longest prompt + output in tokens (default: the model's).")
     ] = None,
@@ -122,6 +122,7 @@ def serve(
     from flyspec.server.app import build_app
 
     engine = LLMEngine(config)  # logs the admission cap and, with FLy, the lossy warning
+    engine.warm_up()  # the first request does not pay one-time costs; a CPU too slow says so now
     name = served_model_name or model
     app = build_app(
         engine, served_model_name=name, api_key=api_key, max_request_bytes=max_request_bytes, model_root=model

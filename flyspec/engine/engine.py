@@ -37,6 +37,7 @@ from flyspec.engine.scheduler import Scheduler
 from flyspec.engine.sequence import RequestGroup, Sequence
 from flyspec.engine.structured import Grammars
 from flyspec.engine.timing import StepClock, StepTiming
+from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, warm_up
 from flyspec.models.kernel_check import engine_rows
 from flyspec.models.loader import LoadedModel, load_model
 from flyspec.outputs import PositionLogprobs, RequestOutput
@@ -243,6 +244,11 @@ class LLMEngine:
                 del self._requests[group_id]
         self._clock.end_step()
         return outputs
+
+    def warm_up(self, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S) -> float:
+        """Generate a few tokens on this idle engine before real work; returns the seconds taken, raises
+        TooSlowError naming faster options past `time_limit_s` (flyspec/engine/warmup.py)."""
+        return warm_up(self, max_tokens=max_tokens, time_limit_s=time_limit_s)
 
     def record_step_timings(self, enabled: bool = True) -> None:
         """Start recording where each step's time goes into `step_timings` (a fresh, empty list), or stop
