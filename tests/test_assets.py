@@ -207,7 +207,7 @@ def _tiny_prepared(cache: Path, legacy: bool = False) -> Path:
     if legacy:
         (folder / "flyspec-prepared.json").write_text(json.dumps(marker))
     else:
-        assets.record_prepared(folder, marker)
+        assets.record_prepared(folder, {**marker, "tokenizer_format": assets.TOKENIZER_FORMAT})
     return folder
 
 
@@ -295,17 +295,18 @@ def test_models_list_and_verify_report_damage(tmp_path: Path) -> None:
     assert row["prepared"] is False and "model.safetensors is 1000 bytes" in row["problems"][0]
 
 
-def test_legacy_marker_without_checksums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A folder prepared before checksums were recorded still loads when intact; a truncated weights file
-    is caught by its safetensors header alone; `models verify` says no checksums are recorded and how to
-    record them."""
+def test_legacy_marker_is_prepared_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder prepared by an older flyspec (no checksums, tokenizer files from transformers' GGUF
+    conversion) is not 'prepared': loading it names the reason and the fix, `models verify` also says no
+    checksums are recorded, and a truncated weights file is still caught by its safetensors header."""
     monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
     folder = _tiny_prepared(tmp_path, legacy=True)
-    assert assets.is_prepared(SMOL) and resolve_model(SMOL) == folder
-    with open(folder / "model.safetensors", "r+b") as fh:
-        fh.truncate(folder.joinpath("model.safetensors").stat().st_size - 8)
     assert not assets.is_prepared(SMOL)
-    with pytest.raises(ValueError, match="safetensors header describes.*--force"):
+    with pytest.raises(ValueError, match="tokenizer files come from an older flyspec.*--force"):
         resolve_model(SMOL)
     with pytest.raises(ValueError, match="records no checksums.*--force"):
         assets.verify_prepared(SMOL)
+    with open(folder / "model.safetensors", "r+b") as fh:
+        fh.truncate(folder.joinpath("model.safetensors").stat().st_size - 8)
+    with pytest.raises(ValueError, match="safetensors header describes.*--force"):
+        resolve_model(SMOL)
