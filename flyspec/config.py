@@ -29,6 +29,7 @@ __all__ = [
     "LOSSY_METHODS",
     "LOSSY_WARNING",
     "POLICY_FIELDS",
+    "POLICY_OF_FIELD",
     "QUANTIZATION_METHODS",
     "REJECTION_SAMPLE_METHODS",
     "EngineConfig",
@@ -52,7 +53,9 @@ REJECTION_SAMPLE_METHODS = tuple(POLICIES)
 """Every verification policy's name, "standard" first."""
 LOSSY_METHODS = tuple(p.name for p in LOSSY_POLICIES)
 """The lossy policies' names: what a request's `verification` may name besides "standard"."""
-POLICY_FIELDS = tuple(f for p in POLICIES.values() for f in p.config_fields)
+POLICY_OF_FIELD = {f: p.name for p in POLICIES.values() for f in p.config_fields}
+"""Every policy's own SpeculativeConfig fields, each with the name of the policy that owns it."""
+POLICY_FIELDS = tuple(POLICY_OF_FIELD)
 """Every policy's own SpeculativeConfig fields."""
 LOSSLESS_PREFIX_FIELD = "lossless_prefix_tokens"
 """The lossless prefix (docs/verification.md): a field of every lossy policy."""
