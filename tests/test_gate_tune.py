@@ -422,8 +422,8 @@ def test_tune_mixed_policy_grid_end_to_end(flyspec, setup: Setup, tmp_path: Path
     end to end: the four settings are ordered by calibration speed before any grade; typical acceptance
     with a prefix of 32 >= max_tokens is standard verification in effect (its calibration acceptance is
     the baseline's, it comes first, and if tested it loses and gains nothing); the decisions follow the
-    fixed sequence; the JSON names each setting's policy, and the report's answer names the chosen
-    policy and setting."""
+    fixed sequence; the JSON names each setting's policy, the report's answer names the chosen policy and
+    setting, and its note says what each policy's forgiven share counts."""
     store = tmp_path / "grid.db"
     args = [
         "tune", "--store", str(store), "--dataset", str(setup.dataset), "--baseline",
@@ -461,3 +461,7 @@ def test_tune_mixed_policy_grid_end_to_end(flyspec, setup: Setup, tmp_path: Path
         assert report["answer"].startswith(f"{title} {chosen['label']}: ")
     markdown = flyspec(*args[:-1]).stdout
     assert "| Typical acceptance eps=0.09, delta=0.3, prefix=32 |" in markdown
+    assert (
+        "forgiven share (FLy: accepted draft tokens that only FLy's rule kept; Typical acceptance: accepted "
+        "draft tokens that only the typical-acceptance rule kept)" in markdown
+    )

@@ -393,6 +393,15 @@ def _table(report: TuneReport) -> list[str]:
     return lines
 
 
+def _forgiven_words(report: TuneReport) -> str:
+    """What the forgiven share counts, in each tested policy's own words."""
+    from flyspec.config import REJECTION_SAMPLE_METHODS, verification_policy
+
+    used = {row.policy for row in report.rows}
+    policies = [verification_policy(name) for name in REJECTION_SAMPLE_METHODS if name in used]
+    return "; ".join(f"{p.title}: {p.forgives}" for p in policies if p.lossy)
+
+
 def _speed_note(report: TuneReport) -> str:
     cal = report.run.registration.get("calibration", {})
     if report.speed_source == "calibration":
@@ -401,8 +410,8 @@ def _speed_note(report: TuneReport) -> str:
             "test questions), answered by the baseline and by each setting alone in its own engine, "
             "one after another, so the numbers compare directly. Tokens/s = output tokens over the "
             "engine's busy time (an endpoint: the wall time of its requests); mean acceptance length = "
-            "1 + accepted / drafts; forgiven share = accepted draft tokens that only the setting's lossy "
-            "rule kept. The JSON also has each tested setting's acceptance on its test questions."
+            f"1 + accepted / drafts; forgiven share ({_forgiven_words(report)}). The JSON also has each "
+            "tested setting's acceptance on its test questions."
         )
     return (
         "Speed columns: measured on the test questions (no calibration ran); tokens/s is per request where a "
