@@ -11,7 +11,8 @@ Two measurements, each one `flyspec` command (printed before it runs):
    Standard and lossy arms differ only in the verifier, so each run uses one engine for both.
 
 Then a Markdown summary (stdout and OUT/summary.md). The default is the Qwen pair at batch 1 and 16 with a
-prefix of 16; a whole run takes about two hours on 2 idle cores, so run it on an idle machine:
+prefix of 16; a whole run should take one to two hours on 2 idle cores (an estimate from the reference
+sweep's speeds, not measured), so run it on an idle machine:
 
     python scripts/bench_policies.py --out benchmarks/policies
 
