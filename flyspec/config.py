@@ -2,20 +2,22 @@
 
 Every broken rule raises ValueError with a message that names the field, the value and the rule, e.g.
 `fly_window_size=5 is invalid: it must satisfy 1 <= fly_window_size < num_speculative_tokens (4)`.
-This module imports no torch, so the command line can validate configs cheaply.
+The verification policy named by `rejection_sample_method` owns its fields, their defaults and rules
+(flyspec/spec_decode/policies/); this module asks it. It imports no torch, so the command line can
+validate configs cheaply.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from flyspec.spec_decode.verify import FlyParams
+from flyspec.spec_decode.policies import LOSSY_POLICIES, POLICIES, VerificationPolicy, policy_named
+from flyspec.spec_decode.policies import fly as _fly
+from flyspec.spec_decode.policies.base import invalid as _invalid
 
 __all__ = [
     "DEFAULT_FLY_ENTROPY_THRESHOLD",
@@ -23,30 +25,47 @@ __all__ = [
     "DEFAULT_FLY_WINDOW",
     "DEFAULT_PROMPT_LOOKUP_MAX",
     "DEFAULT_PROMPT_LOOKUP_MIN",
+    "LOSSLESS_PREFIX_FIELD",
+    "LOSSY_METHODS",
     "LOSSY_WARNING",
+    "POLICY_FIELDS",
+    "POLICY_OF_FIELD",
     "QUANTIZATION_CHOICES",
     "QUANTIZATION_METHODS",
+    "REJECTION_SAMPLE_METHODS",
     "EngineConfig",
     "SpeculativeConfig",
+    "VerificationPolicy",
     "log_lossy_warning",
+    "verification_policy",
 ]
 
-DEFAULT_FLY_WINDOW = 6
+DEFAULT_FLY_WINDOW = _fly.DEFAULT_WINDOW
 """FLy window W when unset: min(DEFAULT_FLY_WINDOW, K - 1)."""
-DEFAULT_FLY_ENTROPY_THRESHOLD = 0.3
-DEFAULT_FLY_ENTROPY_TOP_K = 3
+DEFAULT_FLY_ENTROPY_THRESHOLD = _fly.DEFAULT_ENTROPY_THRESHOLD
+DEFAULT_FLY_ENTROPY_TOP_K = _fly.DEFAULT_ENTROPY_TOP_K
 DEFAULT_PROMPT_LOOKUP_MIN = 2
 DEFAULT_PROMPT_LOOKUP_MAX = 5
 
-LOSSY_WARNING = (
-    "FLy verification is lossy: outputs do not follow the target model's distribution "
-    "and may be of lower quality."
-)
+LOSSY_WARNING = _fly.FlyParams.lossy_warning()
+"""FLy's warning; every lossy policy has its own (`VerificationPolicy.lossy_warning()`)."""
+
+REJECTION_SAMPLE_METHODS = tuple(POLICIES)
+"""Every verification policy's name, "standard" first."""
+LOSSY_METHODS = tuple(p.name for p in LOSSY_POLICIES)
+"""The lossy policies' names: what a request's `verification` may name besides "standard"."""
+POLICY_OF_FIELD = {f: p.name for p in POLICIES.values() for f in p.config_fields}
+"""Every policy's own SpeculativeConfig fields, each with the name of the policy that owns it."""
+POLICY_FIELDS = tuple(POLICY_OF_FIELD)
+"""Every policy's own SpeculativeConfig fields."""
+LOSSLESS_PREFIX_FIELD = "lossless_prefix_tokens"
+"""The lossless prefix (docs/verification.md): a field of every lossy policy."""
+VERIFICATION_FIELDS = ("rejection_sample_method", *POLICY_FIELDS, LOSSLESS_PREFIX_FIELD)
+"""Every field that chooses or tunes verification (what two configs may differ in and still share an
+engine whose requests opt out per request)."""
 
 _METHODS = ("draft_model", "ngram")
-_REJECTION_METHODS = ("standard", "fly")
 _DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-_FLY_FIELDS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
 _NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
@@ -56,10 +75,6 @@ QUANTIZATION_CHOICES = (*QUANTIZATION_METHODS, "auto")
 flyspec/models/kernel_check.py; the weights as loaded where none beats bfloat16 or off the CPU)."""
 _DRAFT_QUANTIZATION = (*QUANTIZATION_CHOICES, "none")
 _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
-
-
-def _invalid(field: str, value: Any, rule: str) -> ValueError:
-    return ValueError(f"{field}={value!r} is invalid: {rule}")
 
 
 def _is_int(value: Any) -> bool:
@@ -89,24 +104,32 @@ def _reject_set(config: Any, fields: tuple[str, ...], rule: str) -> None:
             raise _invalid(name, value, rule)
 
 
+def verification_policy(name: str) -> type[VerificationPolicy]:
+    """The verification policy of a `rejection_sample_method` name (ValueError for an unknown one): what
+    the gate, the server and the benchmarks ask whether a method is lossy, how to label a setting, ..."""
+    return policy_named(name)
+
+
 @dataclass(kw_only=True)
 class SpeculativeConfig:
     """How to draft and verify (the rules are in docs/verification.md).
 
     A field left None is unset and takes its default; a field that would do nothing for this config (a
-    FLy setting with standard verification, a prompt-lookup setting with a draft model) is an error when
-    set, whatever its value. After construction every default is resolved except `fly_window_size`
-    (None without FLy; with FLy, min(6, K - 1) when unset) and `draft_sample_method` (None: probabilistic
-    drafting for requests that sample, greedy for greedy requests). `method` may be omitted when `model`
-    is given (then it is "draft_model", as in vLLM). `quantization` is the draft model's weight
-    quantization: None (the default) follows the engine's `quantization`, "int8", "int4" or "auto" quantizes
-    the draft alone (or differently from the target), "none" keeps it unquantized; verification stays
-    exact either way, only the drafts change.
+    FLy or typical-acceptance setting with another `rejection_sample_method`, a lossless prefix with
+    standard verification, a prompt-lookup setting with a draft model) is an error when set, whatever its
+    value. After construction every default that applies is resolved: the fields of the configured
+    verification policy (FLy's window: min(6, K - 1) when unset) and, with a lossy policy,
+    `lossless_prefix_tokens` (0); the fields of the other policies stay None, as does
+    `draft_sample_method` (None: probabilistic drafting for requests that sample, greedy for greedy
+    requests). `method` may be omitted when `model` is given (then it is "draft_model", as in vLLM).
+    `quantization` is the draft model's weight quantization: None (the default) follows the engine's
+    `quantization`, "int8", "int4" or "auto" quantizes the draft alone (or differently from the target),
+    "none" keeps it unquantized; verification stays exact either way, only the drafts change.
 
     `to_dict()` is the canonical form: the settings that apply, defaults resolved, so that
     `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
     (`from_dict({**c.to_dict(), ...})`) rather than with `dataclasses.replace`, which would pass the
-    resolved FLy defaults of a standard config back as if they were set.
+    resolved policy defaults of a config back as if they were set.
     """
 
     method: str | None = None
@@ -120,6 +143,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     quantization: str | None = None
+    typical_acceptance_sampler_posterior_threshold: float | None = None
+    typical_acceptance_sampler_posterior_alpha: float | None = None
+    lossless_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # The one validation path: the constructor, from_dict and EngineConfig all come through here.
@@ -131,19 +157,34 @@ class SpeculativeConfig:
         else:
             self._check_ngram()
         _require_int("num_speculative_tokens", self.num_speculative_tokens, 1)
-        _require_choice("rejection_sample_method", self.rejection_sample_method, _REJECTION_METHODS)
+        _require_choice("rejection_sample_method", self.rejection_sample_method, REJECTION_SAMPLE_METHODS)
         if self.draft_sample_method is not None:
             _require_choice("draft_sample_method", self.draft_sample_method, _DRAFT_SAMPLE_METHODS)
-        if self.rejection_sample_method == "standard":
+        self._check_verification()
+
+    def _check_verification(self) -> None:
+        policy = self.policy
+        for other in POLICIES.values():
+            if other is not policy:
+                _reject_set(
+                    self,
+                    other.config_fields,
+                    f"{other.title} settings only apply with rejection_sample_method={other.name!r} (they "
+                    "would do nothing)",
+                )
+        values = {f: getattr(self, f) for f in policy.config_fields}
+        for field, value in policy.resolve_config(values, self.num_speculative_tokens).items():
+            setattr(self, field, value)
+        if not policy.lossy:
             _reject_set(
                 self,
-                _FLY_FIELDS,
-                "FLy settings only apply with rejection_sample_method='fly' (they would do nothing)",
+                (LOSSLESS_PREFIX_FIELD,),
+                f"a lossless prefix only applies with a lossy rejection_sample_method "
+                f"({', '.join(repr(m) for m in LOSSY_METHODS)}); {policy.name!r} is lossless throughout",
             )
-            self.fly_entropy_threshold = DEFAULT_FLY_ENTROPY_THRESHOLD
-            self.fly_entropy_top_k = DEFAULT_FLY_ENTROPY_TOP_K
-        else:
-            self._check_fly()
+            return
+        self.lossless_prefix_tokens = _default(self.lossless_prefix_tokens, 0)
+        _require_int(LOSSLESS_PREFIX_FIELD, self.lossless_prefix_tokens, 0)
 
     def _check_draft_model(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -170,29 +211,6 @@ class SpeculativeConfig:
         if hi < lo:
             raise _invalid("prompt_lookup_max", hi, f"it must be >= prompt_lookup_min ({lo})")
 
-    def _check_fly(self) -> None:
-        k = self.num_speculative_tokens
-        if k < 2:
-            raise _invalid(
-                "num_speculative_tokens",
-                k,
-                "rejection_sample_method='fly' needs num_speculative_tokens >= 2 (a window of at least one "
-                "draft token must follow a forgiven position)",
-            )
-        w = self.fly_window_size = _default(self.fly_window_size, min(DEFAULT_FLY_WINDOW, k - 1))
-        if not _is_int(w) or not 1 <= w < k:
-            raise _invalid(
-                "fly_window_size", w, f"it must satisfy 1 <= fly_window_size < num_speculative_tokens ({k})"
-            )
-        theta = _default(self.fly_entropy_threshold, DEFAULT_FLY_ENTROPY_THRESHOLD)
-        if _is_int(theta):
-            theta = float(theta)
-        if not isinstance(theta, float) or not math.isfinite(theta) or theta < 0:
-            raise _invalid("fly_entropy_threshold", theta, "it must be a finite number >= 0")
-        self.fly_entropy_threshold = theta
-        self.fly_entropy_top_k = _default(self.fly_entropy_top_k, DEFAULT_FLY_ENTROPY_TOP_K)
-        _require_int("fly_entropy_top_k", self.fly_entropy_top_k, 1)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
         """Build from a dict (e.g. parsed JSON): unknown keys are an error, never ignored, and a JSON null
@@ -213,18 +231,33 @@ class SpeculativeConfig:
         return cls(**{key: value for key, value in data.items() if value is not None})
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings that apply to this config, defaults resolved (round-trips through from_dict)."""
+        """The settings that apply to this config, defaults resolved (round-trips through from_dict).
+
+        A lossless prefix of 0 (the default) and an unset draft quantization are left out, so that the
+        canonical form, and the gate's record of a config, is what it was before those settings existed.
+        """
         skip = set(_NGRAM_FIELDS) if self.method == "draft_model" else {"model", "draft_sample_method"}
-        if not self.is_lossy:
-            skip.update(_FLY_FIELDS)
+        skip.update(f for f in POLICY_FIELDS if f not in self.policy.config_fields)
+        if not self.lossless_prefix_tokens:
+            skip.add(LOSSLESS_PREFIX_FIELD)
         if self.quantization is None:  # None follows the engine: not a setting of its own
             skip.add("quantization")
         return {key: value for key, value in dataclasses.asdict(self).items() if key not in skip}
 
     @property
+    def policy(self) -> type[VerificationPolicy]:
+        """The verification policy `rejection_sample_method` names (flyspec/spec_decode/policies/)."""
+        return policy_named(self.rejection_sample_method)
+
+    @property
     def is_lossy(self) -> bool:
-        """True when verification may change the output distribution (FLy)."""
-        return self.rejection_sample_method == "fly"
+        """True when verification may change the output distribution (FLy, typical acceptance)."""
+        return self.policy.lossy
+
+    @property
+    def policy_settings(self) -> dict[str, Any]:
+        """The configured policy's own fields, resolved (e.g. {"fly_window_size": 3, ...})."""
+        return {f: getattr(self, f) for f in self.policy.config_fields}
 
     def draft_quantization(self, engine_quantization: str | None) -> str | None:
         """The quantization the draft model loads with, given the engine's (None = unquantized)."""
@@ -232,21 +265,13 @@ class SpeculativeConfig:
             return engine_quantization
         return None if self.quantization == "none" else self.quantization
 
-    def fly_params(self, vocab_size: int) -> FlyParams | None:
-        """The verifier's FLy parameters for a target vocabulary (top-k capped at it), or None."""
+    def verification_policy(self, vocab_size: int) -> VerificationPolicy | None:
+        """The verifier's policy object for a target vocabulary (e.g. FLy's top-k capped at it), or None
+        for standard verification."""
         if not self.is_lossy:
             return None
-        from flyspec.spec_decode.verify import FlyParams
-
         _require_int("vocab_size", vocab_size, 1)
-        # All three are resolved in __post_init__ when FLy is on.
-        assert self.fly_window_size is not None and self.fly_entropy_threshold is not None
-        assert self.fly_entropy_top_k is not None
-        return FlyParams(
-            window_size=self.fly_window_size,
-            entropy_threshold=self.fly_entropy_threshold,
-            entropy_top_k=min(self.fly_entropy_top_k, vocab_size),
-        )
+        return self.policy.from_config(self.policy_settings, vocab_size)
 
 
 @dataclass
@@ -321,7 +346,7 @@ class EngineConfig:
 
     @property
     def is_lossy(self) -> bool:
-        """True when the engine runs FLy verification."""
+        """True when the engine runs a lossy verification policy (FLy, typical acceptance)."""
         spec = self.speculative_config
         return spec is not None and spec.is_lossy
 
@@ -334,6 +359,6 @@ class EngineConfig:
         return spec.draft_quantization(self.quantization)
 
 
-def log_lossy_warning(logger: logging.Logger) -> None:
-    """Log the lossy-verification warning (the engine calls this once when it starts)."""
-    logger.warning(LOSSY_WARNING)
+def log_lossy_warning(logger: logging.Logger, rejection_sample_method: str = _fly.FlyParams.name) -> None:
+    """Log a lossy policy's warning (the engine calls this once when it starts with that policy)."""
+    logger.warning(policy_named(rejection_sample_method).lossy_warning())

@@ -17,7 +17,7 @@ ACCEPTANCE_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "n
 class AcceptanceCounts:
     """Speculative-decoding counters of one request, one arm or one engine, and the rates built on them.
 
-    num_drafts counts verification steps that had at least one draft token; forgiven tokens (FLy) are
+    num_drafts counts verification steps that had at least one draft token; tokens a lossy policy forgave are
     included in num_accepted_tokens and also counted in num_forgiven_tokens. Counts add up (`a + b`).
     """
 
@@ -41,7 +41,7 @@ class AcceptanceCounts:
 
     @property
     def forgiven_share(self) -> float:
-        """Share of kept draft tokens that only FLy's rule kept (0.0 when none were kept)."""
+        """Share of kept draft tokens that only a lossy policy's rule kept (0.0 when none were kept)."""
         return self.num_forgiven_tokens / self.num_accepted_tokens if self.num_accepted_tokens else 0.0
 
     def to_dict(self) -> dict[str, int]:
@@ -82,9 +82,9 @@ class AcceptanceRates:
 class RequestMetrics(AcceptanceRates):
     """Per-request speculative-decoding counters and timestamps (seconds, time.monotonic()).
 
-    num_drafts counts verification steps that had at least one draft token; forgiven tokens (FLy) are
+    num_drafts counts verification steps that had at least one draft token; tokens a lossy policy forgave are
     included in num_accepted_tokens and also counted in num_forgiven_tokens. forgiven_positions lists
-    the indices into the generated token ids that FLy forgave.
+    the indices into the generated token ids that the lossy policy forgave.
     """
 
     num_drafts: int = 0

@@ -12,7 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-VERIFICATION_CHOICES = ("standard", "fly")
+from flyspec.config import REJECTION_SAMPLE_METHODS
+
+VERIFICATION_CHOICES = REJECTION_SAMPLE_METHODS
+"""A request's `verification`: "standard" (lossless), or the name of the engine's lossy policy."""
 
 TEMPERATURE_MIN = 0.01
 """Smallest non-zero temperature: logits / temperature must stay finite in float32 (1e-40 gives inf and
@@ -149,8 +152,8 @@ class SamplingParams:
     generate nothing). seed: the request's own random stream (None = engine seed plus the request's
     arrival index). stop: strings that end generation (excluded from the text). stop_token_ids: token ids
     that end generation (kept in token_ids). ignore_eos: keep going past end-of-sequence. verification:
-    None = the engine's verifier; "standard" forces lossless verification for this request; "fly" asks
-    for FLy and needs an engine started with FLy.
+    None = the engine's verifier; "standard" forces lossless verification for this request; a lossy
+    policy's name ("fly", "typical") asks for that policy and needs an engine started with it.
 
     n: independent samples of the same prompt, returned as RequestOutput.outputs[0..n-1]; sample i uses
     seed + i (docs/sampling.md). presence_penalty / frequency_penalty (OpenAI, in [-2, 2]): subtracted

@@ -19,7 +19,7 @@ RESULT_FIELDS = {
     "label", "backend", "method", "batch_size", "drafter", "k", "fly_window", "default_window",
     "fly_threshold", "requests", "repeats", "generated_tokens", "seconds", "tokens_per_s",
     "tokens_per_s_runs", "decode_tokens_per_s", "mean_acceptance_length", "acceptance_rate",
-    "forgiven_share", "peak_rss_mb", "prefix_match", "quantization",
+    "forgiven_share", "peak_rss_mb", "prefix_match", "quantization", "lossless_prefix",
 }  # fmt: skip
 TOP_FIELDS = {
     "schema", "command", "finished_at", "machine", "settings", "results", "ratios", "batch_scaling",
@@ -79,7 +79,12 @@ def test_plan_sweeps_k_and_windows_at_batch_one_and_headline_k_above():
         ({"methods": ["target", "medusa"]}, "methods="),
         ({"headline_k": 5}, "headline_k=5"),
         ({"extra_windows": [4]}, "fly_windows=[4]"),
-        ({"ks": [1], "headline_k": 1, "extra_windows": []}, "FLy needs K >= 2"),
+        (
+            {"ks": [1], "headline_k": 1, "extra_windows": []},
+            "headline_k=1: fly: .*needs num_speculative_tokens >= 2",
+        ),
+        ({"methods": ["typical"], "lossless_prefixes": [0, 0]}, "lossless_prefixes=[0, 0]"),
+        ({"methods": ["typical"], "lossless_prefixes": [-1]}, "lossless_prefixes=[-1]"),
         ({"drafters": []}, "drafter"),
         ({"peer": "vllm"}, "peer='vllm'"),
         ({"batch_sizes": []}, "batch_sizes"),
@@ -92,18 +97,50 @@ def test_plan_rejects_bad_options_naming_them(overrides, message):
 
 
 def test_standard_arms_share_the_default_window_fly_engine():
-    """Standard arms run on the FLy engine of the same weight format, drafter and K (default window
-    preferred), so the sweep loads one engine per (format, drafter, K, window) rather than one per arm."""
+    """Standard arms run on the lossy engine of the same weight format, drafter and K (a policy at its
+    defaults preferred: FLy's default window, no prefix), so the sweep loads one engine per (format,
+    drafter, K, verifier) rather than one per arm."""
     keys = engine_keys(_plan(peer=None))
-    assert keys["flyspec standard K=4 b=1"] == (None, "draft", 4, 3)
-    assert keys["flyspec standard K=4 b=4"] == (None, "draft", 4, 3)
-    assert keys["flyspec fly K=4 W=1 b=1"] == (None, "draft", 4, 1)
+    assert keys["flyspec standard K=4 b=1"] == (None, "draft", 4, ("fly", 3, 0))
+    assert keys["flyspec standard K=4 b=4"] == (None, "draft", 4, ("fly", 3, 0))
+    assert keys["flyspec fly K=4 W=1 b=1"] == (None, "draft", 4, ("fly", 1, 0))
     assert keys["flyspec target-only b=1"] == keys["flyspec target-only b=4"] == (None, None, None, None)
     only_standard = engine_keys(_plan(methods=["standard"], extra_windows=[], peer=None))
     assert only_standard["flyspec standard K=4 b=1"] == (None, "draft", 4, None)
     both = engine_keys(_plan(peer=None, quantizations=[None, "int8"]))
-    assert both["flyspec int8 standard K=4 b=1"] == ("int8", "draft", 4, 3)
-    assert both["flyspec standard K=4 b=1"] == (None, "draft", 4, 3)
+    assert both["flyspec int8 standard K=4 b=1"] == ("int8", "draft", 4, ("fly", 3, 0))
+    assert both["flyspec standard K=4 b=1"] == (None, "draft", 4, ("fly", 3, 0))
+    prefixed = engine_keys(_plan(methods=["standard", "typical"], peer=None, lossless_prefixes=[16, 0]))
+    assert prefixed["flyspec standard K=4 b=1"] == (None, "draft", 4, ("typical", None, 0))
+    assert prefixed["flyspec typical K=4 prefix=16 b=1"] == (None, "draft", 4, ("typical", None, 16))
+
+
+def test_plan_runs_each_lossy_policy_with_each_lossless_prefix():
+    """--methods takes any lossy policy (typical acceptance at its defaults) and --lossless-prefix gives
+    every lossy arm once per prefix, at the headline K; their speculative configs ask for exactly that."""
+    arms = _plan(methods=["standard", "fly", "typical"], batch_sizes=[1, 16], ks=[4], extra_windows=[],
+                 peer=None, lossless_prefixes=[0, 16])  # fmt: skip
+    assert [a.label for a in arms] == [
+        "flyspec standard K=4 b=1",
+        "flyspec fly K=4 W=3 b=1",
+        "flyspec fly K=4 W=3 prefix=16 b=1",
+        "flyspec typical K=4 b=1",
+        "flyspec typical K=4 prefix=16 b=1",
+        "flyspec standard K=4 b=16",
+        "flyspec fly K=4 W=3 b=16",
+        "flyspec fly K=4 W=3 prefix=16 b=16",
+        "flyspec typical K=4 b=16",
+        "flyspec typical K=4 prefix=16 b=16",
+    ]
+    assert arms[4].speculative_config() == {
+        "num_speculative_tokens": 4,
+        "method": "draft_model",
+        "model": "draft",
+        "rejection_sample_method": "typical",
+        "lossless_prefix_tokens": 16,
+    }
+    assert arms[2].speculative_config()["lossless_prefix_tokens"] == 16
+    assert "lossless_prefix_tokens" not in arms[3].speculative_config()
 
 
 def test_every_weight_format_gets_every_flyspec_arm_and_its_own_baselines():
@@ -147,7 +184,7 @@ def test_a_target_draft_format_quantizes_the_draft_on_its_own(tiny_pair):
         "flyspec int8/int4 target-only b=1",
         "flyspec int8/int4 standard K=2 b=1",
     ]
-    runner = BenchRunner(str(target), arms, dtype="float32", device="cpu", ignore_eos=True, fly_threshold=0.3)
+    runner = BenchRunner(str(target), arms, dtype="float32", device="cpu", ignore_eos=True)
     engine = runner.engine_for(arms[1]).engine
     assert engine.target.model.quantization == "int8"
     assert engine.drafter.runner.model.quantization == "int4"
@@ -204,6 +241,25 @@ def test_report_ratios_and_crossover_from_rows():
     assert [p["batch_size"] for p in scaling["standard"]["points"]] == [1, 16]
     assert scaling["standard"]["stops_paying_at"] == 16  # 64 tok/s < 80 tok/s at batch 16
     assert scaling["fly"]["stops_paying_at"] == 16
+
+
+def test_typical_and_prefixed_arms_are_compared_with_standard():
+    """Every lossy arm, typical acceptance and prefixed ones included, gets its ratio to standard SD of the
+    same K and batch size, and batch scaling has one series per method and prefix."""
+    rows = [
+        _row(Arm("flyspec", "target", 1), 100, 10.0),
+        _row(Arm("flyspec", "standard", 1, "d", 4), 100, 6.0, drafts=25, accepted=75),
+        _row(Arm("flyspec", "typical", 1, "d", 4), 100, 5.0, drafts=22, accepted=78, forgiven=9),
+        _row(Arm("flyspec", "typical", 1, "d", 4, lossless_prefix=16), 100, 5.5, drafts=23, accepted=77),
+    ]
+    by_name = {r["name"]: r for r in ratios(rows)}
+    assert by_name["flyspec typical K=4 b=1 / standard"]["value"] == pytest.approx(6 / 5)
+    assert by_name["flyspec typical K=4 prefix=16 b=1 / standard"]["value"] == pytest.approx(6 / 5.5)
+    assert rows[2]["forgiven_share"] == pytest.approx(9 / 78) and rows[3]["lossless_prefix"] == 16
+    scaling = batch_scaling(rows, drafter="d", headline_k=4)
+    assert [(s["method"], s.get("lossless_prefix")) for s in scaling] == [
+        ("standard", None), ("typical", None), ("typical", 16),
+    ]  # fmt: skip
 
 
 def test_bad_option_is_one_line_error_before_any_model_loads():
@@ -383,3 +439,37 @@ def test_busy_machine_note_discounts_the_sweeps_own_threads() -> None:
 
     assert not noted(0.15, 2.05)
     assert noted(3.0, 2.05) and noted(0.1, 4.5)
+
+
+def test_bench_runs_typical_and_a_lossless_prefix_end_to_end(tiny_pair, tmp_path):
+    """`flyspec bench --methods target,standard,typical --lossless-prefix 0,64` on tiny models: typical
+    acceptance arms run with and without a prefix, each compared with standard SD; with a prefix longer
+    than max_tokens the output is target-only's (float32, greedy) and nothing is forgiven. No timing
+    assertions."""
+    from typer.testing import CliRunner
+
+    from flyspec.cli import app
+
+    target, draft = tiny_pair
+    out_json = tmp_path / "bench.json"
+    args = [
+        "bench", "--model", str(target), "--draft", str(draft), "--batch-sizes", "1", "--k", "2",
+        "--methods", "target,standard,typical", "--lossless-prefix", "0,64", "--peer", "none",
+        "--num-prompts", "2", "--max-tokens", "6", "--warmup-tokens", "2", "--json", str(out_json),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    rows = {r["label"]: r for r in report["results"]}
+    assert list(rows) == [
+        "flyspec target-only b=1",
+        "flyspec standard K=2 b=1",
+        "flyspec typical K=2 b=1",
+        "flyspec typical K=2 prefix=64 b=1",
+    ]
+    held = rows["flyspec typical K=2 prefix=64 b=1"]
+    assert held["prefix_match"] == 1.0 and held["forgiven_share"] == 0.0
+    assert rows["flyspec typical K=2 b=1"]["forgiven_share"] is not None
+    names = {r["name"] for r in report["ratios"]}
+    assert {"flyspec typical K=2 b=1 / standard", "flyspec typical K=2 prefix=64 b=1 / standard"} <= names
+    assert report["settings"]["lossless_prefixes"] == [0, 64]

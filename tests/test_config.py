@@ -4,20 +4,29 @@ warning, one validation path and a canonical dict form."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
-from flyspec.config import LOSSY_WARNING, EngineConfig, SpeculativeConfig, log_lossy_warning
-from flyspec.spec_decode.verify import FlyParams
+from flyspec.config import (
+    LOSSY_WARNING,
+    POLICY_FIELDS,
+    EngineConfig,
+    SpeculativeConfig,
+    log_lossy_warning,
+)
+from flyspec.spec_decode.policies import POLICIES
+from flyspec.spec_decode.verify import FlyParams, TypicalParams
 
 
 def test_defaults_and_method_inferred_from_model():
     """A dict with just model and K gives a standard draft-model config with the documented defaults."""
     cfg = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 4})
     assert cfg.method == "draft_model" and cfg.rejection_sample_method == "standard"
-    assert cfg.fly_window_size is None and cfg.draft_sample_method is None
-    assert (cfg.fly_entropy_threshold, cfg.fly_entropy_top_k) == (0.3, 3)
-    assert not cfg.is_lossy and cfg.fly_params(151_936) is None
+    assert cfg.draft_sample_method is None and cfg.lossless_prefix_tokens is None
+    assert all(getattr(cfg, f) is None for f in POLICY_FIELDS)  # no policy field applies to standard
+    assert not cfg.is_lossy and cfg.verification_policy(151_936) is None
     ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
     assert (ngram.prompt_lookup_min, ngram.prompt_lookup_max, ngram.model) == (2, 5, None)
 
@@ -29,8 +38,8 @@ def test_fly_window_default_is_min_6_k_minus_1(k, window):
     assert cfg.fly_window_size == window and cfg.is_lossy
 
 
-def test_fly_params_caps_top_k_at_vocab():
-    """fly_params carries W, theta and top_k, capping top_k at the target vocabulary size."""
+def test_fly_policy_caps_top_k_at_vocab():
+    """verification_policy gives FlyParams with W, theta and top_k, top_k capped at the vocabulary size."""
     cfg = SpeculativeConfig.from_dict(
         {
             "method": "ngram",
@@ -41,12 +50,96 @@ def test_fly_params_caps_top_k_at_vocab():
             "fly_entropy_top_k": 50,
         }
     )
-    assert cfg.fly_params(151_936) == FlyParams(window_size=2, entropy_threshold=1.0, entropy_top_k=50)
-    assert cfg.fly_params(10) == FlyParams(window_size=2, entropy_threshold=1.0, entropy_top_k=10)
+    policy = cfg.verification_policy(151_936)
+    assert policy == FlyParams(window_size=2, entropy_threshold=1.0, entropy_top_k=50)
+    assert cfg.verification_policy(10) == FlyParams(window_size=2, entropy_threshold=1.0, entropy_top_k=10)
     assert isinstance(cfg.fly_entropy_threshold, float)
+    assert cfg.lossless_prefix_tokens == 0 and cfg.typical_acceptance_sampler_posterior_threshold is None
 
 
 FLY = {"model": "d", "rejection_sample_method": "fly"}
+TYPICAL = {"model": "d", "num_speculative_tokens": 1, "rejection_sample_method": "typical"}
+EPS, DELTA = "typical_acceptance_sampler_posterior_threshold", "typical_acceptance_sampler_posterior_alpha"
+
+
+def test_typical_defaults_are_vllms_and_work_with_k_1():
+    """Typical acceptance takes vLLM's field names and defaults (0.09, 0.3), needs no K >= 2, is lossy,
+    and its verifier object is TypicalParams; an int threshold is stored as a float."""
+    cfg = SpeculativeConfig.from_dict(TYPICAL)
+    assert (getattr(cfg, EPS), getattr(cfg, DELTA)) == (0.09, 0.3) and cfg.is_lossy
+    assert cfg.verification_policy(100) == TypicalParams(posterior_threshold=0.09, posterior_alpha=0.3)
+    assert cfg.fly_window_size is None and cfg.lossless_prefix_tokens == 0
+    cfg = SpeculativeConfig.from_dict({**TYPICAL, EPS: 1, DELTA: 1, "lossless_prefix_tokens": 16})
+    assert getattr(cfg, EPS) == 1.0 and isinstance(getattr(cfg, EPS), float) and getattr(cfg, DELTA) == 1.0
+    assert cfg.lossless_prefix_tokens == 16
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({**TYPICAL, EPS: 0}, f"^{EPS}=0.0 is invalid: it must be a finite number > 0$"),
+        ({**TYPICAL, EPS: -0.1}, f"{EPS}=-0.1 is invalid"),
+        ({**TYPICAL, EPS: float("nan")}, f"{EPS}=nan is invalid"),
+        ({**TYPICAL, EPS: "0.09"}, f"{EPS}='0.09' is invalid"),
+        ({**TYPICAL, DELTA: 0.0}, rf"^{DELTA}=0.0 is invalid: it must be a finite number in \(0, 1\]$"),
+        ({**TYPICAL, DELTA: 1.01}, f"{DELTA}=1.01 is invalid"),
+        ({**TYPICAL, DELTA: float("inf")}, f"{DELTA}=inf is invalid"),
+        (
+            {"model": "d", "num_speculative_tokens": 4, EPS: 0.09},
+            f"^{EPS}=0.09 is invalid: Typical acceptance settings only apply with "
+            "rejection_sample_method='typical' \\(they would do nothing\\)$",
+        ),
+        ({**FLY, "num_speculative_tokens": 4, DELTA: 0.3}, f"{DELTA}=0.3 is invalid: Typical acceptance"),
+        ({**TYPICAL, "fly_window_size": 1}, "fly_window_size=1 is invalid: FLy settings only apply"),
+        (
+            {**TYPICAL, "lossless_prefix_tokens": -1},
+            "lossless_prefix_tokens=-1 is invalid: it must be an integer >= 0",
+        ),
+        ({**TYPICAL, "lossless_prefix_tokens": 2.0}, "lossless_prefix_tokens=2.0 is invalid"),
+        ({**FLY, "num_speculative_tokens": 4, "lossless_prefix_tokens": True}, "lossless_prefix_tokens=True"),
+        (
+            {"model": "d", "num_speculative_tokens": 4, "lossless_prefix_tokens": 0},
+            "lossless_prefix_tokens=0 is invalid: a lossless prefix only applies with a lossy "
+            "rejection_sample_method \\('fly', 'typical'\\)",
+        ),
+        (
+            {**TYPICAL, "rejection_sample_method": "medusa"},
+            "rejection_sample_method='medusa' is invalid: it must be one of 'standard', 'fly', 'typical'",
+        ),
+    ],
+)
+def test_typical_and_prefix_rules_raise_value_error_naming_field_value_and_rule(data, message):
+    """Typical acceptance's fields and the lossless prefix follow SPEC 5: each broken rule, and each field
+    set where it would do nothing (typical fields without "typical", a prefix without a lossy method,
+    even at its default), raises ValueError naming the field, the value and the rule."""
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.from_dict(data)
+
+
+def test_every_policy_field_is_a_config_field_and_owned_once():
+    """Registration is consistent: every registered policy's config fields exist on SpeculativeConfig and
+    no field belongs to two policies (a new policy that forgets to declare its fields fails here)."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    owned = [f for p in POLICIES.values() for f in p.config_fields]
+    assert set(owned) <= fields and len(owned) == len(set(owned))
+    assert "standard" in POLICIES and not POLICIES["standard"].lossy
+
+
+def test_config_validation_imports_no_torch():
+    """Validating a typical-acceptance config with a lossless prefix, and FLy's, loads no torch (the
+    policies' rules are read by flyspec.config, which the command line imports to validate cheaply)."""
+    code = (
+        "import sys\n"
+        "from flyspec.config import SpeculativeConfig\n"
+        "SpeculativeConfig(model='d', num_speculative_tokens=4, rejection_sample_method='typical',"
+        " lossless_prefix_tokens=8)\n"
+        "SpeculativeConfig(model='d', num_speculative_tokens=4, rejection_sample_method='fly')\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize(
@@ -227,6 +320,17 @@ def test_lossy_warning_text_is_exactly_spec(caplog):
     assert caplog.records[0].getMessage() == LOSSY_WARNING
 
 
+def test_typical_warning_is_the_same_sentence_with_its_own_name(caplog):
+    """Typical acceptance logs the FLy sentence with its own name (SPEC 5)."""
+    logger = logging.getLogger("flyspec.test")
+    with caplog.at_level(logging.WARNING, logger="flyspec.test"):
+        log_lossy_warning(logger, "typical")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Typical acceptance verification is lossy: outputs do not follow the target model's distribution "
+        "and may be of lower quality."
+    ]
+
+
 def test_from_dict_treats_null_as_unset_and_round_trips():
     """JSON null means "unset" (so a FLy key set to null is no error with standard), and to_dict output
     rebuilds the same config through the constructor."""
@@ -247,6 +351,9 @@ def test_from_dict_treats_null_as_unset_and_round_trips():
         {**FLY, "num_speculative_tokens": 5, "fly_window_size": 2, "fly_entropy_threshold": 0.5},
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
         {"method": "ngram", "num_speculative_tokens": 3, "rejection_sample_method": "fly"},
+        {**TYPICAL, EPS: 0.2},
+        {**TYPICAL, "method": "ngram", "model": None, "lossless_prefix_tokens": 8},
+        {**FLY, "num_speculative_tokens": 3, "lossless_prefix_tokens": 32},
     ],
 )
 def test_to_dict_round_trips_through_from_dict(data):
@@ -257,8 +364,40 @@ def test_to_dict_round_trips_through_from_dict(data):
     assert SpeculativeConfig.from_dict(canonical) == cfg
     assert SpeculativeConfig.from_dict(canonical).to_dict() == canonical
     assert all(value is not None for key, value in canonical.items() if key != "draft_sample_method")
-    assert ("fly_window_size" in canonical) == cfg.is_lossy
+    assert ("fly_window_size" in canonical) == (cfg.rejection_sample_method == "fly")
+    assert (EPS in canonical) == (cfg.rejection_sample_method == "typical")
+    assert ("lossless_prefix_tokens" in canonical) == bool(cfg.lossless_prefix_tokens)
     assert ("prompt_lookup_min" in canonical) == (cfg.method == "ngram")
+
+
+def test_canonical_form_of_configs_before_policies_is_unchanged():
+    """The canonical dicts of standard and FLy configs, which the gate stores as arm identities, are
+    exactly what they were before typical acceptance and the lossless prefix existed (a prefix of 0 is
+    left out), so stored runs stay resumable."""
+    fly = SpeculativeConfig.from_dict({**FLY, "num_speculative_tokens": 4})
+    assert fly.to_dict() == {
+        "method": "draft_model",
+        "model": "d",
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "fly",
+        "fly_window_size": 3,
+        "fly_entropy_threshold": 0.3,
+        "fly_entropy_top_k": 3,
+        "draft_sample_method": None,
+    }
+    assert list(fly.to_dict()) == list(
+        SpeculativeConfig.from_dict(
+            {**FLY, "num_speculative_tokens": 4, "lossless_prefix_tokens": 0}
+        ).to_dict()
+    )
+    standard = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
+    assert standard.to_dict() == {
+        "method": "ngram",
+        "num_speculative_tokens": 2,
+        "rejection_sample_method": "standard",
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+    }
 
 
 def test_constructor_and_from_dict_apply_the_same_rules():

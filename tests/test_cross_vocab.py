@@ -1,14 +1,14 @@
 """Cross-vocabulary drafting (Token-Level Intersection) through the engine, on tiny random-weight models.
 
 The target and the drafts have byte-level BPE tokenizers of their own (trained here in milliseconds), so
-ids differ and text is re-tokenised for the draft. Proves: greedy output is token-identical to
-target-only decoding in fp32 with standard verification (any K, sampling requests in the batch, FLy
-requests next to verification="standard" ones); after any commit the drafter proposes what a fresh one
-would (rollback and re-tokenisation are consistent); a draft that is the target under another numbering of
-the vocabulary is always accepted (so the draft sees the committed text exactly, the ids map the right
-way, long catch-ups in chunks fill its cache correctly, and its own extra tokens are never proposed);
-probabilistic drafting with such a draft is a config error; a request whose text outgrows the draft
-cache simply stops drafting.
+ids differ and text is re-tokenised for the draft. Proves: greedy output is token-identical to target-only
+decoding in fp32 with standard verification (any K, sampling requests in the batch, FLy or typical-acceptance
+requests next to verification="standard" ones, or behind a lossless prefix); after any commit the drafter
+proposes what a fresh one would (rollback and re-tokenisation are consistent); a draft that is the target
+under another numbering of the vocabulary is always accepted (so the draft sees the committed text exactly,
+the ids map the right way, long catch-ups in chunks fill its cache correctly, and its own extra tokens are
+never proposed); probabilistic drafting with such a draft is a config error; a request whose text outgrows the
+draft cache simply stops drafting.
 """
 
 from __future__ import annotations
@@ -257,10 +257,12 @@ def test_after_any_commit_the_drafter_proposes_what_a_fresh_one_would(models) ->
     assert drafted > 0 and waited > 0
 
 
-def test_fly_with_a_cross_vocab_draft(models, reference) -> None:
-    """FLy verification runs with a cross-vocabulary draft (the documented FLy + TLI setting): the engine
-    is lossy, FLy requests complete, and verification="standard" requests in the same batch stay exact."""
-    spec = {"model": models["draft"], "num_speculative_tokens": 4, "rejection_sample_method": "fly"}
+@pytest.mark.parametrize("policy", ["fly", "typical"])
+def test_lossy_policy_with_a_cross_vocab_draft(models, reference, policy: str) -> None:
+    """FLy and typical acceptance run with a cross-vocabulary draft (the documented lossy + TLI setting):
+    the engine is lossy, its requests complete, verification="standard" requests in the same batch stay
+    exact, and with a lossless prefix as long as max_tokens every request is exact."""
+    spec = {"model": models["draft"], "num_speculative_tokens": 4, "rejection_sample_method": policy}
     eng = engine(models["target"], spec)
     assert eng.is_lossy
     standard = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, verification="standard")
@@ -268,6 +270,8 @@ def test_fly_with_a_cross_vocab_draft(models, reference) -> None:
     assert ids(outs[len(PROMPTS) :]) == reference[:3]
     assert all(o.metrics.num_forgiven_tokens == 0 for o in outs[len(PROMPTS) :])
     assert all(len(t) == MAX_TOKENS for t in ids(outs[: len(PROMPTS)]))
+    exact = engine(models["target"], {**spec, "lossless_prefix_tokens": MAX_TOKENS})
+    assert ids(run(exact, PROMPTS, GREEDY)) == reference
 
 
 def test_probabilistic_drafting_with_another_vocabulary_is_a_config_error(models) -> None:

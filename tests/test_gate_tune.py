@@ -4,8 +4,10 @@ The dataset's references are the target's own greedy outputs (exact match), so t
 speculative decoding, lossless) is right on every question and every question a FLy setting changes is a
 lost one. The three settings are FLy with an entropy threshold of 2.0 (above ln 3, the largest top-3
 entropy, so it never forgives: the same outputs and acceptance as standard), W=2 with theta 0.3, and the
-most forgiving W=1 with theta 0; the order by speed is measured, not assumed. The fixed-sequence
-procedure's error control itself is proven by simulation in tests/test_gate_stats_validity.py.
+most forgiving W=1 with theta 0; the order by speed is measured, not assumed. A mixed grid (`--policies`)
+tunes FLy and typical acceptance, with and without lossless prefixes, in one fixed sequence. The
+fixed-sequence procedure's error control itself is proven by simulation in
+tests/test_gate_stats_validity.py.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from fastapi.responses import JSONResponse
 from test_gate_cli import _last_json, flyspec  # noqa: F401 - flyspec is a fixture
 from tiny_llm import save_perturbed, save_tiny
 
+from flyspec.gate.arms import engine_groups, parse_arm
 from flyspec.gate.decision import NOT_TESTED, PASS
 from flyspec.gate.multiple import fixed_sequence
 from flyspec.gate.store import GateStore
 from flyspec.gate.tune import TuneOptions, calibration_speeds, tune
 from flyspec.gate.tune_report import build_tune_report, setting_status
+from flyspec.gate.tune_settings import expand_grid, parse_settings
 
 MAX_TOKENS = 10
 QUESTIONS = 16
@@ -128,7 +132,8 @@ def test_tune_three_settings_report_json_and_resume(flyspec, setup: Setup, tmp_p
     assert "## Answer" in markdown and "## Settings in the registered test order" in markdown
     assert "| 0 | standard (baseline) |" in markdown and "Maurer, Hothorn and Lehmacher 1995" in markdown
     if chosen is not None:
-        assert report["answer"].startswith(f"{report['chosen_label']}: ")
+        assert report["answer"].startswith(f"FLy {report['chosen_label']}: ")
+        assert report["chosen_policy"] == "fly"
         assert "standard speed, non-inferior within 30 points on" in report["answer"]
         assert json.dumps(chosen, sort_keys=True) in markdown
     else:
@@ -206,7 +211,8 @@ def test_tune_stops_at_the_first_setting_that_does_not_pass(
 
 
 def test_tune_bad_input_is_named(setup: Setup, tmp_path: Path) -> None:
-    """A lossy baseline, a candidate that is not FLy, a repeated setting, an order by speed without
+    """A lossy baseline, a candidate that is not lossy, candidates and a grid given together, a grid axis
+    without values or with a value its policy refuses, a repeated setting, an order by speed without
     calibration, judge questions and too many questions are each refused with a message naming them,
     before the store is touched."""
     store = tmp_path / "bad.db"
@@ -219,8 +225,20 @@ def test_tune_bad_input_is_named(setup: Setup, tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="rejection_sample_method 'standard'"):
         tune(options(baseline=fly_base))
-    with pytest.raises(ValueError, match="candidate 1: a candidate must verify with FLy"):
+    with pytest.raises(ValueError, match="candidate 1: a candidate must verify with a lossy policy"):
         tune(options(candidates=[{"rejection_sample_method": "standard"}]))
+    with pytest.raises(ValueError, match="give one of candidates, policies or a grid"):
+        options(policies={"fly_window_size": [1, 2]})
+    with pytest.raises(ValueError, match="--policies: grid 1: lossless_prefix_tokens lists no value"):
+        tune(
+            options(
+                candidates=None, policies={"rejection_sample_method": "typical", "lossless_prefix_tokens": []}
+            )
+        )
+    with pytest.raises(
+        ValueError, match="candidate 2: typical_acceptance_sampler_posterior_alpha=2.0 is invalid"
+    ):
+        tune(options(candidates=None, policies=[{"typical_acceptance_sampler_posterior_alpha": [0.3, 2.0]}]))
     with pytest.raises(ValueError, match="candidate 2: the same setting as candidate 1"):
         tune(options(candidates=[SETTINGS[0], SETTINGS[0]]))
     with pytest.raises(ValueError, match="fly_window_size=3 is invalid"):
@@ -344,3 +362,106 @@ def test_tune_paused_by_its_time_budget_resumes_to_the_same_report(setup: Setup,
                  "WHERE run_id = 'tune/calibration'") == [(8, 8)]  # fmt: skip
     report = build_tune_report(tmp_path / "pause.db").to_dict()
     assert report["complete"] and len(report["settings"]) == 3
+
+
+GRID = [
+    {
+        "rejection_sample_method": "fly",
+        "fly_window_size": 1,
+        "fly_entropy_threshold": 0.0,
+        "lossless_prefix_tokens": [0, 4],
+    },
+    {"rejection_sample_method": "typical", "lossless_prefix_tokens": [0, 32]},
+]
+
+
+def test_expand_grid_is_every_combination_in_order(setup: Setup) -> None:
+    """A policy grid expands each block's list values into every combination (keys in order, the last
+    fastest); a fragment naming no policy takes the policy whose fields it sets; the labels name each
+    policy's settings and the prefix."""
+    grid = expand_grid(json.dumps([{"fly_window_size": [2, 1], "fly_entropy_threshold": [0.6, 0.3]}, *GRID]))
+    assert [(g.get("fly_window_size"), g.get("fly_entropy_threshold")) for g in grid[:4]] == [
+        (2, 0.6), (2, 0.3), (1, 0.6), (1, 0.3),
+    ]  # fmt: skip
+    assert [g.get("lossless_prefix_tokens") for g in grid[4:]] == [0, 4, 0, 32]
+    settings = parse_settings(
+        parse_arm("baseline", setup.baseline),
+        [*grid[4:], {"typical_acceptance_sampler_posterior_threshold": 0.2}],
+    )
+    assert [s.title for s in settings] == [
+        "FLy W=1, theta=0",
+        "FLy W=1, theta=0, prefix=4",
+        "Typical acceptance eps=0.09, delta=0.3",
+        "Typical acceptance eps=0.09, delta=0.3, prefix=32",
+        "Typical acceptance eps=0.2, delta=0.3",
+    ]
+    assert settings[-1].speculative_config["rejection_sample_method"] == "typical"
+
+
+def test_arms_share_an_engine_only_with_one_lossy_policy(setup: Setup) -> None:
+    """Engine grouping asks the policy: a standard arm shares the engine of a typical-acceptance arm (as
+    it does FLy's), a lossless prefix is a verifier setting like any other, and two different lossy
+    settings (FLy and typical) run in engines of their own. The identity of an arm records its policy
+    and settings in its canonical speculative_config."""
+    spec = setup.baseline["speculative_config"]
+    base = parse_arm("baseline", setup.baseline)
+    typical = {**spec, "rejection_sample_method": "typical", "lossless_prefix_tokens": 8}
+    typ = parse_arm("typ", {**setup.baseline, "speculative_config": typical})
+    fly = parse_arm(
+        "fly", {**setup.baseline, "speculative_config": {**spec, "rejection_sample_method": "fly"}}
+    )
+    assert [[a.name for a in g] for g in engine_groups([base, typ])] == [["typ", "baseline"]]
+    assert [[a.name for a in g] for g in engine_groups([base, typ, fly])] == [["baseline"], ["typ"], ["fly"]]
+    identity = typ.identity()["speculative_config"]
+    assert identity["rejection_sample_method"] == "typical" and identity["lossless_prefix_tokens"] == 8
+    assert identity["typical_acceptance_sampler_posterior_threshold"] == 0.09
+
+
+def test_tune_mixed_policy_grid_end_to_end(flyspec, setup: Setup, tmp_path: Path) -> None:  # noqa: F811
+    """`gate tune --policies` over FLy and typical acceptance, each with and without a lossless prefix,
+    end to end: the four settings are ordered by calibration speed before any grade; typical acceptance
+    with a prefix of 32 >= max_tokens is standard verification in effect (its calibration acceptance is
+    the baseline's, it comes first, and if tested it loses and gains nothing); the decisions follow the
+    fixed sequence; the JSON names each setting's policy, the report's answer names the chosen policy and
+    setting, and its note says what each policy's forgiven share counts."""
+    store = tmp_path / "grid.db"
+    args = [
+        "tune", "--store", str(store), "--dataset", str(setup.dataset), "--baseline",
+        json.dumps(setup.baseline), "--policies", json.dumps(GRID), "--max-tokens", str(MAX_TOKENS),
+        "--no-progress", "--margin", "0.3", "--calibration-questions", "3", "--json",
+    ]  # fmt: skip
+    done = flyspec(*args)
+    assert done.returncode == 0, done.stderr
+    report = _last_json(done.stdout)
+    settings = {s["id"]: s for s in report["settings"]}
+    assert {sid: s["policy"] for sid, s in settings.items()} == {
+        "s1": "fly", "s2": "fly", "s3": "typical", "s4": "typical",
+    }  # fmt: skip
+    assert settings["s4"]["speculative_config"]["lossless_prefix_tokens"] == 32
+    order = report["order"]
+    assert order["method"] == "speed" and order["settings"][0] == "s4"
+    assert order["values"]["s4"] == pytest.approx(report["baseline"]["mean_acceptance_length"])
+    assert order["values"]["s1"] > order["values"]["s4"]
+    with GateStore(store) as opened:
+        run = opened.get_run("tune")
+        assert run is not None
+        statuses = []
+        for setting_id in order["settings"]:
+            statuses.append(setting_status(opened, run, setting_id))
+            if statuses[-1].decision != PASS:
+                break
+    first = statuses[0]
+    assert (first.lost, first.gained) == (0, 0)
+    expected = fixed_sequence([s.decision for s in statuses] + [None] * (4 - len(statuses)))
+    assert [s["decision"] for s in report["settings"]] == expected.labels
+    if expected.chosen is not None:
+        chosen = report["settings"][expected.chosen]
+        assert report["chosen"] == chosen["speculative_config"]
+        title = {"fly": "FLy", "typical": "Typical acceptance"}[chosen["policy"]]
+        assert report["answer"].startswith(f"{title} {chosen['label']}: ")
+    markdown = flyspec(*args[:-1]).stdout
+    assert "| Typical acceptance eps=0.09, delta=0.3, prefix=32 |" in markdown
+    assert (
+        "forgiven share (FLy: accepted draft tokens that only FLy's rule kept; Typical acceptance: accepted "
+        "draft tokens that only the typical-acceptance rule kept)" in markdown
+    )

@@ -1,5 +1,6 @@
-"""The verifier (docs/verification.md): equality with a plain per-row reference, every FLy clause by hand,
-losslessness of standard random verification, and rejection of bad input."""
+"""The verifier (docs/verification.md): equality with a plain per-row reference for every policy (standard,
+FLy, typical acceptance) with and without a lossless prefix, every FLy clause and the typical rule by hand,
+losslessness of standard random verification and of the lossless prefix, and rejection of bad input."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from flyspec.spec_decode.verify import FlyParams, top_k_entropy, verify
+from flyspec.spec_decode.verify import FlyParams, TypicalParams, top_k_entropy, verify
 
 # ---------------------------------------------------------------------------------------------------------
 # Reference: the rules of docs/verification.md for one row, in plain Python, line by line.
@@ -46,15 +47,21 @@ def ref_entropy(row: list[float], k: int) -> float:
     return -sum(p * math.log(p) if p > 0 else 0.0 for p in top)
 
 
+def ref_full_entropy(row: list[float]) -> float:
+    """H = -sum over the whole row of p ln p, 0 ln 0 = 0."""
+    return -sum(p * math.log(p) if p > 0 else 0.0 for p in row)
+
+
 def ref_verify_row(
     d: list[int],
     P: list[list[float]],
     Q: list[list[float]] | None,
     greedy: bool,
     K_b: int,
-    fly: FlyParams | None,
+    policy: FlyParams | TypicalParams | None,
     u: list[float],
     su: float,
+    lossless_before: int = 0,
 ) -> tuple[list[int], set[int], int, list[int]]:
     """Returns (kept draft tokens, candidates for the recovered/bonus token, num_accepted, the kept
     positions that were forgiven)."""
@@ -70,24 +77,31 @@ def ref_verify_row(
         else:
             ok.append(q_of(i) > 0 and P[i][d[i]] / q_of(i) >= u[i])
 
-    # FLy: clauses 1-5, each on native decisions only.
     forgiven = [False] * K_b
-    if fly is not None:
-        W = fly.window_size
+    if isinstance(policy, FlyParams):  # clauses 1-5, each on native decisions only
+        W = policy.window_size
         for i in range(K_b):
             allowed = P[i][d[i]] > 0 and (greedy or q_of(i) > 0)
             forgiven[i] = (
                 not ok[i]
                 and i + W < K_b
-                and ref_entropy(P[i], fly.entropy_top_k) >= fly.entropy_threshold
+                and ref_entropy(P[i], policy.entropy_top_k) >= policy.entropy_threshold
                 and allowed
                 and all(ok[i + 1 : i + W + 1])
             )
+    elif isinstance(policy, TypicalParams):  # section 4.2
+        eps, delta = policy.posterior_threshold, policy.posterior_alpha
+        for i in range(K_b):
+            threshold = min(eps, delta * math.exp(-ref_full_entropy(P[i])))
+            forgiven[i] = not ok[i] and P[i][d[i]] > threshold and (greedy or q_of(i) > 0)
+    # Lossless prefix (section 4.3): native decisions only before it.
+    forgiven = [f and i >= lossless_before for i, f in enumerate(forgiven)]
 
     # Standard procedure with ok_i := ok_i or forgiven_i.
     kept = [ok[i] or forgiven[i] for i in range(K_b)]
     a = next((i for i in range(K_b) if not kept[i]), K_b)
-    if greedy:
+    typical_recovery = isinstance(policy, TypicalParams) and a < K_b and a >= lossless_before
+    if greedy or typical_recovery:
         last = {ref_argmax(P[a])}
     elif a < K_b:
         if Q is None:
@@ -101,9 +115,19 @@ def ref_verify_row(
     return d[:a], last, a, [i for i in range(a) if forgiven[i]]
 
 
-def assert_matches_reference(d, P, Q, greedy, lengths, fly, u, su) -> VerifyOutputCounts:
+def assert_matches_reference(d, P, Q, greedy, lengths, policy, u, su, prefix=None) -> VerifyOutputCounts:
     """Run verify and the reference on the same inputs; assert equality row by row."""
-    out = verify(d, P, Q, greedy=greedy, fly=fly, num_draft_tokens=lengths, uniform=u, sample_uniform=su)
+    out = verify(
+        d,
+        P,
+        Q,
+        greedy=greedy,
+        policy=policy,
+        lossless_before=prefix,
+        num_draft_tokens=lengths,
+        uniform=u,
+        sample_uniform=su,
+    )
     B, K = d.shape
     counts = VerifyOutputCounts()
     for b in range(B):
@@ -113,9 +137,10 @@ def assert_matches_reference(d, P, Q, greedy, lengths, fly, u, su) -> VerifyOutp
             None if Q is None else Q[b].double().tolist(),
             bool(greedy[b]),
             int(lengths[b]),
-            fly,
+            policy,
             u[b].tolist(),
             float(su[b]),
+            0 if prefix is None else int(prefix[b]),
         )
         row = out.token_ids[b].tolist()
         assert row[:acc] == kept and row[acc] in last and row[acc + 1 :] == [-1] * (K - acc), f"row {b}"
@@ -178,22 +203,33 @@ def batches(draw):
     unit = st.one_of(st.sampled_from([0.25, 0.5, 0.75]), st.floats(1e-9, 1 - 1e-9))
     u = torch.tensor([[draw(unit) for _ in range(K)] for _ in range(B)], dtype=torch.float64)
     su = torch.tensor([draw(st.one_of(st.just(0.0), unit)) for _ in range(B)], dtype=torch.float64)
-    fly = None
-    if draw(st.booleans()):
-        fly = FlyParams(
+    kind = draw(st.sampled_from(["standard", "fly", "typical"]))
+    policy: FlyParams | TypicalParams | None = None
+    if kind == "fly":
+        policy = FlyParams(
             window_size=draw(st.integers(1, 8)),
             entropy_threshold=draw(st.one_of(st.sampled_from([0.0, 0.3, 0.6, 1.0]), st.floats(0, 2))),
             entropy_top_k=draw(st.integers(1, V + 3)),
         )
-    return d, P, Q, greedy, lengths, fly, u, su
+    elif kind == "typical":
+        # delta < 1 keeps P_i(d_i) off the rounding-sensitive boundary delta * exp(-H) of a uniform row
+        # (delta = 1 is checked by hand below).
+        policy = TypicalParams(
+            posterior_threshold=draw(st.one_of(st.sampled_from([0.09, 0.2, 0.5, 1.0]), st.floats(1e-3, 2))),
+            posterior_alpha=draw(st.one_of(st.sampled_from([0.3, 0.6]), st.floats(0.01, 0.99))),
+        )
+    prefix = None
+    if draw(st.booleans()):
+        prefix = torch.tensor([draw(st.integers(0, K + 2)) for _ in range(B)])
+    return d, P, Q, greedy, lengths, policy, u, su, prefix
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(batches())
 def test_verify_equals_reference_on_random_batches(batch):
     """Vectorised verify equals the per-row reference of the documented rules: greedy and random rows,
-    K 1-8, ragged K_b, FLy on/off with varied W, theta and top_k, ties and zero probabilities, with and
-    without Q."""
+    K 1-8, ragged K_b, standard, FLy (varied W, theta and top_k) and typical acceptance (varied eps and
+    delta), with and without a per-row lossless prefix, ties and zero probabilities, with and without Q."""
     assert_matches_reference(*batch)
 
 
@@ -221,6 +257,16 @@ def test_large_seeded_batch_matches_reference_and_covers_every_branch(with_q):
     counts = assert_matches_reference(d, P, Q, greedy, lengths, fly, u, su)
     assert counts.forgiven > 50 and counts.rejected > 200 and counts.bonus > 200
     assert_matches_reference(d, P, Q, greedy, lengths, None, u, su)
+    typical = TypicalParams(posterior_threshold=0.09, posterior_alpha=0.3)
+    counts = assert_matches_reference(d, P, Q, greedy, lengths, typical, u, su)
+    assert counts.forgiven > 200 and counts.rejected > 100 and counts.bonus > 200
+    # A lossless prefix of 0-3 positions per row: forgiveness before it is switched off, and rows are
+    # still forgiven after it.
+    prefix = torch.randint(0, 4, (B,), generator=g)
+    for policy in (fly, typical):
+        free = assert_matches_reference(d, P, Q, greedy, lengths, policy, u, su)
+        counts = assert_matches_reference(d, P, Q, greedy, lengths, policy, u, su, prefix)
+        assert 20 < counts.forgiven < free.forgiven and counts.rejected > free.rejected
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -330,6 +376,113 @@ def test_two_rejections_within_window_first_stays_rejected():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Hand-written typical-acceptance and lossless-prefix cases.
+# ---------------------------------------------------------------------------------------------------------
+
+UNSURE = [0.5, 0.3, 0.2, 0.0]  # full entropy about 1.03 nats: min(0.09, 0.3 * exp(-H)) = 0.09
+
+
+def test_typical_forgives_plausible_tokens_without_a_window():
+    """Typical acceptance forgives every native rejection whose P_i(d_i) exceeds min(eps, delta exp(-H_i))
+    (here 0.3 and 0.2 > 0.09), with no window: consecutive rejections and the last position too, unlike
+    FLy. A token of probability 0 is never forgiven."""
+    typical = TypicalParams()
+    out = greedy_case([UNSURE, UNSURE, UNSURE, FLAT], [1, 2, 1], typical)
+    assert out.token_ids.tolist() == [[1, 2, 1, 0]]
+    assert out.num_accepted.tolist() == [3] and out.num_forgiven.tolist() == [3]
+    fly = greedy_case([UNSURE, UNSURE, UNSURE, FLAT], [1, 2, 1], FlyParams(1, 0.0, 3))
+    assert fly.num_forgiven.tolist() == [0] and fly.token_ids.tolist() == [[0, -1, -1, -1]]
+    masked = greedy_case([UNSURE, UNSURE, FLAT], [3, 1], typical)
+    assert masked.token_ids.tolist() == [[0, -1, -1]] and masked.num_forgiven.tolist() == [0]
+
+
+def test_typical_threshold_is_the_smaller_of_eps_and_delta_exp_minus_entropy():
+    """On a peaked row (H about 0.17, delta exp(-H) about 0.25) a token of probability 0.01 passes only
+    when eps drops below it; on a flat row the entropy term binds: with eps 1, P(d) = 0.3 passes at
+    delta = 0.3 (threshold 0.107) and fails at delta = 1 (threshold 0.357, the delta = 1 edge)."""
+    rows = [PEAKED, PEAKED]
+    assert greedy_case(rows, [1], TypicalParams(0.09, 0.3)).num_forgiven.tolist() == [0]
+    assert greedy_case(rows, [1], TypicalParams(0.005, 0.3)).num_forgiven.tolist() == [1]
+    h = ref_full_entropy(UNSURE)
+    assert 0.3 * math.exp(-h) < 0.3 < math.exp(-h)
+    assert greedy_case([UNSURE, FLAT], [1], TypicalParams(1.0, 0.3)).num_forgiven.tolist() == [1]
+    assert greedy_case([UNSURE, FLAT], [1], TypicalParams(1.0, 1.0)).num_forgiven.tolist() == [0]
+
+
+def random_case(policy, prefix=None):
+    """One random row, K=1: draft 3 has P = 0 (rejected, never forgiven); the residual max(P - Q, 0) is
+    P_0 itself, and sample_uniform 0.99 draws its last positive token (2) where argmax P_0 is 0."""
+    P = torch.tensor([[[0.7, 0.25, 0.05, 0.0], FLAT]])
+    Q = torch.tensor([[[0.0, 0.0, 0.0, 1.0]]])
+    return verify(
+        torch.tensor([[3]]),
+        P,
+        Q,
+        greedy=torch.tensor([False]),
+        policy=policy,
+        lossless_before=prefix,
+        uniform=torch.full((1, 1), 0.5, dtype=torch.float64),
+        sample_uniform=torch.tensor([0.99], dtype=torch.float64),
+    )
+
+
+def test_typical_recovers_by_argmax_on_random_rows_except_inside_the_prefix():
+    """The token at typical acceptance's first rejection is argmax P_a on a random row too (vLLM's
+    sampler); inside a lossless prefix it is the standard residual draw, as lossless verification gives."""
+    assert random_case(None).token_ids.tolist() == [[2, -1]]
+    assert random_case(TypicalParams()).token_ids.tolist() == [[0, -1]]
+    assert random_case(TypicalParams(), torch.tensor([1])).token_ids.tolist() == [[2, -1]]
+    assert random_case(FlyParams(1, 0.0, 3)).token_ids.tolist() == [[2, -1]]
+
+
+def test_typical_bonus_token_is_drawn_as_in_standard():
+    """When every draft is kept, a random row's bonus token is drawn from P_K (not its argmax)."""
+    P = torch.tensor([[[0.0, 1.0, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4]]])
+    kw = dict(greedy=torch.tensor([False]), sample_uniform=torch.tensor([0.05], dtype=torch.float64))
+    out = verify(torch.tensor([[1]]), P, None, policy=TypicalParams(), **kw)
+    assert out.token_ids.tolist() == [[1, 0]] and out.num_forgiven.tolist() == [0]
+
+
+def test_lossless_prefix_switches_forgiveness_off_before_it():
+    """Positions before lossless_before[b] are decided natively, rows of one batch each with their own
+    prefix: FLy's forgivable position 0 is rejected with a prefix of 1 and forgiven with 0; typical's
+    forgivable positions 1 and 2 are forgiven with a prefix of 0 or 1 (both lie past it), and with a
+    prefix of 2 position 1 is a native rejection that ends the row with the target's argmax."""
+    fly = FlyParams(window_size=2, entropy_threshold=0.3, entropy_top_k=3)
+    rows = [FLAT, PEAKED, PEAKED, PEAKED, FLAT]
+    assert greedy_case(rows, [1, 0, 0, 0], fly).num_forgiven.tolist() == [1]
+    P = torch.tensor([rows, rows])
+    d = torch.tensor([[1, 0, 0, 0], [1, 0, 0, 0]])
+    out = verify(
+        d, P, None, greedy=torch.tensor([True, True]), policy=fly, lossless_before=torch.tensor([1, 0])
+    )
+    assert out.token_ids.tolist() == [[0, -1, -1, -1, -1], [1, 0, 0, 0, 0]]
+    assert out.num_forgiven.tolist() == [0, 1]
+    # Typical: draft [0, 1, 2] on UNSURE rows: position 0 is natively accepted, 1 and 2 are forgivable.
+    P = torch.tensor([[UNSURE, UNSURE, UNSURE, FLAT]] * 3)
+    d = torch.tensor([[0, 1, 2]] * 3)
+    greedy = torch.ones(3, dtype=torch.bool)
+    out = verify(d, P, None, greedy=greedy, policy=TypicalParams(), lossless_before=torch.tensor([0, 1, 2]))
+    assert out.token_ids.tolist() == [[0, 1, 2, 0], [0, 1, 2, 0], [0, 0, -1, -1]]
+    assert out.num_forgiven.tolist() == [2, 2, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches())
+def test_prefix_covering_every_draft_is_standard_verification(batch):
+    """lossless_before >= K_b makes FLy and typical acceptance exactly standard verification (the same
+    tokens, nothing forgiven), for greedy and random rows: how a request opts out of a lossy engine."""
+    d, P, Q, greedy, lengths, _, u, su, _ = batch
+    kw = dict(greedy=greedy, num_draft_tokens=lengths, uniform=u, sample_uniform=su)
+    standard = verify(d, P, Q, **kw)
+    cover = lengths + torch.randint(0, 3, lengths.shape)
+    for policy in (FlyParams(1, 0.0, 3), TypicalParams(1.0, 0.01)):
+        out = verify(d, P, Q, policy=policy, lossless_before=cover, **kw)
+        assert torch.equal(out.token_ids, standard.token_ids)
+        assert out.num_forgiven.sum() == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Standard random verification is lossless.
 # ---------------------------------------------------------------------------------------------------------
 
@@ -338,10 +491,10 @@ Q0 = torch.tensor([0.10, 0.40, 0.05, 0.25, 0.20, 0.00])
 N_SAMPLES = 200_000
 
 
-def first_tokens(draft: torch.Tensor, Q: torch.Tensor | None, g: torch.Generator) -> torch.Tensor:
+def first_tokens(draft: torch.Tensor, Q: torch.Tensor | None, g: torch.Generator, **kw) -> torch.Tensor:
     """First emitted token of N_SAMPLES random rows with K=2 (target rows broadcast, not copied)."""
     P = torch.stack([P0, Q0.flip(0) / Q0.sum(), P0]).expand(N_SAMPLES, 3, 6)
-    out = verify(draft, P, Q, greedy=torch.zeros(N_SAMPLES, dtype=torch.bool), generator=g)
+    out = verify(draft, P, Q, greedy=torch.zeros(N_SAMPLES, dtype=torch.bool), generator=g, **kw)
     return out.token_ids[:, 0]
 
 
@@ -379,6 +532,19 @@ def test_standard_random_verification_is_lossless_without_draft_probs(fixed_draf
     tokens = first_tokens(draft, None, g)
     assert chi_square_p(tokens, P0) > 0.01
     assert chi_square_p(tokens, distorted(P0)) < 1e-6
+
+
+@pytest.mark.parametrize("policy", [FlyParams(1, 0.0, 3), TypicalParams()])
+def test_lossless_prefix_keeps_random_rows_lossless(policy):
+    """With lossless_before = 1 the first emitted token of a lossy policy follows P_0 exactly (chi-square
+    over 200,000 seeded samples drafted from Q), while the same policy without the prefix visibly
+    does not: its forgiveness (and, for typical acceptance, its argmax recovery) distorts P_0."""
+    g = torch.Generator().manual_seed(4321)
+    Q = torch.stack([Q0, P0]).expand(N_SAMPLES, 2, 6)
+    draft = torch.multinomial(Q[:, 0], 1, generator=g).repeat(1, 2)
+    prefix = torch.ones(N_SAMPLES, dtype=torch.int64)
+    assert chi_square_p(first_tokens(draft, Q, g, policy=policy, lossless_before=prefix), P0) > 0.01
+    assert chi_square_p(first_tokens(draft, Q, g, policy=policy), P0) < 1e-6
 
 
 def test_greedy_rows_emit_target_argmax_chain():
@@ -454,11 +620,16 @@ def good_inputs():
         (dict(uniform=torch.full((2, 3), 1.0, dtype=torch.float64)), "uniform must lie in"),
         (dict(uniform=torch.full((2, 2), 0.5, dtype=torch.float64)), "uniform must be a floating-point"),
         (dict(sample_uniform=torch.tensor([0.5, float("nan")], dtype=torch.float64)), "sample_uniform"),
+        (dict(lossless_before=torch.tensor([0, -1])), "lossless_before must be"),
+        (dict(lossless_before=torch.tensor([0.0, 1.0])), "lossless_before must be"),
+        (dict(lossless_before=torch.tensor([0])), "lossless_before must be"),
+        (dict(policy=FlyParams(1, 0.0, 3), fly=FlyParams(1, 0.0, 3)), "not both"),
+        (dict(policy="fly"), "policy must be a VerificationPolicy"),
     ],
 )
 def test_bad_input_raises_value_error_naming_argument(change, message):
-    """Shapes that disagree, K_b > K, negative or out-of-vocabulary draft ids and bad uniforms raise a
-    ValueError that names the argument."""
+    """Shapes that disagree, K_b > K, negative or out-of-vocabulary draft ids, bad uniforms, a bad lossless
+    prefix and a policy given twice or by name raise a ValueError that names the argument."""
     kwargs = good_inputs() | change
     args = [kwargs.pop(name) for name in ("draft_token_ids", "target_probs", "draft_probs")]
     with pytest.raises(ValueError, match=message):
@@ -501,6 +672,26 @@ def test_fly_params_validated(kwargs, field):
         FlyParams(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(posterior_threshold=0.0), "posterior_threshold=0.0 is invalid: it must be a finite number > 0"),
+        (dict(posterior_threshold=float("inf")), "posterior_threshold=inf"),
+        (
+            dict(posterior_alpha=0.0),
+            r"posterior_alpha=0.0 is invalid: it must be a finite number in \(0, 1\]",
+        ),
+        (dict(posterior_alpha=1.5), "posterior_alpha=1.5"),
+        (dict(posterior_alpha="0.3"), "posterior_alpha='0.3'"),
+    ],
+)
+def test_typical_params_validated(kwargs, field):
+    """TypicalParams rejects eps <= 0 or non-finite and delta outside (0, 1]; defaults are vLLM's."""
+    with pytest.raises(ValueError, match=field):
+        TypicalParams(**kwargs)
+    assert TypicalParams() == TypicalParams(posterior_threshold=0.09, posterior_alpha=0.3)
+
+
 def test_all_zero_residual_falls_back_to_target_row():
     """When max(P_a - Q_a, 0) is all zero (reachable only through rounding or a Q row summing above 1),
     the recovered token is drawn from P_a instead of failing."""
@@ -515,3 +706,13 @@ def test_all_zero_residual_falls_back_to_target_row():
         sample_uniform=torch.tensor([0.75], dtype=torch.float64),
     )
     assert out.token_ids.tolist() == [[1, -1]] and out.num_accepted.tolist() == [0]
+
+
+def test_fly_keyword_is_an_alias_of_policy():
+    """fly=FlyParams(...) (the old keyword) gives exactly what policy= gives."""
+    fly = FlyParams(window_size=2, entropy_threshold=0.3, entropy_top_k=3)
+    rows = [FLAT, PEAKED, PEAKED, PEAKED, FLAT]
+    P, d, greedy = torch.tensor([rows]), torch.tensor([[1, 0, 0, 0]]), torch.tensor([True])
+    a = verify(d, P, None, greedy=greedy, fly=fly)
+    b = verify(d, P, None, greedy=greedy, policy=fly)
+    assert a.token_ids.tolist() == b.token_ids.tolist() == [[1, 0, 0, 0, 0]]

@@ -122,10 +122,12 @@ def arm_command(report: dict[str, Any], row: dict[str, Any]) -> str:
     args += ["--methods", method]
     if row["drafter"] is not None:
         args += ["--draft", row["drafter"], "--k", str(row["k"]), "--headline-k", str(row["k"])]
-    if method == "fly":
+    if row.get("fly_window") is not None:
         args += ["--fly-threshold", str(row["fly_threshold"])]
         if not row["default_window"]:
             args += ["--fly-windows", str(row["fly_window"])]
+    if row.get("lossless_prefix"):
+        args += ["--lossless-prefix", str(row["lossless_prefix"])]
     if row["backend"] == "hf":
         args += ["--peer", "hf"]
     return shlex.join(args)
@@ -224,13 +226,16 @@ def _setup(s: dict[str, Any]) -> list[str]:
         "(every arm once per repetition, order reversed on alternate ones); tokens/s sums tokens and time "
         "over the repetitions, 'per run' lists each",
         "- batch size b = b concurrent requests (waves of b); FLy entropy threshold "
-        f"{s['fly_threshold']}, top-k 3; standard arms run on the FLy engine of the same K with "
+        f"{s['fly_threshold']}, top-k 3; typical acceptance at its defaults (eps 0.09, delta 0.3); "
+        "`prefix=L` = lossless_prefix_tokens L (the first L tokens of each response verified "
+        "losslessly); standard arms run on a lossy engine of the same K with "
         '`verification="standard"` requests',
         "- mean acc. length = tokens per verification step (1 + accepted / drafts); for hf assisted, "
         "tokens per target forward (prefill included). Forgiven = share of accepted draft tokens only "
-        "FLy's rule kept. "
+        "the lossy policy's rule kept. "
         "'same as target-only' = mean share of each output identical to flyspec target-only batch-1 output "
-        "before the first difference (bf16 verify passes may round differently; FLy is lossy by design)",
+        "before the first difference (bf16 verify passes may round differently; FLy and typical acceptance "
+        "are lossy by design)",
         *(
             [
                 "- weight formats: "

@@ -1,4 +1,5 @@
-"""The benchmark PNG: throughput vs batch size per method, and FLy's speed-up vs its acceptance gain."""
+"""The benchmark PNG: throughput vs batch size per method, and each lossy arm's speed-up vs its acceptance
+gain."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 def write_plot(report: dict[str, Any], path: Path) -> None:
     """Two panels from a bench report (see flyspec.bench.report for its layout).
 
-    Left: tokens/s against batch size, one line per flyspec method at the headline K (FLy with its
-    default window), the peer's batch-1 numbers as markers. Right: for every FLy arm, its tokens/s gain
-    over standard SD at the same K and batch size against its gain in mean acceptance length; points on
-    the diagonal turn all extra acceptance into speed.
+    Left: tokens/s against batch size, one line per flyspec method and lossless prefix at the headline K
+    (FLy with its default window), the peer's batch-1 numbers as markers. Right: for every lossy arm
+    (FLy, typical acceptance), its tokens/s gain over standard SD at the same K and batch size against
+    its gain in mean acceptance length; points on the diagonal turn all extra acceptance into speed.
     """
     import matplotlib
 
@@ -23,17 +24,17 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     k = report["settings"].get("headline_k")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
 
-    lines = {
-        "target-only": [r for r in rows if r["backend"] == "flyspec" and r["method"] == "target"],
-        f"standard K={k}": [
-            r for r in rows if r["backend"] == "flyspec" and r["method"] == "standard" and r["k"] == k
-        ],
-        f"fly K={k} (default W)": [
-            r
-            for r in rows
-            if r["backend"] == "flyspec" and r["method"] == "fly" and r["k"] == k and r["default_window"]
-        ],
+    lines: dict[str, list[dict[str, Any]]] = {
+        "target-only": [r for r in rows if r["backend"] == "flyspec" and r["method"] == "target"]
     }
+    for r in rows:
+        if r["backend"] != "flyspec" or r["method"] == "target" or r["k"] != k:
+            continue
+        if r["fly_window"] is not None and not r["default_window"]:
+            continue
+        prefix = f" prefix={r['lossless_prefix']}" if r.get("lossless_prefix") else ""
+        window = " (default W)" if r["fly_window"] is not None else ""
+        lines.setdefault(f"{r['method']} K={k}{prefix}{window}", []).append(r)
     for name, series in lines.items():
         series = sorted((r for r in series if r["tokens_per_s"]), key=lambda r: r["batch_size"])
         if series:
@@ -59,7 +60,7 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     right.scatter(xs, ys, zorder=3)
     for p, x, y in zip(points, xs, ys, strict=True):
         right.annotate(
-            p["numerator"].removeprefix("flyspec fly "),
+            p["numerator"].removeprefix("flyspec "),
             (x, y),
             fontsize=7,
             xytext=(3, 3),
@@ -72,7 +73,7 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     right.axhline(0, color="black", linewidth=0.5)
     right.set_xlabel("acceptance-length gain over standard SD (%)")
     right.set_ylabel("tokens/s gain over standard SD (%)")
-    right.set_title("FLy: speed-up vs acceptance gain")
+    right.set_title("Lossy verification: speed-up vs acceptance gain")
     right.grid(True, alpha=0.3)
 
     fig.tight_layout()

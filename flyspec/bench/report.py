@@ -8,21 +8,24 @@ JSON layout (`flyspec bench --json FILE`; schema "flyspec.bench/2"; "flyspec.ben
 - `command`: the command line; `machine`: CPU, cores, memory, library versions, load average;
   `settings`: model, drafters, dtype, device, dataset, prompts (ids and sha256), max_tokens, repeats,
   ignore_eos, warm-up tokens;
-- `results`: one object per arm: `label`, `backend` ("flyspec" | "hf"), `method` ("target" |
-  "standard" | "fly"), `batch_size`, `drafter`, `k`, `fly_window`, `default_window`, `requests` (per
-  run), `repeats`, `generated_tokens`, `seconds` (both summed over runs), `tokens_per_s` (their ratio),
-  `tokens_per_s_runs` (one per repetition), `decode_tokens_per_s` (flyspec only: tokens after each
-  request's first, over the time from a wave's first first-token to its last finish, so prompt
-  processing is left out), `mean_acceptance_length` (tokens per verification step;
-  for the peer, tokens per target forward), `acceptance_rate`, `forgiven_share` (forgiven / accepted
-  draft tokens), `peak_rss_mb` (largest resident set size sampled while the arm ran),
-  `prefix_match` (mean share of each output that equals flyspec target-only batch-1 output before the
-  first difference); fields that do not apply are null;
+- `results`: one object per arm: `label`, `backend` ("flyspec" | "hf"), `method` ("target" | "standard" | a
+  lossy policy: "fly", "typical"), `batch_size`, `drafter`, `k`, `fly_window`, `default_window`,
+  `fly_threshold`, `lossless_prefix` (a lossy arm's prefix; absent in reports written before it existed,
+  read as 0), `requests` (per run), `repeats`, `generated_tokens`, `seconds` (both summed over runs),
+  `tokens_per_s` (their ratio), `tokens_per_s_runs` (one per repetition), `decode_tokens_per_s` (flyspec
+  only: tokens after each request's first, over the time from a wave's first first-token to its last finish,
+  so prompt processing is left out), `mean_acceptance_length` (tokens per verification step; for the peer,
+  tokens per target forward), `acceptance_rate`, `forgiven_share` (forgiven / accepted draft tokens: the
+  lossy share), `peak_rss_mb` (largest resident set size sampled while the arm ran), `prefix_match` (mean
+  share of each output that equals flyspec target-only batch-1 output before the first difference); fields
+  that do not apply are null;
 - `ratios`: `name`, `numerator`, `denominator` (arm labels), `value` (tokens/s ratio) and, where both
   arms speculate, `acceptance_gain` (relative gain in mean acceptance length); an arm is compared with
-  target-only of its own weight format, and a quantized arm also with its unquantized twin;
-- `batch_scaling`: per weight format and speculative method, tokens/s relative to target-only at each
-  batch size and `stops_paying_at` (the first batch size where it falls below 1, or null);
+  target-only of its own weight format, a lossy arm also with standard speculative decoding of the same
+  drafter, K, batch size and format, and a quantized arm with its unquantized twin;
+- `batch_scaling`: per weight format, speculative method and lossless prefix (lossy arms at their
+  default settings otherwise), tokens/s relative to target-only at each batch size and
+  `stops_paying_at` (the first batch size where it falls below 1, or null);
 - `breakdown`: per profiled arm, seconds and shares of decode time per engine part
   (see flyspec.bench.breakdown); `peak_rss_mb`: the process's peak; `load_s`: seconds spent loading
   models and building engines (outside every timing).
@@ -35,6 +38,7 @@ from typing import Any
 
 from flyspec.bench.runner import Measurement
 from flyspec.bench.sweep import Arm
+from flyspec.config import LOSSY_METHODS
 from flyspec.outputs import AcceptanceCounts
 
 SCHEMA = "flyspec.bench/2"
@@ -131,7 +135,7 @@ def _twin(
     rows: Iterable[dict[str, Any]], row: dict[str, Any], quantization: str | None
 ) -> dict[str, Any] | None:
     """The arm measuring the same configuration as `row` in another weight format."""
-    keys = ("backend", "method", "batch_size", "drafter", "k", "fly_window")
+    keys = ("backend", "method", "batch_size", "drafter", "k", "fly_window", "lossless_prefix")
     return next(
         (r for r in rows if _format(r) == quantization and all(r.get(k) == row.get(k) for k in keys)), None
     )
@@ -174,7 +178,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row["method"] == "standard" and b == 1 and _format(row) is None:
             peer = find(hf, method="standard", drafter=row["drafter"], k=row["k"])
             out.append(_ratio(f"{row['label']} / hf assisted", row, peer))
-        if row["method"] == "fly":
+        if row["method"] in LOSSY_METHODS:
             std = next(
                 (
                     r
@@ -208,18 +212,23 @@ def _value(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | No
 def batch_scaling(
     rows: list[dict[str, Any]], *, drafter: str | None, headline_k: int | None
 ) -> list[dict[str, Any]]:
-    """Per weight format, for standard and FLy (default window) at the headline K: tokens/s over
-    target-only of the same format per batch size."""
+    """Per weight format, for standard and each lossy method (FLy: default window) with each lossless
+    prefix at the headline K: tokens/s over target-only of the same format per batch size."""
     ours = [r for r in rows if r["backend"] == "flyspec"]
     out = []
     for q in dict.fromkeys(_format(r) for r in ours):
         mine = [r for r in ours if _format(r) == q]
-        for method in ("standard", "fly"):
+        series = dict.fromkeys(
+            (r["method"], r.get("lossless_prefix") or 0) for r in mine if r["method"] != "target"
+        )
+        for method, prefix in series:
             points = []
             for row in sorted(mine, key=lambda r: r["batch_size"]):
                 if row["method"] != method or row["k"] != headline_k or row["drafter"] != drafter:
                     continue
-                if method == "fly" and not row["default_window"]:
+                if (row.get("lossless_prefix") or 0) != prefix:
+                    continue
+                if row["fly_window"] is not None and not row["default_window"]:
                     continue
                 value = _value(row, find(mine, method="target", batch_size=row["batch_size"]))
                 if value is not None:
@@ -229,6 +238,7 @@ def batch_scaling(
                 out.append(
                     {
                         "method": method,
+                        **({"lossless_prefix": prefix} if prefix else {}),
                         "quantization": q,
                         "k": headline_k,
                         "points": points,

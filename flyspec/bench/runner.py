@@ -5,10 +5,11 @@ the arm's waves and repetitions; model loading and warm-up are never inside a ti
 repetition runs every arm once in turn, in alternating order (A..Z, then Z..A), so slow drift of a shared
 machine hits all arms alike. Peak RSS is sampled by a background thread while each arm runs.
 
-Engines: one per (weight format, drafter, K, FLy window), created lazily. A standard arm runs on the FLy
-engine of the same format, drafter and K when the sweep has one, as requests with
-`SamplingParams(verification="standard")` (lossless verification per request). Model weights are loaded
-once per (model, weight format) and handed to every engine through
+Engines: one per (weight format, drafter, K, verifier), created lazily, where the verifier is a lossy
+arm's policy with its settings (FLy window, lossless prefix). A standard arm runs on a lossy engine of the
+same format, drafter and K when the sweep has one (the first lossy arm's with default settings, else the
+first), as requests with `SamplingParams(verification="standard")` (lossless verification per request).
+Model weights are loaded once per (model, weight format) and handed to every engine through
 `LLM.from_config(config, target=..., draft=...)`; a loaded model holds only weights (KV caches belong to
 each engine), so sharing it is safe.
 """
@@ -77,20 +78,27 @@ class PeakRSS:
         self.peak = max(self.peak, self._process.memory_info().rss)
 
 
-EngineKey = tuple[str | None, str | None, int | None, int | None]
+Verifier = tuple[str, int | None, int]
+"""A lossy engine's verification: (policy name, FLy window or None, lossless prefix)."""
+EngineKey = tuple[str | None, str | None, int | None, Verifier | None]
+
+
+def _verifier(arm: Arm) -> Verifier:
+    return (arm.method, arm.fly_window, arm.lossless_prefix)
+
+
+def _is_default(arm: Arm) -> bool:
+    """A lossy arm at its policy's default settings: the engine a user would run."""
+    return not arm.lossless_prefix and (arm.fly_window is None or arm.default_window)
 
 
 def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
-    """label -> (quantization, drafter, K, FLy window) of the engine each flyspec arm runs on (see module
+    """label -> (quantization, drafter, K, verifier) of the engine each flyspec arm runs on (see module
     docstring)."""
-    fly_windows: dict[tuple[str | None, str | None, int | None], int] = {}
-    for arm in arms:
-        if arm.backend == "flyspec" and arm.method == "fly":
-            key = (arm.quantization, arm.drafter, arm.k)
-            # Prefer the default window's engine: it is the one a user would run.
-            if key not in fly_windows or arm.default_window:
-                assert arm.fly_window is not None
-                fly_windows[key] = arm.fly_window
+    lossy: dict[tuple[str | None, str | None, int | None], Verifier] = {}
+    candidates = [a for a in arms if a.backend == "flyspec" and a.lossy]
+    for arm in sorted(candidates, key=lambda a: not _is_default(a)):  # stable: defaults first, in order
+        lossy.setdefault((arm.quantization, arm.drafter, arm.k), _verifier(arm))
     keys: dict[str, EngineKey] = {}
     for arm in arms:
         if arm.backend != "flyspec":
@@ -98,10 +106,10 @@ def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
         q = arm.quantization
         if arm.method == "target":
             keys[arm.label] = (q, None, None, None)
-        elif arm.method == "fly":
-            keys[arm.label] = (q, arm.drafter, arm.k, arm.fly_window)
+        elif arm.lossy:
+            keys[arm.label] = (q, arm.drafter, arm.k, _verifier(arm))
         else:
-            keys[arm.label] = (q, arm.drafter, arm.k, fly_windows.get((q, arm.drafter, arm.k)))
+            keys[arm.label] = (q, arm.drafter, arm.k, lossy.get((q, arm.drafter, arm.k)))
     return keys
 
 
@@ -116,16 +124,20 @@ class BenchRunner:
         dtype: str,
         device: str,
         ignore_eos: bool,
-        fly_threshold: float,
         seed: int = 0,
     ) -> None:
         self.model = model
         self.dtype = dtype
         self.device = device
         self.ignore_eos = ignore_eos
-        self.fly_threshold = fly_threshold
         self.seed = seed
         self.keys = engine_keys(arms)
+        # The speculative config of each engine: its lossy arm's (standard arms ride on it), else a
+        # standard arm's.
+        self._specs: dict[EngineKey, dict[str, Any] | None] = {}
+        for arm in sorted(arms, key=lambda a: not a.lossy):
+            if arm.backend == "flyspec":
+                self._specs.setdefault(self.keys[arm.label], arm.speculative_config())
         # The format the tokenizer and dtype are read from: the first flyspec arm's (so an int8-only sweep
         # never loads the unquantized weights).
         self._first_format = split_format(
@@ -162,22 +174,12 @@ class BenchRunner:
         return self._weights[name, quantization]
 
     def _speculative_config(self, key: EngineKey) -> dict[str, Any] | None:
-        fmt, drafter, k, window = key
-        if k is None:
+        spec = self._specs.get(key)
+        if spec is None:
             return None
-        method = "ngram" if drafter == "ngram" else "draft_model"
-        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
-        if method == "draft_model":
-            spec["model"] = drafter
-            draft_q = split_format(fmt)[1]
-            if draft_q is not None:
-                spec["quantization"] = draft_q
-        if window is not None:
-            spec.update(
-                rejection_sample_method="fly",
-                fly_window_size=window,
-                fly_entropy_threshold=self.fly_threshold,
-            )
+        draft_q = split_format(key[0])[1]
+        if spec.get("method") == "draft_model" and draft_q is not None:
+            spec = {**spec, "quantization": draft_q}
         return spec
 
     def engine_for(self, arm: Arm) -> Any:
@@ -223,7 +225,7 @@ class BenchRunner:
             self.load_seconds += time.perf_counter() - start
 
     def sampling_params(self, arm: Arm, max_tokens: int) -> Any:
-        """Greedy decoding of `max_tokens` tokens; a standard arm on a FLy engine forces lossless
+        """Greedy decoding of `max_tokens` tokens; a standard arm on a lossy engine forces lossless
         verification per request."""
         from flyspec.sampling_params import SamplingParams
 

@@ -2,10 +2,13 @@
 
 Planning rule (one rule for every sweep, so a reader can predict the arm list from the command):
 
-- batch size 1: target-only; standard speculative decoding at every K; FLy at the headline K with its
-  default window min(6, K - 1) and with every extra window asked for;
-- every larger batch size: target-only, standard and FLy (default window), at the headline K only;
-- each drafter (a draft model, or "ngram" for prompt lookup) gets its own standard and FLy arms;
+- batch size 1: target-only; standard speculative decoding at every K; each lossy verification policy
+  asked for (FLy, typical acceptance) at the headline K with its default settings, FLy also with every
+  extra window asked for;
+- every larger batch size: target-only, standard and each lossy policy (FLy: default window), at the
+  headline K only;
+- each lossy arm once per lossless prefix asked for (default: none);
+- each drafter (a draft model, or "ngram" for prompt lookup) gets its own standard and lossy arms;
 - with a peer: the peer's target-only generation at batch 1, and its assisted generation at batch 1 with
   the same drafter at every K;
 - every weight format asked for (`quantizations`, e.g. unquantized and "int8") gets all of the flyspec
@@ -21,9 +24,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flyspec.config import DEFAULT_FLY_ENTROPY_THRESHOLD, QUANTIZATION_METHODS, SpeculativeConfig
+from flyspec.config import (
+    DEFAULT_FLY_ENTROPY_THRESHOLD,
+    LOSSY_METHODS,
+    QUANTIZATION_METHODS,
+    SpeculativeConfig,
+    verification_policy,
+)
 
-METHODS = ("target", "standard", "fly")
+METHODS = ("target", "standard", *LOSSY_METHODS)
+WINDOWED = "fly"
+"""The policy whose window the sweep varies (`extra_windows`, `fly_threshold`)."""
 BACKENDS = ("flyspec", "hf")
 PEERS = ("hf",)
 NGRAM = "ngram"
@@ -34,13 +45,14 @@ class Arm:
     """One measured configuration.
 
     backend: "flyspec" (this engine) or "hf" (transformers `generate`). method: "target" (no
-    speculation), "standard" (lossless verification; for hf, assisted generation) or "fly".
-    drafter: a draft model name or path, or "ngram"; None for target-only. k: draft tokens per step
-    (None for target-only). fly_window: the resolved FLy window W (None unless method is "fly").
-    default_window: whether fly_window is the default min(6, K - 1). show_drafter: put the drafter's
-    short name in the label (set when a sweep has several drafters). quantization: the weight format of
-    the engine's target and draft ("int8", "int4", "T/D" for target T and draft D, or None for the
-    weights as loaded).
+    speculation), "standard" (lossless verification; for hf, assisted generation) or a lossy policy's
+    name ("fly", "typical": its default settings). drafter: a draft model name or path, or "ngram"; None
+    for target-only. k: draft tokens per step (None for target-only). fly_window: the resolved FLy window
+    W (None unless method is "fly"). default_window: whether fly_window is the default min(6, K - 1).
+    show_drafter: put the drafter's short name in the label (set when a sweep has several drafters).
+    quantization: the weight format of the engine's target and draft ("int8", "int4", "T/D" for target
+    T and draft D, or None for the weights as loaded). lossless_prefix: a lossy arm's
+    lossless_prefix_tokens (0 = none).
     """
 
     backend: str
@@ -53,12 +65,18 @@ class Arm:
     fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD
     show_drafter: bool = False
     quantization: str | None = None
+    lossless_prefix: int = 0
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the arm verifies with a lossy policy."""
+        return self.method in LOSSY_METHODS
 
     @property
     def label(self) -> str:
-        """A short unique name, e.g. "flyspec fly K=4 W=3 b=1", "flyspec int8 target-only b=16" or
-        "hf assisted K=4 b=1"."""
-        name = {"target": "target-only", "standard": "standard", "fly": "fly"}[self.method]
+        """A short unique name, e.g. "flyspec fly K=4 W=3 b=1", "flyspec typical K=4 prefix=16 b=1",
+        "flyspec int8 target-only b=16" or "hf assisted K=4 b=1"."""
+        name = "target-only" if self.method == "target" else self.method
         if self.backend == "hf":
             name = {"target": "generate", "standard": "assisted"}[self.method]
         parts = [self.backend, *([self.quantization] if self.quantization else []), name]
@@ -68,6 +86,8 @@ class Arm:
             parts.append(f"K={self.k}")
         if self.fly_window is not None:
             parts.append(f"W={self.fly_window}")
+        if self.lossless_prefix:
+            parts.append(f"prefix={self.lossless_prefix}")
         parts.append(f"b={self.batch_size}")
         return " ".join(parts)
 
@@ -80,12 +100,12 @@ class Arm:
             config["method"] = "ngram"
         else:
             config.update(method="draft_model", model=self.drafter)
-        if self.method == "fly":
-            config.update(
-                rejection_sample_method="fly",
-                fly_window_size=self.fly_window,
-                fly_entropy_threshold=self.fly_threshold,
-            )
+        if self.lossy:
+            config["rejection_sample_method"] = self.method
+        if self.fly_window is not None:
+            config.update(fly_window_size=self.fly_window, fly_entropy_threshold=self.fly_threshold)
+        if self.lossless_prefix:
+            config["lossless_prefix_tokens"] = self.lossless_prefix
         return config
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,7 +151,7 @@ def parse_int_list(field: str, text: str, minimum: int = 1) -> list[int]:
 
 def default_window(k: int) -> int:
     """The FLy window the engine uses when fly_window_size is unset, for this K (from SpeculativeConfig)."""
-    config = SpeculativeConfig(method=NGRAM, num_speculative_tokens=k, rejection_sample_method="fly")
+    config = SpeculativeConfig(method=NGRAM, num_speculative_tokens=k, rejection_sample_method=WINDOWED)
     assert config.fly_window_size is not None
     return config.fly_window_size
 
@@ -147,6 +167,7 @@ def plan_arms(
     peer: str | None,
     fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD,
     quantizations: Sequence[str | None] = (None,),
+    lossless_prefixes: Sequence[int] = (0,),
 ) -> list[Arm]:
     """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
     bad_q = [q for q in quantizations if not _valid_format(q)]
@@ -170,17 +191,27 @@ def plan_arms(
             raise ValueError(f"headline_k={headline_k} must be one of the swept K values {list(ks)}")
         if speculative and not drafters:
             raise ValueError("speculative methods need at least one drafter (--draft MODEL or --draft ngram)")
-    if "fly" in methods:
-        if headline_k < 2:
+    lossy = [m for m in methods if m in LOSSY_METHODS]
+    for method in lossy:  # each policy's own rules for the headline K (e.g. FLy needs K >= 2)
+        try:
+            verification_policy(method).resolve_config({}, headline_k)
+        except ValueError as exc:
             raise ValueError(
-                f"headline_k={headline_k}: FLy needs K >= 2 (drop fly from --methods or raise K)"
-            )
+                f"headline_k={headline_k}: {method}: {exc} (drop {method} from --methods)"
+            ) from None
+    if WINDOWED in methods:
         bad = [w for w in extra_windows if w >= headline_k or w < 1]
         if bad:
             raise ValueError(
                 f"fly_windows={list(extra_windows)}: each window must satisfy 1 <= W < the headline K "
                 f"({headline_k})"
             )
+    if (
+        not lossless_prefixes
+        or any(p < 0 for p in lossless_prefixes)
+        or len(set(lossless_prefixes)) != len(lossless_prefixes)
+    ):
+        raise ValueError(f"lossless_prefixes={list(lossless_prefixes)}: each must be an integer >= 0, once")
 
     if len(set(drafters)) != len(drafters):
         raise ValueError(f"drafters={list(drafters)}: each drafter may be given once")
@@ -198,14 +229,14 @@ def plan_arms(
                         arms.append(
                             Arm("flyspec", "standard", batch, drafter, k, show_drafter=show, quantization=q)
                         )
-                    if "fly" in methods and k == headline_k:
-                        windows = [default_window(k)]
-                        if batch == 1:
-                            windows += [w for w in extra_windows if w != windows[0]]
-                        for w in windows:
-                            default = w == default_window(k)
-                            arms.append(
-                                Arm("flyspec", "fly", batch, drafter, k, w, default, fly_threshold, show, q)
+                    if k != headline_k:
+                        continue
+                    for method in lossy:
+                        for prefix in lossless_prefixes:
+                            arms.extend(
+                                _lossy_arms(
+                                    method, batch, drafter, k, extra_windows, fly_threshold, show, q, prefix
+                                )
                             )
     if peer is not None:
         arms.append(Arm(peer, "target", 1))
@@ -215,3 +246,27 @@ def plan_arms(
     if len(set(labels)) != len(labels):
         raise ValueError(f"drafters={list(drafters)}: two drafters share a short name; rename one folder")
     return arms
+
+
+def _lossy_arms(
+    method: str,
+    batch: int,
+    drafter: str,
+    k: int,
+    extra_windows: Sequence[int],
+    fly_threshold: float,
+    show: bool,
+    quantization: str | None,
+    prefix: int,
+) -> list[Arm]:
+    """One lossy policy's arms at the headline K: its defaults, and for FLy every extra window at batch 1."""
+    common = dict(show_drafter=show, quantization=quantization, lossless_prefix=prefix)
+    if method != WINDOWED:
+        return [Arm("flyspec", method, batch, drafter, k, **common)]  # type: ignore[arg-type]
+    windows = [default_window(k)]
+    if batch == 1:
+        windows += [w for w in extra_windows if w != windows[0]]
+    return [
+        Arm("flyspec", method, batch, drafter, k, w, w == windows[0], fly_threshold, **common)  # type: ignore[arg-type]
+        for w in windows
+    ]

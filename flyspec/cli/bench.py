@@ -1,4 +1,5 @@
-"""`flyspec bench`: throughput sweep of target-only, standard and FLy decoding, optionally against a peer.
+"""`flyspec bench`: throughput sweep of target-only, standard and lossy (FLy, typical acceptance) decoding,
+with or without a lossless prefix, optionally against a peer.
 
 Settings come from a preset ("quick", the default: batch 1, K=4, 4 prompts x 128 tokens, one
 repetition; "reference": the sweep behind BENCHMARKS.md, batch sizes 1 to 32, unquantized and int8) and
@@ -41,6 +42,7 @@ class Settings:
     headline_k: int = 4
     fly_windows: tuple[int, ...] = ()
     fly_threshold: float = 0.3
+    lossless_prefixes: tuple[int, ...] = (0,)
     peer: str | None = None
     dataset: str = "gsm8k"
     num_prompts: int = 4
@@ -102,6 +104,7 @@ def plan(settings: Settings) -> list[Arm]:
         peer=settings.peer,
         fly_threshold=settings.fly_threshold,
         quantizations=settings.quantizations,
+        lossless_prefixes=settings.lossless_prefixes,
     )
 
 
@@ -129,7 +132,11 @@ def bench(
         typer.Option(help=f"Drafter (repeatable): draft model or 'ngram' (default: {DEFAULT_DRAFT})."),
     ] = None,
     methods: Annotated[
-        str | None, typer.Option(help="Comma list of target, standard, fly (default: all three).")
+        str | None,
+        typer.Option(
+            help="Comma list of target, standard and lossy verification policies (fly, typical) "
+            "(default: target,standard,fly)."
+        ),
     ] = None,
     batch_sizes: Annotated[
         str | None, typer.Option(help="Comma list of batch sizes (default: 1; reference 1,4,8,16,32).")
@@ -140,7 +147,8 @@ def bench(
     headline_k: Annotated[
         int | None,
         typer.Option(
-            help="K of FLy, its window sweep and batch sizes > 1 (default: 4, or the first --k without 4)."
+            help="K of the lossy arms, FLy's window sweep and batch sizes > 1 (default: 4, or the first --k "
+            "without 4)."
         ),
     ] = None,
     fly_windows: Annotated[
@@ -148,6 +156,12 @@ def bench(
     ] = None,
     fly_threshold: Annotated[
         float | None, typer.Option(help="FLy entropy threshold theta (default: 0.3).")
+    ] = None,
+    lossless_prefix: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of lossless_prefix_tokens for every lossy arm, e.g. 0,16 (default: 0)."
+        ),
     ] = None,
     peer: Annotated[str | None, typer.Option(help="Also run a peer in this process: hf, or none.")] = None,
     dataset: Annotated[
@@ -210,8 +224,9 @@ def bench(
     ] = None,
 ) -> None:
     """Measure output tokens/s (excluding load), acceptance length, acceptance rate, forgiven share and peak
-    RSS for target-only, standard and FLy decoding across batch sizes, K and drafters, interleaved with a
-    warm-up; with --peer hf, also transformers' generate and assisted generation, reported as ratios."""
+    RSS for target-only, standard and lossy (FLy, typical acceptance; --lossless-prefix) decoding across
+    batch sizes, K and drafters, interleaved with a warm-up; with --peer hf, also transformers' generate
+    and assisted generation, reported as ratios."""
     if from_json is not None:
         _check_output(plot, "--plot")
         _check_output(markdown, "--markdown")
@@ -228,6 +243,7 @@ def bench(
             "headline_k": headline_k,
             "fly_windows": _windows(fly_windows),
             "fly_threshold": fly_threshold,
+            "lossless_prefixes": _ints("lossless_prefix", lossless_prefix, minimum=0),
             "dataset": dataset,
             "num_prompts": num_prompts,
             "max_tokens": max_tokens,
@@ -255,8 +271,8 @@ def _names(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(m.strip() for m in text.split(",") if m.strip())
 
 
-def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
-    return None if text is None else tuple(parse_int_list(option, text))
+def _ints(option: str, text: str | None, minimum: int = 1) -> tuple[int, ...] | None:
+    return None if text is None else tuple(parse_int_list(option, text, minimum))
 
 
 def _formats(text: str | None) -> tuple[str | None, ...] | None:
@@ -307,7 +323,6 @@ def run_bench(settings: Settings, arms: list[Arm], command: str) -> dict[str, An
         dtype=settings.dtype,
         device=settings.device,
         ignore_eos=settings.ignore_eos,
-        fly_threshold=settings.fly_threshold,
         seed=settings.seed,
     )
     largest = max(a.batch_size for a in arms)
@@ -404,6 +419,7 @@ def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[
         "headline_k": settings.headline_k,
         "fly_windows": list(settings.fly_windows),
         "fly_threshold": settings.fly_threshold,
+        "lossless_prefixes": list(settings.lossless_prefixes),
         "peer": settings.peer,
         "dataset": settings.dataset,
         "num_prompts": settings.num_prompts,
@@ -423,18 +439,17 @@ def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[
 
 
 def _breakdown_arms(settings: Settings, arms: list[Arm]) -> list[Arm]:
-    """Batch-1 flyspec arms to profile: target-only, and standard and default-window FLy at the headline
-    K with the first drafter."""
+    """Batch-1 flyspec arms to profile: target-only, and standard and each lossy policy at its defaults
+    (FLy: default window; no prefix) at the headline K with the first drafter."""
     drafter = settings.drafters[0] if settings.drafters else None
     picked = []
     for arm in arms:
         if arm.backend != "flyspec" or arm.batch_size != 1:
             continue
-        if arm.method == "target" or (
-            arm.k == settings.headline_k
-            and arm.drafter == drafter
-            and (arm.method == "standard" or arm.default_window)
-        ):
+        default = arm.method == "standard" or (
+            arm.lossy and not arm.lossless_prefix and (arm.fly_window is None or arm.default_window)
+        )
+        if arm.method == "target" or (arm.k == settings.headline_k and arm.drafter == drafter and default):
             picked.append(arm)
     return picked
 

@@ -17,7 +17,7 @@ gate_app = typer.Typer(
     name="gate",
     help="Paired quality gate: does a candidate decoding configuration (e.g. FLy) keep the baseline's "
     "accuracy within a pre-registered margin? plan -> pilot -> run -> report; compare existing eval logs; "
-    "tune: the fastest FLy setting proven safe.",
+    "tune: the fastest lossy setting proven safe.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -457,6 +457,17 @@ def tune_command(
             "x --thresholds.",
         ),
     ] = None,
+    policies: Annotated[
+        str | None,
+        typer.Option(
+            "--policies",
+            help="A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
+            "whose list values are expanded into every combination, e.g. "
+            '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
+            '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
+            '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
+        ),
+    ] = None,
     windows: Annotated[
         str | None,
         typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
@@ -517,7 +528,8 @@ def tune_command(
         ),
     ] = False,
 ) -> None:
-    """The fastest FLy setting shown non-inferior to standard verification, the error rate controlled.
+    """The fastest lossy setting (FLy, typical acceptance, lossless prefix) shown non-inferior to standard
+    verification, the error rate controlled.
 
     The test order is fixed before any quality data: slowest first, measured on calibration questions.
 
@@ -537,6 +549,7 @@ def tune_command(
         baseline=baseline,
         margin=margin,
         candidates=candidates,
+        policies=policies,
         alpha=alpha,
         windows=_numbers(windows, int, "--windows"),
         thresholds=_numbers(thresholds, float, "--thresholds"),

@@ -27,7 +27,7 @@ import logging
 import torch
 
 from flyspec.budget import capacity
-from flyspec.config import EngineConfig, log_lossy_warning
+from flyspec.config import EngineConfig
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.drafters.build import build_drafter
 from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing, non_finite_message
@@ -43,7 +43,7 @@ from flyspec.models.loader import LoadedModel, load_model
 from flyspec.outputs import PositionLogprobs, RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.spec_decode.metrics import SpecDecodeStats
-from flyspec.spec_decode.verify import FlyParams, verify
+from flyspec.spec_decode.verify import VerificationPolicy, verify
 
 logger = logging.getLogger("flyspec.engine")
 
@@ -52,7 +52,8 @@ DEFAULT_MAX_MODEL_LEN = 4096
 
 
 class LLMEngine:
-    """Continuous-batching engine with optional speculative decoding (standard or FLy verification)."""
+    """Continuous-batching engine with optional speculative decoding, verified by the configured policy
+    (standard, FLy or typical acceptance; docs/verification.md)."""
 
     def __init__(
         self, config: EngineConfig, *, target: LoadedModel | None = None, draft: LoadedModel | None = None
@@ -108,7 +109,11 @@ class LLMEngine:
                 max_model_len=self.max_model_len,
                 timer=self._clock.part("draft_forward_s"),
             )
-        self.fly: FlyParams | None = spec.fly_params(self.vocab_size) if spec is not None else None
+        # The lossy verification policy (None: standard) and its lossless prefix L.
+        self.policy: VerificationPolicy | None = (
+            spec.verification_policy(self.vocab_size) if spec is not None else None
+        )
+        self.lossless_prefix_tokens = (spec.lossless_prefix_tokens or 0) if spec is not None else 0
 
         self.scheduler = Scheduler(config.max_num_batched_tokens, slots, 1 + self.k)
         self.stats = SpecDecodeStats(num_speculative_tokens=self.k)
@@ -119,15 +124,15 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}  # every unfinished sample, by its own (unique) id
         self._num_added = 0
         logger.info(self.capacity.describe())
-        if self.is_lossy:
-            log_lossy_warning(logger)
+        if self.policy is not None:
+            logger.warning(self.policy.lossy_warning())
 
     # ------------------------------------------------------------------ public API
 
     @property
     def is_lossy(self) -> bool:
-        """True when the engine runs FLy verification."""
-        return self.fly is not None
+        """True when the engine runs a lossy verification policy (FLy, typical acceptance)."""
+        return self.policy is not None
 
     @property
     def max_running(self) -> int:
@@ -176,10 +181,12 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens, but max_model_len={self.max_model_len} must leave "
                 "room for at least one generated token; shorten the prompt or raise max_model_len"
             )
-        if params.verification == "fly" and not self.is_lossy:
+        wanted = params.verification
+        if wanted not in (None, "standard") and (self.policy is None or wanted != self.policy.name):
+            running = "standard" if self.policy is None else self.policy.name
             raise ValueError(
-                "verification='fly' needs an engine started with speculative_config "
-                "rejection_sample_method='fly'"
+                f"verification={wanted!r} needs an engine started with speculative_config "
+                f"rejection_sample_method={wanted!r}; this engine verifies with {running!r}"
             )
         if params.logit_bias is not None:
             bad = [t for t in params.logit_bias if t >= self.vocab_size]
@@ -480,38 +487,51 @@ class LLMEngine:
         sample_u: torch.Tensor,
         failed: dict[int, str],
     ) -> tuple[list[int], list[list[int]], list[list[int]]]:
-        """verify() for all rows not in `failed`: FLy for rows that allow it, standard for the rest (a
-        request with verification="standard" in a FLy engine), as at most two calls. If a call raises, its
-        rows are verified one at a time (each row's result does not depend on the others) and the rows
+        """verify() for all rows not in `failed`, in one call. With a lossy policy each row has its
+        lossless prefix: max(0, L - tokens generated so far), or all of its drafts for a request with
+        verification="standard" (which makes its row exactly standard verification). If the call raises,
+        the rows are verified one at a time (each row's result does not depend on the others) and the rows
         that still raise join `failed`. Returns per-row accepted counts, forgiven draft positions and the
         tokens to commit (0, [] and [] for failed rows)."""
-        use_fly = [self.fly is not None and s.params.verification != "standard" for s in seqs]
         accepted = [0] * len(seqs)
         forgiven: list[list[int]] = [[] for _ in seqs]
         final_ids: list[list[int]] = [[] for _ in seqs]
-        for fly_group in (False, True):
-            idx = [b for b in range(len(seqs)) if use_fly[b] == fly_group and b not in failed]
-            if not idx:
-                continue
-            args = (proposal, target_probs, greedy, verify_u, sample_u, self.fly if fly_group else None)
-            try:
-                # The usual case is one group of all rows: then no copies of the [B, K+1, V] probabilities.
-                results = self._verify_rows(None if len(idx) == len(seqs) else idx, idx, *args)
-            except Exception:
-                results = []
-                for b in idx:
-                    try:
-                        results.extend(self._verify_rows([b], [b], *args))
-                    except Exception as exc:
-                        failed[b] = (
-                            non_finite_message(seqs[b].params)
-                            if not bool(torch.isfinite(target_probs[b].sum()))
-                            else f"verification failed: {type(exc).__name__}: {exc}"
-                        )
-                        logger.warning("request %s fails alone: %s", seqs[b].request_id, failed[b])
-            for b, num_accepted, forgiven_b, ids_b in results:
-                accepted[b], forgiven[b], final_ids[b] = num_accepted, forgiven_b, ids_b
+        idx = [b for b in range(len(seqs)) if b not in failed]
+        if not idx:
+            return accepted, forgiven, final_ids
+        prefix = self._lossless_before(seqs)
+        args = (proposal, target_probs, greedy, verify_u, sample_u, prefix)
+        try:
+            # The usual case is all rows: then no copies of the [B, K+1, V] probabilities.
+            results = self._verify_rows(None if len(idx) == len(seqs) else idx, idx, *args)
+        except Exception:
+            results = []
+            for b in idx:
+                try:
+                    results.extend(self._verify_rows([b], [b], *args))
+                except Exception as exc:
+                    failed[b] = (
+                        non_finite_message(seqs[b].params)
+                        if not bool(torch.isfinite(target_probs[b].sum()))
+                        else f"verification failed: {type(exc).__name__}: {exc}"
+                    )
+                    logger.warning("request %s fails alone: %s", seqs[b].request_id, failed[b])
+        for b, num_accepted, forgiven_b, ids_b in results:
+            accepted[b], forgiven[b], final_ids[b] = num_accepted, forgiven_b, ids_b
         return accepted, forgiven, final_ids
+
+    def _lossless_before(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """[B] lossless prefix per row for a lossy policy (None when no row has one)."""
+        if self.policy is None:
+            return None
+        everything = self.k + 1  # covers every draft position: the row is verified as standard
+        prefix = [
+            everything
+            if s.params.verification == "standard"
+            else max(0, self.lossless_prefix_tokens - len(s.output_token_ids))
+            for s in seqs
+        ]
+        return torch.tensor(prefix, dtype=torch.int64) if any(prefix) else None
 
     def _verify_rows(
         self,
@@ -522,7 +542,7 @@ class LLMEngine:
         greedy: torch.Tensor,
         verify_u: torch.Tensor,
         sample_u: torch.Tensor,
-        fly: FlyParams | None,
+        prefix: torch.Tensor | None,
     ) -> list[tuple[int, int, list[int], list[int]]]:
         """(row, accepted, forgiven positions, tokens to commit) for the rows `sel` (None = all, = idx)."""
         with self._verify_timer:
@@ -531,7 +551,8 @@ class LLMEngine:
                 _rows(target_probs, sel),
                 None if proposal.probs is None else _rows(proposal.probs, sel),
                 greedy=_rows(greedy, sel),
-                fly=fly,
+                policy=self.policy,
+                lossless_before=None if prefix is None else _rows(prefix, sel),
                 num_draft_tokens=_rows(proposal.num_tokens, sel),
                 uniform=_rows(verify_u, sel),
                 sample_uniform=_rows(sample_u, sel),

@@ -4,9 +4,11 @@ Two kinds of arm (docs/gate.md, "Running the gate"):
 
 - ``{"kind": "engine", "model", "speculative_config", "dtype", "device", "max_num_seqs",
   "max_num_batched_tokens", "max_model_len", "seed", "quantization"}``: this package's engine, in-process.
-  Two engine arms that differ only in the verifier (standard vs FLy, same model, draft, dtype and
-  quantization) share ONE engine started with FLy; the standard arm's requests ask for
-  ``verification="standard"``, which is lossless.
+  Its identity records the verification policy: the canonical ``speculative_config`` names it
+  (``rejection_sample_method``) with every setting of it (FLy's or typical acceptance's fields, a lossless
+  prefix when there is one). Two engine arms that differ only in the verifier (standard vs a lossy
+  policy, same model, draft, dtype and quantization) share ONE engine started with the lossy policy; the
+  standard arm's requests ask for ``verification="standard"``, which is lossless.
 - ``{"kind": "openai", "base_urls": [...], "model", "api_key", "extra_body": {...}, "concurrency",
   "timeout", "max_retries", "backoff"}``: any OpenAI-compatible server (vLLM, flyspec serve).
   ``concurrency`` requests are in flight per base URL; failed requests (connection errors, timeouts,
@@ -113,7 +115,7 @@ class Completion:
     """What an arm produced for a job, before grading.
 
     ``acceptance`` is None when the source does not report speculative-decoding counters (never zeros);
-    ``forgiven_reported`` is False when it reports the other counters but not FLy's forgiven count (vLLM).
+    ``forgiven_reported`` is False when it reports the other counters but not the forgiven count (vLLM).
     ``system_fingerprint`` is what an endpoint's response carried (None for the engine).
     """
 
@@ -316,32 +318,36 @@ def parse_arm(name: str, spec: dict[str, Any] | str | Path) -> Arm:
 
 def _engine_key(config: dict[str, Any]) -> str:
     """Everything but the verifier: arms with equal keys can share one engine."""
+    from flyspec.config import VERIFICATION_FIELDS
+
     spec = config["speculative_config"]
     if spec is not None:
-        spec = {k: v for k, v in spec.items() if k != "rejection_sample_method" and not k.startswith("fly_")}
+        spec = {k: v for k, v in spec.items() if k not in VERIFICATION_FIELDS}
     return json.dumps({**config, "speculative_config": spec}, sort_keys=True)
 
 
-def is_fly(config: dict[str, Any]) -> bool:
-    """Whether a canonical engine config verifies with FLy."""
+def is_lossy(config: dict[str, Any]) -> bool:
+    """Whether a canonical engine config verifies with a lossy policy (its policy says so)."""
+    from flyspec.config import verification_policy
+
     spec = config["speculative_config"]
-    return spec is not None and spec["rejection_sample_method"] == "fly"
+    return spec is not None and verification_policy(spec["rejection_sample_method"]).lossy
 
 
 def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
     """Group engine arms into as few engines as possible: arms that differ only in the verifier share one
-    engine started with the FLy arm's settings (arms with two different FLy settings cannot). The first
-    arm of each group is the one whose config starts the engine."""
+    engine started with the lossy arm's settings (arms with two different lossy settings cannot). The
+    first arm of each group is the one whose config starts the engine."""
     groups: dict[str, list[EngineArm]] = {}
     for arm in arms:
         groups.setdefault(_engine_key(arm.config), []).append(arm)
     out: list[list[EngineArm]] = []
     for members in groups.values():
-        fly_configs = {json.dumps(a.config, sort_keys=True) for a in members if is_fly(a.config)}
-        if len(fly_configs) > 1:
+        lossy_configs = {json.dumps(a.config, sort_keys=True) for a in members if is_lossy(a.config)}
+        if len(lossy_configs) > 1:
             out.extend([a] for a in members)
             continue
-        lead = next((a for a in members if is_fly(a.config)), members[0])
+        lead = next((a for a in members if is_lossy(a.config)), members[0])
         out.append([lead, *(a for a in members if a is not lead)])
     return out
 

@@ -2,9 +2,10 @@
 
 Work is fed continuously in the run's order: `LLM.stream` pulls the next request the moment a slot frees
 up, so the batch stays full and no answer waits for the longest answer of a chunk. When two arms share the
-engine (standard vs FLy, differing only in the verifier), the jobs of both arms for one question arrive
-side by side, so a pair completes at about the same time. The number in flight is the engine's admission
-cap (min(max_num_seqs, max_num_batched_tokens // (1 + K))): more would only wait in the scheduler's queue.
+engine (standard vs a lossy policy, differing only in the verifier), the jobs of both arms for one
+question arrive side by side, so a pair completes at about the same time. The number in flight is the
+engine's admission cap (min(max_num_seqs, max_num_batched_tokens // (1 + K))): more would only wait in the
+scheduler's queue.
 """
 
 from __future__ import annotations
@@ -12,22 +13,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from flyspec.gate.arms import Completion, EngineArm, Job, Sampling, is_fly
+from flyspec.gate.arms import Completion, EngineArm, Job, Sampling, is_lossy
 
 
 class EngineExecutor:
     """Answers the jobs of one or more engine arms with one engine started from the first arm's config.
 
-    A standard arm inside an engine started with FLy asks for ``verification="standard"`` per request,
-    which is lossless (docs/verification.md).
+    A standard arm inside an engine started with a lossy policy asks for ``verification="standard"`` per
+    request, which is lossless (docs/verification.md).
     """
 
     def __init__(self, arms: list[EngineArm]) -> None:
         self.lead = arms[0]
         self.arms = {arm.name: arm for arm in arms}
-        fly_engine = is_fly(self.lead.config)
+        lossy_engine = is_lossy(self.lead.config)
         self.verification = {
-            arm.name: ("standard" if fly_engine and not is_fly(arm.config) else None) for arm in arms
+            arm.name: ("standard" if lossy_engine and not is_lossy(arm.config) else None) for arm in arms
         }
         self._llm: Any = None
 

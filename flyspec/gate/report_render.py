@@ -449,7 +449,7 @@ def _speed_lines(report: Report) -> list[str]:
         "wall time of its requests). Tokens/s per request = tokens over the summed request latencies: for "
         "arms in one engine, the same batches at the same time, so they compare directly. Mean acceptance "
         "length = 1 + accepted / drafts (tokens per target forward); forgiven share = accepted draft tokens "
-        "that only FLy's rule kept; 'not reported' means the server did not return the counter.",
+        "that only the lossy policy's rule kept; 'not reported' means the server did not return the counter.",
         "",
     ]
     return lines

@@ -250,8 +250,9 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
     if shared:
         notes["shared_engine"] = shared
         notes["shared_engine_note"] = (
-            "arms differing only in the verifier ran in one FLy engine, their requests side by side in the "
-            "same batches; the standard arm's requests used verification='standard' (lossless)"
+            "arms differing only in the verifier ran in one engine started with the lossy policy, their "
+            "requests side by side in the same batches; the standard arm's requests used "
+            "verification='standard' (lossless)"
         )
     return notes
 

@@ -1,5 +1,6 @@
-"""``gate tune``: the most aggressive FLy setting that is shown non-inferior, with the chance of choosing a
-harmful one kept at most alpha (docs/gate.md, "gate tune").
+"""``gate tune``: the most aggressive lossy setting (any verification policy: FLy, typical acceptance, with
+or without a lossless prefix) that is shown non-inferior, with the chance of choosing a harmful one kept at
+most alpha (docs/gate.md, "gate tune").
 
 The order of work is what keeps the procedure valid:
 
@@ -42,7 +43,7 @@ from flyspec.gate.runner import load_datasets
 from flyspec.gate.session import Session, SessionSettings, log
 from flyspec.gate.store import GateStore, RegisteredQuestion
 from flyspec.gate.tune_report import lane_speeds
-from flyspec.gate.tune_settings import TuneSetting, default_grid, load_candidates, parse_settings
+from flyspec.gate.tune_settings import TuneSetting, default_grid, expand_grid, load_candidates, parse_settings
 
 ORDERS = ("speed", "given")
 ORDER_BY = ("mean_acceptance_length", "tokens_per_s")
@@ -59,8 +60,10 @@ class TuneOptions:
     """One ``gate tune``.
 
     baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
-    (flyspec/gate/tune_settings.py); None for the default grid over ``windows`` x ``thresholds`` for the
-    baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
+    (flyspec/gate/tune_settings.py). policies: a grid over policies and their parameters (a JSON object
+    or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
+    thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
+    the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
     ``given`` (the candidates' order). calibration_questions: how many questions of the seeded order
     measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
     stops at the first crossing of its confidence sequence (else a fixed test on every test question).
@@ -73,6 +76,7 @@ class TuneOptions:
     baseline: ArmSpec
     margin: float
     candidates: str | list[Any] | None = None
+    policies: str | dict[str, Any] | list[Any] | None = None
     alpha: float = 0.025
     windows: tuple[int, ...] | None = None
     thresholds: tuple[float, ...] | None = None
@@ -123,8 +127,14 @@ class TuneOptions:
             raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
             raise ValueError(f"run={self.run_id!r}: must be a non-empty name")
-        if self.candidates is not None and (self.windows is not None or self.thresholds is not None):
-            raise ValueError("give either candidates or a grid (windows, thresholds), not both")
+        grid = self.windows is not None or self.thresholds is not None
+        given = [
+            name
+            for name, value in (("candidates", self.candidates), ("policies", self.policies))
+            if value is not None
+        ] + (["windows/thresholds"] if grid else [])
+        if len(given) > 1:
+            raise ValueError(f"give one of candidates, policies or a grid (windows, thresholds), not {given}")
 
     @property
     def sampling(self) -> Sampling:
@@ -178,6 +188,8 @@ class _Plan:
 def _plan(options: TuneOptions) -> _Plan:
     baseline = parse_arm("baseline", options.baseline)
     candidates = load_candidates(options.candidates)
+    if options.policies is not None:
+        candidates = expand_grid(options.policies)
     if candidates is None:
         if not isinstance(baseline, EngineArm) or baseline.config["speculative_config"] is None:
             raise ValueError(
@@ -419,7 +431,7 @@ def _test(store: GateStore, plan: _Plan, setting: TuneSetting, clock: _Clock) ->
     session = Session(store, _settings(plan, o.name, clock.left), lanes, plan.tests, monitor)
     if monitor is not None and monitor.stop is not None:
         return monitor.stop.reason
-    log(f"gate tune: testing {setting.label} ({setting.id}) against the baseline")
+    log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     return _answer(store, session, [plan.baseline, setting.arm], clock, {"setting": setting.id})
 
 
@@ -437,7 +449,7 @@ def tune(options: TuneOptions) -> TuneResult:
                 return TuneResult(name, reason)
         order = _order(store, plan)
         _register(store, plan, name, "tune", _tune_extra(plan, order), plan.tests)
-        labels = {s.id: s.label for s in plan.settings}
+        labels = {s.id: s.title for s in plan.settings}
         log(
             f"gate tune: run {name!r} in {store.path}; test order: "
             + ", ".join(labels[i] for i in order["settings"])

@@ -21,6 +21,7 @@ from flyspec.gate.monitor import CS_METHOD, SequentialPlan, sequential_stop
 from flyspec.gate.multiple import fixed_sequence
 from flyspec.gate.report import compare_pairs, measure_speeds
 from flyspec.gate.store import GateStore, RunRecord
+from flyspec.gate.tune_settings import titled
 from flyspec.gate.wording import points
 
 BASELINE = ("baseline", 0)
@@ -107,6 +108,16 @@ class TuneRow:
     speed: dict[str, Any]
     test_speed: dict[str, Any]
 
+    @property
+    def policy(self) -> str:
+        """The verification policy's name (``rejection_sample_method``)."""
+        return self.speculative_config.get("rejection_sample_method", "standard")
+
+    @property
+    def title(self) -> str:
+        """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
+        return titled(self.speculative_config, self.label)
+
     def to_dict(self, baseline_tps: float | None) -> dict[str, Any]:
         tps = self.speed.get("tokens_per_s")
         s = self.status
@@ -115,6 +126,7 @@ class TuneRow:
             "position": self.position,
             "id": self.id,
             "label": self.label,
+            "policy": self.policy,
             "speculative_config": self.speculative_config,
             "decision": self.decision,
             "final": bool(s.final) if tested and s else None,
@@ -181,6 +193,7 @@ class TuneReport:
             "answer": self.answer,
             "notes": self.notes,
             "chosen_label": chosen.label if chosen else None,
+            "chosen_policy": chosen.policy if chosen else None,
             "settings": [row.to_dict(base_tps) for row in self.rows],
             "chosen": chosen.speculative_config if chosen else None,
         }
@@ -303,14 +316,14 @@ def _why_stopped(report: TuneReport, row: TuneRow) -> str:
     assert s is not None
     if not s.final:
         return (
-            f"{row.label} is still being tested ({s.n} questions so far; the run paused or is still running: "
+            f"{row.title} is still being tested ({s.n} questions so far; the run paused or is still running: "
             "rerun the same command to continue)"
         )
     interval = f"; interval [{points(s.low)}, {points(s.high)}] points" if s.low is not None else ""
     if s.decision == INCONCLUSIVE:
         what = "shows a loss, of unknown size," if s.loss_detected else "could not be shown non-inferior"
-        return f"{row.label} {what} within {_m(report)} points (after {s.n:,} questions{interval})"
-    return f"{row.label} loses more than {_m(report)} points (FAIL after {s.n:,} questions{interval})"
+        return f"{row.title} {what} within {_m(report)} points (after {s.n:,} questions{interval})"
+    return f"{row.title} loses more than {_m(report)} points (FAIL after {s.n:,} questions{interval})"
 
 
 def answer(report: TuneReport) -> str:
@@ -334,7 +347,7 @@ def answer(report: TuneReport) -> str:
     assert s is not None
     last = " It is the most aggressive setting in the order." if chosen is report.rows[-1] else ""
     return (
-        f"{chosen.label}: {_speed_words(report, chosen)}, non-inferior within {_m(report)} points on "
+        f"{chosen.title}: {_speed_words(report, chosen)}, non-inferior within {_m(report)} points on "
         f"{s.n:,} questions.{last}{after}"
     )
 
@@ -373,11 +386,20 @@ def _table(report: TuneReport) -> list[str]:
         speedup = f"{d['speedup']:.2f}x" if d["speedup"] else "-"
         counts = [str(d["n"]), str(d["lost"]), str(d["gained"])] if d["n"] is not None else ["-", "-", "-"]
         lines.append(
-            f"| {row.position} | {row.label} | {_num(d['tokens_per_s'], 1)} | {speedup} | "
+            f"| {row.position} | {row.title} | {_num(d['tokens_per_s'], 1)} | {speedup} | "
             f"{_num(d['mean_acceptance_length'], 2)} | {_pct(d['forgiven_share'])} | {' | '.join(counts)} | "
             f"{interval} | {decision} |"
         )
     return lines
+
+
+def _forgiven_words(report: TuneReport) -> str:
+    """What the forgiven share counts, in each tested policy's own words."""
+    from flyspec.config import REJECTION_SAMPLE_METHODS, verification_policy
+
+    used = {row.policy for row in report.rows}
+    policies = [verification_policy(name) for name in REJECTION_SAMPLE_METHODS if name in used]
+    return "; ".join(f"{p.title}: {p.forgives}" for p in policies if p.lossy)
 
 
 def _speed_note(report: TuneReport) -> str:
@@ -388,8 +410,8 @@ def _speed_note(report: TuneReport) -> str:
             "test questions), answered by the baseline and by each setting alone in its own engine, "
             "one after another, so the numbers compare directly. Tokens/s = output tokens over the "
             "engine's busy time (an endpoint: the wall time of its requests); mean acceptance length = "
-            "1 + accepted / drafts; forgiven share = accepted draft tokens that only FLy's rule kept. The "
-            "JSON also has each tested setting's acceptance on its test questions."
+            f"1 + accepted / drafts; forgiven share ({_forgiven_words(report)}). The JSON also has each "
+            "tested setting's acceptance on its test questions."
         )
     return (
         "Speed columns: measured on the test questions (no calibration ran); tokens/s is per request where a "
@@ -423,8 +445,9 @@ def _paste_lines(report: TuneReport) -> list[str]:
         "",
         f"    flyspec serve {model} --speculative-config '{config}'",
         "",
-        "For vLLM, pass the same JSON as --speculative-config (its FLy fields carry these names), with the "
-        "draft model named as that server knows it.",
+        "For vLLM, pass the same JSON as --speculative-config where that vLLM knows the keys (FLy's fields "
+        "carry its names, typical acceptance's two fields are vLLM 0.x's names, lossless_prefix_tokens is "
+        "flyspec's own), with the draft model named as that server knows it.",
         "",
     ]
 

@@ -25,11 +25,11 @@ _COUNTERS = {
     "num_draft_tokens": ("flyspec:spec_decode_num_draft_tokens", "Draft tokens proposed."),
     "num_accepted_tokens": (
         "flyspec:spec_decode_num_accepted_tokens",
-        "Draft tokens kept by verification (FLy-forgiven tokens included).",
+        "Draft tokens kept by verification (forgiven tokens included).",
     ),
     "num_forgiven_tokens": (
         "flyspec:spec_decode_num_forgiven_tokens",
-        "Draft tokens kept only because FLy forgave a native rejection (lossy).",
+        "Draft tokens kept only because a lossy policy (FLy, typical acceptance) forgave a native rejection.",
     ),
     "generation_tokens": ("flyspec:generation_tokens", "Tokens generated."),
     "prompt_tokens": ("flyspec:prompt_tokens", "Prompt tokens processed."),
@@ -68,7 +68,8 @@ class ServerMetrics:
         )
         self.lossy_verification_enabled = gauge(
             "flyspec:lossy_verification_enabled",
-            "1 when the engine verifies with FLy (lossy), 0 when verification is lossless.",
+            "1 when the engine verifies with a lossy policy (FLy, typical acceptance), 0 when verification "
+            "is lossless.",
         )
         self.lossy_verification_enabled.set(1 if lossy else 0)
         self.num_preemptions = Counter(

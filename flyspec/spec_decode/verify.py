@@ -1,45 +1,25 @@
 """The verifier: which draft tokens to keep, and the one token to add after them (docs/verification.md).
 
-One function serves standard (lossless) and FLy (lossy) verification, greedy and random rows mixed in one
-batch, ragged draft lengths, and drafters with or without probabilities. Everything is vectorised over
-the batch and the K draft positions. Passes over the [B, K+1, V] target probabilities are kept to the
-minimum (a finiteness check, argmax when a row is greedy, top-k when FLy is on); per-token work is a
+One function serves every verification policy (standard, FLy, typical acceptance: flyspec/spec_decode/
+policies/), greedy and random rows mixed in one batch, ragged draft lengths, a lossless prefix per row,
+and drafters with or without probabilities. Everything is vectorised over the batch and the K draft
+positions. Passes over the [B, K+1, V] target probabilities are kept to the minimum (a finiteness check,
+argmax when a row is greedy); a policy looks at full rows only where it may forgive, per-token work is a
 gather, and the residual distribution is built only at the one position per row that needs it ([B, V]).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
+from flyspec.spec_decode.policies.base import Drafts, VerificationPolicy
+from flyspec.spec_decode.policies.fly import FlyParams, top_k_entropy
+from flyspec.spec_decode.policies.typical import TypicalParams
 from flyspec.spec_decode.sampling import first_argmax, inverse_cdf_sample
 
-__all__ = ["FlyParams", "VerifyOutput", "top_k_entropy", "verify"]
-
-
-@dataclass(frozen=True)
-class FlyParams:
-    """FLy parameters: window W, entropy threshold theta (nats), and k of the top-k entropy."""
-
-    window_size: int
-    entropy_threshold: float
-    entropy_top_k: int
-
-    def __post_init__(self) -> None:
-        if (
-            isinstance(self.window_size, bool)
-            or not isinstance(self.window_size, int)
-            or self.window_size < 1
-        ):
-            raise ValueError(f"window_size={self.window_size!r} is invalid: it must be an integer >= 1")
-        theta = self.entropy_threshold
-        if not isinstance(theta, int | float) or not math.isfinite(theta) or theta < 0:
-            raise ValueError(f"entropy_threshold={theta!r} is invalid: it must be a finite number >= 0")
-        k = self.entropy_top_k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"entropy_top_k={k!r} is invalid: it must be an integer >= 1")
+__all__ = ["FlyParams", "TypicalParams", "VerificationPolicy", "VerifyOutput", "top_k_entropy", "verify"]
 
 
 @dataclass(frozen=True)
@@ -56,15 +36,6 @@ class VerifyOutput:
     """[B, K] bool: the kept draft positions that native verification rejected (num_forgiven per row)."""
 
 
-def top_k_entropy(probs: torch.Tensor, k: int) -> torch.Tensor:
-    """H = -sum over the min(k, V) largest entries p of each row of p * ln p (no renormalisation).
-
-    Computed in float64 with 0 * ln 0 = 0. `probs` is [..., V]; the result is [...] float64.
-    """
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1).values.to(torch.float64)  # descending
-    return -torch.special.xlogy(top, top).sum(dim=-1)
-
-
 def _all_finite(tensor: torch.Tensor) -> bool:
     # One reduction and no [B, K+1, V] boolean temporary: any NaN (or inf) makes the sum non-finite.
     return bool(torch.isfinite(tensor.sum()))
@@ -78,6 +49,7 @@ def _validate(
     num_draft_tokens: torch.Tensor,
     uniform: torch.Tensor | None,
     sample_uniform: torch.Tensor | None,
+    lossless_before: torch.Tensor | None,
 ) -> None:
     if (
         draft_token_ids.dim() != 2
@@ -115,6 +87,16 @@ def _validate(
         )
     if b and ((num_draft_tokens < 0) | (num_draft_tokens > k)).any():
         raise ValueError(f"num_draft_tokens must lie in [0, K={k}] per row, got {num_draft_tokens.tolist()}")
+    if lossless_before is not None and (
+        lossless_before.shape != (b,)
+        or lossless_before.dtype.is_floating_point
+        or lossless_before.dtype == torch.bool
+        or (b and bool((lossless_before < 0).any()))
+    ):
+        raise ValueError(
+            f"lossless_before must be an integer tensor of shape [{b}] with values >= 0, got "
+            f"{lossless_before.dtype} {list(lossless_before.shape)}"
+        )
     for name, tensor, shape in (("uniform", uniform, (b, k)), ("sample_uniform", sample_uniform, (b,))):
         if tensor is None:
             continue
@@ -137,13 +119,15 @@ def verify(
     draft_probs: torch.Tensor | None,
     *,
     greedy: torch.Tensor,
-    fly: FlyParams | None = None,
+    policy: VerificationPolicy | None = None,
+    fly: VerificationPolicy | None = None,
+    lossless_before: torch.Tensor | None = None,
     num_draft_tokens: torch.Tensor | None = None,
     uniform: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     sample_uniform: torch.Tensor | None = None,
 ) -> VerifyOutput:
-    """Verify a batch of drafts against the target: standard when `fly` is None, else FLy.
+    """Verify a batch of drafts against the target under a verification policy (None = standard).
 
     The rules are those of docs/verification.md.
 
@@ -152,7 +136,11 @@ def verify(
         target_probs: [B, K+1, V] processed target probabilities; row K_b is the bonus row.
         draft_probs: [B, K, V] draft probabilities, or None for a drafter without them (Q_i(d_i) = 1).
         greedy: [B] bool, rows that use greedy (target-argmax) acceptance.
-        fly: FLy parameters, or None for standard (lossless) verification.
+        policy: None (or StandardVerification()) for standard, lossless verification; FlyParams or
+            TypicalParams (or any other VerificationPolicy) for a lossy one.
+        fly: an alias of `policy` (give one of the two).
+        lossless_before: [B] int64 >= 0: positions i < lossless_before[b] are decided natively (never
+            forgiven), and a rejection there is recovered as standard verification would; None = 0.
         num_draft_tokens: [B] int64 K_b <= K; None means K for every row.
         uniform: [B, K] float64 in (0, 1) for the p/q test (0 is tolerated: a token the target gives
             probability 0 is never accepted natively); None draws it from `generator`.
@@ -163,11 +151,25 @@ def verify(
     Returns:
         VerifyOutput with token_ids [B, K+1], num_accepted [B], num_forgiven [B] and forgiven [B, K].
     """
+    if policy is not None and fly is not None:
+        raise ValueError("give the verification policy as policy= or as fly= (its alias), not both")
+    policy = policy if policy is not None else fly
+    if policy is not None and not isinstance(policy, VerificationPolicy):
+        raise ValueError(f"policy must be a VerificationPolicy (e.g. FlyParams) or None, got {policy!r}")
     device = target_probs.device
     b, k = draft_token_ids.shape if draft_token_ids.dim() == 2 else (0, 0)
     if num_draft_tokens is None:
         num_draft_tokens = torch.full((b,), k, dtype=torch.int64, device=device)
-    _validate(draft_token_ids, target_probs, draft_probs, greedy, num_draft_tokens, uniform, sample_uniform)
+    _validate(
+        draft_token_ids,
+        target_probs,
+        draft_probs,
+        greedy,
+        num_draft_tokens,
+        uniform,
+        sample_uniform,
+        lossless_before,
+    )
     vocab = target_probs.shape[2]
     rows = torch.arange(b, device=device)
     positions = torch.arange(k, device=device)
@@ -205,8 +207,17 @@ def verify(
         ok = ok_random
     ok &= valid  # native decisions; padding counts as rejected (it never matters below)
 
-    if fly is not None:
-        forgiven = _forgiven(ok, valid, lengths, p_draft, q_draft, greedy, target_probs[:, :k], fly)
+    lossy = policy is not None and policy.lossy
+    prefix = None
+    if lossy and lossless_before is not None:
+        prefix = lossless_before.to(device=device, dtype=torch.int64)
+    if lossy:
+        assert policy is not None
+        candidates = valid & ~ok & (p_draft > 0) & (greedy.unsqueeze(1) | (q_draft > 0))
+        if prefix is not None:
+            candidates &= positions.unsqueeze(0) >= prefix.unsqueeze(1)
+        drafts = Drafts(ok, valid, candidates, lengths, positions, p_draft, target_probs[:, :k])
+        forgiven = policy.forgiven(drafts) & candidates  # no policy forgives outside the candidates
         kept = ok | forgiven
     else:
         forgiven = torch.zeros_like(ok)
@@ -218,8 +229,24 @@ def verify(
     accepted = torch.minimum(first_reject, lengths)
     forgiven &= positions < accepted.unsqueeze(1)
 
+    # Rows whose recovered token is the target's argmax although they sample: a policy's rule applies to
+    # a rejection past the lossless prefix only.
+    by_argmax = None
+    if lossy and policy is not None and policy.recovered_by_argmax:
+        by_argmax = ~greedy & (accepted < lengths)
+        if prefix is not None:
+            by_argmax &= accepted >= prefix
     final = _final_tokens(
-        target_probs, draft_probs, draft, accepted, lengths, greedy, target_argmax, sample_uniform, generator
+        target_probs,
+        draft_probs,
+        draft,
+        accepted,
+        lengths,
+        greedy,
+        target_argmax,
+        sample_uniform,
+        generator,
+        by_argmax,
     )
     token_ids = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)
     token_ids[:, :k] = torch.where(positions < accepted.unsqueeze(1), draft, -1)
@@ -227,40 +254,6 @@ def verify(
     return VerifyOutput(
         token_ids=token_ids, num_accepted=accepted, num_forgiven=forgiven.sum(dim=1), forgiven=forgiven
     )
-
-
-def _forgiven(
-    ok: torch.Tensor,
-    valid: torch.Tensor,
-    lengths: torch.Tensor,
-    p_draft: torch.Tensor,
-    q_draft: torch.Tensor,
-    greedy: torch.Tensor,
-    target_probs_k: torch.Tensor,
-    fly: FlyParams,
-) -> torch.Tensor:
-    """FLy conditions 1-5 (docs/verification.md), all on native decisions: [B, K] bool."""
-    b, k = ok.shape
-    w = fly.window_size
-    positions = torch.arange(k, device=ok.device)
-    # Clause 5 by prefix sums: native rejections in (i, i + W] = R[i + W + 1] - R[i + 1].
-    rejections = torch.zeros((b, k + 1), dtype=torch.int64, device=ok.device)
-    rejections[:, 1:] = (valid & ~ok).cumsum(dim=1)
-    window_end = (positions + w + 1).clamp(max=k)
-    window_clean = (rejections[:, window_end] - rejections[:, positions + 1]) == 0
-    candidates = (
-        valid
-        & ~ok  # clause 1
-        & ((positions + w).unsqueeze(0) < lengths.unsqueeze(1))  # clause 2
-        & (p_draft > 0)  # clause 4
-        & (greedy.unsqueeze(1) | (q_draft > 0))
-        & window_clean  # clause 5
-    )
-    # Clause 3, computed only where clauses 1, 2, 4 and 5 hold (few positions): no top-k pass over [B, K, V].
-    cand_rows, cand_pos = candidates.nonzero(as_tuple=True)
-    entropy = top_k_entropy(target_probs_k[cand_rows, cand_pos], fly.entropy_top_k)
-    candidates[cand_rows, cand_pos] = entropy >= fly.entropy_threshold
-    return candidates
 
 
 def _final_tokens(
@@ -273,8 +266,10 @@ def _final_tokens(
     target_argmax: torch.Tensor | None,
     sample_uniform: torch.Tensor | None,
     generator: torch.Generator | None,
+    by_argmax: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The recovered (a < K_b) or bonus (a == K_b) token of every row: [B] int64."""
+    """The recovered (a < K_b) or bonus (a == K_b) token of every row: [B] int64. Greedy rows, and random
+    rows marked in `by_argmax` ([B] bool, or None), take the target's argmax at a; the others draw."""
     b, k = draft.shape
     device = target_probs.device
     rows = torch.arange(b, device=device)
@@ -283,7 +278,13 @@ def _final_tokens(
         final = target_argmax[rows, accepted]
     random_rows = (~greedy).nonzero().squeeze(1)
     if sample_uniform is None and len(random_rows):
+        # Drawn for every random row, argmax ones too, so that the generator's stream does not depend on
+        # which rows a policy recovers by argmax.
         sample_uniform = torch.rand(b, generator=generator, dtype=torch.float64, device=device)
+    if by_argmax is not None and bool(by_argmax.any()):
+        picked = by_argmax.nonzero().squeeze(1)
+        final[picked] = first_argmax(target_probs[picked, accepted[picked]])
+        random_rows = (~greedy & ~by_argmax).nonzero().squeeze(1)
     if not len(random_rows):
         return final
 
