@@ -234,6 +234,8 @@ def _gate_lines(report: Report) -> list[str]:
     pooled = report.pooled
     assert pooled is not None
     lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
+    if report.judge is not None and pooled.n:
+        lines += [_undecided_line(report, pooled), ""]
     if pooled.n:
         lines += [_mcnemar_line(report, pooled), ""]
     if report.noise is not None and pooled.n:
@@ -246,6 +248,20 @@ def _gate_lines(report: Report) -> list[str]:
     if report.sequential is not None:
         lines += _sequential_lines(report)
     return lines + _paired_table(report)
+
+
+def _undecided_line(report: Report, pooled: Comparison) -> str:
+    """Beside the decision of a judged run: how often the judge could not decide, and the two counts."""
+    j = report.judge
+    assert j is not None
+    rate = _pct(j.disagreement_rate)
+    return (
+        f"Judge disagreement rate: {rate} ({j.undecided} of {j.questions - j.identical} judged pairs "
+        "undecided: the two orders said different things, or a verdict could not be read). In the "
+        f"{pooled.n} pairs of the decision, {pooled.undecided} are undecided and count against the claim "
+        f"being tested: the PASS test counts lost {pooled.lost + pooled.undecided}, gained {pooled.gained}; "
+        f"the FAIL test counts lost {pooled.lost}, gained {pooled.gained + pooled.undecided}."
+    )
 
 
 def _judge_lines(report: Report) -> list[str]:
@@ -261,14 +277,20 @@ def _judge_lines(report: Report) -> list[str]:
         f"temperature 0, max_tokens {sampling.get('max_tokens')}, seed {sampling.get('seed')}), which saw "
         "the request and both answers and said which is better, twice, with the answers' positions "
         "swapped. For these questions **lost** means the judge preferred the baseline's answer in both "
-        "orders, **gained** the candidate's in both orders; a tie, an unreadable verdict, or a preference "
-        "that flipped when the answers swapped places counts as concordant (both right). The accuracies "
-        "are then the share of questions where an arm was not judged worse.",
+        "orders, **gained** the candidate's in both orders; a tie in both orders, or two identical answers "
+        "(the judge is not asked), is a tie. Anything else is **undecided**: the orders said different "
+        "things (the position, not the answer, decided), or a verdict could not be read. An undecided pair "
+        "counts against the claim being tested: as lost when testing for PASS, as gained when testing for "
+        "FAIL, so a judge that cannot tell the answers apart cannot produce a FAIL, nor a PASS unless the "
+        "answers differ less often than the margin. The accuracies are the share of questions where the "
+        "judge, in both orders, found an arm's answer at least as good (undecided pairs count for neither).",
         "",
-        "| judged questions | both orders: baseline better (lost) | both orders: candidate better (gained) | "
-        "orders disagree (tie) | tie or unreadable (tie) | unreadable verdicts |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {j.questions} | {j.baseline_better} | {j.candidate_better} | {j.disagree} | {j.ties} | "
+        "| judged questions | identical answers (tie) | both orders: tie | both orders: baseline better "
+        "(lost) | both orders: candidate better (gained) | orders disagree (undecided) | unreadable verdict "
+        "(undecided) | disagreement rate | unreadable verdicts |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {j.questions} | {j.identical} | {j.ties} | {j.baseline_better} | {j.candidate_better} | "
+        f"{j.disagree} | {j.unreadable_pairs} | {_pct(j.disagreement_rate)} | "
         f"{j.unreadable} of {j.verdicts} |",
         "",
     ]
@@ -283,22 +305,16 @@ def _judge_lines(report: Report) -> list[str]:
         lines += [
             f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
             f"{j.chose_a} ({100 * share:.0f}%); an unbiased judge chooses A about half the time, since each "
-            f"arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias}). "
-            + (
-                f"On the {j.disagree} question(s) where the orders disagree, the position, not the answer, "
-                "decided."
-                if j.disagree
-                else "The two orders never disagreed."
-            ),
+            f"arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias}).",
             "",
         ]
     else:
         lines += ["Position bias: the judge gave no decisive verdict (only ties or unreadable ones).", ""]
-    if j.unreadable:
+    if j.undecided:
         lines += [
-            f"{j.unreadable} verdicts had no readable final line ('Verdict: A', 'Verdict: B' or 'Verdict: "
-            "tie') and were counted as ties; a judge that often fails to say a verdict makes the gate "
-            "blind, since ties carry no information about a difference.",
+            f"The judge could not decide {j.undecided} pair(s); each counts as lost for the PASS test and as "
+            "gained for the FAIL test, so a judge that often disagrees with itself or fails to state a "
+            "verdict ('Verdict: A', 'Verdict: B' or 'Verdict: tie') keeps the gate INCONCLUSIVE.",
             "",
         ]
     return lines
@@ -357,11 +373,18 @@ def _paired_table(report: Report) -> list[str]:
         if report.sequential is not None
         else "The interval is Tango's score interval for (gained - lost) / n."
     )
+    undecided = (
+        " Judged pairs the judge could not decide are in n but not in lost or gained; the interval's lower "
+        "end counts them as lost, its upper end as gained."
+        if report.judge is not None
+        else ""
+    )
     return [
         *lines,
         "",
         f"lost = baseline right, candidate wrong; gained = the reverse; net = gained - lost. {detail} The "
-        "exact p is McNemar's conditional binomial test. The pooled row decides.",
+        "exact p is McNemar's conditional binomial test (decided pairs only). The pooled row "
+        f"decides.{undecided}",
         "",
     ]
 

@@ -298,8 +298,11 @@ def run(options: GateOptions) -> RunResult:
         )
         new = store.register(run_id, options.kind, registration, registered)
         store.add_event(run_id, "start")
+        judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
         monitor = (
-            SequentialMonitor([(q.dataset, q.id) for q in questions], sequential) if sequential else None
+            SequentialMonitor([(q.dataset, q.id) for q in questions], sequential, judged=judged)
+            if sequential
+            else None
         )
         session = Session(store, SessionSettings.of(options, plan.judge), plan.lanes, questions, monitor)
         log(
