@@ -10,11 +10,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
+from flyspec.bench.peers import free_port
 from flyspec.gate.report import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci
 from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
@@ -382,3 +388,138 @@ def test_sequential_flags_are_checked(flyspec, tmp_path: Path) -> None:
     assert done.returncode == 2 and "a sequential run takes --max-questions" in done.stderr
     done = flyspec("run", *common, "--candidate", arm, "--max-minutes", "0")
     assert done.returncode == 2 and "max_minutes=0.0: must be a positive number" in done.stderr
+
+
+# ------------------------------------------------------------- gate run against a scripted endpoint
+
+
+def _yes_app() -> FastAPI:
+    """A scripted OpenAI-compatible server: "right" answers every question "yes"; "wrong" answers "no";
+    "quarter" answers "no" to every fourth question ("Question i", i divisible by 4)."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"data": [{"id": m, "root": m} for m in ("right", "wrong", "quarter")]})
+
+    @app.post("/v1/completions")
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        i = int(body["prompt"].split()[-1])
+        wrong = body["model"] == "wrong" or (body["model"] == "quarter" and i % 4 == 0)
+        return JSONResponse(
+            {
+                "choices": [{"index": 0, "text": "no" if wrong else "yes", "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+        )
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def yes_server() -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_yes_app(), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _yes_run(flyspec, url: str, store: Path, candidate: str, *extra: str):  # noqa: ANN202
+    data = store.parent / "yes.jsonl"
+    if not data.exists():
+        data.write_text(
+            "".join(
+                json.dumps({"id": f"q{i}", "prompt": f"Question {i}", "answer": "yes", "grader": "exact"})
+                + "\n"
+                for i in range(40)
+            )
+        )
+    arm = lambda model: json.dumps({"base_url": url, "model": model})  # noqa: E731
+    return flyspec(
+        "run", "--store", str(store), "--dataset", str(data), "--baseline", arm("right"),
+        "--candidate", arm(candidate), "--margin", "0.3", "--max-tokens", "4", "--no-progress", *extra,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("candidate", "decision", "code", "strict_code"),
+    [("right", "PASS", 0, 0), ("wrong", "FAIL", 1, 1), ("quarter", "INCONCLUSIVE", 0, 2)],
+)
+def test_run_exits_with_the_report_codes(
+    flyspec, yes_server: str, tmp_path: Path, candidate: str, decision: str, code: int, strict_code: int
+) -> None:
+    """`gate run` ends with `gate report`'s exit code for its decision: 0 PASS, 1 FAIL, INCONCLUSIVE 0 and
+    2 with --strict (it used to exit 0 on FAIL, so a CI job gating on it shipped a FAIL)."""
+    store = tmp_path / "g.db"
+    done = _yes_run(flyspec, yes_server, store, candidate, "--limit", "20", "--json")
+    assert _last_json(done.stdout)["decision"]["decision"] == decision
+    assert done.returncode == code, done.stderr
+    again = _yes_run(flyspec, yes_server, store, candidate, "--limit", "20", "--strict")
+    assert again.returncode == strict_code
+    assert flyspec("report", "--store", str(store), "--strict").returncode == strict_code
+
+
+def test_a_fixed_run_is_not_silently_extended(flyspec, yes_server: str, tmp_path: Path) -> None:
+    """`--run small --limit 10`, then `--run bigger --limit 30` with the same arms and sampling would reuse
+    small's 10 questions: refused, with an error that names the run and says to use --exclude-run or
+    --sequential, and nothing registered. With `--exclude-run small` it runs on 30 new questions; a
+    sequential run may reuse them; another candidate is another comparison and may too."""
+    store = tmp_path / "g.db"
+    assert _yes_run(flyspec, yes_server, store, "right", "--run", "small", "--limit", "10").returncode == 0
+    done = _yes_run(flyspec, yes_server, store, "right", "--run", "bigger", "--limit", "30")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert (
+        "fixed run 'bigger' would answer questions that earlier run(s) 'small' (10 questions)" in done.stderr
+    )
+    assert "--exclude-run small" in done.stderr and "--sequential" in done.stderr
+    with GateStore(store) as opened:
+        assert opened.get_run("bigger") is None
+    args = ("--run", "bigger", "--limit", "30", "--exclude-run", "small", "--json")
+    done = _yes_run(flyspec, yes_server, store, "right", *args)
+    assert done.returncode == 0, done.stderr
+    with GateStore(store) as opened:
+        small = {q.question_id for q in opened.questions("small")}
+        bigger = {q.question_id for q in opened.questions("bigger")}
+    assert len(bigger) == 30 and not small & bigger
+    seq = ("--run", "seq", "--sequential", "--max-questions", "20")
+    assert _yes_run(flyspec, yes_server, store, "right", *seq).returncode == 0
+    other = _yes_run(flyspec, yes_server, store, "quarter", "--run", "other", "--limit", "10")
+    assert other.returncode == 0, other.stderr
+
+
+def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(
+    flyspec, yes_server: str, tmp_path: Path
+) -> None:
+    """`gate tune --exclude-run RUN` leaves that run's questions out of the calibration and test questions
+    (and records it); the tune passes its one lossless setting and exits 0; an unknown run is refused."""
+    store = tmp_path / "g.db"
+    assert _yes_run(flyspec, yes_server, store, "right", "--run", "first", "--limit", "25").returncode == 0
+    spec = {
+        "method": "draft_model",
+        "model": "d",
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "fly",
+    }
+    candidates = json.dumps([{"arm": {"base_url": yes_server, "model": "right"}, "speculative_config": spec}])
+    args = [
+        "tune", "--store", str(store), "--dataset", str(tmp_path / "yes.jsonl"), "--baseline",
+        json.dumps({"base_url": yes_server, "model": "right"}), "--candidates", candidates, "--margin", "0.3",
+        "--order", "given", "--calibration-questions", "2", "--max-tokens", "4", "--no-progress",
+    ]  # fmt: skip
+    done = flyspec(*args, "--exclude-run", "nope")
+    assert done.returncode == 2 and "--exclude-run nope: no such run" in done.stderr
+    done = flyspec(*args, "--exclude-run", "first", "--json")
+    assert done.returncode == 0, done.stderr
+    assert _last_json(done.stdout)["settings"][0]["decision"] == "PASS"
+    with GateStore(store) as opened:
+        first = {q.question_id for q in opened.questions("first")}
+        used = {q.question_id for run in ("tune", "tune/calibration") for q in opened.questions(run)}
+        registration = opened.get_run("tune").registration  # type: ignore[union-attr]
+    assert len(used) == 15 and not first & used
+    assert registration["excluded"] == {"runs": ["first"], "questions": 25}

@@ -26,6 +26,7 @@ from flyspec.gate.datasets import Question, dataset_info, load_dataset
 from flyspec.gate.dispatch import Executor
 from flyspec.gate.endpoint_executor import OpenAIExecutor
 from flyspec.gate.engine_executor import EngineExecutor
+from flyspec.gate.exclusion import check_not_extended, used_questions
 from flyspec.gate.graders import JUDGE, check_reference
 from flyspec.gate.judge import Judge, parse_judge
 from flyspec.gate.monitor import SequentialMonitor, SequentialPlan
@@ -126,20 +127,13 @@ def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str
     """Questions left out of this run: every earlier pilot's (for a gate run) and --exclude-run's."""
     options = plan.options
     existing = store.get_run(options.name)
-    runs = {r.run_id: r for r in store.runs()}
     names = list(options.exclude_runs)
-    missing = [n for n in names if n not in runs]
-    if missing:
-        raise ValueError(
-            f"--exclude-run {', '.join(missing)}: no such run in {store.path} "
-            f"(runs: {', '.join(runs) or 'none'})"
-        )
+    used_questions(store, names)  # refuses a run the store does not hold
     if options.kind == "gate":
         born = existing.created_at if existing is not None else float("inf")
-        names += [r.run_id for r in runs.values() if r.kind == "pilot" and r.created_at < born]
+        names += [r.run_id for r in store.runs() if r.kind == "pilot" and r.created_at < born]
     names = [n for n in dict.fromkeys(names) if n != options.name]
-    keys = {(q.dataset, q.question_id) for n in names for q in store.questions(n)}
-    return keys, names
+    return used_questions(store, names), names
 
 
 # -------------------------------------------------------------------------------- registration
@@ -278,14 +272,12 @@ def run(options: GateOptions) -> RunResult:
         # A resume with other settings is refused before any server is asked which model it serves.
         known = _registered_served(store, run_id)
         guess = _identities(plan, known)
-        store.check_resumable(
-            run_id,
-            options.kind,
-            _registration(
-                plan, questions, pool, excluded, guess, sequential, _judge_identity(plan, known[JUDGE])
-            ),
-            registered,
+        guessed = _registration(
+            plan, questions, pool, excluded, guess, sequential, _judge_identity(plan, known[JUDGE])
         )
+        if options.kind == "gate" and sequential is None:
+            check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in questions])
+        store.check_resumable(run_id, options.kind, guessed, registered)
         executors = make_executors(list(plan.arms.values()))
         served: dict[str, dict[str, Any] | None] = {}
         for ex in executors:
