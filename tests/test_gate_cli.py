@@ -8,6 +8,7 @@ interpreter per command on a shared CPU.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -523,3 +524,57 @@ def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(
         registration = opened.get_run("tune").registration  # type: ignore[union-attr]
     assert len(used) == 15 and not first & used
     assert registration["excluded"] == {"runs": ["first"], "questions": 25}
+
+
+def test_sequential_questions_follow_the_simulation_table() -> None:
+    """The advice's question count is the docs table's "90% of runs by" at a 2-point margin (2,808,
+    9,519 and 14,276 at flip rates 6%, 20% and 30%), interpolated between rows, in proportion beyond them,
+    and scaled by (0.02 / margin)^2."""
+    from flyspec.gate.report_render import sequential_questions
+
+    assert [sequential_questions(r, 0.02) for r in (0.06, 0.2, 0.3)] == [2808, 9519, 14276]
+    assert 2808 < sequential_questions(0.1, 0.02) < 9519 < sequential_questions(0.25, 0.02) < 14276
+    assert sequential_questions(0.03, 0.02) == 1404 and sequential_questions(0.6, 0.02) == 28552
+    assert sequential_questions(0.06, 0.04) == 702
+
+
+def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, tmp_path: Path) -> None:
+    """A sequential run that reaches its --max-questions undecided advises to continue this same run with
+    a question count from the simulation table at the flip rate's upper bound (here more than its 40-question
+    pool, so the whole pool), never a fresh run capped at a fixed design's size; rerunning the command
+    with that --max-questions continues it: the stored answers are kept, not asked again, the registration
+    records the extension, and the confidence sequence goes on along the same order."""
+    from flyspec.gate.report_render import sequential_questions
+    from flyspec.gate.stats import flip_rate_upper_bound
+
+    store = tmp_path / "g.db"
+    args = ("--sequential", "--max-questions", "8", "--json")
+    first = _last_json(_yes_run(flyspec, yes_server, store, "quarter", *args).stdout)
+    d = first["decision"]
+    assert d["decision"] == "INCONCLUSIVE" and first["sequential"]["reason"] == "max_questions"
+    advice = " ".join(d["advice"])
+    flips = d["lost"] + d["gained"]
+    target = sequential_questions(flip_rate_upper_bound(flips, 8), 0.3)
+    assert target > 40
+    assert (
+        "Continue this run: rerun the same command with `--max-questions 40` (its whole pool; the " in advice
+    )
+    assert f"about {target} questions at a 30-point margin" in advice and "--exclude-run" not in advice
+    query = "SELECT arm, question_id, created_at FROM answers WHERE run_id = 'gate'"
+    with sqlite3.connect(store) as db:
+        before = {(arm, qid): created for arm, qid, created in db.execute(query)}
+    done = _yes_run(flyspec, yes_server, store, "quarter", "--sequential", "--max-questions", "40", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    second = _last_json(done.stdout)
+    assert second["sequential"]["max_questions"] == 40 and second["decision"]["n"] > 8
+    with sqlite3.connect(store) as db:
+        after = {(arm, qid): created for arm, qid, created in db.execute(query)}
+    with GateStore(store) as opened:
+        run = opened.get_run("gate")
+        events = [e.event for e in opened.events("gate")]
+    assert len(before) == 16 and len(after) > len(before)
+    assert all(after[key] == created for key, created in before.items())
+    assert [(e["from"], e["to"]) for e in run.registration["extensions"]] == [(8, 40)]  # type: ignore[union-attr]
+    assert run.registration["sequential"]["max_questions"] == 40 and "extend" in events  # type: ignore[union-attr]
+    shrink = _yes_run(flyspec, yes_server, store, "quarter", "--sequential", "--max-questions", "20")
+    assert shrink.returncode == 2 and "registered with different settings" in shrink.stderr

@@ -7,9 +7,11 @@ import base64
 import html
 import io
 import json
+import math
 from typing import TYPE_CHECKING
 
 from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats import flip_rate_upper_bound
 from flyspec.gate.wording import explain_decision, points
 
 if TYPE_CHECKING:
@@ -134,6 +136,59 @@ def _plan_sentence(pooled: Comparison, margin: str) -> str:
     )
 
 
+# docs/gate.md, "Questions to a decision" (scripts/sequential_table.py): the questions by which 90% of
+# simulated sequential runs with no true loss had decided, at margin 0.02 and alpha 0.025, by flip rate.
+SEQUENTIAL_90 = ((0.06, 2808), (0.20, 9519), (0.30, 14276))
+SEQUENTIAL_90_MARGIN = 0.02
+
+
+def sequential_questions(flip_rate: float, margin: float) -> int:
+    """Questions by which 90% of sequential runs with no true loss decide, from the simulation table:
+    about 47,000 times the flip rate at a 2-point margin (interpolated between the table's rows, in
+    proportion beyond them), scaled by (0.02 / margin)^2 for other margins (the sequence's width at a
+    given n shrinks like 1 / sqrt(n))."""
+    rates = [r for r, _ in SEQUENTIAL_90]
+    per_flip = [n / r for r, n in SEQUENTIAL_90]
+    if flip_rate <= rates[0]:
+        factor = per_flip[0]
+    elif flip_rate >= rates[-1]:
+        factor = per_flip[-1]
+    else:
+        i = next(k for k in range(1, len(rates)) if flip_rate <= rates[k])
+        w = (flip_rate - rates[i - 1]) / (rates[i] - rates[i - 1])
+        factor = per_flip[i - 1] + w * (per_flip[i] - per_flip[i - 1])
+    # (less a hair: a table row times its own rate must give the row back, not one more)
+    return max(1, math.ceil(factor * flip_rate * (SEQUENTIAL_90_MARGIN / margin) ** 2 - 1e-9))
+
+
+def _continue_sequential(report: Report) -> list[str]:
+    """Advice after a sequential run reached its registered maximum undecided: continue the same run."""
+    stop, plan, pooled = report.sequential, report.sequential_plan, report.pooled
+    assert stop is not None and plan is not None and pooled is not None
+    flips = pooled.lost + pooled.gained + pooled.undecided
+    upper = flip_rate_upper_bound(flips, pooled.n)
+    target = max(sequential_questions(upper, report.run.margin), stop.stopped_at + 1)
+    head = (
+        f"The confidence sequence did not cross within the {stop.stopped_at} registered questions. Unlike a "
+        "fixed run, this run may go on: its confidence sequence holds at every number of questions, so "
+        "more questions in the same registered order keep its guarantee."
+    )
+    if plan.max_questions >= plan.population_size:
+        return [
+            f"{head} It has used every question of its pool ({plan.population_size}), so continue it on "
+            "other data: a new sequential run with more datasets, or a larger benchmark."
+        ]
+    total = min(target, plan.population_size)
+    reach = f" (its whole pool; the simulations say about {target} at that rate)" if total < target else ""
+    return [
+        f"{head} Continue this run: rerun the same command with `--max-questions {total}`{reach}. At a "
+        f"flip rate of {_pct(upper)} (the one-sided 95% upper bound of the {_pct(flips / pooled.n)} "
+        f"observed), 90% of simulated sequential runs of a candidate with no true loss decide within "
+        f'about {target} questions at a {_m(report)}-point margin (docs/gate.md, "Questions to a '
+        'decision"); a candidate that loses part of the margin needs more.'
+    ]
+
+
 def advice(report: Report) -> list[str]:
     """What to do next when the decision is INCONCLUSIVE (an empty list otherwise)."""
     pooled = report.pooled
@@ -144,18 +199,14 @@ def advice(report: Report) -> list[str]:
         return ["Rerun the same command to continue this run."]
     if pooled.n == 0:
         return []
+    if stop is not None:
+        return _continue_sequential(report)
     m = _m(report)
     why = (
         "Do not add questions to this run or rerun it on the same questions to decide again: looking at a "
         "result and then collecting more data until it looks better is optional stopping, and it makes a "
         "wrong PASS more likely than alpha."
     )
-    if stop is not None:
-        return [
-            f"The confidence sequence did not cross within the {stop.stopped_at} registered questions. {why} "
-            "A new sequential run on questions this run has not used can go on: "
-            f"{_fresh_run_command(report, None)}.",
-        ]
     plan = _plan_sentence(pooled, m)
     return [
         *([plan] if plan else []),
@@ -549,11 +600,14 @@ def _source_lines(report: Report) -> list[str]:
             f"{info['samples']} samples)"
         )
     epoch = reg.get("epoch")
-    lines.append(
-        f"- epoch {epoch} of each question only (one independent pair per question)"
-        if epoch is not None
-        else "- one epoch per question (one independent pair per question)"
-    )
+    epochs = reg.get("epochs") or {}
+    if epoch is not None:
+        lines.append(f"- epoch {epoch} of each question only (one independent pair per question)")
+    elif any(v is not None for v in epochs.values()):
+        chosen = ", ".join(f"{side} epoch {v}" for side, v in epochs.items() if v is not None)
+        lines.append(f"- {chosen} of each question only (one independent pair per question)")
+    else:
+        lines.append("- one epoch per question (one independent pair per question)")
     lines.append(
         "- paired by task and question id, with the prompt, document or input hashes checked wherever both "
         "logs carry them"

@@ -250,6 +250,13 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
     return notes
 
 
+def _extensions(store: GateStore, run_id: str) -> dict[str, Any]:
+    """The record of a sequential run's extensions past its first maximum (empty if none)."""
+    run = store.get_run(run_id)
+    history = run.registration.get("extensions") if run is not None else None
+    return {"extensions": history} if history else {}
+
+
 def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
     if not options.sequential:
         return None
@@ -277,6 +284,10 @@ def run(options: GateOptions) -> RunResult:
         )
         if options.kind == "gate" and sequential is None:
             check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in questions])
+        if sequential is not None and store.extend_sequential(run_id, guessed, registered):
+            log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
+        extensions = _extensions(store, run_id)
+        guessed.update(extensions)
         store.check_resumable(run_id, options.kind, guessed, registered)
         executors = make_executors(list(plan.arms.values()))
         served: dict[str, dict[str, Any] | None] = {}
@@ -288,6 +299,7 @@ def run(options: GateOptions) -> RunResult:
         registration = _registration(
             plan, questions, pool, excluded, _identities(plan, served), sequential, judge
         )
+        registration.update(extensions)
         new = store.register(run_id, options.kind, registration, registered)
         store.add_event(run_id, "start")
         judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
