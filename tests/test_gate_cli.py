@@ -578,3 +578,31 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     assert run.registration["sequential"]["max_questions"] == 40 and "extend" in events  # type: ignore[union-attr]
     shrink = _yes_run(flyspec, yes_server, store, "quarter", "--sequential", "--max-questions", "20")
     assert shrink.returncode == 2 and "registered with different settings" in shrink.stderr
+
+
+def test_a_run_with_code_questions_records_and_announces_the_sandbox(
+    flyspec, yes_server: str, tmp_path: Path
+) -> None:
+    """A gate run whose dataset has code questions records the code sandbox of this machine in its notes
+    and says once, at its start, each protection the sandbox lacks here (none in a root container with
+    namespaces and Landlock); the answers ("yes", not a program) are graded wrong by the sandbox."""
+    from flyspec.gate.code_exec import isolation
+
+    data = tmp_path / "code.jsonl"
+    answer = {"tests": "assert f() == 1", "entry_point": "f"}
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"c{i}", "prompt": f"Question {i}", "answer": answer, "grader": "code"}) + "\n"
+            for i in range(3)
+        )
+    )
+    arm = json.dumps({"base_url": yes_server, "model": "right"})
+    done = flyspec(
+        "run", "--store", str(tmp_path / "c.db"), "--dataset", str(data), "--baseline", arm, "--candidate",
+        arm, "--margin", "0.3", "--max-tokens", "4", "--no-progress", "--json",
+    )  # fmt: skip
+    report = _last_json(done.stdout)
+    missing = isolation().missing
+    assert report["run_notes"]["code_sandbox"]["missing"] == missing
+    assert done.stderr.count("WARNING: the code sandbox runs without") == len(missing)
+    assert report["decision"]["n"] == 3 and report["comparisons"][-1]["baseline_accuracy"] == 0.0

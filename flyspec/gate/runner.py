@@ -27,7 +27,7 @@ from flyspec.gate.dispatch import Executor
 from flyspec.gate.endpoint_executor import OpenAIExecutor
 from flyspec.gate.engine_executor import EngineExecutor
 from flyspec.gate.exclusion import check_not_extended, used_questions
-from flyspec.gate.graders import JUDGE, check_reference
+from flyspec.gate.graders import JUDGE, check_reference, sandbox_notes
 from flyspec.gate.judge import Judge, parse_judge
 from flyspec.gate.monitor import SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, GateOptions
@@ -238,6 +238,9 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
         "dataset_sources": {name: spec for name, (spec, _) in plan.datasets.items()},
         "executors": [ex.facts() for ex in executors],
     }
+    sandbox = sandbox_notes({q.grader for _, qs in plan.datasets.values() for q in qs})
+    if sandbox is not None:
+        notes["code_sandbox"] = sandbox
     if plan.judge is not None:
         notes["judge_settings"] = plan.judge.public_dict()
     shared = [sorted(ex.arms) for ex in executors if ex.shared]
@@ -314,8 +317,16 @@ def run(options: GateOptions) -> RunResult:
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
             f"{options.alpha}{', sequential' if sequential else ''})"
         )
+        announce_sandbox({q.grader for q in questions}, "gate")
         reason = _answer(store, plan, session, executors)
     return RunResult(run_id, reason)
+
+
+def announce_sandbox(graders: set[str], who: str) -> None:
+    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
+    sandbox = sandbox_notes(graders)
+    for missing in sandbox["missing"] if sandbox is not None else []:
+        log(f"{who}: WARNING: the code sandbox runs without {missing}")
 
 
 def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Executor]) -> str:

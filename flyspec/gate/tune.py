@@ -39,7 +39,7 @@ from flyspec.gate.exclusion import used_questions
 from flyspec.gate.monitor import PAUSES, SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, _check_count, _check_seed, check_margin_alpha
 from flyspec.gate.order import select_questions
-from flyspec.gate.runner import load_datasets
+from flyspec.gate.runner import announce_sandbox, load_datasets
 from flyspec.gate.session import Session, SessionSettings, log
 from flyspec.gate.store import GateStore, RegisteredQuestion
 from flyspec.gate.tune_report import lane_speeds
@@ -455,6 +455,7 @@ def tune(options: TuneOptions) -> TuneResult:
         if options.exclude_runs:
             names = [n for n in options.exclude_runs if n not in (name, options.calibration_run)]
             _choose(plan, used_questions(store, names))
+        announce_sandbox({q.grader for q in plan.tests}, "gate tune")
         if plan.calibration:
             reason = _calibrate(store, plan, clock)
             if reason != "complete":
