@@ -8,13 +8,20 @@ interpreter per command on a shared CPU.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
+from flyspec.bench.peers import free_port
 from flyspec.gate.report import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci
 from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
@@ -382,3 +389,220 @@ def test_sequential_flags_are_checked(flyspec, tmp_path: Path) -> None:
     assert done.returncode == 2 and "a sequential run takes --max-questions" in done.stderr
     done = flyspec("run", *common, "--candidate", arm, "--max-minutes", "0")
     assert done.returncode == 2 and "max_minutes=0.0: must be a positive number" in done.stderr
+
+
+# ------------------------------------------------------------- gate run against a scripted endpoint
+
+
+def _yes_app() -> FastAPI:
+    """A scripted OpenAI-compatible server: "right" answers every question "yes"; "wrong" answers "no";
+    "quarter" answers "no" to every fourth question ("Question i", i divisible by 4)."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"data": [{"id": m, "root": m} for m in ("right", "wrong", "quarter")]})
+
+    @app.post("/v1/completions")
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        i = int(body["prompt"].split()[-1])
+        wrong = body["model"] == "wrong" or (body["model"] == "quarter" and i % 4 == 0)
+        return JSONResponse(
+            {
+                "choices": [{"index": 0, "text": "no" if wrong else "yes", "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+        )
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def yes_server() -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_yes_app(), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _yes_run(flyspec, url: str, store: Path, candidate: str, *extra: str):  # noqa: ANN202
+    data = store.parent / "yes.jsonl"
+    if not data.exists():
+        data.write_text(
+            "".join(
+                json.dumps({"id": f"q{i}", "prompt": f"Question {i}", "answer": "yes", "grader": "exact"})
+                + "\n"
+                for i in range(40)
+            )
+        )
+    arm = lambda model: json.dumps({"base_url": url, "model": model})  # noqa: E731
+    return flyspec(
+        "run", "--store", str(store), "--dataset", str(data), "--baseline", arm("right"),
+        "--candidate", arm(candidate), "--margin", "0.3", "--max-tokens", "4", "--no-progress", *extra,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("candidate", "decision", "code", "strict_code"),
+    [("right", "PASS", 0, 0), ("wrong", "FAIL", 1, 1), ("quarter", "INCONCLUSIVE", 0, 2)],
+)
+def test_run_exits_with_the_report_codes(
+    flyspec, yes_server: str, tmp_path: Path, candidate: str, decision: str, code: int, strict_code: int
+) -> None:
+    """`gate run` ends with `gate report`'s exit code for its decision: 0 PASS, 1 FAIL, INCONCLUSIVE 0 and
+    2 with --strict (it used to exit 0 on FAIL, so a CI job gating on it shipped a FAIL)."""
+    store = tmp_path / "g.db"
+    done = _yes_run(flyspec, yes_server, store, candidate, "--limit", "20", "--json")
+    assert _last_json(done.stdout)["decision"]["decision"] == decision
+    assert done.returncode == code, done.stderr
+    again = _yes_run(flyspec, yes_server, store, candidate, "--limit", "20", "--strict")
+    assert again.returncode == strict_code
+    assert flyspec("report", "--store", str(store), "--strict").returncode == strict_code
+
+
+def test_a_fixed_run_is_not_silently_extended(flyspec, yes_server: str, tmp_path: Path) -> None:
+    """`--run small --limit 10`, then `--run bigger --limit 30` with the same arms and sampling would reuse
+    small's 10 questions: refused, with an error that names the run and says to use --exclude-run or
+    --sequential, and nothing registered. With `--exclude-run small` it runs on 30 new questions; a
+    sequential run may reuse them; another candidate is another comparison and may too."""
+    store = tmp_path / "g.db"
+    assert _yes_run(flyspec, yes_server, store, "right", "--run", "small", "--limit", "10").returncode == 0
+    done = _yes_run(flyspec, yes_server, store, "right", "--run", "bigger", "--limit", "30")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert (
+        "fixed run 'bigger' would answer questions that earlier run(s) 'small' (10 questions)" in done.stderr
+    )
+    assert "--exclude-run small" in done.stderr and "--sequential" in done.stderr
+    with GateStore(store) as opened:
+        assert opened.get_run("bigger") is None
+    args = ("--run", "bigger", "--limit", "30", "--exclude-run", "small", "--json")
+    done = _yes_run(flyspec, yes_server, store, "right", *args)
+    assert done.returncode == 0, done.stderr
+    with GateStore(store) as opened:
+        small = {q.question_id for q in opened.questions("small")}
+        bigger = {q.question_id for q in opened.questions("bigger")}
+    assert len(bigger) == 30 and not small & bigger
+    seq = ("--run", "seq", "--sequential", "--max-questions", "20")
+    assert _yes_run(flyspec, yes_server, store, "right", *seq).returncode == 0
+    other = _yes_run(flyspec, yes_server, store, "quarter", "--run", "other", "--limit", "10")
+    assert other.returncode == 0, other.stderr
+
+
+def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(
+    flyspec, yes_server: str, tmp_path: Path
+) -> None:
+    """`gate tune --exclude-run RUN` leaves that run's questions out of the calibration and test questions
+    (and records it); the tune passes its one lossless setting and exits 0; an unknown run is refused."""
+    store = tmp_path / "g.db"
+    assert _yes_run(flyspec, yes_server, store, "right", "--run", "first", "--limit", "25").returncode == 0
+    spec = {
+        "method": "draft_model",
+        "model": "d",
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "fly",
+    }
+    candidates = json.dumps([{"arm": {"base_url": yes_server, "model": "right"}, "speculative_config": spec}])
+    args = [
+        "tune", "--store", str(store), "--dataset", str(tmp_path / "yes.jsonl"), "--baseline",
+        json.dumps({"base_url": yes_server, "model": "right"}), "--candidates", candidates, "--margin", "0.3",
+        "--order", "given", "--calibration-questions", "2", "--max-tokens", "4", "--no-progress",
+    ]  # fmt: skip
+    done = flyspec(*args, "--exclude-run", "nope")
+    assert done.returncode == 2 and "--exclude-run nope: no such run" in done.stderr
+    done = flyspec(*args, "--exclude-run", "first", "--json")
+    assert done.returncode == 0, done.stderr
+    assert _last_json(done.stdout)["settings"][0]["decision"] == "PASS"
+    with GateStore(store) as opened:
+        first = {q.question_id for q in opened.questions("first")}
+        used = {q.question_id for run in ("tune", "tune/calibration") for q in opened.questions(run)}
+        registration = opened.get_run("tune").registration  # type: ignore[union-attr]
+    assert len(used) == 15 and not first & used
+    assert registration["excluded"] == {"runs": ["first"], "questions": 25}
+
+
+def test_sequential_questions_follow_the_simulation_table() -> None:
+    """The advice's question count is the docs table's "90% of runs by" at a 2-point margin (2,808,
+    9,519 and 14,276 at flip rates 6%, 20% and 30%), interpolated between rows, in proportion beyond them,
+    and scaled by (0.02 / margin)^2."""
+    from flyspec.gate.report_render import sequential_questions
+
+    assert [sequential_questions(r, 0.02) for r in (0.06, 0.2, 0.3)] == [2808, 9519, 14276]
+    assert 2808 < sequential_questions(0.1, 0.02) < 9519 < sequential_questions(0.25, 0.02) < 14276
+    assert sequential_questions(0.03, 0.02) == 1404 and sequential_questions(0.6, 0.02) == 28552
+    assert sequential_questions(0.06, 0.04) == 702
+
+
+def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, tmp_path: Path) -> None:
+    """A sequential run that reaches its --max-questions undecided advises to continue this same run with
+    a question count from the simulation table at the flip rate's upper bound (here more than its 40-question
+    pool, so the whole pool), never a fresh run capped at a fixed design's size; rerunning the command
+    with that --max-questions continues it: the stored answers are kept, not asked again, the registration
+    records the extension, and the confidence sequence goes on along the same order."""
+    from flyspec.gate.report_render import sequential_questions
+    from flyspec.gate.stats import flip_rate_upper_bound
+
+    store = tmp_path / "g.db"
+    args = ("--sequential", "--max-questions", "8", "--json")
+    first = _last_json(_yes_run(flyspec, yes_server, store, "quarter", *args).stdout)
+    d = first["decision"]
+    assert d["decision"] == "INCONCLUSIVE" and first["sequential"]["reason"] == "max_questions"
+    advice = " ".join(d["advice"])
+    flips = d["lost"] + d["gained"]
+    target = sequential_questions(flip_rate_upper_bound(flips, 8), 0.3)
+    assert target > 40
+    assert (
+        "Continue this run: rerun the same command with `--max-questions 40` (its whole pool; the " in advice
+    )
+    assert f"about {target} questions at a 30-point margin" in advice and "--exclude-run" not in advice
+    query = "SELECT arm, question_id, created_at FROM answers WHERE run_id = 'gate'"
+    with sqlite3.connect(store) as db:
+        before = {(arm, qid): created for arm, qid, created in db.execute(query)}
+    done = _yes_run(flyspec, yes_server, store, "quarter", "--sequential", "--max-questions", "40", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    second = _last_json(done.stdout)
+    assert second["sequential"]["max_questions"] == 40 and second["decision"]["n"] > 8
+    with sqlite3.connect(store) as db:
+        after = {(arm, qid): created for arm, qid, created in db.execute(query)}
+    with GateStore(store) as opened:
+        run = opened.get_run("gate")
+        events = [e.event for e in opened.events("gate")]
+    assert len(before) == 16 and len(after) > len(before)
+    assert all(after[key] == created for key, created in before.items())
+    assert [(e["from"], e["to"]) for e in run.registration["extensions"]] == [(8, 40)]  # type: ignore[union-attr]
+    assert run.registration["sequential"]["max_questions"] == 40 and "extend" in events  # type: ignore[union-attr]
+    shrink = _yes_run(flyspec, yes_server, store, "quarter", "--sequential", "--max-questions", "20")
+    assert shrink.returncode == 2 and "registered with different settings" in shrink.stderr
+
+
+def test_a_run_with_code_questions_records_and_announces_the_sandbox(
+    flyspec, yes_server: str, tmp_path: Path
+) -> None:
+    """A gate run whose dataset has code questions records the code sandbox of this machine in its notes
+    and says once, at its start, each protection the sandbox lacks here (none in a root container with
+    namespaces and Landlock); the answers ("yes", not a program) are graded wrong by the sandbox."""
+    from flyspec.gate.code_exec import isolation
+
+    data = tmp_path / "code.jsonl"
+    answer = {"tests": "assert f() == 1", "entry_point": "f"}
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"c{i}", "prompt": f"Question {i}", "answer": answer, "grader": "code"}) + "\n"
+            for i in range(3)
+        )
+    )
+    arm = json.dumps({"base_url": yes_server, "model": "right"})
+    done = flyspec(
+        "run", "--store", str(tmp_path / "c.db"), "--dataset", str(data), "--baseline", arm, "--candidate",
+        arm, "--margin", "0.3", "--max-tokens", "4", "--no-progress", "--json",
+    )  # fmt: skip
+    report = _last_json(done.stdout)
+    missing = isolation().missing
+    assert report["run_notes"]["code_sandbox"]["missing"] == missing
+    assert done.stderr.count("WARNING: the code sandbox runs without") == len(missing)
+    assert report["decision"]["n"] == 3 and report["comparisons"][-1]["baseline_accuracy"] == 0.0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.code_exec import SandboxLimits, run_programs
-from flyspec.gate.code_grader import CodeTask, build_program, extract_code
+from flyspec.gate.code_exec import CodeRun, SandboxLimits, run_many
+from flyspec.gate.code_grader import CodeTask, build_run, extract_code
 from flyspec.gate.datasets import dataset_info, load_dataset
 from flyspec.gate.graders import check_reference, grade
 
@@ -36,7 +36,7 @@ def _as_chat_answer(code: str) -> str:
     return f"Here is the implementation:\n\n```python\n{code}\n```\n\nIt runs in linear time."
 
 
-def _canonical_and_corrupted(ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+def _canonical_and_corrupted(ids: list[str] | None) -> tuple[list[str], list[CodeRun], list[CodeRun]]:
     """Programs for each question: the canonical body as a completion, and the whole function with every
     `return` made `return None`, written the way a chat model answers (a fenced block after prose)."""
     rows = _raw_rows()
@@ -45,9 +45,9 @@ def _canonical_and_corrupted(ids: list[str] | None) -> tuple[list[str], list[str
     for q in questions:
         task = CodeTask.from_answer(q.answer)
         row = rows[q.id]
-        good.append(build_program(extract_code(row["canonical_solution"], task.entry_point), task))
+        good.append(build_run(extract_code(row["canonical_solution"], task.entry_point), task))
         broken = ast.unparse(_ReturnNone().visit(ast.parse(row["prompt"] + row["canonical_solution"])))
-        bad.append(build_program(extract_code(_as_chat_answer(broken), task.entry_point), task))
+        bad.append(build_run(extract_code(_as_chat_answer(broken), task.entry_point), task))
     return [q.id for q in questions], good, bad
 
 
@@ -71,7 +71,7 @@ def test_humaneval_sample_canonical_pass_corrupted_fail() -> None:
     """Fast version of the full check: on six problems (helpers in the prompt included), canonical
     solutions grade right and return-None corruptions grade wrong."""
     ids, good, bad = _canonical_and_corrupted(list(SAMPLE))
-    results = run_programs(good + bad, LIMITS, workers=2)
+    results = run_many(good + bad, LIMITS, workers=2)
     assert [r.passed for r in results[: len(ids)]] == [True] * len(ids), results
     assert [r.passed for r in results[len(ids) :]] == [False] * len(ids)
 
@@ -82,9 +82,9 @@ def test_humaneval_all_164_canonical_pass_and_corrupted_fail() -> None:
     grade wrong (one of them, prime_fib, then loops and is stopped by the CPU limit)."""
     ids, good, bad = _canonical_and_corrupted(None)
     start = time.monotonic()
-    passed = run_programs(good, LIMITS)
+    passed = run_many(good, LIMITS)
     canonical_s = time.monotonic() - start
-    failed = run_programs(bad, LIMITS)
+    failed = run_many(bad, LIMITS)
     print(
         f"164 canonical: {canonical_s:.1f} s; 164 corrupted: {time.monotonic() - start - canonical_s:.1f} s"
     )
@@ -140,14 +140,17 @@ def test_extract_code(output: str, expected: str) -> None:
     assert extract_code(output, "f") == expected
 
 
-def test_build_program_whole_function_or_completion() -> None:
-    """A whole function goes after the prefix (overriding its stub); a body continues the stub."""
+def test_build_run_whole_function_or_completion() -> None:
+    """A whole function goes after the prefix (overriding its stub); a body continues the stub; the tests
+    and the prefix go to the harness, apart from the program."""
     task = CodeTask(tests="assert f(2) == 4", entry_point="f", prefix='def f(x):\n    """Double."""\n')
-    whole = build_program("def f(x):\n    return 2 * x\n", task)
-    body = build_program("    return 2 * x\n", task)
-    assert whole.index('"""Double."""') < whole.index("return 2 * x") < whole.index("assert f(2)")
-    assert body.startswith('def f(x):\n    """Double."""\n    return 2 * x')
-    results = run_programs([whole, body, build_program("    return x\n", task)], LIMITS, workers=2)
+    whole = build_run("def f(x):\n    return 2 * x\n", task)
+    body = build_run("    return 2 * x\n", task)
+    assert whole.program.index('"""Double."""') < whole.program.index("return 2 * x")
+    assert body.program.startswith('def f(x):\n    """Double."""\n    return 2 * x')
+    assert (whole.tests, whole.prefix, whole.entry_point) == ("assert f(2) == 4", task.prefix, "f")
+    assert "assert" not in whole.program
+    results = run_many([whole, body, build_run("    return x\n", task)], LIMITS, workers=2)
     assert [r.passed for r in results] == [True, True, False]
 
 

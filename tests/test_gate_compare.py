@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_gate_cli import _last_json, _store, flyspec  # noqa: F401 - flyspec is a fixture
-from test_gate_evallogs import _inspect_log, _lm_eval_run
+from test_gate_evallogs import STAMP, _inspect_log, _lm_eval_run, _row, _write
 
 from flyspec.gate.compare import compare_logs
 from flyspec.gate.stats import decide
@@ -121,3 +121,51 @@ def test_compare_two_arms_of_a_gate_store(flyspec, tmp_path: Path) -> None:  # n
     assert decision["margin"] == 0.2 and decision["decision"] == decide(60, 3, 1, 0.2).decision
     sources = json.dumps(_last_json(done.stdout)["registration"]["sources"])
     assert f"{db}:gate:baseline" in sources and '"kind": "flyspec"' in sources
+
+
+def test_compare_epoch_per_side(flyspec, tmp_path: Path) -> None:  # noqa: F811
+    """Two Inspect runs need not number their epochs alike: `--epoch baseline=2 --epoch candidate=3`
+    compares the baseline's epoch 2 with the candidate's epoch 3 (one pair per question), says so in the
+    report and records both; one --epoch for both fails on the log that lacks it; a bad side is named."""
+    pytest.importorskip("inspect_ai")
+    base = _inspect_log(tmp_path / "base.eval", "qa", {(i, e): "C" for i in range(6) for e in (1, 2)}, ("m",))
+    values = {(i, e): "C" for i in range(6) for e in (1, 2, 3)}
+    cand = _inspect_log(tmp_path / "cand.eval", "qa", {**values, (0, 3): "I", (4, 3): "I"}, ("m",))
+    report = compare_logs(str(base), str(cand), 0.1, epoch={"baseline": 2, "candidate": 3})
+    pooled = report.pooled
+    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained) == (6, 2, 0)
+    done = flyspec(
+        "compare", str(base), str(cand), "--margin", "0.1", "--epoch", "baseline=2", "--epoch", "candidate=3",
+        "--json",
+    )  # fmt: skip
+    result = _last_json(done.stdout)
+    assert (result["decision"]["n"], result["decision"]["lost"]) == (6, 2)
+    assert result["registration"]["epochs"] == {"baseline": 2, "candidate": 3}
+    text = flyspec(
+        "compare", str(base), str(cand), "--margin", "0.1", "--epoch", "baseline=2", "--epoch", "candidate=3"
+    )
+    assert "baseline epoch 2, candidate epoch 3 of each question only" in text.stdout
+    same = flyspec("compare", str(base), str(cand), "--margin", "0.1", "--epoch", "3")
+    assert same.returncode == 2 and "--epoch 3: baseline" in same.stderr and "has no epoch 3" in same.stderr
+    bad = flyspec("compare", str(base), str(cand), "--margin", "0.1", "--epoch", "left=1")
+    assert bad.returncode == 2 and "the side is baseline or candidate" in bad.stderr
+
+
+def test_compare_filter_per_task_from_the_cli(flyspec, tmp_path: Path) -> None:  # noqa: F811
+    """Two lm-eval folders each mixing a two-filter task with a one-filter task compare with
+    `--filter gsm=flexible-extract` (the other task uses its only filter); without it the error names the
+    per-task form."""
+    for side, flips in (("base", [1, 1, 1, 1]), ("cand", [1, 0, 1, 1])):
+        run = _lm_eval_run(tmp_path / side, {"gsm": flips}, filters=("strict-match", "flexible-extract"))
+        rows = [_row(i, 1.0, filter="none") for i in range(3)]
+        _write(run / "tiny" / f"samples_arc_{STAMP}.jsonl", rows)
+    base, cand = tmp_path / "base", tmp_path / "cand"
+    done = flyspec("compare", str(base), str(cand), "--margin", "0.3")
+    assert done.returncode == 2 and "--filter gsm=NAME" in done.stderr
+    done = flyspec(
+        "compare", str(base), str(cand), "--margin", "0.3", "--filter", "gsm=flexible-extract", "--json"
+    )
+    result = _last_json(done.stdout)
+    assert (result["decision"]["n"], result["decision"]["lost"]) == (7, 1)
+    assert {c["scope"] for c in result["comparisons"]} == {"arc", "gsm", "pooled"}
+    assert result["registration"]["sources"]["baseline"]["filter"] == "gsm=flexible-extract, none"

@@ -115,17 +115,19 @@ def test_in_process_gate_shares_one_engine_and_matches_target_greedy(setup: Setu
 def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: Path) -> None:
     """At temperature 1, per-question seeds make outputs reproducible and independent of engine sharing:
     the standard arm gives identical texts whether it rides in the shared FLy engine or runs alone in
-    its own engine (paired with a target-only candidate), and a repeated run reproduces them."""
+    its own engine (paired with a target-only candidate), and a repeated run reproduces them (in another
+    store: a store refuses a second fixed run of the same arms on the same questions)."""
     base, cand = _arms(setup)
     target_only = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 2}
     store = tmp_path / "gate.sqlite"
     common = {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 11, "progress": False}
     shared = run_gate(store, str(setup.dataset), base, cand, 0.1, run_id="shared", **common)
     alone = run_gate(store, str(setup.dataset), base, target_only, 0.1, run_id="alone", **common)
-    again = run_gate(store, str(setup.dataset), base, cand, 0.1, run_id="again", **common)
+    repeat = tmp_path / "repeat.sqlite"
+    again = run_gate(repeat, str(setup.dataset), base, cand, 0.1, run_id="again", **common)
     with GateStore(store) as s:
         assert "shared_engine" not in s.get_run("alone").notes  # type: ignore[union-attr]
-    a, b, c = _outputs(store, shared), _outputs(store, alone), _outputs(store, again)
+    a, b, c = _outputs(store, shared), _outputs(store, alone), _outputs(repeat, again)
     assert {q: a[("baseline", q)] for q in setup.reference} == {
         q: b[("baseline", q)] for q in setup.reference
     }

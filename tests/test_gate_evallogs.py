@@ -230,3 +230,104 @@ def test_store_arms_pair(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no such gate store"):
         read_eval_log(f"{tmp_path / 'missing.db'}:r1:baseline")
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_lm_eval_filter_per_task(tmp_path: Path) -> None:
+    """A folder mixing a task that logged two filters with one that logged a single filter: without
+    --filter the two-filter task is named with the per-task form to use; a filter for every task fails on
+    the task that lacks it (naming the per-task form); `--filter gsm=flexible-extract` picks that task's
+    filter and the single-filter task keeps its only one. A per-task filter of a task the log lacks, or two
+    filters for one task, are refused."""
+    run = tmp_path / "run"
+    _lm_eval_run(run, {"gsm": [1, 0, 1]}, filters=("strict-match", "flexible-extract"))
+    _write(run / "tiny" / f"samples_arc_{STAMP}.jsonl", [_row(i, 1.0, filter="none") for i in range(2)])
+    with pytest.raises(ValueError, match=r"task 'gsm' logged several filters .* --filter gsm=NAME"):
+        read_eval_log(str(run))
+    with pytest.raises(ValueError, match=r"task 'arc' has no filter 'flexible-extract' .* --filter arc=NAME"):
+        read_eval_log(str(run), filter="flexible-extract")
+    log = read_eval_log(str(run), filter=["gsm=flexible-extract"])
+    assert sorted((s.task, s.question_id) for s in log.samples) == [
+        ("arc", "0"),
+        ("arc", "1"),
+        ("gsm", "0"),
+        ("gsm", "1"),
+        ("gsm", "2"),
+    ]
+    assert log.filter == "gsm=flexible-extract, none"
+    both = read_eval_log(str(run), filter=["gsm=strict-match", "arc=none"])
+    assert both.filter == "arc=none, gsm=strict-match"
+    with pytest.raises(ValueError, match=r"--filter mmlu=x: .* has no task 'mmlu' \(tasks: arc, gsm\)"):
+        read_eval_log(str(run), filter=["mmlu=x"])
+    with pytest.raises(ValueError, match="one filter per task"):
+        read_eval_log(str(run), filter=["gsm=strict-match", "gsm=flexible-extract"])
+
+
+def _old_row(doc_id: int, value: object, *, extra_metric: bool = False) -> dict[str, object]:
+    """A row as lm-eval wrote it before its samples carried `filter` and `metrics` keys."""
+    row = _row(doc_id, value)
+    del row["filter"], row["metrics"]
+    if not extra_metric:
+        del row["chars"]
+    return row
+
+
+def test_lm_eval_rows_without_filter_or_metrics_keys(tmp_path: Path) -> None:
+    """Older lm-eval rows carry no `filter` and no `metrics` key and repeat each doc_id once per filter,
+    the filters one after another. One filter: read as is, the only metric value is the metric (it used to
+    fail with "doc_id 0 appears twice for filter 'None'" only when filters repeat, and with "no 'metrics'
+    list" always). Two filters: the n-th row of a doc_id is the n-th filter, named from the task's
+    filter_list in results_*.json (else #1, #2), and chosen with --filter; several metric values need
+    --metric unless results_*.json gives the metric order."""
+    one = _write(
+        tmp_path / "one" / f"samples_gsm_{STAMP}.jsonl", [_old_row(i, float(i % 2)) for i in range(4)]
+    )
+    log = read_eval_log(str(one))
+    assert (log.metric, log.filter) == ("exact_match", None)
+    assert [s.correct for s in log.samples] == [False, True, False, True]
+    two = tmp_path / "two" / "tiny"
+    rows = [_old_row(i, 1.0) for i in range(3)] + [_old_row(i, 0.0) for i in range(3)]
+    _write(two / f"samples_gsm_{STAMP}.jsonl", rows)
+    with pytest.raises(ValueError, match=r"logged several filters \(#1, #2\)"):
+        read_eval_log(str(two.parent))
+    assert [s.correct for s in read_eval_log(str(two.parent), filter="#2").samples] == [False] * 3
+    config = {"filter_list": [{"name": "strict-match"}, {"name": "flexible-extract"}]}
+    (two / f"results_{STAMP}.json").write_text(json.dumps({"configs": {"gsm": config}}))
+    log = read_eval_log(str(two.parent), filter="strict-match")
+    assert [s.correct for s in log.samples] == [True] * 3 and log.filter == "strict-match"
+    assert [s.correct for s in read_eval_log(str(two.parent), filter="flexible-extract").samples] == [
+        False
+    ] * 3
+    values = _write(tmp_path / "values" / f"samples_gsm_{STAMP}.jsonl", [_old_row(0, 1.0, extra_metric=True)])
+    with pytest.raises(ValueError, match=r"holds several values \(exact_match, chars\); name the metric"):
+        read_eval_log(str(values))
+    assert read_eval_log(str(values), metric="exact_match").metric == "exact_match"
+    (values.parent / f"results_{STAMP}.json").write_text(
+        json.dumps({"configs": {"gsm": {"metric_list": [{"metric": "exact_match"}, {"metric": "chars"}]}}})
+    )
+    assert read_eval_log(str(values)).metric == "exact_match"
+    mixed = _write(tmp_path / "mixed" / f"samples_gsm_{STAMP}.jsonl", [_row(0, 1.0), _old_row(1, 1.0)])
+    with pytest.raises(ValueError, match=r":2: this row has no 'filter' key while others have one"):
+        read_eval_log(str(mixed))
+
+
+def test_inspect_errored_samples_are_named(tmp_path: Path) -> None:
+    """A finished Inspect log whose samples errored (no score) is refused naming those samples and their
+    errors, not with "0 scorers (none)"."""
+    pytest.importorskip("inspect_ai")
+    from inspect_ai.log import EvalError, write_eval_log
+    from inspect_ai.log import read_eval_log as inspect_read
+
+    path = _inspect_log(tmp_path / "err.eval", "qa", {(0, 1): "C", (1, 1): "C", (2, 1): "I"}, ("match",))
+    log = inspect_read(str(path))
+    for sample in log.samples[1:]:
+        sample.scores = None
+        sample.error = EvalError(
+            message="RuntimeError: the model server went away", traceback="", traceback_ansi=""
+        )
+    write_eval_log(log, str(path))
+    with pytest.raises(ValueError) as info:
+        read_eval_log(str(path))
+    message = str(info.value)
+    assert "2 sample(s) of task 'qa' errored in Inspect and have no score" in message
+    assert "sample 's1' epoch 1: RuntimeError: the model server went away" in message and "'s2'" in message
+    assert "0 scorers" not in message

@@ -127,6 +127,10 @@ metric_list:
 metadata:
   version: 1.0
 """
+# The same questions as a task with lm-eval's default single filter ("none"), logged beside the first.
+LM_EVAL_ONE_FILTER_TASK = LM_EVAL_TASK.replace("task: flyspec_words", "task: flyspec_words_one").replace(
+    LM_EVAL_TASK[LM_EVAL_TASK.index("filter_list:") : LM_EVAL_TASK.index("metric_list:")], ""
+)
 
 
 @pytest.mark.slow  # two servers, then lm-eval twice (it imports datasets, transformers): minutes here
@@ -135,7 +139,11 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     """lm-eval's own local-completions client evaluates a local JSONL generation task (dataset_path:
     json) on both servers with --log_samples; the two samples folders are read (two filters logged, so
     --filter is required) and paired: same doc ids and hashes, and exactly the lost/gained counts that
-    the servers' outputs predict, with at least one flip."""
+    the servers' outputs predict, with at least one flip. A second task with a single filter is logged
+    beside it: the mixed folders compare with a per-task filter (`--filter flyspec_words=whole`). The
+    same logs with the `filter` and `metrics` keys removed (as older lm-eval versions wrote them, one row
+    per filter in the task's order) read back to the same samples, the filters named from lm-eval's own
+    results_*.json."""
     urls: dict[str, str] = servers["urls"]  # type: ignore[assignment]
     refs, lost, gained = _references(urls, chat=False)
     assert lost + gained > 0, "FLy changed no output: the test would prove nothing"
@@ -146,6 +154,9 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "flyspec_words.yaml").write_text(LM_EVAL_TASK.format(data=data, max_tokens=MAX_TOKENS))
+    (tasks / "flyspec_words_one.yaml").write_text(
+        LM_EVAL_ONE_FILTER_TASK.format(data=data, max_tokens=MAX_TOKENS)
+    )
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     runs = {}
     for name, url in urls.items():
@@ -154,20 +165,31 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
             "tokenizer_backend=huggingface,tokenized_requests=False,max_retries=1"
         )
         cmd = [str(BIN / "lm_eval"), "--model", "local-completions", "--model_args", model_args]
-        cmd += ["--tasks", "flyspec_words", "--include_path", str(tasks), "--log_samples"]
+        cmd += ["--tasks", "flyspec_words,flyspec_words_one", "--include_path", str(tasks), "--log_samples"]
         cmd += ["--output_path", str(tmp_path / name)]
         log = open(tmp_path / f"lm_eval_{name}.log", "w")  # noqa: SIM115 - closed after the run
         runs[name] = (subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT), log)
     for name, (proc, log) in runs.items():
         assert proc.wait(timeout=900) == 0, (tmp_path / f"lm_eval_{name}.log").read_text()[-3000:]
         log.close()
-    with pytest.raises(ValueError, match="choose one with --filter"):
+    with pytest.raises(ValueError, match="choose one with --filter NAME, or .* --filter flyspec_words=NAME"):
         read_eval_log(str(tmp_path / "baseline"))
-    baseline = read_eval_log(str(tmp_path / "baseline"), filter="whole")
-    candidate = read_eval_log(str(tmp_path / "candidate"), filter="whole")
-    assert baseline.metric == "exact_match" and len(baseline.samples) == QUESTIONS
+    with pytest.raises(ValueError, match="task 'flyspec_words_one' has no filter 'whole'"):
+        read_eval_log(str(tmp_path / "baseline"), filter="whole")
+    per_task = ["flyspec_words=whole"]
+    baseline = read_eval_log(str(tmp_path / "baseline"), filter=per_task)
+    candidate = read_eval_log(str(tmp_path / "candidate"), filter=per_task)
+    assert baseline.metric == "exact_match" and len(baseline.samples) == 2 * QUESTIONS
+    assert baseline.filter == "flyspec_words=whole, none"
     assert set(baseline.samples[0].hashes) == {"lm_eval_doc", "lm_eval_prompt", "lm_eval_target"}
-    (task,) = pair_logs(baseline, candidate).tasks
+    old = _without_filter_and_metrics_keys(tmp_path / "baseline", tmp_path / "old")
+    assert read_eval_log(str(old), filter=per_task).samples == baseline.samples
+    assert read_eval_log(str(old), filter=["flyspec_words=first-word"]).samples == (
+        read_eval_log(str(tmp_path / "baseline"), filter=["flyspec_words=first-word"]).samples
+    )
+    paired = pair_logs(baseline, candidate)
+    assert [t.task for t in paired.tasks] == ["flyspec_words", "flyspec_words_one"]
+    task = paired.tasks[0]
     assert task.task == "flyspec_words" and [k for k, _ in task.keys] == [str(i) for i in range(QUESTIONS)]
     counts = paired_counts(task.baseline, task.candidate)
     print(f"lm-eval logs paired: n={counts.n} lost={counts.lost} gained={counts.gained}")
@@ -175,14 +197,35 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     # `gate compare` on the same folders, through the installed command as a user runs it.
     cmd = [str(BIN / "flyspec"), "gate", "compare", str(tmp_path / "baseline"), str(tmp_path / "candidate")]
     done = subprocess.run(
-        [*cmd, "--margin", "0.5", "--filter", "whole", "--json"], capture_output=True, text=True, timeout=300
+        [*cmd, "--margin", "0.5", "--filter", "flyspec_words=whole", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode in (0, 1), done.stderr
-    decision = json.loads(done.stdout.strip().splitlines()[-1])["decision"]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    row = next(c for c in report["comparisons"] if c["scope"] == "flyspec_words")
     expected = decide(QUESTIONS, lost, gained, 0.5)
-    assert (decision["n"], decision["lost"], decision["gained"]) == (QUESTIONS, lost, gained)
-    assert (decision["decision"], decision["low"]) == (expected.decision, pytest.approx(expected.low))
+    assert (row["n"], row["lost"], row["gained"]) == (QUESTIONS, lost, gained)
+    assert (row["decision"], row["ci_low"]) == (expected.decision, pytest.approx(expected.low))
+    assert report["decision"]["n"] == 2 * QUESTIONS
     assert "declared now, after the data" in done.stderr
+
+
+def _without_filter_and_metrics_keys(folder: Path, out: Path) -> Path:
+    """A copy of an lm-eval output folder whose sample rows lack `filter` and `metrics`, as lm-eval wrote
+    them before it added those keys (its rows already came one per filter, in the task's filter order)."""
+    for file in folder.rglob("*.json*"):
+        target = out / file.relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if file.name.startswith("samples_"):
+            rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+            for row in rows:
+                del row["filter"], row["metrics"]
+            target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        else:
+            shutil.copyfile(file, target)
+    return out
 
 
 INSPECT_TASK = """from inspect_ai import Task, task
@@ -233,4 +276,9 @@ def test_inspect_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     with pytest.raises(ValueError, match="holds 2 epochs per question"):
         compare_logs(str(tmp_path / "baseline"), str(tmp_path / "candidate"), 0.5)
     pooled = compare_logs(str(tmp_path / "baseline"), str(tmp_path / "candidate"), 0.5, epoch=1).pooled
+    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained) == (QUESTIONS, lost, gained)
+    # Greedy decoding answers both epochs alike, so the baseline's epoch 1 against the candidate's epoch 2
+    # gives the same counts.
+    sides = {"baseline": 1, "candidate": 2}
+    pooled = compare_logs(str(tmp_path / "baseline"), str(tmp_path / "candidate"), 0.5, epoch=sides).pooled
     assert pooled is not None and (pooled.n, pooled.lost, pooled.gained) == (QUESTIONS, lost, gained)

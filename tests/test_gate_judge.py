@@ -4,8 +4,9 @@ The fast tests run the gate against a scripted OpenAI-compatible server on loopb
 this process) that serves the two arms and a rule-following judge, so every count is known: the judge
 prefers the answer that says "good", always says "Verdict: A" on questions marked "position" (a judge
 that follows the position: the two orders disagree), and never states a verdict on questions marked
-"mumble". The slow test uses a real small model, SmolLM2-135M-Instruct, as the judge through a real
-`flyspec serve` process, with two tiny engine arms answering open-ended chat prompts.
+"mumble"; on questions marked "same" both arms give the same answer, which is a tie without asking. The
+slow test uses a real small model, SmolLM2-135M-Instruct, as the judge through a real `flyspec serve`
+process, with two tiny engine arms answering open-ended chat prompts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -30,16 +32,25 @@ from fastapi.responses import JSONResponse
 
 from flyspec.bench.peers import free_port, wait_ready
 from flyspec.gate.endpoint_executor import EndpointError
-from flyspec.gate.judge import outcome, parse_verdict, preferred
+from flyspec.gate.judge import UNDECIDED, outcome, parse_verdict, preferred
 from flyspec.gate.report import build_report
 from flyspec.gate.runner import run_gate
+from flyspec.gate.stats import (
+    confidence_sequence,
+    decide,
+    decide_with_undecided,
+    net_difference_ci,
+    sequential_decision,
+    sequential_decision_with_undecided,
+)
 from flyspec.gate.store import GateStore
 
 # Base answers "good" except on q3; the candidate answers "bad" on q0-q2: 3 lost, 1 gained.
-QUESTIONS = 12
+QUESTIONS = 13
 BASE_BAD = {3}
 CAND_BAD = {0, 1, 2}
-MARKS = {8: "position", 9: "position", 10: "mumble", 11: "mumble"}
+MARKS = {8: "position", 9: "position", 10: "mumble", 11: "mumble", 12: "same"}
+JUDGED = QUESTIONS - 1  # the "same" question is never sent to the judge
 
 
 @dataclass
@@ -94,6 +105,8 @@ def _app(state: Scripted) -> FastAPI:
             state.arm_calls[(body["model"], i)] += 1
             bad = BASE_BAD if body["model"] == "base" else CAND_BAD
             content = f"{body['model']}: {'bad' if i in bad else 'good'} answer to question {i}"
+            if MARKS.get(i) == "same":
+                content = f"the same answer to question {i}"
         return JSONResponse(
             {
                 "choices": [
@@ -140,7 +153,7 @@ def _dataset(tmp_path: Path) -> Path:
     return path
 
 
-def _run(url: str, tmp_path: Path, **settings: Any) -> str:
+def _run(url: str, tmp_path: Path, margin: float = 0.5, **settings: Any) -> str:
     judge = {
         "base_url": url,
         "model": "judge",
@@ -154,7 +167,7 @@ def _run(url: str, tmp_path: Path, **settings: Any) -> str:
         str(_dataset(tmp_path)),
         {"base_url": url, "model": "base", "max_retries": 0},
         {"base_url": url, "model": "cand", "max_retries": 0},
-        0.5,
+        margin,
         judge=judge,
         max_tokens=16,
         progress=False,
@@ -162,55 +175,114 @@ def _run(url: str, tmp_path: Path, **settings: Any) -> str:
     )
 
 
-def test_verdicts_are_read_and_mapped_to_lost_gained_and_ties() -> None:
+def test_verdicts_are_read_and_mapped_to_lost_gained_ties_and_undecided() -> None:
     """The last 'Verdict: X' counts (emphasis and brackets allowed), then '[[X]]', then a last line that
-    is only the choice; anything else is unreadable. A verdict's preference depends on the position, and
-    the two orders agree (lost, gained), disagree, or tie."""
+    is only the choice; anything else is unreadable. A verdict's preference depends on the position; the
+    two orders agree (lost, gained, tie) or not: a disagreement, including a tie against a preference, and
+    an unreadable verdict are undecided."""
     assert parse_verdict("A is shorter.\nVerdict: A\n... no wait.\n**Verdict:** B") == "B"
     assert parse_verdict("[[tie]]") == "tie" and parse_verdict("The answer is: B") == "B"
     assert parse_verdict("Response A is better.") is None and parse_verdict("") is None
     assert (preferred("AB", "A"), preferred("BA", "A"), preferred("BA", "B")) == ("first", "second", "first")
-    assert preferred("AB", None) == preferred("AB", "tie") == "tie"
+    assert preferred("AB", None) == "unreadable" and preferred("BA", "tie") == "tie"
     assert outcome("first", "first") == "first" and outcome("second", "second") == "second"
-    assert outcome("first", "second") == "disagree" and outcome("first", "tie") == "tie"
+    assert outcome("tie", "tie") == "tie"
+    assert outcome("first", "second") == "disagree" and outcome("first", "tie") == "disagree"
+    assert outcome("unreadable", "first") == outcome("tie", "unreadable") == "unreadable"
+    assert set(UNDECIDED) == {"disagree", "unreadable"}
 
 
-def test_judge_run_counts_position_swaps_and_registers_the_judge(
+def test_judge_run_counts_undecided_pairs_against_the_claim_and_registers_the_judge(
     server: tuple[Scripted, str], tmp_path: Path
 ) -> None:
-    """Each question is judged twice with the answers swapped; the judge saw the request and both answers;
-    agreement gives lost (3) and gained (1), the position-following questions are ties counted as
-    disagreements (2), unreadable verdicts are ties and counted (4); the report's pooled counts are the
-    judge's, it says what lost means and shows the position bias; the registration holds the judge's
-    model, served model, template text and sha256 and sampling; a rerun asks nothing again."""
+    """Each question is judged twice with the answers swapped, except the one whose two answers are
+    identical (a tie, never sent); the judge saw the request and both answers. Agreement gives lost (3),
+    gained (1) and ties (4); the position-following questions (2) and the unreadable ones (2) are undecided
+    and graded wrong on both sides; the decision counts them as lost for the PASS test and as gained for
+    the FAIL test (its interval's ends are Tango's on those two count sets), the report shows the two
+    counts and the disagreement rate beside the decision, and the JSON holds both count sets; the
+    registration holds the judge's model, served model, template text and sha256, sampling and rule; a
+    rerun asks nothing again."""
     state, url = server
     run_id = _run(url, tmp_path)
-    assert len(state.judge_prompts) == 2 * QUESTIONS
+    assert len(state.judge_prompts) == 2 * JUDGED
+    assert not any("Question 12 " in p for p in state.judge_prompts)
     first = next(p for p in state.judge_prompts if "Question 0 " in p and "[Response A]\nbase" in p)
     assert "base: good answer to question 0" in first and "cand: bad answer to question 0" in first
     report = build_report(tmp_path / "judge.db", run_id)
     pooled = report.pooled
-    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained) == (QUESTIONS, 3, 1)
+    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained, pooled.undecided) == (13, 3, 1, 4)
+    assert (pooled.ci_low, pooled.ci_high) == pytest.approx(
+        (net_difference_ci(13, 3 + 4, 1, 0.95)[0], net_difference_ci(13, 3, 1 + 4, 0.95)[1])
+    )
+    assert (pooled.baseline_accuracy, pooled.candidate_accuracy) == pytest.approx((8 / 13, 6 / 13))
     j = report.judge
     assert j is not None
-    assert (j.questions, j.baseline_better, j.candidate_better, j.disagree, j.ties) == (12, 3, 1, 2, 6)
+    assert (j.questions, j.identical, j.ties, j.baseline_better, j.candidate_better) == (13, 1, 4, 3, 1)
+    assert (j.disagree, j.unreadable_pairs, j.undecided) == (2, 2, 4)
+    assert j.disagreement_rate == pytest.approx(4 / 12)
     assert (j.verdicts, j.unreadable, j.chose_a, j.chose_b) == (24, 4, 8, 4)
     markdown = report.to_markdown()
     assert "## Judge" in markdown and "**lost** means the judge preferred the baseline's answer" in markdown
-    assert "| 12 | 3 | 1 | 2 | 6 | 4 of 24 |" in markdown and "Position bias: of 12 decisive" in markdown
+    assert "| 13 | 1 | 4 | 3 | 1 | 2 | 2 | 33.3% | 4 of 24 |" in markdown
+    assert "Position bias: of 12 decisive" in markdown
+    decision_part = markdown[markdown.index("## Decision") : markdown.index("## Judge")]
+    assert "Judge disagreement rate: 33.3% (4 of 12 judged pairs undecided" in decision_part
+    assert "the PASS test counts lost 7, gained 1; the FAIL test counts lost 3, gained 5" in decision_part
     registered = report.run.registration["judge"]
     assert registered["model"] == "judge" and registered["served_model"] == {
         "id": "judge",
         "root": "/w/judge",
     }
     assert registered["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
+    assert "undecided" in registered["rule"]
     assert "Verdict: tie" in registered["template_text"] and len(registered["template_sha256"]) == 64
     with GateStore(tmp_path / "judge.db") as store:
         stored = store.judgements(run_id)
+        grades = {(a.arm, a.question_id): a.extracted for a in store.answers(run_id)}
     assert len(stored) == 24 and sum(r.verdict is None for r in stored) == 4
-    assert json.loads(json.dumps(report.to_dict()))["judge"]["disagree"] == 2
+    assert grades[("baseline", "q8")] == "undecided: the two orders disagree"
+    assert grades[("candidate", "q10")] == "undecided: a verdict could not be read"
+    assert grades[("candidate", "q12")] == "tie: identical answers"
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["judge"]["disagree"] == 2
+    d = data["decision"]
+    assert (d["lost"], d["gained"], d["undecided"]) == (3, 1, 4)
+    assert d["counts_for_pass"] == {"lost": 7, "gained": 1} and d["counts_for_fail"] == {
+        "lost": 3,
+        "gained": 5,
+    }
+    assert d["disagreement_rate"] == pytest.approx(4 / 12)
     _run(url, tmp_path)
-    assert len(state.judge_prompts) == 2 * QUESTIONS
+    assert len(state.judge_prompts) == 2 * JUDGED
+
+
+def test_sequential_judged_run_uses_both_count_sets(server: tuple[Scripted, str], tmp_path: Path) -> None:
+    """A sequential judged run's stop and bounds are those of the two confidence sequences along the
+    registered order (undecided pairs as lost for the lower bound, as gained for the upper), both while
+    running and when the report recomputes them. At a 30-point margin neither crosses within the 13
+    questions, where the without-replacement sequences close on the pessimistic means -6/13 and +2/13."""
+    _, url = server
+    run_id = _run(url, tmp_path, 0.3, sequential=True)
+    report = build_report(tmp_path / "judge.db", run_id)
+    stop = report.sequential
+    assert stop is not None and (stop.decision, stop.reason, stop.stopped_at) == (
+        "INCONCLUSIVE",
+        "max_questions",
+        13,
+    )
+    assert stop.undecided == 4 and (stop.lost, stop.gained) == (3, 1)
+    with GateStore(tmp_path / "judge.db") as store:
+        order = [q.question_id for q in store.questions(run_id)]
+        answers = {(a.arm, a.question_id): a.correct for a in store.answers(run_id)}
+    diffs = [int(answers[("candidate", q)]) - int(answers[("baseline", q)]) for q in order]
+    undecided = [not answers[("candidate", q)] and not answers[("baseline", q)] for q in order]
+    assert sum(undecided) == 4
+    n = len(order)
+    low = confidence_sequence([-1 if u else d for d, u in zip(diffs, undecided, strict=True)], 0.05, n)[0][-1]
+    high = confidence_sequence([1 if u else d for d, u in zip(diffs, undecided, strict=True)], 0.05, n)[1][-1]
+    assert (stop.low, stop.high) == pytest.approx((low, high))
+    assert report.to_dict()["sequential"]["undecided"] == 4
 
 
 def test_judge_failure_stops_and_a_rerun_asks_only_what_is_missing(
@@ -231,7 +303,7 @@ def test_judge_failure_stops_and_a_rerun_asks_only_what_is_missing(
     state.fail.clear()
     run_id = _run(url, tmp_path)
     asked = Counter((_question(p), _position(p)) for p in state.judge_prompts)
-    assert set(asked.values()) == {1} and len(asked) == 2 * QUESTIONS
+    assert set(asked.values()) == {1} and len(asked) == 2 * JUDGED
     assert state.arm_calls[("base", 5)] == 2 and state.arm_calls[("base", 4)] == 1
     assert build_report(tmp_path / "judge.db", run_id).pooled.n == QUESTIONS  # type: ignore[union-attr]
 
@@ -319,13 +391,127 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
     report = build_report(store, run_id)
     j, pooled = report.judge, report.pooled
     assert j is not None and pooled is not None
-    assert j.questions == len(OPEN_PROMPTS) and j.verdicts == 2 * len(OPEN_PROMPTS)
-    assert j.baseline_better + j.candidate_better + j.disagree + j.ties == len(OPEN_PROMPTS)
+    asked = len(OPEN_PROMPTS) - j.identical
+    assert j.questions == len(OPEN_PROMPTS) and j.verdicts == 2 * asked
+    assert j.baseline_better + j.candidate_better + j.ties + j.identical + j.undecided == len(OPEN_PROMPTS)
     assert (pooled.lost, pooled.gained) == (j.baseline_better, j.candidate_better)
+    assert pooled.undecided == j.undecided == j.disagree + j.unreadable_pairs
     with GateStore(store) as opened:
         outputs = [r.output for r in opened.judgements(run_id)]
-    assert len(outputs) == 2 * len(OPEN_PROMPTS) and all(isinstance(o, str) for o in outputs)
+    assert len(outputs) == 2 * asked and all(isinstance(o, str) for o in outputs)
     markdown = report.to_markdown()
     print(markdown[markdown.index("## Judge") : markdown.index("**Rule.**")])
-    assert "| judged questions | both orders: baseline better (lost) |" in markdown
+    assert "| judged questions | identical answers (tie) | both orders: tie |" in markdown
     assert report.run.registration["judge"]["served_model"]["id"] == "smollm2"
+
+
+# ------------------------------------------------------------------ weak judges, seeded simulation
+
+VERDICTS = ("A", "B", "tie", None)
+SIM_MARGIN = 0.05
+# Per question: the truth (the baseline better, the candidate better, different but equally good), and
+# otherwise the two answers are identical. HARMFUL loses 18 points, GOOD none.
+HARMFUL = (0.20, 0.02, 0.18)
+GOOD = (0.03, 0.03, 0.34)
+
+
+def _outcome_codes() -> np.ndarray:
+    """The production rule (``preferred`` then ``outcome``) for every pair of verdicts, as a table indexed
+    by the AB and BA verdicts: -1 lost, 1 gained, 0 tie, 2 undecided."""
+    table = np.zeros((len(VERDICTS), len(VERDICTS)), dtype=np.int8)
+    for i, ab in enumerate(VERDICTS):
+        for j, ba in enumerate(VERDICTS):
+            result = outcome(preferred("AB", ab), preferred("BA", ba))
+            table[i, j] = {"first": -1, "second": 1, "tie": 0}.get(result, 2)
+    return table
+
+
+def _judged_pairs(
+    rng: np.random.Generator, truth: tuple[float, float, float], judge: str, shape: tuple
+) -> Any:
+    """Codes (-1 lost, 1 gained, 0 tie, 2 undecided) of simulated judged questions. ``always_a`` says A in
+    both orders; ``coin`` says A or B at random; ``fair`` gives the right verdict, except that with
+    probability 0.02 per order it says one of A, B, tie or nothing at random. Identical answers are ties
+    and never reach the judge."""
+    lost, gained, equal = truth
+    u = rng.random(shape)
+    state = np.full(shape, 3, dtype=np.int8)  # identical answers
+    state[u < lost + gained + equal] = 0
+    state[u < lost + gained] = 1
+    state[u < lost] = -1
+    if judge == "always_a":
+        ab = ba = np.zeros(shape, dtype=np.int64)
+    elif judge == "coin":
+        ab, ba = rng.integers(0, 2, shape), rng.integers(0, 2, shape)
+    else:
+        ab = np.where(state == -1, 0, np.where(state == 1, 1, 2))
+        ba = np.where(state == -1, 1, np.where(state == 1, 0, 2))
+        for verdicts in (ab, ba):
+            noisy = rng.random(shape) < 0.02
+            verdicts[noisy] = rng.integers(0, len(VERDICTS), int(noisy.sum()))
+    return np.where(state == 3, 0, _outcome_codes()[ab, ba])
+
+
+@pytest.mark.parametrize(
+    ("truth", "judge"), [(t, j) for t in ("harmful", "good") for j in ("always_a", "coin")]
+)
+def test_a_judge_that_cannot_tell_the_answers_apart_never_decides(truth: str, judge: str) -> None:
+    """Seeded simulation, 200 fixed runs of 1,000 questions, 40% of whose answers differ: a judge that
+    always says "A" or flips a coin never gives PASS or FAIL, neither for a candidate that loses 18 points
+    nor for one that loses nothing, because its undecided pairs count as lost for the PASS test and as
+    gained for the FAIL test. The naive rule (undecided pairs as ties) PASSes in most of the same runs,
+    the harmful candidate included (an always-"A" judge gives 0 lost, 0 gained)."""
+    rng = np.random.default_rng(27)
+    codes = _judged_pairs(rng, HARMFUL if truth == "harmful" else GOOD, judge, (200, 1000))
+    ours, naive = Counter(), Counter()
+    for row in codes:
+        lost, gained, undecided = int((row == -1).sum()), int((row == 1).sum()), int((row == 2).sum())
+        ours[decide_with_undecided(1000, lost, gained, undecided, SIM_MARGIN).decision] += 1
+        naive[decide(1000, lost, gained, SIM_MARGIN).decision] += 1
+    print(truth, judge, "ours", dict(ours), "naive", dict(naive))
+    assert ours == {"INCONCLUSIVE": 200}
+    assert naive["PASS"] > 150
+
+
+@pytest.mark.parametrize(("truth", "expected"), [("harmful", "FAIL"), ("good", "PASS")])
+def test_a_fair_judge_still_decides(truth: str, expected: str) -> None:
+    """The same simulation with a fair judge (right in both orders, 2% noise per order): 200 fixed runs of
+    1,000 questions FAIL the candidate that loses 18 points and PASS the one that loses nothing in at
+    least 95% of runs (the few undecided pairs cost little)."""
+    rng = np.random.default_rng(28)
+    codes = _judged_pairs(rng, HARMFUL if truth == "harmful" else GOOD, "fair", (200, 1000))
+    decided = Counter(
+        decide_with_undecided(
+            1000, int((row == -1).sum()), int((row == 1).sum()), int((row == 2).sum()), SIM_MARGIN
+        ).decision
+        for row in codes
+    )
+    print(truth, dict(decided))
+    assert decided[expected] >= 190 and decided[{"FAIL": "PASS", "PASS": "FAIL"}[expected]] == 0
+
+
+@pytest.mark.slow  # 90 sequential runs of up to 3,000 questions: about 20 s here
+def test_weak_judges_never_decide_a_sequential_run_and_a_fair_one_does() -> None:
+    """Sequential runs of up to 3,000 questions (15 per case): with an always-"A" or a coin judge the
+    sequence never crosses either boundary, for the harmful and for the good candidate, while the naive
+    rule (undecided as ties) PASSes every one of them; a fair judge FAILs the harmful candidate and PASSes
+    the good one in every run."""
+    rng = np.random.default_rng(29)
+    for truth, judge, expected in [
+        ("harmful", "always_a", "INCONCLUSIVE"),
+        ("harmful", "coin", "INCONCLUSIVE"),
+        ("good", "always_a", "INCONCLUSIVE"),
+        ("good", "coin", "INCONCLUSIVE"),
+        ("harmful", "fair", "FAIL"),
+        ("good", "fair", "PASS"),
+    ]:
+        codes = _judged_pairs(rng, HARMFUL if truth == "harmful" else GOOD, judge, (15, 3000))
+        ours, naive = Counter(), Counter()
+        for row in codes:
+            diffs, undecided = np.where(row == 2, 0, row).tolist(), (row == 2).tolist()
+            ours[sequential_decision_with_undecided(diffs, undecided, SIM_MARGIN).decision] += 1
+            naive[sequential_decision(diffs, SIM_MARGIN).decision] += 1
+        print(truth, judge, "ours", dict(ours), "naive", dict(naive))
+        assert ours == {expected: 15}, (truth, judge)
+        if judge != "fair":
+            assert naive == {"PASS": 15}

@@ -97,8 +97,8 @@ def test_tune_three_settings_report_json_and_resume(flyspec, setup: Setup, tmp_p
     paste and the procedure; rerunning the command answers nothing and reports the same."""
     store = tmp_path / "tune.db"
     done = flyspec(*_args(setup, store, "--margin", "0.3", "--calibration-questions", "3", "--json"))
-    assert done.returncode == 0, done.stderr
     report = _last_json(done.stdout)
+    assert done.returncode == (0 if report["chosen"] is not None else 1), done.stderr
     settings = report["settings"]
     assert len(settings) == 3 and [s["position"] for s in settings] == [1, 2, 3]
     for s in settings:
@@ -161,7 +161,7 @@ def test_tune_order_is_fixed_from_calibration_before_any_grade(
     done = flyspec(
         *_args(setup, store, "--margin", "0.3", "--calibration-questions", "3", "--max-questions", "4")
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == (0 if build_tune_report(store).chosen is not None else 1), done.stderr
     with GateStore(store) as opened:
         run = opened.get_run("tune")
         assert run is not None
@@ -195,12 +195,14 @@ def test_tune_stops_at_the_first_setting_that_does_not_pass(
 ) -> None:
     """With the order given and no calibration, a fixed test on 5 questions cannot show non-inferiority
     within 10 points for the first setting (it loses nothing, but 5 questions are too few): it is
-    INCONCLUSIVE, the other two are NOT TESTED and have no answer at all, nothing is chosen, and the
-    words say to keep standard verification."""
+    INCONCLUSIVE, the other two are NOT TESTED and have no answer at all, nothing is chosen, the words
+    say to keep standard verification, and the command (and `gate report` of the tune) exits 1 because no
+    setting passed."""
     store = tmp_path / "stop.db"
     args = ["--margin", "0.1", "--order", "given", "--calibration-questions", "0", "--fixed"]
     done = flyspec(*_args(setup, store, *args, "--max-questions", "5", "--json"))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
+    assert flyspec("report", "--store", str(store)).returncode == 1
     report = _last_json(done.stdout)
     assert [s["decision"] for s in report["settings"]] == ["INCONCLUSIVE", NOT_TESTED, NOT_TESTED]
     assert report["chosen"] is None and report["answer"].startswith("No setting passed")

@@ -171,8 +171,9 @@ def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> An
     )
 
 
-def _run_and_report(options: Any, as_json: bool) -> None:
-    """Run, then print the report (JSON last with --json); exit 130 after an interruption."""
+def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
+    """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
+    `gate report`'s code for the decision."""
     from flyspec.gate.report import build_report
     from flyspec.gate.runner import describe_interrupt, run
 
@@ -189,6 +190,7 @@ def _run_and_report(options: Any, as_json: bool) -> None:
     if result.interrupted:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130)
+    _exit_for(report.decision, strict)
 
 
 _STORE_HELP = "SQLite file holding the run (created if missing; a run resumes where it stopped)."
@@ -248,6 +250,7 @@ JudgeOption = Annotated[
     ),
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+Strict = Annotated[bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")]
 AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the report as one JSON object.")]
 
 
@@ -283,15 +286,19 @@ def run_command(
     config: Config = None,
     no_progress: NoProgress = False,
     as_json: AsJson = False,
+    strict: Strict = False,
 ) -> None:
-    """Run (or resume) the paired gate: both arms answer the same questions with the same seeds."""
+    """Run (or resume) the paired gate: both arms answer the same questions with the same seeds.
+
+    Exit code (as `gate report`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0); 130 after Ctrl-C.
+    """
     options = _options(
         "gate", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
         candidate=candidate, margin=margin, alpha=alpha, sequential=sequential, max_questions=max_questions,
         max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
         seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
     )  # fmt: skip
-    _run_and_report(options, as_json)
+    _run_and_report(options, as_json, strict)
 
 
 @gate_app.command("pilot")
@@ -341,13 +348,23 @@ def pilot_command(
 
 
 def _exit_for(decision: str | None, strict: bool) -> None:
-    """The exit code of a decision: 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0)."""
+    """The exit code of a decision: 0 PASS (or no decision: a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
+    (else 0)."""
     from flyspec.gate.decision import FAIL, INCONCLUSIVE
 
     if decision == FAIL:
         raise typer.Exit(1)
     if decision == INCONCLUSIVE and strict:
         raise typer.Exit(2)
+
+
+def _exit_for_tune(report: Any, strict: bool) -> None:
+    """A tune's exit code: 0 when a setting passed, 1 when the tune is finished and none passed, and while
+    it is unfinished with none passed yet 2 with --strict (else 0)."""
+    from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
+
+    decision = PASS if report.chosen is not None else FAIL if report.complete else INCONCLUSIVE
+    _exit_for(decision, strict)
 
 
 @gate_app.command("compare")
@@ -376,23 +393,26 @@ def compare_command(
         ),
     ] = None,
     filter_name: Annotated[
-        str | None, typer.Option("--filter", help="lm-eval filter, required when several were logged.")
+        list[str] | None,
+        typer.Option(
+            "--filter",
+            help="lm-eval filter: NAME for every task, or TASK=NAME for one (repeatable); needed for a task "
+            "that logged several.",
+        ),
     ] = None,
     epoch: Annotated[
-        int | None,
+        list[str] | None,
         typer.Option(
             "--epoch",
-            help="Compare this epoch only; required when a log holds several epochs per question (they are "
-            "not independent pairs).",
+            help="Compare this epoch only: N for both logs, or baseline=N / candidate=N (repeatable); "
+            "required when a log holds several epochs per question (they are not independent pairs).",
         ),
     ] = None,
     as_json: AsJson = False,
     html_file: Annotated[
         Path | None, typer.Option("--html", help="Also write an HTML report with a plot.")
     ] = None,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")
-    ] = False,
+    strict: Strict = False,
 ) -> None:
     """Paired decision from two existing per-sample logs (lm-eval, Inspect, or a gate store), nothing re-run.
 
@@ -406,7 +426,8 @@ def compare_command(
     """
     from flyspec.gate.compare import compare_logs
 
-    rep = compare_logs(baseline, candidate, margin, alpha, metric=metric, filter=filter_name, epoch=epoch)
+    epochs = _epochs(epoch or [])
+    rep = compare_logs(baseline, candidate, margin, alpha, metric=metric, filter=filter_name, epoch=epochs)
     print(
         f"gate compare: margin {100 * margin:g} points and alpha {alpha:g} declared now, after the data (not "
         "a pre-registered run)",
@@ -420,6 +441,27 @@ def compare_command(
     else:
         print(rep.to_markdown())
     _exit_for(rep.decision, strict)
+
+
+def _epochs(values: list[str]) -> int | dict[str, int] | None:
+    """``--epoch`` values: ``N`` for both logs, or ``baseline=N`` / ``candidate=N``."""
+    both: int | None = None
+    sides: dict[str, int] = {}
+    for value in values:
+        side, sep, number = value.rpartition("=")
+        try:
+            parsed = int(number)
+        except ValueError:
+            raise ValueError(f"--epoch {value!r}: give N, baseline=N or candidate=N") from None
+        if not sep:
+            both = parsed
+        elif side in ("baseline", "candidate"):
+            sides[side] = parsed
+        else:
+            raise ValueError(f"--epoch {value!r}: the side is baseline or candidate")
+    if both is not None and sides:
+        raise ValueError("--epoch: give N for both logs or one per side, not both")
+    return sides or both
 
 
 def _numbers(text: str | None, kind: type, flag: str) -> tuple | None:
@@ -520,12 +562,16 @@ def tune_command(
     run_name: Annotated[
         str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")
     ] = None,
+    exclude_run: ExcludeRun = None,
     no_progress: NoProgress = False,
     as_json: Annotated[
         bool,
         typer.Option(
             "--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."
         ),
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 2 while the tune is unfinished and nothing passed yet.")
     ] = False,
 ) -> None:
     """The fastest lossy setting (FLy, typical acceptance, lossless prefix) shown non-inferior to standard
@@ -538,6 +584,8 @@ def tune_command(
     The chance of choosing any setting worse than the margin stays at most alpha (fixed sequence).
 
     The baseline answers once and every setting reuses its answers; rerunning the command resumes.
+
+    Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
     from flyspec.gate.tune import TuneOptions, describe_pause, tune
     from flyspec.gate.tune_report import build_tune_report
@@ -566,6 +614,7 @@ def tune_command(
         order_seed=order_seed,
         run_id=run_name,
         progress=not no_progress,
+        exclude_runs=tuple(exclude_run or ()),
     )
     try:
         result = tune(options)
@@ -578,14 +627,18 @@ def tune_command(
     if result.reason != "complete":
         print(describe_pause(result, store), file=sys.stderr)
     with_report = result.reason == "complete" or _has_run(store, options.name)
-    if with_report:
-        rep = build_tune_report(store, options.name)
+    rep = build_tune_report(store, options.name) if with_report else None
+    if rep is not None:
         if as_json:
             _emit_json(rep.to_dict())
         else:
             print(rep.to_markdown())
     if result.interrupted:
         raise typer.Exit(130)
+    if rep is not None:
+        _exit_for_tune(rep, strict)
+    elif strict:
+        raise typer.Exit(2)
 
 
 def _run_kind(store: Path, run_id: str | None) -> str | None:
@@ -626,7 +679,7 @@ def report(
     """Report a run: paired counts, exact tests, interval vs margin, decision, speed.
 
     Exit code (of the registered decision): 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
-    (else 0).
+    (else 0). For a tune: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished.
     """
     from flyspec.gate.report import build_report
 
@@ -638,6 +691,7 @@ def report(
             _emit_json(tuned.to_dict())
         else:
             print(tuned.to_markdown())
+        _exit_for_tune(tuned, strict)
         return
     rep = build_report(store, run_id, margin)
     for warning in rep.warnings:

@@ -1,37 +1,46 @@
-"""Run an untrusted Python program (a model's code plus its tests) in a separate, limited process.
+"""Run an untrusted program (a model's code) against trusted tests in a sandbox whose verdict the program
+cannot forge and that reads nothing it does not need.
 
-Every program runs in a fresh interpreter (``sys.executable -S -s -P -B``: no site-packages, no user site,
-no script folder on ``sys.path``, no bytecode written) in a new temporary directory, with an environment of
-four variables (``PATH``, ``HOME``, ``LANG``, ``PYTHONHASHSEED=0``), stdin closed, stdout discarded and
-stderr kept in that directory. Before the program's first line the child (``_code_exec_child.py``):
+**The verdict.** The program and the tests never share a process. One sandboxed process
+(``_code_exec_child.py``) starts two others that share only two pipes: the **program process**, a fresh
+interpreter that executes the model's code and answers calls (``_code_exec_program.py``), and the
+**test harness**, which runs the tests (and the dataset's prefix code) and calls the program's
+functions through the pipes. Only data crosses: a result is rebuilt in the harness as a plain number,
+string, bytes, list, tuple, dict, set, range or None, so an object that claims to equal everything, a
+patched ``assert``, ``math.isclose`` or ``abs``, or a replaced helper of the prefix stays in the program's
+process; anything else the program returns stays there too and equals only itself. The harness sends its
+verdict to the first process, which writes it to the parent: the program never holds those descriptors or
+the tests, runs as another user than the harness (as root) in a process namespace where it cannot see the
+harness, and the harness is not dumpable, so no frame walk, ``gc`` search, ``/proc`` read, descriptor
+write, exit code or signal can make a pass. A program that exits, crashes, is killed, or breaks the
+protocol fails; so does one whose call was blocked, even when the tests catch the error.
 
-- sets hard resource limits: address space, CPU seconds, file size, open files, processes, no core dumps;
-- when started as root, drops to uid/gid 65534 (``nobody``), because root ignores the process limit;
-- seeds ``random`` with 0 and disables destructive or outward calls in-process (``os.system``, ``fork``,
-  ``exec*``, ``kill``, file removal and renaming, ``subprocess``, ``socket``, ``shutil.rmtree``,
-  ``ctypes``, ``multiprocessing``, ...).
+**The sandbox** (what ``isolation()`` finds on this machine, strongest first):
 
-When the ``unshare`` tool can create them here (root, or unprivileged user namespaces), the child also
-gets its own network namespace (only a down loopback: no network at all) and its own PID namespace, so
-that when it dies the kernel kills everything it started. The parent enforces a wall-clock timeout by
-killing the whole process group. The program passes only if it ran to its end and the child printed a
-one-time token with ``passed`` as its last line: exiting early (``sys.exit``, ``os._exit``, a signal, a
-crash) can never pass. See ``isolation()`` for what this machine provides.
+- as root with mount namespaces: a new mount, process and network namespace; a minimal file tree built on
+  a tmpfs (the interpreter and its standard library, the system's shared libraries, /dev/null and
+  friends, all read-only; a private writable /tmp of the file-size limit for the program), nothing else
+  of the machine; a /proc of the sandbox's own process namespace mounted with ``hidepid``; the program
+  and the harness as two unprivileged users (65534 and 65533), which leaves them no capability;
+- Landlock (Linux 5.13+) where the kernel has it, in every mode: reading only those same paths, writing
+  only the program's directory, no TCP (ABI 4), no signal to a process outside (ABI 6);
+- without root: unprivileged user namespaces for the process and network namespaces when allowed, and
+  Landlock for the files.
 
-Not protected against: reading files that ``nobody`` (or, without root, the gate's own user) may read;
-writing world-writable folders such as /tmp (up to the file-size limit); CPU and memory contention with
-the gate while it runs; a program written to find the token in its own interpreter's memory and print
-it, or to undo the in-process guard (the kernel limits and namespaces still hold); and, without
-namespaces, network access by code that gets around the in-process guard.
+Every process gets hard resource limits (address space, CPU seconds, file size, open files, processes,
+no core dumps), ``PR_SET_NO_NEW_PRIVS``, an environment of four variables, and a wall-clock timeout after
+which the parent kills them all. ``isolation().missing`` says in plain words which protections this
+machine lacks; the gate prints them once at the start of a run with code questions (docs/gate.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import functools
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -46,7 +55,9 @@ from pathlib import Path
 import psutil
 
 _CHILD = Path(__file__).with_name("_code_exec_child.py")
-_NOBODY = 65534
+_PROGRAM = Path(__file__).with_name("_code_exec_program.py")
+PROGRAM_UID = 65534  # nobody
+HARNESS_UID = 65533  # another unprivileged user, so the program cannot signal or read the harness
 _TAIL_BYTES = 8192
 STATUSES = ("passed", "failed", "error", "blocked", "exit", "memory", "timeout", "killed")
 
@@ -69,13 +80,38 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
+class CodeRun:
+    """One program and its tests: ``program`` (untrusted: the dataset's prefix followed by the model's
+    code) runs in the program process; ``prefix`` (the dataset's own code before the model's, e.g.
+    HumanEval's helper functions) and ``tests`` run in the harness; ``entry_point`` is the function under
+    test, which the program always provides to the tests (its other names only where the prefix and
+    Python's builtins do not define them)."""
+
+    program: str
+    tests: str
+    prefix: str = ""
+    entry_point: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("program", "tests", "prefix"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"CodeRun.{name}: must be a str, got {type(getattr(self, name)).__name__}")
+        if not self.tests.strip():
+            raise ValueError("CodeRun.tests: give the tests (code that raises when the program is wrong)")
+        if self.entry_point is not None and not (
+            isinstance(self.entry_point, str) and self.entry_point.isidentifier()
+        ):
+            raise ValueError(f"CodeRun.entry_point={self.entry_point!r}: must be a function name or None")
+
+
+@dataclass(frozen=True)
 class ExecResult:
-    """Outcome of one run: ``passed`` only when the program ran to its end without an exception.
+    """Outcome of one run: ``passed`` only when the harness ran the tests to their end.
 
     ``status`` is one of ``STATUSES``: ``failed`` (AssertionError), ``error`` (another exception, including
-    a SyntaxError), ``blocked`` (a disabled call), ``exit`` (``sys.exit``), ``memory`` (MemoryError),
-    ``timeout`` (wall clock), ``killed`` (ended without reporting: a signal such as the CPU or file-size
-    limit, ``os._exit``, a crash). ``detail`` is a one-line explanation.
+    a SyntaxError, or a broken protocol), ``blocked`` (a disabled call), ``exit`` (``sys.exit``), ``memory``
+    (MemoryError), ``timeout`` (wall clock or CPU time), ``killed`` (the program's process ended early: a
+    signal such as the CPU or file-size limit, ``os._exit``, a crash). ``detail`` is a one-line explanation.
     """
 
     passed: bool
@@ -88,64 +124,107 @@ class ExecResult:
 class Isolation:
     """What the kernel adds around the sandbox on this machine (probed once per process).
 
-    ``network_namespace``/``pid_namespace``: the child has its own (no network; its processes die with
-    it). ``uid``: the user the program runs as (65534 = nobody when the gate runs as root).
-    ``reads_any_file``: the program keeps CAP_DAC_READ_SEARCH, needed when nobody cannot read this
-    Python's standard library (e.g. an interpreter under /root); it can then read, not write, any file.
+    ``file_tree``: the minimal read-only file tree in a mount namespace (as root). ``landlock``: the
+    Landlock ABI the rules use (0: none). ``pid_namespace``/``network_namespace``: the sandbox has its own
+    (its processes are hidden from others and die with it; no network). ``uid``/``harness_uid``: the
+    users the program and the harness run as. ``prefix``: the command that creates the namespaces.
     """
 
-    network_namespace: bool
+    file_tree: bool
+    landlock: int
     pid_namespace: bool
+    network_namespace: bool
     uid: int
-    reads_any_file: bool
+    harness_uid: int
     prefix: tuple[str, ...]
+
+    @property
+    def missing(self) -> list[str]:
+        """The protections this machine cannot give, in plain words (empty when it gives them all)."""
+        out = []
+        if not self.file_tree:
+            out.append(
+                "a minimal read-only file tree (needs root and mount namespaces)"
+                + ("; Landlock rules limit what the program reads instead" if self.landlock else "")
+            )
+        if not self.landlock:
+            out.append(
+                "Landlock file rules (Linux 5.13+)"
+                + ("" if self.file_tree else ": the program can read every file its user can read")
+            )
+        elif self.landlock < 4 and not self.network_namespace:
+            out.append("network isolation (no network namespace and a Landlock ABI before 4)")
+        if not self.pid_namespace:
+            exposed = [] if self.landlock else ["read other processes' /proc entries"]
+            if self.landlock < 6 and self.uid == os.geteuid():
+                exposed.append("signal the gate's own processes")
+            out.append(
+                "a process namespace: the program's processes are not hidden from others nor killed with it"
+                + (f", and it can {' and '.join(exposed)}" if exposed else "")
+            )
+        if not self.network_namespace and self.landlock >= 4:
+            out.append("a network namespace (Landlock blocks TCP; UDP and local sockets stay open)")
+        if self.uid == os.geteuid() or self.uid == self.harness_uid:
+            out.append("separate unprivileged users for the program and the test harness")
+        return out
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of this kernel (0 when it has none)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    version = libc.syscall(444, None, ctypes.c_size_t(0), 1)  # LANDLOCK_CREATE_RULESET_VERSION
+    return max(0, int(version))
 
 
 def _candidates() -> list[Isolation]:
-    """Wrappers to try, strongest first; the first that starts this very interpreter wins."""
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    namespaces: list[tuple[str, ...]] = []
+    """Sandbox modes to try, strongest first; the first that grades a probe right wins."""
+    unshare, euid = shutil.which("unshare"), os.geteuid()
+    abi = landlock_abi()
+    rules = [abi, 0] if abi else [0]
+    out: list[Isolation] = []
     if unshare is not None:
+        if euid == 0:
+            ns = (unshare, "--mount", "--net", "--pid", "--fork", "--kill-child", "--")
+            out += [Isolation(True, r, True, True, PROGRAM_UID, HARNESS_UID, ns) for r in rules]
         # Unprivileged, a user namespace is what makes the other two namespaces allowed.
-        user = () if os.geteuid() == 0 else ("--user",)
-        namespaces.append((unshare, *user, "--net", "--pid", "--fork", "--kill-child", "--"))
-    namespaces.append(())
-    drops: list[tuple[tuple[str, ...], int, bool]] = []
-    if os.geteuid() == 0 and setpriv is not None:
-        base = (setpriv, f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--no-new-privs")
-        keep = ("--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search")
-        drops.append(((*base, "--"), _NOBODY, False))
-        drops.append(((*base, *keep, "--bounding-set=-all,+dac_read_search", "--"), _NOBODY, True))
-    drops.append(((), os.geteuid(), False))
-    return [
-        Isolation(bool(ns), bool(ns), uid, reads_any, (*ns, *drop))
-        for ns in namespaces
-        for drop, uid, reads_any in drops
-    ]
+        ns = (unshare, *(() if euid == 0 else ("--user",)), "--net", "--pid", "--fork", "--kill-child", "--")
+        users = [(PROGRAM_UID, HARNESS_UID)] if euid == 0 else [(euid, euid)]
+        out += [Isolation(False, r, True, True, p, h, ns) for p, h in users for r in rules]
+    # As root the program never runs as root: without namespaces it runs as nobody, or not at all.
+    users = [(PROGRAM_UID, HARNESS_UID)] if euid == 0 else [(euid, euid)]
+    out += [Isolation(False, r, False, False, p, h, ()) for p, h in users for r in rules]
+    return out
+
+
+def _probe_job() -> tuple[CodeRun, CodeRun]:
+    """A run that must pass (the program's interpreter and standard library are the gate's own) and one
+    that must fail."""
+    stdlib = os.path.dirname(os.__file__)
+    program = "import os, sys\n\ndef where():\n    return [sys.version, os.path.dirname(os.__file__)]\n"
+    good = CodeRun(program, f"import sys\nassert where() == [sys.version, {stdlib!r}]\n")
+    return good, CodeRun(program, "assert where() == []\n")
 
 
 @functools.cache
 def isolation() -> Isolation:
-    """The strongest isolation that runs this interpreter with its own standard library here."""
-    # The child must import the same standard library as the gate; an unreadable one makes Python fall
-    # back to another installation (or fail), which would make grades depend on the machine.
-    expected = f"{sys.version}|{os.path.dirname(os.__file__)}"
-    probe = "import os, sys, random; print(f'{sys.version}|{os.path.dirname(os.__file__)}')"
+    """The strongest sandbox that grades a probe right on this machine (RuntimeError when none does)."""
+    good, bad = _probe_job()
+    limits = SandboxLimits(timeout_s=30)
+    failures = []
     for candidate in _candidates():
-        try:
-            done = subprocess.run(
-                [*candidate.prefix, sys.executable, "-S", "-c", probe],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=30,
-                cwd="/",
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0 and done.stdout.strip() == expected:
+        passed = _run(good, limits, candidate)
+        if passed.passed and not _run(bad, limits, candidate).passed:
             return candidate
-    raise RuntimeError(f"the code sandbox cannot start {sys.executable} -S here")
+        failures.append(f"{' '.join(candidate.prefix[1:-1]) or 'no namespaces'}: {passed.detail}")
+    unprivileged = (
+        " As root, the program runs only as an unprivileged user: give the sandbox mount namespaces "
+        "(util-linux `unshare`), or an interpreter that user can read."
+        if os.geteuid() == 0
+        else ""
+    )
+    raise RuntimeError(
+        f"the code sandbox cannot run {sys.executable} here ({'; '.join(failures)[:2000]}).{unprivileged}"
+    )
 
 
 def _read_tail(path: Path) -> str:
@@ -170,9 +249,9 @@ def _read_available(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the child and everything in its process group, and reap the child."""
-    if proc.poll() is None and isolation().pid_namespace:
+def _kill(proc: subprocess.Popen[bytes], sandbox: Isolation) -> None:
+    """Kill the sandbox and everything in its process group, and reap it."""
+    if proc.poll() is None and sandbox.pid_namespace:
         # Kill unshare's child first so that unshare reaps it; killing both at once would leave the
         # child to whatever reaps orphans on this machine.
         with contextlib.suppress(psutil.Error):
@@ -185,106 +264,100 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _outcome(token: str, reported: str, stderr: str, returncode: int) -> tuple[str, str]:
-    for line in reported.splitlines():
-        if line.startswith(token + " "):
-            status, _, detail = line[len(token) + 1 :].partition(" ")
-            return status, detail
-    if returncode < 0:
-        reason = {
-            signal.SIGXCPU: "the CPU-time limit",
-            signal.SIGXFSZ: "the file-size limit",
-            signal.SIGKILL: "SIGKILL",
-        }.get(-returncode, signal.Signals(-returncode).name)
-        return "killed", f"the program was killed by {reason}"
-    last = (stderr.strip().splitlines() or ["no output"])[-1]
-    if last.startswith("unshare: "):
-        # unshare exits 1 with its own message when its child dies of a signal it cannot re-raise.
-        return "killed", "the program was killed by a signal (a resource limit such as file size, or a crash)"
-    return "killed", f"the program ended before its tests finished (exit code {returncode}; {last[:300]})"
+def _config(sandbox: Isolation, work: str) -> dict[str, object]:
+    python = os.path.realpath(sys.executable)
+    same = sandbox.uid == os.geteuid()
+    return {
+        "tree": sandbox.file_tree,
+        "root": f"{work}/root",
+        "landlock": sandbox.landlock,
+        "program_uid": None if same else sandbox.uid,
+        "harness_uid": None if same else sandbox.harness_uid,
+        "python": python,
+        # The interpreter and the folder of its standard library and shared library (prefix/lib).
+        "read": [python, os.path.dirname(os.path.dirname(os.__file__))],
+        "codec": str(_PROGRAM),
+        "program_dir": f"{work}/program",
+    }
 
 
-def run_program(source: str, limits: SandboxLimits | None = None) -> ExecResult:
-    """Run ``source`` once in the sandbox and say whether it ran to its end; never raises for the program's
-    sake (only for a bad ``source`` type or if the sandbox itself cannot start). Safe to call from any
-    thread and many times: the child and its process group are always killed and reaped, and the
-    temporary directory is removed."""
-    if not isinstance(source, str):
-        raise ValueError(f"source: must be a str, got {type(source).__name__}")
-    limits = limits or SandboxLimits()
-    token = secrets.token_hex(16)
+def _outcome(line: str, stderr: str, returncode: int) -> tuple[str, str]:
+    try:
+        verdict = json.loads(line)
+        status, detail = str(verdict["status"]), str(verdict["detail"])
+    except (ValueError, KeyError, TypeError):
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        return "killed", f"the sandbox ended without a verdict (exit code {returncode}; {last[:300]})"
+    if status not in STATUSES:
+        return "killed", f"unrecognised result {status!r}"
+    return status, detail
+
+
+def _run(job: CodeRun, limits: SandboxLimits, sandbox: Isolation) -> ExecResult:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="flyspec-code-") as tmp:
-        work = Path(tmp)
-        program, child = work / "program.py", work / "runner.py"
-        program.write_text(source, encoding="utf-8")
-        shutil.copyfile(_CHILD, child)  # the installed package may sit where the program's user cannot read
-        sandbox = isolation()
-        if sandbox.uid != os.geteuid():
-            for path in (work, program, child):
-                os.chown(path, sandbox.uid, sandbox.uid)
+        # Traversable (not readable) by the program's and the harness's users, to reach their folders.
+        os.chmod(tmp, 0o711)
+        os.mkdir(f"{tmp}/program", 0o700)
+        config = _config(sandbox, tmp)
+        request = {
+            **asdict(job),
+            "limits": {k: int(v) for k, v in asdict(limits).items() if k != "timeout_s"},
+        }
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        child_limits = {k: int(v) for k, v in asdict(limits).items() if k != "timeout_s"}
-        token_read, token_write = os.pipe()
-        os.write(token_write, token.encode())
-        os.close(token_write)
         status_read, status_write = os.pipe()
         command = [
             *sandbox.prefix,
-            sys.executable,
-            "-S",
-            "-s",
-            "-P",
-            "-B",
-            # Relative to the working directory: the folders above it may be closed to the program's user.
-            child.name,
-            str(token_read),
-            str(status_write),
-            json.dumps(child_limits),
-            program.name,
+            *(sys.executable, "-S", "-s", "-P", "-B", str(_CHILD), json.dumps(config), str(status_write)),
         ]
         try:
-            with open(work / "stderr", "wb") as err:
+            with open(f"{tmp}/stderr", "wb") as err:
                 try:
                     proc = subprocess.Popen(
                         command,
                         cwd=tmp,
                         env=env,
-                        stdin=subprocess.DEVNULL,
+                        stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL,
                         stderr=err,
-                        pass_fds=(token_read, status_write),
+                        pass_fds=(status_write,),
                         start_new_session=True,
                     )
                 finally:
-                    os.close(token_read)
                     os.close(status_write)
                 timed_out = False
                 try:
-                    proc.wait(timeout=limits.timeout_s)
+                    proc.communicate(json.dumps(request).encode(), timeout=limits.timeout_s)
                 except subprocess.TimeoutExpired:
                     timed_out = True
-                # Kill the group even after a normal exit: anything the program left behind goes with it.
-                _kill(proc)
-            status_line = _read_available(status_read)
+                # Kill the group even after a normal exit: anything left behind goes with it.
+                _kill(proc, sandbox)
+            line = _read_available(status_read)
         finally:
             os.close(status_read)
         wall = time.monotonic() - start
         if timed_out:
             return ExecResult(False, "timeout", f"no result within {limits.timeout_s:g} s (wall clock)", wall)
-        status, detail = _outcome(token, status_line, _read_tail(work / "stderr"), proc.returncode)
-    if status not in STATUSES:
-        status, detail = "killed", f"unrecognised result line {status!r}"
+        status, detail = _outcome(line, _read_tail(Path(tmp) / "stderr"), proc.returncode)
     return ExecResult(status == "passed", status, detail, wall)
 
 
-def run_programs(
-    sources: Sequence[str], limits: SandboxLimits | None = None, workers: int | None = None
+def run_tests(job: CodeRun, limits: SandboxLimits | None = None) -> ExecResult:
+    """Run ``job``'s tests against its program once in the sandbox; never raises for the program's sake
+    (only for a bad ``job`` or if no sandbox can start here). Safe to call from any thread and many
+    times: every process is killed and reaped and the temporary directory removed."""
+    if not isinstance(job, CodeRun):
+        raise ValueError(f"job: must be a CodeRun, got {type(job).__name__}")
+    return _run(job, limits or SandboxLimits(), isolation())
+
+
+def run_many(
+    jobs: Sequence[CodeRun], limits: SandboxLimits | None = None, workers: int | None = None
 ) -> list[ExecResult]:
-    """``run_program`` for many programs, ``workers`` at a time (default: the CPU count), results in order."""
+    """``run_tests`` for many jobs, ``workers`` at a time (default: the CPU count), results in order."""
     if workers is None:
         workers = os.cpu_count() or 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r}: must be a positive integer")
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda s: run_program(s, limits), sources))
+        return list(pool.map(lambda job: run_tests(job, limits), jobs))

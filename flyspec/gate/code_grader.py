@@ -19,6 +19,8 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
+from flyspec.gate.code_exec import CodeRun
+
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
 # A fence opens at the start of a line (models indent fences inside lists) and closes at a line holding
 # only backticks, or at the end of a truncated output.
@@ -108,14 +110,16 @@ def extract_code(output: str, entry_point: str | None = None) -> str:
     return output[start.start() :] if start else output
 
 
-def build_program(code: str, task: CodeTask) -> str:
-    """The program that is run: ``prefix``, the candidate's code, then the tests.
+def build_run(code: str, task: CodeTask) -> CodeRun:
+    """What the sandbox runs: the program (``prefix`` then the candidate's code) and the tests.
 
     Code that defines the entry point is a whole function and goes after the prefix (overriding its
-    stub); anything else continues the prefix directly (a completion of the stub's body).
+    stub); anything else continues the prefix directly (a completion of the stub's body). The tests run
+    apart from the program, with the prefix's own definitions and the program's entry point
+    (flyspec/gate/code_exec.py).
     """
     if task.entry_point is not None and not _defines(code, task.entry_point):
-        head = task.prefix + code
+        program = task.prefix + code
     else:
-        head = f"{task.prefix}\n\n{code}" if task.prefix else code
-    return f"{head}\n\n\n{task.tests}\n"
+        program = f"{task.prefix}\n\n{code}" if task.prefix else code
+    return CodeRun(program, task.tests, task.prefix, task.entry_point)

@@ -10,12 +10,14 @@ report says so at its top: a margin picked after seeing the results can be picke
 
 Several epochs of one question (Inspect's ``epochs``, a store's repeats) are not independent pairs: the
 paired tests would count one question several times and report an interval that is too narrow. A log
-with several epochs is refused unless ``epoch`` picks one of them.
+with several epochs is refused unless ``epoch`` picks one of them (one for both logs, or one per side: two
+runs need not number their epochs alike).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +43,7 @@ def _one_epoch(log: EvalLog, side: str, epoch: int | None) -> EvalLog:
                 f"{side} {log.source}: holds {len(epochs)} epochs per question "
                 f"({', '.join(map(str, epochs))}); "
                 "the paired tests need independent pairs and several epochs of one question are not, so "
-                "choose one with --epoch N"
+                f"choose one with --epoch N (both logs) or --epoch {side}=N"
             )
         return log
     if epoch not in epochs:
@@ -50,6 +52,26 @@ def _one_epoch(log: EvalLog, side: str, epoch: int | None) -> EvalLog:
             f"(epochs: {', '.join(map(str, epochs))})"
         )
     return replace(log, samples=[s for s in log.samples if s.epoch == epoch])
+
+
+def side_epochs(epoch: int | Mapping[str, int] | None) -> dict[str, int | None]:
+    """The epoch of each side: one number for both, or ``{"baseline": N, "candidate": M}`` (either may be
+    left out); ValueError for anything else."""
+    if epoch is None or isinstance(epoch, int):
+        chosen: dict[str, Any] = {"baseline": epoch, "candidate": epoch}
+    elif isinstance(epoch, Mapping):
+        unknown = sorted(set(epoch) - {"baseline", "candidate"})
+        if unknown:
+            raise ValueError(
+                f"epoch: unknown side(s) {', '.join(map(str, unknown))}; give baseline or candidate"
+            )
+        chosen = {side: epoch.get(side) for side in ("baseline", "candidate")}
+    else:
+        raise ValueError(f"epoch={epoch!r}: give an integer, or one per side")
+    for side, value in chosen.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"epoch={value!r} ({side}): must be an integer >= 0")
+    return chosen
 
 
 def _source(log: EvalLog, side: str) -> dict[str, Any]:
@@ -70,23 +92,29 @@ def compare_logs(
     alpha: float = 0.025,
     *,
     metric: str | None = None,
-    filter: str | None = None,
-    epoch: int | None = None,
+    filter: str | Sequence[str] | None = None,
+    epoch: int | Mapping[str, int] | None = None,
 ) -> Report:
     """Pair two per-sample logs and decide at ``margin`` (declared now, after the data).
 
     ``baseline``/``candidate``: an lm-eval samples file or folder, an Inspect log file or folder, or
     ``STORE.db:RUN:ARM``. ``metric``: lm-eval's metric field or Inspect's scorer; ``filter``: lm-eval's
-    filter; ``epoch``: the epoch to compare when a log holds several. ValueError naming the problem for
-    anything that cannot be paired.
+    filter, ``NAME`` for every task or ``TASK=NAME`` for one (a list of them); ``epoch``: the epoch to
+    compare when a log holds several, one for both sides or ``{"baseline": N, "candidate": M}``.
+    ValueError naming the problem for anything that cannot be paired.
     """
     check_margin_alpha(margin, alpha)
-    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
-        raise ValueError(f"epoch={epoch!r}: must be an integer >= 0")
+    epochs = side_epochs(epoch)
+    sources = {"baseline": baseline, "candidate": candidate}
     logs = {
-        "baseline": _one_epoch(read_eval_log(baseline, metric, filter), "baseline", epoch),
-        "candidate": _one_epoch(read_eval_log(candidate, metric, filter), "candidate", epoch),
+        side: _one_epoch(read_eval_log(spec, metric, filter), side, epochs[side])
+        for side, spec in sources.items()
     }
+    # One epoch per side by now; pair them even when the two runs number them differently.
+    (base_epoch,), (cand_epoch,) = _epochs(logs["baseline"]), _epochs(logs["candidate"])
+    if base_epoch != cand_epoch:
+        relabelled = [replace(s, epoch=base_epoch) for s in logs["candidate"].samples]
+        logs["candidate"] = replace(logs["candidate"], samples=relabelled)
     paired = pair_logs(logs["baseline"], logs["candidate"])
     rows = []
     everything: list[tuple[bool, bool]] = []
@@ -100,7 +128,8 @@ def compare_logs(
         "alpha": float(alpha),
         "declared": "after the data",
         "pre_registered": False,
-        "epoch": epoch,
+        "epoch": epochs["baseline"] if epochs["baseline"] == epochs["candidate"] else None,
+        "epochs": epochs,
         "sources": {side: _source(log, side) for side, log in logs.items()},
         "tasks": {task.task: len(task.keys) for task in paired.tasks},
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,14 @@ from flyspec.gate.rows import jsonl_rows
 
 _LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<stamp>[^_]+)\.jsonl$")
 _LM_EVAL_HASHES = ("doc_hash", "prompt_hash", "target_hash")
+# What lm-eval writes in a samples row besides the metric values.
+_LM_EVAL_FIELDS = (
+    *("doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics"),
+    *_LM_EVAL_HASHES,
+)
 _INSPECT_SUFFIXES = (".eval", ".json")
 _INSPECT_VALUES: dict[Any, bool] = {"C": True, "I": False, "N": False}
+_SHOWN_ERRORS = 3
 
 
 @dataclass(frozen=True)
@@ -93,12 +100,118 @@ def _lm_eval_task(path: Path) -> str:
     return match.group("task") if match else path.stem
 
 
-def read_lm_eval_samples(path: str | Path, metric: str | None = None, filter: str | None = None) -> EvalLog:
+def parse_filters(filter: str | Sequence[str] | None) -> tuple[str | None, dict[str, str]]:
+    """``--filter`` values: ``NAME`` (every task) and ``TASK=NAME`` (one task), repeatable; returns the
+    filter for every task (or None) and the per-task choices. ValueError for two choices of one scope."""
+    values = [filter] if isinstance(filter, str) else list(filter or ())
+    default: str | None = None
+    per_task: dict[str, str] = {}
+    for value in values:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"--filter {value!r}: give NAME or TASK=NAME")
+        task, sep, name = value.partition("=")
+        if not sep:
+            if default is not None and default != value:
+                raise ValueError(f"--filter {default} and --filter {value}: give one filter for every task")
+            default = value
+        elif not task or not name:
+            raise ValueError(f"--filter {value!r}: give NAME or TASK=NAME")
+        elif per_task.get(task, name) != name:
+            raise ValueError(f"--filter {task}={per_task[task]} and {value}: one filter per task")
+        else:
+            per_task[task] = name
+    return default, per_task
+
+
+def _results_config(file: Path, task: str) -> dict[str, Any]:
+    """The task's config in lm-eval's ``results_*.json`` beside the samples file (empty when there is
+    none): it names the filters and metrics in the order lm-eval used them."""
+    for results in sorted(file.parent.glob("results_*.json"), reverse=True):
+        try:
+            config = json.loads(results.read_text(encoding="utf-8")).get("configs", {}).get(task)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(config, dict):
+            return config
+    return {}
+
+
+def _filter_names(
+    file: Path, config: dict[str, Any], rows: list[tuple[int, dict[str, Any]]]
+) -> list[str | None]:
+    """Each row's filter. Older lm-eval versions (until late 2024) wrote no ``filter`` key but one row per
+    filter and document,
+    the filters one after another in the task's order: there the n-th row of a doc_id belongs to the n-th
+    filter, named from the task's ``filter_list`` in ``results_*.json`` when it has one of each (else
+    ``#1``, ``#2``, ...); a single filter stays unnamed."""
+    keyed = ["filter" in row for _, row in rows]
+    if all(keyed):
+        return [str(row["filter"]) for _, row in rows]
+    if any(keyed):
+        line = rows[keyed.index(False)][0]
+        raise ValueError(f"{file}:{line}: this row has no 'filter' key while others have one")
+    seen: dict[Any, int] = {}
+    blocks = []
+    for _, row in rows:
+        key = json.dumps(row.get("doc_id"))
+        blocks.append(seen.get(key, 0))
+        seen[key] = blocks[-1] + 1
+    count = max(blocks, default=0) + 1
+    if count == 1:
+        return [None] * len(rows)
+    listed = config.get("filter_list")
+    names = [f.get("name") for f in listed if isinstance(f, dict)] if isinstance(listed, list) else []
+    if len(names) != count or len(set(names)) != count or not all(isinstance(n, str) for n in names):
+        names = [f"#{i + 1}" for i in range(count)]
+    return [names[b] for b in blocks]
+
+
+def _metric_names(row: dict[str, Any], config: dict[str, Any]) -> tuple[list[str], bool]:
+    """The row's metrics, and whether their order is known: its ``metrics`` list, else (older lm-eval
+    versions) the task's ``metric_list`` from ``results_*.json`` where the row holds them, else, in no
+    known order, the row's keys that are not lm-eval's own fields."""
+    names = row.get("metrics")
+    if isinstance(names, list) and names:
+        return [str(n) for n in names], True
+    listed = config.get("metric_list")
+    if isinstance(listed, list):
+        known = [m.get("metric") for m in listed if isinstance(m, dict) and m.get("metric") in row]
+        if known:
+            return [str(m) for m in known], True
+    return [k for k in row if k not in _LM_EVAL_FIELDS], False
+
+
+def _chosen_filter(
+    file: Path, task: str, logged: list[str | None], default: str | None, per_task: dict[str, str]
+) -> str | None:
+    named = sorted(str(f) for f in logged)
+    chosen = per_task.get(task, default)
+    if chosen is None:
+        if len(logged) > 1:
+            raise ValueError(
+                f"{file}: task {task!r} logged several filters ({', '.join(named)}): choose one with "
+                f"--filter NAME, or for this task only with --filter {task}=NAME"
+            )
+        return logged[0] if logged else None
+    if chosen not in logged:
+        raise ValueError(
+            f"{file}: task {task!r} has no filter {chosen!r} (logged: {', '.join(named)})"
+            + (f"; choose this task's with --filter {task}=NAME" if task not in per_task else "")
+        )
+    return chosen
+
+
+def read_lm_eval_samples(
+    path: str | Path, metric: str | None = None, filter: str | Sequence[str] | None = None
+) -> EvalLog:
     """lm-eval ``--log_samples`` output (a file or a folder of ``samples_*.jsonl``), scored by ``metric``
-    (default: each task's first metric) under ``filter`` (required when a task logged several)."""
+    (default: each task's first metric) under ``filter``: ``NAME`` for every task and ``TASK=NAME`` for
+    one (a list of them); a task that logged one filter needs none. Rows of lm-eval versions that wrote
+    no ``filter`` or ``metrics`` key are read too (see ``_filter_names`` and ``_metric_names``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such lm-eval samples file or folder")
+    default, per_task = parse_filters(filter)
     by_task: dict[str, Path] = {}
     for file in _lm_eval_files(path):
         task = _lm_eval_task(file)
@@ -108,37 +221,44 @@ def read_lm_eval_samples(path: str | Path, metric: str | None = None, filter: st
                 "file or a folder holding one run"
             )
         by_task[task] = file
+    unknown = sorted(set(per_task) - set(by_task))
+    if unknown:
+        raise ValueError(
+            f"--filter {unknown[0]}={per_task[unknown[0]]}: {path} has no task {unknown[0]!r} "
+            f"(tasks: {', '.join(sorted(by_task))})"
+        )
     samples: list[SampleScore] = []
     metrics: set[str] = set()
     filters: set[str] = set()
     for task, file in sorted(by_task.items()):
         rows = list(jsonl_rows(file))
-        logged = sorted({str(row.get("filter")) for _, row in rows})
-        chosen = filter
-        if chosen is None:
-            if len(logged) > 1:
-                raise ValueError(
-                    f"{file}: task {task!r} logged several filters ({', '.join(logged)}): choose one with "
-                    "--filter"
-                )
-            chosen = logged[0] if logged else None
-        elif chosen not in logged:
-            raise ValueError(f"{file}: task {task!r} has no filter {chosen!r} (logged: {', '.join(logged)})")
+        config = _results_config(file, task)
+        row_filters = _filter_names(file, config, rows)
+        logged = sorted(set(row_filters), key=str)
+        chosen = _chosen_filter(file, task, logged, default, per_task)
         seen: dict[str, int] = {}
-        for line_no, row in rows:
-            if str(row.get("filter")) != chosen:
+        for (line_no, row), row_filter in zip(rows, row_filters, strict=True):
+            if row_filter != chosen:
                 continue
             where = f"{file}:{line_no}"
             doc_id = row.get("doc_id")
             if isinstance(doc_id, bool) or not isinstance(doc_id, int | str):
                 raise ValueError(f"{where}: row has no doc_id (is this an lm-eval samples file?)")
-            names = row.get("metrics")
-            name = metric or (names[0] if isinstance(names, list) and names else None)
+            names, ordered = _metric_names(row, config)
+            name = metric
             if name is None:
-                raise ValueError(f"{where}: row has no 'metrics' list; name the metric with --metric")
+                if not names:
+                    raise ValueError(f"{where}: row has no metric value; name the metric with --metric")
+                if not ordered and len(names) > 1:
+                    raise ValueError(
+                        f"{where}: the row lists no 'metrics' (an older lm-eval) and holds several "
+                        f"values ({', '.join(names)}); name the metric with --metric"
+                    )
+                name = names[0]
             if name not in row:
-                available = ", ".join(names) if isinstance(names, list) else "none listed"
-                raise ValueError(f"{where}: no metric {name!r} in this row (its metrics: {available})")
+                raise ValueError(
+                    f"{where}: no metric {name!r} in this row (its metrics: {', '.join(names) or 'none'})"
+                )
             qid = str(doc_id)
             if qid in seen:
                 raise ValueError(
@@ -150,7 +270,7 @@ def read_lm_eval_samples(path: str | Path, metric: str | None = None, filter: st
             samples.append(SampleScore(task, qid, 0, correct, hashes))
             metrics.add(name)
         if chosen is not None:
-            filters.add(chosen)
+            filters.add(f"{task}={chosen}" if task in per_task else chosen)
     if not samples:
         raise ValueError(f"{path}: no samples for filter {filter!r}")
     return EvalLog(
@@ -211,6 +331,18 @@ def read_inspect_log(path: str | Path, scorer: str | None = None) -> EvalLog:
         tasks[task] = file
         if log.status != "success":
             raise ValueError(f"{file}: the Inspect run did not finish (status {log.status!r})")
+        errored = [s for s in log.samples or [] if s.error is not None]
+        if errored:
+            shown = "; ".join(
+                f"sample {s.id!r} epoch {s.epoch}: {' '.join(str(s.error.message).split())[:120]}"
+                for s in errored[:_SHOWN_ERRORS]
+            )
+            more = f"; and {len(errored) - _SHOWN_ERRORS} more" if len(errored) > _SHOWN_ERRORS else ""
+            raise ValueError(
+                f"{file}: {len(errored)} sample(s) of task {task!r} errored in Inspect and have no score "
+                f"({shown}{more}). An errored sample is neither right nor wrong, so the log cannot be "
+                "paired: retry them (`inspect eval-retry`) and compare the completed log"
+            )
         for sample in log.samples or []:
             where = f"{file} (task {task!r}, sample {sample.id!r}, epoch {sample.epoch})"
             scores = sample.scores or {}
@@ -282,10 +414,12 @@ def _store_spec(spec: str) -> tuple[str, str, str] | None:
     return (parts[0], parts[1], parts[2]) if looks_like_store else None
 
 
-def read_eval_log(spec: str, metric: str | None = None, filter: str | None = None) -> EvalLog:
+def read_eval_log(spec: str, metric: str | None = None, filter: str | Sequence[str] | None = None) -> EvalLog:
     """One side of ``gate compare``: a gate store arm, an lm-eval samples file/folder, or an Inspect log
     file/folder (see the module docstring). ``metric`` is lm-eval's metric field or Inspect's scorer;
-    ``filter`` is lm-eval's filter. ValueError or FileNotFoundError, naming the file, for anything else."""
+    ``filter`` is lm-eval's filter (``NAME`` or ``TASK=NAME``, or a list of them). ValueError or
+    FileNotFoundError, naming the file, for anything else."""
+    filter = filter or None
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(
             f"log={spec!r}: give a samples_*.jsonl file or folder, an Inspect log, or STORE.db:RUN:ARM"

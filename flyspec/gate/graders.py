@@ -27,9 +27,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
-from flyspec.gate.code_exec import SandboxLimits, run_program
-from flyspec.gate.code_grader import CodeTask, build_program, extract_code
+from flyspec.gate.code_exec import SandboxLimits, isolation, run_tests
+from flyspec.gate.code_grader import CodeTask, build_run, extract_code
 
 EQUIVALENCE = "equivalent_to_baseline"
 JUDGE = "judge"
@@ -151,11 +152,29 @@ def grade_exact(output: str, answer: str) -> Grade:
 
 
 def grade_code(output: str, answer: str, limits: SandboxLimits | None = None) -> Grade:
-    """Code by execution: the extracted program plus the reference's tests must run to their end."""
+    """Code by execution: the reference's tests must run to their end against the extracted program (in a
+    sandbox whose verdict the program cannot forge)."""
     task = CodeTask.from_answer(answer)
     code = extract_code(output, task.entry_point)
-    result = run_program(build_program(code, task), limits)
+    result = run_tests(build_run(code, task), limits)
     return Grade(code, result.passed, f"{result.status}: {result.detail}" if result.detail else result.status)
+
+
+def sandbox_notes(graders: set[str]) -> dict[str, Any] | None:
+    """For a run with code questions: the code sandbox this machine gives (flyspec/gate/code_exec.py),
+    with ``missing``, the protections it lacks in plain words; None without code questions."""
+    if "code" not in graders:
+        return None
+    sandbox = isolation()
+    return {
+        "file_tree": sandbox.file_tree,
+        "landlock_abi": sandbox.landlock,
+        "pid_namespace": sandbox.pid_namespace,
+        "network_namespace": sandbox.network_namespace,
+        "program_uid": sandbox.uid,
+        "harness_uid": sandbox.harness_uid,
+        "missing": sandbox.missing,
+    }
 
 
 def _json_canonical(text: str) -> str | None:

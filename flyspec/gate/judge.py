@@ -9,15 +9,19 @@ answer shown as A; ``BA``: shown as B), because judges favour a position. The tw
 - both orders prefer the baseline: "baseline better", counted as **lost** (baseline right, candidate
   wrong);
 - both orders prefer the candidate: "candidate better", counted as **gained**;
-- the orders disagree (the judge followed the position, not the answer), or either verdict is a tie or
-  could not be read: a **tie**, counted as concordant (both right).
+- both orders say tie, or the two answers are identical (the judge is not asked): a **tie**;
+- anything else (the orders disagree: each preferred the answer in one position, or one said tie and the
+  other did not; or a verdict could not be read): **undecided**. An undecided pair counts against the
+  claim being tested: as lost when the gate tests for PASS, as gained when it tests for FAIL
+  (``stats.decide_with_undecided``). A judge that cannot tell the answers apart (always "A", a coin) then
+  produces no FAIL, and a PASS only when the answers differ so rarely that even counting every
+  difference as a loss stays within the margin.
 
-These are exactly the lost / gained / concordant counts of the paired tests, so the same statistics and
-decision rules apply; what "lost" means changes, and the report says so.
+These are the lost / gained / concordant counts of the paired tests plus the undecided count, so the same
+statistics and decision rules apply; what "lost" means changes, and the report says so.
 
 The judge is asked for a final line ``Verdict: A``, ``Verdict: B`` or ``Verdict: tie``; the last such line
-counts (``[[A]]``, and a last line holding only the choice, are read too). A verdict that cannot be read is
-a tie, and it is counted and reported.
+counts (``[[A]]``, and a last line holding only the choice, are read too).
 The prompt template (named and versioned; its text and sha256 are registered), the judge model and its
 sampling (temperature 0, ``max_tokens``, ``seed``) are part of the run's registration.
 """
@@ -39,7 +43,13 @@ from flyspec.gate.endpoint_executor import EndpointError, retry_reason
 
 JUDGE = "judge"
 POSITIONS = ("AB", "BA")
-OUTCOMES = ("first", "second", "disagree", "tie")
+OUTCOMES = ("first", "second", "tie", "identical", "disagree", "unreadable")
+UNDECIDED = ("disagree", "unreadable")
+RULE = (
+    "lost: both orders prefer the baseline; gained: both prefer the candidate; tie: both say tie, or the "
+    "answers are identical; otherwise undecided, counted as lost when testing for PASS and as gained when "
+    "testing for FAIL"
+)
 
 TEMPLATES = {
     "pairwise-v1": (
@@ -96,7 +106,10 @@ def parse_verdict(text: str) -> str | None:
 
 
 def preferred(position: str, verdict: str | None) -> str:
-    """Which lane a verdict prefers: ``first`` (the baseline), ``second`` (the candidate) or ``tie``."""
+    """Which lane a verdict prefers: ``first`` (the baseline), ``second`` (the candidate), ``tie``, or
+    ``unreadable`` (no verdict could be read)."""
+    if verdict is None:
+        return "unreadable"
     if verdict not in ("A", "B"):
         return "tie"
     first_is_a = position == "AB"
@@ -104,17 +117,13 @@ def preferred(position: str, verdict: str | None) -> str:
 
 
 def outcome(first: str, second: str) -> str:
-    """The question's outcome from the preferences of the two orders: ``first`` (baseline better, lost),
-    ``second`` (candidate better, gained), ``disagree`` (each order preferred a different lane: the
-    position decided) or ``tie``."""
-    prefs = {first, second}
-    if prefs == {"first"}:
-        return "first"
-    if prefs == {"second"}:
-        return "second"
-    if prefs == {"first", "second"}:
-        return "disagree"
-    return "tie"
+    """The question's outcome from the preferences of the two orders: ``first`` (both prefer the baseline:
+    lost), ``second`` (both prefer the candidate: gained), ``tie`` (both say tie), ``unreadable`` (a
+    verdict could not be read) or ``disagree`` (the orders said different things: the position, not the
+    answer, decided at least one of them). The last two are undecided (``UNDECIDED``)."""
+    if "unreadable" in (first, second):
+        return "unreadable"
+    return first if first == second else "disagree"
 
 
 def pair_hash(first_output: str, second_output: str) -> str:
@@ -163,7 +172,7 @@ class Judge:
             "template_sha256": hashlib.sha256(self.template_text.encode()).hexdigest(),
             "template_text": self.template_text,
             "positions": list(POSITIONS),
-            "rule": "lost: both orders prefer the baseline; gained: both prefer the candidate; else a tie",
+            "rule": RULE,
         }
         if served is not None:
             out["served_model"] = served

@@ -7,7 +7,12 @@ judge client's threads. A verdict is committed the moment it arrives, keyed by t
 lanes, the position and the hash of the two outputs, so a resumed run never asks the judge twice about
 the same pair. The two answers of a judged question are committed together, once both verdicts are in:
 after a crash before that, the question is answered again, and its stored verdicts are reused if the
-answers come out the same (at temperature 0 with the shared seeds they normally do).
+answers come out the same (at temperature 0 with the shared seeds they normally do). Two identical answers
+are a tie without a judge call.
+
+The grades: lost (baseline right, candidate wrong), gained (the reverse), tie (both right) and undecided
+(both wrong: only a judged pair is ever graded so, and the report and the sequential monitor read it as
+undecided, counted against the claim being tested).
 """
 
 from __future__ import annotations
@@ -16,7 +21,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from flyspec.gate.arms import Completion, Job
 from flyspec.gate.graders import Grade
-from flyspec.gate.judge import POSITIONS, Judge, JudgeClient, Verdict, outcome, pair_hash
+from flyspec.gate.judge import (
+    POSITIONS,
+    UNDECIDED,
+    Judge,
+    JudgeClient,
+    Verdict,
+    outcome,
+    pair_hash,
+    preferred,
+)
 from flyspec.gate.order import QuestionKey
 from flyspec.gate.store import GateStore, JudgementRecord
 
@@ -25,8 +39,10 @@ Item = tuple[Job, Completion, Grade]
 _WORDS = {
     "first": "baseline better",
     "second": "candidate better",
-    "disagree": "tie: the two orders disagree",
     "tie": "tie",
+    "identical": "tie: identical answers",
+    "disagree": "undecided: the two orders disagree",
+    "unreadable": "undecided: a verdict could not be read",
 }
 
 
@@ -44,8 +60,10 @@ class JudgedPairs:
         self.judge = judge
         self.first, self.second = lanes[0], lanes[1]
         self.labels = (lane_label(self.first), lane_label(self.second))
+        # Read from the verdict: a store written before unreadable verdicts had their own preference holds
+        # "tie" for them.
         self.stored = {
-            (j.dataset, j.question_id, j.position, j.pair_sha256): j.preferred
+            (j.dataset, j.question_id, j.position, j.pair_sha256): preferred(j.position, j.verdict)
             for j in store.judgements(run_id)
             if (j.first_lane, j.second_lane) == self.labels
         }
@@ -69,6 +87,8 @@ class JudgedPairs:
         if len(got) < 2:
             return []
         first, second = got[self.first][1].text, got[self.second][1].text
+        if first == second:
+            return self._graded(key, "identical", "identical answers: a tie without asking the judge")
         digest = pair_hash(first, second)
         prefs = self.preferences.setdefault(key, {})
         for position in POSITIONS:
@@ -123,14 +143,17 @@ class JudgedPairs:
         if any(position not in prefs for position in POSITIONS):
             return []
         result = outcome(prefs["AB"], prefs["BA"])
-        detail = f"judge: AB prefers {prefs['AB']}, BA prefers {prefs['BA']}"
-        words = _WORDS[result]
-        got = self.answers.pop(key)
         del self.preferences[key]
+        return self._graded(key, result, f"judge: AB prefers {prefs['AB']}, BA prefers {prefs['BA']}")
+
+    def _graded(self, key: QuestionKey, result: str, detail: str) -> list[Item]:
+        words = _WORDS[result]
+        undecided = result in UNDECIDED
+        got = self.answers.pop(key)
         (job_a, comp_a), (job_b, comp_b) = got[self.first], got[self.second]
         return [
-            (job_a, comp_a, Grade(words, result != "second", detail)),
-            (job_b, comp_b, Grade(words, result != "first", detail)),
+            (job_a, comp_a, Grade(words, result != "second" and not undecided, detail)),
+            (job_b, comp_b, Grade(words, result != "first" and not undecided, detail)),
         ]
 
     def close(self, wait_for_calls: bool = True) -> None:

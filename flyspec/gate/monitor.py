@@ -23,11 +23,12 @@ allows (it holds at every stopping time at once, however the time was chosen).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import copy
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.sequential import ConfidenceSequence, sequential_decision
+from flyspec.gate.sequential import ConfidenceSequence, sequential_decision_with_undecided
 from flyspec.gate.store import RunEvent
 
 CS_METHOD = (
@@ -82,6 +83,8 @@ class SequentialStop:
     ``reason``: ``boundary`` (a bound crossed -margin), ``max_questions`` (every registered question has
     both answers), ``time_budget``, ``interrupted`` or ``error`` (paused: a rerun continues), or
     ``in_progress`` (still running, or killed before it could record a stop: a rerun continues).
+    ``lost``/``gained`` count the decided pairs; ``undecided`` the judged pairs whose judge could not decide,
+    counted as lost for the lower bound and as gained for the upper one.
     """
 
     decision: str
@@ -93,6 +96,7 @@ class SequentialStop:
     lost: int
     gained: int
     complete_prefix: int
+    undecided: int = 0
 
     @property
     def final(self) -> bool:
@@ -107,22 +111,44 @@ def in_order_diffs(
 ) -> list[int]:
     """Paired differences (second lane minus first) along the registered order, up to the first question
     missing an answer."""
+    return in_order_pairs(order, correct, lanes)[0]
+
+
+def in_order_pairs(
+    order: Sequence[QuestionKey],
+    correct: Mapping[tuple[str, int, str, str], bool],
+    lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
+    judged: Collection[QuestionKey] = (),
+) -> tuple[list[int], list[bool]]:
+    """``in_order_diffs`` and, for each pair, whether it is undecided: a judged question whose two
+    answers were both graded wrong (the judge's two orders disagreed or a verdict was unreadable)."""
     first, second = lanes
     diffs: list[int] = []
+    undecided: list[bool] = []
     for dataset, qid in order:
         base = correct.get((*first, dataset, qid))
         cand = correct.get((*second, dataset, qid))
         if base is None or cand is None:
             break
         diffs.append(int(cand) - int(base))
-    return diffs
+        undecided.append(is_undecided((dataset, qid), base, cand, judged))
+    return diffs, undecided
 
 
-def _stop(diffs: list[int], plan: SequentialPlan, reason: str, upto: int) -> SequentialStop:
+def is_undecided(key: QuestionKey, base: bool, cand: bool, judged: Collection[QuestionKey]) -> bool:
+    """A judged pair graded wrong on both sides is undecided (flyspec/gate/judging.py grades it so)."""
+    return not base and not cand and key in judged
+
+
+def _stop(
+    diffs: list[int], undecided: list[bool], plan: SequentialPlan, reason: str, upto: int
+) -> SequentialStop:
     used = diffs[:upto]
     if not used:
         return SequentialStop(INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, len(diffs))
-    walk = sequential_decision(used, plan.margin, plan.alpha, population_size=plan.population_size)
+    walk = sequential_decision_with_undecided(
+        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.population_size
+    )
     if walk.decision in (PASS, FAIL):
         reason, upto = "boundary", walk.stopped_at
     counted = used[:upto]
@@ -136,6 +162,7 @@ def _stop(diffs: list[int], plan: SequentialPlan, reason: str, upto: int) -> Seq
         lost=counted.count(-1),
         gained=counted.count(1),
         complete_prefix=len(diffs),
+        undecided=sum(undecided[:upto]),
     )
 
 
@@ -145,6 +172,7 @@ def sequential_stop(
     plan: SequentialPlan,
     events: Sequence[RunEvent] = (),
     lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
+    judged: Collection[QuestionKey] = (),
 ) -> SequentialStop:
     """The stop a sequential run reached, recomputed from its stored answers and session events.
 
@@ -153,15 +181,16 @@ def sequential_stop(
     crossing along the complete prefix decides; without one, a prefix covering every registered question
     stops at ``max_questions``; else the run is ``in_progress`` (running, or killed). ``lanes`` are the
     baseline and candidate lanes (``gate tune`` pairs the baseline with each setting in turn) and
-    ``events`` that pair's session events.
+    ``events`` that pair's session events; ``judged`` the questions graded by a judge, whose undecided
+    pairs count against the claim being tested.
     """
-    diffs = in_order_diffs(order, correct, lanes)
+    diffs, undecided = in_order_pairs(order, correct, lanes, judged)
     last = events[-1] if events else None
     if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return _stop(diffs, plan, last.reason, min(last.stopped_at, len(diffs)))
-    walk = _stop(diffs, plan, "in_progress", len(diffs))
+        return _stop(diffs, undecided, plan, last.reason, min(last.stopped_at, len(diffs)))
+    walk = _stop(diffs, undecided, plan, "in_progress", len(diffs))
     if walk.reason == "in_progress" and len(diffs) >= plan.max_questions:
-        return _stop(diffs, plan, "max_questions", plan.max_questions)
+        return _stop(diffs, undecided, plan, "max_questions", plan.max_questions)
     return walk
 
 
@@ -177,16 +206,21 @@ class SequentialMonitor:
         order: Sequence[QuestionKey],
         plan: SequentialPlan,
         lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
+        judged: Collection[QuestionKey] = (),
     ) -> None:
         self.order = list(order)
         self.plan = plan
         self.lanes = lanes
+        self.judged = frozenset(judged)
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.prefix = 0
-        self.lost = self.gained = 0
+        self.lost = self.gained = self.undecided = 0
         self.low, self.high = -1.0, 1.0
         self.stop: SequentialStop | None = None
-        self._cs = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.population_size)
+        # The lower bounds count an undecided pair as lost, the upper bounds as gained; the two sequences
+        # are one until the first undecided pair, when the upper one starts as a copy of the lower.
+        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.population_size)
+        self._upper: ConfidenceSequence | None = None
 
     def add(
         self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
@@ -203,10 +237,16 @@ class SequentialMonitor:
             if base is None or cand is None:
                 return None
             d = int(cand) - int(base)
+            undecided = is_undecided((dataset_i, qid), base, cand, self.judged)
             self.prefix += 1
             self.lost += d == -1
             self.gained += d == 1
-            self.low, self.high = self._cs.update(d)
+            self.undecided += undecided
+            if undecided and self._upper is None:
+                self._upper = copy.deepcopy(self._lower)
+            self.low, self.high = self._lower.update(-1 if undecided else d)
+            if self._upper is not None:
+                self.high = self._upper.update(1 if undecided else d)[1]
             crossed = self.low > -self.plan.margin or self.high < -self.plan.margin
             if crossed or self.prefix >= self.plan.max_questions:
                 decision = PASS if self.low > -self.plan.margin else FAIL if crossed else INCONCLUSIVE
@@ -220,6 +260,7 @@ class SequentialMonitor:
                     lost=self.lost,
                     gained=self.gained,
                     complete_prefix=self.prefix,
+                    undecided=self.undecided,
                 )
                 return self.stop
         return None

@@ -25,7 +25,7 @@ from typing import Any
 from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.monitor import CS_METHOD, SequentialPlan, SequentialStop, sequential_stop
 from flyspec.gate.stats import (
-    decide,
+    decide_with_undecided,
     mcnemar,
     noninferiority,
     plan_noninferiority,
@@ -43,6 +43,9 @@ class Comparison:
     """Baseline vs candidate on one dataset (or pooled over all of them).
 
     ``decision`` is None for a dataset row of a sequential run: only the pooled sequence decides.
+    ``lost``/``gained`` count decided pairs; ``undecided`` the judged pairs the judge could not decide, which
+    the decision counts as lost when testing for PASS (``ci_low``) and as gained when testing for FAIL
+    (``ci_high``).
     """
 
     scope: str
@@ -68,6 +71,7 @@ class Comparison:
     flip_rate_upper: float | None = None
     more_questions: int | None = None
     interim_decision: str | None = None
+    undecided: int = 0
 
 
 @dataclass
@@ -144,10 +148,12 @@ class JudgeSummary:
     """How the judge ruled on the judged questions with both answers stored, and its position bias.
 
     ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
-    ``disagree`` (each order preferred the answer in the same position, so the orders disagree: a tie) and
-    ``ties`` (a tie or an unreadable verdict in either order) add up to ``questions``. ``unreadable``
-    counts verdicts that could not be read (each is a tie); ``chose_a``/``chose_b`` count the decisive
-    verdicts by the position of the answer chosen.
+    ``ties`` (both orders said tie), ``identical`` (the same answer twice: a tie, the judge not asked),
+    ``disagree`` (the orders said different things) and ``unreadable_pairs`` (a verdict could not be read)
+    add up to ``questions``. The last two are ``undecided``: counted as lost when testing for PASS and as
+    gained when testing for FAIL. ``disagreement_rate`` is ``undecided`` over the questions the judge was
+    asked about. ``unreadable`` counts the verdicts that could not be read; ``chose_a``/``chose_b`` count
+    the decisive verdicts by the position of the answer chosen.
     """
 
     model: str
@@ -162,6 +168,10 @@ class JudgeSummary:
     chose_a: int
     chose_b: int
     position_p: float
+    identical: int = 0
+    unreadable_pairs: int = 0
+    undecided: int = 0
+    disagreement_rate: float | None = None
 
 
 @dataclass
@@ -242,6 +252,10 @@ class Report:
             "n": pooled.n,
             "lost": pooled.lost,
             "gained": pooled.gained,
+            "undecided": pooled.undecided,
+            "counts_for_pass": {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
+            "counts_for_fail": {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
+            "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
             "net_difference": pooled.net_difference,
             "low": pooled.ci_low,
             "high": pooled.ci_high,
@@ -331,8 +345,12 @@ def _counts(pairs: list[tuple[bool, bool]]) -> tuple[int, int, int]:
     return len(pairs), lost, gained
 
 
-def _counted(scope: str, pairs: list[tuple[bool, bool]], registered: int, alpha: float) -> Comparison:
-    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision."""
+def _counted(
+    scope: str, pairs: list[tuple[bool, bool]], registered: int, alpha: float, undecided: int = 0
+) -> Comparison:
+    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision.
+    ``undecided`` of the pairs (each graded wrong on both sides) are judged pairs the judge could not
+    decide; McNemar, reported beside the decision, uses the decided pairs only."""
     n, lost, gained = _counts(pairs)
     test = mcnemar(lost, gained)
     return Comparison(
@@ -353,29 +371,37 @@ def _counted(scope: str, pairs: list[tuple[bool, bool]], registered: int, alpha:
         noninferiority_p=None,
         significant_loss=lost > gained and test.exact_p < 2 * alpha,
         decision=None,
+        undecided=undecided,
     )
 
 
 def compare_pairs(
-    scope: str, pairs: list[tuple[bool, bool]], registered: int, margin: float, alpha: float
+    scope: str,
+    pairs: list[tuple[bool, bool]],
+    registered: int,
+    margin: float,
+    alpha: float,
+    undecided: int = 0,
 ) -> Comparison:
     """A fixed-size comparison of (baseline correct, candidate correct) pairs: counts, exact McNemar,
-    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need."""
-    comparison = _counted(scope, pairs, registered, alpha)
+    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need.
+    ``undecided`` of the pairs are judged pairs the judge could not decide (``stats.decide_with_undecided``
+    counts them against the claim being tested)."""
+    comparison = _counted(scope, pairs, registered, alpha, undecided)
     n, lost, gained = comparison.n, comparison.lost, comparison.gained
     if n == 0:
         return replace(comparison, decision=INCONCLUSIVE)
-    result = decide(n, lost, gained, margin, alpha)
+    result = decide_with_undecided(n, lost, gained, undecided, margin, alpha)
     comparison = replace(
         comparison,
         ci_low=result.low,
         ci_high=result.high,
-        noninferiority_p=noninferiority(n, lost, gained, margin, alpha).p_value,
+        noninferiority_p=noninferiority(n, lost + undecided, gained, margin, alpha).p_value,
         decision=result.decision,
         loss_detected=result.loss_detected,
     )
     if result.decision == INCONCLUSIVE:
-        comparison = replace(comparison, **_plan_fields(n, lost + gained, margin, alpha))
+        comparison = replace(comparison, **_plan_fields(n, lost + undecided + gained, margin, alpha))
     return comparison
 
 
@@ -383,7 +409,7 @@ def _sequential_row(
     stop: SequentialStop, pairs: list[tuple[bool, bool]], registered: int, alpha: float
 ) -> Comparison:
     """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
-    row = _counted("pooled", pairs, registered, alpha)
+    row = _counted("pooled", pairs, registered, alpha, stop.undecided)
     if not pairs:
         return replace(row, decision=INCONCLUSIVE)
     return replace(
@@ -637,7 +663,7 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
 def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]) -> JudgeSummary | None:
     """The judge's rulings on the judged questions whose two answers are stored (the verdicts on exactly
     those two outputs)."""
-    from flyspec.gate.judge import outcome, pair_hash
+    from flyspec.gate.judge import UNDECIDED, outcome, pair_hash, preferred
     from flyspec.gate.judging import lane_label
 
     judge = run.registration.get("judge")
@@ -646,12 +672,12 @@ def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]
     first, second = _lanes(run)
     labels = (lane_label(first), lane_label(second))
     outputs = {(a.arm, a.repeat, a.dataset, a.question_id): a.output for a in answers}
-    verdicts: dict[tuple[str, str, str, str], tuple[str | None, str]] = {}
+    verdicts: dict[tuple[str, str, str, str], str | None] = {}
     for j in store.judgements(run.run_id):
         if (j.first_lane, j.second_lane) == labels:
-            verdicts[(j.dataset, j.question_id, j.position, j.pair_sha256)] = (j.verdict, j.preferred)
-    counts = {"first": 0, "second": 0, "disagree": 0, "tie": 0}
-    said: list[tuple[str, str | None]] = []
+            verdicts[(j.dataset, j.question_id, j.position, j.pair_sha256)] = j.verdict
+    counts = {"first": 0, "second": 0, "tie": 0, "identical": 0, "disagree": 0, "unreadable": 0}
+    said: list[str | None] = []
     for q in store.questions(run.run_id):
         if q.grader != "judge":
             continue
@@ -659,15 +685,20 @@ def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]
         b = outputs.get((*second, q.dataset, q.question_id))
         if a is None or b is None:
             continue
-        digest = pair_hash(a, b)
-        ab = verdicts.get((q.dataset, q.question_id, "AB", digest))
-        ba = verdicts.get((q.dataset, q.question_id, "BA", digest))
-        if ab is None or ba is None:
+        if a == b:
+            counts["identical"] += 1
             continue
-        counts[outcome(ab[1], ba[1])] += 1
-        said += [("AB", ab[0]), ("BA", ba[0])]
-    chose_a = sum(v == "A" for _, v in said)
-    chose_b = sum(v == "B" for _, v in said)
+        digest = pair_hash(a, b)
+        keys = [(q.dataset, q.question_id, position, digest) for position in ("AB", "BA")]
+        if any(key not in verdicts for key in keys):
+            continue
+        ab, ba = (verdicts[key] for key in keys)
+        counts[outcome(preferred("AB", ab), preferred("BA", ba))] += 1
+        said += [ab, ba]
+    chose_a = sum(v == "A" for v in said)
+    chose_b = sum(v == "B" for v in said)
+    undecided = sum(counts[k] for k in UNDECIDED)
+    asked = sum(counts.values()) - counts["identical"]
     return JudgeSummary(
         model=str(judge.get("model")),
         template=f"{judge.get('template')} (sha256 {str(judge.get('template_sha256'))[:12]})",
@@ -677,10 +708,14 @@ def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]
         disagree=counts["disagree"],
         ties=counts["tie"],
         verdicts=len(said),
-        unreadable=sum(v is None for _, v in said),
+        unreadable=sum(v is None for v in said),
         chose_a=chose_a,
         chose_b=chose_b,
         position_p=mcnemar(chose_a, chose_b).exact_p,
+        identical=counts["identical"],
+        unreadable_pairs=counts["unreadable"],
+        undecided=undecided,
+        disagreement_rate=undecided / asked if asked else None,
     )
 
 
@@ -693,27 +728,40 @@ def _warn_incomplete(report: Report, complete: int, registered: int) -> None:
         )
 
 
+def _judged(store: GateStore, run: RunRecord) -> set[tuple[str, str]]:
+    """The questions of the run graded by a judge."""
+    return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if q.grader == "judge"}
+
+
 def _by_dataset(store: GateStore, run: RunRecord, correct: dict, limit: int | None = None) -> dict[str, Any]:
-    """Per dataset: (registered count, complete pairs), over the first ``limit`` registered questions."""
+    """Per dataset: (registered count, complete pairs, undecided pairs among them), over the first
+    ``limit`` registered questions."""
     first, second = _lanes(run)
     registered: dict[str, int] = defaultdict(int)
     pairs: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    undecided: dict[str, int] = defaultdict(int)
     for i, q in enumerate(store.questions(run.run_id)):
         registered[q.dataset] += 1
         a = correct.get((*first, q.dataset, q.question_id))
         b = correct.get((*second, q.dataset, q.question_id))
         if a is not None and b is not None and (limit is None or i < limit):
             pairs[q.dataset].append((a, b))
-    return {ds: (registered[ds], pairs[ds]) for ds in registered}
+            undecided[q.dataset] += q.grader == "judge" and not a and not b
+    return {ds: (registered[ds], pairs[ds], undecided[ds]) for ds in registered}
 
 
 def _fixed(report: Report, store: GateStore, correct: dict) -> None:
     run = report.run
     per = _by_dataset(store, run, correct)
-    report.comparisons = [compare_pairs(ds, p, reg, run.margin, run.alpha) for ds, (reg, p) in per.items()]
-    everything = [pair for _, p in per.values() for pair in p]
-    registered = sum(reg for reg, _ in per.values())
-    report.comparisons.append(compare_pairs("pooled", everything, registered, run.margin, run.alpha))
+    report.comparisons = [
+        compare_pairs(ds, p, reg, run.margin, run.alpha, u) for ds, (reg, p, u) in per.items()
+    ]
+    everything = [pair for _, p, _ in per.values() for pair in p]
+    registered = sum(reg for reg, _, _ in per.values())
+    undecided = sum(u for _, _, u in per.values())
+    report.comparisons.append(
+        compare_pairs("pooled", everything, registered, run.margin, run.alpha, undecided)
+    )
     _warn_incomplete(report, len(everything), registered)
     # A pre-registered run is decided at its registered size: deciding on a partial run would be optional
     # stopping. The interim reading is kept, labelled as such.
@@ -722,7 +770,7 @@ def _fixed(report: Report, store: GateStore, correct: dict) -> None:
             c.interim_decision, c.decision = c.decision, INCONCLUSIVE
     pooled = report.comparisons[-1]
     if report.margin_overridden and pooled.n:
-        other = compare_pairs("pooled", everything, registered, report.margin, run.alpha)
+        other = compare_pairs("pooled", everything, registered, report.margin, run.alpha, undecided)
         decision = other.decision if pooled.n == registered else INCONCLUSIVE
         report.exploratory = Exploratory(
             report.margin, decision or INCONCLUSIVE, other.ci_low, other.ci_high, other.n, other.loss_detected
@@ -734,16 +782,17 @@ def _sequential(report: Report, store: GateStore, correct: dict) -> None:
     plan = SequentialPlan.from_registration(run.registration["sequential"])
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     events = store.events(run.run_id)
-    stop = sequential_stop(order, correct, plan, events)
+    judged = _judged(store, run)
+    stop = sequential_stop(order, correct, plan, events, judged=judged)
     report.sequential, report.sequential_plan = stop, plan
     per = _by_dataset(store, run, correct, limit=stop.stopped_at)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
     # be valid, and only the pooled sequence decides.
-    report.comparisons = [_counted(ds, p, reg, run.alpha) for ds, (reg, p) in per.items()]
-    used = [pair for _, p in per.values() for pair in p]
+    report.comparisons = [_counted(ds, p, reg, run.alpha, u) for ds, (reg, p, u) in per.items()]
+    used = [pair for _, p, _ in per.values() for pair in p]
     report.comparisons.append(_sequential_row(stop, used, plan.max_questions, run.alpha))
     if report.margin_overridden:
-        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events)
+        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, judged=judged)
         report.exploratory = Exploratory(
             report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
         )

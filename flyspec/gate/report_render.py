@@ -7,9 +7,11 @@ import base64
 import html
 import io
 import json
+import math
 from typing import TYPE_CHECKING
 
 from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats import flip_rate_upper_bound
 from flyspec.gate.wording import explain_decision, points
 
 if TYPE_CHECKING:
@@ -134,6 +136,59 @@ def _plan_sentence(pooled: Comparison, margin: str) -> str:
     )
 
 
+# docs/gate.md, "Questions to a decision" (scripts/sequential_table.py): the questions by which 90% of
+# simulated sequential runs with no true loss had decided, at margin 0.02 and alpha 0.025, by flip rate.
+SEQUENTIAL_90 = ((0.06, 2808), (0.20, 9519), (0.30, 14276))
+SEQUENTIAL_90_MARGIN = 0.02
+
+
+def sequential_questions(flip_rate: float, margin: float) -> int:
+    """Questions by which 90% of sequential runs with no true loss decide, from the simulation table:
+    about 47,000 times the flip rate at a 2-point margin (interpolated between the table's rows, in
+    proportion beyond them), scaled by (0.02 / margin)^2 for other margins (the sequence's width at a
+    given n shrinks like 1 / sqrt(n))."""
+    rates = [r for r, _ in SEQUENTIAL_90]
+    per_flip = [n / r for r, n in SEQUENTIAL_90]
+    if flip_rate <= rates[0]:
+        factor = per_flip[0]
+    elif flip_rate >= rates[-1]:
+        factor = per_flip[-1]
+    else:
+        i = next(k for k in range(1, len(rates)) if flip_rate <= rates[k])
+        w = (flip_rate - rates[i - 1]) / (rates[i] - rates[i - 1])
+        factor = per_flip[i - 1] + w * (per_flip[i] - per_flip[i - 1])
+    # (less a hair: a table row times its own rate must give the row back, not one more)
+    return max(1, math.ceil(factor * flip_rate * (SEQUENTIAL_90_MARGIN / margin) ** 2 - 1e-9))
+
+
+def _continue_sequential(report: Report) -> list[str]:
+    """Advice after a sequential run reached its registered maximum undecided: continue the same run."""
+    stop, plan, pooled = report.sequential, report.sequential_plan, report.pooled
+    assert stop is not None and plan is not None and pooled is not None
+    flips = pooled.lost + pooled.gained + pooled.undecided
+    upper = flip_rate_upper_bound(flips, pooled.n)
+    target = max(sequential_questions(upper, report.run.margin), stop.stopped_at + 1)
+    head = (
+        f"The confidence sequence did not cross within the {stop.stopped_at} registered questions. Unlike a "
+        "fixed run, this run may go on: its confidence sequence holds at every number of questions, so "
+        "more questions in the same registered order keep its guarantee."
+    )
+    if plan.max_questions >= plan.population_size:
+        return [
+            f"{head} It has used every question of its pool ({plan.population_size}), so continue it on "
+            "other data: a new sequential run with more datasets, or a larger benchmark."
+        ]
+    total = min(target, plan.population_size)
+    reach = f" (its whole pool; the simulations say about {target} at that rate)" if total < target else ""
+    return [
+        f"{head} Continue this run: rerun the same command with `--max-questions {total}`{reach}. At a "
+        f"flip rate of {_pct(upper)} (the one-sided 95% upper bound of the {_pct(flips / pooled.n)} "
+        f"observed), 90% of simulated sequential runs of a candidate with no true loss decide within "
+        f'about {target} questions at a {_m(report)}-point margin (docs/gate.md, "Questions to a '
+        'decision"); a candidate that loses part of the margin needs more.'
+    ]
+
+
 def advice(report: Report) -> list[str]:
     """What to do next when the decision is INCONCLUSIVE (an empty list otherwise)."""
     pooled = report.pooled
@@ -144,18 +199,14 @@ def advice(report: Report) -> list[str]:
         return ["Rerun the same command to continue this run."]
     if pooled.n == 0:
         return []
+    if stop is not None:
+        return _continue_sequential(report)
     m = _m(report)
     why = (
         "Do not add questions to this run or rerun it on the same questions to decide again: looking at a "
         "result and then collecting more data until it looks better is optional stopping, and it makes a "
         "wrong PASS more likely than alpha."
     )
-    if stop is not None:
-        return [
-            f"The confidence sequence did not cross within the {stop.stopped_at} registered questions. {why} "
-            "A new sequential run on questions this run has not used can go on: "
-            f"{_fresh_run_command(report, None)}.",
-        ]
     plan = _plan_sentence(pooled, m)
     return [
         *([plan] if plan else []),
@@ -234,6 +285,8 @@ def _gate_lines(report: Report) -> list[str]:
     pooled = report.pooled
     assert pooled is not None
     lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
+    if report.judge is not None and pooled.n:
+        lines += [_undecided_line(report, pooled), ""]
     if pooled.n:
         lines += [_mcnemar_line(report, pooled), ""]
     if report.noise is not None and pooled.n:
@@ -246,6 +299,20 @@ def _gate_lines(report: Report) -> list[str]:
     if report.sequential is not None:
         lines += _sequential_lines(report)
     return lines + _paired_table(report)
+
+
+def _undecided_line(report: Report, pooled: Comparison) -> str:
+    """Beside the decision of a judged run: how often the judge could not decide, and the two counts."""
+    j = report.judge
+    assert j is not None
+    rate = _pct(j.disagreement_rate)
+    return (
+        f"Judge disagreement rate: {rate} ({j.undecided} of {j.questions - j.identical} judged pairs "
+        "undecided: the two orders said different things, or a verdict could not be read). In the "
+        f"{pooled.n} pairs of the decision, {pooled.undecided} are undecided and count against the claim "
+        f"being tested: the PASS test counts lost {pooled.lost + pooled.undecided}, gained {pooled.gained}; "
+        f"the FAIL test counts lost {pooled.lost}, gained {pooled.gained + pooled.undecided}."
+    )
 
 
 def _judge_lines(report: Report) -> list[str]:
@@ -261,14 +328,20 @@ def _judge_lines(report: Report) -> list[str]:
         f"temperature 0, max_tokens {sampling.get('max_tokens')}, seed {sampling.get('seed')}), which saw "
         "the request and both answers and said which is better, twice, with the answers' positions "
         "swapped. For these questions **lost** means the judge preferred the baseline's answer in both "
-        "orders, **gained** the candidate's in both orders; a tie, an unreadable verdict, or a preference "
-        "that flipped when the answers swapped places counts as concordant (both right). The accuracies "
-        "are then the share of questions where an arm was not judged worse.",
+        "orders, **gained** the candidate's in both orders; a tie in both orders, or two identical answers "
+        "(the judge is not asked), is a tie. Anything else is **undecided**: the orders said different "
+        "things (the position, not the answer, decided), or a verdict could not be read. An undecided pair "
+        "counts against the claim being tested: as lost when testing for PASS, as gained when testing for "
+        "FAIL, so a judge that cannot tell the answers apart cannot produce a FAIL, nor a PASS unless the "
+        "answers differ less often than the margin. The accuracies are the share of questions where the "
+        "judge, in both orders, found an arm's answer at least as good (undecided pairs count for neither).",
         "",
-        "| judged questions | both orders: baseline better (lost) | both orders: candidate better (gained) | "
-        "orders disagree (tie) | tie or unreadable (tie) | unreadable verdicts |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {j.questions} | {j.baseline_better} | {j.candidate_better} | {j.disagree} | {j.ties} | "
+        "| judged questions | identical answers (tie) | both orders: tie | both orders: baseline better "
+        "(lost) | both orders: candidate better (gained) | orders disagree (undecided) | unreadable verdict "
+        "(undecided) | disagreement rate | unreadable verdicts |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {j.questions} | {j.identical} | {j.ties} | {j.baseline_better} | {j.candidate_better} | "
+        f"{j.disagree} | {j.unreadable_pairs} | {_pct(j.disagreement_rate)} | "
         f"{j.unreadable} of {j.verdicts} |",
         "",
     ]
@@ -283,22 +356,16 @@ def _judge_lines(report: Report) -> list[str]:
         lines += [
             f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
             f"{j.chose_a} ({100 * share:.0f}%); an unbiased judge chooses A about half the time, since each "
-            f"arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias}). "
-            + (
-                f"On the {j.disagree} question(s) where the orders disagree, the position, not the answer, "
-                "decided."
-                if j.disagree
-                else "The two orders never disagreed."
-            ),
+            f"arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias}).",
             "",
         ]
     else:
         lines += ["Position bias: the judge gave no decisive verdict (only ties or unreadable ones).", ""]
-    if j.unreadable:
+    if j.undecided:
         lines += [
-            f"{j.unreadable} verdicts had no readable final line ('Verdict: A', 'Verdict: B' or 'Verdict: "
-            "tie') and were counted as ties; a judge that often fails to say a verdict makes the gate "
-            "blind, since ties carry no information about a difference.",
+            f"The judge could not decide {j.undecided} pair(s); each counts as lost for the PASS test and as "
+            "gained for the FAIL test, so a judge that often disagrees with itself or fails to state a "
+            "verdict ('Verdict: A', 'Verdict: B' or 'Verdict: tie') keeps the gate INCONCLUSIVE.",
             "",
         ]
     return lines
@@ -357,11 +424,18 @@ def _paired_table(report: Report) -> list[str]:
         if report.sequential is not None
         else "The interval is Tango's score interval for (gained - lost) / n."
     )
+    undecided = (
+        " Judged pairs the judge could not decide are in n but not in lost or gained; the interval's lower "
+        "end counts them as lost, its upper end as gained."
+        if report.judge is not None
+        else ""
+    )
     return [
         *lines,
         "",
         f"lost = baseline right, candidate wrong; gained = the reverse; net = gained - lost. {detail} The "
-        "exact p is McNemar's conditional binomial test. The pooled row decides.",
+        "exact p is McNemar's conditional binomial test (decided pairs only). The pooled row "
+        f"decides.{undecided}",
         "",
     ]
 
@@ -526,11 +600,14 @@ def _source_lines(report: Report) -> list[str]:
             f"{info['samples']} samples)"
         )
     epoch = reg.get("epoch")
-    lines.append(
-        f"- epoch {epoch} of each question only (one independent pair per question)"
-        if epoch is not None
-        else "- one epoch per question (one independent pair per question)"
-    )
+    epochs = reg.get("epochs") or {}
+    if epoch is not None:
+        lines.append(f"- epoch {epoch} of each question only (one independent pair per question)")
+    elif any(v is not None for v in epochs.values()):
+        chosen = ", ".join(f"{side} epoch {v}" for side, v in epochs.items() if v is not None)
+        lines.append(f"- {chosen} of each question only (one independent pair per question)")
+    else:
+        lines.append("- one epoch per question (one independent pair per question)")
     lines.append(
         "- paired by task and question id, with the prompt, document or input hashes checked wherever both "
         "logs carry them"

@@ -26,7 +26,8 @@ from flyspec.gate.datasets import Question, dataset_info, load_dataset
 from flyspec.gate.dispatch import Executor
 from flyspec.gate.endpoint_executor import OpenAIExecutor
 from flyspec.gate.engine_executor import EngineExecutor
-from flyspec.gate.graders import JUDGE, check_reference
+from flyspec.gate.exclusion import check_not_extended, used_questions
+from flyspec.gate.graders import JUDGE, check_reference, sandbox_notes
 from flyspec.gate.judge import Judge, parse_judge
 from flyspec.gate.monitor import SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, GateOptions
@@ -126,20 +127,13 @@ def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str
     """Questions left out of this run: every earlier pilot's (for a gate run) and --exclude-run's."""
     options = plan.options
     existing = store.get_run(options.name)
-    runs = {r.run_id: r for r in store.runs()}
     names = list(options.exclude_runs)
-    missing = [n for n in names if n not in runs]
-    if missing:
-        raise ValueError(
-            f"--exclude-run {', '.join(missing)}: no such run in {store.path} "
-            f"(runs: {', '.join(runs) or 'none'})"
-        )
+    used_questions(store, names)  # refuses a run the store does not hold
     if options.kind == "gate":
         born = existing.created_at if existing is not None else float("inf")
-        names += [r.run_id for r in runs.values() if r.kind == "pilot" and r.created_at < born]
+        names += [r.run_id for r in store.runs() if r.kind == "pilot" and r.created_at < born]
     names = [n for n in dict.fromkeys(names) if n != options.name]
-    keys = {(q.dataset, q.question_id) for n in names for q in store.questions(n)}
-    return keys, names
+    return used_questions(store, names), names
 
 
 # -------------------------------------------------------------------------------- registration
@@ -244,6 +238,9 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
         "dataset_sources": {name: spec for name, (spec, _) in plan.datasets.items()},
         "executors": [ex.facts() for ex in executors],
     }
+    sandbox = sandbox_notes({q.grader for _, qs in plan.datasets.values() for q in qs})
+    if sandbox is not None:
+        notes["code_sandbox"] = sandbox
     if plan.judge is not None:
         notes["judge_settings"] = plan.judge.public_dict()
     shared = [sorted(ex.arms) for ex in executors if ex.shared]
@@ -255,6 +252,13 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
             "verification='standard' (lossless)"
         )
     return notes
+
+
+def _extensions(store: GateStore, run_id: str) -> dict[str, Any]:
+    """The record of a sequential run's extensions past its first maximum (empty if none)."""
+    run = store.get_run(run_id)
+    history = run.registration.get("extensions") if run is not None else None
+    return {"extensions": history} if history else {}
 
 
 def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
@@ -279,14 +283,16 @@ def run(options: GateOptions) -> RunResult:
         # A resume with other settings is refused before any server is asked which model it serves.
         known = _registered_served(store, run_id)
         guess = _identities(plan, known)
-        store.check_resumable(
-            run_id,
-            options.kind,
-            _registration(
-                plan, questions, pool, excluded, guess, sequential, _judge_identity(plan, known[JUDGE])
-            ),
-            registered,
+        guessed = _registration(
+            plan, questions, pool, excluded, guess, sequential, _judge_identity(plan, known[JUDGE])
         )
+        if options.kind == "gate" and sequential is None:
+            check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in questions])
+        if sequential is not None and store.extend_sequential(run_id, guessed, registered):
+            log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
+        extensions = _extensions(store, run_id)
+        guessed.update(extensions)
+        store.check_resumable(run_id, options.kind, guessed, registered)
         executors = make_executors(list(plan.arms.values()))
         served: dict[str, dict[str, Any] | None] = {}
         for ex in executors:
@@ -297,10 +303,14 @@ def run(options: GateOptions) -> RunResult:
         registration = _registration(
             plan, questions, pool, excluded, _identities(plan, served), sequential, judge
         )
+        registration.update(extensions)
         new = store.register(run_id, options.kind, registration, registered)
         store.add_event(run_id, "start")
+        judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
         monitor = (
-            SequentialMonitor([(q.dataset, q.id) for q in questions], sequential) if sequential else None
+            SequentialMonitor([(q.dataset, q.id) for q in questions], sequential, judged=judged)
+            if sequential
+            else None
         )
         session = Session(store, SessionSettings.of(options, plan.judge), plan.lanes, questions, monitor)
         log(
@@ -308,8 +318,16 @@ def run(options: GateOptions) -> RunResult:
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
             f"{options.alpha}{', sequential' if sequential else ''})"
         )
+        announce_sandbox({q.grader for q in questions}, "gate")
         reason = _answer(store, plan, session, executors)
     return RunResult(run_id, reason)
+
+
+def announce_sandbox(graders: set[str], who: str) -> None:
+    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
+    sandbox = sandbox_notes(graders)
+    for missing in sandbox["missing"] if sandbox is not None else []:
+        log(f"{who}: WARNING: the code sandbox runs without {missing}")
 
 
 def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Executor]) -> str:

@@ -387,6 +387,51 @@ def sequential_decision(
     )
 
 
+def sequential_decision_with_undecided(
+    diffs: Sequence[int],
+    undecided: Sequence[bool],
+    margin: float,
+    alpha: float = 0.025,
+    population_size: int | None = None,
+) -> SequentialDecision:
+    """``sequential_decision`` when some pairs are undecided (a judge whose two orders disagree): each
+    undecided pair counts against the claim being tested.
+
+    ``diffs[i]`` is the pair's difference (0 where ``undecided[i]``). The lower bounds come from the
+    sequence in which every undecided pair is -1 (lost), the upper bounds from the one in which it is +1
+    (gained): PASS at the first n with ``low_n > -margin``, FAIL at the first n with ``high_n < -margin``.
+    Each sequence lies on the side of the truth that makes its claim harder, so P(PASS) <= alpha when
+    delta <= -margin and P(FAIL) <= alpha when delta >= -margin, as in ``sequential_decision``, whatever
+    the undecided pairs truly were. Without undecided pairs it is ``sequential_decision``.
+    """
+    values = _as_diffs(diffs, ndim=1)
+    flags = [bool(u) for u in undecided]
+    if len(flags) != len(values):
+        raise ValueError(f"undecided has {len(flags)} entries for {len(values)} differences")
+    if any(f and d != 0 for f, d in zip(flags, values.tolist(), strict=True)):
+        raise ValueError("an undecided pair's difference must be 0")
+    if not any(flags):
+        return sequential_decision(values, margin, alpha, population_size)
+    check_margin(margin)
+    _check_alpha(alpha, upper=0.5)
+    _check_population(population_size, len(values))
+    lower = ConfidenceSequence(2.0 * alpha, population_size)
+    upper = ConfidenceSequence(2.0 * alpha, population_size)
+    decision, low, high = INCONCLUSIVE, -1.0, 1.0
+    for d, flag in zip(values.tolist(), flags, strict=True):
+        low = lower.update(-1 if flag else d)[0]
+        high = upper.update(1 if flag else d)[1]
+        if low > -margin:
+            decision = PASS
+            break
+        if high < -margin:
+            decision = FAIL
+            break
+    return SequentialDecision(
+        decision=decision, stopped_at=lower.n, low=low, high=high, loss_detected=high < 0
+    )
+
+
 def sequential_decisions(
     diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

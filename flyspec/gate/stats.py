@@ -27,6 +27,7 @@ from flyspec.gate.sequential import (
     SequentialDecision,
     confidence_sequence,
     sequential_decision,
+    sequential_decision_with_undecided,
     sequential_decisions,
 )
 
@@ -323,6 +324,31 @@ def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) 
     return Decision(decision=decision, loss_detected=loss_detected, low=low, high=high)
 
 
+def decide_with_undecided(
+    n: int, lost: int, gained: int, undecided: int, margin: float, alpha: float = 0.025
+) -> Decision:
+    """``decide`` when ``undecided`` of the ``n`` pairs could not be called (a judge whose two orders
+    disagree, or a verdict that could not be read): each counts against the claim being tested.
+
+    ``lost`` and ``gained`` are the decided discordant pairs. PASS needs the lower end of Tango's interval
+    on ``(n, lost + undecided, gained)`` above ``-margin``; FAIL needs the upper end of the interval on
+    ``(n, lost, gained + undecided)`` below it. Each interval is computed from counts at least as
+    unfavourable to its claim as the truth, so each claim keeps its error at most alpha; ``low``/``high``
+    are those two ends. With ``undecided = 0`` it is ``decide``.
+    """
+    if isinstance(undecided, bool) or not isinstance(undecided, int) or undecided < 0:
+        raise ValueError(f"undecided={undecided!r}: must be an integer >= 0")
+    _check_counts(n, lost, gained)
+    _check_counts(n, lost + undecided, gained)
+    against_pass = decide(n, lost + undecided, gained, margin, alpha)
+    if undecided == 0:
+        return against_pass
+    against_fail = decide(n, lost, gained + undecided, margin, alpha)
+    low, high = against_pass.low, against_fail.high
+    decision, loss_detected = classify(low, high, margin)
+    return Decision(decision=decision, loss_detected=loss_detected, low=low, high=high)
+
+
 def flip_rate_upper_bound(flips: int, n: int, level: float = 0.95) -> float:
     """Exact one-sided (Clopper-Pearson) upper confidence bound for the flip rate from ``flips`` of ``n``.
 
@@ -391,6 +417,7 @@ __all__ = [
     "SequentialDecision",
     "confidence_sequence",
     "decide",
+    "decide_with_undecided",
     "fixed_sequence",
     "flip_rate_upper_bound",
     "mcnemar",
@@ -401,6 +428,7 @@ __all__ = [
     "questions_needed",
     "questions_needed_noninferiority",
     "sequential_decision",
+    "sequential_decision_with_undecided",
     "sequential_decisions",
     "tango_statistic",
     "wilson_interval",

@@ -5,7 +5,9 @@ UNIQUE key (run, arm, repeat, dataset, question) makes a resumed run skip what i
 duplicating it, and nothing in this module ever deletes or rewrites a stored answer. The ``events``
 table is append-only too (but for a run that never stored an answer, whose registration may be
 replaced): each session of a run records when it started and why it stopped; a sequential run's report
-reads its stopping point from there when the stop was a time budget or Ctrl-C rather than the data.
+reads its stopping point from there when the stop was a time budget or Ctrl-C rather than the data. A
+sequential run may be continued past its registered maximum (``extend_sequential``): its registration's
+maximum is raised, the change kept in the registration and as an event.
 One process writes a store at a time (``GateStore.lock``, see flyspec/gate/lock.py).
 """
 
@@ -306,6 +308,66 @@ class GateStore:
                 "are kept)."
             )
         return bool(changes)
+
+    def extend_sequential(
+        self, run_id: str, registration: dict[str, Any], questions: list[RegisteredQuestion]
+    ) -> bool:
+        """Continue a sequential run past its registered maximum: True when ``run_id`` is a sequential run
+        registered as ``registration`` except for a smaller maximum, and its questions are the start of
+        ``questions``; the new questions are appended, the registration's maximum raised and the change
+        kept in its ``extensions`` list (from, to, when) and as an ``extend`` event. False (nothing
+        written) otherwise. Valid because the confidence sequence holds at every number of questions."""
+        existing = self.get_run(run_id)
+        if existing is None or "sequential" not in existing.registration or "sequential" not in registration:
+            return False
+        stored = self.questions(run_id)
+        if len(questions) <= len(stored) or [asdict(q) for q in questions[: len(stored)]] != [
+            asdict(q) for q in stored
+        ]:
+            return False
+
+        def without_maximum(reg: dict[str, Any]) -> dict[str, Any]:
+            """The registration less what a larger maximum changes (the maximum, each dataset's count)."""
+            sequential = {k: v for k, v in reg["sequential"].items() if k != "max_questions"}
+            datasets = {
+                name: {k: v for k, v in info.items() if k != "questions"} if isinstance(info, dict) else info
+                for name, info in reg.get("datasets", {}).items()
+            }
+            dropped = ("max_questions", "extensions", "sequential", "datasets")
+            others = {k: v for k, v in reg.items() if k not in dropped}
+            return {**others, "sequential": sequential, "datasets": datasets}
+
+        if without_maximum(existing.registration) != without_maximum(registration):
+            return False
+        history = [
+            *existing.registration.get("extensions", []),
+            {"from": len(stored), "to": len(questions), "at": time.time()},
+        ]
+        extended = {**registration, "extensions": history}
+        with self._db:
+            self._db.execute(
+                "UPDATE runs SET registration = ? WHERE run_id = ?",
+                (json.dumps(extended, sort_keys=True), run_id),
+            )
+            self._db.executemany(
+                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
+                    for q in questions[len(stored) :]
+                ],
+            )
+            self._db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    "extend",
+                    None,
+                    None,
+                    json.dumps({"from": len(stored), "to": len(questions)}),
+                    time.time(),
+                ),
+            )
+        return True
 
     def _has_answers(self, run_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM answers WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()

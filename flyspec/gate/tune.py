@@ -36,10 +36,11 @@ from flyspec.gate.datasets import Question, dataset_info
 from flyspec.gate.decision import PASS
 from flyspec.gate.endpoint_executor import OpenAIExecutor
 from flyspec.gate.engine_executor import EngineExecutor
+from flyspec.gate.exclusion import used_questions
 from flyspec.gate.monitor import PAUSES, SequentialMonitor, SequentialPlan
 from flyspec.gate.options import ArmSpec, _check_count, _check_seed, check_margin_alpha
 from flyspec.gate.order import select_questions
-from flyspec.gate.runner import load_datasets
+from flyspec.gate.runner import announce_sandbox, load_datasets
 from flyspec.gate.session import Session, SessionSettings, log
 from flyspec.gate.store import GateStore, RegisteredQuestion
 from flyspec.gate.tune_report import lane_speeds
@@ -68,7 +69,8 @@ class TuneOptions:
     measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
     stops at the first crossing of its confidence sequence (else a fixed test on every test question).
     max_questions: the test questions (default: all that remain). max_minutes: the answering time budget
-    of this call (calibration and tests together; a rerun continues).
+    of this call (calibration and tests together; a rerun continues). exclude_runs: runs of the store
+    whose questions are left out before the order is taken.
     """
 
     store: str | Path
@@ -94,10 +96,15 @@ class TuneOptions:
     run_id: str | None = None
     shuffle_seed: int = 0
     progress: bool = True
+    exclude_runs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         datasets = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
         object.__setattr__(self, "datasets", datasets)
+        excluded = (self.exclude_runs,) if isinstance(self.exclude_runs, str) else tuple(self.exclude_runs)
+        if any(not isinstance(n, str) or not n.strip() for n in excluded):
+            raise ValueError(f"exclude_runs={self.exclude_runs!r}: give run names")
+        object.__setattr__(self, "exclude_runs", excluded)
         if not datasets:
             raise ValueError("datasets: give at least one dataset name or path")
         check_margin_alpha(self.margin, self.alpha)
@@ -176,6 +183,7 @@ class _Plan:
     calibration: list[Question] = field(default_factory=list)
     tests: list[Question] = field(default_factory=list)
     pool: int = 0
+    excluded: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def arms(self) -> dict[str, Arm]:
@@ -207,8 +215,17 @@ def _plan(options: TuneOptions) -> _Plan:
             "right or wrong only against one candidate, so it cannot be shared by several settings"
         )
     plan = _Plan(options, baseline, settings, datasets)
-    by_dataset = {name: qs for name, (_, qs) in datasets.items()}
-    ordered = select_questions(by_dataset, seed=options.question_order_seed)
+    _choose(plan, set())
+    return plan
+
+
+def _choose(plan: _Plan, excluded: set[tuple[str, str]]) -> None:
+    """The calibration and test questions: the seeded order without the ``excluded`` questions (those of
+    --exclude-run)."""
+    options = plan.options
+    plan.excluded = excluded
+    by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
+    ordered = select_questions(by_dataset, seed=options.question_order_seed, excluded=excluded)
     c = options.calibration_questions
     if len(ordered) <= c:
         raise ValueError(
@@ -223,7 +240,6 @@ def _plan(options: TuneOptions) -> _Plan:
         )
     plan.tests = rest[: options.max_questions] if options.max_questions is not None else rest
     plan.pool = len(rest)
-    return plan
 
 
 # ------------------------------------------------------------------------------------ identities
@@ -263,6 +279,11 @@ def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any
             for name, (spec, qs) in plan.datasets.items()
         },
         "shuffle_seed": o.shuffle_seed,
+        **(
+            {"excluded": {"runs": list(o.exclude_runs), "questions": len(plan.excluded)}}
+            if o.exclude_runs
+            else {}
+        ),
     }
 
 
@@ -443,6 +464,10 @@ def tune(options: TuneOptions) -> TuneResult:
     name = options.name
     clock = _Clock(options.max_minutes)
     with GateStore(options.store) as store, store.lock(name):
+        if options.exclude_runs:
+            names = [n for n in options.exclude_runs if n not in (name, options.calibration_run)]
+            _choose(plan, used_questions(store, names))
+        announce_sandbox({q.grader for q in plan.tests}, "gate tune")
         if plan.calibration:
             reason = _calibrate(store, plan, clock)
             if reason != "complete":
