@@ -571,12 +571,14 @@ def _has_answers(store: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
+def test_ctrl_c_stops_a_sequential_run_at_once_and_a_rerun_continues(
     servers: tuple[ServerState, list[str]], tmp_path: Path
 ) -> None:
-    """Ctrl-C (SIGINT) on a real `flyspec gate run --sequential` stops feeding, lets the answers in flight
-    finish and stores them, prints the report (INCONCLUSIVE, stopped by the interruption, JSON last) and
-    exits 130 with the resume hint; rerunning continues to the same stop as a run never interrupted."""
+    """Ctrl-C (SIGINT) on a real `flyspec gate run --sequential`, while the candidate's server holds two
+    requests that would never finish, ends the process within 2 s: the held requests are dropped (not
+    stored, not waited for), the report says INCONCLUSIVE, stopped by the interruption (JSON last), and
+    the exit code is 130 with the resume hint; rerunning continues to the same stop as a run never
+    interrupted."""
     state, urls = servers
     store = tmp_path / "gate.sqlite"
     dataset = _datasets(tmp_path)[0]
@@ -599,28 +601,22 @@ def test_ctrl_c_stops_a_sequential_run_drains_and_a_rerun_continues(
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    # Release the two held requests only once the gate says it is stopping (on a loaded machine the
-    # interrupt can take a while to be handled); the timer keeps a gate that never says so from hanging.
-    watchdog = threading.Timer(60, state.release.set)
-    watchdog.start()
-    assert proc.stderr is not None
-    said = []
-    for line in proc.stderr:
-        said.append(line)
-        if line.startswith("gate: stopping"):
-            break
-    state.release.set()  # the two held requests in flight now finish
-    watchdog.cancel()
-    out, rest = proc.communicate(timeout=120)
-    err = "".join(said) + rest
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        state.release.set()  # the held requests can finish now (the gate no longer waits for them)
+    took = time.monotonic() - sent
     assert proc.returncode == 130, err
+    assert took <= 2.0, f"exited {took:.2f} s after SIGINT"
+    assert "gate: interrupted; the answers in flight are dropped" in err
     assert "rerun the same command to resume" in err
     report = json.loads(out.strip().splitlines()[-1])
     assert (report["sequential"]["reason"], report["decision"]["decision"]) == ("interrupted", "INCONCLUSIVE")
     with GateStore(store) as s:
         held_answers = [a for a in s.answers("gate") if a.arm == "candidate"]
-    assert len(held_answers) == 2  # drained, not dropped
+    assert held_answers == []  # dropped, not waited for
 
     run_gate(store, [dataset], base, held, margin=0.1, sequential=True, progress=False)
     final = build_report(store, "gate").to_dict()["sequential"]

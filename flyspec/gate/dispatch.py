@@ -8,7 +8,8 @@
   graders' signal-based timeouts and the single SQLite connection stay in the main thread.
 
 Each executor takes its jobs from a ``Feed`` in the run's order. ``Dispatcher.stop`` ends every feed (no new
-question is started) and the requests in flight still finish and arrive; ``abort`` gives up on them. An
+question is started) and the requests in flight still finish and arrive (a time budget, an arm's error);
+``abort`` gives up on them (Ctrl-C). An
 endpoint arm may not start a question more than ``window`` positions ahead of the slowest other arm, so
 that the arms move together and an interrupted run holds complete pairs. (An engine cannot be paused
 that way without stalling the requests it is running; sharing one engine is what keeps its arms
@@ -95,7 +96,7 @@ class Dispatcher:
         self._running = len(engines) + len(endpoints)
         for target, members in ((self._drive_engines, engines), (self._drive_endpoints, endpoints)):
             if members:
-                # Daemon: after a second Ctrl-C the process may exit while a step is still running.
+                # Daemon: after Ctrl-C the process may exit while a step is still running.
                 thread = threading.Thread(target=target, args=(members,), daemon=True)
                 thread.start()
                 self._threads.append(thread)
@@ -159,8 +160,9 @@ class Dispatcher:
             self.abort()
         self.stop()
         for thread in self._threads:
-            # After an abort, an endpoint request may still be waiting for its server: do not wait for it.
-            thread.join(timeout=5.0 if self._aborted.is_set() else None)
+            # After an abort, do not wait for a request still waiting on its server or an engine step
+            # still running (the threads are daemons): Ctrl-C must stop the run within 2 seconds.
+            thread.join(timeout=0.2 if self._aborted.is_set() else None)
 
     # ------------------------------------------------------------------------------------- feeding
 

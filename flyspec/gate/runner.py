@@ -11,7 +11,8 @@ The order of work is what makes the numbers trustworthy (docs/gate.md, "Running 
 4. every arm answers at once, in the registered order (flyspec/gate/dispatch.py); each answer is graded in
    the main thread and committed the moment it arrives;
 5. a sequential run stops at the first crossing along the registered order (flyspec/gate/monitor.py), at
-   ``max_questions``, at the time budget or at Ctrl-C; answers already in flight are still stored.
+   ``max_questions`` or at the time budget (answers already in flight are still stored), or at Ctrl-C
+   (at once: answers in flight are dropped and asked again when the run continues).
 """
 
 from __future__ import annotations
