@@ -104,7 +104,8 @@ def test_auto_takes_the_fastest_usable_format_at_the_largest_row_count() -> None
     assert (
         _check(int4=("flyspec int4 + int8 prefill oneDNN ref_int8:any", {1: 0.1, 16: 0.1})).fastest() is None
     )
-    assert _check(int8=("oneDNN brg_matmul", {1: 1.01, 16: 0.9})).fastest() is None
+    assert _check(int8=("oneDNN brg_matmul", {1: 1.1, 16: 0.9})).fastest() is None
+    assert _check(int8=("oneDNN brg_matmul", {1: 1.03, 16: 0.9})).fastest() == "int8"  # within noise
 
 
 def test_an_explicit_format_slower_than_bfloat16_is_kept_with_one_warning(monkeypatch, caplog) -> None:
