@@ -77,3 +77,44 @@ def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert "already stopped after 2 questions" in second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1])["decision"] == decision
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_warm_up_stops_the_demo_within_2_s(tmp_path: Path) -> None:
+    """SIGINT the moment `flyspec demo` (SmolLM2 as target and draft) says its warm-up started ends the
+    process within 2 s with exit code 130 and an 'interrupted' line, after phase lines that each carry
+    their time; nothing was stored, so a rerun starts the same run afresh."""
+    import signal
+    import time
+
+    from zoo import SMOLLM2, zoo_model
+
+    folder = str(zoo_model(SMOLLM2))
+    main = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from flyspec.cli import main; main()"
+    )  # a test run in the background inherits SIGINT ignored; the child installs Python's handler
+    command = [
+        sys.executable, "-c", main, "demo", "--target", folder, "--draft", folder, "--questions", "4",
+        "--quantization", "none", "--store", str(tmp_path / "demo.db"), "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    said = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said.append(line)
+            if "warm-up:" in line:
+                break
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    err = "".join(said) + rest
+    assert proc.returncode == 130, err
+    assert took <= 2.0, f"exited {took:.2f} s after SIGINT"
+    assert "interrupted" in rest and "Traceback" not in err
+    assert any(line.startswith("[") and "load " in line and " s" in line for line in said), err
