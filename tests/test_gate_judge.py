@@ -340,10 +340,9 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
     open-ended chat prompts through a real `flyspec serve` on loopback: every question is judged in both
     orders, every verdict is stored, the pooled counts are the judge's outcomes, and the report shows the
     position-swap counts (a 135M judge is weak; the point is that the whole path is real)."""
-    from flyspec import assets
+    from zoo import SMOLLM2, zoo_model
 
-    if "smollm2-135m-instruct" not in assets.ZOO or not assets.is_prepared("smollm2-135m-instruct"):
-        pytest.skip("smollm2-135m-instruct is not prepared (flyspec models prepare smollm2-135m-instruct)")
+    zoo_model(SMOLLM2)
     from tiny_llm import save_perturbed, save_tiny
 
     target = save_tiny(tmp_path / "target", seed=3, std=0.25)

