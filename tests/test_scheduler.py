@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from flyspec.engine.kv_blocks import BlockManager
 from flyspec.engine.scheduler import Scheduler, capacity, max_running
 from flyspec.engine.sequence import Sequence
 from flyspec.sampling_params import SamplingParams
@@ -78,7 +79,7 @@ def _advance(step) -> None:
 
 def test_admission_fills_the_cap_and_never_exceeds_it() -> None:
     """With 20 waiting requests and a cap of 4, exactly 4 run; finishing one admits the next (FCFS)."""
-    sched = Scheduler(max_num_batched_tokens=24, max_running=4, tokens_per_decode_request=6)
+    sched = Scheduler(24, max_running=4, tokens_per_decode_request=6, blocks=BlockManager(64, 16))
     seqs = [_seq(i, 3) for i in range(20)]
     for s in seqs:
         sched.add(s)
@@ -88,19 +89,19 @@ def test_admission_fills_the_cap_and_never_exceeds_it() -> None:
         assert len(step.decodes) * 6 + step.num_batched_tokens <= 24
         _advance(step)
     assert [s.request_id for s in sched.running] == ["r0", "r1", "r2", "r3"]
-    assert sorted(s.slot for s in sched.running) == [0, 1, 2, 3]
+    assert [s.block_table for s in sched.running] == [[0], [1], [2], [3]]
     seqs[1].finish("stop")
-    assert sched.release_finished() == [seqs[1]]
+    assert sched.release_finished() == [seqs[1]] and seqs[1].block_table == []
     step = sched.schedule()
     assert [s.request_id for s, _ in step.prefills] == ["r4"]
-    assert seqs[4].slot == 1  # the freed slot is reused
+    assert seqs[4].block_table == [1]  # the freed block is reused
     assert sched.num_running == 4 and sched.num_waiting == 15
 
 
 def test_long_prompt_is_chunked_while_decodes_continue() -> None:
     """A 100-token prompt is prefilled with the budget the decodes leave, in several steps, and every
     running request decodes in every one of those steps."""
-    sched = Scheduler(max_num_batched_tokens=32, max_running=5, tokens_per_decode_request=6)
+    sched = Scheduler(32, max_running=5, tokens_per_decode_request=6, blocks=BlockManager(64, 16))
     short = [_seq(i, 2) for i in range(3)]
     for s in short:
         sched.add(s)
@@ -119,17 +120,20 @@ def test_long_prompt_is_chunked_while_decodes_continue() -> None:
     assert long in sched.schedule().decodes
 
 
-def test_abort_frees_the_slot_of_a_running_request_and_drops_a_waiting_one() -> None:
-    """abort() removes a request wherever it is and its slot goes back to the pool."""
-    sched = Scheduler(max_num_batched_tokens=8, max_running=1, tokens_per_decode_request=2)
+def test_abort_frees_the_blocks_of_a_running_request_and_drops_a_waiting_one() -> None:
+    """abort() removes a request wherever it is and its blocks go back to the pool."""
+    blocks = BlockManager(4, 16)
+    sched = Scheduler(8, max_running=1, tokens_per_decode_request=2, blocks=blocks)
     a, b = _seq(0, 3), _seq(1, 3)
     sched.add(a)
     sched.add(b)
     sched.schedule()
+    assert a.block_table == [0] and blocks.num_used_blocks == 1
     assert sched.abort("r1") is b and sched.num_waiting == 0
-    assert sched.abort("r0") is a and a.slot is None and sched.num_running == 0
+    assert sched.abort("r0") is a and a.block_table == [] and sched.num_running == 0
+    assert blocks.num_used_blocks == 0
     assert sched.abort("missing") is None
     c = _seq(2, 3)
     sched.add(c)
     sched.schedule()
-    assert c.slot == 0
+    assert c.block_table == [0]
