@@ -67,10 +67,11 @@ def _seq(i: int, prompt_len: int) -> Sequence:
 
 
 def _advance(step) -> None:
-    """What the engine does after a step: prefill chunks enter the cache, finished prompts get a token."""
+    """What the engine does after a step: prefill chunks enter the cache, finished prompts get a token
+    (a preempted request computing its tokens again gets none: its next token is known)."""
     for seq, n in step.prefills:
         seq.num_computed += n
-        if not seq.is_prefilling:
+        if not seq.is_prefilling and not seq.output_token_ids:
             seq.output_token_ids.append(7)
     for seq in step.decodes:
         seq.output_token_ids.append(7)
@@ -137,3 +138,79 @@ def test_abort_frees_the_blocks_of_a_running_request_and_drops_a_waiting_one() -
     sched.add(c)
     sched.schedule()
     assert c.block_table == [0]
+
+
+def test_admission_waits_for_blocks_and_decodes_always_have_theirs() -> None:
+    """With 10 blocks of 4 positions and 10-token prompts, requests are admitted only while their first
+    chunk's blocks (plus a one-block reserve for growth) are free; every scheduled decode holds blocks for
+    its newest token and K drafts; nothing is ever admitted beyond the cache."""
+    blocks = BlockManager(10, 4)
+    sched = Scheduler(64, max_running=8, tokens_per_decode_request=3, blocks=blocks)
+    for i in range(6):
+        sched.add(_seq(i, 10))
+    step = sched.schedule()
+    assert [s.request_id for s, _ in step.prefills] == ["r0", "r1", "r2"] and sched.num_waiting == 3
+    for _ in range(6):
+        _advance(step)
+        step = sched.schedule()
+        for seq in step.decodes:
+            assert len(seq.block_table) * 4 >= seq.num_computed + 3
+        assert blocks.num_used_blocks <= 10
+
+
+def test_a_decode_without_blocks_preempts_the_newest_request_which_recomputes_later() -> None:
+    """When a decode finds no free block, the newest running request gives its blocks back, returns to
+    the head of the queue with its generated tokens, and once readmitted prefills every token but its
+    newest before it decodes again."""
+    blocks = BlockManager(6, 4)
+    sched = Scheduler(64, max_running=4, tokens_per_decode_request=2, blocks=blocks)
+    old, new = _seq(0, 8), _seq(1, 8)
+    sched.add(old)
+    sched.add(new)
+    preempted = []
+    for _ in range(12):
+        step = sched.schedule()
+        preempted += step.preempted
+        _advance(step)
+        if preempted:
+            break
+    assert preempted == [new] and list(sched.waiting) == [new]
+    assert new.block_table == [] and new.num_computed == 0 and new.output_token_ids
+    old.finish("stop")
+    sched.release_finished()
+    step = sched.schedule()
+    assert step.prefills == [(new, new.num_tokens - 1)]
+    _advance(step)
+    assert not new.is_prefilling and new in sched.schedule().decodes
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_load_on_a_small_cache_always_finishes(seed: int) -> None:
+    """A seeded random workload (prompts of 1-40 tokens, 1-30 generated tokens, K = 3) on a cache that
+    holds just one request of the longest length: every step respects the token budget and the cache,
+    every decode has its blocks, and every request finishes (no deadlock, no livelock)."""
+    import random
+
+    rng = random.Random(seed)
+    blocks = BlockManager(18, 4)  # 72 positions: one request of 40 + 30 tokens plus 1 + K
+    sched = Scheduler(24, max_running=6, tokens_per_decode_request=4, blocks=blocks)
+    seqs = [_seq(i, rng.randint(1, 40)) for i in range(30)]
+    wanted = {s.request_id: rng.randint(1, 30) for s in seqs}
+    for s in seqs:
+        sched.add(s)
+    for _ in range(5000):
+        if not sched.num_running and not sched.num_waiting:
+            break
+        step = sched.schedule()
+        assert len(step.decodes) * 4 + step.num_batched_tokens <= 24
+        assert blocks.num_used_blocks <= 18 and not step.is_empty
+        for seq in step.decodes:
+            assert len(seq.block_table) * 4 >= seq.num_computed + 4
+        for seq, n in step.prefills:
+            assert len(seq.block_table) * 4 >= seq.num_computed + n
+        _advance(step)
+        for seq in sched.running:
+            if len(seq.output_token_ids) >= wanted[seq.request_id]:
+                seq.finish("length")
+        sched.release_finished()
+    assert all(s.is_finished for s in seqs) and blocks.num_used_blocks == 0

@@ -13,7 +13,8 @@ a prompt chunk for its tokens (shortened to the blocks there are). A waiting req
 the blocks of its first chunk are there, beyond a reserve of 1% of the cache that running requests grow
 into (no reserve when nothing runs); it first shares the registered blocks of its prompt's prefix. When
 a decode finds no block, the newest running request is preempted (vLLM's recompute preemption): its
-blocks go back, it returns to the head of the queue, and once readmitted it computes its tokens again.
+blocks go back, it returns to the head of the queue, and once readmitted (not in the same step) it
+computes its tokens again.
 Progress is guaranteed: the cache holds at least one request of max_model_len (checked at start), and
 the oldest running request may preempt every newer one, so it always runs to its end.
 
@@ -95,7 +96,9 @@ class Scheduler:
             if n:
                 step.prefills.append((seq, n))
                 left -= n
-        while left > 0 and self.waiting and len(self.running) < self.max_running:
+        # After a preemption nothing is admitted this step: the blocks just freed are for the decodes
+        # (readmitting the victim at once would only throw its prefill away again next step).
+        while left > 0 and self.waiting and len(self.running) < self.max_running and not step.preempted:
             n = self._admit(self.waiting[0], left)
             if not n:
                 break

@@ -11,10 +11,11 @@ What this module does instead:
 - `padded_rows`: a matmul is never called with fewer than `MIN_ROWS` rows (copies of the last row are
   added and dropped again), so it always runs the many-row algorithm, whose rows depend only on their
   own inputs.
-- `attention`: queries in tiles of `TILE` rows, keys in blocks of `KEYS`; every matmul has the shape
-  [TILE, D] x [D, KEYS] or [TILE, KEYS] x [KEYS, D] whatever the lengths; the row maximum is exact in
-  any order; each block's sum has a fixed length; blocks are added in key order by a sequential
-  cumulative sum, so the zero-weight blocks that padding adds change nothing. Computed in float32.
+- `attention`, in float32: a score is one dot product over the head dimension, computed in a matmul of
+  a multiple of `TILE` query rows (the many-row algorithm again); the row maximum is exact in any order;
+  keys are summed in blocks of `KEYS` (fixed-length sums, and the weighted values of a block in a
+  [rows, KEYS] x [KEYS, D] matmul), and the blocks are added in key order by a sequential cumulative
+  sum, so the zero-weight keys and blocks that padding adds change nothing.
 
 None of this is a guarantee about an arbitrary CPU's libraries, so `LlamaForCausalLM.
 enable_batch_invariance` probes the model's own forward first and refuses where rows still differ.
@@ -30,8 +31,8 @@ import torch.nn.functional as F
 MIN_ROWS = 16
 TILE = 16
 KEYS = 64
-# (query tile, key block) pairs per piece of work: bounds the float32 temporaries of a long prefill.
-_MAX_PAIRS = 2048
+# Scores per piece of work (query rows x keys): bounds the float32 temporaries of a long prefill.
+_MAX_SCORES = 2**22
 
 
 def padded_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -53,22 +54,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     """
     bsz, heads, rows, dim = q.shape
     length = k.shape[2]
-    nt, nb = -(-rows // TILE), -(-length // KEYS)
-    qf = F.pad(q.float() * dim**-0.5, (0, 0, 0, nt * TILE - rows)).view(bsz, heads, nt, 1, TILE, dim)
-    kf = F.pad(k.float(), (0, 0, 0, nb * KEYS - length)).view(bsz, heads, 1, nb, KEYS, dim)
-    vf = F.pad(v.float(), (0, 0, 0, nb * KEYS - length)).view(bsz, heads, 1, nb, KEYS, dim)
-    kt = kf.transpose(-1, -2)
-    vis = F.pad(visible, (0, nb * KEYS - length, 0, nt * TILE - rows)).view(bsz, 1, nt, TILE, nb, KEYS)
-    vis = vis.transpose(3, 4)  # [B, 1, nt, nb, TILE, KEYS]
-    out = qf.new_empty(bsz, heads, nt, TILE, dim)
-    step = max(1, _MAX_PAIRS // nb)
-    for t0 in range(0, nt, step):
-        tiles = slice(t0, t0 + step)
-        scores = torch.matmul(qf[:, :, tiles], kt).masked_fill_(~vis[:, :, tiles], -torch.inf)
-        top = scores.amax(dim=(3, 5), keepdim=True)
+    nb = -(-length // KEYS)
+    padded = nb * KEYS
+    kf = F.pad(k.float(), (0, 0, 0, padded - length))
+    vf = F.pad(v.float(), (0, 0, 0, padded - length)).view(bsz, heads, nb, KEYS, dim)
+    out = q.new_empty(bsz, heads, rows, dim)
+    step = max(TILE, _MAX_SCORES // padded // TILE * TILE)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        # Scores: each a dot product over D, in a matmul of at least TILE rows (the many-row algorithm).
+        qf = F.pad(q[:, :, r0:r1].float() * dim**-0.5, (0, 0, 0, -(r1 - r0) % TILE))
+        scores = torch.matmul(qf, kf.transpose(-1, -2))  # [B, H, R', L']
+        mask = F.pad(visible[:, :, r0:r1], (0, padded - length, 0, -(r1 - r0) % TILE))
+        scores.masked_fill_(~mask, -torch.inf)
+        top = scores.amax(dim=-1, keepdim=True)
         top = torch.where(top == -torch.inf, 0.0, top)
-        weights = torch.exp(scores - top)
-        den = weights.sum(-1).cumsum(3)[:, :, :, -1]  # [B, H, tiles, TILE]
-        num = torch.matmul(weights, vf).cumsum(3)[:, :, :, -1]  # [B, H, tiles, TILE, D]
-        out[:, :, tiles] = num / torch.where(den == 0, 1.0, den).unsqueeze(-1)
-    return out.view(bsz, heads, nt * TILE, dim)[:, :, :rows].to(q.dtype)
+        weights = torch.exp(scores - top).view(bsz, heads, -1, nb, KEYS)
+        den = _in_order(weights.sum(-1), dim=3)  # [B, H, R']
+        # Each block's weighted values in a [R', KEYS] x [KEYS, D] matmul, then the blocks in key order.
+        parts = torch.matmul(weights.transpose(2, 3), vf)  # [B, H, nb, R', D]
+        num = _in_order(parts, dim=2)
+        out[:, :, r0:r1] = (num / torch.where(den == 0, 1.0, den).unsqueeze(-1))[:, :, : r1 - r0].to(q.dtype)
+    return out
+
+
+def _in_order(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The sum over `dim` added strictly first to last (a cumulative sum's last entry), so trailing
+    zeros, such as padding blocks, change nothing."""
+    if x.shape[dim] == 1:
+        return x.squeeze(dim)
+    return x.cumsum(dim).select(dim, -1)
