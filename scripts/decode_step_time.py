@@ -33,11 +33,18 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--context", type=int, default=256, help="prompt tokens per request")
     parser.add_argument("--steps", type=int, default=24, help="timed decode steps per batch size")
+    parser.add_argument("--batch-invariant", action="store_true", help="engine option batch_invariant=True")
     args = parser.parse_args()
     torch.set_num_threads(1)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
+    # Only passed when set, so that the script runs on checkouts from before the option.
+    options = {"batch_invariant": True} if args.batch_invariant else {}
     llm = LLM(
-        args.model, dtype=args.dtype, max_num_seqs=max(sizes), max_model_len=args.context + args.steps + 8
+        args.model,
+        dtype=args.dtype,
+        max_num_seqs=max(sizes),
+        max_model_len=args.context + args.steps + 8,
+        **options,
     )
     engine = llm.engine
     vocab = engine.vocab_size

@@ -56,25 +56,34 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     length = k.shape[2]
     nb = -(-length // KEYS)
     padded = nb * KEYS
-    kf = F.pad(k.float(), (0, 0, 0, padded - length))
-    vf = F.pad(v.float(), (0, 0, 0, padded - length)).view(bsz, heads, nb, KEYS, dim)
+    kf = k.new_zeros(bsz, heads, padded, dim, dtype=torch.float32)
+    vf = torch.zeros_like(kf)
+    kf[:, :, :length] = k
+    vf[:, :, :length] = v
+    vf = vf.view(bsz, heads, nb, KEYS, dim)
     out = q.new_empty(bsz, heads, rows, dim)
     step = max(TILE, _MAX_SCORES // padded // TILE * TILE)
     for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        # Scores: each a dot product over D, in a matmul of at least TILE rows (the many-row algorithm).
-        qf = F.pad(q[:, :, r0:r1].float() * dim**-0.5, (0, 0, 0, -(r1 - r0) % TILE))
-        scores = torch.matmul(qf, kf.transpose(-1, -2))  # [B, H, R', L']
-        mask = F.pad(visible[:, :, r0:r1], (0, padded - length, 0, -(r1 - r0) % TILE))
-        scores.masked_fill_(~mask, -torch.inf)
+        n = min(rows, r0 + step) - r0
+        tiled = -(-n // TILE) * TILE
+        # Scores: each a dot product over D, in a matmul of a multiple of TILE rows (the many-row
+        # algorithm); the rows added for that are dropped again before the softmax.
+        qf = q.new_zeros(bsz, heads, tiled, dim, dtype=torch.float32)
+        qf[:, :, :n] = q[:, :, r0 : r0 + n]
+        qf.mul_(dim**-0.5)
+        scores = torch.matmul(qf, kf.transpose(-1, -2))[:, :, :n]  # [B, H, n, L']
+        mask = F.pad(visible[:, :, r0 : r0 + n], (0, padded - length))
+        scores = scores.masked_fill(~mask, -torch.inf)
         top = scores.amax(dim=-1, keepdim=True)
         top = torch.where(top == -torch.inf, 0.0, top)
-        weights = torch.exp(scores - top).view(bsz, heads, -1, nb, KEYS)
-        den = _in_order(weights.sum(-1), dim=3)  # [B, H, R']
-        # Each block's weighted values in a [R', KEYS] x [KEYS, D] matmul, then the blocks in key order.
-        parts = torch.matmul(weights.transpose(2, 3), vf)  # [B, H, nb, R', D]
-        num = _in_order(parts, dim=2)
-        out[:, :, r0:r1] = (num / torch.where(den == 0, 1.0, den).unsqueeze(-1))[:, :, : r1 - r0].to(q.dtype)
+        weights = torch.exp(scores - top).view(bsz, heads, n, nb, KEYS)
+        den = _in_order(weights.sum(-1), dim=3)  # [B, H, n]
+        # Each block's weighted values in a [TILE rows, KEYS] x [KEYS, D] matmul, then the blocks in key
+        # order.
+        blocks = weights.new_zeros(bsz, heads, nb, tiled, KEYS)
+        blocks[:, :, :, :n] = weights.transpose(2, 3)
+        num = _in_order(torch.matmul(blocks, vf), dim=2)[:, :, :n]  # [B, H, n, D]
+        out[:, :, r0 : r0 + n] = (num / torch.where(den == 0, 1.0, den).unsqueeze(-1)).to(q.dtype)
     return out
 
 
