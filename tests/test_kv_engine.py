@@ -118,6 +118,29 @@ def test_a_small_cap_is_respected_and_preemption_keeps_greedy_outputs_exact(mode
     assert ids(outs) == reference
 
 
+def test_preempted_requests_keep_their_prompt_logprobs_and_logprobs(models) -> None:
+    """Requests that ask for prompt logprobs and logprobs, preempted under a small cap and computed
+    again, report each prompt position once and the same values as without preemption."""
+    prompts = [" ".join(f"w{(7 * i + 3 * j) % 240}" for j in range(10 + 6 * i)) for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=2, logprobs=1)
+    reference = run(engine(models["target"], max_model_len=64), prompts, params)
+    probe = engine(models["target"], max_model_len=64)
+    cap = 2 * -(-(64 + 1) // BLOCK_SIZE) * probe.kv_cache_capacity_bytes // probe.blocks.num_blocks
+    eng = engine(models["target"], max_model_len=64, kv_cache_memory_bytes=cap)
+    outs = run(eng, prompts, params)
+    assert eng.stats.num_preemptions > 0
+    for want, got in zip(reference, outs, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert len(got.prompt_logprobs) == len(got.prompt_token_ids) == len(want.prompt_logprobs)
+        for a, b in zip(
+            [*want.prompt_logprobs[1:], *want.outputs[0].logprobs],
+            [*got.prompt_logprobs[1:], *got.outputs[0].logprobs],
+            strict=True,
+        ):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
 def test_a_cap_below_one_request_is_a_clear_error(models) -> None:
     """kv_cache_memory_bytes too small for one request of max_model_len is a ValueError naming the field,
     what one request needs and the ways out; a non-positive value is rejected by the config."""
