@@ -636,6 +636,12 @@ def _kv_cache_blocks(
             available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         share = int(available * DEFAULT_KV_CACHE_SHARE) // block_bytes
         return max(per_request, min(max_running * per_request, share))
+    if device.type == "cpu" and requested > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
+        logger.warning(
+            "kv_cache_memory_bytes=%d is more than this machine's memory: requests may exhaust it before "
+            "the cap stops them",
+            requested,
+        )
     if requested // block_bytes < per_request:
         raise ValueError(
             f"kv_cache_memory_bytes={requested} holds {requested // block_bytes * BLOCK_SIZE} positions, but "

@@ -21,10 +21,12 @@ attention multiplies masked positions' values by a zero weight, and garbage bits
 from __future__ import annotations
 
 import mmap
+import sys
 
 import torch
 
 _PAGE = mmap.PAGESIZE
+_MAP_NORESERVE = 0x4000 if sys.platform == "linux" else 0  # Python's mmap module does not name it
 
 
 class PagedKVCache:
@@ -63,8 +65,15 @@ class PagedKVCache:
         self._map: mmap.mmap | None = None
         if self.device.type == "cpu" and hasattr(mmap, "MADV_DONTNEED"):
             # Private: MADV_DONTNEED then really frees the pages (a shared mapping would keep them).
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-            self._map = mmap.mmap(-1, num_layers * layer_numel * self._itemsize, flags=flags)
+            # No swap reserved up front: pages are backed when written (Linux's MAP_NORESERVE).
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", _MAP_NORESERVE)
+            size = num_layers * layer_numel * self._itemsize
+            try:
+                self._map = mmap.mmap(-1, size, flags=flags)
+            except OSError as exc:
+                raise ValueError(
+                    f"cannot map {size} bytes for the KV cache ({exc}); lower kv_cache_memory_bytes"
+                ) from None
             flat = torch.frombuffer(self._map, dtype=dtype)
         else:
             flat = torch.zeros(num_layers * layer_numel, dtype=dtype, device=self.device)
