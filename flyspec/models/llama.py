@@ -388,11 +388,12 @@ class LlamaForCausalLM(nn.Module):
         bs = cache.block_size
         # One host transfer per forward (none when the batch is on the CPU) for everything that decides
         # shapes, fast paths and bounds.
-        host = torch.cat((batch.start, batch.num_tokens)).tolist()
-        tables = batch.block_tables.tolist()
+        width = batch.block_tables.shape[1]
+        host = torch.cat((batch.start, batch.num_tokens, batch.block_tables.reshape(-1))).tolist()
         start = batch.start.to(device)
         num_tokens = batch.num_tokens.to(device)
-        h_start, h_num = host[:bsz], host[bsz:]
+        h_start, h_num = host[:bsz], host[bsz : 2 * bsz]
+        tables = [host[2 * bsz + b * width : 2 * bsz + (b + 1) * width] for b in range(bsz)]
         if any(n < 0 or n > seq for n in h_num) or any(s < 0 for s in h_start):
             raise ValueError(f"ForwardBatch out of range: start={h_start}, num_tokens={h_num}, T={seq}")
         length = max(max(s + n for s, n in zip(h_start, h_num, strict=True)), 1)
