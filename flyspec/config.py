@@ -285,6 +285,12 @@ class EngineConfig:
     and the draft model's unless the speculative config says otherwise (docs/performance.md); int8 and
     int4 are CPU kernels, "auto" picks the fastest format for this CPU and `max_num_seqs` (none off the
     CPU).
+
+    `kv_cache_memory_bytes` caps the KV cache of the target and the draft model together (None: what
+    max_running requests of max_model_len need, at most a quarter of the machine's memory; it must hold
+    one request of max_model_len). `enable_prefix_caching` shares the KV blocks of identical prompt
+    prefixes between requests. `batch_invariant` computes every token the same way whatever else is in
+    the batch, so a request's output does not depend on the other requests (docs/performance.md).
     """
 
     model: str
@@ -296,6 +302,9 @@ class EngineConfig:
     max_model_len: int | None = None
     seed: int = 0
     quantization: str | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -329,6 +338,11 @@ class EngineConfig:
             _require_int("max_model_len", self.max_model_len, 1)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise _invalid("seed", self.seed, "it must be an integer in [0, 2**63)")
+        if self.kv_cache_memory_bytes is not None:
+            _require_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        for field in ("enable_prefix_caching", "batch_invariant"):
+            if not isinstance(getattr(self, field), bool):
+                raise _invalid(field, getattr(self, field), "it must be True or False")
         per_request = 1 + self.num_speculative_tokens
         if self.max_num_batched_tokens < per_request:
             raise _invalid(

@@ -25,6 +25,7 @@ from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, TooSlowErr
 from flyspec.models.loader import LoadedModel
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
+from flyspec.spec_decode.metrics import SpecDecodeStats
 
 Prompt = str | list[int]
 
@@ -62,6 +63,10 @@ class LLM:
     (None = no speculation). max_model_len None = min(the model's max_position_embeddings, 4096).
     quantization: None, "int8" or "int4" (weights quantized at load time, CPU only; int8 is the
         fastest for batches, int4 for a single sequence; docs/performance.md).
+    kv_cache_memory_bytes: cap on the KV cache (target and draft together; None = what max_running
+        requests of max_model_len need, at most a quarter of the machine's memory). enable_prefix_caching:
+        share the KV blocks of identical prompt prefixes. batch_invariant: a request's output does not
+        depend on the other requests in the batch (docs/performance.md).
     """
 
     def __init__(
@@ -75,6 +80,9 @@ class LLM:
         max_model_len: int | None = None,
         seed: int = 0,
         quantization: str | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         config = EngineConfig(
             model=model,
@@ -86,6 +94,9 @@ class LLM:
             max_model_len=max_model_len,
             seed=seed,
             quantization=quantization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            batch_invariant=batch_invariant,
         )
         self._start(LLMEngine(config))
 
@@ -113,6 +124,13 @@ class LLM:
         it took. Raises TooSlowError (a ValueError naming the faster options) when `max_tokens` take
         longer than `time_limit_s` on this machine. Call it before adding work."""
         return self.engine.warm_up(max_tokens, time_limit_s)
+
+    @property
+    def stats(self) -> SpecDecodeStats:
+        """The engine's cumulative counters (live, not a copy): prompt and generated tokens, acceptance,
+        `prefix_cache_hits` (prompt tokens whose KV was shared, so their prefill was saved) of
+        `prefix_cache_queries`, `num_preemptions`, and the `kv_cache_usage` gauge."""
+        return self.engine.stats
 
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""

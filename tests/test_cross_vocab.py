@@ -229,11 +229,11 @@ def test_after_any_commit_the_drafter_proposes_what_a_fresh_one_would(models) ->
     draft = load_model(models["draft"], dtype="float32")
     vmap = VocabMap(target_tok, draft.tokenizer, len(target_tok), draft.model.vocab_size)
     k = 3
-    drafter = CrossVocabDrafter(ModelRunner(draft.model, 4, 512), k, vmap, catch_up_chunk=4)
+    drafter = CrossVocabDrafter(ModelRunner(draft.model, 128, 16), k, vmap, 512, catch_up_chunk=4)
     seqs = []
     for i, prompt in enumerate(PROMPTS[:4]):
         seq = Sequence(f"r{i}", prompt, target_tok(prompt).input_ids, GREEDY, i, frozenset())
-        seq.start(i)
+        seq.start()
         seqs.append(seq)
     pools = [
         range(4, len(target_tok)),
@@ -244,7 +244,7 @@ def test_after_any_commit_the_drafter_proposes_what_a_fresh_one_would(models) ->
     drafted = waited = 0
     for _ in range(24):
         prop = drafter.propose(seqs)
-        fresh = CrossVocabDrafter(ModelRunner(draft.model, 4, 512), k, vmap).propose(seqs)
+        fresh = CrossVocabDrafter(ModelRunner(draft.model, 128, 16), k, vmap, 512).propose(seqs)
         assert torch.equal(prop.num_tokens, fresh.num_tokens)
         assert torch.equal(prop.token_ids, fresh.token_ids)
         drafted += int(prop.num_tokens.sum())

@@ -8,6 +8,7 @@ import transformers
 
 from flyspec.engine.drafters.draft_model import DraftModelDrafter
 from flyspec.engine.drafters.ngram import NgramDrafter, ngram_continuation
+from flyspec.engine.kv_blocks import BlockManager
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.models.llama import ForwardBatch, LlamaForCausalLM
@@ -64,8 +65,8 @@ def _tiny_model(seed: int) -> LlamaForCausalLM:
 
 def _reference_logits(model: LlamaForCausalLM, tokens: list[int]) -> torch.Tensor:
     """Last-position logits from a fresh, unbatched forward of the whole sequence."""
-    cache = model.new_cache(1, 128)
-    batch = ForwardBatch(torch.tensor([0]), torch.tensor([0]), torch.tensor([len(tokens)]))
+    cache = model.new_cache(8, 16)
+    batch = ForwardBatch(torch.tensor([list(range(8))]), torch.tensor([0]), torch.tensor([len(tokens)]))
     hidden = model(torch.tensor([tokens]), batch, cache)
     return model.compute_logits(hidden[0, -1])
 
@@ -75,11 +76,13 @@ def _prefilled(
 ) -> list[Sequence]:
     params = params if isinstance(params, list) else [params] * len(prompts)
     seqs = []
+    blocks = BlockManager(drafter.runner.cache.num_blocks, drafter.runner.cache.block_size)
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         seq = Sequence(f"r{i}", None, prompt, p, i, frozenset())
-        seq.start(i)
+        seq.start()
+        assert blocks.allocate(seq.block_table, 128)
         seqs.append(seq)
-    drafter.prefill([s.prompt_token_ids for s in seqs], [s.slot for s in seqs], [0] * len(seqs))
+    drafter.prefill(seqs, [s.prompt_token_ids for s in seqs], [0] * len(seqs))
     for s in seqs:
         s.num_computed = s.num_prompt_tokens
         s.output_token_ids.append(5)  # the first generated token: not yet seen by the draft
@@ -91,7 +94,7 @@ def test_greedy_draft_equals_sequential_argmax_and_catches_up() -> None:
     pass catches up the unseen tokens, and after a rollback the next proposal catches up again."""
     model = _tiny_model(0)
     k = 4
-    drafter = DraftModelDrafter(ModelRunner(model, num_slots=3, max_len=128), k, sample_method=None)
+    drafter = DraftModelDrafter(ModelRunner(model, num_blocks=24, block_size=16), k, sample_method=None)
     seqs = _prefilled(drafter, [[3, 4, 5, 6, 7], [9, 8], [11, 12, 13]], SamplingParams(temperature=0))
     for _ in range(2):
         prop = drafter.propose(seqs, torch.rand(len(seqs), k, dtype=torch.float64))
@@ -114,7 +117,7 @@ def test_probabilistic_draft_uses_each_rows_uniforms_and_keeps_q() -> None:
     drawn from it by inverse CDF with the row's own uniform; in the same batch a greedy request drafts
     the argmax with a one-hot q."""
     model = _tiny_model(1)
-    runner = ModelRunner(model, num_slots=3, max_len=128)
+    runner = ModelRunner(model, num_blocks=24, block_size=16)
     drafter = DraftModelDrafter(runner, 2, sample_method=None)
     params = SamplingParams(temperature=0.8, top_k=20)
     seqs = _prefilled(

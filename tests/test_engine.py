@@ -1,7 +1,7 @@
 """The engine end to end on tiny random-weight checkpoints (fp32, CPU).
 
 Exactness (docs/verification.md), FLy's forgiven positions, per-request stopping, seeded sampling
-independent of the batch, draft state across slot reuse, opt-in step timings, token-budget admission under
+independent of the batch, draft state across KV block reuse, opt-in step timings, token-budget admission under
 load (flyspec/budget.py), and bad input.
 """
 
@@ -123,10 +123,10 @@ def test_greedy_speculative_decoding_is_exact(models, reference, drafter: str, k
 
 
 @pytest.mark.parametrize("drafter", ["random_draft", "self_draft"])
-def test_draft_state_follows_slot_reuse(models, reference, drafter: str) -> None:
-    """With two slots for eight requests, every slot serves several requests in turn: the draft model's
-    cache lengths (owned by the drafter, per slot) restart with each new request, so the output is still
-    exactly the target-only greedy output."""
+def test_draft_state_follows_block_reuse(models, reference, drafter: str) -> None:
+    """With two running requests at a time for eight, KV blocks serve several requests in turn: the draft
+    model's cache lengths (owned by the drafter, per request) restart with each new request, so the output
+    is still exactly the target-only greedy output."""
     draft = models["draft"] if drafter == "random_draft" else models["target"]
     eng = engine(models["target"], {"model": draft, "num_speculative_tokens": 3}, max_num_seqs=2)
     assert ids(run(eng, PROMPTS, GREEDY)) == reference["ours"]
@@ -306,16 +306,19 @@ def test_decode_continues_while_a_long_prompt_is_prefilled_in_chunks(models) -> 
     assert outs["long"].outputs[0].token_ids
 
 
-def test_abort_frees_the_slot_for_a_waiting_request(models) -> None:
-    """Aborting a running request frees its slot: the waiting request is admitted next step."""
+def test_abort_frees_the_blocks_for_a_waiting_request(models) -> None:
+    """Aborting a running request frees its place and its KV blocks: the waiting request is admitted next
+    step."""
     eng = engine(models["target"], max_num_seqs=1)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     eng.add_request("a", PROMPTS[0], params)
     eng.add_request("b", PROMPTS[1], params)
     eng.step()
     assert (eng.num_running, eng.num_waiting) == (1, 1)
+    assert eng.kv_cache_used_bytes > 0
     eng.abort_request("a")
     eng.abort_request("unknown")  # ignored
+    assert eng.kv_cache_used_bytes == 0 and eng.stats.kv_cache_usage == 0
     assert [o.request_id for o in eng.step()] == ["b"]
     eng.add_request("a", PROMPTS[0], params)  # the id is free again
     assert eng.num_waiting == 1

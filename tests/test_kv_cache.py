@@ -1,73 +1,93 @@
-"""The slot KV cache: lazy growth, writes and reads by slot and position, bounds."""
+"""The paged KV cache (flyspec/models/kv_cache.py): writes and reads by block table, the view fast path,
+and memory that is only resident while blocks hold data."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flyspec.models.kv_cache import KVCache
+from flyspec.models.kv_cache import PagedKVCache
 
 
-def _cache(max_len: int = 1000) -> KVCache:
-    return KVCache(
-        num_layers=2,
+def _cache(num_blocks: int = 6, block_size: int = 4, layers: int = 2) -> PagedKVCache:
+    return PagedKVCache(
+        num_layers=layers,
         num_kv_heads=2,
         head_dim=4,
-        num_slots=3,
-        max_len=max_len,
+        num_blocks=num_blocks,
+        block_size=block_size,
         dtype=torch.float32,
         device="cpu",
     )
 
 
-def test_memory_grows_on_demand_and_keeps_contents() -> None:
-    """A long max_len costs nothing up front; growing doubles the length, caps at max_len, keeps data."""
-    cache = _cache(max_len=1000)
-    assert cache.capacity == 256 and cache.k[0].shape == (3, 2, 256, 4)
-    key = torch.randn(2, 2, 4)
-    cache.write(1, torch.tensor([2, 0]), torch.tensor([255, 7]), key, -key)
-    cache.ensure_capacity(300)
-    assert cache.capacity == 512
-    cache.ensure_capacity(900)
-    assert cache.capacity == 1000 and cache.k[1].shape == (3, 2, 1000, 4)
-    assert torch.equal(cache.k[1][2, :, 255], key[0]) and torch.equal(cache.v[1][0, :, 7], -key[1])
-    assert cache.memory_bytes() == 2 * 2 * 3 * 2 * 1000 * 4 * 4
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
 
 
-def test_read_gathers_slots_or_returns_views() -> None:
-    """Reading a tensor of slots gathers those rows in order; a slice of consecutive slots is a view."""
+def _fill(cache: PagedKVCache, layer: int, table: list[int], length: int) -> torch.Tensor:
+    """Write distinct values at positions 0..length-1 of a row with this table; return them [L, 4, 4]."""
+    values = torch.arange(length * 16, dtype=torch.float32).view(length, 4, 4) + 1000 * table[0]
+    slots = torch.tensor(
+        [table[p // cache.block_size] * cache.block_size + p % cache.block_size for p in range(length)]
+    )
+    cache.write(layer, slots, values)
+    return values
+
+
+def test_read_follows_the_block_table_and_a_run_of_blocks_is_a_view() -> None:
+    """Rows read back in position order through scattered blocks, keys (first heads) and values (last
+    heads) apart; a single row whose blocks form one run is read as a view of the cache, equal to the
+    gathered copy."""
     cache = _cache()
-    values = torch.arange(3 * 2 * 5 * 4, dtype=torch.float32).view(3, 2, 5, 4)
-    for slot in range(3):
-        for pos in range(5):
-            cache.write(
-                0,
-                torch.tensor([slot]),
-                torch.tensor([pos]),
-                values[slot, :, pos][None],
-                values[slot, :, pos][None],
-            )
-    keys, _ = cache.read(0, torch.tensor([2, 0]), 5)
-    assert torch.equal(keys, values[[2, 0]])
-    view, _ = cache.read(0, slice(1, 3), 4)
-    assert view.data_ptr() == cache.k[0][1].data_ptr() and torch.equal(view, values[1:3, :, :4])
+    a = _fill(cache, 1, [4, 0, 2], 10)
+    b = _fill(cache, 1, [1, 3], 7)
+    keys, values = cache.read(1, torch.tensor([[4, 0, 2], [1, 3, 0]]), 10)
+    assert keys.shape == (2, 2, 10, 4)
+    assert torch.equal(keys[0].transpose(0, 1), a[:, :2]) and torch.equal(values[0].transpose(0, 1), a[:, 2:])
+    assert torch.equal(keys[1, :, :7].transpose(0, 1), b[:, :2])
+    run = _fill(cache, 0, [2, 3, 4], 11)
+    view, _ = cache.read(0, torch.tensor([[2, 3, 4]]), 11, first_block=2)
+    gathered, _ = cache.read(0, torch.tensor([[2, 3, 4]]), 11)
+    assert view.data_ptr() == cache.kv[0][2].data_ptr()
+    assert torch.equal(view, gathered) and torch.equal(view[0].transpose(0, 1), run[:, :2])
 
 
-def test_bad_sizes_and_overflow_are_errors() -> None:
-    """Non-positive sizes and positions past max_len raise ValueError naming the field or the limit."""
-    with pytest.raises(ValueError, match="num_slots=0"):
-        KVCache(1, 1, 4, 0, 8, torch.float32, "cpu")
-    cache = _cache(max_len=8)
-    with pytest.raises(ValueError, match="max_len=8"):
-        cache.ensure_capacity(9)
+def test_a_large_capacity_costs_memory_only_where_written_and_release_gives_it_back() -> None:
+    """A 1 GiB cache adds almost nothing to resident memory until written; writing 64 MiB of blocks makes
+    them resident; releasing those blocks gives the memory back and they read as zeros."""
+    block_bytes = 2 * 16 * 2 * 8 * 64 * 4  # layers, positions, K+V heads, head_dim, float32
+    before = _rss()
+    cache = PagedKVCache(2, 8, 64, 2**30 // block_bytes, 16, torch.float32, "cpu")
+    assert cache.memory_bytes() == 2**30 // block_bytes * block_bytes
+    assert _rss() - before < 16 * 2**20
+    used = list(range(100, 100 + 2**26 // block_bytes))
+    slots = torch.tensor([b * 16 + p for b in used for p in range(16)])
+    for layer in range(2):
+        cache.write(layer, slots, torch.ones(len(slots), 16, 64))
+    written = _rss()
+    assert written - before > 60 * 2**20
+    cache.release(used)
+    assert written - _rss() > 60 * 2**20
+    keys, values = cache.read(1, torch.tensor([used[:3]]), 48)
+    assert not keys.any() and not values.any()
 
 
-def test_write_span_equals_the_scatter_write() -> None:
-    """The single-row fast path stores exactly what `write` stores for the same slot and positions."""
-    span, scatter = _cache(), _cache()
-    key, value = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
-    span.write_span(1, 2, 5, key, value)
-    scatter.write(1, torch.tensor([2, 2, 2]), torch.tensor([5, 6, 7]), key, value)
-    for a, b in zip(span.k + span.v, scatter.k + scatter.v, strict=True):
-        assert torch.equal(a, b)
-    assert torch.equal(span.k[1][2, :, 5:8].transpose(0, 1), key)
+def test_release_keeps_blocks_that_share_a_page_with_a_block_in_use() -> None:
+    """Blocks smaller than a page (256 bytes here, 16 per page): releasing a whole page's blocks clears
+    them, releasing the neighbours of a block in use never clears its data."""
+    cache = _cache(num_blocks=64, block_size=4, layers=1)
+    _fill(cache, 0, [0], 4)
+    kept = _fill(cache, 0, [17], 4)
+    cache.release([*range(16), 16, *range(18, 32)])
+    keys, _ = cache.read(0, torch.tensor([[17], [0]]), 4)
+    assert torch.equal(keys[0].transpose(0, 1), kept[:, :2]) and not keys[1].any()
+
+
+def test_bad_sizes_are_errors() -> None:
+    """Non-positive sizes raise ValueError naming the field."""
+    with pytest.raises(ValueError, match="num_blocks=0"):
+        PagedKVCache(1, 1, 4, 0, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="block_size=-1"):
+        PagedKVCache(1, 1, 4, 8, -1, torch.float32, "cpu")

@@ -76,14 +76,16 @@ def _hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_prefill_logits_match_transformers(name: str) -> None:
-    """A single batched prefill (two rows, equal lengths, slots out of order) gives transformers' fp32
+    """A single batched prefill (two rows, equal lengths, blocks out of order) gives transformers' fp32
     logits within 1e-4 at every position, for each architecture's distinguishing feature."""
     hf, ours = _models(name)
     torch.manual_seed(1)
     ids = torch.randint(0, 101, (2, 20))
-    cache = ours.new_cache(num_slots=3, max_len=64)
+    cache = ours.new_cache(num_blocks=6, block_size=16)
     batch = ForwardBatch(
-        slots=torch.tensor([2, 0]), start=torch.zeros(2, dtype=torch.long), num_tokens=torch.tensor([20, 20])
+        block_tables=torch.tensor([[4, 1], [0, 5]]),
+        start=torch.zeros(2, dtype=torch.long),
+        num_tokens=torch.tensor([20, 20]),
     )
     logits = ours.compute_logits(ours(ids, batch, cache))
     for row in range(2):
@@ -94,14 +96,15 @@ def test_prefill_logits_match_transformers(name: str) -> None:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_ragged_incremental_decoding_matches_transformers(name: str) -> None:
     """Chunked prefill, mixed steps where rows sit at different positions with padding (like a verify
-    step with unequal draft counts), one-token decode and a long ragged chunk: every real position's
-    logits equal transformers' full-sequence forward within 1e-4, and padding never corrupts the cache."""
+    step with unequal draft counts), one-token decode and a long ragged chunk, with each row's blocks
+    scattered over the cache and interleaved with the others': every real position's logits equal
+    transformers' full-sequence forward within 1e-4, and padding never corrupts the cache."""
     hf, ours = _models(name, seed=3)
     torch.manual_seed(4)
     total = 48
     seqs = [torch.randint(0, 101, (total,)).tolist() for _ in range(3)]
-    slots = [1, 3, 0]
-    cache = ours.new_cache(num_slots=4, max_len=total)
+    tables = torch.tensor([[5, 0, 9], [2, 7, 1], [8, 3, 4]])
+    cache = ours.new_cache(num_blocks=10, block_size=16)
     expected = [_hf_logits(hf, s) for s in seqs]
     pos = [0, 0, 0]
     # Chunk sizes per step and row: ragged, sometimes zero (a row that sits out as pure padding).
@@ -122,7 +125,7 @@ def test_ragged_incremental_decoding_matches_transformers(name: str) -> None:
         for row, n in enumerate(chunk):
             ids[row, :n] = torch.tensor(seqs[row][pos[row] : pos[row] + n])
             ids[row, n:] = 7  # padding tokens: must not be written into the cache
-        batch = ForwardBatch(torch.tensor(slots), torch.tensor(pos), torch.tensor(chunk))
+        batch = ForwardBatch(tables, torch.tensor(pos), torch.tensor(chunk))
         logits = ours.compute_logits(ours(ids, batch, cache))
         for row, n in enumerate(chunk):
             if n == 0:
@@ -139,13 +142,14 @@ def test_rollback_overwrites_stale_entries() -> None:
     hf, ours = _models("qwen2", seed=5)
     torch.manual_seed(6)
     prompt = torch.randint(0, 101, (1, 12))
-    cache = ours.new_cache(num_slots=1, max_len=32)
+    cache = ours.new_cache(num_blocks=4, block_size=4)
     one = torch.ones(1, dtype=torch.long)
-    ours(prompt, ForwardBatch(torch.zeros(1, dtype=torch.long), 0 * one, 12 * one), cache)
-    ours(torch.randint(0, 101, (1, 4)), ForwardBatch(0 * one, 12 * one, 4 * one), cache)  # rejected
+    table = torch.tensor([[3, 1, 0, 2]])  # the rejected tokens fill block 2; the rollback goes into block 0
+    ours(prompt, ForwardBatch(table, 0 * one, 12 * one), cache)
+    ours(torch.randint(0, 101, (1, 4)), ForwardBatch(table, 12 * one, 4 * one), cache)  # rejected
     accepted = torch.randint(0, 101, (1, 3))
-    hidden = ours(accepted, ForwardBatch(0 * one, 12 * one, 3 * one), cache)
-    want = _hf_logits(hf, prompt[0].tolist() + accepted[0].tolist())[12:]
+    hidden = ours(accepted, ForwardBatch(table, 9 * one, 3 * one), cache)
+    want = _hf_logits(hf, prompt[0].tolist()[:9] + accepted[0].tolist())[9:]
     assert (ours.compute_logits(hidden[0]) - want).abs().max().item() < TOL
 
 
@@ -185,12 +189,16 @@ def test_llama3_rope_frequencies_equal_transformers() -> None:
 
 
 def test_cache_bounds_are_enforced() -> None:
-    """Writing past the cache's max_len is an error naming the limit, not a silent wrap or crash."""
+    """Positions past a row's block table, or block ids outside the cache, are an error naming the table,
+    not a silent wrap or crash."""
     _, ours = _models("llama")
-    cache = ours.new_cache(num_slots=1, max_len=8)
+    cache = ours.new_cache(num_blocks=2, block_size=8)
     one = torch.ones(1, dtype=torch.long)
-    with pytest.raises(ValueError, match="max_len=8"):
-        ours(torch.zeros(1, 4, dtype=torch.long), ForwardBatch(0 * one, 6 * one, 4 * one), cache)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"block table \[0, -1\] does not cover positions 0..9"):
+        ours(ids, ForwardBatch(torch.tensor([[0, -1]]), 6 * one, 4 * one), cache)
+    with pytest.raises(ValueError, match=r"block table \[0, 2\].*2 blocks of 8"):
+        ours(ids, ForwardBatch(torch.tensor([[0, 2]]), 6 * one, 4 * one), cache)
 
 
 def test_load_model_from_hf_folder(tmp_path: Path) -> None:
@@ -204,11 +212,12 @@ def test_load_model_from_hf_folder(tmp_path: Path) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.randint(0, 200, (1, 17))
     one = torch.ones(1, dtype=torch.long)
-    hidden = loaded.model(ids, ForwardBatch(0 * one, 0 * one, 17 * one), loaded.model.new_cache(1, 32))
+    table = torch.tensor([[0, 1]])
+    hidden = loaded.model(ids, ForwardBatch(table, 0 * one, 17 * one), loaded.model.new_cache(2, 16))
     assert (loaded.model.compute_logits(hidden[0]) - _hf_logits(hf, ids[0].tolist())).abs().max() < TOL
 
     bf16 = load_model(str(folder), dtype="bfloat16")
-    assert bf16.model.dtype == torch.bfloat16 and bf16.model.new_cache(1, 8).k[0].dtype == torch.bfloat16
+    assert bf16.model.dtype == torch.bfloat16 and bf16.model.new_cache(1, 8).kv[0].dtype == torch.bfloat16
     hf.to(torch.float16).save_pretrained(tmp_path / "fp16")
     loaded.tokenizer.save_pretrained(tmp_path / "fp16")
     assert load_model(str(tmp_path / "fp16")).dtype == torch.bfloat16
@@ -223,7 +232,7 @@ def test_loaded_weights_live_in_process_memory(tmp_path: Path) -> None:
     one = torch.ones(1, dtype=torch.long)
 
     def logits() -> torch.Tensor:
-        batch = ForwardBatch(0 * one, 0 * one, 9 * one)
+        batch = ForwardBatch(torch.tensor([[0]]), 0 * one, 9 * one)
         return loaded.model.compute_logits(loaded.model(ids, batch, loaded.model.new_cache(1, 16))[0])
 
     before = logits()
@@ -285,20 +294,17 @@ def test_smollm2_logits_match_transformers(smol_pair: tuple[torch.nn.Module, Loa
     tok = ours.tokenizer
     prompts = [tok("The capital of France is").input_ids, tok("def fibonacci(n):\n    if n < 2:").input_ids]
     continuations = [[12, 345, 6789], [1000, 2000, 3000]]
-    cache = ours.model.new_cache(2, 64)
+    cache = ours.model.new_cache(8, 16)
+    tables = torch.tensor([[3, 0, 5, 7], [1, 2, 4, 6]])
     width = max(map(len, prompts))
     ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
     lengths = torch.tensor([len(p) for p in prompts])
-    logits = ours.model.compute_logits(
-        ours.model(ids, ForwardBatch(torch.tensor([0, 1]), 0 * lengths, lengths), cache)
-    )
+    logits = ours.model.compute_logits(ours.model(ids, ForwardBatch(tables, 0 * lengths, lengths), cache))
     for row, prompt in enumerate(prompts):
         assert (logits[row, : len(prompt)] - _hf_logits(hf, prompt)).abs().max() < TOL
     for step in range(3):
         ids = torch.tensor([[c[step]] for c in continuations])
-        hidden = ours.model(
-            ids, ForwardBatch(torch.tensor([0, 1]), lengths + step, torch.ones(2, dtype=torch.long)), cache
-        )
+        hidden = ours.model(ids, ForwardBatch(tables, lengths + step, torch.ones(2, dtype=torch.long)), cache)
         logits = ours.model.compute_logits(hidden[:, 0])
         for row, prompt in enumerate(prompts):
             want = _hf_logits(hf, prompt + continuations[row][: step + 1])[-1]
@@ -315,11 +321,12 @@ def test_smollm2_greedy_generation_equals_transformers(
     prompt = ours.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     with torch.no_grad():
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
-    cache = ours.model.new_cache(1, 64)
+    cache = ours.model.new_cache(4, 16)
     one = torch.ones(1, dtype=torch.long)
+    table = torch.tensor([[0, 1, 2, 3]])
     ids, start, generated = torch.tensor([prompt]), 0, []
     for _ in range(len(expected)):
-        hidden = ours.model(ids, ForwardBatch(0 * one, start * one, ids.shape[1] * one), cache)
+        hidden = ours.model(ids, ForwardBatch(table, start * one, ids.shape[1] * one), cache)
         start += ids.shape[1]
         token = int(ours.model.compute_logits(hidden[0, -1]).argmax())
         generated.append(token)
@@ -336,12 +343,13 @@ def test_engine_steps_never_take_the_copying_matmul_path(tmp_path: Path) -> None
 
     from flyspec.engine.model_runner import ModelRunner
 
-    runner = ModelRunner(load_model(str(save_tiny(tmp_path / "tiny", seed=5, arch="qwen2"))).model, 2, 64)
+    runner = ModelRunner(load_model(str(save_tiny(tmp_path / "tiny", seed=5, arch="qwen2"))).model, 4, 8)
+    tables = [[0, 3], [2, 1]]
     with profile(record_shapes=True) as prof:
-        runner.forward([[5, 6, 7, 8, 9], [10, 11, 12]], [0, 1], [0, 0], keep=[[4], [2]])  # prefill
-        runner.forward([[13, 14, 15], [16]], [0, 1], [5, 3], keep=[[0, 1, 2], [0]])  # ragged verify
+        runner.forward([[5, 6, 7, 8, 9], [10, 11, 12]], tables, [0, 0], keep=[[4], [2]])  # prefill
+        runner.forward([[13, 14, 15], [16]], tables, [5, 3], keep=[[0, 1, 2], [0]])  # ragged verify
         for step in range(3):  # decode
-            runner.forward([[17], [18]], [0, 1], [8 + step, 4 + step], keep=[[0], [0]])
+            runner.forward([[17], [18]], tables, [8 + step, 4 + step], keep=[[0], [0]])
     ops = {event.key for event in prof.key_averages()}
     assert {"aten::mm", "aten::addmm"} & ops
     assert "aten::bmm" not in ops

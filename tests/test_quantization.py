@@ -266,10 +266,10 @@ def test_quantized_model_is_close_to_its_float_original(
     assert linears == [] and isinstance(quant.model.lm_head, layer)
     assert quant.model.model.embed_tokens.weight.dtype == torch.float32
     ids = torch.tensor([[5 + (i * 37) % 240 for i in range(40)]])
-    batch = ForwardBatch(torch.tensor([0]), torch.tensor([0]), torch.tensor([40]))
+    batch = ForwardBatch(torch.tensor([[0, 1, 2]]), torch.tensor([0]), torch.tensor([40]))
     logits = []
     for loaded in (ref, quant):
-        hidden = loaded.model(ids, batch, loaded.model.new_cache(1, 64))
+        hidden = loaded.model(ids, batch, loaded.model.new_cache(3, 16))
         logits.append(loaded.model.compute_logits(hidden[0]))
     err = (logits[0] - logits[1]).norm() / logits[0].norm()
     assert err < max_error

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from flyspec.engine.kv_blocks import BlockManager
 from flyspec.engine.scheduler import Scheduler, capacity, max_running
 from flyspec.engine.sequence import Sequence
 from flyspec.sampling_params import SamplingParams
@@ -66,10 +67,11 @@ def _seq(i: int, prompt_len: int) -> Sequence:
 
 
 def _advance(step) -> None:
-    """What the engine does after a step: prefill chunks enter the cache, finished prompts get a token."""
+    """What the engine does after a step: prefill chunks enter the cache, finished prompts get a token
+    (a preempted request computing its tokens again gets none: its next token is known)."""
     for seq, n in step.prefills:
         seq.num_computed += n
-        if not seq.is_prefilling:
+        if not seq.is_prefilling and not seq.output_token_ids:
             seq.output_token_ids.append(7)
     for seq in step.decodes:
         seq.output_token_ids.append(7)
@@ -78,7 +80,7 @@ def _advance(step) -> None:
 
 def test_admission_fills_the_cap_and_never_exceeds_it() -> None:
     """With 20 waiting requests and a cap of 4, exactly 4 run; finishing one admits the next (FCFS)."""
-    sched = Scheduler(max_num_batched_tokens=24, max_running=4, tokens_per_decode_request=6)
+    sched = Scheduler(24, max_running=4, tokens_per_decode_request=6, blocks=BlockManager(64, 16))
     seqs = [_seq(i, 3) for i in range(20)]
     for s in seqs:
         sched.add(s)
@@ -88,19 +90,19 @@ def test_admission_fills_the_cap_and_never_exceeds_it() -> None:
         assert len(step.decodes) * 6 + step.num_batched_tokens <= 24
         _advance(step)
     assert [s.request_id for s in sched.running] == ["r0", "r1", "r2", "r3"]
-    assert sorted(s.slot for s in sched.running) == [0, 1, 2, 3]
+    assert [s.block_table for s in sched.running] == [[0], [1], [2], [3]]
     seqs[1].finish("stop")
-    assert sched.release_finished() == [seqs[1]]
+    assert sched.release_finished() == [seqs[1]] and seqs[1].block_table == []
     step = sched.schedule()
     assert [s.request_id for s, _ in step.prefills] == ["r4"]
-    assert seqs[4].slot == 1  # the freed slot is reused
+    assert seqs[4].block_table == [1]  # the freed block is reused
     assert sched.num_running == 4 and sched.num_waiting == 15
 
 
 def test_long_prompt_is_chunked_while_decodes_continue() -> None:
     """A 100-token prompt is prefilled with the budget the decodes leave, in several steps, and every
     running request decodes in every one of those steps."""
-    sched = Scheduler(max_num_batched_tokens=32, max_running=5, tokens_per_decode_request=6)
+    sched = Scheduler(32, max_running=5, tokens_per_decode_request=6, blocks=BlockManager(64, 16))
     short = [_seq(i, 2) for i in range(3)]
     for s in short:
         sched.add(s)
@@ -119,17 +121,96 @@ def test_long_prompt_is_chunked_while_decodes_continue() -> None:
     assert long in sched.schedule().decodes
 
 
-def test_abort_frees_the_slot_of_a_running_request_and_drops_a_waiting_one() -> None:
-    """abort() removes a request wherever it is and its slot goes back to the pool."""
-    sched = Scheduler(max_num_batched_tokens=8, max_running=1, tokens_per_decode_request=2)
+def test_abort_frees_the_blocks_of_a_running_request_and_drops_a_waiting_one() -> None:
+    """abort() removes a request wherever it is and its blocks go back to the pool."""
+    blocks = BlockManager(4, 16)
+    sched = Scheduler(8, max_running=1, tokens_per_decode_request=2, blocks=blocks)
     a, b = _seq(0, 3), _seq(1, 3)
     sched.add(a)
     sched.add(b)
     sched.schedule()
+    assert a.block_table == [0] and blocks.num_used_blocks == 1
     assert sched.abort("r1") is b and sched.num_waiting == 0
-    assert sched.abort("r0") is a and a.slot is None and sched.num_running == 0
+    assert sched.abort("r0") is a and a.block_table == [] and sched.num_running == 0
+    assert blocks.num_used_blocks == 0
     assert sched.abort("missing") is None
     c = _seq(2, 3)
     sched.add(c)
     sched.schedule()
-    assert c.slot == 0
+    assert c.block_table == [0]
+
+
+def test_admission_waits_for_blocks_and_decodes_always_have_theirs() -> None:
+    """With 10 blocks of 4 positions and 10-token prompts, requests are admitted only while their first
+    chunk's blocks (plus a one-block reserve for growth) are free; every scheduled decode holds blocks for
+    its newest token and K drafts; nothing is ever admitted beyond the cache."""
+    blocks = BlockManager(10, 4)
+    sched = Scheduler(64, max_running=8, tokens_per_decode_request=3, blocks=blocks)
+    for i in range(6):
+        sched.add(_seq(i, 10))
+    step = sched.schedule()
+    assert [s.request_id for s, _ in step.prefills] == ["r0", "r1", "r2"] and sched.num_waiting == 3
+    for _ in range(6):
+        _advance(step)
+        step = sched.schedule()
+        for seq in step.decodes:
+            assert len(seq.block_table) * 4 >= seq.num_computed + 3
+        assert blocks.num_used_blocks <= 10
+
+
+def test_a_decode_without_blocks_preempts_the_newest_request_which_recomputes_later() -> None:
+    """When a decode finds no free block, the newest running request gives its blocks back, returns to
+    the head of the queue with its generated tokens, and once readmitted prefills every token but its
+    newest before it decodes again."""
+    blocks = BlockManager(6, 4)
+    sched = Scheduler(64, max_running=4, tokens_per_decode_request=2, blocks=blocks)
+    old, new = _seq(0, 8), _seq(1, 8)
+    sched.add(old)
+    sched.add(new)
+    preempted = []
+    for _ in range(12):
+        step = sched.schedule()
+        preempted += step.preempted
+        _advance(step)
+        if preempted:
+            break
+    assert preempted == [new] and list(sched.waiting) == [new]
+    assert new.block_table == [] and new.num_computed == 0 and new.output_token_ids
+    old.finish("stop")
+    sched.release_finished()
+    step = sched.schedule()
+    assert step.prefills == [(new, new.num_tokens - 1)]
+    _advance(step)
+    assert not new.is_prefilling and new in sched.schedule().decodes
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_load_on_a_small_cache_always_finishes(seed: int) -> None:
+    """A seeded random workload (prompts of 1-40 tokens, 1-30 generated tokens, K = 3) on a cache that
+    holds just one request of the longest length: every step respects the token budget and the cache,
+    every decode has its blocks, and every request finishes (no deadlock, no livelock)."""
+    import random
+
+    rng = random.Random(seed)
+    blocks = BlockManager(18, 4)  # 72 positions: one request of 40 + 30 tokens plus 1 + K
+    sched = Scheduler(24, max_running=6, tokens_per_decode_request=4, blocks=blocks)
+    seqs = [_seq(i, rng.randint(1, 40)) for i in range(30)]
+    wanted = {s.request_id: rng.randint(1, 30) for s in seqs}
+    for s in seqs:
+        sched.add(s)
+    for _ in range(5000):
+        if not sched.num_running and not sched.num_waiting:
+            break
+        step = sched.schedule()
+        assert len(step.decodes) * 4 + step.num_batched_tokens <= 24
+        assert blocks.num_used_blocks <= 18 and not step.is_empty
+        for seq in step.decodes:
+            assert len(seq.block_table) * 4 >= seq.num_computed + 4
+        for seq, n in step.prefills:
+            assert len(seq.block_table) * 4 >= seq.num_computed + n
+        _advance(step)
+        for seq in sched.running:
+            if len(seq.output_token_ids) >= wanted[seq.request_id]:
+                seq.finish("length")
+        sched.release_finished()
+    assert all(s.is_finished for s in seqs) and blocks.num_used_blocks == 0

@@ -99,6 +99,7 @@ def test_serve_starts_logs_serves_and_stops(tmp_path: Path) -> None:
         (["--port", "70000"], "--port=70000"),
         (["--log-level", "loud"], "--log-level='loud'"),
         (["--max-request-bytes", "0"], "--max-request-bytes=0"),
+        (["--kv-cache-memory-bytes", "lots"], "--kv-cache-memory-bytes='lots'"),
     ],
 )
 def test_serve_config_mistakes_are_one_line_errors(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -115,6 +116,18 @@ def test_serve_config_mistakes_are_one_line_errors(tmp_path: Path, args: list[st
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+def test_kv_cache_memory_takes_bytes_or_units() -> None:
+    """--kv-cache-memory-bytes reads plain bytes and k/M/G/T units, decimal or with iB binary."""
+    from flyspec.cli.options import parse_memory_bytes
+
+    assert parse_memory_bytes(None) is None
+    assert parse_memory_bytes("4294967296") == parse_memory_bytes("4GiB") == 4 * 2**30
+    assert parse_memory_bytes("512M") == parse_memory_bytes("512MB") == 512 * 10**6
+    assert parse_memory_bytes("1.5g") == 1_500_000_000
+    with pytest.raises(ValueError, match="at least one byte"):
+        parse_memory_bytes("0")
 
 
 @contextlib.contextmanager

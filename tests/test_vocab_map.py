@@ -208,8 +208,8 @@ def test_real_draft_proposes_only_mapped_target_ids(vmap, qwen) -> None:
     from flyspec.models.loader import load_model
 
     draft = load_model(DRAFT, dtype="float32")
-    runner = ModelRunner(draft.model, num_slots=2, max_len=512)
-    drafter = CrossVocabDrafter(runner, 4, vmap, catch_up_chunk=16)
+    runner = ModelRunner(draft.model, num_blocks=64, block_size=16)
+    drafter = CrossVocabDrafter(runner, 4, vmap, 512, catch_up_chunk=16)
     chat = qwen.apply_chat_template(
         [{"role": "user", "content": "What is 2 + 3?"}], tokenize=False, add_generation_prompt=True
     )
@@ -217,7 +217,7 @@ def test_real_draft_proposes_only_mapped_target_ids(vmap, qwen) -> None:
     seqs = []
     for i, ids in enumerate(prompts):
         seq = Sequence(f"r{i}", None, ids, SamplingParams(temperature=0), i, frozenset())
-        seq.start(i)
+        seq.start()
         seqs.append(seq)
     image = set(vmap.draft_to_target[vmap.allowed].tolist())
     for _ in range(3):

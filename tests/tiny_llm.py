@@ -71,17 +71,22 @@ def save_tiny(
     extra_words: int = 0,
     max_position_embeddings: int = 512,
     byte_level: bool = False,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
 ) -> Path:
-    """Write a random-weight checkpoint; larger `std` gives peakier (lower-entropy) next-token logits."""
+    """Write a random-weight checkpoint; larger `std` gives peakier (lower-entropy) next-token logits.
+    The head counts and hidden size set the KV cache's size per token (2 x layers x kv heads x
+    hidden / heads values)."""
     if byte_level:
         vocab_size = BYTE_VOCAB_SIZE
     common = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
+        hidden_size=hidden_size,
         intermediate_size=128,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,

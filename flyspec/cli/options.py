@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 import typer
@@ -25,7 +26,36 @@ _QUANTIZATION_HELP = (
 QuantizationOption = Annotated[str | None, typer.Option(help=_QUANTIZATION_HELP + " Default: none.")]
 AutoQuantizationOption = Annotated[str, typer.Option(help=_QUANTIZATION_HELP + " Default: auto.")]
 
+KvCacheMemoryOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-cache-memory-bytes",
+        help="Cap on the KV cache of the target and draft together, in bytes or with a unit (4GiB, 512M). "
+        "Requests beyond it wait, or the newest is preempted and computed again later. Default: what "
+        "max-num-seqs requests of max-model-len need, at most a quarter of the machine's memory.",
+    ),
+]
+
+PrefixCachingOption = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="Share the KV blocks of identical prompt prefixes between requests (their prefill is saved).",
+    ),
+]
+
+BatchInvariantOption = Annotated[
+    bool,
+    typer.Option(
+        "--batch-invariant",
+        help="Compute each request the same way whatever else is in the batch, so its output does not "
+        "depend on other requests (slower; refused where this machine's kernels cannot do it).",
+    ),
+]
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="End stdout with one JSON object.")]
+
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?", re.IGNORECASE)
 
 
 def parse_speculative_config(text: str | None) -> dict[str, Any] | None:
@@ -51,3 +81,19 @@ def parse_quantization(text: str | None) -> str | None:
     if text is None or text.strip().lower() == "none":
         return None
     return text.strip()
+
+
+def parse_memory_bytes(text: str | None, option: str = "--kv-cache-memory-bytes") -> int | None:
+    """A byte count from '4294967296', '4GiB', '4G', '512MB' or '1.5g' (k, m, g, t: powers of 1000 with a
+    plain or B suffix, of 1024 with iB, as vLLM reads them); None when absent."""
+    if text is None:
+        return None
+    match = _MEMORY.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{option}={text!r} is invalid: give bytes, e.g. 4294967296, 4GiB or 512M")
+    number, unit, binary = match.groups()
+    power = "kmgt".find(unit.lower()) + 1 if unit else 0
+    value = float(number) * (1024 if binary else 1000) ** power
+    if value < 1:
+        raise ValueError(f"{option}={text!r} is invalid: it must be at least one byte")
+    return int(value)

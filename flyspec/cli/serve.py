@@ -11,7 +11,11 @@ import typer
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.options import (
     AutoQuantizationOption,
+    BatchInvariantOption,
+    KvCacheMemoryOption,
+    PrefixCachingOption,
     SpeculativeConfigOption,
+    parse_memory_bytes,
     parse_quantization,
     parse_speculative_config,
 )
@@ -19,9 +23,9 @@ from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
 logger = logging.getLogger("flyspec.server")
 
-# Enough slots that 32 concurrent clients (a common `vllm bench serve` setting) never queue; the token
-# budget admits all of them for any K up to 7: 512 // (1 + K) >= 64. KV memory grows with the slots
-# times the longest sequence served, so lower --max-num-seqs on a small machine. A budget of 512 rather
+# Enough running requests that 32 concurrent clients (a common `vllm bench serve` setting) never queue;
+# the token budget admits all of them for any K up to 7: 512 // (1 + K) >= 64. KV memory follows the
+# tokens in use, within --kv-cache-memory-bytes. A budget of 512 rather
 # than the engine's 2048 cuts prompts that arrive together into passes of at most 512 tokens, so their
 # first tokens come out in turns instead of all after one long pass: with 16 GSM8K requests at once
 # (int8, 2 cores) mean time to first token fell from 11.4 to 7.3 s at 1.06x the throughput
@@ -70,6 +74,9 @@ def serve(
     max_request_bytes: Annotated[
         int, typer.Option(help="Largest request body accepted; larger ones get HTTP 413 before being read.")
     ] = DEFAULT_MAX_REQUEST_BYTES,
+    kv_cache_memory_bytes: KvCacheMemoryOption = None,
+    enable_prefix_caching: PrefixCachingOption = True,
+    batch_invariant: BatchInvariantOption = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, with Prometheus metrics at /metrics.
@@ -115,6 +122,9 @@ def serve(
         max_model_len=max_model_len,
         seed=seed,
         quantization=parse_quantization(quantization),
+        kv_cache_memory_bytes=parse_memory_bytes(kv_cache_memory_bytes),
+        enable_prefix_caching=enable_prefix_caching,
+        batch_invariant=batch_invariant,
     )
     import uvicorn
 

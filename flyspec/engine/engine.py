@@ -1,5 +1,9 @@
 """The engine's step loop: schedule -> prefill chunks -> draft -> target verify -> verify() -> commit.
 
+KV memory: the target (and a draft model) keep keys and values in a paged cache whose blocks the
+scheduler hands out as requests grow and takes back when they end (engine/kv_blocks.py), within
+`kv_cache_memory_bytes`; identical prompt blocks are shared (prefix caching).
+
 Target cache invariant (its length lives on each Sequence as `num_computed`; the cache never tracks
 it): after a request's prompt is in, `num_computed == num_tokens - 1`; each decode step feeds the newest
 token plus K_b draft tokens at position `num_computed`, and afterwards keeps the newest token and the `a`
@@ -12,7 +16,7 @@ Without a speculative config the same loop decodes one token per request per ste
 Logits processing (penalties, logit bias, grammar masks; engine/logits_processing.py) and logprobs
 (engine/logprobs.py) cost nothing for requests that do not use them. A request whose processing,
 verification or commit raises (or whose distribution is not finite) fails alone with finish_reason
-"error": its slot is freed and the other requests' outputs are exactly what they would be without it.
+"error": its KV blocks are freed and the other requests' outputs are exactly what they would be without it.
 
 Exactness: in float32, greedy speculative output is token-identical to target-only greedy output. In
 bfloat16 the (1 + K)-token verify pass may round differently from one-token decoding, so at rare
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import torch
 
@@ -30,6 +35,7 @@ from flyspec.budget import capacity
 from flyspec.config import EngineConfig
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.drafters.build import build_drafter
+from flyspec.engine.kv_blocks import BLOCK_SIZE, BlockManager
 from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing, non_finite_message
 from flyspec.engine.logprobs import LogprobsBuilder, prompt_logprobs
 from flyspec.engine.model_runner import ModelRunner, sample_tokens
@@ -49,6 +55,9 @@ logger = logging.getLogger("flyspec.engine")
 
 DEFAULT_MAX_MODEL_LEN = 4096
 """max_model_len when unset: min(the model's max_position_embeddings, 4096), to bound cache growth."""
+DEFAULT_KV_CACHE_SHARE = 0.25
+"""kv_cache_memory_bytes when unset: what max_running requests of max_model_len need, but at most this
+share of the machine's memory (of the GPU's free memory on CUDA), and at least one such request."""
 
 
 class LLMEngine:
@@ -84,39 +93,69 @@ class LLMEngine:
         self.eos_token_ids = _eos_token_ids(target)
         self._clock = StepClock(target.model.device)
         self._verify_timer = self._clock.part("verify_s")
+        self.stats = SpecDecodeStats(num_speculative_tokens=self.k)
+        if spec is not None and spec.method == "draft_model" and draft is None:
+            assert spec.model is not None
+            draft = load_model(
+                spec.model,
+                config.dtype,
+                config.device,
+                config.draft_quantization,
+                kernel_rows=engine_rows(self.k, slots, draft=True),
+            )
+        if draft is not None:
+            _check_quantized_as_configured("draft", draft, config.draft_quantization)
+        if config.batch_invariant:
+            for loaded in (target, draft):
+                if loaded is not None:
+                    loaded.model.enable_batch_invariance()
+        # One block table per request serves the target and a draft model: a block holds both.
+        per_token = target.model.kv_bytes_per_token() + (draft.model.kv_bytes_per_token() if draft else 0)
         # Verification writes up to K positions past the last kept token.
-        cache_len = self.max_model_len + self.k + 1
-        self.target = ModelRunner(target.model, slots, cache_len, timer=self._clock.part("target_forward_s"))
+        num_blocks = _kv_cache_blocks(
+            config.kv_cache_memory_bytes,
+            per_token,
+            self.max_model_len + self.k + 1,
+            self.capacity.max_running,
+            target.model.device,
+        )
+        self.blocks = BlockManager(num_blocks, prefix_caching=config.enable_prefix_caching, stats=self.stats)
+        self.target = ModelRunner(
+            target.model, num_blocks, BLOCK_SIZE, timer=self._clock.part("target_forward_s")
+        )
+        self.blocks.add_release_hook(self.target.cache.release)
 
         self.drafter: Drafter | None = None
         if spec is not None:
-            if spec.method == "draft_model" and draft is None:
-                assert spec.model is not None
-                draft = load_model(
-                    spec.model,
-                    config.dtype,
-                    config.device,
-                    config.draft_quantization,
-                    kernel_rows=engine_rows(self.k, slots, draft=True),
-                )
-            if draft is not None:
-                _check_quantized_as_configured("draft", draft, config.draft_quantization)
             self.drafter = build_drafter(
                 spec,
                 target,
                 draft,
-                num_slots=slots,
+                blocks=self.blocks,
                 max_model_len=self.max_model_len,
                 timer=self._clock.part("draft_forward_s"),
             )
+        self._kv_block_bytes = BLOCK_SIZE * per_token
+        logger.info(
+            "KV cache: %d blocks of %d positions, %.1f MiB for %d positions (%d bytes per position%s); "
+            "prefix caching %s",
+            num_blocks,
+            BLOCK_SIZE,
+            num_blocks * self._kv_block_bytes / 2**20,
+            num_blocks * BLOCK_SIZE,
+            per_token,
+            ", target and draft" if draft is not None else "",
+            "on" if config.enable_prefix_caching else "off",
+        )
         # The lossy verification policy (None: standard) and its lossless prefix L.
         self.policy: VerificationPolicy | None = (
             spec.verification_policy(self.vocab_size) if spec is not None else None
         )
         self.lossless_prefix_tokens = (spec.lossless_prefix_tokens or 0) if spec is not None else 0
 
-        self.scheduler = Scheduler(config.max_num_batched_tokens, slots, 1 + self.k)
-        self.stats = SpecDecodeStats(num_speculative_tokens=self.k)
+        self.scheduler = Scheduler(
+            config.max_num_batched_tokens, self.capacity.max_running, 1 + self.k, self.blocks
+        )
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.processing = TargetProcessing(self.grammars)
         self.logprobs = LogprobsBuilder(self.tokenizer)
@@ -141,13 +180,30 @@ class LLMEngine:
 
     @property
     def num_running(self) -> int:
-        """Requests holding a cache slot."""
+        """Requests holding KV cache blocks."""
         return self.scheduler.num_running
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued for a slot."""
+        """Requests queued for admission (new, or preempted for lack of KV blocks)."""
         return self.scheduler.num_waiting
+
+    @property
+    def kv_cache_capacity_bytes(self) -> int:
+        """Bytes of KV cache the engine may use (target and draft together): kv_cache_memory_bytes
+        rounded down to whole blocks. On the CPU only the blocks ever written are resident."""
+        return self.blocks.num_blocks * self._kv_block_bytes
+
+    @property
+    def kv_cache_used_bytes(self) -> int:
+        """Bytes of KV cache in the blocks that running requests hold now."""
+        return self.blocks.num_used_blocks * self._kv_block_bytes
+
+    @property
+    def kv_cache_cached_bytes(self) -> int:
+        """Bytes of KV cache kept only for prefix sharing (registered prompt blocks no request holds;
+        reused for new requests first when blocks run short)."""
+        return self.blocks.num_cached_blocks * self._kv_block_bytes
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""
@@ -222,16 +278,21 @@ class LLMEngine:
             self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request (all of its samples) and free its slots (no further output is produced; unknown
+        """Stop a request (all of its samples) and free its KV blocks (no further output is produced; unknown
         ids are ignored)."""
         group = self._requests.pop(request_id, None)
         if group is not None:
             self._abort(group)
+            self._update_usage()
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for every request that got tokens or finished."""
         self._clock.begin_step()
         planned = self.scheduler.schedule()
+        for seq in planned.preempted:  # its draft state goes too: it computes everything again
+            if self.drafter is not None:
+                self.drafter.release(seq)
+        self.stats.num_preemptions += len(planned.preempted)
         touched: list[Sequence] = []
         if planned.decodes:
             self._decode(planned.decodes)
@@ -249,6 +310,7 @@ class LLMEngine:
             outputs.append(group.to_output())
             if group.is_finished:
                 del self._requests[group_id]
+        self._update_usage()
         self._clock.end_step()
         return outputs
 
@@ -269,6 +331,9 @@ class LLMEngine:
         return self._clock.records
 
     # ------------------------------------------------------------------ internals
+
+    def _update_usage(self) -> None:
+        self.stats.kv_cache_usage = self.blocks.num_used_blocks / self.blocks.num_blocks
 
     def _release(self, seq: Sequence) -> None:
         self._seqs.pop(seq.request_id, None)
@@ -345,25 +410,32 @@ class LLMEngine:
         return result
 
     def _prefill(self, chunks: list[tuple[Sequence, int]]) -> list[Sequence]:
-        """Prefill prompt chunks in one padded pass (target and draft); sample the first token of every
-        request whose prompt is now complete, and return those requests. Requests that asked for prompt
-        logprobs keep the logits of every chunk position (the others only the last one's)."""
-        rows = [seq.prompt_token_ids[seq.num_computed : seq.num_computed + n] for seq, n in chunks]
-        slots = [seq.slot for seq, _ in chunks]
+        """Prefill chunks in one padded pass (target and draft); sample the first token of every request
+        whose prompt is now complete, and return those requests. A preempted request's chunks compute its
+        tokens again and sample nothing (its next token is known). Requests that asked for prompt logprobs
+        keep the logits of every chunk position not scored yet (the others only the last one's)."""
+        rows = [seq.token_ids[seq.num_computed : seq.num_computed + n] for seq, n in chunks]
+        tables = [seq.block_table for seq, _ in chunks]
         starts = [seq.num_computed for seq, _ in chunks]
-        done = [seq.num_computed + n == seq.num_prompt_tokens for seq, n in chunks]
+        done = [
+            seq.num_computed + n == seq.num_prefill_tokens and not seq.output_token_ids for seq, n in chunks
+        ]
         sample = [last and seq.params.max_tokens > 0 for (seq, _), last in zip(chunks, done, strict=True)]
-        scored = [seq.wants_prompt_logprobs for seq, _ in chunks]
+        scored = [
+            seq.wants_prompt_logprobs and min(start + n, seq.num_prompt_tokens - 1) > _num_scored(seq)
+            for (seq, n), start in zip(chunks, starts, strict=True)
+        ]
         if any(scored):
-            logits = self._prefill_scoring(chunks, rows, slots, starts, sample, scored)
+            logits = self._prefill_scoring(chunks, rows, tables, starts, sample, scored)
         else:
             keep = [[n - 1] if s else [] for (_, n), s in zip(chunks, sample, strict=True)]
-            logits = self.target.forward(rows, slots, starts, keep, prefill=True)
+            logits = self.target.forward(rows, tables, starts, keep, prefill=True)
         if self.drafter is not None:
-            self.drafter.prefill(rows, slots, starts)
+            self.drafter.prefill([seq for seq, _ in chunks], rows, starts)
         for seq, n in chunks:
             seq.num_computed += n
             self.stats.prompt_tokens += n
+            self.blocks.register(seq)  # its full prompt blocks now hold target (and draft) K/V
         finished = [seq for (seq, _), last in zip(chunks, done, strict=True) if last]
         for seq in finished:
             if seq.params.max_tokens == 0 and not seq.is_finished:  # scoring only: nothing generated
@@ -390,7 +462,7 @@ class LLMEngine:
         self,
         chunks: list[tuple[Sequence, int]],
         rows: list[list[int]],
-        slots: list[int],
+        tables: list[list[int]],
         starts: list[int],
         sample: list[bool],
         scored: list[bool],
@@ -401,14 +473,17 @@ class LLMEngine:
             list(range(n)) if want else ([n - 1] if s else [])
             for (_, n), want, s in zip(chunks, scored, sample, strict=True)
         ]
-        hidden = self.target.forward_hidden(rows, slots, starts, keep, prefill=True)
+        hidden = self.target.forward_hidden(rows, tables, starts, keep, prefill=True)
         assert hidden is not None
         sampling_rows, offset = [], 0
         for (seq, n), kept, want, s, start in zip(chunks, keep, scored, sample, starts, strict=True):
             if want:
                 # Position p predicts prompt token p + 1; the prompt's last position predicts the output.
+                # Positions scored before a preemption are not scored again.
                 next_tokens = seq.prompt_token_ids[start + 1 : start + n + 1]
-                self._score_prompt(seq, hidden[offset : offset + len(next_tokens)], next_tokens)
+                skip = max(0, _num_scored(seq) - start)
+                rows_b = hidden[offset + skip : offset + len(next_tokens)]
+                self._score_prompt(seq, rows_b, next_tokens[skip:])
             if s:
                 sampling_rows.append(offset + len(kept) - 1)
             offset += len(kept)
@@ -433,9 +508,9 @@ class LLMEngine:
         # Every request draws the same 2K + 1 numbers per step from its own stream, whatever the batch.
         draws = torch.stack([s.draw_uniforms(2 * k + 1) for s in seqs])
         draft_u, verify_u, sample_u = draws[:, :k], draws[:, k : 2 * k], draws[:, 2 * k]
-        slots, starts = [s.slot for s in seqs], [s.num_computed for s in seqs]
+        tables, starts = [s.block_table for s in seqs], [s.num_computed for s in seqs]
         if self.drafter is None:
-            logits = self.target.forward([[s.token_ids[-1]] for s in seqs], slots, starts, [[0]] * len(seqs))
+            logits = self.target.forward([[s.token_ids[-1]] for s in seqs], tables, starts, [[0]] * len(seqs))
             assert logits is not None
             probs, failed = self.processing.probs(logits, seqs, [[]] * len(seqs))
             tokens = sample_tokens(probs, [s.params.greedy for s in seqs], sample_u)
@@ -451,7 +526,7 @@ class LLMEngine:
         num_draft = proposal.num_tokens.tolist()
         drafts = [row[:n] for row, n in zip(proposal.token_ids.tolist(), num_draft, strict=True)]
         rows = [[s.token_ids[-1], *drafts[b]] for b, s in enumerate(seqs)]
-        logits = self.target.forward(rows, slots, starts, [list(range(n + 1)) for n in num_draft])
+        logits = self.target.forward(rows, tables, starts, [list(range(n + 1)) for n in num_draft])
         assert logits is not None
         # verify() checks finiteness itself; a failure there is isolated row by row in _verify.
         flat, failed = self.processing.probs(logits, seqs, drafts, check_rows=False)
@@ -581,6 +656,41 @@ class LLMEngine:
         m.num_accepted_tokens += accepted
         m.num_forgiven_tokens += forgiven
         m.forgiven_positions.extend(positions)
+
+
+def _num_scored(seq: Sequence) -> int:
+    """Prompt positions whose logprobs the request has (position p predicts prompt token p + 1)."""
+    return 0 if seq.prompt_logprobs is None else len(seq.prompt_logprobs) - 1
+
+
+def _kv_cache_blocks(
+    requested: int | None, bytes_per_token: int, max_len: int, max_running: int, device: torch.device
+) -> int:
+    """KV cache blocks for kv_cache_memory_bytes=requested (None: DEFAULT_KV_CACHE_SHARE's rule); at
+    least one request of max_len positions must fit."""
+    block_bytes = BLOCK_SIZE * bytes_per_token
+    per_request = -(-max_len // BLOCK_SIZE)
+    if requested is None:
+        if device.type == "cuda":
+            available = torch.cuda.mem_get_info(device)[0]
+        else:
+            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        share = int(available * DEFAULT_KV_CACHE_SHARE) // block_bytes
+        return max(per_request, min(max_running * per_request, share))
+    if device.type == "cpu" and requested > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
+        logger.warning(
+            "kv_cache_memory_bytes=%d is more than this machine's memory: requests may exhaust it before "
+            "the cap stops them",
+            requested,
+        )
+    if requested // block_bytes < per_request:
+        raise ValueError(
+            f"kv_cache_memory_bytes={requested} holds {requested // block_bytes * BLOCK_SIZE} positions, but "
+            f"one request of max_model_len needs {max_len} ({bytes_per_token} bytes per position, in blocks "
+            f"of {BLOCK_SIZE}); raise kv_cache_memory_bytes to at least {per_request * block_bytes} or lower "
+            "max_model_len"
+        )
+    return requested // block_bytes
 
 
 def _rows(tensor: torch.Tensor, rows: list[int] | None) -> torch.Tensor:

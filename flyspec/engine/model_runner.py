@@ -1,7 +1,9 @@
-"""Batched forward passes of one model over its slot KV cache, and logits -> probabilities for drafts.
+"""Batched forward passes of one model over its paged KV cache, and logits -> probabilities for drafts.
 
 Every pass (prompt chunks, draft steps, target verification) is the same operation: B ragged rows of new
-tokens, row b written at cache positions start[b].. of slot slots[b], padded into one [B, T] forward.
+tokens, row b written at cache positions start[b].. of the blocks in its block table, padded into one
+[B, T] forward. Which blocks a row owns is decided outside (engine/kv_blocks.py); the runner only passes
+the tables on.
 The lm_head runs only on the positions the caller asks for, since it is a large share of a step.
 Per-row bookkeeping stays in Python lists on the CPU; tensors are created on the model's device.
 """
@@ -20,17 +22,17 @@ from flyspec.spec_decode.sampling import first_argmax, inverse_cdf_sample
 
 
 class ModelRunner:
-    """One model with its own KV cache of `num_slots` rows of `max_len` positions.
+    """One model with its own paged KV cache of `num_blocks` blocks of `block_size` positions.
 
     `timer` adds each forward's wall time to the engine's step timings when those are recorded.
     """
 
     def __init__(
-        self, model: torch.nn.Module, num_slots: int, max_len: int, *, timer: PartTimer = UNTIMED
+        self, model: torch.nn.Module, num_blocks: int, block_size: int, *, timer: PartTimer = UNTIMED
     ) -> None:
         self.model = model
         self.timer = timer
-        self.cache = model.new_cache(num_slots, max_len)
+        self.cache = model.new_cache(num_blocks, block_size)
         self.device = next(model.parameters()).device
         self.vocab_size: int = model.vocab_size
 
@@ -38,7 +40,7 @@ class ModelRunner:
     def forward(
         self,
         rows: Seq[Seq[int]],
-        slots: Seq[int],
+        tables: Seq[Seq[int]],
         starts: Seq[int],
         keep: Seq[Seq[int]] | None = None,
         *,
@@ -46,20 +48,21 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """Run rows of new tokens through the model, writing their K/V into the cache.
 
-        rows[b] are token ids at cache positions starts[b], starts[b] + 1, ... of slot slots[b].
+        rows[b] are token ids at cache positions starts[b], starts[b] + 1, ... of the blocks tables[b]
+        (which must cover them).
         keep[b] lists the indices into rows[b] whose logits are wanted. prefill: every row is prompt
         tokens (ForwardBatch.prefill). Returns float32 logits [sum(len(keep[b])), V] in row-major order,
         or None when nothing is kept.
         """
         with self.timer:
-            hidden = self._hidden(rows, slots, starts, keep, prefill)
+            hidden = self._hidden(rows, tables, starts, keep, prefill)
             return None if hidden is None else self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def forward_hidden(
         self,
         rows: Seq[Seq[int]],
-        slots: Seq[int],
+        tables: Seq[Seq[int]],
         starts: Seq[int],
         keep: Seq[Seq[int]],
         *,
@@ -68,7 +71,7 @@ class ModelRunner:
         """Like `forward`, but returns the final hidden states [sum(len(keep[b])), H] of the kept
         positions, so that a caller can turn many positions into logits a slice at a time (`logits`)."""
         with self.timer:
-            return self._hidden(rows, slots, starts, keep, prefill)
+            return self._hidden(rows, tables, starts, keep, prefill)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -78,7 +81,7 @@ class ModelRunner:
     def _hidden(
         self,
         rows: Seq[Seq[int]],
-        slots: Seq[int],
+        tables: Seq[Seq[int]],
         starts: Seq[int],
         keep: Seq[Seq[int]] | None,
         prefill: bool,
@@ -87,8 +90,10 @@ class ModelRunner:
         width = max(lengths)
         padded = [list(r) + [0] * (width - len(r)) for r in rows]
         input_ids = torch.tensor(padded, dtype=torch.int64, device=self.device)
+        num_blocks = max(len(t) for t in tables)
+        blocks = [list(t) + [-1] * (num_blocks - len(t)) for t in tables]
         batch = ForwardBatch(
-            slots=torch.tensor(list(slots), dtype=torch.int64, device=self.device),
+            block_tables=torch.tensor(blocks, dtype=torch.int64, device=self.device),
             start=torch.tensor(list(starts), dtype=torch.int64, device=self.device),
             num_tokens=torch.tensor(lengths, dtype=torch.int64, device=self.device),
             prefill=prefill,

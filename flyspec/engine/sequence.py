@@ -30,9 +30,11 @@ class Sequence:
     """One request.
 
     The target cache's length for this request is owned here, not by the cache: `num_computed` is how
-    many of the request's tokens the target cache holds. Once the prompt is prefilled,
-    `num_computed == num_tokens - 1`: the newest token is always the next one fed to the target. Rolling
-    back is just setting that number lower. (The drafter keeps its own draft-side lengths.)
+    many of the request's tokens the target cache holds, in the KV blocks of `block_table` (handed out by
+    engine/kv_blocks.py). Once the prompt is prefilled, `num_computed == num_tokens - 1`: the newest token
+    is always the next one fed to the target. Rolling back is just setting that number lower. (The drafter
+    keeps its own draft-side lengths.) A preempted request gives its blocks back and later computes its
+    tokens again from the start (`preempt`).
 
     `request_id` is unique among running sequences: the request's own id, or for sample i of an n > 1
     request `f"{i}_{request_id}"` (vLLM's spelling); `group_id` is the request's id in both cases.
@@ -63,7 +65,7 @@ class Sequence:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
-        self.slot: int | None = None
+        self.block_table: list[int] = []
         self.num_computed = 0
         self.text = ""
         self.metrics = RequestMetrics(arrival_time=time.monotonic())
@@ -91,9 +93,20 @@ class Sequence:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens to compute before decoding: the prompt, or after a preemption every token but the
+        newest (which the next decode step feeds)."""
+        return self.num_tokens - 1 if self.output_token_ids else self.num_prompt_tokens
+
+    @property
     def is_prefilling(self) -> bool:
-        """True until the whole prompt is in the target cache."""
-        return self.num_computed < self.num_prompt_tokens
+        """True until the prompt (or, after a preemption, every token but the newest) is in the cache."""
+        return self.num_computed < self.num_prefill_tokens
+
+    @property
+    def is_running(self) -> bool:
+        """True while admitted (holding KV blocks) and not finished."""
+        return self.status is SequenceStatus.RUNNING
 
     @property
     def is_finished(self) -> bool:
@@ -106,10 +119,15 @@ class Sequence:
         u = torch.rand(n, generator=self.generator, dtype=torch.float64)
         return u.clamp_(min=torch.finfo(torch.float64).tiny)
 
-    def start(self, slot: int) -> None:
-        """Admit the request into cache slot `slot`."""
+    def start(self) -> None:
+        """Admit the request (its blocks are in `block_table`)."""
         self.status = SequenceStatus.RUNNING
-        self.slot = slot
+
+    def preempt(self) -> None:
+        """Back to waiting with nothing cached (its blocks were given back); its tokens, random stream and
+        logits state stay, so it continues where it stopped once its tokens are computed again."""
+        self.status = SequenceStatus.WAITING
+        self.num_computed = 0
 
     def finish(self, reason: str) -> None:
         """Mark the request finished with reason "stop", "length", "abort" or "error"."""
@@ -202,6 +220,11 @@ class RequestGroup:
     def __init__(self, request_id: str, seqs: list[Sequence]) -> None:
         self.request_id = request_id
         self.seqs = seqs
+
+    @property
+    def is_running(self) -> bool:
+        """True while admitted (holding KV blocks) and not finished."""
+        return self.status is SequenceStatus.RUNNING
 
     @property
     def is_finished(self) -> bool:

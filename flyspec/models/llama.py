@@ -1,9 +1,9 @@
 """Native PyTorch forward for the Llama family: llama, qwen2 (qkv bias), qwen3 (q/k RMSNorm), mistral.
 
-The model attends over a slot-based `KVCache` with ragged rows (`ForwardBatch`): row b writes the K/V of
-its real tokens at positions `start[b] .. start[b] + num_tokens[b] - 1` of slot `slots[b]`, and query t
-sees keys `0 .. start[b] + t`. Prefill, one-token decode and the verification of K draft tokens are all
-the same call.
+The model attends over a paged `PagedKVCache` with ragged rows (`ForwardBatch`): row b writes the K/V of
+its real tokens at positions `start[b] .. start[b] + num_tokens[b] - 1` of the blocks in its block table,
+and query t sees keys `0 .. start[b] + t`. Prefill, one-token decode and the verification of K draft
+tokens are all the same call.
 
 Speed: a ragged batch (prompt chunks of different lengths, drafts of different lengths) runs its
 projections and MLPs on the real tokens only, packed without padding; q/k/v and gate/up are fused into
@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flyspec.models.kv_cache import KVCache
+from flyspec.models import batch_invariant
+from flyspec.models.kv_cache import PagedKVCache
 from flyspec.models.quantization import prefill_pass, quantize_model, quantized_linear
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
@@ -34,13 +36,15 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 class ForwardBatch:
     """Where each row of a batched forward lives in the KV cache.
 
-    slots: [B] int64 cache slot of each row; start: [B] int64 cache position of the row's first input
-    token; num_tokens: [B] int64 real tokens in the row (inputs at t >= num_tokens[b] are padding: their
-    K/V are never written and their outputs are garbage). prefill: every row is prompt tokens (int4
-    layers then use their int8 prefill copy; flyspec/models/quantization.py).
+    block_tables: [B, W] int64, row b's cache blocks in position order (position p is in block
+    block_tables[b, p // block_size]); entries past the blocks a row needs are -1. start: [B] int64 cache
+    position of the row's first input token; num_tokens: [B] int64 real tokens in the row (inputs at
+    t >= num_tokens[b] are padding: their K/V are never written and their outputs are garbage). prefill:
+    every row is prompt tokens (int4 layers then use their int8 prefill copy;
+    flyspec/models/quantization.py).
     """
 
-    slots: torch.Tensor
+    block_tables: torch.Tensor
     start: torch.Tensor
     num_tokens: torch.Tensor
     prefill: bool = False
@@ -82,9 +86,9 @@ def _arch_from_config(config: Any) -> _Arch:
             f"num_attention_heads={num_heads} must be a multiple of num_key_value_heads={num_kv_heads}"
         )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    partial = getattr(config, "partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
+    rotary_factor = getattr(config, "partial_rotary_factor", 1.0)
+    if rotary_factor != 1.0:
+        raise ValueError(f"partial_rotary_factor={rotary_factor} is not supported (only 1.0)")
     attention_bias = bool(getattr(config, "attention_bias", False))
     num_layers = config.num_hidden_layers
     if model_type == "mistral":
@@ -146,6 +150,10 @@ def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if type(layer) is nn.Linear:
         return F.linear(x, layer.weight, layer.bias)
     return layer.forward(x)
+
+
+def _invariant_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return batch_invariant.padded_rows(partial(_linear, layer), x)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -236,10 +244,9 @@ class _StepPlan:
     cos: torch.Tensor  # [B, T, 1, D], or [N, 1, D] for the N real tokens of a ragged batch
     sin: torch.Tensor  # the same shape, first half negated: rotate_half(x) * sin == roll(x) * sin
     length: int  # keys 0..length-1 are read
-    read_slots: torch.Tensor | slice
-    write_span: tuple[int, int, int] | None  # (slot, start, n) when one row: a plain slice copy
-    write_slot: torch.Tensor | None
-    write_pos: torch.Tensor | None
+    read_blocks: torch.Tensor | None  # [B, nb] blocks to read; None: rows start at 0, inputs are the keys
+    first_block: int | None  # one row whose blocks are one run from here: its keys are a view
+    write_slots: torch.Tensor  # [N] flat cache positions of the real tokens
     write_src: torch.Tensor | None  # rows of the flattened [B*T] inputs that are real tokens
     fold: bool
     layer_masks: list[torch.Tensor | None]
@@ -262,6 +269,8 @@ class LlamaForCausalLM(nn.Module):
         # A plain attribute, not a buffer: `.to(torch.bfloat16)` must not round the frequencies.
         self._inv_freq = rope_inv_freq(config)
         self.quantization: str | None = None
+        # Set by `enable_batch_invariance`: row-invariant matmuls and attention (models/batch_invariant.py).
+        self.batch_invariant = False
         self.requires_grad_(False)  # inference only
         self.register_load_state_dict_pre_hook(self._drop_tied_head)
         self.register_state_dict_post_hook(self._add_tied_head)
@@ -286,10 +295,17 @@ class LlamaForCausalLM(nn.Module):
         """Dtype of the weights (and of the KV cache `new_cache` makes)."""
         return self.model.embed_tokens.weight.dtype
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        """An empty KV cache for `num_slots` sequences of up to `max_len` positions each."""
+    def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty paged KV cache of `num_blocks` blocks of `block_size` positions."""
         a = self.arch
-        return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, num_slots, max_len, self.dtype, self.device)
+        return PagedKVCache(
+            a.num_layers, a.num_kv_heads, a.head_dim, num_blocks, block_size, self.dtype, self.device
+        )
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one position takes over all layers (keys and values)."""
+        a = self.arch
+        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * self.dtype.itemsize
 
     def quantize(self, method: str) -> None:
         """Quantize every linear layer and the lm_head in place (flyspec/models/quantization.py); a tied
@@ -300,33 +316,96 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = quantized_linear(method, embed, None, torch.float32, logits=True)
         self.quantization = method
 
+    def enable_batch_invariance(self) -> None:
+        """Compute every position the same way whatever else shares its forward pass (other rows, other
+        tokens of its own chunk, padding): fixed-shape matmuls and attention (models/batch_invariant.py).
+        Probes this machine's kernels first and raises ValueError, leaving the model unchanged, where
+        they still depend on the batch."""
+        self.batch_invariant = True
+        try:
+            self._probe_batch_invariance()
+        except ValueError:
+            self.batch_invariant = False
+            raise
+
+    def _probe_batch_invariance(self) -> None:
+        """Raise ValueError unless the hidden states of a random 24-token row come out bit-identical
+        computed in one pass, beside a longer row, in two chunks, and with its last token decoded alone
+        and beside another decoding row (the paths a request's positions take in the engine)."""
+        cache = self.new_cache(16, 16)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.vocab_size, (2, 37), generator=gen).to(self.device)
+        a = ids[:1, :24]
+
+        def run(input_ids: torch.Tensor, starts: list[int], nums: list[int], tables: list[list[int]]):
+            t = partial(torch.tensor, dtype=torch.int64, device=self.device)
+            return self(input_ids, ForwardBatch(t(tables), t(starts), t(nums)), cache)
+
+        alone = run(a, [0], [24], [[0, 1]])[0]
+        pair = ids.clone()
+        pair[0, 24:] = 0
+        beside = run(pair, [0, 0], [24, 37], [[2, 3, -1], [4, 5, 6]])[0, :24]
+        run(a[:, :10], [0], [10], [[7, 8]])
+        chunks = run(a[:, 10:], [10], [14], [[7, 8]])[0]
+        run(a[:, :23], [0], [23], [[9, 10]])
+        decoded = run(a[:, 23:], [23], [1], [[9, 10]])[0, 0]
+        run(a[:, :23], [0], [23], [[12, 11]])
+        batched = run(ids[:, 23:24], [23, 36], [1, 1], [[12, 11, -1], [4, 5, 6]])[0, 0]
+        failures = [
+            name
+            for name, got, want in (
+                ("beside a longer row", beside, alone),
+                ("in two chunks", chunks, alone[10:]),
+                ("decoded alone", decoded, alone[23]),
+                ("decoded beside another row", batched, alone[23]),
+            )
+            if not torch.equal(got, want)
+        ]
+        if failures:
+            raise ValueError(
+                "batch_invariant=True is not available for this model on this machine: its positions still "
+                f"differ when computed {', '.join(failures)} (the float matmul or attention kernels of "
+                f"torch {torch.__version__} depend on the batch here); run without batch_invariant"
+            )
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits `[..., V]` of final-norm hidden states (call it only on the positions needed)."""
+        if self.batch_invariant:
+            return batch_invariant.padded_rows(self._logits, hidden)
+        return self._logits(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.quantization is not None:
             return self.lm_head.forward(hidden)
         weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
-    def _plan(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> _StepPlan:
+    def _plan(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache) -> _StepPlan:
         device = input_ids.device
         bsz, seq = input_ids.shape
         group = self.arch.num_heads // self.arch.num_kv_heads
+        bs = cache.block_size
         # One host transfer per forward (none when the batch is on the CPU) for everything that decides
-        # shapes and fast paths.
-        host = torch.cat((batch.slots, batch.start, batch.num_tokens)).tolist()
-        slots = batch.slots.to(device)
+        # shapes, fast paths and bounds.
+        width = batch.block_tables.shape[1]
+        host = torch.cat((batch.start, batch.num_tokens, batch.block_tables.reshape(-1))).tolist()
         start = batch.start.to(device)
         num_tokens = batch.num_tokens.to(device)
-        h_slots, h_start, h_num = host[:bsz], host[bsz : 2 * bsz], host[2 * bsz :]
+        h_start, h_num = host[:bsz], host[bsz : 2 * bsz]
+        tables = [host[2 * bsz + b * width : 2 * bsz + (b + 1) * width] for b in range(bsz)]
         if any(n < 0 or n > seq for n in h_num) or any(s < 0 for s in h_start):
             raise ValueError(f"ForwardBatch out of range: start={h_start}, num_tokens={h_num}, T={seq}")
-        if any(s < 0 or s >= cache.num_slots for s in h_slots):
-            raise ValueError(
-                f"ForwardBatch slots {h_slots} out of range for a cache of {cache.num_slots} slots"
-            )
         length = max(max(s + n for s, n in zip(h_start, h_num, strict=True)), 1)
-        cache.ensure_capacity(length)
+        nb = -(-length // bs)
+        for row, s, n in zip(tables, h_start, h_num, strict=True):
+            needed = row[: -(-(s + n) // bs)]
+            if len(needed) < -(-(s + n) // bs) or any(not 0 <= b < cache.num_blocks for b in needed):
+                raise ValueError(
+                    f"ForwardBatch block table {row} does not cover positions 0..{s + n - 1} with blocks of "
+                    f"a cache of {cache.num_blocks} blocks of {bs} positions"
+                )
+        tables_dev = batch.block_tables.to(device).clamp_min(0)  # -1 padding reads any block, masked
 
         steps = torch.arange(seq, device=device)
         positions = start[:, None] + steps  # [B, T]
@@ -337,28 +416,31 @@ class LlamaForCausalLM(nn.Module):
         sin = torch.cat((-freqs, freqs), dim=-1).sin()[:, :, None, :].to(self.dtype)
 
         full = all(n == seq for n in h_num)
-        write_span = write_slot = write_pos = write_src = None
-        if bsz == 1:
-            write_span = (h_slots[0], h_start[0], h_num[0])
-        else:
-            write_slot = slots[:, None].expand(bsz, seq).reshape(-1)
-            write_pos = positions.reshape(-1)
-            if not full:
-                write_src = (steps < num_tokens[:, None]).reshape(-1).nonzero().squeeze(1)
-                write_slot, write_pos = write_slot[write_src], write_pos[write_src]
-
+        write_src = None
+        if not full:
+            write_src = (steps < num_tokens[:, None]).reshape(-1).nonzero().squeeze(1)
+        # Padding positions may lie past a row's table: clamp them; they are never written.
+        block_col = (positions // bs).clamp_max(tables_dev.shape[1] - 1)
+        write_slots = (tables_dev.gather(1, block_col) * bs + positions % bs).reshape(-1)
         if write_src is not None:  # the projections run on the real tokens only (see forward)
+            write_slots = write_slots[write_src]
             cos = cos.reshape(bsz * seq, 1, -1)[write_src]
             sin = sin.reshape(bsz * seq, 1, -1)[write_src]
 
-        consecutive = h_slots == list(range(h_slots[0], h_slots[0] + bsz))
-        read_slots = slice(h_slots[0], h_slots[0] + bsz) if consecutive else slots
+        # Every row starting at 0 attends to its own inputs only: no cache read at all.
+        from_inputs = all(s == 0 for s in h_start)
+        read_blocks = None if from_inputs else tables_dev[:, :nb]
+        first_block = None
+        if not from_inputs and bsz == 1 and tables[0][:nb] == list(range(tables[0][0], tables[0][0] + nb)):
+            first_block = tables[0][0]
 
-        fold = seq <= _FOLD_MAX_TOKENS
+        invariant = self.batch_invariant
+        fold = invariant or seq <= _FOLD_MAX_TOKENS
         # Fast paths: every key visible (one-token decode of equally long rows), or a plain causal
-        # prefill from position 0 (lets SDPA use its causal kernel).
-        all_visible = seq == 1 and full and all(s + 1 == length for s in h_start)
-        is_causal = not fold and full and seq == length and all(s == 0 for s in h_start)
+        # prefill from position 0 (lets SDPA use its causal kernel). The batch-invariant attention
+        # always takes its mask.
+        all_visible = not invariant and seq == 1 and full and all(s + 1 == length for s in h_start)
+        is_causal = not fold and full and seq == length and from_inputs
         keys = torch.arange(length, device=device)
         by_window: dict[int | None, torch.Tensor | None] = {}
         layer_masks = []
@@ -379,10 +461,9 @@ class LlamaForCausalLM(nn.Module):
             cos,
             sin,
             length,
-            read_slots,
-            write_span,
-            write_slot,
-            write_pos,
+            read_blocks,
+            first_block,
+            write_slots,
             write_src,
             fold,
             layer_masks,
@@ -390,36 +471,50 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def _attention(
-        self, index: int, qk: torch.Tensor, v: torch.Tensor, plan: _StepPlan, cache: KVCache, shape: tuple
+        self,
+        index: int,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        plan: _StepPlan,
+        cache: PagedKVCache,
+        shape: tuple,
     ) -> torch.Tensor:
         """Write this layer's new K/V, attend over the cache; returns [..., H * D] in qk's layout.
 
         qk / v are [B, T, heads, D], or [N, heads, D] for the N real tokens of a ragged batch
-        (`plan.write_src` set): q is scattered into the padded [B, T] layout for the attention only.
+        (`plan.write_src` set): q (and k/v when they are the keys) are scattered into the padded [B, T]
+        layout for the attention only.
         """
         a = self.arch
         bsz, seq = shape
-        q, k = qk[..., : a.num_heads, :], qk[..., a.num_heads :, :]
-        if plan.write_span is not None:
-            slot, pos, n = plan.write_span
-            cache.write_span(index, slot, pos, k[0, :n], v[0, :n])
-        elif plan.write_src is not None:
-            cache.write(index, plan.write_slot, plan.write_pos, k, v)
-            padded = q.new_zeros(bsz * seq, a.num_heads, a.head_dim)
+        h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+        q, k = qk[..., :h, :], qk[..., h:, :]
+        kv = torch.cat((k, v), dim=-2)
+        cache.write(index, plan.write_slots, kv.reshape(-1, 2 * hkv, d))
+        if plan.write_src is not None:
+            padded = q.new_zeros(bsz * seq, h, d)
             padded[plan.write_src] = q
-            q = padded.view(bsz, seq, a.num_heads, a.head_dim)
+            q = padded.view(bsz, seq, h, d)
+        if plan.read_blocks is None:
+            if plan.write_src is not None:
+                padded_kv = kv.new_zeros(bsz * seq, 2 * hkv, d)
+                padded_kv[plan.write_src] = kv
+                kv = padded_kv
+            kv = kv.view(bsz, seq, 2 * hkv, d)[:, : plan.length]
+            keys, values = kv[:, :, :hkv].transpose(1, 2), kv[:, :, hkv:].transpose(1, 2)
         else:
-            k_new = k.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
-            v_new = v.reshape(bsz * seq, a.num_kv_heads, a.head_dim)
-            cache.write(index, plan.write_slot, plan.write_pos, k_new, v_new)
-        keys, values = cache.read(index, plan.read_slots, plan.length)
+            keys, values = cache.read(index, plan.read_blocks, plan.length, plan.first_block)
         mask = plan.layer_masks[index]
         if plan.fold:
-            group = a.num_heads // a.num_kv_heads
-            q = q.reshape(bsz, seq, a.num_kv_heads, group, a.head_dim).transpose(1, 2)
-            q = q.reshape(bsz, a.num_kv_heads, seq * group, a.head_dim)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            out = out.view(bsz, a.num_kv_heads, seq, group, a.head_dim).transpose(1, 2)
+            group = h // hkv
+            q = q.reshape(bsz, seq, hkv, group, d).transpose(1, 2)
+            q = q.reshape(bsz, hkv, seq * group, d)
+            if self.batch_invariant:
+                assert mask is not None
+                out = batch_invariant.attention(q, keys, values, mask)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            out = out.view(bsz, hkv, seq, group, d).transpose(1, 2)
         else:
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
@@ -427,16 +522,14 @@ class LlamaForCausalLM(nn.Module):
                 values,
                 attn_mask=mask,
                 is_causal=plan.is_causal and mask is None,
-                enable_gqa=a.num_heads != a.num_kv_heads,
+                enable_gqa=h != hkv,
             ).transpose(1, 2)
         if plan.write_src is not None:
-            return out.reshape(bsz * seq, a.num_heads * a.head_dim)[plan.write_src]
-        return out.reshape(bsz, seq, a.num_heads * a.head_dim)
+            return out.reshape(bsz * seq, h * d)[plan.write_src]
+        return out.reshape(bsz, seq, h * d)
 
-    # Inference mode (not just no_grad): callers such as the engine run inside inference mode, where a
-    # cache that grows becomes an inference tensor that may only be written inside inference mode.
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         """Final-norm hidden states `[B, T, hidden]`; writes the K/V of the real tokens into `cache`.
 
         A ragged batch (rows shorter than T) runs every projection and MLP on its real tokens only, packed
@@ -446,8 +539,9 @@ class LlamaForCausalLM(nn.Module):
         with prefill_pass(batch.prefill):
             return self._forward(input_ids, batch, cache)
 
-    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         a = self.arch
+        linear = _invariant_linear if self.batch_invariant else _linear
         bsz, seq = input_ids.shape
         plan = self._plan(input_ids, batch, cache)
         num_qk, head_dim = a.num_heads + a.num_kv_heads, a.head_dim
@@ -458,7 +552,7 @@ class LlamaForCausalLM(nn.Module):
         for index, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm.weight, a.eps)
-            qkv = _linear(attn.qkv_proj, x).view(*lead, -1, head_dim)
+            qkv = linear(attn.qkv_proj, x).view(*lead, -1, head_dim)
             qk, v = qkv[..., :num_qk, :], qkv[..., num_qk:, :]
             if a.qk_norm:
                 weight = torch.cat(
@@ -471,11 +565,11 @@ class LlamaForCausalLM(nn.Module):
             # RoPE on q and k together; roll(x, D/2) * sin_signed == rotate_half(x) * sin, bit for bit.
             qk = qk * plan.cos + qk.roll(head_dim // 2, dims=-1) * plan.sin
             out = self._attention(index, qk, v, plan, cache, (bsz, seq))
-            hidden = hidden + _linear(attn.o_proj, out)
+            hidden = hidden + linear(attn.o_proj, out)
 
             x = _rms_norm(hidden, layer.post_attention_layernorm.weight, a.eps)
-            gate, up = _linear(mlp.gate_up_proj, x).chunk(2, dim=-1)
-            hidden = hidden + _linear(mlp.down_proj, F.silu(gate) * up)
+            gate, up = linear(mlp.gate_up_proj, x).chunk(2, dim=-1)
+            hidden = hidden + linear(mlp.down_proj, F.silu(gate) * up)
         hidden = _rms_norm(hidden, self.model.norm.weight, a.eps)
         if src is None:
             return hidden

@@ -16,6 +16,7 @@ from flyspec.spec_decode.metrics import SpecDecodeStats
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+_ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
@@ -33,6 +34,18 @@ _COUNTERS = {
     ),
     "generation_tokens": ("flyspec:generation_tokens", "Tokens generated."),
     "prompt_tokens": ("flyspec:prompt_tokens", "Prompt tokens processed."),
+    "prefix_cache_queries": (
+        "flyspec:prefix_cache_queries",
+        "Prompt tokens of admitted requests looked up in the prefix cache.",
+    ),
+    "prefix_cache_hits": (
+        "flyspec:prefix_cache_hits",
+        "Prompt tokens found in the prefix cache: their KV blocks were shared, their prefill saved.",
+    ),
+    "num_preemptions": (
+        "flyspec:num_preemptions",
+        "Running requests sent back to the queue for lack of KV cache blocks (computed again later).",
+    ),
 }
 
 _LABEL = ["model_name"]
@@ -60,11 +73,9 @@ class ServerMetrics:
             "never exceed it.",
         )
         self.max_running_requests.set(max_running)
-        self._max_running = max_running
         self.kv_cache_usage_perc = gauge(
             "flyspec:kv_cache_usage_perc",
-            "Fraction (0 to 1) of the KV cache held by running requests. The cache is allocated per slot "
-            "(one per admissible request), so this is running requests / the admission cap.",
+            "Fraction (0 to 1) of the KV cache's blocks held by running requests.",
         )
         self.lossy_verification_enabled = gauge(
             "flyspec:lossy_verification_enabled",
@@ -72,13 +83,11 @@ class ServerMetrics:
             "is lossless.",
         )
         self.lossy_verification_enabled.set(1 if lossy else 0)
-        self.num_preemptions = Counter(
-            "flyspec:num_preemptions",
-            "Preemptions of running requests: always 0, the scheduler admits only requests whose decode "
-            "steps always fit and never evicts one.",
-            _LABEL,
-            registry=r,
-        ).labels(**name)
+        self.iteration_tokens = histogram(
+            "flyspec:iteration_tokens_total",
+            "Tokens per engine step: prompt tokens prefilled plus tokens generated.",
+            _ITERATION_BUCKETS,
+        )
         self._counters = {
             key: Counter(metric, doc, _LABEL, registry=r).labels(**name)
             for key, (metric, doc) in _COUNTERS.items()
@@ -153,6 +162,11 @@ class ServerMetrics:
 
     def update(self, stats: SpecDecodeStats, num_running: int, num_waiting: int) -> None:
         """Move the counters by what the engine counted since the last call and set the gauges."""
+        step_tokens = sum(
+            getattr(stats, key) - getattr(self._last, key) for key in ("prompt_tokens", "generation_tokens")
+        )
+        if step_tokens:
+            self.iteration_tokens.observe(step_tokens)
         for key, counter in self._counters.items():
             delta = getattr(stats, key) - getattr(self._last, key)
             if delta:
@@ -165,4 +179,4 @@ class ServerMetrics:
                 self._last.accepted_per_position[i] = stats.accepted_per_position[i]
         self.num_requests_running.set(num_running)
         self.num_requests_waiting.set(num_waiting)
-        self.kv_cache_usage_perc.set(num_running / self._max_running)
+        self.kv_cache_usage_perc.set(stats.kv_cache_usage)

@@ -1,4 +1,5 @@
-"""Engine-wide acceptance counters (read by the server's /metrics and by the benchmarks)."""
+"""Engine-wide counters: acceptance, tokens, prefix cache, preemptions (read by the server's /metrics, the
+benchmarks and `LLM.stats`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ class SpecDecodeStats(AcceptanceRates):
 
     accepted_per_position[i] counts verification steps whose i-th draft token was kept (forgiven
     tokens included); its length is K (0 without speculation).
+
+    prefix_cache_queries / prefix_cache_hits: prompt tokens of admitted requests looked up in the prefix
+    cache, and those found there (vLLM's counters, in tokens): each hit is a prompt token whose K/V was
+    shared, so the target (and a same-vocabulary draft) did not prefill it. num_preemptions: running
+    requests sent back to the queue for lack of KV blocks. kv_cache_usage: fraction of the KV cache's
+    blocks held by requests after the last step (a gauge, not a counter).
     """
 
     num_speculative_tokens: int = 0
@@ -23,6 +30,10 @@ class SpecDecodeStats(AcceptanceRates):
     num_forgiven_tokens: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    kv_cache_usage: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -44,9 +44,11 @@ class Drafter(ABC):
     num_speculative_tokens: int
 
     @abstractmethod
-    def prefill(self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int]) -> None:
-        """The target just took prompt chunks: rows[b] at positions starts[b].. of cache slot slots[b]
-        (a drafter with a cache of its own may take them in the same step)."""
+    def prefill(self, seqs: Seq[Sequence], rows: Seq[Seq[int]], starts: Seq[int]) -> None:
+        """The target just took prompt chunks: rows[b] of request seqs[b] at positions starts[b].. (a
+        drafter with a cache of its own may take them in the same step; positions before starts[b] are
+        already in the request's KV blocks, computed by an earlier chunk or shared from another request
+        with the same prompt prefix)."""
 
     @abstractmethod
     def propose(self, seqs: Seq[Sequence], uniform: torch.Tensor) -> Proposal:

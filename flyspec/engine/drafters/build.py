@@ -10,6 +10,7 @@ from flyspec.engine.drafters.cross_vocab import CrossVocabDrafter
 from flyspec.engine.drafters.draft_model import DraftModelDrafter
 from flyspec.engine.drafters.ngram import NgramDrafter
 from flyspec.engine.drafters.vocab_map import VocabMap
+from flyspec.engine.kv_blocks import BlockManager
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.timing import PartTimer
 from flyspec.models.loader import LoadedModel
@@ -22,31 +23,28 @@ def build_drafter(
     target: LoadedModel,
     draft: LoadedModel | None,
     *,
-    num_slots: int,
+    blocks: BlockManager,
     max_model_len: int,
     timer: PartTimer,
 ) -> Drafter:
     """The drafter for `spec`: n-gram lookup, or the loaded `draft` model (Token-Level Intersection when
-    its vocabulary differs from the target's). `timer` times the draft model's forward passes."""
+    its vocabulary differs from the target's). `blocks` are the target's KV blocks: a draft model's cache
+    gets as many (the engine sized them for both). `timer` times the draft model's forward passes."""
     k = spec.num_speculative_tokens
     if spec.method == "ngram":
         assert spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None
         return NgramDrafter(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
     assert draft is not None, "method='draft_model' needs the loaded draft model"
+    runner = ModelRunner(draft.model, blocks.num_blocks, blocks.block_size, timer=timer)
     if _same_vocabulary(target, draft):
-        # Verification writes up to K positions past the last kept token, as in the target's cache.
-        runner = ModelRunner(draft.model, num_slots, max_model_len + k + 1, timer=timer)
+        # The target's block tables address the draft's cache too: a freed block is freed in both.
+        blocks.add_release_hook(runner.cache.release)
         return DraftModelDrafter(runner, k, spec.draft_sample_method)
-    return _cross_vocab(spec, target, draft, num_slots, max_model_len, timer)
+    return _cross_vocab(spec, target, draft, runner, max_model_len)
 
 
 def _cross_vocab(
-    spec: SpeculativeConfig,
-    target: LoadedModel,
-    draft: LoadedModel,
-    num_slots: int,
-    max_model_len: int,
-    timer: PartTimer,
+    spec: SpeculativeConfig, target: LoadedModel, draft: LoadedModel, runner: ModelRunner, max_model_len: int
 ) -> CrossVocabDrafter:
     if spec.draft_sample_method == "probabilistic":
         raise ValueError(
@@ -56,9 +54,9 @@ def _cross_vocab(
             "it unset"
         )
     vocab_map = VocabMap(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
-    # The draft may need more tokens than the target for the same text; its cache grows on demand.
-    cache_len = min(2 * max_model_len, draft.model.max_position_embeddings)
-    runner = ModelRunner(draft.model, num_slots, cache_len, timer=timer)
+    # The draft may need more tokens than the target for the same text, up to this many per request; its
+    # blocks are its own (positions differ from the target's), as many as the target has.
+    max_len = min(2 * max_model_len, draft.model.max_position_embeddings)
     logger.info(
         "cross-vocabulary draft %s: Token-Level Intersection of %d of its %d token ids with the target's "
         "%d; drafting greedily",
@@ -67,7 +65,7 @@ def _cross_vocab(
         draft.model.vocab_size,
         target.model.vocab_size,
     )
-    return CrossVocabDrafter(runner, spec.num_speculative_tokens, vocab_map)
+    return CrossVocabDrafter(runner, spec.num_speculative_tokens, vocab_map, max_len)
 
 
 def _same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:

@@ -4,8 +4,10 @@ Each step, each request's `DraftView` takes in the newly committed target tokens
 its longest prefix that still matches the view and the rest is fed again (catch-up, in chunks of at most
 `catch_up_chunk` tokens per row); then K passes draft argmax tokens restricted to the intersection,
 mapped to target ids. A rejection by the target and a re-tokenisation at the end of the text are thus the
-same rollback, found when drafting, so `prefill` and `commit` have nothing to do. A request whose text
-ends inside a UTF-8 character, or whose view would outgrow the draft cache, drafts nothing for that step.
+same rollback, found when drafting, so `prefill` and `commit` have nothing to do. The draft cache's
+blocks are the drafter's own (its positions are not the target's): a request gets blocks as its view
+grows and gives them back when it ends. A request whose text ends inside a UTF-8 character, whose view
+would outgrow `max_len`, or that finds no free draft block drafts nothing for that step.
 No probabilities: greedy drafts are one-hot, which verification handles without them.
 """
 
@@ -19,6 +21,7 @@ import torch
 
 from flyspec.engine.drafters.base import Drafter, Proposal
 from flyspec.engine.drafters.vocab_map import DraftView, VocabMap, target_tokens_since
+from flyspec.engine.kv_blocks import BlockManager
 from flyspec.engine.model_runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -27,19 +30,29 @@ if TYPE_CHECKING:
 
 @dataclass
 class _RequestState:
-    """One request's draft-side state: its text in draft tokens, and the draft ids its cache holds."""
+    """One request's draft-side state: its text in draft tokens, the draft ids its cache holds, and the
+    draft cache blocks that hold them."""
 
     view: DraftView
     cached: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
 
 
 class CrossVocabDrafter(Drafter):
     """Token-Level Intersection drafting (greedy only) with its own per-request view and cache lengths."""
 
     def __init__(
-        self, runner: ModelRunner, num_speculative_tokens: int, vocab_map: VocabMap, catch_up_chunk: int = 512
+        self,
+        runner: ModelRunner,
+        num_speculative_tokens: int,
+        vocab_map: VocabMap,
+        max_len: int,
+        catch_up_chunk: int = 512,
     ) -> None:
         self.runner = runner
+        self.max_len = max_len
+        self.blocks = BlockManager(runner.cache.num_blocks, runner.cache.block_size)
+        self.blocks.add_release_hook(runner.cache.release)
         self.num_speculative_tokens = num_speculative_tokens
         self.map = vocab_map
         self.catch_up_chunk = catch_up_chunk
@@ -47,15 +60,17 @@ class CrossVocabDrafter(Drafter):
         self._to_target = vocab_map.draft_to_target.to(runner.device)
         self._states: dict[str, _RequestState] = {}
 
-    def prefill(self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int]) -> None:
+    def prefill(self, seqs: Seq[Sequence], rows: Seq[Seq[int]], starts: Seq[int]) -> None:
         """Nothing yet: the draft needs the prompt in its own tokens, which it builds when it first drafts."""
 
     def commit(self, seqs: Seq[Sequence], num_accepted: Seq[int]) -> None:
         """Nothing: the next `propose` finds what changed by comparing the view with the cached ids."""
 
     def release(self, seq: Sequence) -> None:
-        """Drop the request's view and cache record."""
-        self._states.pop(seq.request_id, None)
+        """Drop the request's view and cache record, and give its draft blocks back."""
+        state = self._states.pop(seq.request_id, None)
+        if state is not None:
+            self.blocks.free(state.blocks)
 
     def _catch_up(self, seq: Sequence) -> list[int] | None:
         """Bring the request's view up to date and trim its draft cache to the longest prefix that still
@@ -71,7 +86,11 @@ class CrossVocabDrafter(Drafter):
         while common < min(len(cached), len(ids)) and cached[common] == ids[common]:
             common += 1
         del cached[common:]
-        if not view.ready or not ids or len(ids) + self.num_speculative_tokens > self.runner.cache.max_len:
+        # The passes write the view plus the first K - 1 drafts.
+        needed = len(ids) + self.num_speculative_tokens
+        if not view.ready or not ids or needed > self.max_len:
+            return None
+        if not self.blocks.allocate(state.blocks, needed):
             return None
         if len(cached) == len(ids):
             cached.pop()  # the newest id is fed again: its logits start the draft
@@ -89,12 +108,12 @@ class CrossVocabDrafter(Drafter):
             return Proposal(token_ids, num_tokens, None)
         states = [self._states[seqs[b].request_id] for b in active]
         rows = [row for row in todo if row is not None]
-        slots = [seqs[b].slot for b in active]
+        tables = [state.blocks for state in states]
         starts = [len(state.cached) for state in states]
-        self._feed_long_rows(rows, slots, starts, states)
+        self._feed_long_rows(rows, tables, starts, states)
         picked_rows: list[torch.Tensor] = []
         for _ in range(k):
-            logits = self.runner.forward(rows, slots, starts, keep=[[len(r) - 1] for r in rows])
+            logits = self.runner.forward(rows, tables, starts, keep=[[len(r) - 1] for r in rows])
             assert logits is not None
             picked = self.map.greedy_pick(logits, self._allowed)
             picked_rows.append(picked)
@@ -112,7 +131,7 @@ class CrossVocabDrafter(Drafter):
         return Proposal(token_ids, num_tokens, None)
 
     def _feed_long_rows(
-        self, rows: list[list[int]], slots: list[int], starts: list[int], states: list[_RequestState]
+        self, rows: list[list[int]], tables: list[list[int]], starts: list[int], states: list[_RequestState]
     ) -> None:
         """Long catch-ups (a new prompt) go in bounded chunks first, so one pass never gets very wide;
         shortens `rows` and advances `starts` in place."""
@@ -122,7 +141,7 @@ class CrossVocabDrafter(Drafter):
             if not long:
                 return
             self.runner.forward(
-                [rows[i][:chunk] for i in long], [slots[i] for i in long], [starts[i] for i in long]
+                [rows[i][:chunk] for i in long], [tables[i] for i in long], [starts[i] for i in long]
             )
             for i in long:
                 states[i].cached.extend(rows[i][:chunk])

@@ -4,10 +4,15 @@ K sequential batched forward passes of the draft model, one per draft position. 
 catches up the tokens the draft has not seen yet (the previous step's kept drafts that it did not cache,
 and the target's final token), so its rows are ragged.
 
-Draft cache lengths (one per cache slot, owned here): after a prompt chunk, the draft holds what the
+The draft's KV cache has as many blocks as the target's, and a request's block table serves both (each
+block holds the target's and the draft's keys and values for the same positions), so blocks come and go
+with the target's, and a prompt prefix shared between requests is shared by the draft too.
+
+Draft cache lengths (one per request, owned here): after a prompt chunk, the draft holds what the
 target holds. `propose` leaves every current token of the request plus the first K - 1 drafts in the
 cache; `commit` keeps the current tokens and the min(a, K - 1) accepted drafts that are cached, so the
-rejected ones are rolled back by a smaller length (they are overwritten later, never copied).
+rejected ones are rolled back by a smaller length (they are overwritten later, never copied). The
+target's blocks always cover these positions: they cover its own, K + 1 past its newest kept token.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ class DraftModelDrafter(Drafter):
         self.runner = runner
         self.num_speculative_tokens = num_speculative_tokens
         self.sample_method = sample_method
-        # Tokens of each slot's request held by the draft cache.
-        self._cached = [0] * runner.cache.num_slots
+        # Tokens of each request held by the draft cache.
+        self._cached: dict[str, int] = {}
 
     def drafts_greedily(self, seq: Sequence) -> bool:
         """Whether this request's drafts are argmax tokens."""
@@ -46,11 +51,11 @@ class DraftModelDrafter(Drafter):
             return seq.params.greedy
         return self.sample_method == "greedy"
 
-    def prefill(self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int]) -> None:
+    def prefill(self, seqs: Seq[Sequence], rows: Seq[Seq[int]], starts: Seq[int]) -> None:
         """Run the prompt chunks through the draft model too, so the first proposal has little to catch up."""
-        self.runner.forward(rows, slots, starts, prefill=True)
-        for row, slot, start in zip(rows, slots, starts, strict=True):
-            self._cached[slot] = start + len(row)
+        self.runner.forward(rows, [s.block_table for s in seqs], starts, prefill=True)
+        for seq, row, start in zip(seqs, rows, starts, strict=True):
+            self._cached[seq.request_id] = start + len(row)
 
     def propose(self, seqs: Seq[Sequence], uniform: torch.Tensor) -> Proposal:
         """K draft tokens per request; `uniform` [B, K] float64 holds each row's own numbers."""
@@ -61,12 +66,12 @@ class DraftModelDrafter(Drafter):
         # treats exactly like a drafter without probabilities. So an all-greedy batch skips q entirely.
         all_greedy = bool(greedy.all())
         params = [s.params for s in seqs]
-        slots = [s.slot for s in seqs]
-        starts = [self._cached[slot] for slot in slots]
+        tables = [s.block_table for s in seqs]
+        starts = [self._cached[s.request_id] for s in seqs]
         rows = [s.token_ids[start:] for s, start in zip(seqs, starts, strict=True)]
         tokens, probs = [], []
         for j in range(k):
-            logits = self.runner.forward(rows, slots, starts, keep=[[len(r) - 1] for r in rows])
+            logits = self.runner.forward(rows, tables, starts, keep=[[len(r) - 1] for r in rows])
             picked = first_argmax(logits)
             if not all_greedy:
                 q = logits_to_probs(logits, params)
@@ -77,8 +82,8 @@ class DraftModelDrafter(Drafter):
             if j + 1 < k:
                 rows = [[t] for t in picked.tolist()]
                 starts = [s.num_tokens + j for s in seqs]
-        for s, slot in zip(seqs, slots, strict=True):
-            self._cached[slot] = s.num_tokens  # the K - 1 drafts fed back count once kept (`commit`)
+        for s in seqs:
+            self._cached[s.request_id] = s.num_tokens  # the K - 1 drafts fed back count once kept (`commit`)
         token_ids = torch.stack(tokens, dim=1).cpu()  # the engine builds its rows on the CPU
         num_tokens = torch.full((len(seqs),), k, dtype=torch.int64)
         return Proposal(token_ids, num_tokens, None if all_greedy else torch.stack(probs, dim=1))
@@ -87,7 +92,8 @@ class DraftModelDrafter(Drafter):
         """Keep the accepted drafts that are cached; the rest of the proposal is rolled back."""
         cached_drafts = self.num_speculative_tokens - 1
         for seq, a in zip(seqs, num_accepted, strict=True):
-            self._cached[seq.slot] += min(a, cached_drafts)
+            self._cached[seq.request_id] += min(a, cached_drafts)
 
     def release(self, seq: Sequence) -> None:
-        """Nothing to forget: the slot's next request starts its prefill at position 0."""
+        """Forget the request's draft cache length (its blocks go back with the target's)."""
+        self._cached.pop(seq.request_id, None)

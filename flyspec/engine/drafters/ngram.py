@@ -45,7 +45,7 @@ class NgramDrafter(Drafter):
         self.min_n = min_n
         self.max_n = max_n
 
-    def prefill(self, rows: Seq[Seq[int]], slots: Seq[int], starts: Seq[int]) -> None:
+    def prefill(self, seqs: Seq[Sequence], rows: Seq[Seq[int]], starts: Seq[int]) -> None:
         """Nothing: the lookup reads the request's tokens when it drafts."""
 
     def propose(self, seqs: Seq[Sequence], uniform: torch.Tensor | None = None) -> Proposal:
