@@ -36,6 +36,7 @@ from flyspec.spec_decode.logits_processors import unpack_bitmask
 
 GRAMMAR_FAILED = "the grammar failed while generating (too complex for the grammar engine's limits)"
 """How a grammar that compiled but broke llguidance's limits on a later token is reported."""
+_LIMITS = ("LexerTooComplex", "ParserTooComplex")
 
 
 class GrammarMatcher:
@@ -48,9 +49,13 @@ class GrammarMatcher:
 
     def accept(self, token: int) -> None:
         """Consume a committed token; ValueError if the grammar does not allow it (it never should: the
-        mask gave it probability 0)."""
+        mask gave it probability 0) or if llguidance gives up on the grammar at it (its resource limits)."""
         if not self._matcher.consume_token(token):
-            raise ValueError(f"the grammar rejected token {token}: {self._matcher.get_error()}")
+            full = self._matcher.get_error()
+            # llguidance's stop_reason() can say InternalError where its report says which limit it hit.
+            if self._matcher.stop_reason() in _LIMITS or any(f"Stop: {r}" in full for r in _LIMITS):
+                raise ValueError(f"structured_outputs.{self.field}: {GRAMMAR_FAILED}: {_first_line(full)}")
+            raise ValueError(f"the grammar rejected token {token}: {_first_line(full)}")
 
     @property
     def is_finished(self) -> bool:
@@ -118,7 +123,7 @@ class Grammars:
         # time goes, so it belongs to compiling, not to the engine's first step.
         matcher.compute_bitmask()
         if matcher.is_error():
-            error = matcher.get_error()
+            error = _first_line(matcher.get_error())
             raise ValueError(f"structured_outputs.{field}: the grammar does not compile: {error}")
         with self._lock:
             self._compiled[grammar] = matcher
@@ -160,7 +165,8 @@ class Grammars:
         for m in matchers:
             if m._matcher.is_error():
                 # Past compiling, llguidance fails only on its resource limits: the grammar is too complex.
-                raise ValueError(f"structured_outputs.{m.field}: {GRAMMAR_FAILED}: {m._matcher.get_error()}")
+                error = _first_line(m._matcher.get_error())
+                raise ValueError(f"structured_outputs.{m.field}: {GRAMMAR_FAILED}: {error}")
         return unpack_bitmask(bitmask.to(device), self.vocab_size)
 
 
@@ -272,3 +278,8 @@ class _ByteLevelVocabulary:
 
     def __call__(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
+
+
+def _first_line(error: str) -> str:
+    """llguidance's error without the parser state and grammar dump that follow it."""
+    return error.split("\n", 1)[0]
