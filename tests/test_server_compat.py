@@ -403,6 +403,21 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
         ("guided_json (vLLM)", c, {**chat, "guided_json": schema}, None),
         ("guided_choice (vLLM)", p, {**comp, "guided_choice": ["yes", "no"]}, None),
         ("structured_outputs regex (vLLM)", p, {**comp, "structured_outputs": {"regex": "[0-9]+"}}, None),
+        ("guided_choice with é, CJK, emoji", p, {**comp, "guided_choice": ["café", "東京", "🙂"]}, None),
+        ("guided_regex with é, CJK, emoji", c, {**chat, "guided_regex": "(thé|東京タワー|👍🏽)+"}, None),
+        (
+            "json_schema enum with é",
+            c,
+            {
+                **chat,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"enum": ["café", "crème brûlée"]}},
+                },
+            },
+            None,
+        ),
+        ('guided_regex "(x{1000}){1000}"', p, {**comp, "guided_regex": "(x{1000}){1000}"}, "guided_regex"),
         (
             "response_format and guided_json together",
             c,
@@ -441,6 +456,7 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
         ("presence_penalty 3", c, {**chat, "presence_penalty": 3}, "presence_penalty"),
         ('logit_bias {"50": 5}', c, {**chat, "logit_bias": {"50": 5}}, None),
         ('logit_bias {"50": 500}', c, {**chat, "logit_bias": {"50": 500}}, "logit_bias.50"),
+        ("logit_bias key of 5,000 digits", c, {**chat, "logit_bias": {"7" * 5000: 1}}, "logit_bias"),
         (
             'logit_bias {"999999": 1} (outside the vocabulary)',
             c,

@@ -263,8 +263,9 @@ def _health_latencies(url: str, until: threading.Event, into: list[tuple[float, 
 @pytest.mark.slow  # SmolLM2, 21 MB of bodies and seconds of tokenisation on purpose
 def test_health_and_a_small_request_stay_fast_while_the_worst_bodies_are_in_flight(smollm2: Server) -> None:
     """While a 6.8 MB chat body of 200,000 messages and two 7 MB /tokenize calls are in flight, every
-    /health answers within 200 ms (plus the worst solo /health latency seen on this machine in the same
-    test), and the median latency of a small unrelated completion stays within 2x its solo median.
+    /health answers within 200 ms (plus the slowest of 300 solo /health probes on this machine in the
+    same test: the machine's own noise), and the median latency of a small unrelated completion stays
+    within 2x its solo median (run with -s to see the numbers).
 
     Before, pydantic parsed the 200,000 messages on the event loop (/health took 1.6 s) and all
     tokenisation shared one thread (the small completion waited 7 s behind the two /tokenize calls). Now
@@ -290,6 +291,8 @@ def test_health_and_a_small_request_stay_fast_while_the_worst_bodies_are_in_flig
     poller = threading.Thread(target=_health_latencies, args=(smollm2.url, stop, solo_health))
     poller.start()
     solo = small_latencies(5)
+    while len(solo_health) < 300:  # the slowest of as many probes as the loaded phase sends
+        time.sleep(0.05)
     stop.set()
     poller.join()
 
@@ -311,6 +314,11 @@ def test_health_and_a_small_request_stay_fast_while_the_worst_bodies_are_in_flig
         poller.join()
     during = [latency for t0, latency in loaded_health if started <= t0 <= ended]
     bound = 0.2 + max(latency for _, latency in solo_health)
+    print(
+        f"\n/health: {len(during)} probes under load, slowest {max(during) * 1000:.0f} ms (solo slowest "
+        f"{(bound - 0.2) * 1000:.0f} ms); small completion median {statistics.median(loaded):.2f} s under "
+        f"load, {statistics.median(solo):.2f} s solo; heavy requests took {ended - started:.1f} s"
+    )
     assert len(during) > 20 and max(during) < bound, (max(during), bound, len(during))
     assert statistics.median(loaded) < 2 * statistics.median(solo), (loaded, solo)
     assert still_running >= 2  # the small requests ran while the /tokenize calls were in flight

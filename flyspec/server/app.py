@@ -335,7 +335,7 @@ async def _compile_grammar(state: ServerState, constraint: Constraint | None) ->
     except GrammarTimeout as exc:
         raise constraint.error(
             f"structured_outputs.{constraint.field}: the grammar did not compile within {exc.budget_s:g} s "
-            "(--grammar-timeout); simplify it (nested bounded repeats such as (x{{1000}}){{1000}} expand "
+            "(--grammar-timeout); simplify it (nested bounded repeats such as (x{1000}){1000} expand "
             "into huge automata)"
         ) from None
     except ValueError as exc:
