@@ -100,6 +100,8 @@ def test_serve_starts_logs_serves_and_stops(tmp_path: Path) -> None:
         (["--log-level", "loud"], "--log-level='loud'"),
         (["--max-request-bytes", "0"], "--max-request-bytes=0"),
         (["--kv-cache-memory-bytes", "lots"], "--kv-cache-memory-bytes='lots'"),
+        (["--request-read-timeout", "0"], "--request-read-timeout=0.0"),
+        (["--grammar-timeout", "-1"], "--grammar-timeout=-1.0"),
     ],
 )
 def test_serve_config_mistakes_are_one_line_errors(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -203,6 +203,55 @@ def test_models_card_and_utility_routes(server: Server) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
+def test_models_retrieve_tokenizer_info_and_lm_evals_remote_tokenizer(server: Server) -> None:
+    """The openai client's models.retrieve gets the served card (an unknown id: NotFoundError, a 404
+    naming the model); /tokenizer_info answers vLLM's shape (tokenizer config without file paths, class,
+    chat template; behind the key like /tokenize); and lm-eval 0.4.13's `tokenizer_backend=auto` probe
+    accepts the server, whose RemoteTokenizer then encodes, decodes, finds EOS and renders chats exactly
+    as the model's own tokenizer does. Before, /v1/models/{id} and /tokenizer_info were 404s, so `auto`
+    fell back to a hub lookup of the model name."""
+    import transformers
+    from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
+
+    client = _client(server)
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="'gpt-4o' is not served here") as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
+    info = httpx.get(f"{server.url}/tokenizer_info", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert httpx.get(f"{server.url}/tokenizer_info").status_code == 401
+    assert not [key for key in info if key.endswith("_file")]
+    assert info["eos_token"] == "</s>" and info["bos_token"] == "<s>"
+    assert info["tokenizer_class"] == "PreTrainedTokenizerFast" and "chat_template" in info
+    assert check_remote_tokenizer_support(server.url, auth_token=KEY)
+    remote = RemoteTokenizer(server.url, auth_token=KEY)
+    own = transformers.AutoTokenizer.from_pretrained(server.engine.config.model)
+    text = "w1 w2 w3"
+    assert remote.encode(text) == own(text, add_special_tokens=False).input_ids
+    assert remote.decode(remote.encode(text)) == text
+    assert (remote.eos_token_id, remote.bos_token_id) == (own.eos_token_id, own.bos_token_id)
+    rendered = own.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert remote.apply_chat_template(CHAT) == rendered
+
+
+def test_text_prompts_get_special_tokens_as_the_tokenizer_adds_them(server: Server) -> None:
+    """vLLM's completions behaviour: a text prompt is tokenised with the model tokenizer's own special
+    tokens (this tiny Llama-style tokenizer prepends <s>; add_special_tokens false leaves it out), a
+    token-id prompt is taken as it is, and /tokenize, the usage the server charges and the prompt
+    logprobs all agree."""
+    import transformers
+
+    own = transformers.AutoTokenizer.from_pretrained(server.engine.config.model)
+    text = "w1 w2 w3"
+    for special in (True, False):
+        expected = own(text, add_special_tokens=special).input_ids
+        body = {"prompt": text, "add_special_tokens": special}
+        assert server.post("/tokenize", body).json()["tokens"] == expected
+        used = server.post("/v1/completions", {**body, "max_tokens": 1, "prompt_logprobs": 0}).json()
+        assert used["usage"]["prompt_tokens"] == len(expected)
+        assert [int(next(iter(p))) for p in used["choices"][0]["prompt_logprobs"][1:]] == expected[1:]
+
+
 def test_vllm_metric_names_with_model_name(server: Server) -> None:
     """The metrics vLLM dashboards read exist under flyspec: with model_name on every series: the
     admission cap, KV cache usage, preemptions (always 0), request_success by finished_reason, and queue /
@@ -354,6 +403,21 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
         ("guided_json (vLLM)", c, {**chat, "guided_json": schema}, None),
         ("guided_choice (vLLM)", p, {**comp, "guided_choice": ["yes", "no"]}, None),
         ("structured_outputs regex (vLLM)", p, {**comp, "structured_outputs": {"regex": "[0-9]+"}}, None),
+        ("guided_choice with é, CJK, emoji", p, {**comp, "guided_choice": ["café", "東京", "🙂"]}, None),
+        ("guided_regex with é, CJK, emoji", c, {**chat, "guided_regex": "(thé|東京タワー|👍🏽)+"}, None),
+        (
+            "json_schema enum with é",
+            c,
+            {
+                **chat,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"enum": ["café", "crème brûlée"]}},
+                },
+            },
+            None,
+        ),
+        ('guided_regex "(x{1000}){1000}"', p, {**comp, "guided_regex": "(x{1000}){1000}"}, "guided_regex"),
         (
             "response_format and guided_json together",
             c,
@@ -392,6 +456,7 @@ def _probe_rows() -> list[tuple[str, str, dict[str, Any], str | None]]:
         ("presence_penalty 3", c, {**chat, "presence_penalty": 3}, "presence_penalty"),
         ('logit_bias {"50": 5}', c, {**chat, "logit_bias": {"50": 5}}, None),
         ('logit_bias {"50": 500}', c, {**chat, "logit_bias": {"50": 500}}, "logit_bias.50"),
+        ("logit_bias key of 5,000 digits", c, {**chat, "logit_bias": {"7" * 5000: 1}}, "logit_bias"),
         (
             'logit_bias {"999999": 1} (outside the vocabulary)',
             c,
@@ -476,17 +541,15 @@ def test_agent_history_renders_through_the_real_qwen_template() -> None:
 
     from flyspec.server.prompts import PromptEncoder
     from flyspec.server.protocol import ChatCompletionRequest, parse_body
+    from flyspec.server.workers import Workers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(assets.model_dir(QWEN), fix_mistral_regex=False)
     messages = [{"role": "user", "content": "add 1 and 2"}, *AGENT_HISTORY[2:]]
     messages[2] = {**messages[2], "content": "3"}
     req = parse_body(ChatCompletionRequest, json.dumps({"messages": messages}).encode())
     req.check(max_messages=4096)
-    encoder = PromptEncoder(tokenizer, len(tokenizer), 4096)
-    try:
-        ids = asyncio.run(encoder.chat_ids(req.template_messages()))
-    finally:
-        encoder.close()
+    encoder = PromptEncoder(tokenizer, len(tokenizer), 4096, Workers(grammar_budget_s=2.0))
+    ids = asyncio.run(encoder.chat_ids(req.template_messages()))
     text = tokenizer.decode(ids)
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in text
     assert "<tool_response>\n3\n</tool_response>" in text

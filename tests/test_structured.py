@@ -278,3 +278,72 @@ def test_real_model_json_schema_under_aggressive_fly():
         assert completion.finish_reason == "stop", completion.text
         jsonschema.validate(json.loads(completion.text), SCHEMA)
     assert llm.engine.stats.num_forgiven_tokens > 0
+
+
+# Text a grammar must let a model spell, whatever its tokenizer: accents, CJK and emoji (4-byte UTF-8,
+# which byte-level vocabularies split across tokens in the middle of a character).
+UNICODE_CHOICES = ["café", "thé", "東京タワー", "🙂👍🏽"]
+UNICODE_SPECS = [
+    StructuredOutputsParams(choice=UNICODE_CHOICES),
+    StructuredOutputsParams(regex="(café|thé|東京タワー|🙂👍🏽)"),
+    StructuredOutputsParams(json={"type": "string", "enum": UNICODE_CHOICES}),
+]
+QWEN = Path.home() / ".cache/flyspec/models/qwen2.5-coder-0.5b-instruct"
+
+
+def _check_unicode_grammars(folder: Path) -> None:
+    """Over a prepared model's own tokenizer: every token's bytes decode to the tokenizer's own text for
+    it; and for each Unicode constraint, the model's own tokens of every allowed text are allowed by the
+    mask at each step, end in a complete match (EOS allowed), and a near miss is masked out."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    vocab = len(tokenizer)
+    eos = tokenizer.eos_token_id
+    grammars = Grammars(tokenizer, vocab, [eos])
+    grammars.prepare()
+    texts = tokenizer.batch_decode([[i] for i in range(vocab)], clean_up_tokenization_spaces=False)
+    # llguidance marks special tokens with a leading 0xFF byte, so the token of byte 0xFF alone reads as
+    # special; 0xFF never occurs in UTF-8 text, so no grammar over text can want it.
+    skip = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    skip |= set(tokenizer.convert_tokens_to_ids(["ÿ"]))
+    spelled = grammars._tokenizer
+    wrong = [
+        i
+        for i in range(vocab)
+        if i not in skip and spelled.decode_bytes([i]).decode("utf-8", "replace") != texts[i]
+    ]
+    assert wrong == []
+    for spec in UNICODE_SPECS:
+        quote = '"' if spec.json is not None else ""
+        for text in UNICODE_CHOICES:
+            matcher = grammars.matcher(spec)
+            for token in tokenizer(quote + text + quote, add_special_tokens=False).input_ids:
+                assert grammars.masks([matcher], [[]], torch.device("cpu"))[0, token], (spec, text, token)
+                matcher.accept(token)
+            assert grammars.masks([matcher], [[]], torch.device("cpu"))[0, eos], (spec, text)
+        near_miss = tokenizer(quote + "cafe" + quote, add_special_tokens=False).input_ids
+        matcher = grammars.matcher(spec)
+        allowed = []
+        for token in near_miss:
+            allowed.append(bool(grammars.masks([matcher], [[]], torch.device("cpu"))[0, token]))
+            if not allowed[-1]:
+                break
+            matcher.accept(token)
+        assert not all(allowed), spec
+
+
+@pytest.mark.skipif(not SMOLLM2.exists(), reason="needs `flyspec models prepare smollm2-135m-instruct`")
+def test_unicode_choices_regexes_and_enums_over_smollm2s_byte_level_vocabulary():
+    """SmolLM2's prepared folder declares a sentencepiece-style decoder over its byte-level vocabulary, so
+    llguidance's own reading of it saw `é` as `Ã©` and no Unicode constraint could be met (a 500 in the
+    server). Built from the byte decoder, the grammar's vocabulary spells every token as the tokenizer
+    does and choice, regex and JSON enum constraints with é, CJK and emoji accept the model's own tokens."""
+    _check_unicode_grammars(SMOLLM2)
+
+
+@pytest.mark.slow  # a 150k vocabulary: tokenizer, llguidance trie and 150k single-token decodes
+@pytest.mark.skipif(not QWEN.exists(), reason="needs `flyspec models prepare qwen2.5-coder-0.5b-instruct`")
+def test_unicode_choices_regexes_and_enums_over_qwens_byte_level_vocabulary():
+    """As for SmolLM2, over Qwen2.5's 151,936-id vocabulary (shared by the 0.5B and 1.5B models)."""
+    _check_unicode_grammars(QWEN)

@@ -19,7 +19,11 @@ from flyspec.cli.options import (
     parse_quantization,
     parse_speculative_config,
 )
-from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
+from flyspec.server.limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REQUEST_READ_TIMEOUT_S,
+)
 
 logger = logging.getLogger("flyspec.server")
 
@@ -77,6 +81,13 @@ def serve(
     kv_cache_memory_bytes: KvCacheMemoryOption = None,
     enable_prefix_caching: PrefixCachingOption = True,
     batch_invariant: BatchInvariantOption = False,
+    request_read_timeout: Annotated[
+        float, typer.Option(help="Seconds a request body may take to arrive; slower ones get HTTP 408.")
+    ] = DEFAULT_REQUEST_READ_TIMEOUT_S,
+    grammar_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds an output grammar may take to compile; slower ones get HTTP 400."),
+    ] = DEFAULT_GRAMMAR_TIMEOUT_S,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, with Prometheus metrics at /metrics.
@@ -107,6 +118,10 @@ def serve(
         raise ValueError(f"--port={port} is invalid: it must be in 0..65535")
     if max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes={max_request_bytes} is invalid: it must be at least 1")
+    timeouts = {"--request-read-timeout": request_read_timeout, "--grammar-timeout": grammar_timeout}
+    for name, value in timeouts.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value} is invalid: it must be a number of seconds > 0")
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key is empty: give a key or leave the option out")
     if not _is_loopback(host) and api_key is None:
@@ -135,7 +150,13 @@ def serve(
     engine.warm_up()  # the first request does not pay one-time costs; a CPU too slow says so now
     name = served_model_name or model
     app = build_app(
-        engine, served_model_name=name, api_key=api_key, max_request_bytes=max_request_bytes, model_root=model
+        engine,
+        served_model_name=name,
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+        model_root=model,
+        request_read_timeout_s=request_read_timeout,
+        grammar_timeout_s=grammar_timeout,
     )
     logger.info("serving %s as '%s' on http://%s:%d/v1", model, name, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

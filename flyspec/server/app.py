@@ -1,9 +1,13 @@
 """The FastAPI app: OpenAI-compatible routes, vLLM's utility routes, /health and /metrics.
 
-Handlers read the body (bounded by --max-request-bytes), parse and validate it, tokenise on the prompt
-worker thread, and hand token ids to the engine loop; they never touch the engine. Every error leaves as
-OpenAI-style JSON: 400 for bad input, 401 for a bad key, 413 for a body over the limit, 500 when the
-engine fails, 503 while shutting down. docs/server.md describes the routes, fields and bounds.
+Handlers read the body (bounded by --max-request-bytes and --request-read-timeout), then parse and validate
+it, tokenise and compile its grammar on the worker lanes (flyspec/server/workers.py: nothing heavy runs on
+the event loop), and hand token ids to the engine loop; they never touch the engine (the grammar cache of
+flyspec/engine/structured.py is the one part they share: it is thread-safe, and compiling there first
+spares the engine thread). Every error leaves as OpenAI-style JSON: 400 for bad input, 401 for a bad
+key, 408 for a body that did not arrive in time, 413 for a body over the limit, 500 when the engine
+fails, 503 while shutting down; an unexpected exception in a handler is a 500 that keeps the connection
+open. docs/server.md describes the routes, fields and bounds.
 """
 
 from __future__ import annotations
@@ -12,18 +16,18 @@ import asyncio
 import copy
 import hashlib
 import importlib.metadata
-import json
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -36,9 +40,14 @@ from flyspec.server.choices import ChoiceShaper, Echo
 from flyspec.server.constraints import Constraint, constraint_of
 from flyspec.server.engine_loop import EngineLoop, RequestStream
 from flyspec.server.errors import OpenAIError, error_responses
-from flyspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
+from flyspec.server.limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REQUEST_READ_TIMEOUT_S,
+)
 from flyspec.server.metrics import ServerMetrics
 from flyspec.server.openapi import install_openapi, json_body
+from flyspec.server.parsing import Kind, parse_in_worker, parse_request
 from flyspec.server.prompts import PromptEncoder
 from flyspec.server.protocol import (
     ChatCompletionRequest,
@@ -46,13 +55,13 @@ from flyspec.server.protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    ignored_fields,
-    parse_body,
 )
 from flyspec.server.request_params import sampling_params
 from flyspec.server.responses import chat_json, completion_json, spec_decode_json, usage_json
 from flyspec.server.streaming import EngineStreamResponse, chat_events, completion_events
+from flyspec.server.tokenizer_info import tokenize_json, tokenizer_info
 from flyspec.server.tool_calls import ToolCallFormat
+from flyspec.server.workers import LARGE_BODY_BYTES, GrammarTimeout, Lane, Workers
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +69,8 @@ IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
 _MAX_NAMES_IN_HEADER = 32
 _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
-_V1_ERRORS = error_responses(400, 401, 413, 500, 503)
+_V1_ERRORS = error_responses(400, 401, 408, 413, 500, 503)
+_TOKENIZER_ERRORS = error_responses(400, 401, 408, 413)
 _STREAM_OR_JSON = {
     200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"}
 }
@@ -75,7 +85,8 @@ def flyspec_version() -> str:
 
 
 class ServerState:
-    """What the handlers share: the engine loop, the prompt encoder, limits and names."""
+    """What the handlers share: the engine loop, the worker lanes, the prompt encoder, the grammar cache,
+    limits and names."""
 
     def __init__(
         self,
@@ -84,15 +95,22 @@ class ServerState:
         api_key: str | None,
         max_request_bytes: int,
         model_root: str,
+        request_read_timeout_s: float,
+        grammar_timeout_s: float,
     ) -> None:
         self.served_model_name = served_model_name
         self.api_key = api_key
         self.max_request_bytes = max_request_bytes
+        self.request_read_timeout_s = request_read_timeout_s
         self.model_root = model_root
         self.vocab_size = int(engine.vocab_size)
         self.max_model_len = int(engine.max_model_len)
+        self.workers = Workers(grammar_timeout_s)
         # A tokenizer copy of our own: the engine thread detokenizes with its tokenizer while we encode.
-        self.encoder = PromptEncoder(copy.deepcopy(engine.tokenizer), self.vocab_size, self.max_model_len)
+        tokenizer = copy.deepcopy(engine.tokenizer)
+        self.encoder = PromptEncoder(tokenizer, self.vocab_size, self.max_model_len, self.workers)
+        self.tokenizer_info = tokenizer_info(tokenizer)
+        self.grammars = engine.grammars
         num_spec = len(engine.stats.accepted_per_position)  # K, or 0 without speculation
         self.metrics = ServerMetrics(
             served_model_name, num_spec, bool(engine.is_lossy), int(engine.max_running)
@@ -111,18 +129,32 @@ def build_app(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     model_root: str | None = None,
+    request_read_timeout_s: float = DEFAULT_REQUEST_READ_TIMEOUT_S,
+    grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S,
 ) -> FastAPI:
     """An app serving `engine` (an LLMEngine) under `served_model_name`.
 
-    With `api_key`, every /v1 route and /tokenize, /detokenize need `Authorization: Bearer <api_key>`;
-    /health, /ping, /version and /metrics stay open (probes and scrapers). Bodies over
-    `max_request_bytes` get 413. `model_root` is the model path reported as `root` in /v1/models (default:
-    the served name). The engine loop thread starts and stops with the app's lifespan.
+    With `api_key`, every /v1 route and /tokenize, /detokenize, /tokenizer_info need `Authorization: Bearer
+    <api_key>`; /health, /ping, /version and /metrics stay open (probes and scrapers). Bodies over
+    `max_request_bytes` get 413, bodies that take longer than `request_read_timeout_s` to arrive 408, and
+    a grammar that does not compile within `grammar_timeout_s` a 400. `model_root` is the model path
+    reported as `root` in /v1/models (default: the served name). The engine loop thread starts and stops
+    with the app's lifespan.
     """
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes={max_request_bytes}: must be at least 1")
+    timeouts = {"request_read_timeout_s": request_read_timeout_s, "grammar_timeout_s": grammar_timeout_s}
+    for name, value in timeouts.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value}: must be > 0")
     state = ServerState(
-        engine, served_model_name, api_key, max_request_bytes, model_root or served_model_name
+        engine,
+        served_model_name,
+        api_key,
+        max_request_bytes,
+        model_root or served_model_name,
+        request_read_timeout_s,
+        grammar_timeout_s,
     )
 
     @asynccontextmanager
@@ -132,7 +164,7 @@ def build_app(
             yield
         finally:
             await asyncio.to_thread(state.engine_loop.stop)
-            state.encoder.close()
+            state.workers.close()
 
     app = FastAPI(title="flyspec", version=flyspec_version(), lifespan=lifespan)
     app.state.flyspec = state
@@ -272,16 +304,42 @@ def _name_list(names: list[str]) -> str:
     return shown + (f", ... ({more} more)" if more > 0 else "")
 
 
-def _note_ignored(request: Request, body: Any) -> None:
-    """Record what the response's ignored-fields header names: unknown fields (also logged as a warning)
-    and recognised fields that change nothing in this request (bookkeeping fields and the like)."""
-    unknown = ignored_fields(body)
-    unused = body.unused_fields() if isinstance(body, CompletionRequest | ChatCompletionRequest) else []
-    names = unknown + [name for name in unused if name not in unknown]
+async def _read_request(state: ServerState, request: Request, kind: Kind) -> tuple[Any, Lane]:
+    """The request's parsed and checked body, and the worker lane for its tokenizer work. Records what
+    the response's ignored-fields header names: unknown fields (also logged as a warning) and recognised
+    fields that change nothing in this request (bookkeeping fields and the like)."""
+    body = await read_body(request, state.max_request_bytes, state.request_read_timeout_s)
+    if len(body) > LARGE_BODY_BYTES:
+        parsed = await state.workers.run_in_process(parse_in_worker, kind, body, state.max_model_len)
+    else:
+        parsed = await state.workers.run(lambda: parse_request(kind, body, state.max_model_len))
+    names = parsed.unknown + parsed.unused
     if names:
         request.state.ignored_fields = names
-    if unknown:
-        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, _name_list(unknown))
+    if parsed.unknown:
+        shown = _name_list(parsed.unknown)
+        logger.warning("%s: ignoring unknown request fields: %s", request.url.path, shown)
+    if parsed.error is not None:
+        raise parsed.error
+    return parsed.request, state.workers.lane_for(len(body))
+
+
+async def _compile_grammar(state: ServerState, constraint: Constraint | None) -> None:
+    """Compile the request's grammar on the grammar lane within the budget (400 naming the field when it
+    does not compile, or not in time), so that the engine thread only copies the compiled matcher."""
+    if constraint is None:
+        return
+    grammars = state.grammars
+    try:
+        await state.workers.compile_grammar(grammars.prepare, lambda: grammars.compile(constraint.params))
+    except GrammarTimeout as exc:
+        raise constraint.error(
+            f"structured_outputs.{constraint.field}: the grammar did not compile within {exc.budget_s:g} s "
+            "(--grammar-timeout); simplify it (nested bounded repeats such as (x{1000}){1000} expand "
+            "into huge automata)"
+        ) from None
+    except ValueError as exc:
+        raise constraint.error(str(exc)) from None
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
@@ -293,72 +351,96 @@ def _check_model(state: ServerState, model: str | None) -> None:
         )
 
 
+class _Route(APIRoute):
+    """A route whose unexpected exceptions become a 500 OpenAIError, answered by the exception middleware
+    like any error. Left to Starlette's outermost ServerErrorMiddleware, an exception is answered and then
+    re-raised to uvicorn, which closes the connection: a client's next pooled request would be reset."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (OpenAIError, StarletteHTTPException, RequestValidationError):
+                raise
+            except Exception as exc:
+                logger.exception("unhandled error on %s", request.url.path)
+                raise OpenAIError(f"internal error: {exc}", status=500, type="server_error") from exc
+
+        return guarded
+
+
 def _tokenizer_router(state: ServerState) -> APIRouter:
-    router = APIRouter(dependencies=[_api_key_check(state)])
+    router = APIRouter(dependencies=[_api_key_check(state)], route_class=_Route)
 
     @router.post(
         "/tokenize",
         openapi_extra=json_body(TokenizeCompletionRequest, TokenizeChatRequest),
-        responses=error_responses(400, 401, 413),
+        responses=_TOKENIZER_ERRORS,
     )
     async def tokenize(request: Request) -> Response:
-        body = await read_body(request, state.max_request_bytes)
-        try:
-            is_chat = isinstance(data := json.loads(body), dict) and "messages" in data
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            is_chat = False  # parse_body reports the syntax error
-        req: TokenizeChatRequest | TokenizeCompletionRequest
-        if is_chat:
-            req = parse_body(TokenizeChatRequest, body)
-            _note_ignored(request, req)
-            _check_model(state, req.model)
-            if not req.add_generation_prompt:
-                raise OpenAIError(
-                    "add_generation_prompt=false is not supported", param="add_generation_prompt"
-                )
-            ids = await state.encoder.chat_ids([m.to_template() for m in req.messages], bounded=False)
+        req, lane = await _read_request(state, request, "tokenize")
+        _check_model(state, req.model)
+        if isinstance(req, TokenizeChatRequest):
+            messages = [m.to_template() for m in req.messages]
+            ids = await state.encoder.chat_ids(messages, bounded=False, lane=lane)
         else:
-            req = parse_body(TokenizeCompletionRequest, body)
-            _note_ignored(request, req)
-            _check_model(state, req.model)
-            ids = await state.encoder.text_ids(req.prompt, add_special_tokens=req.add_special_tokens)
-        strs = await state.encoder.token_strs(ids) if req.return_token_strs else None
-        return JSONResponse(
-            {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
-        )
+            special = req.add_special_tokens
+            ids = await state.encoder.text_ids(req.prompt, add_special_tokens=special, lane=lane)
+        strs = await state.encoder.token_strs(ids, lane) if req.return_token_strs else None
+        # Rendered on the lane too: a list of a million ids is a noticeable json.dumps.
+        content = await state.workers.run(lambda: tokenize_json(ids, state.max_model_len, strs), lane)
+        return Response(content, media_type="application/json")
 
-    @router.post(
-        "/detokenize", openapi_extra=json_body(DetokenizeRequest), responses=error_responses(400, 401, 413)
-    )
+    @router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest), responses=_TOKENIZER_ERRORS)
     async def detokenize(request: Request) -> Response:
-        req = parse_body(DetokenizeRequest, await read_body(request, state.max_request_bytes))
-        _note_ignored(request, req)
+        req, lane = await _read_request(state, request, "detokenize")
         _check_model(state, req.model)
         bad = next((t for t in req.tokens if not 0 <= t < state.vocab_size), None)
         if bad is not None:
             raise OpenAIError(
                 f"tokens: token id {bad} is outside the vocabulary [0, {state.vocab_size})", param="tokens"
             )
-        return JSONResponse({"prompt": await state.encoder.decode(req.tokens)})
+        return JSONResponse({"prompt": await state.encoder.decode(req.tokens, lane)})
+
+    @router.get("/tokenizer_info", responses=error_responses(401))
+    async def get_tokenizer_info() -> Response:
+        return JSONResponse(state.tokenizer_info)
 
     return router
 
 
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "flyspec",
+        "root": state.model_root,
+        "parent": None,
+        "max_model_len": state.max_model_len,
+    }
+
+
 def _v1_router(state: ServerState) -> APIRouter:
-    router = APIRouter(prefix="/v1", dependencies=[_api_key_check(state)])
+    router = APIRouter(prefix="/v1", dependencies=[_api_key_check(state)], route_class=_Route)
 
     @router.get("/models", responses=error_responses(401))
     async def models() -> Response:
-        card = {
-            "id": state.served_model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "flyspec",
-            "root": state.model_root,
-            "parent": None,
-            "max_model_len": state.max_model_len,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+    # `:path` so that ids with slashes ("Qwen/Qwen2.5-Coder-1.5B-Instruct") match, as in vLLM.
+    @router.get("/models/{model_id:path}", responses=error_responses(401, 404))
+    async def model(model_id: str) -> Response:
+        if model_id != state.served_model_name:
+            raise OpenAIError(
+                f"model '{model_id}' is not served here; this server serves '{state.served_model_name}'",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(_model_card(state))
 
     @router.post(
         "/completions",
@@ -367,21 +449,21 @@ def _v1_router(state: ServerState) -> APIRouter:
     )
     async def completions(request: Request) -> Response:
         arrival = time.monotonic()
-        req = parse_body(CompletionRequest, await read_body(request, state.max_request_bytes))
-        _note_ignored(request, req)
-        req.check()
+        req, lane = await _read_request(state, request, "completion")
         _check_model(state, req.model)
         constraint = constraint_of(req)
         texts = req.prompts()
         prompts = [
-            await state.encoder.prompt_ids(p, add_special_tokens=req.add_special_tokens) for p in texts
+            await state.encoder.prompt_ids(p, add_special_tokens=req.add_special_tokens, lane=lane)
+            for p in texts
         ]
         params = [_sampling_params(state, req, ids, constraint) for ids in prompts]
+        await _compile_grammar(state, constraint)
         echo = None
         if req.echo:
             echo = [
                 Echo(
-                    text if isinstance(text, str) else await state.encoder.decode(ids),
+                    text if isinstance(text, str) else await state.encoder.decode(ids, lane),
                     (await state.encoder.token_texts(ids[:1]))[0],
                 )
                 for text, ids in zip(texts, prompts, strict=True)
@@ -427,14 +509,13 @@ def _v1_router(state: ServerState) -> APIRouter:
     )
     async def chat_completions(request: Request) -> Response:
         arrival = time.monotonic()
-        req = parse_body(ChatCompletionRequest, await read_body(request, state.max_request_bytes))
-        _note_ignored(request, req)
-        req.check(max_messages=state.max_model_len)
+        req, lane = await _read_request(state, request, "chat")
         _check_model(state, req.model)
         tool_format = ToolCallFormat.of(req)
         constraint = constraint_of(req, tool_format)
-        ids = await state.encoder.chat_ids(req.template_messages(), tools=req.template_tools())
+        ids = await state.encoder.chat_ids(req.template_messages(), tools=req.template_tools(), lane=lane)
         params = [_sampling_params(state, req, ids, constraint)]
+        await _compile_grammar(state, constraint)
         shaper = ChoiceShaper(
             params[0],
             state.encoder.decode,
@@ -499,10 +580,13 @@ async def _submit(
     # One engine request per prompt; a single-prompt request keeps the response id as its engine id.
     ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
     try:
-        return await state.engine_loop.submit(list(zip(ids, prompts, params, strict=True)), arrival)
+        stream = await state.engine_loop.submit(list(zip(ids, prompts, params, strict=True)), arrival)
     except OpenAIError as exc:
         # A grammar that does not compile is found by the engine, in its own field names.
         raise (constraint.rename(exc) if constraint is not None else exc) from None
+    if constraint is not None:
+        stream.translate_error = constraint.runtime_error
+    return stream
 
 
 async def _collect(stream: RequestStream, request: Request) -> dict[int, RequestOutput]:

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from flyspec.engine.structured import GRAMMAR_FAILED
 from flyspec.sampling_params import StructuredOutputsParams
 from flyspec.server.errors import OpenAIError
 from flyspec.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -41,12 +42,30 @@ class Constraint:
     params: StructuredOutputsParams
     field_paths: dict[str, str]
 
+    @property
+    def field(self) -> str:
+        """The engine's name of the constraint's field (`json`, `regex`, `choice`, ...)."""
+        return next(f for f in _STRUCTURED_FIELDS if getattr(self.params, f) not in (None, False))
+
     def rename(self, error: OpenAIError) -> OpenAIError:
         """`error` with the engine's `structured_outputs[.field]` replaced by the client's field; other
         errors unchanged."""
         if error.status != 400:
             return error
         return _renamed(error.message, self.field_paths, error)
+
+    def error(self, message: str) -> OpenAIError:
+        """A 400 for an engine message about this constraint, naming the client's field."""
+        return _renamed(message, self.field_paths)
+
+    def runtime_error(self, error: OpenAIError) -> OpenAIError:
+        """A request that failed in the engine because its grammar broke llguidance's limits while
+        generating is a 400 naming the client's field (the grammar is too complex); other errors are
+        unchanged."""
+        at = error.message.find("structured_outputs.")
+        if error.status != 500 or at < 0 or GRAMMAR_FAILED not in error.message:
+            return error
+        return _renamed(error.message[at:], self.field_paths)
 
 
 def constraint_of(

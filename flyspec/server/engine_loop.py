@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,9 @@ class RequestStream:
 
     Iterating yields `(index, RequestOutput)` with cumulative text until every prompt's request finished;
     an engine failure, of the whole step or of one request alone (`RequestOutput.error`), raises a 500
-    OpenAIError. `close()` aborts whatever has not finished (the client went away).
+    OpenAIError. `close()` aborts whatever has not finished (the client went away). `translate_error`
+    may turn an engine failure into the error the client should see (a grammar too complex to run is
+    the client's 400, flyspec/server/constraints.py).
     """
 
     engine_loop: EngineLoop
@@ -79,6 +81,7 @@ class RequestStream:
     sink: asyncio.Queue[tuple[int, Any]]
     finished: set[int] = field(default_factory=set)
     closed: bool = False
+    translate_error: Callable[[OpenAIError], OpenAIError] | None = None
 
     def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         return self._iterate()
@@ -91,10 +94,11 @@ class RequestStream:
                 raise item
             if item.finished:
                 self.finished.add(index)
-            if item.error is not None:  # a server fault in this request alone, never bad input
-                raise OpenAIError(
+            if item.error is not None:  # this request alone failed in the engine
+                error = OpenAIError(
                     f"the engine failed on this request: {item.error}", status=500, type="server_error"
                 )
+                raise self.translate_error(error) if self.translate_error is not None else error
             yield index, item
 
     def close(self) -> None:

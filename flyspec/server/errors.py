@@ -28,9 +28,18 @@ class OpenAIError(Exception):
         self.code = code
         self.headers = headers
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exceptions pickle as their args alone; keep every field (errors come back from parse workers).
+        fields = {"status": self.status, "type": self.type, "param": self.param, "code": self.code}
+        return (_rebuild, (self.message, fields, self.headers))
+
     def body(self) -> dict[str, Any]:
         """The JSON body of the error response."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _rebuild(message: str, fields: dict[str, Any], headers: dict[str, str] | None) -> OpenAIError:
+    return OpenAIError(message, headers=headers, **fields)
 
 
 def invalid_request(exc: ValueError) -> OpenAIError:
@@ -61,6 +70,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Bad input: the message names the field, its value and the rule (`param` holds the field).",
         401: "Missing or wrong API key (send `Authorization: Bearer KEY`).",
+        404: "No such model is served here (`code`: model_not_found).",
+        408: "The request body did not arrive within the server's --request-read-timeout.",
         413: "The request body is larger than the server's --max-request-bytes.",
         500: "The engine failed while serving the request.",
         503: "The engine loop is not running (shutting down).",

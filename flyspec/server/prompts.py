@@ -1,8 +1,10 @@
 """Prompts to token ids, off the event loop and bounded by what can fit.
 
-All tokenizer work of the handlers runs on one worker thread with the server's own tokenizer copy, so a
-long prompt never stalls /health or the streams of other requests, and the tokenizer is never used from
-two threads at once (HF fast tokenizers may reconfigure themselves inside a call).
+All tokenizer work of the handlers runs on the server's worker lanes (flyspec/server/workers.py) with the
+server's own tokenizer copy, so a long prompt never stalls /health or the streams of other requests. The
+two lanes may use the copy at the same time: every call here only reads it (HF fast tokenizers change
+their backend only when asked for truncation or padding, which the server never asks for), and the Rust
+tokenizer encodes and decodes concurrently without the GIL.
 
 A prompt must leave room for one generated token within max_model_len. Text much longer than that many
 tokens is refused after tokenising a prefix only: prefixes of growing length (cut at whitespace, where
@@ -13,13 +15,12 @@ the whole text; `_PREFIX_MARGIN` tokens of slack cover tokenizers whose pieces a
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from flyspec.chat import render_chat
 from flyspec.server.errors import OpenAIError
+from flyspec.server.workers import Lane, Workers
 
 _T = TypeVar("_T")
 
@@ -40,29 +41,32 @@ class PromptTooLong(Exception):
 
 
 class PromptEncoder:
-    """Tokenises prompts and conversations for the handlers on a dedicated worker thread."""
+    """Tokenises prompts and conversations for the handlers on the worker lanes (the light lane unless a
+    call names another)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, workers: Workers) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flyspec-tokenize")
+        self.workers = workers
 
-    def close(self) -> None:
-        """Stop the worker thread (queued work still runs)."""
-        self._executor.shutdown(wait=False)
+    async def _run(self, fn: Callable[[], _T], lane: Lane | None) -> _T:
+        return await self.workers.run(fn, lane)
 
-    async def _run(self, fn: Callable[[], _T]) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    async def prompt_ids(self, prompt: str | list[int], *, add_special_tokens: bool = True) -> list[int]:
+    async def prompt_ids(
+        self, prompt: str | list[int], *, add_special_tokens: bool = True, lane: Lane | None = None
+    ) -> list[int]:
         """Token ids of a completions prompt (text or ids); 400 when it is empty, out of the vocabulary,
-        or cannot leave room for a generated token."""
+        or cannot leave room for a generated token.
+
+        Text is tokenised as vLLM's completions do it: with the tokenizer's own special tokens when
+        `add_special_tokens` (a BOS only where the model's tokenizer adds one, e.g. Llama's, never for
+        Qwen or SmolLM2), none otherwise."""
         if isinstance(prompt, str):
             if not prompt:
                 raise OpenAIError("prompt: must not be empty", param="prompt")
             try:
-                ids = await self._run(lambda: self._encode_bounded(prompt, add_special_tokens))
+                ids = await self._run(lambda: self._encode_bounded(prompt, add_special_tokens), lane)
             except PromptTooLong as exc:
                 raise self.too_long(exc.at_least, "prompt") from None
         else:
@@ -84,6 +88,7 @@ class PromptEncoder:
         *,
         bounded: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        lane: Lane | None = None,
     ) -> list[int]:
         """Token ids of a conversation (and the tools shown to the model) rendered through the chat
         template, with the assistant turn open; `bounded`: 400 unless it leaves room for a generated
@@ -97,7 +102,7 @@ class PromptEncoder:
             return render_chat(self.tokenizer, messages, tools=tools)[0]
 
         try:
-            ids = await self._run(render)
+            ids = await self._run(render, lane)
         except PromptTooLong as exc:
             raise self.too_long(exc.at_least, field) from None
         except ValueError as exc:
@@ -106,22 +111,22 @@ class PromptEncoder:
             raise self.too_long(len(ids), field)
         return ids
 
-    async def text_ids(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    async def text_ids(self, text: str, *, add_special_tokens: bool, lane: Lane | None = None) -> list[int]:
         """Token ids of any text, unbounded in length (for /tokenize, whose body size is bounded)."""
-        return await self._run(lambda: self._encode(text, add_special_tokens))
+        return await self._run(lambda: self._encode(text, add_special_tokens), lane)
 
-    async def decode(self, ids: list[int]) -> str:
+    async def decode(self, ids: list[int], lane: Lane | None = None) -> str:
         """The text of token ids as the engine decodes output (special tokens skipped)."""
-        return await self._run(lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
+        return await self._run(lambda: self._decode(ids), lane)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each token id decoded on its own, special tokens included (as the engine's logprobs spell
         tokens)."""
-        return await self._run(lambda: list(self.tokenizer.batch_decode([[t] for t in ids])))
+        return await self._run(lambda: list(self.tokenizer.batch_decode([[t] for t in ids])), None)
 
-    async def token_strs(self, ids: list[int]) -> list[str]:
+    async def token_strs(self, ids: list[int], lane: Lane | None = None) -> list[str]:
         """The vocabulary entry of each token id."""
-        return await self._run(lambda: list(self.tokenizer.convert_ids_to_tokens(ids)))
+        return await self._run(lambda: list(self.tokenizer.convert_ids_to_tokens(ids)), lane)
 
     def too_long(self, num_tokens: int, field: str) -> OpenAIError:
         """The 400 for a prompt of (at least) `num_tokens` tokens that cannot fit."""
@@ -135,7 +140,19 @@ class PromptEncoder:
     # --- on the worker thread ---
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+        encoded = self.tokenizer(text, add_special_tokens=add_special_tokens, return_attention_mask=False)
+        return list(encoded.input_ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        # What tokenizer.decode computes, but through decode_batch, which releases the GIL (decode holds
+        # it: 0.4 s for 500,000 ids).
+        text = backend.decode_batch([ids], skip_special_tokens=True)[0]
+        if self.tokenizer.clean_up_tokenization_spaces:
+            text = self.tokenizer.clean_up_tokenization(text)
+        return text
 
     def _encode_bounded(self, text: str, add_special_tokens: bool) -> list[int]:
         self._check_prefixes(text, _PREFIX_MARGIN)

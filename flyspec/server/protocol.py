@@ -62,6 +62,8 @@ _NUMBER = _not_a_bool("a number")
 Int = Annotated[int, _INTEGER]
 Float = Annotated[float, _NUMBER]
 
+_MAX_TOKEN_ID_DIGITS = 10  # vocabularies index tokens with int32 ids
+
 MAX_PROMPTS_PER_REQUEST = 256
 """Each prompt of a list is an engine request; more would monopolise the first-come-first-served queue."""
 MAX_CHOICES_PER_REQUEST = 256
@@ -214,13 +216,24 @@ class _SamplingFields(_Body):
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys_are_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key in value or {}:
+        """Keys become canonical decimal token ids ("007" -> "7"), so turning them into ints is safe."""
+        if value is None:
+            return None
+        canonical = {}
+        for key, bias in value.items():
             if not (key.isascii() and key.isdigit()):
                 raise ValueError(
-                    f"logit_bias={_short(value)}: key {key!r} is not a token id (JSON keys are strings of "
-                    'digits, e.g. "50256")'
+                    f"logit_bias={_short(value)}: key {_short(key, 40)} is not a token id (JSON keys are "
+                    'strings of digits, e.g. "50256")'
                 )
-        return value
+            digits = key.lstrip("0") or "0"
+            if len(digits) > _MAX_TOKEN_ID_DIGITS:
+                raise ValueError(
+                    f"logit_bias={_short(value)}: key {_short(key, 40)} is not a token id of any vocabulary "
+                    f"(a token id has at most {_MAX_TOKEN_ID_DIGITS} digits)"
+                )
+            canonical[digits] = bias
+        return canonical
 
     @field_validator("temperature")
     @classmethod
