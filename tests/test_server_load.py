@@ -28,6 +28,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from tiny_llm import save_tiny
+from zoo import SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
@@ -38,7 +39,6 @@ from flyspec.server.background import serve_in_background
 
 MODEL = "tiny"
 HOSTILE_REGEX = "(x{1000}){1000}"
-SMOLLM2 = Path.home() / ".cache/flyspec/models/smollm2-135m-instruct"
 
 
 @dataclass
@@ -244,9 +244,9 @@ def test_a_grammar_that_breaks_the_grammar_engines_limits_while_generating_is_a_
 @pytest.fixture(scope="module")
 def smollm2() -> Iterator[Server]:
     """SmolLM2-135M: a real byte-level BPE tokenizer, which takes seconds over 7 MB of text."""
-    if not SMOLLM2.exists():
-        pytest.skip("needs `flyspec models prepare smollm2-135m-instruct`")
-    engine = LLMEngine(EngineConfig(model=str(SMOLLM2), dtype="float32", max_model_len=1024, max_num_seqs=4))
+    engine = LLMEngine(
+        EngineConfig(model=str(zoo_model(SMOLLM2)), dtype="float32", max_model_len=1024, max_num_seqs=4)
+    )
     with _serve(engine) as served:
         yield served
 

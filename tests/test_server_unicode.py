@@ -13,22 +13,19 @@ from __future__ import annotations
 import copy
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import torch
+from zoo import QWEN_05B, SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
 from flyspec.server.app import build_app
 from flyspec.server.background import serve_in_background
 
-MODELS = Path.home() / ".cache/flyspec/models"
-SMOLLM2 = MODELS / "smollm2-135m-instruct"
-QWEN_TARGET = MODELS / "qwen2.5-coder-1.5b-instruct"
-QWEN_DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct"
+QWEN_15B = "qwen2.5-coder-1.5b-instruct"
 AGGRESSIVE_FLY = {
     "num_speculative_tokens": 3,
     "rejection_sample_method": "fly",
@@ -123,13 +120,13 @@ def _serve_and_check(engine: LLMEngine) -> None:
 
 
 @pytest.mark.slow  # SmolLM2 twice (target and noisy draft), 16 constrained requests
-@pytest.mark.skipif(not SMOLLM2.exists(), reason="needs `flyspec models prepare smollm2-135m-instruct`")
 def test_unicode_constraints_on_smollm2_under_standard_and_aggressive_fly() -> None:
     """Every shape, with standard verification and with FLy, returns one of the allowed texts (streams
     never split a character) and finishes because the grammar completed."""
     from flyspec.models.loader import load_model
 
-    target = load_model(str(SMOLLM2), "float32", "cpu")
+    smollm2 = zoo_model(SMOLLM2)
+    target = load_model(str(smollm2), "float32", "cpu")
     draft = copy.copy(target)
     draft.model = copy.deepcopy(target.model)
     torch.manual_seed(0)
@@ -137,8 +134,8 @@ def test_unicode_constraints_on_smollm2_under_standard_and_aggressive_fly() -> N
         for param in draft.model.parameters():
             param.add_(0.02 * param.std() * torch.randn_like(param))
     config = EngineConfig(
-        model=str(SMOLLM2),
-        speculative_config={"model": str(SMOLLM2), **AGGRESSIVE_FLY},
+        model=str(smollm2),
+        speculative_config={"model": str(smollm2), **AGGRESSIVE_FLY},
         dtype="float32",
         max_model_len=512,
         max_num_seqs=2,
@@ -147,15 +144,11 @@ def test_unicode_constraints_on_smollm2_under_standard_and_aggressive_fly() -> N
 
 
 @pytest.mark.slow  # the 1.5B target and the 0.5B draft in bfloat16, 16 short constrained requests
-@pytest.mark.skipif(
-    not (QWEN_TARGET.exists() and QWEN_DRAFT.exists()),
-    reason="needs `flyspec models prepare qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct`",
-)
 def test_unicode_constraints_on_the_qwen_pair_under_standard_and_aggressive_fly() -> None:
     """As on SmolLM2, with Qwen2.5-Coder 1.5B drafted by 0.5B (150k byte-level vocabulary)."""
     config = EngineConfig(
-        model=str(QWEN_TARGET),
-        speculative_config={"model": str(QWEN_DRAFT), **AGGRESSIVE_FLY},
+        model=str(zoo_model(QWEN_15B)),
+        speculative_config={"model": str(zoo_model(QWEN_05B)), **AGGRESSIVE_FLY},
         max_model_len=512,
         max_num_seqs=2,
     )

@@ -18,6 +18,7 @@ import llguidance.hf
 import pytest
 import torch
 from tiny_llm import make_byte_tokenizer, save_perturbed, save_tiny
+from zoo import QWEN_05B, SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
@@ -242,18 +243,15 @@ def test_structured_outputs_params_validation_and_response_format():
         from_rf({"type": "yaml"})
 
 
-SMOLLM2 = Path.home() / ".cache/flyspec/models/smollm2-135m-instruct"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.exists(), reason="needs `flyspec models prepare smollm2-135m-instruct`")
 def test_real_model_json_schema_under_aggressive_fly():
     """SmolLM2-135M as target and, with Gaussian noise on its weights, as a draft that disagrees often:
     25 seeded chat requests with a JSON schema under FLy (theta 0, W 1) all return JSON that validates."""
     from flyspec import LLM
     from flyspec.models.loader import load_model
 
-    target = load_model(str(SMOLLM2), "float32", "cpu")
+    smollm2 = zoo_model(SMOLLM2)
+    target = load_model(str(smollm2), "float32", "cpu")
     draft = copy.copy(target)
     draft.model = copy.deepcopy(target.model)
     torch.manual_seed(0)
@@ -261,8 +259,8 @@ def test_real_model_json_schema_under_aggressive_fly():
         for param in draft.model.parameters():
             param.add_(0.02 * param.std() * torch.randn_like(param))
     config = EngineConfig(
-        model=str(SMOLLM2),
-        speculative_config={"model": str(SMOLLM2), **AGGRESSIVE_FLY},
+        model=str(smollm2),
+        speculative_config={"model": str(smollm2), **AGGRESSIVE_FLY},
         dtype="float32",
         max_num_seqs=25,
     )
@@ -288,7 +286,6 @@ UNICODE_SPECS = [
     StructuredOutputsParams(regex="(café|thé|東京タワー|🙂👍🏽)"),
     StructuredOutputsParams(json={"type": "string", "enum": UNICODE_CHOICES}),
 ]
-QWEN = Path.home() / ".cache/flyspec/models/qwen2.5-coder-0.5b-instruct"
 
 
 def _check_unicode_grammars(folder: Path) -> None:
@@ -333,17 +330,16 @@ def _check_unicode_grammars(folder: Path) -> None:
         assert not all(allowed), spec
 
 
-@pytest.mark.skipif(not SMOLLM2.exists(), reason="needs `flyspec models prepare smollm2-135m-instruct`")
 def test_unicode_choices_regexes_and_enums_over_smollm2s_byte_level_vocabulary():
-    """SmolLM2's prepared folder declares a sentencepiece-style decoder over its byte-level vocabulary, so
-    llguidance's own reading of it saw `é` as `Ã©` and no Unicode constraint could be met (a 500 in the
-    server). Built from the byte decoder, the grammar's vocabulary spells every token as the tokenizer
-    does and choice, regex and JSON enum constraints with é, CJK and emoji accept the model's own tokens."""
-    _check_unicode_grammars(SMOLLM2)
+    """SmolLM2's folder as an older flyspec prepared it declared a sentencepiece-style decoder over its
+    byte-level vocabulary, so llguidance's own reading of it saw `é` as `Ã©` and no Unicode constraint
+    could be met (a 500 in the server). Built from the byte decoder, the grammar's vocabulary spells every
+    token as the tokenizer does and choice, regex and JSON enum constraints with é, CJK and emoji accept
+    the model's own tokens."""
+    _check_unicode_grammars(zoo_model(SMOLLM2))
 
 
 @pytest.mark.slow  # a 150k vocabulary: tokenizer, llguidance trie and 150k single-token decodes
-@pytest.mark.skipif(not QWEN.exists(), reason="needs `flyspec models prepare qwen2.5-coder-0.5b-instruct`")
 def test_unicode_choices_regexes_and_enums_over_qwens_byte_level_vocabulary():
     """As for SmolLM2, over Qwen2.5's 151,936-id vocabulary (shared by the 0.5B and 1.5B models)."""
-    _check_unicode_grammars(QWEN)
+    _check_unicode_grammars(zoo_model(QWEN_05B))
