@@ -588,3 +588,18 @@ def test_fields_without_effect_are_named_for_the_ignored_fields_header() -> None
     assert _chat(chat, tools=[ADD], tool_choice=named, parallel_tool_calls=False).unused_fields() == [
         "parallel_tool_calls"
     ]
+
+
+def test_the_engine_keeps_the_servers_engine_contract(tmp_path) -> None:
+    """LLMEngine has every method and attribute of the typed contract the server drives it through
+    (flyspec/server/engine_contract.py), so the server reaches nothing else of it."""
+    from tiny_llm import save_tiny
+
+    from flyspec.config import EngineConfig
+    from flyspec.engine.engine import LLMEngine
+    from flyspec.server.engine_contract import ServedEngine
+
+    engine = LLMEngine(EngineConfig(model=str(save_tiny(tmp_path / "m", seed=0)), dtype="float32"))
+    assert isinstance(engine, ServedEngine)  # the methods and properties
+    for name in ServedEngine.__annotations__:  # the plain attributes
+        assert hasattr(engine, name), name

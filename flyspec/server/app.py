@@ -38,6 +38,7 @@ from flyspec.sampling_params import SamplingParams
 from flyspec.server.body import read_body
 from flyspec.server.choices import ChoiceShaper, Echo
 from flyspec.server.constraints import Constraint, constraint_of
+from flyspec.server.engine_contract import ServedEngine
 from flyspec.server.engine_loop import EngineLoop, RequestStream
 from flyspec.server.errors import OpenAIError, error_responses
 from flyspec.server.limits import (
@@ -90,7 +91,7 @@ class ServerState:
 
     def __init__(
         self,
-        engine: Any,
+        engine: ServedEngine,
         served_model_name: str,
         api_key: str | None,
         max_request_bytes: int,
@@ -118,12 +119,12 @@ class ServerState:
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.created = int(time.time())
         # OpenAI's system_fingerprint identifies the backend configuration: same value, same engine setup.
-        config = f"{flyspec_version()}|{getattr(engine, 'config', None)!r}"
+        config = f"{flyspec_version()}|{engine.config!r}"
         self.system_fingerprint = "fp_" + hashlib.sha256(config.encode()).hexdigest()[:12]
 
 
 def build_app(
-    engine: Any,
+    engine: ServedEngine,
     *,
     served_model_name: str,
     api_key: str | None = None,

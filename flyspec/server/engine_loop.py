@@ -27,6 +27,7 @@ from typing import Any
 
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
+from flyspec.server.engine_contract import ServedEngine
 from flyspec.server.errors import OpenAIError, invalid_request
 from flyspec.server.metrics import ServerMetrics
 
@@ -114,7 +115,7 @@ class RequestStream:
 class EngineLoop:
     """Drives an LLMEngine from one dedicated thread; the asyncio side only enqueues and reads."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: ServedEngine, metrics: ServerMetrics) -> None:
         self.engine = engine
         self.metrics = metrics
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
