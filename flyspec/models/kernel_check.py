@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from flyspec import cpuinfo
 from flyspec.assets import cache_dir
 from flyspec.models import int4_kernel
+from flyspec.models.packed_linear import PackedLinear, pack_reason
 from flyspec.models.quantization import Int4Linear, Int8Linear
 
 FORMATS = ("int8", "int4")
@@ -48,7 +49,14 @@ SLOWER_THAN_BF16 = 1.05
 _REPEATS = 5
 _log = logging.getLogger("flyspec.kernels")
 _warned: set[tuple[str, str]] = set()
-_SOURCES = (Path(__file__).with_name("quantization.py"), Path(__file__).with_name("csrc") / "int4_matmul.cpp")
+_SOURCES = (
+    Path(__file__),
+    Path(__file__).with_name("quantization.py"),
+    Path(__file__).with_name("packed_linear.py"),
+    Path(__file__).with_name("csrc") / "int4_matmul.cpp",
+)
+PACKED = "bf16-packed"
+"""bfloat16 with prepacked weights (models/packed_linear.py): the same numbers as bf16, another layout."""
 
 
 @dataclass(frozen=True)
@@ -95,18 +103,34 @@ class KernelCheck:
     bf16_ms: dict[int, float]
     formats: dict[str, FormatCheck]
     seconds: float
+    packed: FormatCheck | None = None
+    packed_unavailable: str | None = None
     from_cache: bool = False
 
+    @property
+    def pack_bf16(self) -> bool:
+        """Whether bfloat16 weights should be prepacked: oneDNN can pack them here and that measured no
+        slower than the plain layout."""
+        return self.packed is not None and self.packed.usable
+
     def fastest(self) -> str | None:
-        """The usable format with the lowest ratio at the largest row count, or None (keep bfloat16)."""
+        """The usable quantized format with the lowest ratio at the largest row count, or None (keep
+        bfloat16: no quantized format is usable, or prepacked bfloat16 is at least as fast)."""
         usable = [c for c in self.formats.values() if c.usable]
         if not usable:
             return None
-        return min(usable, key=lambda c: c.ratios[max(self.rows)]).format
+        best = min(usable, key=lambda c: c.ratios[max(self.rows)])
+        if self.pack_bf16 and self.packed.ratios[max(self.rows)] <= best.ratios[max(self.rows)]:  # type: ignore[union-attr]
+            return None
+        return best.format
 
     def summary(self) -> str:
         """One line per format, for logs and `flyspec bench`."""
-        return "; ".join(c.describe() for c in self.formats.values())
+        checks = [*self.formats.values(), *([self.packed] if self.packed is not None else [])]
+        parts = [c.describe() for c in checks]
+        if self.packed_unavailable is not None:
+            parts.append(f"{PACKED}: unavailable ({self.packed_unavailable})")
+        return "; ".join(parts)
 
     def to_dict(self) -> dict:
         """JSON-ready form (the cache file)."""
@@ -117,17 +141,19 @@ class KernelCheck:
     @classmethod
     def from_dict(cls, data: dict) -> KernelCheck:
         """Inverse of to_dict (JSON turns the row keys into strings; they come back as ints)."""
-        formats = {
-            name: FormatCheck(f["format"], f["kernel"], {int(r): v for r, v in f["ratios"].items()})
-            for name, f in data["formats"].items()
-        }
+
+        def one(f: dict) -> FormatCheck:
+            return FormatCheck(f["format"], f["kernel"], {int(r): v for r, v in f["ratios"].items()})
+
         return cls(
             cpu=data["cpu"],
             rows=tuple(data["rows"]),
             bf16_kernel=data["bf16_kernel"],
             bf16_ms={int(r): v for r, v in data["bf16_ms"].items()},
-            formats=formats,
+            formats={name: one(f) for name, f in data["formats"].items()},
             seconds=data["seconds"],
+            packed=None if data["packed"] is None else one(data["packed"]),
+            packed_unavailable=data["packed_unavailable"],
             from_cache=True,
         )
 
@@ -162,6 +188,8 @@ def _kernel_name(fmt: str, call: Callable[[], object]) -> str:
     onednn = onednn_kernels(call)
     if fmt == "bf16":
         return f"oneDNN {', '.join(onednn)}" if onednn else "aten"
+    if fmt == PACKED:
+        return f"oneDNN {', '.join(onednn)}, prepacked"
     if fmt == "int8":
         return f"oneDNN {', '.join(onednn)}" if onednn else "unknown"
     if int4_kernel.library() is not None:
@@ -177,6 +205,8 @@ def _layers(fmt: str, shapes: Sequence[tuple[int, int]]) -> list[Callable[[torch
         if fmt == "bf16":
             w = weight.to(torch.bfloat16)
             layers.append(lambda x, w=w: F.linear(x, w))
+        elif fmt == PACKED:
+            layers.append(PackedLinear(weight.to(torch.bfloat16), None))
         elif fmt == "int8":
             layers.append(Int8Linear(weight, None, torch.bfloat16))
         else:
@@ -194,11 +224,13 @@ def _time_pass(layers: list[Callable], inputs: list[torch.Tensor]) -> float:
 def measure(
     shapes: Sequence[tuple[int, int]], rows: Sequence[int], formats: Sequence[str] = FORMATS
 ) -> KernelCheck:
-    """Time one pass over `shapes` ([out, in] weights) in bfloat16 and in each format at each row count
-    (best of a few repeats, formats taking turns), and name the kernels that ran."""
+    """Time one pass over `shapes` ([out, in] weights) in bfloat16, in bfloat16 with prepacked weights
+    (where oneDNN can pack them) and in each format at each row count (best of a few repeats, formats
+    taking turns), and name the kernels that ran."""
     started = time.perf_counter()
     rows = tuple(sorted(set(rows)))
-    order = ("bf16", *formats)
+    unpackable = pack_reason()
+    order = ("bf16", *(() if unpackable else (PACKED,)), *formats)
     layers = {fmt: _layers(fmt, shapes) for fmt in order}
     best: dict[tuple[str, int], float] = {}
     with torch.inference_mode():
@@ -217,8 +249,9 @@ def measure(
                     best[fmt, r] = min(best.get((fmt, r), t), t)
     checks = {
         fmt: FormatCheck(fmt, kernels[fmt], {r: round(best[fmt, r] / best["bf16", r], 4) for r in rows})
-        for fmt in formats
+        for fmt in order[1:]
     }
+    packed = checks.pop(PACKED, None)
     if "int4" in checks and "int8" in checks:  # int4 layers run prompts through their int8 copy
         int4 = checks["int4"]
         checks["int4"] = FormatCheck("int4", f"{int4.kernel} + int8 prefill {kernels['int8']}", int4.ratios)
@@ -229,6 +262,8 @@ def measure(
         bf16_ms={r: round(1e3 * best["bf16", r], 4) for r in rows},
         formats=checks,
         seconds=round(time.perf_counter() - started, 3),
+        packed=packed,
+        packed_unavailable=unpackable,
     )
 
 
@@ -286,10 +321,11 @@ def resolve_quantization(
     numbers = f"{result.summary()} (bf16: {result.bf16_kernel}; {result.cpu})"
     if requested == "auto":
         chosen = result.fastest()
+        keep = "none (prepacked bfloat16 is as fast)" if result.pack_bf16 else "none (none beats bfloat16)"
         _log.info(
             "quantization=auto for the %s: %s, measured at %s rows: %s",
             label,
-            chosen or "none (no quantized format beats bfloat16 here)",
+            chosen or keep,
             "/".join(map(str, result.rows)),
             numbers,
         )

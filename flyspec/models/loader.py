@@ -19,6 +19,7 @@ from torch import nn
 
 from flyspec.assets import resolve_model
 from flyspec.config import QUANTIZATION_CHOICES
+from flyspec.models import kernel_check
 from flyspec.models.kernel_check import KernelCheck, resolve_quantization
 from flyspec.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from flyspec.models.quantization import check_quantization
@@ -118,17 +119,20 @@ def _build(
     model.load_state_dict(state, strict=True, assign=True)
     state.clear()
     model = model.to(device).eval().requires_grad_(False)
-    check = None
     if quantization == "auto" and model.dtype == torch.float32:
         # float32 is asked for its precision (e.g. exact speculative decoding); the quantized formats
         # stand in for bfloat16 weights and are measured against them.
         _log.info("quantization=auto for %s: none (float32 weights are kept as they are)", label)
         quantization = None
-    if quantization is not None:
+    check = None
+    bf16_cpu = model.dtype == torch.bfloat16 and device.type == "cpu"
+    if quantization is not None or bf16_cpu:
         started = time.perf_counter()
-        quantization, check = resolve_quantization(
-            quantization, _layer_shapes(model), kernel_rows, device, label
-        )
+        shapes = _layer_shapes(model)
+        if quantization is None:  # only bfloat16's layout to choose
+            check = kernel_check.check(shapes, kernel_rows, formats=())
+        else:
+            quantization, check = resolve_quantization(quantization, shapes, kernel_rows, device, label)
         if check is not None:
             how = "cached" if check.from_cache else f"measured in {check.seconds:.1f} s"
             _log.info("kernel check for %s: %.1f s (%s)", label, time.perf_counter() - started, how)
@@ -137,6 +141,10 @@ def _build(
         _log.info("quantize %s to %s ...", label, quantization)
         model.quantize(quantization)
         _log.info("quantize %s to %s: %.1f s", label, quantization, time.perf_counter() - started)
+    elif bf16_cpu and check is not None and check.pack_bf16:
+        assert check.packed is not None
+        model.pack()
+        _log.info("bfloat16 weights of %s prepacked for oneDNN: %s", label, check.packed.describe())
     return model, quantization, check
 
 
