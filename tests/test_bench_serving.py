@@ -182,20 +182,26 @@ def test_plans_run_each_method_for_every_peer_that_supports_it(tmp_path: Path) -
 
 
 def test_quantized_peers_are_flyspec_serve_with_quantized_weights(tmp_path: Path) -> None:
-    """flyspec-int8 and flyspec-int4 are the same server command as flyspec plus --quantization int8 or
-    int4, labelled with their weight format, planned right after flyspec within each method."""
-    peers = ("flyspec", "flyspec-int8", "flyspec-int4")
+    """flyspec is the server with bf16 weights as loaded (--quantization none: the server's own default is
+    auto); flyspec-int8, -int4 and -auto are the same command with that --quantization, labelled with
+    their weight format, planned right after flyspec within each method."""
+    peers = ("flyspec", "flyspec-int8", "flyspec-int4", "flyspec-auto")
     plans = plan_servers(peers, ("target", "draft_model"), _inputs(tmp_path))
     assert [p.label for p in plans] == [
-        "flyspec target", "flyspec-int8 target", "flyspec-int4 target",
+        "flyspec target", "flyspec-int8 target", "flyspec-int4 target", "flyspec-auto target",
         "flyspec draft_model", "flyspec-int8 draft_model", "flyspec-int4 draft_model",
+        "flyspec-auto draft_model",
     ]  # fmt: skip
-    plain, int8, int4 = plans[0], plans[1], plans[2]
-    assert "--quantization" not in plain.argv
-    assert list(int8.argv) == [*plain.argv, "--quantization", "int8"]
-    assert list(int4.argv) == [*plain.argv, "--quantization", "int4"]
+    plain, int8, int4, auto = plans[:4]
+    base = list(plain.argv[: plain.argv.index("--quantization")])
+    assert list(plain.argv) == [*base, "--quantization", "none"]
+    assert list(int8.argv) == [*base, "--quantization", "int8"]
+    assert list(int4.argv) == [*base, "--quantization", "int4"]
+    assert list(auto.argv) == [*base, "--quantization", "auto"]
     assert int8.weights.startswith("int8") and int4.weights.startswith("int4")
-    assert missing_peer("flyspec-int8", tmp_path) is None and missing_peer("flyspec-int4", tmp_path) is None
+    assert auto.weights.startswith("the kernel check's choice") and plain.weights == "bfloat16 safetensors"
+    for peer in peers:
+        assert missing_peer(peer, tmp_path) is None
 
 
 def test_fly_alone_plans_only_flyspecs_fly_arm(tmp_path: Path) -> None:
@@ -355,8 +361,9 @@ def test_report_ratios_are_flyspec_over_the_peer_on_the_same_arm() -> None:
         "skipped": ["llama.cpp: skipped, not installed: run `make peers`"],
     }  # fmt: skip
     md = render_markdown(report)
-    assert "| vllm (w) | standard | 16 | 45.00 | 0.60x | - | - | 1.12x |" in md
-    assert "| vllm (w) | target | 16 | 40.00 | 0.75x | 1.25x | 0.50x | - |" in md
+    # Columns: flyspec, -int8, -int4, -auto over this row, then over target-only.
+    assert "| vllm (w) | standard | 16 | 45.00 | 0.60x | - | - | - | 1.12x |" in md
+    assert "| vllm (w) | target | 16 | 40.00 | 0.75x | 1.25x | 0.50x | - | - |" in md
     assert "`flyspec bench-serve`" in md and "- llama.cpp: skipped" in md
     assert "| vllm target | w | 150 | 9.0 | - | ok |" in md
 

@@ -30,8 +30,14 @@ from flyspec.assets import check_sha256, source_files, zoo_entry
 from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
 
 # flyspec-int8 and flyspec-int4: our server with quantization="int8" or "int4" (docs/performance.md), the
-# weights quantized at load from the same bf16 files, to compare with llama.cpp's own quantized format.
-_QUANTIZED_WEIGHTS = {"int8": "int8 W8A8", "int4": "int4 W4A8, groups of 64"}
+# weights quantized at load from the same bf16 files, to compare with llama.cpp's own quantized format;
+# flyspec-auto: the format the load-time kernel check finds fastest on this CPU (the server's default);
+# plain flyspec: bf16 as loaded (--quantization none), the same weights vLLM serves.
+_QUANTIZED_WEIGHTS = {
+    "int8": "int8 W8A8",
+    "int4": "int4 W4A8, groups of 64",
+    "auto": "the kernel check's choice (server log)",
+}
 FLYSPEC_PEERS = ("flyspec", *(f"flyspec-{q}" for q in _QUANTIZED_WEIGHTS))
 PEERS = (*FLYSPEC_PEERS, "vllm", "llama.cpp")
 METHODS = ("target", "draft_model", "fly", "ngram")
@@ -199,9 +205,9 @@ def _flyspec_plan(
         str(inp.max_model_len),
     ]
     weights = f"{inp.dtype} safetensors"
-    if peer != "flyspec":
-        quantization = peer.removeprefix("flyspec-")
-        argv += ["--quantization", quantization]
+    quantization = "none" if peer == "flyspec" else peer.removeprefix("flyspec-")
+    argv += ["--quantization", quantization]
+    if quantization != "none":
         weights = f"{_QUANTIZED_WEIGHTS[quantization]} from {weights}"
     if method == "target":
         arms: tuple[ArmSpec, ...] = (ArmSpec("target"),)
