@@ -144,6 +144,7 @@ def test_the_check_is_cached_per_cpu_shapes_and_rows(tmp_path, monkeypatch) -> N
     """A second check with the same shapes and rows reads the cached measurement (same numbers, marked
     from_cache); other rows measure afresh; a corrupt cache file is measured again, not trusted."""
     monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel_check.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine
     shapes = [(64, 64), (128, 64)]
     first = kernel_check.check(shapes, (1, 4))
     again = kernel_check.check(shapes, (1, 4))
@@ -172,3 +173,14 @@ def test_auto_loads_what_the_check_chose_and_logs_why(tmp_path, monkeypatch, cap
     assert any("quantization=auto" in r.getMessage() and "bf16" in r.getMessage() for r in caplog.records)
     llm = LLM(str(folder), dtype="bfloat16", quantization="auto", max_num_seqs=2)
     assert llm.generate(["w1 w2"], use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_a_check_measured_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch) -> None:
+    """With the load average above the usable cores, the measurement is used but not written to the
+    cache, so the next load measures again instead of keeping numbers that other work distorted."""
+    monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel_check.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    shapes = [(64, 64)]
+    assert not kernel_check.check(shapes, (1, 4)).from_cache
+    assert not kernel_check.check(shapes, (1, 4)).from_cache
+    assert not (tmp_path / "kernel-checks").exists() or not list((tmp_path / "kernel-checks").iterdir())
