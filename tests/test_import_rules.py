@@ -220,7 +220,7 @@ def test_parts_form_no_cycle() -> None:
         (leaves_violations, "flyspec.models.llama", "flyspec.engine.sequence"),
         (engine_violations, "flyspec.engine.engine", "flyspec.server.app"),
         (face_violations, "flyspec.bench.runner", "flyspec.engine.engine"),
-        (face_violations, "flyspec.gate.runner", "flyspec.spec_decode.verify"),
+        (face_violations, "flyspec.gate.run.runner", "flyspec.spec_decode.verify"),
         (cycle_of, "flyspec.sampling_params", "flyspec.llm"),
     ],
 )

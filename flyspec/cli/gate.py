@@ -45,7 +45,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="End stdout with one JSON object (key `questions`)."),
 ) -> None:
     """How many paired questions a gate needs (Connor 1987 for McNemar; score test for non-inferiority)."""
-    from flyspec.gate.stats import questions_needed, questions_needed_noninferiority
+    from flyspec.gate.stats.paired import questions_needed, questions_needed_noninferiority
 
     questions = questions_needed(net_loss, flip_rate, alpha, power)
     result: dict[str, Any] = {
@@ -136,7 +136,7 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
     """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
     fall back to it)."""
-    from flyspec.gate.options import GateOptions
+    from flyspec.gate.run.options import GateOptions
 
     s = _load_config(config)
     s.update({k: v for k, v in flags.items() if v is not None and v != [] and v is not False})
@@ -174,8 +174,8 @@ def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> An
 def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
     """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
     `gate report`'s code for the decision."""
-    from flyspec.gate.report import build_report
-    from flyspec.gate.runner import describe_interrupt, run
+    from flyspec.gate.report.report import build_report
+    from flyspec.gate.run.runner import describe_interrupt, run
 
     try:
         result = run(options)
@@ -350,7 +350,7 @@ def pilot_command(
 def _exit_for(decision: str | None, strict: bool) -> None:
     """The exit code of a decision: 0 PASS (or no decision: a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0)."""
-    from flyspec.gate.decision import FAIL, INCONCLUSIVE
+    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE
 
     if decision == FAIL:
         raise typer.Exit(1)
@@ -361,7 +361,7 @@ def _exit_for(decision: str | None, strict: bool) -> None:
 def _exit_for_tune(report: Any, strict: bool) -> None:
     """A tune's exit code: 0 when a setting passed, 1 when the tune is finished and none passed, and while
     it is unfinished with none passed yet 2 with --strict (else 0)."""
-    from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
+    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 
     decision = PASS if report.chosen is not None else FAIL if report.complete else INCONCLUSIVE
     _exit_for(decision, strict)
@@ -424,7 +424,7 @@ def compare_command(
 
     Exit code: 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0).
     """
-    from flyspec.gate.compare import compare_logs
+    from flyspec.gate.logs.compare import compare_logs
 
     epochs = _epochs(epoch or [])
     rep = compare_logs(baseline, candidate, margin, alpha, metric=metric, filter=filter_name, epoch=epochs)
@@ -587,8 +587,8 @@ def tune_command(
 
     Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
-    from flyspec.gate.tune import TuneOptions, describe_pause, tune
-    from flyspec.gate.tune_report import build_tune_report
+    from flyspec.gate.report.tune_report import build_tune_report
+    from flyspec.gate.run.tune import TuneOptions, describe_pause, tune
 
     aliases = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
     options = TuneOptions(
@@ -643,7 +643,7 @@ def tune_command(
 
 def _run_kind(store: Path, run_id: str | None) -> str | None:
     """The kind of the run ``gate report`` shows (None when the store or run does not exist)."""
-    from flyspec.gate.store import GateStore
+    from flyspec.gate.data.store import GateStore
 
     if not store.is_file():
         return None
@@ -654,7 +654,7 @@ def _run_kind(store: Path, run_id: str | None) -> str | None:
 
 
 def _has_run(store: str, run_id: str) -> bool:
-    from flyspec.gate.store import GateStore
+    from flyspec.gate.data.store import GateStore
 
     with GateStore(store) as opened:
         return opened.get_run(run_id) is not None
@@ -681,10 +681,10 @@ def report(
     Exit code (of the registered decision): 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0). For a tune: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished.
     """
-    from flyspec.gate.report import build_report
+    from flyspec.gate.report.report import build_report
 
     if _run_kind(store, run_id) == "tune":
-        from flyspec.gate.tune_report import build_tune_report
+        from flyspec.gate.report.tune_report import build_tune_report
 
         tuned = build_tune_report(store, run_id)
         if as_json:

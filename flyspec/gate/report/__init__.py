@@ -1,0 +1,2 @@
+"""Reports: a gate run's or pilot's numbers (``report.py``), how they read in markdown and HTML
+(``render.py``, ``wording.py``), and a ``gate tune``'s report (``tune_report.py``)."""
