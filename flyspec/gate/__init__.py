@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from flyspec.gate.logs.compare import compare_logs
     from flyspec.gate.report.report import Report, build_report
     from flyspec.gate.report.tune_report import build_tune_report
-    from flyspec.gate.run.options import GateOptions
+    from flyspec.gate.run.options import GateOptions, TuneOptions
     from flyspec.gate.run.runner import RunResult, run, run_gate, run_pilot
-    from flyspec.gate.run.tune import TuneOptions, tune
+    from flyspec.gate.run.tune import tune
 
 __all__ = [
     "GateOptions",
@@ -47,7 +47,7 @@ _HOMES = {
     "run_gate": "flyspec.gate.run.runner",
     "run_pilot": "flyspec.gate.run.runner",
     "compare_logs": "flyspec.gate.logs.compare",
-    "TuneOptions": "flyspec.gate.run.tune",
+    "TuneOptions": "flyspec.gate.run.options",
     "tune": "flyspec.gate.run.tune",
     "build_tune_report": "flyspec.gate.report.tune_report",
 }

@@ -1,5 +1,10 @@
 """Endpoint arms: answer gate jobs through an OpenAI-compatible server (vLLM, flyspec serve).
 
+``{"kind": "openai", "base_urls": [...], "model", "api_key", "extra_body": {...}, "concurrency", "timeout",
+"max_retries", "backoff"}``: ``concurrency`` requests are in flight per base URL; failed requests
+(connection errors, timeouts, HTTP 429/5xx) are retried with exponential backoff on the next base URL;
+after ``max_retries`` retries the run stops with a clear error and every answer stored so far is kept.
+
 Before the run, each base URL's ``/v1/models`` is read so the registration can say which model the arm
 really is (the card's ``id`` and ``root``); the ``system_fingerprint`` of the first response from each URL
 goes to the run's notes. Per-request acceptance counters are read where the server reports them:
@@ -15,13 +20,134 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from flyspec.gate.arms.base import Completion, Job, OpenAIArm, Sampling
+from flyspec.checks import is_int, is_number
+from flyspec.gate.arms.base import Completion, Emit, Job, NextJob, Sampling, unknown_keys
 from flyspec.outputs import AcceptanceCounts
+
+KIND = "openai"
+KEYS = (
+    "kind",
+    "base_urls",
+    "base_url",
+    "model",
+    "api_key",
+    "extra_body",
+    "concurrency",
+    "timeout",
+    "max_retries",
+    "backoff",
+)
+# Sampling is set once per run for every arm; an arm's extra_body must not change it behind the gate's back.
+_RESERVED_BODY_KEYS = (
+    "model",
+    "messages",
+    "prompt",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "stream",
+    "n",
+)
+
+
+@dataclass(frozen=True)
+class OpenAIArm:
+    """An OpenAI-compatible endpoint arm."""
+
+    name: str
+    base_urls: tuple[str, ...]
+    model: str
+    api_key: str | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = 4
+    timeout: float = 600.0
+    max_retries: int = 4
+    backoff: float = 1.0
+    kind = KIND
+    greedy_repeats = False  # a server may batch and sample differently each time
+
+    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What decides the arm's outputs, registered before the run: the model name, the extra request
+        fields and the served model's ``id`` and ``root`` as the server's /v1/models reports them. Where
+        the server runs (URLs) and how it is called (concurrency, timeouts, key) may change on a resume
+        and are kept in the run's notes instead."""
+        out: dict[str, Any] = {"kind": KIND, "model": self.model, "extra_body": self.extra_body}
+        if served is not None:
+            out["served_model"] = served
+        return out
+
+    def public_dict(self) -> dict[str, Any]:
+        """The arm's full settings; the API key is never written, only whether one is set."""
+        return {
+            "kind": KIND,
+            "base_urls": list(self.base_urls),
+            "model": self.model,
+            "api_key": "<set>" if self.api_key else None,
+            "extra_body": self.extra_body,
+            "concurrency": self.concurrency,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "backoff": self.backoff,
+        }
+
+
+def _normalise_url(url: Any, name: str) -> str:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"arm {name!r}: base_url={url!r}: must be an http:// or https:// URL")
+    url = url.rstrip("/")
+    # OpenAI clients take the base URL including /v1; accept a bare host:port as well.
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def parse(name: str, data: dict[str, Any]) -> OpenAIArm:
+    """An endpoint arm from its JSON object; ValueError names the arm, the field and the rule."""
+    unknown_keys(name, data, KEYS, "endpoint arms")
+    if ("base_urls" in data) == ("base_url" in data):
+        raise ValueError(f"arm {name!r}: give exactly one of base_url (a URL) or base_urls (a list of URLs)")
+    urls = data["base_urls"] if "base_urls" in data else [data["base_url"]]
+    if not isinstance(urls, list) or not urls:
+        raise ValueError(f"arm {name!r}: base_urls={urls!r}: must be a non-empty list of URLs")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"arm {name!r}: model={model!r}: an endpoint arm needs the served model name")
+    extra = data.get("extra_body", {})
+    if not isinstance(extra, dict):
+        raise ValueError(f"arm {name!r}: extra_body={extra!r}: must be a JSON object")
+    reserved = sorted(set(extra) & set(_RESERVED_BODY_KEYS))
+    if reserved:
+        raise ValueError(
+            f"arm {name!r}: extra_body sets {', '.join(reserved)}, which the gate sets identically for every "
+            "arm (use --temperature/--top-p/--max-tokens/--seed)"
+        )
+    api_key = data.get("api_key")
+    if api_key is not None and not isinstance(api_key, str):
+        raise ValueError(f"arm {name!r}: api_key must be a string")
+    arm = OpenAIArm(
+        name=name,
+        base_urls=tuple(_normalise_url(u, name) for u in urls),
+        model=model,
+        api_key=api_key,
+        extra_body=extra,
+        concurrency=data.get("concurrency", 4),
+        timeout=data.get("timeout", 600.0),
+        max_retries=data.get("max_retries", 4),
+        backoff=data.get("backoff", 1.0),
+    )
+    if not is_int(arm.concurrency, 1):
+        raise ValueError(f"arm {name!r}: concurrency={arm.concurrency!r}: must be a positive integer")
+    for key, value in (("timeout", arm.timeout), ("backoff", arm.backoff)):
+        if not is_number(value, above=0):
+            raise ValueError(f"arm {name!r}: {key}={value!r}: must be a positive number")
+    if not is_int(arm.max_retries, 0):
+        raise ValueError(f"arm {name!r}: max_retries={arm.max_retries!r}: must be an integer >= 0")
+    return arm
+
 
 # The response header in which flyspec serve names the request fields it ignored.
 IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
@@ -58,18 +184,17 @@ def read_acceptance(data: dict[str, Any]) -> tuple[AcceptanceCounts | None, bool
     spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
     if isinstance(spec, dict):
         values = [spec.get(k) for k in _VLLM_COUNTERS]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if all(is_int(v) for v in values):
             steps, drafted, accepted = values
             return AcceptanceCounts(steps, drafted, accepted, 0), False  # type: ignore[arg-type]
     return None, False
 
 
-Emit = Callable[[Job, Completion], None]
-NextJob = Callable[[], Awaitable[Job | None]]
-
-
 class OpenAIExecutor:
-    """Answers the jobs of one endpoint arm over HTTP with bounded concurrency per base URL."""
+    """Answers the jobs of one endpoint arm over HTTP with bounded concurrency per base URL (a
+    ``ConcurrentExecutor``: flyspec/gate/arms/base.py)."""
+
+    drive = "concurrently"
 
     def __init__(self, arm: OpenAIArm) -> None:
         self.arm = arm
@@ -130,6 +255,14 @@ class OpenAIExecutor:
             )
         return {"id": card.get("id"), "root": card.get("root"), "reported": True}
 
+    def served_models(self) -> dict[str, dict[str, Any] | None]:
+        """The arm's served model, read now from every base URL's /v1/models (``served_model``)."""
+        self.prepare()
+        return {self.arm.name: self.served_model()}
+
+    def start(self) -> None:
+        """Nothing to load: the server is running (its cards are read by ``served_models``)."""
+
     def served_model(self) -> dict[str, Any]:
         """The served model's id and root (from the first base URL) for the registration.
 
@@ -147,7 +280,7 @@ class OpenAIExecutor:
     def facts(self) -> dict[str, Any]:
         """What the run's notes record about this executor."""
         return {
-            "kind": "openai",
+            "kind": KIND,
             "arms": [self.arm.name],
             "base_urls": list(self.arm.base_urls),
             "models": self.served,
@@ -279,3 +412,8 @@ class OpenAIExecutor:
             )
         if failures:
             raise failures[0]
+
+
+def executors(arms: list[OpenAIArm]) -> list[OpenAIExecutor]:
+    """One executor per endpoint arm."""
+    return [OpenAIExecutor(arm) for arm in arms]

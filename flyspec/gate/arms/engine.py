@@ -1,27 +1,138 @@
-"""Engine arms: answer gate jobs with one in-process engine through the public `LLM.stream` API.
+"""Engine arms: this package's engine, in-process, answering through the public `LLM.stream` API.
+
+``{"kind": "engine", "model", "speculative_config", "dtype", "device", "max_num_seqs", ...}``: the fields
+of ``EngineConfig`` (flyspec/config.py), validated by it. The identity records the verification policy: the
+canonical ``speculative_config`` names it (``rejection_sample_method``) with every setting of it (FLy's or
+typical acceptance's fields, a lossless prefix when there is one). Two engine arms that differ only in the
+verifier (standard vs a lossy policy, same model, draft, dtype and quantization) share ONE engine started
+with the lossy policy; the standard arm's requests ask for ``verification="standard"``, which is lossless
+(docs/verification.md).
 
 Work is fed continuously in the run's order: `LLM.stream` pulls the next request the moment a slot frees
 up, so the batch stays full and no answer waits for the longest answer of a chunk. When two arms share the
-engine (standard vs a lossy policy, differing only in the verifier), the jobs of both arms for one
-question arrive side by side, so a pair completes at about the same time. The number in flight is the
-engine's admission cap (min(max_num_seqs, max_num_batched_tokens // (1 + K))): more would only wait in the
-scheduler's queue.
+engine, the jobs of both arms for one question arrive side by side, so a pair completes at about the same
+time. The number in flight is the engine's admission cap (min(max_num_seqs, max_num_batched_tokens //
+(1 + K))): more would only wait in the scheduler's queue.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from flyspec.gate.arms.base import Completion, EngineArm, Job, Sampling, is_lossy
+from flyspec.config import VERIFICATION_FIELDS, EngineConfig, verification_policy
+from flyspec.gate.arms.base import Completion, Job, Sampling, unknown_keys
+
+KIND = "engine"
+KEYS = ("kind", *(f.name for f in dataclasses.fields(EngineConfig)))
+# Recorded in every engine arm's settings since the gate's first runs. A field EngineConfig gained later
+# (quantization) is recorded only when it is not at its default, so an arm that leaves it unset keeps the
+# identity, and a registered run the resume, it had before the field existed.
+_ALWAYS_RECORDED = (
+    "model",
+    "speculative_config",
+    "dtype",
+    "device",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class EngineArm:
+    """An in-process engine arm: its validated EngineConfig and that config as a canonical dict."""
+
+    name: str
+    config: dict[str, Any]
+    engine_config: EngineConfig = field(compare=False, repr=False)
+    kind = KIND
+    greedy_repeats = True  # the engine's greedy decoding is deterministic
+
+    def public_dict(self) -> dict[str, Any]:
+        """The arm's full settings (canonical: defaults resolved)."""
+        return {"kind": KIND, **self.config}
+
+    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What decides the arm's outputs, registered before the run: here, every setting."""
+        return self.public_dict()
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def parse(name: str, data: dict[str, Any]) -> EngineArm:
+    """An engine arm from its JSON object; ValueError names the arm, the field and the rule."""
+    unknown_keys(name, data, KEYS, "engine arms")
+    settings = {k: v for k, v in data.items() if k != "kind"}
+    # Unset means "auto", the fastest weight format this CPU runs (an explicit null keeps the weights as
+    # loaded); the arm's settings record it, so the run's registration says which was asked for.
+    settings.setdefault("quantization", "auto")
+    try:
+        config = EngineConfig(**settings)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"arm {name!r}: {exc}") from None
+    resolved: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineConfig):
+        value = getattr(config, f.name)
+        if f.name == "speculative_config" and value is not None:
+            value = value.to_dict()
+        if f.name in _ALWAYS_RECORDED or value != _default(f):
+            resolved[f.name] = value
+    return EngineArm(name, resolved, config)
+
+
+def _engine_key(config: dict[str, Any]) -> str:
+    """Everything but the verifier: arms with equal keys can share one engine."""
+    spec = config["speculative_config"]
+    if spec is not None:
+        spec = {k: v for k, v in spec.items() if k not in VERIFICATION_FIELDS}
+    return json.dumps({**config, "speculative_config": spec}, sort_keys=True)
+
+
+def is_lossy(config: dict[str, Any]) -> bool:
+    """Whether a canonical engine config verifies with a lossy policy (its policy says so)."""
+    spec = config["speculative_config"]
+    return spec is not None and verification_policy(spec["rejection_sample_method"]).lossy
+
+
+def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
+    """Group engine arms into as few engines as possible: arms that differ only in the verifier share one
+    engine started with the lossy arm's settings (arms with two different lossy settings cannot). The
+    first arm of each group is the one whose config starts the engine."""
+    groups: dict[str, list[EngineArm]] = {}
+    for arm in arms:
+        groups.setdefault(_engine_key(arm.config), []).append(arm)
+    out: list[list[EngineArm]] = []
+    for members in groups.values():
+        lossy_configs = {json.dumps(a.config, sort_keys=True) for a in members if is_lossy(a.config)}
+        if len(lossy_configs) > 1:
+            out.extend([a] for a in members)
+            continue
+        lead = next((a for a in members if is_lossy(a.config)), members[0])
+        out.append([lead, *(a for a in members if a is not lead)])
+    return out
+
+
+def executors(arms: list[EngineArm]) -> list[EngineExecutor]:
+    """As few in-process engines as the arms allow (``engine_groups``)."""
+    return [EngineExecutor(group) for group in engine_groups(arms)]
 
 
 class EngineExecutor:
-    """Answers the jobs of one or more engine arms with one engine started from the first arm's config.
+    """Answers the jobs of one or more engine arms with one engine started from the first arm's config
+    (a ``TurnExecutor``: flyspec/gate/arms/base.py).
 
     A standard arm inside an engine started with a lossy policy asks for ``verification="standard"`` per
     request, which is lossless (docs/verification.md).
     """
+
+    drive = "in_turns"
 
     def __init__(self, arms: list[EngineArm]) -> None:
         self.lead = arms[0]
@@ -41,7 +152,11 @@ class EngineExecutor:
         """One line for logs: what this executor runs, for which arms."""
         return f"engine {self.lead.config['model']} for arm(s) {', '.join(self.arms)}"
 
-    def prepare(self) -> None:
+    def served_models(self) -> dict[str, dict[str, Any] | None]:
+        """Nothing to ask: an engine arm's identity is its settings."""
+        return {}
+
+    def start(self) -> None:
         """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
         if self._llm is None:
             from flyspec.llm import LLM
@@ -55,13 +170,13 @@ class EngineExecutor:
     @property
     def max_in_flight(self) -> int:
         """How many requests the engine runs at once (its admission cap)."""
-        self.prepare()
+        self.start()
         return self._llm.max_running
 
     def facts(self) -> dict[str, Any]:
         """What the run's notes record about this executor."""
         return {
-            "kind": "engine",
+            "kind": KIND,
             "arms": sorted(self.arms),
             "model": self.lead.config["model"],
             "max_in_flight": self.max_in_flight,
@@ -77,7 +192,7 @@ class EngineExecutor:
         from flyspec.llm import GenerationRequest, RequestRejected
         from flyspec.sampling_params import SamplingParams
 
-        self.prepare()
+        self.start()
         pending: dict[str, Job] = {}
 
         def requests() -> Iterator[GenerationRequest]:

@@ -24,8 +24,10 @@ from typing import Any
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.logs.evallogs import EvalLog, read_eval_log
 from flyspec.gate.logs.pairing import pair_logs
-from flyspec.gate.report.report import Report, compare_pairs
-from flyspec.gate.run.options import check_margin_alpha
+from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.report.render import compare_advice, explanation
+from flyspec.gate.report.report import Report
+from flyspec.gate.stats.decision import check_margin_alpha
 
 KIND = "compare"
 
@@ -149,8 +151,6 @@ def compare_logs(
         "seeing the results can be chosen to give any answer; the decision is only as good as the reason "
         "for this margin. To decide with a margin fixed in advance, use `flyspec gate run`."
     )
-    from flyspec.gate.report.render import compare_advice, explanation
-
     report.explanation = explanation(report)
     report.advice = compare_advice(report)
     return report

@@ -8,14 +8,11 @@ import html
 import io
 import json
 import math
-from typing import TYPE_CHECKING
 
+from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import flip_rate_upper_bound
-
-if TYPE_CHECKING:
-    from flyspec.gate.report.report import Comparison, Report
 
 POWER_PCT = "80%"
 _STOP_REASONS = {
@@ -35,30 +32,11 @@ def _num(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _m(report: Report) -> str:
+def _m(report: ReportData) -> str:
     return f"{100 * report.run.margin:g}"
 
 
-def rule(report: Report) -> str:
-    """The decision rule in plain words."""
-    m, lvl = _m(report), f"{100 * report.level:g}%"
-    interval = (
-        f"a {lvl} betting confidence sequence, updated after every question in the registered random order "
-        "(it holds at every number of questions at once, so the run may stop at the first crossing)"
-        if report.sequential_plan is not None
-        else f"Tango's {lvl} score interval"
-    )
-    return (
-        f"We estimate the candidate's accuracy minus the baseline's on the same questions with {interval}. "
-        f"PASS if its lower end lies above -{m} points (the candidate loses less than the margin: "
-        f"non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the margin). "
-        "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
-        "baseline, by how much not yet known). The exact McNemar test is reported beside the decision: it "
-        "asks whether the arms differ at all, not whether a loss exceeds the margin."
-    )
-
-
-def _stop_sentence(report: Report) -> str:
+def _stop_sentence(report: ReportData) -> str:
     stop, plan = report.sequential, report.sequential_plan
     assert stop is not None and plan is not None
     m = _m(report)
@@ -79,7 +57,7 @@ def _stop_sentence(report: Report) -> str:
     return f"The run stopped after {stop.stopped_at} of at most {plan.max_questions} questions: {why}.{later}"
 
 
-def explanation(report: Report) -> list[str]:
+def explanation(report: ReportData) -> list[str]:
     """The plain words under the decision; they follow the numbers in every case."""
     pooled = report.pooled
     assert pooled is not None
@@ -106,7 +84,7 @@ def explanation(report: Report) -> list[str]:
     )
 
 
-def _fresh_run_command(report: Report, questions: int | None) -> str:
+def _fresh_run_command(report: ReportData, questions: int | None) -> str:
     size = f" --max-questions {questions}" if questions else ""
     return f"`flyspec gate run --sequential{size} --exclude-run {report.run.run_id} --run NEW ...`"
 
@@ -161,7 +139,7 @@ def sequential_questions(flip_rate: float, margin: float) -> int:
     return max(1, math.ceil(factor * flip_rate * (SEQUENTIAL_90_MARGIN / margin) ** 2 - 1e-9))
 
 
-def _continue_sequential(report: Report) -> list[str]:
+def _continue_sequential(report: ReportData) -> list[str]:
     """Advice after a sequential run reached its registered maximum undecided: continue the same run."""
     stop, plan, pooled = report.sequential, report.sequential_plan, report.pooled
     assert stop is not None and plan is not None and pooled is not None
@@ -189,7 +167,7 @@ def _continue_sequential(report: Report) -> list[str]:
     ]
 
 
-def advice(report: Report) -> list[str]:
+def advice(report: ReportData) -> list[str]:
     """What to do next when the decision is INCONCLUSIVE (an empty list otherwise)."""
     pooled = report.pooled
     if pooled is None or pooled.decision != INCONCLUSIVE:
@@ -218,7 +196,7 @@ def advice(report: Report) -> list[str]:
     ]
 
 
-def compare_advice(report: Report) -> list[str]:
+def compare_advice(report: ReportData) -> list[str]:
     """What to do next after ``gate compare`` reads INCONCLUSIVE (an empty list otherwise)."""
     pooled = report.pooled
     if pooled is None or pooled.decision != INCONCLUSIVE or pooled.n == 0:
@@ -238,7 +216,7 @@ def _decision_heading(pooled: Comparison) -> str:
     return f"## Decision: **{pooled.decision}**{loss}"
 
 
-def _mcnemar_line(report: Report, pooled: Comparison) -> str:
+def _mcnemar_line(report: ReportData, pooled: Comparison) -> str:
     sig = (
         " The candidate loses significantly more questions than it gains."
         if pooled.significant_loss
@@ -251,7 +229,7 @@ def _mcnemar_line(report: Report, pooled: Comparison) -> str:
     )
 
 
-def _noise_line(report: Report, pooled: Comparison) -> str:
+def _noise_line(report: ReportData, pooled: Comparison) -> str:
     noise = report.noise
     assert noise is not None
     return (
@@ -262,7 +240,7 @@ def _noise_line(report: Report, pooled: Comparison) -> str:
     )
 
 
-def _exploratory_lines(report: Report) -> list[str]:
+def _exploratory_lines(report: ReportData) -> list[str]:
     e = report.exploratory
     if e is None:
         return []
@@ -281,7 +259,7 @@ def _exploratory_lines(report: Report) -> list[str]:
     ]
 
 
-def _gate_lines(report: Report) -> list[str]:
+def _gate_lines(report: ReportData) -> list[str]:
     pooled = report.pooled
     assert pooled is not None
     lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
@@ -295,13 +273,13 @@ def _gate_lines(report: Report) -> list[str]:
         lines += [" ".join(report.advice), ""]
     lines += _exploratory_lines(report)
     lines += _judge_lines(report)
-    lines += [f"**Rule.** {rule(report)}", ""]
+    lines += [f"**Rule.** {report.rule()}", ""]
     if report.sequential is not None:
         lines += _sequential_lines(report)
     return lines + _paired_table(report)
 
 
-def _undecided_line(report: Report, pooled: Comparison) -> str:
+def _undecided_line(report: ReportData, pooled: Comparison) -> str:
     """Beside the decision of a judged run: how often the judge could not decide, and the two counts."""
     j = report.judge
     assert j is not None
@@ -315,7 +293,7 @@ def _undecided_line(report: Report, pooled: Comparison) -> str:
     )
 
 
-def _judge_lines(report: Report) -> list[str]:
+def _judge_lines(report: ReportData) -> list[str]:
     """What lost and gained mean for judged questions, the position-swap counts and the position bias."""
     j = report.judge
     if j is None:
@@ -371,7 +349,7 @@ def _judge_lines(report: Report) -> list[str]:
     return lines
 
 
-def _sequential_lines(report: Report) -> list[str]:
+def _sequential_lines(report: ReportData) -> list[str]:
     stop, plan = report.sequential, report.sequential_plan
     assert stop is not None and plan is not None
     return [
@@ -394,7 +372,7 @@ def _sequential_lines(report: Report) -> list[str]:
     ]
 
 
-def _paired_table(report: Report) -> list[str]:
+def _paired_table(report: ReportData) -> list[str]:
     m = _m(report)
     kind = "confidence sequence" if report.sequential is not None else "CI"
     scope = "task" if report.run.kind == "compare" else "dataset"
@@ -440,7 +418,7 @@ def _paired_table(report: Report) -> list[str]:
     ]
 
 
-def _pilot_lines(report: Report) -> list[str]:
+def _pilot_lines(report: ReportData) -> list[str]:
     p = report.pilot
     if p is None:
         return ["## Pilot", "", "No question has both of its answers yet.", ""]
@@ -488,7 +466,7 @@ def _pilot_lines(report: Report) -> list[str]:
     ]
 
 
-def _speed_lines(report: Report) -> list[str]:
+def _speed_lines(report: ReportData) -> list[str]:
     if not report.speeds:
         return []
     lines = [
@@ -529,7 +507,7 @@ def _speed_lines(report: Report) -> list[str]:
     return lines
 
 
-def _registration_lines(report: Report) -> list[str]:
+def _registration_lines(report: ReportData) -> list[str]:
     run = report.run
     reg = run.registration
     lines = ["## Registration", ""]
@@ -565,7 +543,7 @@ def _registration_lines(report: Report) -> list[str]:
     return lines
 
 
-def _arm_lines(report: Report) -> list[str]:
+def _arm_lines(report: ReportData) -> list[str]:
     run = report.run
     fingerprints = run.notes.get("system_fingerprints", {})
     lines = []
@@ -584,7 +562,7 @@ def _arm_lines(report: Report) -> list[str]:
     return lines
 
 
-def _source_lines(report: Report) -> list[str]:
+def _source_lines(report: ReportData) -> list[str]:
     """What ``gate compare`` read, and how the margin came about (it replaces the registration)."""
     reg = report.run.registration
     lines = [
@@ -615,7 +593,7 @@ def _source_lines(report: Report) -> list[str]:
     return lines
 
 
-def markdown(report: Report) -> str:
+def markdown(report: ReportData) -> str:
     """The whole report as markdown."""
     kind = report.run.kind
     if kind == "compare":
@@ -632,7 +610,7 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_png(report: Report) -> bytes:
+def plot_png(report: ReportData) -> bytes:
     """A PNG of each interval against the margin (matplotlib, no display needed)."""
     import matplotlib
 
@@ -662,7 +640,7 @@ def plot_png(report: Report) -> bytes:
     return buffer.getvalue()
 
 
-def html_page(report: Report) -> str:
+def html_page(report: ReportData) -> str:
     """A self-contained HTML page: the markdown report as preformatted text plus the embedded plot."""
     image = ""
     if report.run.kind != "pilot" and any(c.ci_low is not None for c in report.comparisons):

@@ -18,20 +18,27 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from flyspec.checks import is_number
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.monitor import CS_METHOD, SequentialPlan, SequentialStop, sequential_stop
-from flyspec.gate.stats.paired import (
-    decide_with_undecided,
-    mcnemar,
-    noninferiority,
-    plan_noninferiority,
-    wilson_interval,
+from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
+from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
+from flyspec.gate.report.model import (
+    Comparison,
+    Exploratory,
+    JudgeSummary,
+    NoiseReference,
+    PilotSummary,
+    ReportData,
 )
+from flyspec.gate.report.render import advice, explanation, html_page, markdown
+from flyspec.gate.report.speeds import measure_speeds
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.monitor import SequentialPlan, sequential_stop
+from flyspec.gate.stats.paired import mcnemar, plan_noninferiority, wilson_interval
 
 POWER = 0.80
 Lane = tuple[str, int]
@@ -39,447 +46,16 @@ __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report
 
 
 @dataclass
-class Comparison:
-    """Baseline vs candidate on one dataset (or pooled over all of them).
-
-    ``decision`` is None for a dataset row of a sequential run: only the pooled sequence decides.
-    ``lost``/``gained`` count decided pairs; ``undecided`` the judged pairs the judge could not decide, which
-    the decision counts as lost when testing for PASS (``ci_low``) and as gained when testing for FAIL
-    (``ci_high``).
-    """
-
-    scope: str
-    n: int
-    registered: int
-    baseline_accuracy: float | None
-    candidate_accuracy: float | None
-    lost: int
-    gained: int
-    net: int
-    net_difference: float | None
-    flip_rate: float | None
-    exact_p: float
-    mid_p: float
-    ci_low: float | None
-    ci_high: float | None
-    noninferiority_p: float | None
-    significant_loss: bool
-    decision: str | None
-    loss_detected: bool = False
-    questions_needed: int | None = None
-    questions_needed_at_observed: int | None = None
-    flip_rate_upper: float | None = None
-    more_questions: int | None = None
-    interim_decision: str | None = None
-    undecided: int = 0
-
-
-@dataclass
-class ArmSpeed:
-    """Speed of one arm (one repeat) measured in this run.
-
-    ``tokens_per_s``: the arm's tokens over its executor's busy time (None when the arm shared its engine
-    with another arm: see ``Report.shared``). ``request_tokens_per_s``: tokens over the summed request
-    latencies, comparable between arms that ran side by side in the same batches. Acceptance fields are
-    None when the source did not report them (``acceptance_reported``), never zero.
-    """
-
-    arm: str
-    repeat: int
-    answers: int
-    completion_tokens: int
-    wall_s: float
-    tokens_per_s: float | None
-    request_tokens_per_s: float | None
-    mean_latency_s: float | None
-    mean_acceptance_length: float | None
-    acceptance_rate: float | None
-    forgiven_share: float | None
-    acceptance_reported: bool = True
-    forgiven_reported: bool = True
-
-
-@dataclass
-class SharedThroughput:
-    """Tokens/s of an engine that answered several arms' requests in the same batches."""
-
-    lanes: str
-    answers: int
-    completion_tokens: int
-    wall_s: float
-    tokens_per_s: float | None
-
-
-@dataclass
-class PilotSummary:
-    """A pilot's flips between its two lanes (the baseline twice, or baseline and candidate) and the
-    sample size they imply; planned from the flip rate's upper confidence bound."""
-
-    mode: str
-    n: int
-    flips: int
-    lost: int
-    gained: int
-    flip_rate: float
-    flip_rate_low: float
-    flip_rate_high: float
-    flip_rate_upper: float
-    accuracy_first: float
-    accuracy_second: float
-    exact_p: float
-    questions_needed: int | None
-    questions_needed_upper: int
-
-
-@dataclass
-class NoiseReference:
-    """The baseline's own run-to-run flips, measured by a noise pilot on the same data."""
-
-    run_id: str
-    n: int
-    flips: int
-    flip_rate: float
-    low: float
-    high: float
-
-
-@dataclass
-class JudgeSummary:
-    """How the judge ruled on the judged questions with both answers stored, and its position bias.
-
-    ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
-    ``ties`` (both orders said tie), ``identical`` (the same answer twice: a tie, the judge not asked),
-    ``disagree`` (the orders said different things) and ``unreadable_pairs`` (a verdict could not be read)
-    add up to ``questions``. The last two are ``undecided``: counted as lost when testing for PASS and as
-    gained when testing for FAIL. ``disagreement_rate`` is ``undecided`` over the questions the judge was
-    asked about. ``unreadable`` counts the verdicts that could not be read; ``chose_a``/``chose_b`` count
-    the decisive verdicts by the position of the answer chosen.
-    """
-
-    model: str
-    template: str
-    questions: int
-    baseline_better: int
-    candidate_better: int
-    disagree: int
-    ties: int
-    verdicts: int
-    unreadable: int
-    chose_a: int
-    chose_b: int
-    position_p: float
-    identical: int = 0
-    unreadable_pairs: int = 0
-    undecided: int = 0
-    disagreement_rate: float | None = None
-
-
-@dataclass
-class Exploratory:
-    """A decision at a margin other than the registered one: for exploration only."""
-
-    margin: float
-    decision: str
-    low: float | None
-    high: float | None
-    n: int
-    loss_detected: bool
-
-
-@dataclass
-class Report:
+class Report(ReportData):
     """Everything ``gate report`` shows; ``to_markdown``, ``to_dict`` and ``to_html`` render it."""
-
-    store: str
-    run: RunRecord
-    margin: float
-    margin_overridden: bool
-    alpha: float
-    level: float
-    comparisons: list[Comparison] = field(default_factory=list)
-    speeds: list[ArmSpeed] = field(default_factory=list)
-    shared: list[SharedThroughput] = field(default_factory=list)
-    pilot: PilotSummary | None = None
-    sequential: SequentialStop | None = None
-    sequential_plan: SequentialPlan | None = None
-    exploratory: Exploratory | None = None
-    noise: NoiseReference | None = None
-    judge: JudgeSummary | None = None
-    explanation: list[str] = field(default_factory=list)
-    advice: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def registered_margin(self) -> float:
-        return self.run.margin
-
-    @property
-    def pooled(self) -> Comparison | None:
-        """The pooled comparison (None for a pilot)."""
-        return next((c for c in self.comparisons if c.scope == "pooled"), None)
-
-    @property
-    def decision(self) -> str | None:
-        """The registered pooled decision of a gate run (None for a pilot)."""
-        pooled = self.pooled
-        return pooled.decision if pooled is not None else None
-
-    @property
-    def design(self) -> str:
-        return "sequential" if self.sequential_plan is not None else "fixed"
-
-    def rule(self) -> str:
-        """The decision rule in plain words."""
-        from flyspec.gate.report.render import rule
-
-        return rule(self)
-
-    def decision_object(self) -> dict[str, Any]:
-        """The decision object (the last key of ``to_dict``): registered margin, pooled pairs."""
-        pooled = self.pooled
-        assert pooled is not None
-        return {
-            "decision": pooled.decision,
-            "registered_decision": pooled.decision,
-            "pre_registered": self.run.kind != "compare",
-            "design": self.design,
-            "method": CS_METHOD if self.sequential_plan is not None else "tango",
-            "scope": "pooled",
-            "margin": self.run.margin,
-            "alpha": self.alpha,
-            "level": self.level,
-            "n": pooled.n,
-            "lost": pooled.lost,
-            "gained": pooled.gained,
-            "undecided": pooled.undecided,
-            "counts_for_pass": {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
-            "counts_for_fail": {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
-            "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
-            "net_difference": pooled.net_difference,
-            "low": pooled.ci_low,
-            "high": pooled.ci_high,
-            "ci": [pooled.ci_low, pooled.ci_high],
-            "loss_detected": pooled.loss_detected,
-            "exact_p": pooled.exact_p,
-            "mid_p": pooled.mid_p,
-            "significant_loss": pooled.significant_loss,
-            "noninferiority_p": pooled.noninferiority_p,
-            "questions_needed": pooled.questions_needed,
-            "questions_needed_at_observed": pooled.questions_needed_at_observed,
-            "flip_rate_upper": pooled.flip_rate_upper,
-            "more_questions": pooled.more_questions,
-            "interim_decision": pooled.interim_decision,
-            "explanation": self.explanation,
-            "advice": self.advice,
-            "rule": self.rule(),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready report; for a gate run the last key is ``decision``."""
-        out: dict[str, Any] = {
-            "store": self.store,
-            "run_id": self.run.run_id,
-            "kind": self.run.kind,
-            "design": self.design,
-            "registered_margin": self.run.margin,
-            "margin": self.margin,
-            "margin_overridden": self.margin_overridden,
-            "alpha": self.alpha,
-            "level": self.level,
-            "warnings": self.warnings,
-            "registration": self.run.registration,
-            "run_notes": self.run.notes,
-            "comparisons": [asdict(c) for c in self.comparisons],
-            "speeds": [asdict(s) for s in self.speeds],
-            "shared_engine_speeds": [asdict(s) for s in self.shared],
-            "noise": asdict(self.noise) if self.noise is not None else None,
-            "judge": asdict(self.judge) if self.judge is not None else None,
-            "notes": self.notes,
-        }
-        if self.run.kind == "pilot":
-            out["pilot"] = asdict(self.pilot) if self.pilot is not None else None
-            return out
-        out["registered_decision"] = self.decision
-        out["exploratory"] = asdict(self.exploratory) if self.exploratory is not None else None
-        if self.sequential is not None and self.sequential_plan is not None:
-            out["sequential"] = {
-                **asdict(self.sequential),
-                "max_questions": self.sequential_plan.max_questions,
-                "population_size": self.sequential_plan.population_size,
-                "order_seed": self.sequential_plan.order_seed,
-                "method": CS_METHOD,
-            }
-        out["decision"] = self.decision_object()
-        return out
 
     def to_markdown(self) -> str:
         """The report as markdown (what ``gate report`` prints)."""
-        from flyspec.gate.report.render import markdown
-
         return markdown(self)
 
     def to_html(self) -> str:
         """A self-contained HTML page: the markdown report plus the interval-vs-margin plot."""
-        from flyspec.gate.report.render import html_page
-
         return html_page(self)
-
-
-# ------------------------------------------------------------------------------------ comparisons
-
-
-def _plan_fields(n: int, flips: int, margin: float, alpha: float) -> dict[str, Any]:
-    plan = plan_noninferiority(flips, n, margin, alpha, POWER)
-    return {
-        "questions_needed": plan.questions,
-        "questions_needed_at_observed": plan.questions_at_observed,
-        "flip_rate_upper": plan.flip_rate_upper,
-        "more_questions": max(0, plan.questions - n),
-    }
-
-
-def _counts(pairs: list[tuple[bool, bool]]) -> tuple[int, int, int]:
-    lost = sum(1 for b, c in pairs if b and not c)
-    gained = sum(1 for b, c in pairs if c and not b)
-    return len(pairs), lost, gained
-
-
-def _counted(
-    scope: str, pairs: list[tuple[bool, bool]], registered: int, alpha: float, undecided: int = 0
-) -> Comparison:
-    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision.
-    ``undecided`` of the pairs (each graded wrong on both sides) are judged pairs the judge could not
-    decide; McNemar, reported beside the decision, uses the decided pairs only."""
-    n, lost, gained = _counts(pairs)
-    test = mcnemar(lost, gained)
-    return Comparison(
-        scope=scope,
-        n=n,
-        registered=registered,
-        baseline_accuracy=sum(b for b, _ in pairs) / n if n else None,
-        candidate_accuracy=sum(c for _, c in pairs) / n if n else None,
-        lost=lost,
-        gained=gained,
-        net=gained - lost,
-        net_difference=(gained - lost) / n if n else None,
-        flip_rate=(lost + gained) / n if n else None,
-        exact_p=test.exact_p,
-        mid_p=test.mid_p,
-        ci_low=None,
-        ci_high=None,
-        noninferiority_p=None,
-        significant_loss=lost > gained and test.exact_p < 2 * alpha,
-        decision=None,
-        undecided=undecided,
-    )
-
-
-def compare_pairs(
-    scope: str,
-    pairs: list[tuple[bool, bool]],
-    registered: int,
-    margin: float,
-    alpha: float,
-    undecided: int = 0,
-) -> Comparison:
-    """A fixed-size comparison of (baseline correct, candidate correct) pairs: counts, exact McNemar,
-    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need.
-    ``undecided`` of the pairs are judged pairs the judge could not decide (``stats.decide_with_undecided``
-    counts them against the claim being tested)."""
-    comparison = _counted(scope, pairs, registered, alpha, undecided)
-    n, lost, gained = comparison.n, comparison.lost, comparison.gained
-    if n == 0:
-        return replace(comparison, decision=INCONCLUSIVE)
-    result = decide_with_undecided(n, lost, gained, undecided, margin, alpha)
-    comparison = replace(
-        comparison,
-        ci_low=result.low,
-        ci_high=result.high,
-        noninferiority_p=noninferiority(n, lost + undecided, gained, margin, alpha).p_value,
-        decision=result.decision,
-        loss_detected=result.loss_detected,
-    )
-    if result.decision == INCONCLUSIVE:
-        comparison = replace(comparison, **_plan_fields(n, lost + undecided + gained, margin, alpha))
-    return comparison
-
-
-def _sequential_row(
-    stop: SequentialStop, pairs: list[tuple[bool, bool]], registered: int, alpha: float
-) -> Comparison:
-    """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
-    row = _counted("pooled", pairs, registered, alpha, stop.undecided)
-    if not pairs:
-        return replace(row, decision=INCONCLUSIVE)
-    return replace(
-        row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
-    )
-
-
-# -------------------------------------------------------------------------------------- speeds
-
-
-def measure_speeds(
-    answers: list[AnswerRecord], batches: list[tuple[str, int, int, int, float]]
-) -> tuple[list[ArmSpeed], list[SharedThroughput]]:
-    """Each lane's speed from its stored answers (counters, latencies) and recorded batches (busy time),
-    and the throughput of engines that several lanes shared."""
-    wall: dict[tuple[str, int], float] = defaultdict(float)
-    tokens: dict[tuple[str, int], int] = defaultdict(int)
-    shared: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
-    for arm, repeat, answered, batch_tokens, wall_s in batches:
-        if "+" in arm:
-            row = shared[arm]
-            row[0] += answered
-            row[1] += batch_tokens
-            row[2] += wall_s
-            continue
-        wall[(arm, repeat)] += wall_s
-        tokens[(arm, repeat)] += batch_tokens
-    grouped: dict[tuple[str, int], list[AnswerRecord]] = defaultdict(list)
-    for a in answers:
-        grouped[(a.arm, a.repeat)].append(a)
-    speeds = [_arm_speed(arm, repeat, rows, wall, tokens) for (arm, repeat), rows in sorted(grouped.items())]
-    throughput = [
-        SharedThroughput(label, int(n), int(t), w, t / w if w > 0 else None)
-        for label, (n, t, w) in shared.items()
-    ]
-    return speeds, throughput
-
-
-def _arm_speed(
-    arm: str,
-    repeat: int,
-    rows: list[AnswerRecord],
-    wall: dict[tuple[str, int], float],
-    tokens: dict[tuple[str, int], int],
-) -> ArmSpeed:
-    counted = [r for r in rows if r.num_drafts is not None]
-    num_drafts = sum(r.num_drafts or 0 for r in counted)
-    draft_tokens = sum(r.num_draft_tokens or 0 for r in counted)
-    accepted = sum(r.num_accepted_tokens or 0 for r in counted)
-    forgiven_rows = [r for r in counted if r.num_forgiven_tokens is not None]
-    forgiven = sum(r.num_forgiven_tokens or 0 for r in forgiven_rows)
-    w = wall.get((arm, repeat), 0.0)
-    latency = sum(r.latency_s for r in rows)
-    generated = sum(r.completion_tokens for r in rows)
-    forgiven_ok = bool(counted) and len(forgiven_rows) == len(counted)
-    return ArmSpeed(
-        arm=arm,
-        repeat=repeat,
-        answers=len(rows),
-        completion_tokens=generated,
-        wall_s=w,
-        tokens_per_s=tokens[(arm, repeat)] / w if w > 0 else None,
-        request_tokens_per_s=generated / latency if latency > 0 else None,
-        mean_latency_s=latency / len(rows),
-        mean_acceptance_length=1 + accepted / num_drafts if num_drafts else None,
-        acceptance_rate=accepted / draft_tokens if draft_tokens else None,
-        forgiven_share=forgiven / accepted if accepted and forgiven_ok else None,
-        acceptance_reported=bool(counted),
-        forgiven_reported=forgiven_ok,
-    )
 
 
 # ----------------------------------------------------------------------------------------- pilot
@@ -495,7 +71,7 @@ def _lanes(run: RunRecord) -> tuple[Lane, Lane]:
 def _pilot(
     run: RunRecord, pairs: list[tuple[bool, bool]], margin: float, alpha: float
 ) -> PilotSummary | None:
-    n, lost, gained = _counts(pairs)
+    n, lost, gained = paired_counts(pairs)
     if n == 0:
         return None
     flips = lost + gained
@@ -536,7 +112,7 @@ def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
             (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
         }
         pairs = _pairs(store, other, correct)
-        n, lost, gained = _counts(pairs)
+        n, lost, gained = paired_counts(pairs)
         if n:
             low, high = wilson_interval(lost + gained, n)
             return NoiseReference(other.run_id, n, lost + gained, (lost + gained) / n, low, high)
@@ -613,7 +189,7 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
             f"{store.path} --run {tune}` (a calibration run measures speed only and is never graded)"
         )
     overridden = margin is not None and margin != run.margin
-    if overridden and (isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 < margin < 1):
+    if overridden and not is_number(margin, above=0, below=1):
         raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
     report = Report(
         store=str(store.path),
@@ -653,8 +229,6 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
             "the candidate loses significantly more questions than it gains (exact McNemar), but the loss is "
             "shown to be smaller than the margin, so it passes; check that the margin is really acceptable"
         )
-    from flyspec.gate.report.render import advice, explanation
-
     report.explanation = explanation(report)
     report.advice = advice(report)
     return report
@@ -663,9 +237,6 @@ def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report
 def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]) -> JudgeSummary | None:
     """The judge's rulings on the judged questions whose two answers are stored (the verdicts on exactly
     those two outputs)."""
-    from flyspec.gate.grading.judge import UNDECIDED, outcome, pair_hash, preferred
-    from flyspec.gate.run.judging import lane_label
-
     judge = run.registration.get("judge")
     if not isinstance(judge, dict):
         return None
@@ -788,9 +359,9 @@ def _sequential(report: Report, store: GateStore, correct: dict) -> None:
     per = _by_dataset(store, run, correct, limit=stop.stopped_at)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
     # be valid, and only the pooled sequence decides.
-    report.comparisons = [_counted(ds, p, reg, run.alpha, u) for ds, (reg, p, u) in per.items()]
+    report.comparisons = [counted(ds, p, reg, run.alpha, u) for ds, (reg, p, u) in per.items()]
     used = [pair for _, p, _ in per.values() for pair in p]
-    report.comparisons.append(_sequential_row(stop, used, plan.max_questions, run.alpha))
+    report.comparisons.append(sequential_row(stop, used, plan.max_questions, run.alpha))
     if report.margin_overridden:
         other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, judged=judged)
         report.exploratory = Exploratory(

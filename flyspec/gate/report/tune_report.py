@@ -17,15 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.report.report import compare_pairs, measure_speeds
+from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.report.wording import points
-from flyspec.gate.run.tune_settings import titled
 from flyspec.gate.stats.decision import INCONCLUSIVE, NOT_TESTED, PASS
 from flyspec.gate.stats.monitor import CS_METHOD, SequentialPlan, sequential_stop
 from flyspec.gate.stats.multiple import fixed_sequence
 
 BASELINE = ("baseline", 0)
 _CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
+
+
+def titled(spec: dict[str, Any], label: str) -> str:
+    """``label`` preceded by the name of the policy ``spec`` verifies with."""
+    from flyspec.config import verification_policy
+
+    return f"{verification_policy(spec.get('rejection_sample_method', 'standard')).title} {label}"
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,23 @@ def explain_decision(
 
 
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "explain_decision", "points"]
+
+
+def decision_rule(margin: float, level: float, *, sequential: bool) -> str:
+    """The decision rule in plain words, for a run at ``margin`` and confidence ``level`` (sequential: the
+    confidence sequence; else Tango's interval)."""
+    m, lvl = f"{100 * margin:g}", f"{100 * level:g}%"
+    interval = (
+        f"a {lvl} betting confidence sequence, updated after every question in the registered random order "
+        "(it holds at every number of questions at once, so the run may stop at the first crossing)"
+        if sequential
+        else f"Tango's {lvl} score interval"
+    )
+    return (
+        f"We estimate the candidate's accuracy minus the baseline's on the same questions with {interval}. "
+        f"PASS if its lower end lies above -{m} points (the candidate loses less than the margin: "
+        f"non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the margin). "
+        "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
+        "baseline, by how much not yet known). The exact McNemar test is reported beside the decision: it "
+        "asks whether the arms differ at all, not whether a loss exceeds the margin."
+    )

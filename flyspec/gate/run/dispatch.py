@@ -1,9 +1,11 @@
 """Run every executor of a gate run at once and hand their answers to the main thread through one queue.
 
-- Engine executors are driven from one background thread, taking turns answer by answer, so two engines
-  in one process never compete for the CPU and each one's busy time is its own (its tokens/s is honest);
-- endpoint executors run on one asyncio loop in another background thread, each with its own bounded
-  concurrency;
+Each executor says how it is driven (``Executor.drive``, flyspec/gate/arms/base.py):
+
+- ``in_turns`` (engines): from one background thread, taking turns answer by answer, so two engines in
+  one process never compete for the CPU and each one's busy time is its own (its tokens/s is honest);
+- ``concurrently`` (endpoints): on one asyncio loop in another background thread, each with its own
+  bounded concurrency;
 - the main thread receives every answer (``Dispatcher.next``) and grades, stores and monitors it, so the
   graders' signal-based timeouts and the single SQLite connection stay in the main thread.
 
@@ -27,11 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from flyspec.gate.arms.base import Completion, Job, Sampling
-from flyspec.gate.arms.endpoint import OpenAIExecutor
-from flyspec.gate.arms.engine import EngineExecutor
-
-Executor = EngineExecutor | OpenAIExecutor
+from flyspec.gate.arms.base import Completion, ConcurrentExecutor, Executor, Job, Sampling, TurnExecutor
 
 
 @dataclass(frozen=True)
@@ -90,11 +88,14 @@ class Dispatcher:
     # ------------------------------------------------------------------------------------ control
 
     def start(self) -> None:
-        """Start the background threads (one for engines, one for endpoints, as needed)."""
-        engines = [i for i, ex in enumerate(self.executors) if isinstance(ex, EngineExecutor)]
-        endpoints = [i for i, ex in enumerate(self.executors) if isinstance(ex, OpenAIExecutor)]
-        self._running = len(engines) + len(endpoints)
-        for target, members in ((self._drive_engines, engines), (self._drive_endpoints, endpoints)):
+        """Start the background threads (one per way of driving that some executor asks for)."""
+        drivers = {"in_turns": self._drive_in_turns, "concurrently": self._drive_concurrently}
+        unknown = {ex.drive for ex in self.executors} - set(drivers)
+        if unknown:
+            raise ValueError(f"executor drive {sorted(unknown)}: must be one of {', '.join(drivers)}")
+        self._running = len(self.executors)
+        for drive, target in drivers.items():
+            members = [i for i, ex in enumerate(self.executors) if ex.drive == drive]
             if members:
                 # Daemon: after Ctrl-C the process may exit while a step is still running.
                 thread = threading.Thread(target=target, args=(members,), daemon=True)
@@ -191,12 +192,13 @@ class Dispatcher:
                 del unfinished[position]
         self._queue.put(answer)
 
-    def _engine_jobs(self, index: int) -> Iterator[Job]:
+    def _jobs(self, index: int) -> Iterator[Job]:
         while isinstance(job := self._take(index, paced=False), Job):
             yield job
 
-    def _drive_engines(self, members: list[int]) -> None:
-        streams = {i: self.executors[i].answers(self._engine_jobs(i), self.sampling) for i in members}  # type: ignore[union-attr]
+    def _drive_in_turns(self, members: list[int]) -> None:
+        executors: dict[int, TurnExecutor] = {i: self.executors[i] for i in members}  # type: ignore[misc]
+        streams = {i: ex.answers(self._jobs(i), self.sampling) for i, ex in executors.items()}
         while streams:
             for i in list(streams):
                 if self._aborted.is_set():
@@ -221,10 +223,9 @@ class Dispatcher:
                     self.times[i].seconds += time.perf_counter() - started
                 self._finished(i, Answer(i, job, completion))
 
-    def _drive_endpoints(self, members: list[int]) -> None:
+    def _drive_concurrently(self, members: list[int]) -> None:
         async def one(i: int) -> None:
-            executor = self.executors[i]
-            assert isinstance(executor, OpenAIExecutor)
+            executor: ConcurrentExecutor = self.executors[i]  # type: ignore[assignment]
 
             async def next_job() -> Job | None:
                 while (job := self._take(i, paced=True)) is False:
@@ -240,7 +241,7 @@ class Dispatcher:
                 self.times[i].seconds += time.perf_counter() - started
                 self._queue.put(("done", i, None))
 
-        async def all_endpoints() -> None:
+        async def every_one() -> None:
             await asyncio.gather(*(one(i) for i in members))
 
-        asyncio.run(all_endpoints())
+        asyncio.run(every_one())

@@ -1,6 +1,7 @@
 """The judge-graded questions of one gate session: pair the two lanes' answers, ask the judge in both
 orders, store every verdict as it arrives, and grade the pair once both verdicts are in
-(flyspec/gate/grading/judge.py has the prompt, the verdicts and the rule).
+(flyspec/gate/grading/judge.py has the prompt, the verdicts and the rule; flyspec/gate/arms/judge.py calls
+the judge).
 
 Everything that touches the store runs in the session's main thread; only the HTTP calls run in the
 judge client's threads. A verdict is committed the moment it arrives, keyed by the question, the two
@@ -20,19 +21,11 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from flyspec.gate.arms.base import Completion, Job
+from flyspec.gate.arms.judge import Judge, JudgeClient, Verdict
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import GateStore, JudgementRecord
 from flyspec.gate.grading.graders import Grade
-from flyspec.gate.grading.judge import (
-    POSITIONS,
-    UNDECIDED,
-    Judge,
-    JudgeClient,
-    Verdict,
-    outcome,
-    pair_hash,
-    preferred,
-)
+from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred
 
 Lane = tuple[str, int]
 Item = tuple[Job, Completion, Grade]
@@ -44,11 +37,6 @@ _WORDS = {
     "disagree": "undecided: the two orders disagree",
     "unreadable": "undecided: a verdict could not be read",
 }
-
-
-def lane_label(lane: Lane) -> str:
-    """How a lane is named in the judgements table (``baseline#0``)."""
-    return f"{lane[0]}#{lane[1]}"
 
 
 class JudgedPairs:

@@ -8,8 +8,8 @@ The order of work is what makes the numbers trustworthy (docs/gate.md, "Running 
 3. the run is registered before the first answer: margin, alpha, arms (an endpoint with the model its
    server reports), sampling, seeds, dataset and prompt hashes, and for a sequential run the method, the
    maximum number of questions and the order seed; a resume with other settings is refused;
-4. every arm answers at once, in the registered order (flyspec/gate/run/dispatch.py); each answer is graded in
-   the main thread and committed the moment it arrives;
+4. every arm answers at once, in the registered order (flyspec/gate/run/dispatch.py); each answer is
+   graded in the main thread and committed the moment it arrives;
 5. a sequential run stops at the first crossing along the registered order (flyspec/gate/stats/monitor.py), at
    ``max_questions`` or at the time budget (answers already in flight are still stored), or at Ctrl-C
    (at once: answers in flight are dropped and asked again when the run continues).
@@ -17,26 +17,30 @@ The order of work is what makes the numbers trustworthy (docs/gate.md, "Running 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.arms.base import Arm, EngineArm, OpenAIArm, make_executors, parse_arm
-from flyspec.gate.arms.endpoint import OpenAIExecutor
-from flyspec.gate.arms.engine import EngineExecutor
-from flyspec.gate.data.datasets import Question, dataset_info, load_dataset
+from flyspec.gate.arms.base import Arm, Executor
+from flyspec.gate.arms.judge import Judge, parse_judge
+from flyspec.gate.arms.registry import make_executors, parse_arm
+from flyspec.gate.data.datasets import Question, dataset_info
 from flyspec.gate.data.order import QuestionKey, select_questions
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
-from flyspec.gate.grading.graders import JUDGE, check_reference, sandbox_notes
-from flyspec.gate.grading.judge import Judge, parse_judge
-from flyspec.gate.run.dispatch import Executor
+from flyspec.gate.grading.graders import JUDGE, sandbox_notes
+from flyspec.gate.run import loop
 from flyspec.gate.run.exclusion import check_not_extended, used_questions
+from flyspec.gate.run.loop import Datasets, Served, announce_sandbox, load_datasets
 from flyspec.gate.run.options import ArmSpec, GateOptions
 from flyspec.gate.run.session import Session, SessionSettings, log
 from flyspec.gate.stats.monitor import SequentialMonitor, SequentialPlan
 
 Lane = tuple[str, int]
+Excluded = tuple[set[QuestionKey], list[str]]
+"""The questions left out of a run and the runs that used them."""
+
+__all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class _Plan:
     options: GateOptions
     arms: dict[str, Arm]
     lanes: list[Lane]
-    datasets: dict[str, tuple[str, list[Question]]]  # name -> (spec as given, every question)
+    datasets: Datasets
     judge: Judge | None = None
 
     @property
@@ -73,28 +77,6 @@ class _Plan:
         return "candidate" if "candidate" in self.arms else "noise"
 
 
-def load_datasets(specs: Sequence[str], shuffle_seed: int) -> dict[str, tuple[str, list[Question]]]:
-    """Every question of each dataset, by its report name, with its spec as given; every reference answer
-    checked against its grader (ValueError naming the dataset and question)."""
-    loaded: dict[str, tuple[str, list[Question]]] = {}
-    for spec in specs:
-        questions = load_dataset(spec, None, shuffle_seed=shuffle_seed)
-        name = questions[0].dataset
-        if name in loaded:
-            raise ValueError(
-                f"two datasets are both named {name!r}; rename one file so reports can tell them apart"
-            )
-        for q in questions:
-            try:
-                check_reference(q.grader, q.answer)
-            except ValueError as exc:
-                raise ValueError(
-                    f"dataset {name!r}, question {q.id!r}: bad reference answer: {exc}"
-                ) from None
-        loaded[name] = (spec, questions)
-    return loaded
-
-
 def _plan(options: GateOptions) -> _Plan:
     arms: dict[str, Arm] = {"baseline": parse_arm("baseline", options.baseline)}
     if options.candidate is not None:
@@ -103,7 +85,7 @@ def _plan(options: GateOptions) -> _Plan:
         lanes = [("baseline", 0), ("candidate", 0)]
     else:
         lanes = [("baseline", 0), ("baseline", 1)]
-        if options.temperature == 0 and isinstance(arms["baseline"], EngineArm):
+        if options.temperature == 0 and arms["baseline"].greedy_repeats:
             raise ValueError(
                 "gate pilot at temperature 0 would run the baseline twice and measure nothing: this "
                 "engine's greedy decoding gives the same answers both times. To plan a run, pilot the "
@@ -112,6 +94,11 @@ def _plan(options: GateOptions) -> _Plan:
                 "(To measure sampling noise, give --temperature > 0.)"
             )
     datasets = load_datasets(options.datasets, options.shuffle_seed)
+    return _Plan(options, arms, lanes, datasets, _judge(options, datasets))
+
+
+def _judge(options: GateOptions, datasets: Datasets) -> Judge | None:
+    """The run's judge: given exactly when some question has grader 'judge'."""
     judged = [name for name, (_, qs) in datasets.items() if any(q.grader == JUDGE for q in qs)]
     judge = parse_judge(options.judge) if options.judge is not None else None
     if judged and judge is None:
@@ -121,10 +108,10 @@ def _plan(options: GateOptions) -> _Plan:
         )
     if judge is not None and not judged:
         raise ValueError("--judge: no question of the run has grader 'judge', so there is nothing to judge")
-    return _Plan(options, arms, lanes, datasets, judge)
+    return judge
 
 
-def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str]]:
+def _excluded(store: GateStore, plan: _Plan) -> Excluded:
     """Questions left out of this run: every earlier pilot's (for a gate run) and --exclude-run's."""
     options = plan.options
     existing = store.get_run(options.name)
@@ -137,73 +124,7 @@ def _excluded(store: GateStore, plan: _Plan) -> tuple[set[QuestionKey], list[str
     return used_questions(store, names), names
 
 
-# -------------------------------------------------------------------------------- registration
-
-
-def _identities(plan: _Plan, served: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
-    """Each arm's registered identity; an endpoint's includes the model its server reports (``served``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, arm in plan.arms.items():
-        out[name] = arm.identity(served.get(name)) if isinstance(arm, OpenAIArm) else arm.identity()
-    return out
-
-
-def _judge_identity(plan: _Plan, served: dict[str, Any] | None) -> dict[str, Any] | None:
-    return plan.judge.identity(served) if plan.judge is not None else None
-
-
-def _registered_served(store: GateStore, run_id: str) -> dict[str, dict[str, Any] | None]:
-    """The served models a registered run recorded (to check a resume before asking the servers); the
-    judge's under the key ``judge``."""
-    run = store.get_run(run_id)
-    arms = run.registration.get("arms", {}) if run is not None else {}
-    served = {name: identity.get("served_model") for name, identity in arms.items()}
-    judge = run.registration.get("judge") if run is not None else None
-    served[JUDGE] = judge.get("served_model") if isinstance(judge, dict) else None
-    return served
-
-
-def _registration(
-    plan: _Plan,
-    questions: list[Question],
-    pool: int,
-    excluded: tuple[set[QuestionKey], list[str]],
-    identities: dict[str, dict[str, Any]],
-    sequential: SequentialPlan | None,
-    judge: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    o = plan.options
-    counts: dict[str, int] = {name: 0 for name in plan.datasets}
-    for q in questions:
-        counts[q.dataset] += 1
-    registration: dict[str, Any] = {
-        "margin": float(o.margin),
-        "alpha": float(o.alpha),
-        "seed": o.seed,
-        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens},
-        "arms": identities,
-        "repeats": sorted({r for _, r in plan.lanes}),
-        "datasets": {
-            name: {"sha256": dataset_info(spec).sha256, "questions": counts[name], "available": len(qs)}
-            for name, (spec, qs) in plan.datasets.items()
-        },
-        "limit": o.limit,
-        "max_questions": o.max_questions,
-        "shuffle_seed": o.shuffle_seed,
-        "order": {"seed": o.question_order_seed, "rule": "sha256(seed:dataset:id) ascending", "pool": pool},
-        "excluded": {"runs": excluded[1], "questions": len(excluded[0])},
-        "design": "sequential" if sequential is not None else "fixed",
-    }
-    if sequential is not None:
-        registration["sequential"] = sequential.to_dict()
-    if plan.mode is not None:
-        registration["pilot"] = {"mode": plan.mode}
-    if judge is not None:
-        registration["judge"] = judge
-    return registration
-
-
-def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, tuple[set[QuestionKey], list[str]]]:
+def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Excluded]:
     o = plan.options
     excluded = _excluded(store, plan)
     by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
@@ -221,16 +142,97 @@ def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, tuple[s
     return questions, len(pool), excluded
 
 
-# ----------------------------------------------------------------------------------------- run
-
-
-def _judge_served(plan: _Plan) -> dict[str, Any] | None:
-    """The judge's served model from its /v1/models (ValueError when it does not serve the model)."""
-    if plan.judge is None:
+def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
+    if not options.sequential:
         return None
-    reader = OpenAIExecutor(plan.judge.endpoint)
-    reader.prepare()
-    return reader.served_model()
+    return SequentialPlan(options.margin, options.alpha, len(questions), pool, options.question_order_seed)
+
+
+# -------------------------------------------------------------------------------- registration
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The questions a run registers, from how large a pool, without which, and its sequential plan."""
+
+    questions: list[Question]
+    pool: int
+    excluded: Excluded
+    sequential: SequentialPlan | None
+
+
+def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any]:
+    """What the run registers before its first answer, with the served models ``served``."""
+    o = plan.options
+    counts: dict[str, int] = {name: 0 for name in plan.datasets}
+    for q in chosen.questions:
+        counts[q.dataset] += 1
+    registration: dict[str, Any] = {
+        "margin": float(o.margin),
+        "alpha": float(o.alpha),
+        "seed": o.seed,
+        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens},
+        "arms": loop.identities(plan.arms, served),
+        "repeats": sorted({r for _, r in plan.lanes}),
+        "datasets": {
+            name: {"sha256": dataset_info(spec).sha256, "questions": counts[name], "available": len(qs)}
+            for name, (spec, qs) in plan.datasets.items()
+        },
+        "limit": o.limit,
+        "max_questions": o.max_questions,
+        "shuffle_seed": o.shuffle_seed,
+        "order": {
+            "seed": o.question_order_seed,
+            "rule": "sha256(seed:dataset:id) ascending",
+            "pool": chosen.pool,
+        },
+        "excluded": {"runs": chosen.excluded[1], "questions": len(chosen.excluded[0])},
+        "design": "sequential" if chosen.sequential is not None else "fixed",
+    }
+    if chosen.sequential is not None:
+        registration["sequential"] = chosen.sequential.to_dict()
+    if plan.mode is not None:
+        registration["pilot"] = {"mode": plan.mode}
+    if plan.judge is not None:
+        registration["judge"] = plan.judge.identity(served.get(JUDGE))
+    return registration
+
+
+def _extend(
+    store: GateStore, plan: _Plan, chosen: _Chosen, questions: list[RegisteredQuestion]
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The check a resume makes first: a fixed gate run may not grow, a sequential run may (it records
+    the extension); returns ``amend`` for ``loop.register``."""
+    options = plan.options
+    run_id = options.name
+
+    def amend(guessed: dict[str, Any]) -> dict[str, Any]:
+        if options.kind == "gate" and chosen.sequential is None:
+            check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in chosen.questions])
+        if chosen.sequential is not None and store.extend_sequential(run_id, guessed, questions):
+            log(f"gate: run {run_id!r} continues to at most {len(chosen.questions)} questions")
+        run = store.get_run(run_id)
+        history = run.registration.get("extensions") if run is not None else None
+        return {"extensions": history} if history else {}
+
+    return amend
+
+
+def _register(store: GateStore, plan: _Plan, chosen: _Chosen, executors: list[Executor]) -> bool:
+    """Register the run (or check its resume) before its first answer; True when it is new."""
+    questions = loop.registered(chosen.questions)
+    return loop.register(
+        store,
+        plan.options.name,
+        plan.options.kind,
+        questions,
+        lambda served: _registration(plan, chosen, served),
+        lambda: loop.ask_served(executors, plan.judge),
+        _extend(store, plan, chosen, questions),
+    )
+
+
+# ----------------------------------------------------------------------------------------- run
 
 
 def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
@@ -255,19 +257,6 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
     return notes
 
 
-def _extensions(store: GateStore, run_id: str) -> dict[str, Any]:
-    """The record of a sequential run's extensions past its first maximum (empty if none)."""
-    run = store.get_run(run_id)
-    history = run.registration.get("extensions") if run is not None else None
-    return {"extensions": history} if history else {}
-
-
-def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
-    if not options.sequential:
-        return None
-    return SequentialPlan(options.margin, options.alpha, len(questions), pool, options.question_order_seed)
-
-
 def run(options: GateOptions) -> RunResult:
     """Register (or resume) a run and answer what is not yet stored, until done or stopped."""
     plan = _plan(options)
@@ -276,59 +265,30 @@ def run(options: GateOptions) -> RunResult:
         questions, pool, excluded = _choose(plan, store)
         if excluded[1]:
             log(f"gate: leaving out {len(excluded[0])} questions used by run(s) {', '.join(excluded[1])}")
-        sequential = _sequential_plan(options, questions, pool)
-        registered = [
-            RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
-            for i, q in enumerate(questions)
-        ]
-        # A resume with other settings is refused before any server is asked which model it serves.
-        known = _registered_served(store, run_id)
-        guess = _identities(plan, known)
-        guessed = _registration(
-            plan, questions, pool, excluded, guess, sequential, _judge_identity(plan, known[JUDGE])
-        )
-        if options.kind == "gate" and sequential is None:
-            check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in questions])
-        if sequential is not None and store.extend_sequential(run_id, guessed, registered):
-            log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
-        extensions = _extensions(store, run_id)
-        guessed.update(extensions)
-        store.check_resumable(run_id, options.kind, guessed, registered)
+        chosen = _Chosen(questions, pool, excluded, _sequential_plan(options, questions, pool))
         executors = make_executors(list(plan.arms.values()))
-        served: dict[str, dict[str, Any] | None] = {}
-        for ex in executors:
-            if isinstance(ex, OpenAIExecutor):
-                ex.prepare()
-                served[ex.arm.name] = ex.served_model()
-        judge = _judge_identity(plan, _judge_served(plan))
-        registration = _registration(
-            plan, questions, pool, excluded, _identities(plan, served), sequential, judge
-        )
-        registration.update(extensions)
-        new = store.register(run_id, options.kind, registration, registered)
+        new = _register(store, plan, chosen, executors)
         store.add_event(run_id, "start")
-        judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
-        monitor = (
-            SequentialMonitor([(q.dataset, q.id) for q in questions], sequential, judged=judged)
-            if sequential
-            else None
-        )
-        session = Session(store, SessionSettings.of(options, plan.judge), plan.lanes, questions, monitor)
+        session = _session(store, plan, chosen)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
-            f"{options.alpha}{', sequential' if sequential else ''})"
+            f"{options.alpha}{', sequential' if chosen.sequential else ''})"
         )
         announce_sandbox({q.grader for q in questions}, "gate")
         reason = _answer(store, plan, session, executors)
     return RunResult(run_id, reason)
 
 
-def announce_sandbox(graders: set[str], who: str) -> None:
-    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
-    sandbox = sandbox_notes(graders)
-    for missing in sandbox["missing"] if sandbox is not None else []:
-        log(f"{who}: WARNING: the code sandbox runs without {missing}")
+def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
+    questions, sequential = chosen.questions, chosen.sequential
+    judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
+    monitor = (
+        SequentialMonitor([(q.dataset, q.id) for q in questions], sequential, judged=judged)
+        if sequential
+        else None
+    )
+    return Session(store, SessionSettings.of(plan.options, plan.judge), plan.lanes, questions, monitor)
 
 
 def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Executor]) -> str:
@@ -341,18 +301,9 @@ def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Exe
     if not any(session.jobs(ex) for ex in executors):
         store.add_event(run_id, "stop", "complete")
         return "complete"
-    for ex in executors:
-        if isinstance(ex, EngineExecutor):
-            log(f"gate: starting {ex.describe()}")
-            ex.prepare()
+    loop.start(executors, "gate")
     store.update_notes(run_id, _notes(plan, executors))
-    try:
-        reason = session.answer(executors)
-    except BaseException:
-        store.add_event(run_id, "stop", session.reason or "error", session.stopped_at)
-        raise
-    store.add_event(run_id, "stop", reason, session.stopped_at)
-    return reason
+    return loop.answer(store, session, executors)
 
 
 # ----------------------------------------------------------------------------------- public API
@@ -375,7 +326,7 @@ def run_gate(
     ``max_questions``, ``max_minutes``, ``limit``, ``temperature``, ``max_tokens``, ``seed``, ``run_id``,
     ...).
     """
-    options = GateOptions(store, datasets, baseline, margin, candidate, alpha, kind="gate", **settings)  # type: ignore[arg-type]
+    options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="gate", **settings)
     return run(options).run_id
 
 
@@ -393,7 +344,7 @@ def run_pilot(
     cached; refused at temperature 0 for engine arms, where it measures nothing). With ``candidate``: both
     arms once, to measure the candidate's flip rate. Later gate runs in the store leave its questions out.
     ``build_report`` turns it into a sample-size plan."""
-    options = GateOptions(store, datasets, baseline, margin, candidate, alpha, kind="pilot", **settings)  # type: ignore[arg-type]
+    options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="pilot", **settings)
     return run(options).run_id
 
 

@@ -9,13 +9,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from flyspec.gate.arms.base import Completion, Job, Sampling
+from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
+from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import JUDGE, Grade, equivalence_normaliser, grade, grade_against_baseline
-from flyspec.gate.grading.judge import Judge
-from flyspec.gate.run.dispatch import Answer, Dispatcher, Executor
+from flyspec.gate.run.dispatch import Answer, Dispatcher
 from flyspec.gate.run.judging import Item, JudgedPairs
 from flyspec.gate.run.options import GateOptions
 from flyspec.gate.run.progress import GateProgress

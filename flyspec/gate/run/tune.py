@@ -26,21 +26,21 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.arms.base import Arm, EngineArm, OpenAIArm, Sampling, make_executors, parse_arm
-from flyspec.gate.arms.endpoint import OpenAIExecutor
-from flyspec.gate.arms.engine import EngineExecutor
+from flyspec.gate.arms.base import Arm
+from flyspec.gate.arms.engine import EngineArm
+from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.datasets import Question, dataset_info
 from flyspec.gate.data.order import select_questions
-from flyspec.gate.data.store import GateStore, RegisteredQuestion
-from flyspec.gate.report.tune_report import lane_speeds
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.tune_report import lane_speeds, setting_status
+from flyspec.gate.run import loop
 from flyspec.gate.run.exclusion import used_questions
-from flyspec.gate.run.options import ArmSpec, _check_count, _check_seed, check_margin_alpha
-from flyspec.gate.run.runner import announce_sandbox, load_datasets
+from flyspec.gate.run.loop import Datasets, load_datasets
+from flyspec.gate.run.options import TuneOptions
 from flyspec.gate.run.session import Session, SessionSettings, log
 from flyspec.gate.run.tune_settings import (
     TuneSetting,
@@ -52,119 +52,11 @@ from flyspec.gate.run.tune_settings import (
 from flyspec.gate.stats.decision import PASS
 from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
 
-ORDERS = ("speed", "given")
-ORDER_BY = ("mean_acceptance_length", "tokens_per_s")
 BASELINE = ("baseline", 0)
 PROCEDURE = (
     "fixed-sequence testing (Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001): each setting "
     "against the margin at the full alpha, in the registered order; stop at the first that does not PASS"
 )
-DEFAULT_CALIBRATION = 8
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """One ``gate tune``.
-
-    baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
-    (flyspec/gate/run/tune_settings.py). policies: a grid over policies and their parameters (a JSON object
-    or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
-    thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
-    the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
-    ``given`` (the candidates' order). calibration_questions: how many questions of the seeded order
-    measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
-    stops at the first crossing of its confidence sequence (else a fixed test on every test question).
-    max_questions: the test questions (default: all that remain). max_minutes: the answering time budget
-    of this call (calibration and tests together; a rerun continues). exclude_runs: runs of the store
-    whose questions are left out before the order is taken.
-    """
-
-    store: str | Path
-    datasets: tuple[str, ...]
-    baseline: ArmSpec
-    margin: float
-    candidates: str | list[Any] | None = None
-    policies: str | dict[str, Any] | list[Any] | None = None
-    alpha: float = 0.025
-    windows: tuple[int, ...] | None = None
-    thresholds: tuple[float, ...] | None = None
-    order: str = "speed"
-    order_by: str = "mean_acceptance_length"
-    calibration_questions: int = DEFAULT_CALIBRATION
-    sequential: bool = True
-    max_questions: int | None = None
-    max_minutes: float | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 512
-    seed: int = 0
-    order_seed: int | None = None
-    run_id: str | None = None
-    shuffle_seed: int = 0
-    progress: bool = True
-    exclude_runs: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        datasets = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
-        object.__setattr__(self, "datasets", datasets)
-        excluded = (self.exclude_runs,) if isinstance(self.exclude_runs, str) else tuple(self.exclude_runs)
-        if any(not isinstance(n, str) or not n.strip() for n in excluded):
-            raise ValueError(f"exclude_runs={self.exclude_runs!r}: give run names")
-        object.__setattr__(self, "exclude_runs", excluded)
-        if not datasets:
-            raise ValueError("datasets: give at least one dataset name or path")
-        check_margin_alpha(self.margin, self.alpha)
-        self.sampling  # noqa: B018 - validates temperature, top_p and max_tokens
-        if self.order not in ORDERS:
-            raise ValueError(f"order={self.order!r}: must be one of {', '.join(ORDERS)}")
-        if self.order_by not in ORDER_BY:
-            raise ValueError(f"order_by={self.order_by!r}: must be one of {', '.join(ORDER_BY)}")
-        c = self.calibration_questions
-        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-            raise ValueError(f"calibration_questions={c!r}: must be an integer >= 0")
-        if c == 0 and self.order == "speed":
-            raise ValueError(
-                "calibration_questions=0: the order by speed is measured on calibration questions; give "
-                "at least 1, or --order given"
-            )
-        _check_count("max_questions", self.max_questions)
-        _check_seed("seed", self.seed)
-        _check_seed("shuffle_seed", self.shuffle_seed)
-        if self.order_seed is not None:
-            _check_seed("order_seed", self.order_seed)
-        if self.max_minutes is not None and (
-            isinstance(self.max_minutes, bool)
-            or not isinstance(self.max_minutes, int | float)
-            or not self.max_minutes > 0
-        ):
-            raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
-        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
-            raise ValueError(f"run={self.run_id!r}: must be a non-empty name")
-        grid = self.windows is not None or self.thresholds is not None
-        given = [
-            name
-            for name, value in (("candidates", self.candidates), ("policies", self.policies))
-            if value is not None
-        ] + (["windows/thresholds"] if grid else [])
-        if len(given) > 1:
-            raise ValueError(f"give one of candidates, policies or a grid (windows, thresholds), not {given}")
-
-    @property
-    def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.max_tokens)
-
-    @property
-    def name(self) -> str:
-        """The tune run's name in the store (its calibration run is ``NAME/calibration``)."""
-        return self.run_id or "tune"
-
-    @property
-    def calibration_run(self) -> str:
-        return f"{self.name}/calibration"
-
-    @property
-    def question_order_seed(self) -> int:
-        return self.seed if self.order_seed is None else self.order_seed
 
 
 @dataclass(frozen=True)
@@ -185,7 +77,7 @@ class _Plan:
     options: TuneOptions
     baseline: Arm
     settings: list[TuneSetting]
-    datasets: dict[str, tuple[str, list[Question]]]
+    datasets: Datasets
     calibration: list[Question] = field(default_factory=list)
     tests: list[Question] = field(default_factory=list)
     pool: int = 0
@@ -248,27 +140,7 @@ def _choose(plan: _Plan, excluded: set[tuple[str, str]]) -> None:
     plan.pool = len(rest)
 
 
-# ------------------------------------------------------------------------------------ identities
-
-
-def _identities(plan: _Plan, store: GateStore, run_id: str, ask: bool) -> dict[str, dict[str, Any]]:
-    """Each arm's registered identity. An endpoint's includes its served model: from the stored
-    registration (``ask=False``, to check a resume before any server is asked) or from its /v1/models."""
-    run = store.get_run(run_id)
-    registered = run.registration.get("arms", {}) if run is not None else {}
-    out: dict[str, dict[str, Any]] = {}
-    for name, arm in plan.arms.items():
-        if isinstance(arm, OpenAIArm):
-            if ask:
-                executor = OpenAIExecutor(arm)
-                executor.prepare()
-                served = executor.served_model()
-            else:
-                served = registered.get(name, {}).get("served_model")
-            out[name] = arm.identity(served)
-        else:
-            out[name] = arm.identity()
-    return out
+# ---------------------------------------------------------------------------------- registration
 
 
 def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -293,20 +165,18 @@ def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any
     }
 
 
-def _registered(questions: Sequence[Question]) -> list[RegisteredQuestion]:
-    return [
-        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
-        for i, q in enumerate(questions)
-    ]
-
-
-def _register(store: GateStore, plan: _Plan, run_id: str, kind: str, extra: dict[str, Any], qs: list) -> None:
+def _register(
+    store: GateStore, plan: _Plan, run_id: str, kind: str, extra: dict[str, Any], qs: list[Question]
+) -> None:
     """Check a resume before any server is asked, then register with the served models."""
-    questions = _registered(qs)
-    guess = {**_common(plan, _identities(plan, store, run_id, ask=False)), **extra}
-    store.check_resumable(run_id, kind, guess, questions)
-    registration = {**_common(plan, _identities(plan, store, run_id, ask=True)), **extra}
-    store.register(run_id, kind, registration, questions)
+    loop.register(
+        store,
+        run_id,
+        kind,
+        loop.registered(qs),
+        lambda served: {**_common(plan, loop.identities(plan.arms, served)), **extra},
+        lambda: loop.ask_served(make_executors(list(plan.arms.values()))),
+    )
 
 
 # ------------------------------------------------------------------------------------ sessions
@@ -336,7 +206,6 @@ def _answer(
 ) -> str:
     """Answer what ``session`` lacks with fresh executors for ``arms``; they are freed afterwards (so one
     setting's engine is gone before the next one loads). Returns why the session ended."""
-    run_id = session.run_id
     executors = make_executors(arms)
     if not any(session.jobs(ex) for ex in executors):
         return "complete"
@@ -344,21 +213,13 @@ def _answer(
         return "time_budget"
     what = f"calibrating {detail['lane']} (speed only, not graded)" if "lane" in detail else "testing"
     try:
-        for ex in executors:
-            log(f"gate tune: {what}: starting {ex.describe()}")
-            if isinstance(ex, EngineExecutor):
-                ex.prepare()
-        store.add_event(run_id, "start", detail=detail)
+        loop.start(executors, f"gate tune: {what}")
+        store.add_event(session.run_id, "start", detail=detail)
         started = time.monotonic()
         try:
-            reason = session.answer(executors)
-        except BaseException:
-            store.add_event(run_id, "stop", session.reason or "error", session.stopped_at, detail)
-            raise
+            return loop.answer(store, session, executors, detail)
         finally:
             clock.spend(time.monotonic() - started)
-        store.add_event(run_id, "stop", reason, session.stopped_at, detail)
-        return reason
     finally:
         executors.clear()
         gc.collect()
@@ -464,8 +325,6 @@ def _test(store: GateStore, plan: _Plan, setting: TuneSetting, clock: _Clock) ->
 
 def tune(options: TuneOptions) -> TuneResult:
     """Calibrate, register the order, then test the settings in it until the first that does not PASS."""
-    from flyspec.gate.report.tune_report import setting_status
-
     plan = _plan(options)
     name = options.name
     clock = _Clock(options.max_minutes)
@@ -473,7 +332,7 @@ def tune(options: TuneOptions) -> TuneResult:
         if options.exclude_runs:
             names = [n for n in options.exclude_runs if n not in (name, options.calibration_run)]
             _choose(plan, used_questions(store, names))
-        announce_sandbox({q.grader for q in plan.tests}, "gate tune")
+        loop.announce_sandbox({q.grader for q in plan.tests}, "gate tune")
         if plan.calibration:
             reason = _calibrate(store, plan, clock)
             if reason != "complete":

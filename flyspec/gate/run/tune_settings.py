@@ -25,10 +25,13 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from flyspec.gate.arms.base import Arm, EngineArm, load_arm_spec, parse_arm
+from flyspec.checks import load_json
+from flyspec.gate.arms.base import Arm, load_arm_spec
+from flyspec.gate.arms.engine import EngineArm
+from flyspec.gate.arms.registry import parse_arm
+from flyspec.gate.report.tune_report import titled
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)
 MAX_DEFAULT_WINDOW = 6
@@ -54,13 +57,6 @@ class TuneSetting:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "label": self.label, "speculative_config": self.speculative_config}
-
-
-def titled(spec: dict[str, Any], label: str) -> str:
-    """``label`` preceded by the name of the policy ``spec`` verifies with."""
-    from flyspec.config import verification_policy
-
-    return f"{verification_policy(spec.get('rejection_sample_method', 'standard')).title} {label}"
 
 
 def baseline_spec(baseline: Arm) -> dict[str, Any] | None:
@@ -180,25 +176,11 @@ def parse_settings(baseline: Arm, candidates: list[Any]) -> list[TuneSetting]:
     return settings
 
 
-def _load_json(spec: str, flag: str, starts: str) -> Any:
-    """JSON given inline (starting with one of `starts`) or as the path of a file holding it."""
-    text = spec.strip()
-    if not text.startswith(tuple(starts)):
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ValueError(f"{flag} {text!r}: neither inline JSON nor an existing JSON file")
-        text = path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag}: invalid JSON ({exc.msg} at position {exc.pos})") from None
-
-
 def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
     """Candidates as a JSON list string, the path of a JSON file holding one, or a list already."""
     if spec is None or isinstance(spec, list):
         return spec
-    data = _load_json(spec, "--candidates", "[")
+    data = load_json(spec, "--candidates", inline="[", expected="a JSON list")
     if not isinstance(data, list):
         raise ValueError(f"--candidates: must be a JSON list of settings, got {type(data).__name__}")
     return data
@@ -207,7 +189,11 @@ def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
 def expand_grid(spec: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
     """The candidates of a policy grid (module docstring): a JSON object or list of objects (inline, a
     file, or already parsed) whose list values are expanded into every combination, in order."""
-    data = _load_json(spec, "--policies", "[{") if isinstance(spec, str) else spec
+    data = (
+        load_json(spec, "--policies", inline="[{", expected="a JSON object or list")
+        if isinstance(spec, str)
+        else spec
+    )
     blocks = [data] if isinstance(data, dict) else data
     if not isinstance(blocks, list) or not blocks:
         raise ValueError("--policies: give a JSON object or a non-empty list of them")

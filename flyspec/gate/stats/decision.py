@@ -11,7 +11,7 @@ its stopping point), explained in docs/gate.md:
 
 from __future__ import annotations
 
-import math
+from flyspec.checks import is_number
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 NOT_TESTED = "NOT TESTED"
@@ -20,10 +20,21 @@ DECISIONS = (PASS, FAIL, INCONCLUSIVE)
 
 def check_margin(margin: float) -> None:
     """Raise ValueError unless ``margin`` is a number in (0, 1)."""
-    if isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin):
+    if not is_number(margin):
         raise ValueError(f"margin={margin!r}: must be a number")
     if not 0 < margin < 1:
         raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
+
+
+def check_margin_alpha(margin: float, alpha: float) -> None:
+    """Validate a run's non-inferiority margin and one-sided alpha (set before its first answer)."""
+    if not is_number(margin, above=0, below=1):
+        raise ValueError(
+            f"margin={margin!r}: must lie in (0, 1); it is the tolerated accuracy loss as a fraction "
+            "(0.02 = 2 points)"
+        )
+    if not is_number(alpha, above=0, below=0.5):
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5); it is the one-sided level (0.025 usual)")
 
 
 def classify(low: float, high: float, margin: float) -> tuple[str, bool]:

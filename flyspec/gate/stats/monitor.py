@@ -26,8 +26,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from flyspec.gate.data.store import RunEvent
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.sequential import ConfidenceSequence, sequential_decision_with_undecided
 
@@ -42,6 +42,20 @@ QuestionKey = tuple[str, str]
 Lane = tuple[str, int]
 BASELINE: Lane = ("baseline", 0)
 CANDIDATE: Lane = ("candidate", 0)
+
+
+class SessionEvent(Protocol):
+    """A session's start or stop as the store records it (``flyspec.gate.data.store.RunEvent``): a stop
+    names why (``reason``) and the in-order prefix reached then (``stopped_at``)."""
+
+    @property
+    def event(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def stopped_at(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -170,7 +184,7 @@ def sequential_stop(
     order: Sequence[QuestionKey],
     correct: Mapping[tuple[str, int, str, str], bool],
     plan: SequentialPlan,
-    events: Sequence[RunEvent] = (),
+    events: Sequence[SessionEvent] = (),
     lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
     judged: Collection[QuestionKey] = (),
 ) -> SequentialStop:
