@@ -26,7 +26,7 @@ from tiny_llm import save_perturbed, save_tiny
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.graders import extract_gsm8k
 from flyspec.gate.report.report import build_report
-from flyspec.gate.run.runner import run_gate
+from flyspec.gate.runs.runner import run_gate
 
 NUM_QUESTIONS = 12
 MAX_TOKENS = 12

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flyspec.gate.run.progress import GateProgress
+from flyspec.gate.runs.progress import GateProgress
 from flyspec.gate.stats.forecast import MIN_PAIRS, forecast
 from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, SequentialMonitor, SequentialPlan
 from flyspec.gate.stats.sequential import sequential_decisions

@@ -35,7 +35,7 @@ from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
 from flyspec.gate.report.report import build_report
-from flyspec.gate.run.runner import run_gate
+from flyspec.gate.runs.runner import run_gate
 from flyspec.gate.stats import (
     confidence_sequence,
     decide,

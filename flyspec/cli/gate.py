@@ -136,7 +136,7 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
     """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
     fall back to it)."""
-    from flyspec.gate.run.options import GateOptions
+    from flyspec.gate.runs.options import GateOptions
 
     s = _load_config(config)
     s.update({k: v for k, v in flags.items() if v is not None and v != [] and v is not False})
@@ -175,7 +175,7 @@ def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
     """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
     `gate report`'s code for the decision."""
     from flyspec.gate.report.report import build_report
-    from flyspec.gate.run.runner import describe_interrupt, run
+    from flyspec.gate.runs.runner import describe_interrupt, run
 
     try:
         result = run(options)
@@ -588,7 +588,7 @@ def tune_command(
     Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
     from flyspec.gate.report.tune_report import build_tune_report
-    from flyspec.gate.run.tune import TuneOptions, describe_pause, tune
+    from flyspec.gate.runs.tune import TuneOptions, describe_pause, tune
 
     aliases = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
     options = TuneOptions(

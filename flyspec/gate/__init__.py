@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from flyspec.gate.logs.compare import compare_logs
     from flyspec.gate.report.report import Report, build_report
     from flyspec.gate.report.tune_report import build_tune_report
-    from flyspec.gate.run.options import GateOptions, TuneOptions
-    from flyspec.gate.run.runner import RunResult, run, run_gate, run_pilot
-    from flyspec.gate.run.tune import tune
+    from flyspec.gate.runs.options import GateOptions, TuneOptions
+    from flyspec.gate.runs.runner import RunResult, run, run_gate, run_pilot
+    from flyspec.gate.runs.tune import tune
 
 __all__ = [
     "GateOptions",
@@ -37,18 +37,18 @@ __all__ = [
 ]
 
 _HOMES = {
-    "GateOptions": "flyspec.gate.run.options",
+    "GateOptions": "flyspec.gate.runs.options",
     "Question": "flyspec.gate.data.datasets",
     "load_dataset": "flyspec.gate.data.datasets",
     "Report": "flyspec.gate.report.report",
     "build_report": "flyspec.gate.report.report",
-    "RunResult": "flyspec.gate.run.runner",
-    "run": "flyspec.gate.run.runner",
-    "run_gate": "flyspec.gate.run.runner",
-    "run_pilot": "flyspec.gate.run.runner",
+    "RunResult": "flyspec.gate.runs.runner",
+    "run": "flyspec.gate.runs.runner",
+    "run_gate": "flyspec.gate.runs.runner",
+    "run_pilot": "flyspec.gate.runs.runner",
     "compare_logs": "flyspec.gate.logs.compare",
-    "TuneOptions": "flyspec.gate.run.options",
-    "tune": "flyspec.gate.run.tune",
+    "TuneOptions": "flyspec.gate.runs.options",
+    "tune": "flyspec.gate.runs.tune",
     "build_tune_report": "flyspec.gate.report.tune_report",
 }
 

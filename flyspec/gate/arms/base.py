@@ -3,7 +3,7 @@ kind implements (``Arm``, its validated settings, and ``Executor``, what answers
 
 The kinds are registered in flyspec/gate/arms/registry.py, which is the only code that knows them: this
 package's engine in-process (engine.py) and any OpenAI-compatible endpoint (endpoint.py). An executor is
-driven in one of two ways (``Executor.drive``, read by flyspec/gate/run/dispatch.py):
+driven in one of two ways (``Executor.drive``, read by flyspec/gate/runs/dispatch.py):
 
 - ``"in_turns"`` (``TurnExecutor``): it computes answers itself and pulls its jobs lazily
   (``answers``); such executors take turns answer by answer in one thread, so two engines in one process

@@ -2,7 +2,7 @@
 client that asks it, from a small thread pool, with the retries of an endpoint arm.
 
 What the verdicts mean, the prompt templates and how two verdicts make an outcome are the judge's rule
-(flyspec/gate/grading/judge.py); which pairs are asked, and when, is the run's (flyspec/gate/run/judging.py).
+(flyspec/gate/grading/judge.py); which pairs are asked, and when, is the run's (flyspec/gate/runs/judging.py).
 """
 
 from __future__ import annotations

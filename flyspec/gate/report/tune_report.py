@@ -1,7 +1,7 @@
 """The report of a ``gate tune``: every setting in its registered order with its speed and its test, the
 fixed-sequence answer in plain words, and the chosen ``speculative_config`` to paste.
 
-Each setting's test is recomputed from the stored answers (flyspec/gate/run/tune.py runs them): a sequential
+Each setting's test is recomputed from the stored answers (flyspec/gate/runs/tune.py runs them): a sequential
 test stops where its confidence sequence first crossed (or where a pause was recorded), a fixed test is
 decided once every test question has both answers. ``stats.fixed_sequence`` then walks the registered
 order: the answer is the last PASS before the first setting that did not pass, and every setting after

@@ -150,7 +150,7 @@ def in_order_pairs(
 
 
 def is_undecided(key: QuestionKey, base: bool, cand: bool, judged: Collection[QuestionKey]) -> bool:
-    """A judged pair graded wrong on both sides is undecided (flyspec/gate/run/judging.py grades it so)."""
+    """A judged pair graded wrong on both sides is undecided (flyspec/gate/runs/judging.py grades it so)."""
     return not base and not cand and key in judged
 
 

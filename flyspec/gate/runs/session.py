@@ -1,5 +1,5 @@
 """One session of a gate run: feed the unanswered jobs to the arms, then grade, commit and monitor every
-answer in the main thread until the run is done or stops (flyspec/gate/run/runner.py does everything
+answer in the main thread until the run is done or stops (flyspec/gate/runs/runner.py does everything
 before: validation, the lock, the registration)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import JUDGE, Grade, equivalence_normaliser, grade, grade_against_baseline
-from flyspec.gate.run.dispatch import Answer, Dispatcher
-from flyspec.gate.run.judging import Item, JudgedPairs
-from flyspec.gate.run.options import GateOptions
-from flyspec.gate.run.progress import GateProgress
+from flyspec.gate.runs.dispatch import Answer, Dispatcher
+from flyspec.gate.runs.judging import Item, JudgedPairs
+from flyspec.gate.runs.options import GateOptions
+from flyspec.gate.runs.progress import GateProgress
 from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
 
 Lane = tuple[str, int]

@@ -1,8 +1,8 @@
 """The settings of a gate run, pilot or tune: one type per command for the CLI and the Python API.
 
 ``gate run``, ``gate pilot``, ``flyspec demo``, ``run_gate`` and ``run_pilot`` all build a ``GateOptions``
-and hand it to ``flyspec.gate.run.runner.run``; ``gate tune`` builds a ``TuneOptions``
-(flyspec/gate/run/tune.py). What both take (sampling, seeds, budgets, the run's name) is ``RunSettings``,
+and hand it to ``flyspec.gate.runs.runner.run``; ``gate tune`` builds a ``TuneOptions``
+(flyspec/gate/runs/tune.py). What both take (sampling, seeds, budgets, the run's name) is ``RunSettings``,
 with its defaults and rules written once; every rule about which settings go together lives here.
 """
 
@@ -144,7 +144,7 @@ class TuneOptions(RunSettings):
     """One ``gate tune``; the shared settings are RunSettings'.
 
     baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
-    (flyspec/gate/run/tune_settings.py). policies: a grid over policies and their parameters (a JSON object
+    (flyspec/gate/runs/tune_settings.py). policies: a grid over policies and their parameters (a JSON object
     or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
     thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
     the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or

@@ -8,7 +8,7 @@ The order of work is what makes the numbers trustworthy (docs/gate.md, "Running 
 3. the run is registered before the first answer: margin, alpha, arms (an endpoint with the model its
    server reports), sampling, seeds, dataset and prompt hashes, and for a sequential run the method, the
    maximum number of questions and the order seed; a resume with other settings is refused;
-4. every arm answers at once, in the registered order (flyspec/gate/run/dispatch.py); each answer is
+4. every arm answers at once, in the registered order (flyspec/gate/runs/dispatch.py); each answer is
    graded in the main thread and committed the moment it arrives;
 5. a sequential run stops at the first crossing along the registered order (flyspec/gate/stats/monitor.py), at
    ``max_questions`` or at the time budget (answers already in flight are still stored), or at Ctrl-C
@@ -29,11 +29,11 @@ from flyspec.gate.data.datasets import Question, dataset_info
 from flyspec.gate.data.order import QuestionKey, select_questions
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
-from flyspec.gate.run import loop
-from flyspec.gate.run.exclusion import check_not_extended, used_questions
-from flyspec.gate.run.loop import Datasets, Served, announce_sandbox, load_datasets
-from flyspec.gate.run.options import ArmSpec, GateOptions
-from flyspec.gate.run.session import Session, SessionSettings, log
+from flyspec.gate.runs import loop
+from flyspec.gate.runs.exclusion import check_not_extended, used_questions
+from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
+from flyspec.gate.runs.options import ArmSpec, GateOptions
+from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.stats.monitor import SequentialMonitor, SequentialPlan
 
 Lane = tuple[str, int]

@@ -37,12 +37,12 @@ from flyspec.gate.data.datasets import Question, dataset_info
 from flyspec.gate.data.order import select_questions
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.tune_report import lane_speeds, setting_status
-from flyspec.gate.run import loop
-from flyspec.gate.run.exclusion import used_questions
-from flyspec.gate.run.loop import Datasets, load_datasets
-from flyspec.gate.run.options import TuneOptions
-from flyspec.gate.run.session import Session, SessionSettings, log
-from flyspec.gate.run.tune_settings import (
+from flyspec.gate.runs import loop
+from flyspec.gate.runs.exclusion import used_questions
+from flyspec.gate.runs.loop import Datasets, load_datasets
+from flyspec.gate.runs.options import TuneOptions
+from flyspec.gate.runs.session import Session, SessionSettings, log
+from flyspec.gate.runs.tune_settings import (
     TuneSetting,
     default_grid,
     expand_grid,

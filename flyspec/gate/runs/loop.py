@@ -1,5 +1,5 @@
-"""The run loop every kind of run shares: ``gate run`` and ``gate pilot`` (flyspec/gate/run/runner.py, which
-``flyspec demo`` calls too) and ``gate tune`` (flyspec/gate/run/tune.py, one run for its calibration and one
+"""The run loop every kind of run shares: ``gate run`` and ``gate pilot`` (flyspec/gate/runs/runner.py, which
+``flyspec demo`` calls too) and ``gate tune`` (flyspec/gate/runs/tune.py, one run for its calibration and one
 for its tests).
 
 1. ``load_datasets``: every question, every reference answer checked against its grader;
@@ -22,7 +22,7 @@ from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.datasets import Question, load_dataset
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, check_reference, sandbox_notes
-from flyspec.gate.run.session import Session, log
+from flyspec.gate.runs.session import Session, log
 
 Served = dict[str, dict[str, Any] | None]
 """Per arm name (and ``judge``): the model its server reports serving, None where nothing was asked."""
