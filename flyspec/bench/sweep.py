@@ -156,8 +156,7 @@ def default_window(k: int) -> int:
     return config.fly_window_size
 
 
-def plan_arms(
-    *,
+def _check_sweep(
     methods: Sequence[str],
     batch_sizes: Sequence[int],
     ks: Sequence[int],
@@ -165,11 +164,10 @@ def plan_arms(
     extra_windows: Sequence[int],
     drafters: Sequence[str],
     peer: str | None,
-    fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD,
-    quantizations: Sequence[str | None] = (None,),
-    lossless_prefixes: Sequence[int] = (0,),
-) -> list[Arm]:
-    """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
+    quantizations: Sequence[str | None],
+    lossless_prefixes: Sequence[int],
+) -> None:
+    """ValueError naming the first option of a sweep that breaks its rule."""
     bad_q = [q for q in quantizations if not _valid_format(q)]
     if bad_q or not quantizations or len(set(quantizations)) != len(quantizations):
         raise ValueError(
@@ -191,8 +189,9 @@ def plan_arms(
             raise ValueError(f"headline_k={headline_k} must be one of the swept K values {list(ks)}")
         if speculative and not drafters:
             raise ValueError("speculative methods need at least one drafter (--draft MODEL or --draft ngram)")
-    lossy = [m for m in methods if m in LOSSY_METHODS]
-    for method in lossy:  # each policy's own rules for the headline K (e.g. FLy needs K >= 2)
+    for method in (
+        m for m in methods if m in LOSSY_METHODS
+    ):  # each policy's own rules for the headline K (e.g. FLy needs K >= 2)
         try:
             verification_policy(method).resolve_config({}, headline_k)
         except ValueError as exc:
@@ -215,6 +214,26 @@ def plan_arms(
 
     if len(set(drafters)) != len(drafters):
         raise ValueError(f"drafters={list(drafters)}: each drafter may be given once")
+
+
+def plan_arms(
+    *,
+    methods: Sequence[str],
+    batch_sizes: Sequence[int],
+    ks: Sequence[int],
+    headline_k: int,
+    extra_windows: Sequence[int],
+    drafters: Sequence[str],
+    peer: str | None,
+    fly_threshold: float = DEFAULT_FLY_ENTROPY_THRESHOLD,
+    quantizations: Sequence[str | None] = (None,),
+    lossless_prefixes: Sequence[int] = (0,),
+) -> list[Arm]:
+    """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
+    _check_sweep(
+        methods, batch_sizes, ks, headline_k, extra_windows, drafters, peer, quantizations, lossless_prefixes
+    )
+    lossy = [m for m in methods if m in LOSSY_METHODS]
     show = len(drafters) > 1
     arms: list[Arm] = []
     batches = sorted(batch_sizes)

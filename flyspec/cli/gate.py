@@ -133,6 +133,22 @@ def _load_config(path: Path | None) -> dict[str, Any]:
     return data
 
 
+# Option names that differ from the GateOptions / TuneOptions field they set.
+_FIELDS = {"dataset": "datasets", "run": "run_id", "exclude_run": "exclude_runs"}
+
+
+def _fields(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings by option name as the options' fields: the unset ones (None) are left out, so the
+    fields' own defaults apply (RunSettings, flyspec/gate/runs/options.py, is their one source)."""
+    out = {_FIELDS.get(k, k): v for k, v in settings.items() if v is not None}
+    for name in ("datasets", "exclude_runs"):
+        if name in out:
+            out[name] = tuple(out[name])
+    if "sequential" in out:
+        out["sequential"] = bool(out["sequential"])
+    return out
+
+
 def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
     """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
     fall back to it)."""
@@ -146,29 +162,7 @@ def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> An
     for name in required:
         if s.get(name) in (None, []):
             raise ValueError(f"--{name.replace('_', '-')} is required (on the command line or in --config)")
-    return GateOptions(
-        store=s["store"],
-        datasets=tuple(s["dataset"]),
-        baseline=s["baseline"],
-        margin=s["margin"],
-        candidate=s.get("candidate"),
-        alpha=s.get("alpha", 0.025),
-        kind=kind,
-        sequential=bool(s.get("sequential", False)),
-        max_questions=s.get("max_questions"),
-        max_minutes=s.get("max_minutes"),
-        limit=s.get("limit"),
-        temperature=s.get("temperature", 0.0),
-        top_p=s.get("top_p", 1.0),
-        max_tokens=s.get("max_tokens", 512),
-        seed=s.get("seed", 0),
-        order_seed=s.get("order_seed"),
-        run_id=s.get("run"),
-        shuffle_seed=s.get("shuffle_seed", 0),
-        exclude_runs=tuple(s.get("exclude_run", ())),
-        progress=progress,
-        judge=s.get("judge"),
-    )
+    return GateOptions(kind=kind, progress=progress, **_fields(s))
 
 
 def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
@@ -476,6 +470,80 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple | None:
     return values
 
 
+Candidates = Annotated[
+    str | None,
+    typer.Option(
+        "--candidates",
+        help="JSON list (or JSON file) of settings: speculative_config fragments such as "
+        '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
+        '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
+        "x --thresholds.",
+    ),
+]
+Policies = Annotated[
+    str | None,
+    typer.Option(
+        "--policies",
+        help="A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
+        "whose list values are expanded into every combination, e.g. "
+        '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
+        '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
+        '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
+    ),
+]
+Windows = Annotated[
+    str | None,
+    typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
+]
+Thresholds = Annotated[
+    str | None, typer.Option("--thresholds", help="Grid entropy thresholds (default: 0.6,0.3).")
+]
+Order = Annotated[
+    str | None,
+    typer.Option(
+        "--order",
+        help="speed: slowest first, measured on the calibration questions (default); given: the "
+        "candidates' order.",
+    ),
+]
+OrderBy = Annotated[
+    str | None,
+    typer.Option(
+        "--order-by", help="Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s."
+    ),
+]
+CalibrationQuestions = Annotated[
+    int | None,
+    typer.Option(
+        "--calibration-questions",
+        help="Questions that measure speed (never graded, never test questions; default 8); 0 only with "
+        "--order given.",
+    ),
+]
+Fixed = Annotated[
+    bool,
+    typer.Option(
+        "--fixed", help="Fixed-size tests on every test question instead of sequential tests (default)."
+    ),
+]
+TestQuestions = Annotated[
+    int | None,
+    typer.Option(
+        "--max-questions",
+        help="Test questions: the next N of the seeded order after the calibration ones (default: all).",
+    ),
+]
+TuneRun = Annotated[str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")]
+TuneJson = Annotated[
+    bool,
+    typer.Option("--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."),
+]
+TuneStrict = Annotated[
+    bool, typer.Option("--strict", help="Exit 2 while the tune is unfinished and nothing passed yet.")
+]
+_ORDER_BY_ALIASES = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
+
+
 @gate_app.command("tune")
 def tune_command(
     store: Annotated[str, typer.Option("--store", help=_STORE_HELP)],
@@ -487,92 +555,29 @@ def tune_command(
         float, typer.Option("--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered.")
     ],
     alpha: Annotated[
-        float, typer.Option("--alpha", help="One-sided level of each test and of the whole tune.")
-    ] = 0.025,
-    candidates: Annotated[
-        str | None,
-        typer.Option(
-            "--candidates",
-            help="JSON list (or JSON file) of settings: speculative_config fragments such as "
-            '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
-            '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
-            "x --thresholds.",
-        ),
+        float | None,
+        typer.Option("--alpha", help="One-sided level of each test and of the whole tune (default 0.025)."),
     ] = None,
-    policies: Annotated[
-        str | None,
-        typer.Option(
-            "--policies",
-            help="A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
-            "whose list values are expanded into every combination, e.g. "
-            '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
-            '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
-            '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
-        ),
-    ] = None,
-    windows: Annotated[
-        str | None,
-        typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
-    ] = None,
-    thresholds: Annotated[
-        str | None, typer.Option("--thresholds", help="Grid entropy thresholds (default: 0.6,0.3).")
-    ] = None,
-    order: Annotated[
-        str,
-        typer.Option(
-            "--order",
-            help="speed: slowest first, measured on the calibration questions (default); given: the "
-            "candidates' order.",
-        ),
-    ] = "speed",
-    order_by: Annotated[
-        str,
-        typer.Option(
-            "--order-by",
-            help="Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s.",
-        ),
-    ] = "mean_acceptance_length",
-    calibration_questions: Annotated[
-        int,
-        typer.Option(
-            "--calibration-questions",
-            help="Questions that measure speed (never graded, never test questions); 0 only with "
-            "--order given.",
-        ),
-    ] = 8,
-    fixed: Annotated[
-        bool,
-        typer.Option(
-            "--fixed", help="Fixed-size tests on every test question instead of sequential tests (default)."
-        ),
-    ] = False,
-    max_questions: Annotated[
-        int | None,
-        typer.Option(
-            "--max-questions",
-            help="Test questions: the next N of the seeded order after the calibration ones (default: all).",
-        ),
-    ] = None,
+    candidates: Candidates = None,
+    policies: Policies = None,
+    windows: Windows = None,
+    thresholds: Thresholds = None,
+    order: Order = None,
+    order_by: OrderBy = None,
+    calibration_questions: CalibrationQuestions = None,
+    fixed: Fixed = False,
+    max_questions: TestQuestions = None,
     max_minutes: MaxMinutes = None,
     temperature: Temperature = None,
     top_p: TopP = None,
     max_tokens: MaxTokens = None,
     seed: Seed = None,
     order_seed: OrderSeed = None,
-    run_name: Annotated[
-        str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")
-    ] = None,
+    run_name: TuneRun = None,
     exclude_run: ExcludeRun = None,
     no_progress: NoProgress = False,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."
-        ),
-    ] = False,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="Exit 2 while the tune is unfinished and nothing passed yet.")
-    ] = False,
+    as_json: TuneJson = False,
+    strict: TuneStrict = False,
 ) -> None:
     """The fastest lossy setting (FLy, typical acceptance, lossless prefix) shown non-inferior to standard
     verification, the error rate controlled.
@@ -587,35 +592,28 @@ def tune_command(
 
     Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
-    from flyspec.gate.report.tune_report import build_tune_report
-    from flyspec.gate.runs.tune import TuneOptions, describe_pause, tune
+    from flyspec.gate.runs.options import TuneOptions
 
-    aliases = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
-    options = TuneOptions(
-        store=store,
-        datasets=tuple(dataset),
-        baseline=baseline,
-        margin=margin,
-        candidates=candidates,
-        policies=policies,
-        alpha=alpha,
-        windows=_numbers(windows, int, "--windows"),
-        thresholds=_numbers(thresholds, float, "--thresholds"),
-        order=order,
-        order_by=aliases.get(order_by, order_by),
-        calibration_questions=calibration_questions,
-        sequential=not fixed,
-        max_questions=max_questions,
-        max_minutes=max_minutes,
-        temperature=0.0 if temperature is None else temperature,
-        top_p=1.0 if top_p is None else top_p,
-        max_tokens=512 if max_tokens is None else max_tokens,
-        seed=0 if seed is None else seed,
-        order_seed=order_seed,
-        run_id=run_name,
-        progress=not no_progress,
-        exclude_runs=tuple(exclude_run or ()),
-    )
+    settings = {
+        "store": store, "dataset": dataset, "baseline": baseline, "margin": margin, "alpha": alpha,
+        "candidates": candidates, "policies": policies, "windows": _numbers(windows, int, "--windows"),
+        "thresholds": _numbers(thresholds, float, "--thresholds"), "order": order,
+        "order_by": _ORDER_BY_ALIASES.get(order_by, order_by) if order_by else None,
+        "calibration_questions": calibration_questions, "sequential": not fixed,
+        "max_questions": max_questions, "max_minutes": max_minutes, "temperature": temperature,
+        "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "order_seed": order_seed, "run": run_name,
+        "exclude_run": exclude_run or (),
+    }  # fmt: skip
+    _tune_and_report(TuneOptions(progress=not no_progress, **_fields(settings)), as_json, strict)
+
+
+def _tune_and_report(options: Any, as_json: bool, strict: bool) -> None:
+    """Tune, then print the tune's report (JSON with --json); exit as `gate report` does for a tune, 130
+    after an interruption."""
+    from flyspec.gate.report.tune_report import build_tune_report
+    from flyspec.gate.runs.tune import describe_pause, tune
+
+    store = options.store
     try:
         result = tune(options)
     except KeyboardInterrupt:

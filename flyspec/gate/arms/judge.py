@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from flyspec.checks import is_int
 from flyspec.gate.arms.base import load_arm_spec
 from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
 from flyspec.gate.arms.registry import parse_arm
@@ -109,9 +110,9 @@ def parse_judge(spec: dict[str, Any] | str | Any) -> Judge:
     max_tokens = data.pop("max_tokens", 512)
     seed = data.pop("seed", 0)
     template = data.pop("template", DEFAULT_TEMPLATE)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    if not is_int(max_tokens, 1):
         raise ValueError(f"judge: max_tokens={max_tokens!r}: must be an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, 0):
         raise ValueError(f"judge: seed={seed!r}: must be an integer >= 0")
     if template not in TEMPLATES:
         raise ValueError(f"judge: template={template!r}: must be one of {', '.join(TEMPLATES)}")

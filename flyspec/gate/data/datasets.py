@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from flyspec.checks import is_int
 from flyspec.gate.data.code_datasets import read_humaneval, read_mbpp
 from flyspec.gate.data.questions import DatasetInfo, Question
 from flyspec.gate.data.rows import jsonl_rows, table_rows, text_field
@@ -291,7 +292,7 @@ def load_dataset(name_or_path: str, limit: int | None = None, *, shuffle_seed: i
 
     ``shuffle_seed`` fixes GPQA's option order. Question ids must be unique within a dataset.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and not is_int(limit, 1):
         raise ValueError(f"limit={limit!r}: must be a positive integer or None")
     info = dataset_info(name_or_path)
     readers: dict[str, Callable[[], Iterator[tuple[int, Question]]]] = {

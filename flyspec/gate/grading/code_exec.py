@@ -54,6 +54,8 @@ from pathlib import Path
 
 import psutil
 
+from flyspec.checks import is_int, is_number
+
 _CHILD = Path(__file__).with_name("_code_exec_child.py")
 _PROGRAM = Path(__file__).with_name("_code_exec_program.py")
 PROGRAM_UID = 65534  # nobody
@@ -75,7 +77,7 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            if not is_number(value, above=0):
                 raise ValueError(f"SandboxLimits.{name}={value!r}: must be a positive number")
 
 
@@ -357,7 +359,7 @@ def run_many(
     """``run_tests`` for many jobs, ``workers`` at a time (default: the CPU count), results in order."""
     if workers is None:
         workers = os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if not is_int(workers, 1):
         raise ValueError(f"workers={workers!r}: must be a positive integer")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda job: run_tests(job, limits), jobs))

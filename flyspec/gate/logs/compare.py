@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from flyspec.checks import is_int
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.logs.evallogs import EvalLog, read_eval_log
 from flyspec.gate.logs.pairing import pair_logs
@@ -71,7 +72,7 @@ def side_epochs(epoch: int | Mapping[str, int] | None) -> dict[str, int | None]:
     else:
         raise ValueError(f"epoch={epoch!r}: give an integer, or one per side")
     for side, value in chosen.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and not is_int(value, 0):
             raise ValueError(f"epoch={value!r} ({side}): must be an integer >= 0")
     return chosen
 

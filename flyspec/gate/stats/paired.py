@@ -20,6 +20,7 @@ from typing import NamedTuple
 from scipy import optimize
 from scipy.stats import beta, binom, norm
 
+from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.decision import check_margin, classify
 
 CI_METHODS = ("tango", "newcombe", "wald")
@@ -89,7 +90,7 @@ class PairedCounts(NamedTuple):
 
 def _check_counts(n: int, lost: int, gained: int) -> None:
     for name, value in (("n", n), ("lost", lost), ("gained", gained)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value, 0):
             raise ValueError(f"{name}={value!r}: must be a non-negative integer")
     if n < 1:
         raise ValueError(f"n={n}: must be at least 1")
@@ -98,7 +99,7 @@ def _check_counts(n: int, lost: int, gained: int) -> None:
 
 
 def _check_probability(name: str, value: float, *, allow_zero: bool = False, allow_one: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise ValueError(f"{name}={value!r}: must be a number")
     low_ok = value >= 0 if allow_zero else value > 0
     high_ok = value <= 1 if allow_one else value < 1
@@ -116,7 +117,7 @@ def mcnemar(lost: int, gained: int) -> McNemarResult:
     ``mid_p = 1 - P[Bin(m, 1/2) = lost] / 2``.
     """
     for name, value in (("lost", lost), ("gained", gained)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value, 0):
             raise ValueError(f"{name}={value!r}: must be a non-negative integer")
     m = lost + gained
     k = min(lost, gained)
@@ -327,7 +328,7 @@ def decide_with_undecided(
     unfavourable to its claim as the truth, so each claim keeps its error at most alpha; ``low``/``high``
     are those two ends. With ``undecided = 0`` it is ``decide``.
     """
-    if isinstance(undecided, bool) or not isinstance(undecided, int) or undecided < 0:
+    if not is_int(undecided, 0):
         raise ValueError(f"undecided={undecided!r}: must be an integer >= 0")
     _check_counts(n, lost, gained)
     _check_counts(n, lost + undecided, gained)
@@ -347,7 +348,7 @@ def flip_rate_upper_bound(flips: int, n: int, level: float = 0.95) -> float:
     is ``1 - (1 - level)^(1/n)``, about 3/n at 95%: a pilot with no flips still allows a rate that large.
     """
     for name, value in (("flips", flips), ("n", n)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value, 0):
             raise ValueError(f"{name}={value!r}: must be a non-negative integer")
     if n < 1:
         raise ValueError(f"n={n}: must be at least 1")

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
+from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, check_margin
 
 BETS = 2.0 ** -np.arange(8)
@@ -59,7 +60,7 @@ _ROOT_TOLERANCE = 1e-13
 
 
 def _check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+    if not is_number(alpha):
         raise ValueError(f"{name}={alpha!r}: must be a number")
     if not 0 < alpha < upper:
         raise ValueError(f"{name}={alpha!r}: must lie in (0, {upper:g})")
@@ -68,7 +69,7 @@ def _check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
 def _check_population(population_size: int | None, observations: int) -> None:
     if population_size is None:
         return
-    if isinstance(population_size, bool) or not isinstance(population_size, int) or population_size < 1:
+    if not is_int(population_size, 1):
         raise ValueError(f"population_size={population_size!r}: must be a positive integer or None")
     if observations > population_size:
         raise ValueError(
