@@ -45,7 +45,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="End stdout with one JSON object (key `questions`)."),
 ) -> None:
     """How many paired questions a gate needs (Connor 1987 for McNemar; score test for non-inferiority)."""
-    from flyspec.gate.stats.paired import questions_needed, questions_needed_noninferiority
+    from flyspec.gate.stats.planning import questions_needed, questions_needed_noninferiority
 
     questions = questions_needed(net_loss, flip_rate, alpha, power)
     result: dict[str, Any] = {

@@ -10,7 +10,8 @@ from typing import Any
 from flyspec.gate.report.model import Comparison
 from flyspec.gate.stats.decision import INCONCLUSIVE
 from flyspec.gate.stats.monitor import SequentialStop
-from flyspec.gate.stats.paired import decide_with_undecided, mcnemar, noninferiority, plan_noninferiority
+from flyspec.gate.stats.paired import decide_with_undecided, mcnemar, noninferiority
+from flyspec.gate.stats.planning import plan_noninferiority
 
 POWER = 0.80
 

@@ -12,7 +12,7 @@ import math
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.paired import flip_rate_upper_bound
+from flyspec.gate.stats.planning import flip_rate_upper_bound
 
 POWER_PCT = "80%"
 _STOP_REASONS = {
@@ -593,21 +593,35 @@ def _source_lines(report: ReportData) -> list[str]:
     return lines
 
 
-def markdown(report: ReportData) -> str:
-    """The whole report as markdown."""
+def _title_lines(report: ReportData) -> list[str]:
     kind = report.run.kind
     if kind == "compare":
-        title = "# flyspec quality gate: comparing existing logs (margin declared after the data)"
-    else:
-        design = f", {report.design}" if kind == "gate" else ""
-        title = f"# flyspec quality gate: run `{report.run.run_id}` ({kind}{design})"
-    lines = [title, ""]
-    for warning in report.warnings:
-        lines += [f"> **WARNING:** {warning}", ""]
-    lines += _pilot_lines(report) if kind == "pilot" else _gate_lines(report)
-    lines += _speed_lines(report)
-    lines += _source_lines(report) if kind == "compare" else _registration_lines(report)
-    return "\n".join(lines) + "\n"
+        return ["# flyspec quality gate: comparing existing logs (margin declared after the data)", ""]
+    design = f", {report.design}" if kind == "gate" else ""
+    return [f"# flyspec quality gate: run `{report.run.run_id}` ({kind}{design})", ""]
+
+
+def _warning_lines(report: ReportData) -> list[str]:
+    return [line for warning in report.warnings for line in (f"> **WARNING:** {warning}", "")]
+
+
+def _result_lines(report: ReportData) -> list[str]:
+    """A pilot's flips, or a run's (or comparison's) decision and paired results."""
+    return _pilot_lines(report) if report.run.kind == "pilot" else _gate_lines(report)
+
+
+def _provenance_lines(report: ReportData) -> list[str]:
+    """What was compared: the logs (``gate compare``) or the run's registration."""
+    return _source_lines(report) if report.run.kind == "compare" else _registration_lines(report)
+
+
+# The report's sections, in order: a new section is a function of the report here.
+SECTIONS = (_title_lines, _warning_lines, _result_lines, _speed_lines, _provenance_lines)
+
+
+def markdown(report: ReportData) -> str:
+    """The whole report as markdown: every section of SECTIONS in turn."""
+    return "\n".join(line for section in SECTIONS for line in section(report)) + "\n"
 
 
 def plot_png(report: ReportData) -> bytes:

@@ -38,7 +38,8 @@ from flyspec.gate.report.render import advice, explanation, html_page, markdown
 from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.monitor import SequentialPlan, sequential_stop
-from flyspec.gate.stats.paired import mcnemar, plan_noninferiority, wilson_interval
+from flyspec.gate.stats.paired import mcnemar, wilson_interval
+from flyspec.gate.stats.planning import plan_noninferiority
 
 POWER = 0.80
 Lane = tuple[str, int]

@@ -13,19 +13,21 @@ from flyspec.gate.stats.paired import (
     McNemarResult,
     NonInferiorityResult,
     PairedCounts,
-    SampleSizePlan,
     decide,
     decide_with_undecided,
-    flip_rate_upper_bound,
     mcnemar,
     net_difference_ci,
     noninferiority,
     paired_counts,
+    tango_statistic,
+    wilson_interval,
+)
+from flyspec.gate.stats.planning import (
+    SampleSizePlan,
+    flip_rate_upper_bound,
     plan_noninferiority,
     questions_needed,
     questions_needed_noninferiority,
-    tango_statistic,
-    wilson_interval,
 )
 from flyspec.gate.stats.sequential import (
     ConfidenceSequence,
