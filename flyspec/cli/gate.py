@@ -27,6 +27,17 @@ def _emit_json(obj: dict[str, Any]) -> None:
     print(json.dumps(obj, default=str))
 
 
+def _show(report: Any, as_json: bool, html_file: Path | None = None) -> None:
+    """Print a report: markdown, or one JSON object with --json; with --html also write its page."""
+    if html_file is not None:
+        html_file.write_text(report.to_html(), encoding="utf-8")
+        print(f"wrote {html_file}", file=sys.stderr)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        print(report.to_markdown())
+
+
 @gate_app.command("plan")
 def plan(
     net_loss: float = typer.Option(
@@ -149,6 +160,14 @@ def _fields(settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flags(params: dict[str, Any]) -> dict[str, Any]:
+    """A `gate run` or `gate pilot` call's parameters as the settings by option name (``--run`` is
+    ``run_name`` in Python), without those that are not settings."""
+    flags = {k: v for k, v in params.items() if k not in ("config", "no_progress", "as_json", "strict")}
+    flags["run"] = flags.pop("run_name")
+    return flags
+
+
 def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
     """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
     fall back to it)."""
@@ -177,10 +196,7 @@ def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130) from None
     report = build_report(options.store, options.name)
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        print(report.to_markdown())
+    _show(report, as_json)
     if result.interrupted:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130)
@@ -286,13 +302,7 @@ def run_command(
 
     Exit code (as `gate report`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0); 130 after Ctrl-C.
     """
-    options = _options(
-        "gate", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
-        candidate=candidate, margin=margin, alpha=alpha, sequential=sequential, max_questions=max_questions,
-        max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
-    )  # fmt: skip
-    _run_and_report(options, as_json, strict)
+    _run_and_report(_options("gate", config, not no_progress, **_flags(locals())), as_json, strict)
 
 
 @gate_app.command("pilot")
@@ -332,13 +342,7 @@ def pilot_command(
 ) -> None:
     """Measure the flip rate that plans a gate run: the baseline twice (fresh seeds, nothing cached), or
     with --candidate both arms once. Later gate runs in the store leave the pilot's questions out."""
-    options = _options(
-        "pilot", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
-        candidate=candidate, margin=margin, alpha=alpha, max_questions=max_questions,
-        max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
-    )  # fmt: skip
-    _run_and_report(options, as_json)
+    _run_and_report(_options("pilot", config, not no_progress, **_flags(locals())), as_json)
 
 
 def _exit_for(decision: str | None, strict: bool) -> None:
@@ -361,51 +365,54 @@ def _exit_for_tune(report: Any, strict: bool) -> None:
     _exit_for(decision, strict)
 
 
+LogArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Baseline log: an lm-eval samples_*.jsonl file or folder, an Inspect .eval/.json log or "
+        "folder, or STORE.db:RUN:ARM."
+    ),
+]
+DeclaredMargin = Annotated[
+    float,
+    typer.Option(
+        "--margin",
+        help="Tolerated accuracy loss, fraction in (0, 1). Declared now, after the data: the report says so.",
+    ),
+]
+Metric = Annotated[
+    str | None,
+    typer.Option("--metric", help="lm-eval metric field or Inspect scorer (default: the only or first one)."),
+]
+Filter = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--filter",
+        help="lm-eval filter: NAME for every task, or TASK=NAME for one (repeatable); needed for a task "
+        "that logged several.",
+    ),
+]
+Epoch = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--epoch",
+        help="Compare this epoch only: N for both logs, or baseline=N / candidate=N (repeatable); "
+        "required when a log holds several epochs per question (they are not independent pairs).",
+    ),
+]
+HtmlFile = Annotated[Path | None, typer.Option("--html", help="Also write an HTML report with a plot.")]
+
+
 @gate_app.command("compare")
 def compare_command(
-    baseline: Annotated[
-        str,
-        typer.Argument(
-            help="Baseline log: an lm-eval samples_*.jsonl file or folder, an Inspect .eval/.json log or "
-            "folder, or STORE.db:RUN:ARM."
-        ),
-    ],
+    baseline: LogArgument,
     candidate: Annotated[str, typer.Argument(help="Candidate log, in any of the same forms.")],
-    margin: Annotated[
-        float,
-        typer.Option(
-            "--margin",
-            help="Tolerated accuracy loss, fraction in (0, 1). Declared now, after the data: the report says "
-            "so.",
-        ),
-    ],
+    margin: DeclaredMargin,
     alpha: Annotated[float, typer.Option("--alpha", help="One-sided level (95% interval at 0.025).")] = 0.025,
-    metric: Annotated[
-        str | None,
-        typer.Option(
-            "--metric", help="lm-eval metric field or Inspect scorer (default: the only or first one)."
-        ),
-    ] = None,
-    filter_name: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--filter",
-            help="lm-eval filter: NAME for every task, or TASK=NAME for one (repeatable); needed for a task "
-            "that logged several.",
-        ),
-    ] = None,
-    epoch: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--epoch",
-            help="Compare this epoch only: N for both logs, or baseline=N / candidate=N (repeatable); "
-            "required when a log holds several epochs per question (they are not independent pairs).",
-        ),
-    ] = None,
+    metric: Metric = None,
+    filter_name: Filter = None,
+    epoch: Epoch = None,
     as_json: AsJson = False,
-    html_file: Annotated[
-        Path | None, typer.Option("--html", help="Also write an HTML report with a plot.")
-    ] = None,
+    html_file: HtmlFile = None,
     strict: Strict = False,
 ) -> None:
     """Paired decision from two existing per-sample logs (lm-eval, Inspect, or a gate store), nothing re-run.
@@ -427,13 +434,7 @@ def compare_command(
         "a pre-registered run)",
         file=sys.stderr,
     )
-    if html_file is not None:
-        html_file.write_text(rep.to_html(), encoding="utf-8")
-        print(f"wrote {html_file}", file=sys.stderr)
-    if as_json:
-        _emit_json(rep.to_dict())
-    else:
-        print(rep.to_markdown())
+    _show(rep, as_json, html_file)
     _exit_for(rep.decision, strict)
 
 
@@ -627,10 +628,7 @@ def _tune_and_report(options: Any, as_json: bool, strict: bool) -> None:
     with_report = result.reason == "complete" or _has_run(store, options.name)
     rep = build_tune_report(store, options.name) if with_report else None
     if rep is not None:
-        if as_json:
-            _emit_json(rep.to_dict())
-        else:
-            print(rep.to_markdown())
+        _show(rep, as_json)
     if result.interrupted:
         raise typer.Exit(130)
     if rep is not None:
@@ -685,21 +683,12 @@ def report(
         from flyspec.gate.report.tune_report import build_tune_report
 
         tuned = build_tune_report(store, run_id)
-        if as_json:
-            _emit_json(tuned.to_dict())
-        else:
-            print(tuned.to_markdown())
+        _show(tuned, as_json)
         _exit_for_tune(tuned, strict)
         return
     rep = build_report(store, run_id, margin)
     for warning in rep.warnings:
         if rep.margin_overridden and warning.startswith("USING MARGIN"):
             print(f"WARNING: {warning}", file=sys.stderr)
-    if html_file is not None:
-        html_file.write_text(rep.to_html(), encoding="utf-8")
-        print(f"wrote {html_file}", file=sys.stderr)
-    if as_json:
-        _emit_json(rep.to_dict())
-    else:
-        print(rep.to_markdown())
+    _show(rep, as_json, html_file)
     _exit_for(rep.decision, strict)

@@ -26,6 +26,7 @@ from flyspec.gate.data.store import RunRecord
 from flyspec.gate.logs.evallogs import EvalLog, read_eval_log
 from flyspec.gate.logs.pairing import pair_logs
 from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.report.model import Comparison
 from flyspec.gate.report.render import compare_advice, explanation
 from flyspec.gate.report.report import Report
 from flyspec.gate.stats.decision import check_margin_alpha
@@ -136,6 +137,11 @@ def compare_logs(
         "sources": {side: _source(log, side) for side, log in logs.items()},
         "tasks": {task.task: len(task.keys) for task in paired.tasks},
     }
+    return _report(registration, rows, margin, alpha)
+
+
+def _report(registration: dict[str, Any], rows: list[Comparison], margin: float, alpha: float) -> Report:
+    """The report of a comparison, its margin declared after the data (said loudly, and in the advice)."""
     run = RunRecord(KIND, KIND, time.time(), float(margin), float(alpha), 0, registration, {})
     report = Report(
         store="",

@@ -212,15 +212,7 @@ def read_lm_eval_samples(
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such lm-eval samples file or folder")
     default, per_task = parse_filters(filter)
-    by_task: dict[str, Path] = {}
-    for file in _lm_eval_files(path):
-        task = _lm_eval_task(file)
-        if task in by_task:
-            raise ValueError(
-                f"{path}: two sample logs of task {task!r} ({by_task[task].name}, {file.name}); pass one "
-                "file or a folder holding one run"
-            )
-        by_task[task] = file
+    by_task = _lm_eval_tasks(path)
     unknown = sorted(set(per_task) - set(by_task))
     if unknown:
         raise ValueError(
@@ -241,25 +233,7 @@ def read_lm_eval_samples(
             if row_filter != chosen:
                 continue
             where = f"{file}:{line_no}"
-            doc_id = row.get("doc_id")
-            if isinstance(doc_id, bool) or not isinstance(doc_id, int | str):
-                raise ValueError(f"{where}: row has no doc_id (is this an lm-eval samples file?)")
-            names, ordered = _metric_names(row, config)
-            name = metric
-            if name is None:
-                if not names:
-                    raise ValueError(f"{where}: row has no metric value; name the metric with --metric")
-                if not ordered and len(names) > 1:
-                    raise ValueError(
-                        f"{where}: the row lists no 'metrics' (an older lm-eval) and holds several "
-                        f"values ({', '.join(names)}); name the metric with --metric"
-                    )
-                name = names[0]
-            if name not in row:
-                raise ValueError(
-                    f"{where}: no metric {name!r} in this row (its metrics: {', '.join(names) or 'none'})"
-                )
-            qid = str(doc_id)
+            qid, name = _lm_eval_metric(row, where, config, metric)
             if qid in seen:
                 raise ValueError(
                     f"{where}: doc_id {qid} appears twice for filter {chosen!r} (first on line {seen[qid]})"
@@ -276,6 +250,45 @@ def read_lm_eval_samples(
     return EvalLog(
         str(path), "lm-eval", ", ".join(sorted(metrics)), ", ".join(sorted(filters)) or None, samples
     )
+
+
+def _lm_eval_tasks(path: Path) -> dict[str, Path]:
+    """Task -> its samples file; ValueError when a task has two (two runs in one folder)."""
+    by_task: dict[str, Path] = {}
+    for file in _lm_eval_files(path):
+        task = _lm_eval_task(file)
+        if task in by_task:
+            raise ValueError(
+                f"{path}: two sample logs of task {task!r} ({by_task[task].name}, {file.name}); pass one "
+                "file or a folder holding one run"
+            )
+        by_task[task] = file
+    return by_task
+
+
+def _lm_eval_metric(
+    row: dict[str, Any], where: str, config: dict[str, Any], metric: str | None
+) -> tuple[str, str]:
+    """A row's question id and the metric that scores it (``metric``, else the row's first)."""
+    doc_id = row.get("doc_id")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, int | str):
+        raise ValueError(f"{where}: row has no doc_id (is this an lm-eval samples file?)")
+    names, ordered = _metric_names(row, config)
+    name = metric
+    if name is None:
+        if not names:
+            raise ValueError(f"{where}: row has no metric value; name the metric with --metric")
+        if not ordered and len(names) > 1:
+            raise ValueError(
+                f"{where}: the row lists no 'metrics' (an older lm-eval) and holds several "
+                f"values ({', '.join(names)}); name the metric with --metric"
+            )
+        name = names[0]
+    if name not in row:
+        raise ValueError(
+            f"{where}: no metric {name!r} in this row (its metrics: {', '.join(names) or 'none'})"
+        )
+    return str(doc_id), name
 
 
 # Inspect AI

@@ -320,7 +320,7 @@ def run_gate(
 ) -> str:
     """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id.
 
-    Arms are dicts, JSON strings or JSON file paths (see flyspec.gate.arms.base). ``margin`` is the tolerated
+    Arms are dicts, JSON strings or JSON file paths (see flyspec.gate.arms). ``margin`` is the tolerated
     accuracy loss (0.02 = 2 points) and ``alpha`` the one-sided level; both are registered in the store
     before the first answer. ``settings`` are the other fields of ``GateOptions`` (``sequential``,
     ``max_questions``, ``max_minutes``, ``limit``, ``temperature``, ``max_tokens``, ``seed``, ``run_id``,
