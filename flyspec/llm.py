@@ -9,18 +9,22 @@ and aborting over HTTP.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flyspec.chat import Message, render_chat
-from flyspec.config import EngineConfig, SpeculativeConfig
+from flyspec.checks import is_int
+from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
+from flyspec.engine.timing import StepTiming
 from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, TooSlowError
 from flyspec.models.loader import LoadedModel
 from flyspec.outputs import RequestOutput
@@ -29,7 +33,7 @@ from flyspec.spec_decode.metrics import SpecDecodeStats
 
 Prompt = str | list[int]
 
-__all__ = ["LLM", "GenerationRequest", "Prompt", "RequestRejected", "TooSlowError"]
+__all__ = ["LLM", "GenerationRequest", "Prompt", "RequestRejected", "StepProfile", "TooSlowError"]
 
 
 @dataclass(frozen=True)
@@ -56,49 +60,33 @@ class RequestRejected(ValueError):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class StepProfile:
+    """One generation timed step by step (``LLM.profile_steps``): its output, each engine step's
+    ``StepTiming`` (the whole step, the target's and the draft's forward passes, verification, the rest),
+    the first one the prompt's prefill, and the wall time of the whole call."""
+
+    output: RequestOutput
+    steps: list[StepTiming]
+    wall_s: float
+
+
 class LLM:
     """A target model (optionally with a drafter) for batched offline generation.
 
-    model: an HF folder, a .gguf file, or a zoo name. speculative_config: a dict or SpeculativeConfig
-    (None = no speculation). max_model_len None = min(the model's max_position_embeddings, 4096).
-    quantization: None, "int8" or "int4" (weights quantized at load time, CPU only; int8 is the
-        fastest for batches, int4 for a single sequence; docs/performance.md).
-    kv_cache_memory_bytes: cap on the KV cache (target and draft together; None = what max_running
-        requests of max_model_len need, at most a quarter of the machine's memory). enable_prefix_caching:
-        share the KV blocks of identical prompt prefixes. batch_invariant: a request's output does not
-        depend on the other requests in the batch (docs/performance.md).
+    model: an HF folder, a .gguf file, or a zoo name. The other settings are EngineConfig's fields
+    (flyspec/config.py), by keyword, with its defaults and rules: speculative_config (a dict or
+    SpeculativeConfig; None = no speculation), dtype, device, max_num_seqs, max_num_batched_tokens,
+    max_model_len (None = min(the model's max_position_embeddings, 4096)), seed, quantization (None,
+    "int8", "int4" or "auto": weights quantized at load time, CPU only; "auto" takes the format the
+    load-time kernel check finds fastest on this CPU; docs/performance.md), kv_cache_memory_bytes (a cap
+    on the KV cache of target and draft; None = what max_running requests of max_model_len need, at most
+    a quarter of the machine's memory), enable_prefix_caching (share the KV blocks of identical prompt
+    prefixes), batch_invariant (a request's output does not depend on the other requests in the batch).
     """
 
-    def __init__(
-        self,
-        model: str,
-        speculative_config: SpeculativeConfig | dict[str, Any] | None = None,
-        dtype: str = "auto",
-        device: str = "cpu",
-        max_num_seqs: int = 16,
-        max_num_batched_tokens: int = 2048,
-        max_model_len: int | None = None,
-        seed: int = 0,
-        quantization: str | None = None,
-        kv_cache_memory_bytes: int | None = None,
-        enable_prefix_caching: bool = True,
-        batch_invariant: bool = False,
-    ) -> None:
-        config = EngineConfig(
-            model=model,
-            speculative_config=speculative_config,
-            dtype=dtype,
-            device=device,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            seed=seed,
-            quantization=quantization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            enable_prefix_caching=enable_prefix_caching,
-            batch_invariant=batch_invariant,
-        )
-        self._start(LLMEngine(config))
+    def __init__(self, model: str, **engine_args: Any) -> None:
+        self._start(LLMEngine(EngineConfig(model=model, **engine_args)))
 
     @classmethod
     def from_config(
@@ -111,19 +99,20 @@ class LLM:
         return llm
 
     def _start(self, engine: LLMEngine) -> None:
-        self.engine = engine
+        # Private: the one LLM API is its methods; only the server drives an engine itself.
+        self._engine = engine
         self._ids = itertools.count()
 
     @property
     def max_running(self) -> int:
         """How many requests can run at once (the admission cap of the token budget and max_num_seqs)."""
-        return self.engine.max_running
+        return self._engine.max_running
 
     def warm_up(self, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S) -> float:
         """Generate a few tokens so that one-time costs are paid before real work, and return the seconds
         it took. Raises TooSlowError (a ValueError naming the faster options) when `max_tokens` take
         longer than `time_limit_s` on this machine. Call it before adding work."""
-        return self.engine.warm_up(max_tokens, time_limit_s)
+        return self._engine.warm_up(max_tokens, time_limit_s)
 
     @property
     def stats(self) -> SpecDecodeStats:
@@ -134,7 +123,26 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""
-        return self.engine.tokenizer
+        return self._engine.tokenizer
+
+    def profile_steps(self, prompt: Prompt, params: SamplingParams | None = None) -> StepProfile:
+        """Generate once for ``prompt`` with the engine's per-step timings on (engine/timing.py; off again
+        afterwards), for profiling: the output, each step's timings, and the wall time of the whole
+        call (on CUDA the device is synchronised around it). Use it on an idle LLM: other requests'
+        steps would be timed too."""
+        engine = self._engine
+        sync = torch.cuda.synchronize if engine.config.device.startswith("cuda") else (lambda: None)
+        engine.record_step_timings()
+        try:
+            sync()
+            start = time.perf_counter()
+            (output,) = self.generate([prompt], params, use_tqdm=False)
+            sync()
+            wall = time.perf_counter() - start
+            steps = list(engine.step_timings or ())
+        finally:
+            engine.record_step_timings(False)
+        return StepProfile(output, steps, wall)
 
     def generate(
         self,
@@ -216,9 +224,9 @@ class LLM:
         *,
         deltas: bool,
     ) -> Iterator[RequestOutput]:
-        engine = self.engine
+        engine = self._engine
         limit = max_in_flight if max_in_flight is not None else engine.max_running
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        if not is_int(limit, 1):
             raise ValueError(f"max_in_flight={limit!r}: must be a positive integer")
         source = iter(requests)
         exhausted = False
@@ -259,11 +267,11 @@ class LLM:
         text: str | None = None
         try:
             if request.messages is not None:
-                prompt, text = render_chat(self.engine.tokenizer, request.messages)
+                prompt, text = render_chat(self._engine.tokenizer, request.messages)
             else:
                 assert request.prompt is not None
                 prompt = request.prompt
-            self.engine.add_request(request_id, prompt, params, prompt_text=text)
+            self._engine.add_request(request_id, prompt, params, prompt_text=text)
         except ValueError as exc:
             raise RequestRejected(request_id, str(exc)) from None
         return request_id
@@ -291,7 +299,7 @@ def _is_prompts(value: object) -> bool:
         return True
     if not isinstance(value, list | tuple) or not value:
         return False
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in value) or all(
+    return all(is_int(v) for v in value) or all(
         isinstance(v, str) or (isinstance(v, list) and all(isinstance(t, int) for t in v)) for v in value
     )
 

@@ -5,10 +5,10 @@
 
 For each batch size the script prefills B distinct random prompts of --context tokens (untimed), then
 times --steps target-only greedy decode steps with `time.thread_time` and prints the median ms per step
-(and the min), one line per batch size, plus a JSON line with everything. It uses only the public `LLM`
-API and `LLM.engine.step()`, so the same command runs on an older checkout (PYTHONPATH=that tree) to
-compare KV cache layouts: run the two trees in turns, several rounds, and compare medians (a shared
-machine's CPU time still moves by 10-30% between runs).
+(and the min), one line per batch size, plus a JSON line with everything. It uses the `LLM` API and the
+engine's `step()` (`LLM._engine`; `LLM.engine` before), so the same command runs on an older checkout
+(PYTHONPATH=that tree) to compare KV cache layouts: run the two trees in turns, several rounds, and
+compare medians (a shared machine's CPU time still moves by 10-30% between runs).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> None:
         max_model_len=args.context + args.steps + 8,
         **options,
     )
-    engine = llm.engine
+    engine = llm._engine if hasattr(llm, "_engine") else llm.engine  # older checkouts: public engine
     vocab = engine.vocab_size
     eos = engine.eos_token_ids
     gen = torch.Generator().manual_seed(0)

@@ -48,7 +48,7 @@ def _one(args: argparse.Namespace) -> dict:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.prompt_tokens + args.max_tokens + 8,
     )
-    engine = llm.engine
+    engine = llm._engine if hasattr(llm, "_engine") else llm.engine  # older checkouts: public engine
     gen = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(100, min(engine.vocab_size, 30000), (args.prompt_tokens,), generator=gen).tolist()

@@ -29,8 +29,9 @@ from flyspec.bench.peers import (
     plan_servers,
     start_server,
 )
+from flyspec.bench.serving_bench import requests_for
 from flyspec.bench.serving_report import flyspec_ratio, render_markdown, target_ratio
-from flyspec.cli.bench_serve import parse_levels, parse_names, requests_for
+from flyspec.cli.bench_serve import parse_levels, parse_names
 
 FLYSPEC = str(Path(sys.executable).with_name("flyspec"))
 K = 2

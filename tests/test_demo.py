@@ -28,7 +28,8 @@ def test_demo_arms_quantize_both_arms_alike_and_share_one_engine() -> None:
     only in the verifier still share one engine, and an arm with other weights does not join it; an
     explicit "none" (None) stays out of the settings, so runs registered before quantization existed keep
     theirs."""
-    from flyspec.gate.arms import engine_groups, parse_arm
+    from flyspec.gate.arms.engine import engine_groups
+    from flyspec.gate.arms.registry import parse_arm
 
     names = ("baseline", "candidate")
     auto = [parse_arm(n, a) for n, a in zip(names, demo_arms("t", "d", 4, "bfloat16", 8), strict=True)]

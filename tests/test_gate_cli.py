@@ -22,9 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from flyspec.bench.peers import free_port
-from flyspec.gate.report import build_report
+from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.report.report import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci
-from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
 
 ENTRY = [sys.executable, "-c", "from flyspec.cli import main; main()", "gate"]
 
@@ -268,7 +268,7 @@ def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, 
     """Every case of the decision, with intervals entirely above zero, entirely below zero (within and
     beyond the margin) and straddling it: the sentences quote the interval, say where it lies, end with
     the decision, and never call a shown loss "not proof of harm"."""
-    from flyspec.gate.wording import explain_decision, points
+    from flyspec.gate.report.wording import explain_decision, points
 
     lines = explain_decision(decision, low, high, 0.02, 250)
     text = " ".join(lines)
@@ -281,7 +281,7 @@ def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, 
 def test_plain_words_refuse_a_decision_the_numbers_do_not_support() -> None:
     """The wording function checks the decision against the interval (so it cannot print a PASS the
     interval does not show), keeps enough decimals near the boundary, and says nothing is decided at 0."""
-    from flyspec.gate.wording import explain_decision
+    from flyspec.gate.report.wording import explain_decision
 
     with pytest.raises(ValueError, match="does not follow from the interval"):
         explain_decision("PASS", -0.05, 0.01, 0.02, 100)
@@ -530,7 +530,7 @@ def test_sequential_questions_follow_the_simulation_table() -> None:
     """The advice's question count is the docs table's "90% of runs by" at a 2-point margin (2,808,
     9,519 and 14,276 at flip rates 6%, 20% and 30%), interpolated between rows, in proportion beyond them,
     and scaled by (0.02 / margin)^2."""
-    from flyspec.gate.report_render import sequential_questions
+    from flyspec.gate.report.render import sequential_questions
 
     assert [sequential_questions(r, 0.02) for r in (0.06, 0.2, 0.3)] == [2808, 9519, 14276]
     assert 2808 < sequential_questions(0.1, 0.02) < 9519 < sequential_questions(0.25, 0.02) < 14276
@@ -544,7 +544,7 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     pool, so the whole pool), never a fresh run capped at a fixed design's size; rerunning the command
     with that --max-questions continues it: the stored answers are kept, not asked again, the registration
     records the extension, and the confidence sequence goes on along the same order."""
-    from flyspec.gate.report_render import sequential_questions
+    from flyspec.gate.report.render import sequential_questions
     from flyspec.gate.stats import flip_rate_upper_bound
 
     store = tmp_path / "g.db"
@@ -586,7 +586,7 @@ def test_a_run_with_code_questions_records_and_announces_the_sandbox(
     """A gate run whose dataset has code questions records the code sandbox of this machine in its notes
     and says once, at its start, each protection the sandbox lacks here (none in a root container with
     namespaces and Landlock); the answers ("yes", not a program) are graded wrong by the sandbox."""
-    from flyspec.gate.code_exec import isolation
+    from flyspec.gate.grading.code_exec import isolation
 
     data = tmp_path / "code.jsonl"
     answer = {"tests": "assert f() == 1", "entry_point": "f"}

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flyspec.gate.code_exec import (
+from flyspec.gate.grading.code_exec import (
     STATUSES,
     CodeRun,
     Isolation,

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.code_exec import CodeRun, SandboxLimits, run_many
-from flyspec.gate.code_grader import CodeTask, build_run, extract_code
-from flyspec.gate.datasets import dataset_info, load_dataset
-from flyspec.gate.graders import check_reference, grade
+from flyspec.gate.data.datasets import dataset_info, load_dataset
+from flyspec.gate.grading.code_exec import CodeRun, SandboxLimits, run_many
+from flyspec.gate.grading.code_grader import CodeTask, build_run, extract_code
+from flyspec.gate.grading.graders import check_reference, grade
 
 # Generous wall clock (the machine may be busy), short CPU limit (a corrupted solution may loop).
 LIMITS = SandboxLimits(timeout_s=30, cpu_s=4)

@@ -15,7 +15,7 @@ import pytest
 from test_gate_cli import _last_json, _store, flyspec  # noqa: F401 - flyspec is a fixture
 from test_gate_evallogs import STAMP, _inspect_log, _lm_eval_run, _row, _write
 
-from flyspec.gate.compare import compare_logs
+from flyspec.gate.logs.compare import compare_logs
 from flyspec.gate.stats import decide
 
 

@@ -32,12 +32,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from flyspec.gate.endpoint_executor import EndpointError
-from flyspec.gate.report import build_report
-from flyspec.gate.runner import run_gate
-from flyspec.gate.session import question_seed
+from flyspec.gate.arms.endpoint import EndpointError
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.report import build_report
+from flyspec.gate.runs.runner import run_gate
+from flyspec.gate.runs.session import question_seed
 from flyspec.gate.stats import questions_needed_noninferiority, wilson_interval
-from flyspec.gate.store import GateStore
 
 API_KEY = "sk-test-secret-7f3a"
 MODELS = ("base", "cand", "noisy", "vllm", "plain", "held")
@@ -479,7 +479,7 @@ def test_candidate_pilot_plans_and_its_questions_are_left_out(
     """`run_pilot` with a candidate runs both arms once on a seeded set of questions and reports the
     candidate's flips with a plan from the flip rate's upper bound; a later gate run in the same store
     leaves exactly those questions out (recorded in its registration), so its questions are disjoint."""
-    from flyspec.gate.runner import run_pilot
+    from flyspec.gate.runs.runner import run_pilot
     from flyspec.gate.stats import plan_noninferiority
 
     _, urls = servers
@@ -512,7 +512,7 @@ def test_baseline_noise_is_shown_next_to_the_candidates_flips(
     """A noise pilot of an endpoint baseline at temperature 0 runs (a server can be nondeterministic even
     when greedy; the report says what it measures), and the later gate report on the same data puts the
     baseline's own flip rate next to the candidate's flips."""
-    from flyspec.gate.runner import run_pilot
+    from flyspec.gate.runs.runner import run_pilot
 
     _, urls = servers
     store = tmp_path / "gate.sqlite"

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from tiny_llm import save_perturbed, save_tiny
 
-from flyspec.gate.graders import extract_gsm8k
-from flyspec.gate.report import build_report
-from flyspec.gate.runner import run_gate
-from flyspec.gate.store import GateStore
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.grading.graders import extract_gsm8k
+from flyspec.gate.report.report import build_report
+from flyspec.gate.runs.runner import run_gate
 
 NUM_QUESTIONS = 12
 MAX_TOKENS = 12
@@ -281,8 +281,8 @@ def test_sequential_run_stops_at_the_first_crossing_in_registered_order(
     (not file order), stops where `sequential_decision` over the stored pairs in registered order first
     crosses, stores the answers that were in flight at the stop without changing the decision, and a
     second call answers nothing and reports the same stop."""
-    from flyspec.gate.monitor import in_order_diffs
-    from flyspec.gate.sequential import sequential_decision
+    from flyspec.gate.stats.monitor import in_order_diffs
+    from flyspec.gate.stats.sequential import sequential_decision
 
     base, cand = _seq_arms(setup)
     store = tmp_path / "seq.sqlite"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.evallogs import read_eval_log, read_lm_eval_samples
-from flyspec.gate.pairing import pair_logs
-from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.logs.evallogs import read_eval_log, read_lm_eval_samples
+from flyspec.gate.logs.pairing import pair_logs
 
 STAMP = "2026-12-01T09-09-01.147126"
 

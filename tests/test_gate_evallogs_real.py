@@ -23,9 +23,9 @@ import pytest
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.bench.peers import free_port, wait_ready
-from flyspec.gate.compare import compare_logs
-from flyspec.gate.evallogs import read_eval_log
-from flyspec.gate.pairing import pair_logs
+from flyspec.gate.logs.compare import compare_logs
+from flyspec.gate.logs.evallogs import read_eval_log
+from flyspec.gate.logs.pairing import pair_logs
 from flyspec.gate.stats import decide, paired_counts
 
 BIN = Path(sys.executable).parent

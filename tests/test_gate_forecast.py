@@ -1,4 +1,4 @@
-"""The sequential run's forecast (flyspec/gate/forecast.py) and the progress bar that shows it.
+"""The sequential run's forecast (flyspec/gate/stats/forecast.py) and the progress bar that shows it.
 
 The forecast is checked against the thing it predicts: runs simulated at known rates with the real
 sequential rule. It must land near their median stopping point, name the decision they reach, and turn its
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flyspec.gate.forecast import MIN_PAIRS, forecast
-from flyspec.gate.monitor import BASELINE, CANDIDATE, SequentialMonitor, SequentialPlan
-from flyspec.gate.progress import GateProgress
-from flyspec.gate.sequential import sequential_decisions
+from flyspec.gate.runs.progress import GateProgress
+from flyspec.gate.stats.forecast import MIN_PAIRS, forecast
+from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.sequential import sequential_decisions
 
 RUN = {"margin": 0.02, "alpha": 0.025, "max_questions": 1319, "population_size": 1319}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.datasets import data_package_dir
-from flyspec.gate.graders import (
+from flyspec.gate.data.datasets import data_package_dir
+from flyspec.gate.grading.graders import (
     NORMALISERS,
     check_grader,
     check_reference,

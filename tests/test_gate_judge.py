@@ -31,10 +31,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from flyspec.bench.peers import free_port, wait_ready
-from flyspec.gate.endpoint_executor import EndpointError
-from flyspec.gate.judge import UNDECIDED, outcome, parse_verdict, preferred
-from flyspec.gate.report import build_report
-from flyspec.gate.runner import run_gate
+from flyspec.gate.arms.endpoint import EndpointError
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
+from flyspec.gate.report.report import build_report
+from flyspec.gate.runs.runner import run_gate
 from flyspec.gate.stats import (
     confidence_sequence,
     decide,
@@ -43,7 +44,6 @@ from flyspec.gate.stats import (
     sequential_decision,
     sequential_decision_with_undecided,
 )
-from flyspec.gate.store import GateStore
 
 # Base answers "good" except on q3; the candidate answers "bad" on q0-q2: 3 lost, 1 gained.
 QUESTIONS = 13

@@ -11,13 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from flyspec.gate.sequential import BETS, GRID_STEPS
 from flyspec.gate.stats import (
     ConfidenceSequence,
     confidence_sequence,
     sequential_decision,
     sequential_decisions,
 )
+from flyspec.gate.stats.sequential import BETS, GRID_STEPS
 
 
 def _draw(seed: int, p_lost: float, p_gained: float, size: int | tuple[int, int]) -> np.ndarray:

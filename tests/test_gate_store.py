@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.lock import StoreBusyError, StoreLock, lock_path, read_holder
-from flyspec.gate.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.data.lock import StoreBusyError, StoreLock, lock_path, read_holder
+from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 
 REGISTRATION = {
     "margin": 0.02,
@@ -122,7 +122,8 @@ def test_a_run_without_answers_can_be_registered_again(tmp_path: Path) -> None:
 
 
 HOLD_LOCK = (
-    "import sys, time; from flyspec.gate.lock import StoreLock; StoreLock(sys.argv[1], 'holder').acquire(); "
+    "import sys, time; from flyspec.gate.data.lock import StoreLock; "
+    "StoreLock(sys.argv[1], 'holder').acquire(); "
     "print('locked', flush=True); time.sleep(120)"
 )
 

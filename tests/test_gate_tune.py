@@ -27,13 +27,14 @@ from fastapi.responses import JSONResponse
 from test_gate_cli import _last_json, flyspec  # noqa: F401 - flyspec is a fixture
 from tiny_llm import save_perturbed, save_tiny
 
-from flyspec.gate.arms import engine_groups, parse_arm
-from flyspec.gate.decision import NOT_TESTED, PASS
-from flyspec.gate.multiple import fixed_sequence
-from flyspec.gate.store import GateStore
-from flyspec.gate.tune import TuneOptions, calibration_speeds, tune
-from flyspec.gate.tune_report import build_tune_report, setting_status
-from flyspec.gate.tune_settings import expand_grid, parse_settings
+from flyspec.gate.arms.engine import engine_groups
+from flyspec.gate.arms.registry import parse_arm
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.tune_report import build_tune_report, setting_status
+from flyspec.gate.runs.tune import TuneOptions, calibration_speeds, tune
+from flyspec.gate.runs.tune_settings import expand_grid, parse_settings
+from flyspec.gate.stats.decision import NOT_TESTED, PASS
+from flyspec.gate.stats.multiple import fixed_sequence
 
 MAX_TOKENS = 10
 QUESTIONS = 16

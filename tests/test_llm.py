@@ -65,7 +65,7 @@ def test_a_bad_prompt_raises_and_leaves_the_engine_clean(llm: LLM) -> None:
     """An empty prompt in a batch raises ValueError naming its index; nothing is left queued."""
     with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
         llm.generate(["w1", "", "w2"], GREEDY, use_tqdm=False)
-    assert not llm.engine.has_unfinished_requests()
+    assert not llm._engine.has_unfinished_requests()
     assert llm.generate("w1", GREEDY, use_tqdm=False)[0].finished
 
 
@@ -89,4 +89,33 @@ def test_default_max_model_len_is_capped_at_4096(tmp_path) -> None:
     """max_model_len defaults to min(max_position_embeddings, 4096)."""
     small = LLM(str(save_tiny(tmp_path / "small", seed=0, max_position_embeddings=300)))
     big = LLM(str(save_tiny(tmp_path / "big", seed=0, max_position_embeddings=8192)))
-    assert (small.engine.max_model_len, big.engine.max_model_len) == (300, 4096)
+    assert (small._engine.max_model_len, big._engine.max_model_len) == (300, 4096)
+
+
+def test_profile_steps_times_every_step_of_one_generation(llm: LLM) -> None:
+    """LLM.profile_steps generates exactly what generate() does, with one StepTiming per engine step (the
+    prefill step plus one per draft-and-verify step: fewer than the tokens, since the self-draft keeps every
+    draft), each part within its step and the steps within the wall time; the recording is off afterwards."""
+    prompt = llm.get_tokenizer()("w1 w2 w3").input_ids
+    params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    profile = llm.profile_steps(prompt, params)
+    expected = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert profile.output.outputs[0].token_ids == expected.outputs[0].token_ids
+    decode_steps = profile.output.metrics.num_drafts
+    assert len(profile.steps) == 1 + decode_steps and 1 <= decode_steps < 8
+    for step in profile.steps:
+        parts = step.target_forward_s + step.draft_forward_s + step.verify_s
+        assert 0 <= parts <= step.step_s and step.other_s >= 0
+    assert sum(s.step_s for s in profile.steps) <= profile.wall_s
+    assert llm._engine.step_timings is None
+
+
+def test_llm_takes_every_engine_config_field_and_only_those(tmp_path) -> None:
+    """LLM's settings are EngineConfig's fields by keyword, checked by it: a bad value is EngineConfig's
+    ValueError, an unknown name a TypeError naming it."""
+    path = str(save_tiny(tmp_path / "tiny", seed=0))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        LLM(path, max_num_seqs=0)
+    with pytest.raises(TypeError, match="max_num_sequences"):
+        LLM(path, max_num_sequences=4)
+    assert LLM(path, dtype="float32", max_model_len=64, seed=3)._engine.max_model_len == 64

@@ -18,9 +18,9 @@ from tiny_llm import save_tiny
 from flyspec import LLM, SamplingParams
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
-from flyspec.gate.report import build_report
-from flyspec.gate.runner import run_gate
-from flyspec.gate.store import GateStore
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.report import build_report
+from flyspec.gate.runs.runner import run_gate
 from flyspec.server.app import build_app
 from flyspec.server.background import serve_in_background
 

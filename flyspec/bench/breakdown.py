@@ -1,7 +1,7 @@
 """Where a decode step's time goes: target forward, draft forward, verify(), and the rest of the engine.
 
 One extra, untimed-for-throughput generation per selected arm runs with the engine's own step timings on
-(`LLMEngine.record_step_timings`, see flyspec/engine/timing.py): the target's and the draft model's
+(`LLM.profile_steps`, see flyspec/engine/timing.py): the target's and the draft model's
 forward passes (weights, attention, lm_head and their input building), the `verify()` calls, and each
 `LLMEngine.step`. "engine other" is step time not spent in those (probabilities, sampling, bookkeeping,
 detokenisation, scheduling); "outside step" is the time `LLM.generate` spends around the steps. The first
@@ -10,40 +10,21 @@ step of the request (its prefill) is reported separately, so the shares describe
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 PARTS = ("target_forward", "draft_forward", "verify", "engine_other", "outside_step")
 
 
-def _sync(device: str) -> Callable[[], None]:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.synchronize
-    return lambda: None
-
-
-def step_breakdown(llm: Any, prompt_ids: list[int], params: Any, device: str = "cpu") -> dict[str, Any]:
-    """Generate once for `prompt_ids` with step timings on; seconds per part for decode steps, plus prefill.
+def step_breakdown(llm: Any, prompt_ids: list[int], params: Any) -> dict[str, Any]:
+    """Generate once for `prompt_ids` with step timings on (`LLM.profile_steps`); seconds per part for
+    decode steps, plus prefill.
 
     Returns {"decode_steps", "decode_tokens", "prefill_s", "decode_s", "<part>_s" for each of PARTS,
     "<part>_share" (of decode time), "ms_per_step" (part -> milliseconds per decode step)}.
     """
-    engine = llm.engine
-    sync = _sync(device)
-    engine.record_step_timings()
-    try:
-        sync()
-        start = time.perf_counter()
-        outs = llm.generate([prompt_ids], params, use_tqdm=False)
-        sync()
-        wall = time.perf_counter() - start
-        steps = list(engine.step_timings)
-    finally:
-        engine.record_step_timings(False)
-    generated = len(outs[0].outputs[0].token_ids)
+    profile = llm.profile_steps(prompt_ids, params)
+    steps, wall = profile.steps, profile.wall_s
+    generated = len(profile.output.outputs[0].token_ids)
     if len(steps) < 2:
         raise ValueError("the breakdown needs at least two engine steps (a prefill and a decode step)")
     prefill, decode = steps[0], steps[1:]

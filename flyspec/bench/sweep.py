@@ -156,6 +156,71 @@ def default_window(k: int) -> int:
     return config.fly_window_size
 
 
+def _check_lists(
+    methods: Sequence[str],
+    batch_sizes: Sequence[int],
+    peer: str | None,
+    quantizations: Sequence[str | None],
+    lossless_prefixes: Sequence[int],
+) -> None:
+    """ValueError naming the first list option of a sweep that breaks its rule."""
+    bad_q = [q for q in quantizations if not _valid_format(q)]
+    if bad_q or not quantizations or len(set(quantizations)) != len(quantizations):
+        raise ValueError(
+            f"quantization={list(quantizations)}: each must be none or one of "
+            f"{', '.join(QUANTIZATION_METHODS)}, or TARGET/DRAFT of those (e.g. int8/int4), each once"
+        )
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"methods={','.join(methods)!r}: each must be one of {', '.join(METHODS)}")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ValueError(f"batch_sizes={list(batch_sizes)}: need at least one batch size, each >= 1")
+    if peer is not None and peer not in PEERS:
+        raise ValueError(f"peer={peer!r}: must be one of {', '.join(PEERS)}")
+    if (
+        not lossless_prefixes
+        or any(p < 0 for p in lossless_prefixes)
+        or len(set(lossless_prefixes)) != len(lossless_prefixes)
+    ):
+        raise ValueError(f"lossless_prefixes={list(lossless_prefixes)}: each must be an integer >= 0, once")
+
+
+def _check_speculation(
+    methods: Sequence[str],
+    ks: Sequence[int],
+    headline_k: int,
+    extra_windows: Sequence[int],
+    drafters: Sequence[str],
+    peer: str | None,
+) -> None:
+    """ValueError naming the first K, window or drafter option of a sweep that breaks its rule."""
+    speculative = [m for m in methods if m != "target"]
+    if speculative or peer is not None:
+        if not ks or any(k < 1 for k in ks):
+            raise ValueError(f"k={list(ks)}: need at least one K, each >= 1")
+        if headline_k not in ks:
+            raise ValueError(f"headline_k={headline_k} must be one of the swept K values {list(ks)}")
+        if speculative and not drafters:
+            raise ValueError("speculative methods need at least one drafter (--draft MODEL or --draft ngram)")
+    # Each lossy policy's own rules for the headline K (e.g. FLy needs K >= 2).
+    for method in (m for m in methods if m in LOSSY_METHODS):
+        try:
+            verification_policy(method).resolve_config({}, headline_k)
+        except ValueError as exc:
+            raise ValueError(
+                f"headline_k={headline_k}: {method}: {exc} (drop {method} from --methods)"
+            ) from None
+    if WINDOWED in methods:
+        bad = [w for w in extra_windows if w >= headline_k or w < 1]
+        if bad:
+            raise ValueError(
+                f"fly_windows={list(extra_windows)}: each window must satisfy 1 <= W < the headline K "
+                f"({headline_k})"
+            )
+    if len(set(drafters)) != len(drafters):
+        raise ValueError(f"drafters={list(drafters)}: each drafter may be given once")
+
+
 def plan_arms(
     *,
     methods: Sequence[str],
@@ -170,51 +235,9 @@ def plan_arms(
     lossless_prefixes: Sequence[int] = (0,),
 ) -> list[Arm]:
     """The sweep's arms, by the rule in the module docstring. Raises ValueError naming a bad option."""
-    bad_q = [q for q in quantizations if not _valid_format(q)]
-    if bad_q or not quantizations or len(set(quantizations)) != len(quantizations):
-        raise ValueError(
-            f"quantization={list(quantizations)}: each must be none or one of "
-            f"{', '.join(QUANTIZATION_METHODS)}, or TARGET/DRAFT of those (e.g. int8/int4), each once"
-        )
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"methods={','.join(methods)!r}: each must be one of {', '.join(METHODS)}")
-    if not batch_sizes or any(b < 1 for b in batch_sizes):
-        raise ValueError(f"batch_sizes={list(batch_sizes)}: need at least one batch size, each >= 1")
-    if peer is not None and peer not in PEERS:
-        raise ValueError(f"peer={peer!r}: must be one of {', '.join(PEERS)}")
-    speculative = [m for m in methods if m != "target"]
-    if speculative or peer is not None:
-        if not ks or any(k < 1 for k in ks):
-            raise ValueError(f"k={list(ks)}: need at least one K, each >= 1")
-        if headline_k not in ks:
-            raise ValueError(f"headline_k={headline_k} must be one of the swept K values {list(ks)}")
-        if speculative and not drafters:
-            raise ValueError("speculative methods need at least one drafter (--draft MODEL or --draft ngram)")
+    _check_lists(methods, batch_sizes, peer, quantizations, lossless_prefixes)
+    _check_speculation(methods, ks, headline_k, extra_windows, drafters, peer)
     lossy = [m for m in methods if m in LOSSY_METHODS]
-    for method in lossy:  # each policy's own rules for the headline K (e.g. FLy needs K >= 2)
-        try:
-            verification_policy(method).resolve_config({}, headline_k)
-        except ValueError as exc:
-            raise ValueError(
-                f"headline_k={headline_k}: {method}: {exc} (drop {method} from --methods)"
-            ) from None
-    if WINDOWED in methods:
-        bad = [w for w in extra_windows if w >= headline_k or w < 1]
-        if bad:
-            raise ValueError(
-                f"fly_windows={list(extra_windows)}: each window must satisfy 1 <= W < the headline K "
-                f"({headline_k})"
-            )
-    if (
-        not lossless_prefixes
-        or any(p < 0 for p in lossless_prefixes)
-        or len(set(lossless_prefixes)) != len(lossless_prefixes)
-    ):
-        raise ValueError(f"lossless_prefixes={list(lossless_prefixes)}: each must be an integer >= 0, once")
-
-    if len(set(drafters)) != len(drafters):
-        raise ValueError(f"drafters={list(drafters)}: each drafter may be given once")
     show = len(drafters) > 1
     arms: list[Arm] = []
     batches = sorted(batch_sizes)

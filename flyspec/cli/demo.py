@@ -120,49 +120,63 @@ def explain(report: Any) -> str:
     return "\n".join(lines)
 
 
+MaxQuestions = Annotated[
+    int | None,
+    typer.Option(
+        "--max-questions",
+        "--questions",
+        "-n",
+        min=1,
+        help="At most this many GSM8K test questions (default: all 1,319).",
+    ),
+]
+MaxMinutes = Annotated[
+    float, typer.Option(help="Time budget for answering, after the models are ready; a rerun continues.")
+]
+Target = Annotated[str, typer.Option(help="Target model: zoo name, HF folder or .gguf file.")]
+Draft = Annotated[str, typer.Option(help="Draft model (same vocabulary as the target).")]
+K = Annotated[int, typer.Option("--k", min=2, help="Draft tokens per step (K).")]
+Margin = Annotated[
+    float, typer.Option(help="Pre-registered non-inferiority margin (0.02 = 2 accuracy points).")
+]
+MaxTokens = Annotated[int, typer.Option(min=1, help="Answer length cap in tokens.")]
+MaxNumSeqs = Annotated[
+    int, typer.Option(min=2, help="Requests decoded together (both arms' requests share them).")
+]
+Dtype = Annotated[str, typer.Option(help="float32 | bfloat16 | float16 | auto.")]
+Quantization = Annotated[
+    str,
+    typer.Option(
+        help="Weight quantization of both arms (the same for both, so the comparison stays fair): auto "
+        "(the fastest format this CPU runs, measured at load; docs/performance.md), int8, int4 or none."
+    ),
+]
+Seed = Annotated[int, typer.Option(min=0, help="Seed of the question order and the sampling.")]
+Store = Annotated[
+    Path, typer.Option(help="SQLite file holding every answer (an interrupted demo resumes from it).")
+]
+Html = Annotated[Path | None, typer.Option(help="Also write an HTML report with a plot.")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+AsJson = Annotated[bool, typer.Option("--json", help="End with the report as one JSON line.")]
+
+
 def demo(
-    max_questions: Annotated[
-        int | None,
-        typer.Option(
-            "--max-questions",
-            "--questions",
-            "-n",
-            min=1,
-            help="At most this many GSM8K test questions (default: all 1,319).",
-        ),
-    ] = None,
-    max_minutes: Annotated[
-        float,
-        typer.Option(help="Time budget for answering, after the models are ready; a rerun continues."),
-    ] = DEFAULT_MINUTES,
-    target: Annotated[
-        str, typer.Option(help="Target model: zoo name, HF folder or .gguf file.")
-    ] = DEFAULT_TARGET,
-    draft: Annotated[str, typer.Option(help="Draft model (same vocabulary as the target).")] = DEFAULT_DRAFT,
-    num_speculative_tokens: Annotated[int, typer.Option("--k", min=2, help="Draft tokens per step (K).")] = 4,
-    margin: Annotated[
-        float, typer.Option(help="Pre-registered non-inferiority margin (0.02 = 2 accuracy points).")
-    ] = DEFAULT_MARGIN,
+    max_questions: MaxQuestions = None,
+    max_minutes: MaxMinutes = DEFAULT_MINUTES,
+    target: Target = DEFAULT_TARGET,
+    draft: Draft = DEFAULT_DRAFT,
+    num_speculative_tokens: K = 4,
+    margin: Margin = DEFAULT_MARGIN,
     # 256 cut 8 of 10 GSM8K answers of this model short, which makes accuracy meaningless.
-    max_tokens: Annotated[int, typer.Option(min=1, help="Answer length cap in tokens.")] = 512,
-    max_num_seqs: Annotated[
-        int, typer.Option(min=2, help="Requests decoded together (both arms' requests share them).")
-    ] = DEFAULT_BATCH,
-    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16 | auto.")] = "bfloat16",
-    quantization: Annotated[
-        str,
-        typer.Option(
-            help="Weight quantization of both arms (the same for both, so the comparison stays fair): auto "
-            "(the fastest format this CPU runs, measured at load; docs/performance.md), int8, int4 or none."
-        ),
-    ] = DEFAULT_QUANTIZATION,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the question order and the sampling.")] = 0,
-    store: Annotated[
-        Path, typer.Option(help="SQLite file holding every answer (an interrupted demo resumes from it).")
-    ] = Path("flyspec-demo.db"),
-    html: Annotated[Path | None, typer.Option(help="Also write an HTML report with a plot.")] = None,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="End with the report as one JSON line.")] = False,
+    max_tokens: MaxTokens = 512,
+    max_num_seqs: MaxNumSeqs = DEFAULT_BATCH,
+    dtype: Dtype = "bfloat16",
+    quantization: Quantization = DEFAULT_QUANTIZATION,
+    seed: Seed = 0,
+    store: Store = Path("flyspec-demo.db"),
+    html: Html = None,
+    no_progress: NoProgress = False,
+    as_json: AsJson = False,
 ) -> None:
     """Run the main job: is FLy as accurate as standard speculative decoding on GSM8K, and how much faster?
 
@@ -194,19 +208,9 @@ def demo(
         file=sys.stderr,
     )
     options = GateOptions(
-        store=store,
-        datasets=("gsm8k",),
-        baseline=baseline,
-        candidate=candidate,
-        margin=margin,
-        sequential=True,
-        max_questions=max_questions,
-        max_minutes=max_minutes,
-        max_tokens=max_tokens,
-        seed=seed,
-        run_id=run_id,
-        progress=not no_progress,
-    )
+        store, ("gsm8k",), baseline, margin, candidate, sequential=True, max_questions=max_questions,
+        max_minutes=max_minutes, max_tokens=max_tokens, seed=seed, run_id=run_id, progress=not no_progress,
+    )  # fmt: skip
     result = run(options)
     report = build_report(store, run_id)
     print(report.to_markdown())

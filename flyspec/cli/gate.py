@@ -27,6 +27,17 @@ def _emit_json(obj: dict[str, Any]) -> None:
     print(json.dumps(obj, default=str))
 
 
+def _show(report: Any, as_json: bool, html_file: Path | None = None) -> None:
+    """Print a report: markdown, or one JSON object with --json; with --html also write its page."""
+    if html_file is not None:
+        html_file.write_text(report.to_html(), encoding="utf-8")
+        print(f"wrote {html_file}", file=sys.stderr)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        print(report.to_markdown())
+
+
 @gate_app.command("plan")
 def plan(
     net_loss: float = typer.Option(
@@ -45,7 +56,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="End stdout with one JSON object (key `questions`)."),
 ) -> None:
     """How many paired questions a gate needs (Connor 1987 for McNemar; score test for non-inferiority)."""
-    from flyspec.gate.stats import questions_needed, questions_needed_noninferiority
+    from flyspec.gate.stats.planning import questions_needed, questions_needed_noninferiority
 
     questions = questions_needed(net_loss, flip_rate, alpha, power)
     result: dict[str, Any] = {
@@ -133,10 +144,34 @@ def _load_config(path: Path | None) -> dict[str, Any]:
     return data
 
 
+# Option names that differ from the GateOptions / TuneOptions field they set.
+_FIELDS = {"dataset": "datasets", "run": "run_id", "exclude_run": "exclude_runs"}
+
+
+def _fields(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings by option name as the options' fields: the unset ones (None) are left out, so the
+    fields' own defaults apply (RunSettings, flyspec/gate/runs/options.py, is their one source)."""
+    out = {_FIELDS.get(k, k): v for k, v in settings.items() if v is not None}
+    for name in ("datasets", "exclude_runs"):
+        if name in out:
+            out[name] = tuple(out[name])
+    if "sequential" in out:
+        out["sequential"] = bool(out["sequential"])
+    return out
+
+
+def _flags(params: dict[str, Any]) -> dict[str, Any]:
+    """A `gate run` or `gate pilot` call's parameters as the settings by option name (``--run`` is
+    ``run_name`` in Python), without those that are not settings."""
+    flags = {k: v for k, v in params.items() if k not in ("config", "no_progress", "as_json", "strict")}
+    flags["run"] = flags.pop("run_name")
+    return flags
+
+
 def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
     """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
     fall back to it)."""
-    from flyspec.gate.options import GateOptions
+    from flyspec.gate.runs.options import GateOptions
 
     s = _load_config(config)
     s.update({k: v for k, v in flags.items() if v is not None and v != [] and v is not False})
@@ -146,36 +181,14 @@ def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> An
     for name in required:
         if s.get(name) in (None, []):
             raise ValueError(f"--{name.replace('_', '-')} is required (on the command line or in --config)")
-    return GateOptions(
-        store=s["store"],
-        datasets=tuple(s["dataset"]),
-        baseline=s["baseline"],
-        margin=s["margin"],
-        candidate=s.get("candidate"),
-        alpha=s.get("alpha", 0.025),
-        kind=kind,
-        sequential=bool(s.get("sequential", False)),
-        max_questions=s.get("max_questions"),
-        max_minutes=s.get("max_minutes"),
-        limit=s.get("limit"),
-        temperature=s.get("temperature", 0.0),
-        top_p=s.get("top_p", 1.0),
-        max_tokens=s.get("max_tokens", 512),
-        seed=s.get("seed", 0),
-        order_seed=s.get("order_seed"),
-        run_id=s.get("run"),
-        shuffle_seed=s.get("shuffle_seed", 0),
-        exclude_runs=tuple(s.get("exclude_run", ())),
-        progress=progress,
-        judge=s.get("judge"),
-    )
+    return GateOptions(kind=kind, progress=progress, **_fields(s))
 
 
 def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
     """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
     `gate report`'s code for the decision."""
-    from flyspec.gate.report import build_report
-    from flyspec.gate.runner import describe_interrupt, run
+    from flyspec.gate.report.report import build_report
+    from flyspec.gate.runs.runner import describe_interrupt, run
 
     try:
         result = run(options)
@@ -183,10 +196,7 @@ def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130) from None
     report = build_report(options.store, options.name)
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        print(report.to_markdown())
+    _show(report, as_json)
     if result.interrupted:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130)
@@ -292,13 +302,7 @@ def run_command(
 
     Exit code (as `gate report`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0); 130 after Ctrl-C.
     """
-    options = _options(
-        "gate", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
-        candidate=candidate, margin=margin, alpha=alpha, sequential=sequential, max_questions=max_questions,
-        max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
-    )  # fmt: skip
-    _run_and_report(options, as_json, strict)
+    _run_and_report(_options("gate", config, not no_progress, **_flags(locals())), as_json, strict)
 
 
 @gate_app.command("pilot")
@@ -338,19 +342,13 @@ def pilot_command(
 ) -> None:
     """Measure the flip rate that plans a gate run: the baseline twice (fresh seeds, nothing cached), or
     with --candidate both arms once. Later gate runs in the store leave the pilot's questions out."""
-    options = _options(
-        "pilot", config, not no_progress, store=store, dataset=dataset, baseline=baseline,
-        candidate=candidate, margin=margin, alpha=alpha, max_questions=max_questions,
-        max_minutes=max_minutes, limit=limit, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-        seed=seed, order_seed=order_seed, run=run_name, exclude_run=exclude_run, judge=judge,
-    )  # fmt: skip
-    _run_and_report(options, as_json)
+    _run_and_report(_options("pilot", config, not no_progress, **_flags(locals())), as_json)
 
 
 def _exit_for(decision: str | None, strict: bool) -> None:
     """The exit code of a decision: 0 PASS (or no decision: a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0)."""
-    from flyspec.gate.decision import FAIL, INCONCLUSIVE
+    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE
 
     if decision == FAIL:
         raise typer.Exit(1)
@@ -361,57 +359,60 @@ def _exit_for(decision: str | None, strict: bool) -> None:
 def _exit_for_tune(report: Any, strict: bool) -> None:
     """A tune's exit code: 0 when a setting passed, 1 when the tune is finished and none passed, and while
     it is unfinished with none passed yet 2 with --strict (else 0)."""
-    from flyspec.gate.decision import FAIL, INCONCLUSIVE, PASS
+    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 
     decision = PASS if report.chosen is not None else FAIL if report.complete else INCONCLUSIVE
     _exit_for(decision, strict)
 
 
+LogArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Baseline log: an lm-eval samples_*.jsonl file or folder, an Inspect .eval/.json log or "
+        "folder, or STORE.db:RUN:ARM."
+    ),
+]
+DeclaredMargin = Annotated[
+    float,
+    typer.Option(
+        "--margin",
+        help="Tolerated accuracy loss, fraction in (0, 1). Declared now, after the data: the report says so.",
+    ),
+]
+Metric = Annotated[
+    str | None,
+    typer.Option("--metric", help="lm-eval metric field or Inspect scorer (default: the only or first one)."),
+]
+Filter = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--filter",
+        help="lm-eval filter: NAME for every task, or TASK=NAME for one (repeatable); needed for a task "
+        "that logged several.",
+    ),
+]
+Epoch = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--epoch",
+        help="Compare this epoch only: N for both logs, or baseline=N / candidate=N (repeatable); "
+        "required when a log holds several epochs per question (they are not independent pairs).",
+    ),
+]
+HtmlFile = Annotated[Path | None, typer.Option("--html", help="Also write an HTML report with a plot.")]
+
+
 @gate_app.command("compare")
 def compare_command(
-    baseline: Annotated[
-        str,
-        typer.Argument(
-            help="Baseline log: an lm-eval samples_*.jsonl file or folder, an Inspect .eval/.json log or "
-            "folder, or STORE.db:RUN:ARM."
-        ),
-    ],
+    baseline: LogArgument,
     candidate: Annotated[str, typer.Argument(help="Candidate log, in any of the same forms.")],
-    margin: Annotated[
-        float,
-        typer.Option(
-            "--margin",
-            help="Tolerated accuracy loss, fraction in (0, 1). Declared now, after the data: the report says "
-            "so.",
-        ),
-    ],
+    margin: DeclaredMargin,
     alpha: Annotated[float, typer.Option("--alpha", help="One-sided level (95% interval at 0.025).")] = 0.025,
-    metric: Annotated[
-        str | None,
-        typer.Option(
-            "--metric", help="lm-eval metric field or Inspect scorer (default: the only or first one)."
-        ),
-    ] = None,
-    filter_name: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--filter",
-            help="lm-eval filter: NAME for every task, or TASK=NAME for one (repeatable); needed for a task "
-            "that logged several.",
-        ),
-    ] = None,
-    epoch: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--epoch",
-            help="Compare this epoch only: N for both logs, or baseline=N / candidate=N (repeatable); "
-            "required when a log holds several epochs per question (they are not independent pairs).",
-        ),
-    ] = None,
+    metric: Metric = None,
+    filter_name: Filter = None,
+    epoch: Epoch = None,
     as_json: AsJson = False,
-    html_file: Annotated[
-        Path | None, typer.Option("--html", help="Also write an HTML report with a plot.")
-    ] = None,
+    html_file: HtmlFile = None,
     strict: Strict = False,
 ) -> None:
     """Paired decision from two existing per-sample logs (lm-eval, Inspect, or a gate store), nothing re-run.
@@ -424,7 +425,7 @@ def compare_command(
 
     Exit code: 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0).
     """
-    from flyspec.gate.compare import compare_logs
+    from flyspec.gate.logs.compare import compare_logs
 
     epochs = _epochs(epoch or [])
     rep = compare_logs(baseline, candidate, margin, alpha, metric=metric, filter=filter_name, epoch=epochs)
@@ -433,13 +434,7 @@ def compare_command(
         "a pre-registered run)",
         file=sys.stderr,
     )
-    if html_file is not None:
-        html_file.write_text(rep.to_html(), encoding="utf-8")
-        print(f"wrote {html_file}", file=sys.stderr)
-    if as_json:
-        _emit_json(rep.to_dict())
-    else:
-        print(rep.to_markdown())
+    _show(rep, as_json, html_file)
     _exit_for(rep.decision, strict)
 
 
@@ -476,6 +471,80 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple | None:
     return values
 
 
+Candidates = Annotated[
+    str | None,
+    typer.Option(
+        "--candidates",
+        help="JSON list (or JSON file) of settings: speculative_config fragments such as "
+        '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
+        '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
+        "x --thresholds.",
+    ),
+]
+Policies = Annotated[
+    str | None,
+    typer.Option(
+        "--policies",
+        help="A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
+        "whose list values are expanded into every combination, e.g. "
+        '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
+        '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
+        '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
+    ),
+]
+Windows = Annotated[
+    str | None,
+    typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
+]
+Thresholds = Annotated[
+    str | None, typer.Option("--thresholds", help="Grid entropy thresholds (default: 0.6,0.3).")
+]
+Order = Annotated[
+    str | None,
+    typer.Option(
+        "--order",
+        help="speed: slowest first, measured on the calibration questions (default); given: the "
+        "candidates' order.",
+    ),
+]
+OrderBy = Annotated[
+    str | None,
+    typer.Option(
+        "--order-by", help="Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s."
+    ),
+]
+CalibrationQuestions = Annotated[
+    int | None,
+    typer.Option(
+        "--calibration-questions",
+        help="Questions that measure speed (never graded, never test questions; default 8); 0 only with "
+        "--order given.",
+    ),
+]
+Fixed = Annotated[
+    bool,
+    typer.Option(
+        "--fixed", help="Fixed-size tests on every test question instead of sequential tests (default)."
+    ),
+]
+TestQuestions = Annotated[
+    int | None,
+    typer.Option(
+        "--max-questions",
+        help="Test questions: the next N of the seeded order after the calibration ones (default: all).",
+    ),
+]
+TuneRun = Annotated[str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")]
+TuneJson = Annotated[
+    bool,
+    typer.Option("--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."),
+]
+TuneStrict = Annotated[
+    bool, typer.Option("--strict", help="Exit 2 while the tune is unfinished and nothing passed yet.")
+]
+_ORDER_BY_ALIASES = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
+
+
 @gate_app.command("tune")
 def tune_command(
     store: Annotated[str, typer.Option("--store", help=_STORE_HELP)],
@@ -487,92 +556,29 @@ def tune_command(
         float, typer.Option("--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered.")
     ],
     alpha: Annotated[
-        float, typer.Option("--alpha", help="One-sided level of each test and of the whole tune.")
-    ] = 0.025,
-    candidates: Annotated[
-        str | None,
-        typer.Option(
-            "--candidates",
-            help="JSON list (or JSON file) of settings: speculative_config fragments such as "
-            '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
-            '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
-            "x --thresholds.",
-        ),
+        float | None,
+        typer.Option("--alpha", help="One-sided level of each test and of the whole tune (default 0.025)."),
     ] = None,
-    policies: Annotated[
-        str | None,
-        typer.Option(
-            "--policies",
-            help="A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
-            "whose list values are expanded into every combination, e.g. "
-            '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
-            '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
-            '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
-        ),
-    ] = None,
-    windows: Annotated[
-        str | None,
-        typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
-    ] = None,
-    thresholds: Annotated[
-        str | None, typer.Option("--thresholds", help="Grid entropy thresholds (default: 0.6,0.3).")
-    ] = None,
-    order: Annotated[
-        str,
-        typer.Option(
-            "--order",
-            help="speed: slowest first, measured on the calibration questions (default); given: the "
-            "candidates' order.",
-        ),
-    ] = "speed",
-    order_by: Annotated[
-        str,
-        typer.Option(
-            "--order-by",
-            help="Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s.",
-        ),
-    ] = "mean_acceptance_length",
-    calibration_questions: Annotated[
-        int,
-        typer.Option(
-            "--calibration-questions",
-            help="Questions that measure speed (never graded, never test questions); 0 only with "
-            "--order given.",
-        ),
-    ] = 8,
-    fixed: Annotated[
-        bool,
-        typer.Option(
-            "--fixed", help="Fixed-size tests on every test question instead of sequential tests (default)."
-        ),
-    ] = False,
-    max_questions: Annotated[
-        int | None,
-        typer.Option(
-            "--max-questions",
-            help="Test questions: the next N of the seeded order after the calibration ones (default: all).",
-        ),
-    ] = None,
+    candidates: Candidates = None,
+    policies: Policies = None,
+    windows: Windows = None,
+    thresholds: Thresholds = None,
+    order: Order = None,
+    order_by: OrderBy = None,
+    calibration_questions: CalibrationQuestions = None,
+    fixed: Fixed = False,
+    max_questions: TestQuestions = None,
     max_minutes: MaxMinutes = None,
     temperature: Temperature = None,
     top_p: TopP = None,
     max_tokens: MaxTokens = None,
     seed: Seed = None,
     order_seed: OrderSeed = None,
-    run_name: Annotated[
-        str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")
-    ] = None,
+    run_name: TuneRun = None,
     exclude_run: ExcludeRun = None,
     no_progress: NoProgress = False,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."
-        ),
-    ] = False,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="Exit 2 while the tune is unfinished and nothing passed yet.")
-    ] = False,
+    as_json: TuneJson = False,
+    strict: TuneStrict = False,
 ) -> None:
     """The fastest lossy setting (FLy, typical acceptance, lossless prefix) shown non-inferior to standard
     verification, the error rate controlled.
@@ -587,35 +593,28 @@ def tune_command(
 
     Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
-    from flyspec.gate.tune import TuneOptions, describe_pause, tune
-    from flyspec.gate.tune_report import build_tune_report
+    from flyspec.gate.runs.options import TuneOptions
 
-    aliases = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
-    options = TuneOptions(
-        store=store,
-        datasets=tuple(dataset),
-        baseline=baseline,
-        margin=margin,
-        candidates=candidates,
-        policies=policies,
-        alpha=alpha,
-        windows=_numbers(windows, int, "--windows"),
-        thresholds=_numbers(thresholds, float, "--thresholds"),
-        order=order,
-        order_by=aliases.get(order_by, order_by),
-        calibration_questions=calibration_questions,
-        sequential=not fixed,
-        max_questions=max_questions,
-        max_minutes=max_minutes,
-        temperature=0.0 if temperature is None else temperature,
-        top_p=1.0 if top_p is None else top_p,
-        max_tokens=512 if max_tokens is None else max_tokens,
-        seed=0 if seed is None else seed,
-        order_seed=order_seed,
-        run_id=run_name,
-        progress=not no_progress,
-        exclude_runs=tuple(exclude_run or ()),
-    )
+    settings = {
+        "store": store, "dataset": dataset, "baseline": baseline, "margin": margin, "alpha": alpha,
+        "candidates": candidates, "policies": policies, "windows": _numbers(windows, int, "--windows"),
+        "thresholds": _numbers(thresholds, float, "--thresholds"), "order": order,
+        "order_by": _ORDER_BY_ALIASES.get(order_by, order_by) if order_by else None,
+        "calibration_questions": calibration_questions, "sequential": not fixed,
+        "max_questions": max_questions, "max_minutes": max_minutes, "temperature": temperature,
+        "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "order_seed": order_seed, "run": run_name,
+        "exclude_run": exclude_run or (),
+    }  # fmt: skip
+    _tune_and_report(TuneOptions(progress=not no_progress, **_fields(settings)), as_json, strict)
+
+
+def _tune_and_report(options: Any, as_json: bool, strict: bool) -> None:
+    """Tune, then print the tune's report (JSON with --json); exit as `gate report` does for a tune, 130
+    after an interruption."""
+    from flyspec.gate.report.tune_report import build_tune_report
+    from flyspec.gate.runs.tune import describe_pause, tune
+
+    store = options.store
     try:
         result = tune(options)
     except KeyboardInterrupt:
@@ -629,10 +628,7 @@ def tune_command(
     with_report = result.reason == "complete" or _has_run(store, options.name)
     rep = build_tune_report(store, options.name) if with_report else None
     if rep is not None:
-        if as_json:
-            _emit_json(rep.to_dict())
-        else:
-            print(rep.to_markdown())
+        _show(rep, as_json)
     if result.interrupted:
         raise typer.Exit(130)
     if rep is not None:
@@ -643,7 +639,7 @@ def tune_command(
 
 def _run_kind(store: Path, run_id: str | None) -> str | None:
     """The kind of the run ``gate report`` shows (None when the store or run does not exist)."""
-    from flyspec.gate.store import GateStore
+    from flyspec.gate.data.store import GateStore
 
     if not store.is_file():
         return None
@@ -654,7 +650,7 @@ def _run_kind(store: Path, run_id: str | None) -> str | None:
 
 
 def _has_run(store: str, run_id: str) -> bool:
-    from flyspec.gate.store import GateStore
+    from flyspec.gate.data.store import GateStore
 
     with GateStore(store) as opened:
         return opened.get_run(run_id) is not None
@@ -681,27 +677,18 @@ def report(
     Exit code (of the registered decision): 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0). For a tune: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished.
     """
-    from flyspec.gate.report import build_report
+    from flyspec.gate.report.report import build_report
 
     if _run_kind(store, run_id) == "tune":
-        from flyspec.gate.tune_report import build_tune_report
+        from flyspec.gate.report.tune_report import build_tune_report
 
         tuned = build_tune_report(store, run_id)
-        if as_json:
-            _emit_json(tuned.to_dict())
-        else:
-            print(tuned.to_markdown())
+        _show(tuned, as_json)
         _exit_for_tune(tuned, strict)
         return
     rep = build_report(store, run_id, margin)
     for warning in rep.warnings:
         if rep.margin_overridden and warning.startswith("USING MARGIN"):
             print(f"WARNING: {warning}", file=sys.stderr)
-    if html_file is not None:
-        html_file.write_text(rep.to_html(), encoding="utf-8")
-        print(f"wrote {html_file}", file=sys.stderr)
-    if as_json:
-        _emit_json(rep.to_dict())
-    else:
-        print(rep.to_markdown())
+    _show(rep, as_json, html_file)
     _exit_for(rep.decision, strict)

@@ -8,6 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
+
+def opt(help_text: str) -> Any:
+    """A typer option with only its help text (its name is the parameter's)."""
+    return typer.Option(help=help_text)
+
+
 SpeculativeConfigOption = Annotated[
     str | None,
     typer.Option(

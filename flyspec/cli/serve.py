@@ -47,6 +47,39 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _check_serving(
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_request_bytes: int,
+    log_level: str,
+    timeouts: dict[str, float],
+) -> None:
+    """Check the serving options and set up logging at ``log_level``; warn when the server is reachable
+    from other machines without a key."""
+    levels = {
+        "debug": logging.DEBUG,
+        "info": logging.INFO,
+        "warning": logging.WARNING,
+        "error": logging.ERROR,
+    }
+    if log_level not in levels:
+        raise ValueError(f"--log-level={log_level!r} is invalid: it must be one of {', '.join(levels)}")
+    logging.basicConfig(level=levels[log_level], format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(levels[log_level])
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port={port} is invalid: it must be in 0..65535")
+    if max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes={max_request_bytes} is invalid: it must be at least 1")
+    for name, value in timeouts.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value} is invalid: it must be a number of seconds > 0")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key is empty: give a key or leave the option out")
+    if not _is_loopback(host) and api_key is None:
+        logger.warning("binding to %s without --api-key: anyone who can reach this port can use it", host)
+
+
 def serve(
     model: Annotated[str, typer.Argument(help="Target model: HF folder, .gguf file, or zoo name.")],
     speculative_config: SpeculativeConfigOption = None,
@@ -104,28 +137,8 @@ def serve(
     """
     from flyspec.config import EngineConfig  # torch-free: config mistakes fail before any heavy import
 
-    levels = {
-        "debug": logging.DEBUG,
-        "info": logging.INFO,
-        "warning": logging.WARNING,
-        "error": logging.ERROR,
-    }
-    if log_level not in levels:
-        raise ValueError(f"--log-level={log_level!r} is invalid: it must be one of {', '.join(levels)}")
-    logging.basicConfig(level=levels[log_level], format="%(levelname)s %(name)s: %(message)s")
-    configure_logging(levels[log_level])
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port={port} is invalid: it must be in 0..65535")
-    if max_request_bytes < 1:
-        raise ValueError(f"--max-request-bytes={max_request_bytes} is invalid: it must be at least 1")
     timeouts = {"--request-read-timeout": request_read_timeout, "--grammar-timeout": grammar_timeout}
-    for name, value in timeouts.items():
-        if not value > 0:
-            raise ValueError(f"{name}={value} is invalid: it must be a number of seconds > 0")
-    if api_key is not None and not api_key.strip():
-        raise ValueError("--api-key is empty: give a key or leave the option out")
-    if not _is_loopback(host) and api_key is None:
-        logger.warning("binding to %s without --api-key: anyone who can reach this port can use it", host)
+    _check_serving(host, port, api_key, max_request_bytes, log_level, timeouts)
 
     config = EngineConfig(
         model=model,

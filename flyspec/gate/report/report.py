@@ -1,0 +1,370 @@
+"""The gate report: paired counts, exact tests, the interval against the margin, the decision, and speed.
+
+The decision (docs/gate.md) is taken on the registered margin, on the pooled complete pairs:
+
+- a fixed run: ``stats.decide`` on Tango's ``1 - 2 alpha`` interval, once every registered question has
+  both answers (deciding on part of a run would be optional stopping);
+- a sequential run: the confidence sequence along the registered order, at its stopping point
+  (flyspec/gate/stats/monitor.py).
+
+PASS when the lower bound lies above ``-margin``; FAIL when the upper bound lies below ``-margin``;
+INCONCLUSIVE otherwise, with ``loss_detected`` when the upper bound lies below zero. The exact McNemar
+test is reported beside the decision, never instead of it. ``margin=`` other than the registered one adds
+an exploratory decision and changes nothing else: not ``registered_decision``, not the decision object's
+``decision``, not the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from flyspec.checks import is_number
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
+from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
+from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
+from flyspec.gate.report.model import (
+    Comparison,
+    Exploratory,
+    JudgeSummary,
+    NoiseReference,
+    PilotSummary,
+    ReportData,
+)
+from flyspec.gate.report.render import advice, explanation, html_page, markdown
+from flyspec.gate.report.speeds import measure_speeds
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.monitor import SequentialPlan, sequential_stop
+from flyspec.gate.stats.paired import mcnemar, wilson_interval
+from flyspec.gate.stats.planning import plan_noninferiority
+
+POWER = 0.80
+Lane = tuple[str, int]
+__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]
+
+
+@dataclass
+class Report(ReportData):
+    """Everything ``gate report`` shows; ``to_markdown``, ``to_dict`` and ``to_html`` render it."""
+
+    def to_markdown(self) -> str:
+        """The report as markdown (what ``gate report`` prints)."""
+        return markdown(self)
+
+    def to_html(self) -> str:
+        """A self-contained HTML page: the markdown report plus the interval-vs-margin plot."""
+        return html_page(self)
+
+
+# ----------------------------------------------------------------------------------------- pilot
+
+
+def _lanes(run: RunRecord) -> tuple[Lane, Lane]:
+    """The two lanes being paired: two passes of the baseline in a noise pilot, baseline vs candidate
+    otherwise."""
+    mode = run.registration.get("pilot", {}).get("mode", "noise") if run.kind == "pilot" else None
+    return (("baseline", 0), ("baseline", 1)) if mode == "noise" else (("baseline", 0), ("candidate", 0))
+
+
+def _pilot(
+    run: RunRecord, pairs: list[tuple[bool, bool]], margin: float, alpha: float
+) -> PilotSummary | None:
+    n, lost, gained = paired_counts(pairs)
+    if n == 0:
+        return None
+    flips = lost + gained
+    low, high = wilson_interval(flips, n)
+    plan = plan_noninferiority(flips, n, margin, alpha, POWER)
+    return PilotSummary(
+        mode=run.registration.get("pilot", {}).get("mode", "noise"),
+        n=n,
+        flips=flips,
+        lost=lost,
+        gained=gained,
+        flip_rate=flips / n,
+        flip_rate_low=low,
+        flip_rate_high=high,
+        flip_rate_upper=plan.flip_rate_upper,
+        accuracy_first=sum(a for a, _ in pairs) / n,
+        accuracy_second=sum(b for _, b in pairs) / n,
+        exact_p=mcnemar(lost, gained).exact_p,
+        questions_needed=plan.questions_at_observed,
+        questions_needed_upper=plan.questions,
+    )
+
+
+def _data_key(run: RunRecord) -> str:
+    datasets = run.registration.get("datasets", {})
+    return json.dumps({name: info.get("sha256") for name, info in datasets.items()}, sort_keys=True)
+
+
+def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
+    """The latest noise pilot on the same data with the same sampling, if any."""
+    for other in reversed(store.runs()):
+        if other.kind != "pilot" or _lanes(other)[1] != ("baseline", 1):
+            continue
+        same_data = _data_key(other) == _data_key(run)
+        if not same_data or other.registration.get("sampling") != run.registration.get("sampling"):
+            continue
+        correct = {
+            (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
+        }
+        pairs = _pairs(store, other, correct)
+        n, lost, gained = paired_counts(pairs)
+        if n:
+            low, high = wilson_interval(lost + gained, n)
+            return NoiseReference(other.run_id, n, lost + gained, (lost + gained) / n, low, high)
+    return None
+
+
+def _margin_conflicts(store: GateStore, run: RunRecord) -> str | None:
+    same = [r for r in store.runs() if r.kind == "gate" and _data_key(r) == _data_key(run)]
+    margins = {r.margin for r in same}
+    if len(margins) < 2:
+        return None
+    listing = ", ".join(f"{r.run_id!r} (margin {100 * r.margin:g} points)" for r in same)
+    return (
+        f"THIS STORE HOLDS {len(same)} GATE RUNS ON THE SAME DATA WITH DIFFERENT MARGINS: {listing}. "
+        "Picking the run whose margin gives the answer you want is choosing the margin after the data; "
+        f"this report is for {run.run_id!r}, registered with {100 * run.margin:g} points."
+    )
+
+
+# ----------------------------------------------------------------------------------------- build
+
+
+def _pairs(store: GateStore, run: RunRecord, correct: dict[tuple[str, int, str, str], bool]) -> list[Any]:
+    first, second = _lanes(run)
+    out = []
+    for q in store.questions(run.run_id):
+        a = correct.get((*first, q.dataset, q.question_id))
+        b = correct.get((*second, q.dataset, q.question_id))
+        if a is not None and b is not None:
+            out.append((a, b))
+    return out
+
+
+def build_report(
+    store: str | Path | GateStore, run_id: str | None = None, margin: float | None = None
+) -> Report:
+    """Build the report of a run (the latest one when ``run_id`` is None) from the stored answers.
+
+    ``margin`` other than the registered one adds an exploratory decision at that margin (with a loud
+    warning); the registered decision, and everything that depends on it, stays as registered.
+    """
+    if isinstance(store, GateStore):
+        return _build(store, run_id, margin)
+    path = Path(store)
+    if not path.is_file():
+        raise FileNotFoundError(f"store {path} does not exist")
+    with GateStore(path) as opened:
+        return _build(opened, run_id, margin)
+
+
+def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunRecord:
+    runs = store.runs()
+    if not runs:
+        raise ValueError(f"store {store.path} holds no runs")
+    if run_id is None:
+        if len(runs) > 1:
+            notes.append(
+                f"store holds {len(runs)} runs; reporting the latest, {runs[-1].run_id!r} (pick with --run)"
+            )
+        return runs[-1]
+    found = store.get_run(run_id)
+    if found is None:
+        raise ValueError(f"run {run_id!r} is not in {store.path}; runs: {', '.join(r.run_id for r in runs)}")
+    return found
+
+
+def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report:
+    notes: list[str] = []
+    run = _pick_run(store, run_id, notes)
+    if run.kind in ("tune", "calibration"):
+        tune = run.registration.get("calibration", {}).get("tune") or run.run_id
+        raise ValueError(
+            f"run {run.run_id!r} is part of a gate tune: its report is `flyspec gate report --store "
+            f"{store.path} --run {tune}` (a calibration run measures speed only and is never graded)"
+        )
+    overridden = margin is not None and margin != run.margin
+    if overridden and not is_number(margin, above=0, below=1):
+        raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
+    report = Report(
+        store=str(store.path),
+        run=run,
+        margin=float(margin) if overridden else run.margin,  # type: ignore[arg-type]
+        margin_overridden=overridden,
+        alpha=run.alpha,
+        level=1 - 2 * run.alpha,
+        notes=notes,
+    )
+    conflict = _margin_conflicts(store, run)
+    if conflict is not None:
+        report.warnings.append(conflict)
+    if overridden:
+        report.warnings.append(
+            f"USING MARGIN {margin:g} INSTEAD OF THE REGISTERED {run.margin:g} FOR AN EXPLORATORY DECISION. "
+            "A margin chosen after seeing results invalidates the test; the registered decision, the JSON's "
+            "`registered_decision` and the exit code stay those of the registered margin."
+        )
+    answers = store.answers(run.run_id)
+    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
+    report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
+    report.judge = _judge_summary(store, run, answers)
+    pairs = _pairs(store, run, correct)
+    if run.kind == "pilot":
+        report.pilot = _pilot(run, pairs, run.margin, run.alpha)
+        _warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
+        return report
+    if "sequential" in run.registration:
+        _sequential(report, store, correct)
+    else:
+        _fixed(report, store, correct)
+    report.noise = _noise(store, run)
+    pooled = report.pooled
+    if pooled is not None and pooled.decision == PASS and pooled.significant_loss:
+        notes.append(
+            "the candidate loses significantly more questions than it gains (exact McNemar), but the loss is "
+            "shown to be smaller than the margin, so it passes; check that the margin is really acceptable"
+        )
+    report.explanation = explanation(report)
+    report.advice = advice(report)
+    return report
+
+
+def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]) -> JudgeSummary | None:
+    """The judge's rulings on the judged questions whose two answers are stored (the verdicts on exactly
+    those two outputs)."""
+    judge = run.registration.get("judge")
+    if not isinstance(judge, dict):
+        return None
+    first, second = _lanes(run)
+    labels = (lane_label(first), lane_label(second))
+    outputs = {(a.arm, a.repeat, a.dataset, a.question_id): a.output for a in answers}
+    verdicts: dict[tuple[str, str, str, str], str | None] = {}
+    for j in store.judgements(run.run_id):
+        if (j.first_lane, j.second_lane) == labels:
+            verdicts[(j.dataset, j.question_id, j.position, j.pair_sha256)] = j.verdict
+    counts = {"first": 0, "second": 0, "tie": 0, "identical": 0, "disagree": 0, "unreadable": 0}
+    said: list[str | None] = []
+    for q in store.questions(run.run_id):
+        if q.grader != "judge":
+            continue
+        a = outputs.get((*first, q.dataset, q.question_id))
+        b = outputs.get((*second, q.dataset, q.question_id))
+        if a is None or b is None:
+            continue
+        if a == b:
+            counts["identical"] += 1
+            continue
+        digest = pair_hash(a, b)
+        keys = [(q.dataset, q.question_id, position, digest) for position in ("AB", "BA")]
+        if any(key not in verdicts for key in keys):
+            continue
+        ab, ba = (verdicts[key] for key in keys)
+        counts[outcome(preferred("AB", ab), preferred("BA", ba))] += 1
+        said += [ab, ba]
+    chose_a = sum(v == "A" for v in said)
+    chose_b = sum(v == "B" for v in said)
+    undecided = sum(counts[k] for k in UNDECIDED)
+    asked = sum(counts.values()) - counts["identical"]
+    return JudgeSummary(
+        model=str(judge.get("model")),
+        template=f"{judge.get('template')} (sha256 {str(judge.get('template_sha256'))[:12]})",
+        questions=sum(counts.values()),
+        baseline_better=counts["first"],
+        candidate_better=counts["second"],
+        disagree=counts["disagree"],
+        ties=counts["tie"],
+        verdicts=len(said),
+        unreadable=sum(v is None for v in said),
+        chose_a=chose_a,
+        chose_b=chose_b,
+        position_p=mcnemar(chose_a, chose_b).exact_p,
+        identical=counts["identical"],
+        unreadable_pairs=counts["unreadable"],
+        undecided=undecided,
+        disagreement_rate=undecided / asked if asked else None,
+    )
+
+
+def _warn_incomplete(report: Report, complete: int, registered: int) -> None:
+    if complete < registered and report.sequential_plan is None:
+        report.warnings.append(
+            f"only {complete} of {registered} registered questions have both answers; the run is incomplete "
+            "(rerun `gate run` with the same arguments to finish it). Counts cover complete pairs; the "
+            "decision stays INCONCLUSIVE until every registered question is answered."
+        )
+
+
+def _judged(store: GateStore, run: RunRecord) -> set[tuple[str, str]]:
+    """The questions of the run graded by a judge."""
+    return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if q.grader == "judge"}
+
+
+def _by_dataset(store: GateStore, run: RunRecord, correct: dict, limit: int | None = None) -> dict[str, Any]:
+    """Per dataset: (registered count, complete pairs, undecided pairs among them), over the first
+    ``limit`` registered questions."""
+    first, second = _lanes(run)
+    registered: dict[str, int] = defaultdict(int)
+    pairs: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    undecided: dict[str, int] = defaultdict(int)
+    for i, q in enumerate(store.questions(run.run_id)):
+        registered[q.dataset] += 1
+        a = correct.get((*first, q.dataset, q.question_id))
+        b = correct.get((*second, q.dataset, q.question_id))
+        if a is not None and b is not None and (limit is None or i < limit):
+            pairs[q.dataset].append((a, b))
+            undecided[q.dataset] += q.grader == "judge" and not a and not b
+    return {ds: (registered[ds], pairs[ds], undecided[ds]) for ds in registered}
+
+
+def _fixed(report: Report, store: GateStore, correct: dict) -> None:
+    run = report.run
+    per = _by_dataset(store, run, correct)
+    report.comparisons = [
+        compare_pairs(ds, p, reg, run.margin, run.alpha, u) for ds, (reg, p, u) in per.items()
+    ]
+    everything = [pair for _, p, _ in per.values() for pair in p]
+    registered = sum(reg for reg, _, _ in per.values())
+    undecided = sum(u for _, _, u in per.values())
+    report.comparisons.append(
+        compare_pairs("pooled", everything, registered, run.margin, run.alpha, undecided)
+    )
+    _warn_incomplete(report, len(everything), registered)
+    # A pre-registered run is decided at its registered size: deciding on a partial run would be optional
+    # stopping. The interim reading is kept, labelled as such.
+    for c in report.comparisons:
+        if 0 < c.n < c.registered:
+            c.interim_decision, c.decision = c.decision, INCONCLUSIVE
+    pooled = report.comparisons[-1]
+    if report.margin_overridden and pooled.n:
+        other = compare_pairs("pooled", everything, registered, report.margin, run.alpha, undecided)
+        decision = other.decision if pooled.n == registered else INCONCLUSIVE
+        report.exploratory = Exploratory(
+            report.margin, decision or INCONCLUSIVE, other.ci_low, other.ci_high, other.n, other.loss_detected
+        )
+
+
+def _sequential(report: Report, store: GateStore, correct: dict) -> None:
+    run = report.run
+    plan = SequentialPlan.from_registration(run.registration["sequential"])
+    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
+    events = store.events(run.run_id)
+    judged = _judged(store, run)
+    stop = sequential_stop(order, correct, plan, events, judged=judged)
+    report.sequential, report.sequential_plan = stop, plan
+    per = _by_dataset(store, run, correct, limit=stop.stopped_at)
+    # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
+    # be valid, and only the pooled sequence decides.
+    report.comparisons = [counted(ds, p, reg, run.alpha, u) for ds, (reg, p, u) in per.items()]
+    used = [pair for _, p, _ in per.values() for pair in p]
+    report.comparisons.append(sequential_row(stop, used, plan.max_questions, run.alpha))
+    if report.margin_overridden:
+        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, judged=judged)
+        report.exploratory = Exploratory(
+            report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
+        )

@@ -1,0 +1,533 @@
+"""The report of a ``gate tune``: every setting in its registered order with its speed and its test, the
+fixed-sequence answer in plain words, and the chosen ``speculative_config`` to paste.
+
+Each setting's test is recomputed from the stored answers (flyspec/gate/runs/tune.py runs them): a sequential
+test stops where its confidence sequence first crossed (or where a pause was recorded), a fixed test is
+decided once every test question has both answers. ``stats.fixed_sequence`` then walks the registered
+order: the answer is the last PASS before the first setting that did not pass, and every setting after
+that one is NOT TESTED. Speeds come from the calibration questions, where the baseline and each setting
+answered the same questions alone in their own engines, so they compare directly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flyspec.gate.data.store import GateStore, RunRecord
+from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.report.speeds import measure_speeds
+from flyspec.gate.report.wording import points
+from flyspec.gate.stats.decision import INCONCLUSIVE, NOT_TESTED, PASS
+from flyspec.gate.stats.monitor import CS_METHOD, SequentialPlan, sequential_stop
+from flyspec.gate.stats.multiple import fixed_sequence
+
+BASELINE = ("baseline", 0)
+_CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
+
+
+def titled(spec: dict[str, Any], label: str) -> str:
+    """``label`` preceded by the name of the policy ``spec`` verifies with."""
+    from flyspec.config import verification_policy
+
+    return f"{verification_policy(spec.get('rejection_sample_method', 'standard')).title} {label}"
+
+
+@dataclass(frozen=True)
+class SettingStatus:
+    """Where one setting's test stands: its decision, whether it is final (a rerun would not change it),
+    why it stopped, and the pairs and interval it used."""
+
+    setting_id: str
+    decision: str
+    final: bool
+    reason: str
+    n: int
+    lost: int
+    gained: int
+    low: float | None
+    high: float | None
+    loss_detected: bool
+
+
+def _correct(store: GateStore, run_id: str) -> dict[tuple[str, int, str, str], bool]:
+    return {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run_id)}
+
+
+def setting_status(store: GateStore, run: RunRecord, setting_id: str) -> SettingStatus:
+    """One setting's test, recomputed from the stored answers and its session events."""
+    reg = run.registration
+    lane = (setting_id, 0)
+    correct = _correct(store, run.run_id)
+    questions = store.questions(run.run_id)
+    if reg.get("design") == "sequential":
+        plan = SequentialPlan.from_registration(reg["sequential"])
+        order = [(q.dataset, q.question_id) for q in questions]
+        events = [e for e in store.events(run.run_id) if e.detail.get("setting") == setting_id]
+        stop = sequential_stop(order, correct, plan, events, (BASELINE, lane))
+        low, high = (stop.low, stop.high) if stop.stopped_at else (None, None)
+        return SettingStatus(
+            setting_id,
+            stop.decision,
+            stop.final,
+            stop.reason,
+            stop.stopped_at,
+            stop.lost,
+            stop.gained,
+            low,
+            high,
+            stop.loss_detected,
+        )
+    pairs = []
+    for q in questions:
+        base = correct.get((*BASELINE, q.dataset, q.question_id))
+        cand = correct.get((*lane, q.dataset, q.question_id))
+        if base is not None and cand is not None:
+            pairs.append((base, cand))
+    row = compare_pairs(setting_id, pairs, len(questions), run.margin, run.alpha)
+    final = len(pairs) == len(questions)
+    return SettingStatus(
+        setting_id,
+        row.decision if final and row.decision else INCONCLUSIVE,
+        final,
+        "complete" if final else "in_progress",
+        row.n,
+        row.lost,
+        row.gained,
+        row.ci_low,
+        row.ci_high,
+        row.loss_detected,
+    )
+
+
+@dataclass
+class TuneRow:
+    """One setting in the report, in test order (``position`` 1-based)."""
+
+    position: int
+    id: str
+    label: str
+    speculative_config: dict[str, Any]
+    decision: str
+    status: SettingStatus | None
+    speed: dict[str, Any]
+    test_speed: dict[str, Any]
+
+    @property
+    def policy(self) -> str:
+        """The verification policy's name (``rejection_sample_method``)."""
+        return self.speculative_config.get("rejection_sample_method", "standard")
+
+    @property
+    def title(self) -> str:
+        """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
+        return titled(self.speculative_config, self.label)
+
+    def to_dict(self, baseline_tps: float | None) -> dict[str, Any]:
+        tps = self.speed.get("tokens_per_s")
+        s = self.status
+        tested = s is not None and self.decision != NOT_TESTED
+        return {
+            "position": self.position,
+            "id": self.id,
+            "label": self.label,
+            "policy": self.policy,
+            "speculative_config": self.speculative_config,
+            "decision": self.decision,
+            "final": bool(s.final) if tested and s else None,
+            "tokens_per_s": tps,
+            "speedup": tps / baseline_tps if tps and baseline_tps else None,
+            "mean_acceptance_length": self.speed.get("mean_acceptance_length"),
+            "forgiven_share": self.speed.get("forgiven_share"),
+            "n": s.n if tested and s else None,
+            "lost": s.lost if tested and s else None,
+            "gained": s.gained if tested and s else None,
+            "low": s.low if tested and s else None,
+            "high": s.high if tested and s else None,
+            "loss_detected": s.loss_detected if tested and s else None,
+            "stop_reason": s.reason if tested and s else None,
+            "test_mean_acceptance_length": self.test_speed.get("mean_acceptance_length"),
+            "test_forgiven_share": self.test_speed.get("forgiven_share"),
+            "test_answers": self.test_speed.get("answers"),
+        }
+
+
+@dataclass
+class TuneReport:
+    """Everything ``gate tune`` shows; ``to_markdown`` and ``to_dict`` render it."""
+
+    store: str
+    run: RunRecord
+    rows: list[TuneRow]
+    baseline_speed: dict[str, Any]
+    chosen: int | None
+    complete: bool
+    speed_source: str
+    answer: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def margin(self) -> float:
+        return self.run.margin
+
+    @property
+    def chosen_row(self) -> TuneRow | None:
+        return self.rows[self.chosen] if self.chosen is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready report; ``settings`` (in test order) and ``chosen`` close it."""
+        reg = self.run.registration
+        base_tps = self.baseline_speed.get("tokens_per_s")
+        chosen = self.chosen_row
+        return {
+            "store": self.store,
+            "run_id": self.run.run_id,
+            "kind": "tune",
+            "margin": self.run.margin,
+            "alpha": self.run.alpha,
+            "level": 1 - 2 * self.run.alpha,
+            "design": reg.get("design"),
+            "method": CS_METHOD if reg.get("design") == "sequential" else "tango",
+            "procedure": reg.get("procedure"),
+            "order": reg.get("order"),
+            "calibration": reg.get("calibration"),
+            "speed_source": self.speed_source,
+            "registration": reg,
+            "baseline": {"speculative_config": _baseline_spec(self.run), **self.baseline_speed},
+            "complete": self.complete,
+            "answer": self.answer,
+            "notes": self.notes,
+            "chosen_label": chosen.label if chosen else None,
+            "chosen_policy": chosen.policy if chosen else None,
+            "settings": [row.to_dict(base_tps) for row in self.rows],
+            "chosen": chosen.speculative_config if chosen else None,
+        }
+
+    def to_markdown(self) -> str:
+        """The report as markdown (what ``gate tune`` prints)."""
+        return _markdown(self)
+
+
+def _baseline_spec(run: RunRecord) -> dict[str, Any] | None:
+    arm = run.registration.get("arms", {}).get("baseline", {})
+    return arm.get("speculative_config")
+
+
+def lane_speeds(
+    store: GateStore, run_id: str, *, first_repeat_only: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Per arm of a run: tokens/s over its engine's busy time (per request for endpoint arms), mean
+    acceptance length, forgiven share and answers, from the stored answers and batches."""
+    speeds, _ = measure_speeds(store.answers(run_id), store.batches(run_id))
+    return {
+        s.arm: {
+            "tokens_per_s": s.tokens_per_s if s.tokens_per_s is not None else s.request_tokens_per_s,
+            "mean_acceptance_length": s.mean_acceptance_length,
+            "forgiven_share": s.forgiven_share,
+            "answers": s.answers,
+        }
+        for s in speeds
+        if not first_repeat_only or s.repeat == 0
+    }
+
+
+def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, Any]]:
+    if run_id is None or store.get_run(run_id) is None:
+        return {}
+    return lane_speeds(store, run_id)
+
+
+def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
+    """The report of a tune run (the latest one when ``run_id`` is None)."""
+    if isinstance(store, GateStore):
+        return _build(store, run_id)
+    path = Path(store)
+    if not path.is_file():
+        raise FileNotFoundError(f"store {path} does not exist")
+    with GateStore(path) as opened:
+        return _build(opened, run_id)
+
+
+def _build(store: GateStore, run_id: str | None) -> TuneReport:
+    tunes = [r for r in store.runs() if r.kind == "tune"]
+    if run_id is None:
+        if not tunes:
+            raise ValueError(f"store {store.path} holds no tune run")
+        run = tunes[-1]
+    else:
+        found = store.get_run(run_id)
+        if found is None or found.kind != "tune":
+            names = ", ".join(r.run_id for r in tunes) or "none"
+            raise ValueError(f"no tune run {run_id!r} in {store.path} (tune runs: {names})")
+        run = found
+    reg = run.registration
+    settings = {s["id"]: s for s in reg["settings"]}
+    order: list[str] = reg["order"]["settings"]
+    calibration = _lane_speeds(store, reg.get("calibration", {}).get("run"))
+    tested = _lane_speeds(store, run.run_id)
+    speed_source = "calibration" if calibration else "test"
+    speeds = calibration or tested
+    statuses: list[SettingStatus] = []
+    for setting_id in order:
+        status = setting_status(store, run, setting_id)
+        statuses.append(status)
+        if not status.final or status.decision != PASS:
+            break
+    result = fixed_sequence([s.decision for s in statuses] + [None] * (len(order) - len(statuses)))
+    complete = all(s.final for s in statuses)
+    rows = [
+        TuneRow(
+            position=i + 1,
+            id=setting_id,
+            label=settings[setting_id]["label"],
+            speculative_config=settings[setting_id]["speculative_config"],
+            decision=result.labels[i],
+            status=statuses[i] if i < len(statuses) else None,
+            speed=speeds.get(setting_id, {}),
+            test_speed=tested.get(setting_id, {}),
+        )
+        for i, setting_id in enumerate(order)
+    ]
+    report = TuneReport(
+        store=str(store.path),
+        run=run,
+        rows=rows,
+        baseline_speed=speeds.get("baseline", {}),
+        chosen=result.chosen,
+        complete=complete,
+        speed_source=speed_source,
+    )
+    report.answer = answer(report)
+    return report
+
+
+# -------------------------------------------------------------------------------------- words
+
+
+def _m(report: TuneReport) -> str:
+    return f"{100 * report.margin:g}"
+
+
+def _speed_words(report: TuneReport, row: TuneRow) -> str:
+    tps, base = row.speed.get("tokens_per_s"), report.baseline_speed.get("tokens_per_s")
+    if tps and base:
+        return f"{tps / base:.2f}x standard speed"
+    length = row.speed.get("mean_acceptance_length")
+    return f"mean acceptance length {length:.2f}" if length else "speed not measured"
+
+
+def _why_stopped(report: TuneReport, row: TuneRow) -> str:
+    s = row.status
+    assert s is not None
+    if not s.final:
+        return (
+            f"{row.title} is still being tested ({s.n} questions so far; the run paused or is still running: "
+            "rerun the same command to continue)"
+        )
+    interval = f"; interval [{points(s.low)}, {points(s.high)}] points" if s.low is not None else ""
+    if s.decision == INCONCLUSIVE:
+        what = "shows a loss, of unknown size," if s.loss_detected else "could not be shown non-inferior"
+        return f"{row.title} {what} within {_m(report)} points (after {s.n:,} questions{interval})"
+    return f"{row.title} loses more than {_m(report)} points (FAIL after {s.n:,} questions{interval})"
+
+
+def answer(report: TuneReport) -> str:
+    """The answer in plain words, from the numbers."""
+    chosen = report.chosen_row
+    stop = next((r for r in report.rows if r.status is not None and r.decision != PASS), None)
+    after = ""
+    if stop is not None:
+        later = sum(r.decision == NOT_TESTED for r in report.rows)
+        rest = f"; the {later} setting(s) after it were not tested" if later and stop.status.final else ""  # type: ignore[union-attr]
+        after = f" The sequence stopped there: {_why_stopped(report, stop)}{rest}."
+    if chosen is None:
+        first = report.rows[0]
+        if first.status is not None and not first.status.final:
+            return f"No setting is chosen yet: {_why_stopped(report, first)}."
+        return (
+            "No setting passed, so keep standard verification: the first setting in the registered order "
+            f"did not pass.{after}"
+        )
+    s = chosen.status
+    assert s is not None
+    last = " It is the most aggressive setting in the order." if chosen is report.rows[-1] else ""
+    return (
+        f"{chosen.title}: {_speed_words(report, chosen)}, non-inferior within {_m(report)} points on "
+        f"{s.n:,} questions.{last}{after}"
+    )
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(report: TuneReport) -> list[str]:
+    design = report.run.registration.get("design")
+    kind = "confidence sequence at the stop" if design == "sequential" else "Tango interval"
+    base = report.baseline_speed
+    lines = [
+        "## Settings in the registered test order",
+        "",
+        "| # | setting | tokens/s | vs standard | mean acceptance length | forgiven share | questions | "
+        f"lost | gained | {100 * (1 - 2 * report.run.alpha):g}% {kind} (points) | decision |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        f"| 0 | standard (baseline) | {_num(base.get('tokens_per_s'), 1)} | 1.00x | "
+        f"{_num(base.get('mean_acceptance_length'), 2)} | {_pct(base.get('forgiven_share'))} | | | | | "
+        "baseline |",
+    ]
+    base_tps = base.get("tokens_per_s")
+    for row in report.rows:
+        d = row.to_dict(base_tps)
+        interval = f"[{points(d['low'])}, {points(d['high'])}]" if d["low"] is not None else "-"
+        decision = row.decision
+        if d["final"] is False:
+            decision += " (in progress)"
+        if report.chosen_row is row:
+            decision = f"**{decision}, chosen**"
+        speedup = f"{d['speedup']:.2f}x" if d["speedup"] else "-"
+        counts = [str(d["n"]), str(d["lost"]), str(d["gained"])] if d["n"] is not None else ["-", "-", "-"]
+        lines.append(
+            f"| {row.position} | {row.title} | {_num(d['tokens_per_s'], 1)} | {speedup} | "
+            f"{_num(d['mean_acceptance_length'], 2)} | {_pct(d['forgiven_share'])} | {' | '.join(counts)} | "
+            f"{interval} | {decision} |"
+        )
+    return lines
+
+
+def _forgiven_words(report: TuneReport) -> str:
+    """What the forgiven share counts, in each tested policy's own words."""
+    from flyspec.config import REJECTION_SAMPLE_METHODS, verification_policy
+
+    used = {row.policy for row in report.rows}
+    policies = [verification_policy(name) for name in REJECTION_SAMPLE_METHODS if name in used]
+    return "; ".join(f"{p.title}: {p.forgives}" for p in policies if p.lossy)
+
+
+def _speed_note(report: TuneReport) -> str:
+    cal = report.run.registration.get("calibration", {})
+    if report.speed_source == "calibration":
+        return (
+            f"Speed columns: the {len(cal.get('questions', []))} calibration questions (disjoint from the "
+            "test questions), answered by the baseline and by each setting alone in its own engine, "
+            "one after another, so the numbers compare directly. Tokens/s = output tokens over the "
+            "engine's busy time (an endpoint: the wall time of its requests); mean acceptance length = "
+            f"1 + accepted / drafts; forgiven share ({_forgiven_words(report)}). The JSON also has each "
+            "tested setting's acceptance on its test questions."
+        )
+    return (
+        "Speed columns: measured on the test questions (no calibration ran); tokens/s is per request where a "
+        "setting shared its engine with the baseline."
+    )
+
+
+def _order_note(report: TuneReport) -> str:
+    order = report.run.registration["order"]
+    if order["method"] == "given":
+        return "Test order: as given, registered before the first test answer."
+    by = order["by"].replace("_", " ")
+    return (
+        f"Test order: by {by} on the calibration questions, slowest (least aggressive) first, fixed and "
+        "registered before any answer was graded (calibration answers are never graded)."
+    )
+
+
+def _paste_lines(report: TuneReport) -> list[str]:
+    chosen = report.chosen_row
+    if chosen is None:
+        return []
+    model = report.run.registration.get("arms", {}).get("baseline", {}).get("model", "MODEL")
+    config = json.dumps(chosen.speculative_config, sort_keys=True)
+    return [
+        "## The chosen speculative_config",
+        "",
+        "```json",
+        json.dumps(chosen.speculative_config, indent=2, sort_keys=True),
+        "```",
+        "",
+        f"    flyspec serve {model} --speculative-config '{config}'",
+        "",
+        "For vLLM, pass the same JSON as --speculative-config where that vLLM knows the keys (FLy's fields "
+        "carry its names, typical acceptance's two fields are vLLM 0.x's names, lossless_prefix_tokens is "
+        "flyspec's own), with the draft model named as that server knows it.",
+        "",
+    ]
+
+
+def _markdown(report: TuneReport) -> str:
+    run = report.run
+    reg = run.registration
+    lines = [f"# flyspec gate tune: run `{run.run_id}`", ""]
+    if not report.complete:
+        lines += ["> **NOT FINISHED:** rerun the same `gate tune` command to continue.", ""]
+    lines += ["## Answer", "", report.answer, ""]
+    lines += _paste_lines(report)
+    lines += _table(report)
+    lines += [
+        "",
+        "lost = baseline right, setting wrong; gained = the reverse. NOT TESTED: after the first setting "
+        "that did not pass, no setting is run or looked at.",
+        "",
+        _speed_note(report),
+        "",
+        "## Procedure",
+        "",
+        f"Fixed-sequence testing ({_CITATION}): the settings are tested in the registered order, each "
+        f"against the margin of {_m(report)} points at the full one-sided alpha {run.alpha:g}, and testing "
+        "stops at the first setting that does not PASS; the answer is the last setting that passed. "
+        "Choosing a setting that is truly worse than the margin needs the first such setting in the order "
+        "to PASS, which happens with probability at most alpha, so the chance of choosing any harmful "
+        "setting stays at most alpha with no splitting of alpha (docs/gate.md, 'gate tune'; the "
+        "simulation is test_fixed_sequence_controls_choosing_a_harmful_setting in "
+        "tests/test_gate_stats_validity.py).",
+        "",
+        _order_note(report),
+        "",
+        _design_note(report),
+        "",
+        "## Registration",
+        "",
+        f"- margin {run.margin:g} ({_m(report)} points), alpha {run.alpha:g} (one-sided), seed {run.seed}, "
+        "registered before the first test answer",
+    ]
+    sampling = reg.get("sampling", {})
+    lines.append(
+        f"- sampling: temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, max_tokens "
+        f"{sampling.get('max_tokens')}; per-question seeds shared by the baseline and every setting"
+    )
+    qo = reg.get("question_order", {})
+    lines.append(
+        f"- questions: {qo.get('rule')} with seed {qo.get('seed')} over {qo.get('pool')}; the first "
+        f"{len(reg.get('calibration', {}).get('questions', []))} calibrate, the next "
+        f"{reg.get('test_questions')} are test questions"
+    )
+    for name, info in reg.get("datasets", {}).items():
+        lines.append(f"- dataset `{name}`: sha256 {info['sha256'][:16]}...")
+    lines.append(f"- baseline: `{json.dumps(reg.get('arms', {}).get('baseline'), sort_keys=True)}`")
+    lines += [f"- note: {note}" for note in report.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _design_note(report: TuneReport) -> str:
+    reg = report.run.registration
+    if reg.get("design") == "sequential":
+        seq = reg["sequential"]
+        return (
+            f"Each test is sequential: a {100 * seq['level']:g}% betting confidence sequence along the "
+            f"registered question order, stopped at its first crossing of -{_m(report)} points or at "
+            f"{seq['max_questions']} questions. Each sequential test keeps its own error at most alpha "
+            "however it stops, which is all the fixed-sequence argument needs; the baseline's answers are "
+            "shared, and the argument holds whatever the dependence between the tests."
+        )
+    return (
+        f"Each test is a fixed-size Tango test on all {reg.get('test_questions')} test questions, decided "
+        "once every one has both answers."
+    )
+
+
+__all__ = ["SettingStatus", "TuneReport", "TuneRow", "build_tune_report", "setting_status"]

@@ -1,0 +1,150 @@
+"""The judge-graded questions of one gate session: pair the two lanes' answers, ask the judge in both
+orders, store every verdict as it arrives, and grade the pair once both verdicts are in
+(flyspec/gate/grading/judge.py has the prompt, the verdicts and the rule; flyspec/gate/arms/judge.py calls
+the judge).
+
+Everything that touches the store runs in the session's main thread; only the HTTP calls run in the
+judge client's threads. A verdict is committed the moment it arrives, keyed by the question, the two
+lanes, the position and the hash of the two outputs, so a resumed run never asks the judge twice about
+the same pair. The two answers of a judged question are committed together, once both verdicts are in:
+after a crash before that, the question is answered again, and its stored verdicts are reused if the
+answers come out the same (at temperature 0 with the shared seeds they normally do). Two identical answers
+are a tie without a judge call.
+
+The grades: lost (baseline right, candidate wrong), gained (the reverse), tie (both right) and undecided
+(both wrong: only a judged pair is ever graded so, and the report and the sequential monitor read it as
+undecided, counted against the claim being tested).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+from flyspec.gate.arms.base import Completion, Job
+from flyspec.gate.arms.judge import Judge, JudgeClient, Verdict
+from flyspec.gate.data.order import QuestionKey
+from flyspec.gate.data.store import GateStore, JudgementRecord
+from flyspec.gate.grading.graders import Grade
+from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred
+
+Lane = tuple[str, int]
+Item = tuple[Job, Completion, Grade]
+_WORDS = {
+    "first": "baseline better",
+    "second": "candidate better",
+    "tie": "tie",
+    "identical": "tie: identical answers",
+    "disagree": "undecided: the two orders disagree",
+    "unreadable": "undecided: a verdict could not be read",
+}
+
+
+class JudgedPairs:
+    """Pairs of answers waiting for the judge, and the verdicts that came back."""
+
+    def __init__(self, store: GateStore, run_id: str, judge: Judge, lanes: list[Lane]) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.judge = judge
+        self.first, self.second = lanes[0], lanes[1]
+        self.labels = (lane_label(self.first), lane_label(self.second))
+        # Read from the verdict: a store written before unreadable verdicts had their own preference holds
+        # "tie" for them.
+        self.stored = {
+            (j.dataset, j.question_id, j.position, j.pair_sha256): preferred(j.position, j.verdict)
+            for j in store.judgements(run_id)
+            if (j.first_lane, j.second_lane) == self.labels
+        }
+        self.answers: dict[QuestionKey, dict[Lane, tuple[Job, Completion]]] = {}
+        self.preferences: dict[QuestionKey, dict[str, str]] = {}
+        self.futures: dict[Future[Verdict], tuple[QuestionKey, str]] = {}
+        self.client: JudgeClient | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        """True while a judge call is in flight."""
+        return bool(self.futures)
+
+    def add(self, job: Job, completion: Completion) -> list[Item]:
+        """Take one answer of a judged question; once both lanes answered, ask the judge about every
+        position not yet stored. Returns the pair's graded items when nothing had to be asked."""
+        key = (job.question.dataset, job.question.id)
+        got = self.answers.setdefault(key, {})
+        got[(job.arm, job.repeat)] = (job, completion)
+        if len(got) < 2:
+            return []
+        first, second = got[self.first][1].text, got[self.second][1].text
+        if first == second:
+            return self._graded(key, "identical", "identical answers: a tie without asking the judge")
+        digest = pair_hash(first, second)
+        prefs = self.preferences.setdefault(key, {})
+        for position in POSITIONS:
+            known = self.stored.get((*key, position, digest))
+            if known is not None:
+                prefs[position] = known
+            elif self.error is None:
+                if self.client is None:
+                    self.client = JudgeClient(self.judge)
+                future = self.client.submit(job.question, position, first, second)
+                self.futures[future] = (key, position)
+        return self._ready(key)
+
+    def poll(self, timeout: float) -> list[Item]:
+        """Store the verdicts that arrived (waiting up to ``timeout`` seconds for one) and return the items
+        of the pairs they completed. A failed call is kept in ``error`` (the run then pauses)."""
+        if not self.futures:
+            return []
+        done, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
+        items: list[Item] = []
+        for future in done:
+            key, position = self.futures.pop(future)
+            try:
+                verdict = future.result()
+            except Exception as exc:  # handed to the session, which stops the run cleanly
+                self.error = self.error or exc
+                continue
+            got = self.answers[key]
+            first, second = got[self.first][1].text, got[self.second][1].text
+            self.store.add_judgement(
+                self.run_id,
+                JudgementRecord(
+                    dataset=key[0],
+                    question_id=key[1],
+                    first_lane=self.labels[0],
+                    second_lane=self.labels[1],
+                    position=position,
+                    pair_sha256=pair_hash(first, second),
+                    verdict=verdict.verdict,
+                    preferred=verdict.preferred,
+                    output=verdict.output,
+                    latency_s=verdict.latency_s,
+                    source=verdict.source,
+                ),
+            )
+            self.preferences[key][position] = verdict.preferred
+            items += self._ready(key)
+        return items
+
+    def _ready(self, key: QuestionKey) -> list[Item]:
+        prefs = self.preferences.get(key, {})
+        if any(position not in prefs for position in POSITIONS):
+            return []
+        result = outcome(prefs["AB"], prefs["BA"])
+        del self.preferences[key]
+        return self._graded(key, result, f"judge: AB prefers {prefs['AB']}, BA prefers {prefs['BA']}")
+
+    def _graded(self, key: QuestionKey, result: str, detail: str) -> list[Item]:
+        words = _WORDS[result]
+        undecided = result in UNDECIDED
+        got = self.answers.pop(key)
+        (job_a, comp_a), (job_b, comp_b) = got[self.first], got[self.second]
+        return [
+            (job_a, comp_a, Grade(words, result != "second" and not undecided, detail)),
+            (job_b, comp_b, Grade(words, result != "first" and not undecided, detail)),
+        ]
+
+    def close(self, wait_for_calls: bool = True) -> None:
+        """Stop the judge client (``wait_for_calls=False`` gives up on the calls in flight)."""
+        if self.client is not None:
+            self.client.close(wait=wait_for_calls)

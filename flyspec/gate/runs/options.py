@@ -1,0 +1,198 @@
+"""The settings of a gate run, pilot or tune: one type per command for the CLI and the Python API.
+
+``gate run``, ``gate pilot``, ``flyspec demo``, ``run_gate`` and ``run_pilot`` all build a ``GateOptions``
+and hand it to ``flyspec.gate.runs.runner.run``; ``gate tune`` builds a ``TuneOptions``
+(flyspec/gate/runs/tune.py). What both take (sampling, seeds, budgets, the run's name) is ``RunSettings``,
+with its defaults and rules written once; every rule about which settings go together lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flyspec.checks import is_int, is_number
+from flyspec.gate.arms.base import Sampling
+from flyspec.gate.stats.decision import check_margin_alpha
+
+ArmSpec = dict[str, Any] | str | Path
+KINDS = ("gate", "pilot")
+
+
+def check_count(name: str, value: Any) -> None:
+    """None, or a positive integer (a number of questions)."""
+    if value is not None and not is_int(value, 1):
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+
+
+def check_seed(name: str, value: Any) -> None:
+    """A seed: an integer >= 0."""
+    if not is_int(value, 0):
+        raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every kind of run takes: the store, the datasets, the baseline arm and the margin (positional,
+    in that order), and, by keyword, the sampling every arm uses, the seeds, the budgets and the run's name.
+
+    alpha: the one-sided level. max_questions: at most this many questions of the seeded order.
+    max_minutes: a time budget for answering (a run stopped by it resumes on the next call). order_seed:
+    the question order (default: ``seed``, which also derives the per-question sampling seeds).
+    exclude_runs: leave out the questions these runs of the store used.
+    """
+
+    store: str | Path
+    datasets: tuple[str, ...]
+    baseline: ArmSpec
+    margin: float
+    alpha: float = field(default=0.025, kw_only=True)
+    max_questions: int | None = field(default=None, kw_only=True)
+    max_minutes: float | None = field(default=None, kw_only=True)
+    temperature: float = field(default=0.0, kw_only=True)
+    top_p: float = field(default=1.0, kw_only=True)
+    max_tokens: int = field(default=512, kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+    order_seed: int | None = field(default=None, kw_only=True)
+    run_id: str | None = field(default=None, kw_only=True)
+    shuffle_seed: int = field(default=0, kw_only=True)
+    exclude_runs: tuple[str, ...] = field(default=(), kw_only=True)
+    progress: bool = field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        datasets = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
+        object.__setattr__(self, "datasets", datasets)
+        excluded = (self.exclude_runs,) if isinstance(self.exclude_runs, str) else tuple(self.exclude_runs)
+        if any(not isinstance(n, str) or not n.strip() for n in excluded):
+            raise ValueError(f"exclude_runs={self.exclude_runs!r}: give run names")
+        object.__setattr__(self, "exclude_runs", excluded)
+        self._check()
+
+    def _check(self) -> None:
+        if not self.datasets:
+            raise ValueError("datasets: give at least one dataset name or path")
+        check_margin_alpha(self.margin, self.alpha)
+        self.sampling  # noqa: B018 - validates temperature, top_p and max_tokens
+        check_seed("seed", self.seed)
+        if self.order_seed is not None:
+            check_seed("order_seed", self.order_seed)
+        check_seed("shuffle_seed", self.shuffle_seed)
+        check_count("max_questions", self.max_questions)
+        if self.max_minutes is not None and not is_number(self.max_minutes, above=0):
+            raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
+        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
+            raise ValueError(f"run={self.run_id!r}: must be a non-empty name")
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling every arm uses."""
+        return Sampling(self.temperature, self.top_p, self.max_tokens)
+
+    @property
+    def question_order_seed(self) -> int:
+        """The seed of the question order."""
+        return self.seed if self.order_seed is None else self.order_seed
+
+
+@dataclass(frozen=True)
+class GateOptions(RunSettings):
+    """One gate run (``kind="gate"``) or pilot (``kind="pilot"``); the shared settings are RunSettings'.
+
+    candidate: the other arm (dict, JSON string or JSON file; a pilot without one runs the baseline
+    twice). margin: tolerated accuracy loss (0.02 = 2 points). sequential: stop at
+    the first crossing of an anytime-valid confidence sequence (gate runs only), over at most
+    ``max_questions`` questions. limit: the first N questions of each dataset's seeded order (max_questions:
+    the first N of the interleaved order). Pilots are always left out of gate runs. judge: the judge
+    endpoint of ``judge`` questions (flyspec/gate/arms/judge.py), as a dict, JSON string or JSON file.
+    """
+
+    candidate: ArmSpec | None = None
+    kind: str = "gate"
+    sequential: bool = False
+    limit: int | None = None
+    judge: ArmSpec | None = None
+
+    def _check(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}: must be 'gate' or 'pilot'")
+        super()._check()
+        check_count("limit", self.limit)
+        if self.kind == "gate" and self.candidate is None:
+            raise ValueError("candidate: a gate run compares two arms; give --candidate")
+        if self.sequential and self.kind != "gate":
+            raise ValueError("sequential: only `gate run` is sequential; a pilot answers a fixed set")
+        if self.sequential and self.limit is not None:
+            raise ValueError(
+                f"limit={self.limit}: a sequential run takes --max-questions (the first N of the seeded "
+                "order over all datasets), not --limit"
+            )
+
+    @property
+    def name(self) -> str:
+        """The run's name in the store."""
+        return self.run_id or self.kind
+
+
+ORDERS = ("speed", "given")
+ORDER_BY = ("mean_acceptance_length", "tokens_per_s")
+DEFAULT_CALIBRATION = 8
+
+
+@dataclass(frozen=True)
+class TuneOptions(RunSettings):
+    """One ``gate tune``; the shared settings are RunSettings'.
+
+    baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
+    (flyspec/gate/runs/tune_settings.py). policies: a grid over policies and their parameters (a JSON object
+    or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
+    thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
+    the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
+    ``given`` (the candidates' order). calibration_questions: how many questions of the seeded order
+    measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
+    stops at the first crossing of its confidence sequence (else a fixed test on every test question).
+    max_questions: the test questions (default: all that remain). max_minutes: the answering time budget
+    of this call (calibration and tests together; a rerun continues). exclude_runs: runs of the store
+    whose questions are left out before the order is taken.
+    """
+
+    candidates: str | list[Any] | None = None
+    policies: str | dict[str, Any] | list[Any] | None = None
+    windows: tuple[int, ...] | None = None
+    thresholds: tuple[float, ...] | None = None
+    order: str = "speed"
+    order_by: str = "mean_acceptance_length"
+    calibration_questions: int = DEFAULT_CALIBRATION
+    sequential: bool = True
+
+    def _check(self) -> None:
+        super()._check()
+        if self.order not in ORDERS:
+            raise ValueError(f"order={self.order!r}: must be one of {', '.join(ORDERS)}")
+        if self.order_by not in ORDER_BY:
+            raise ValueError(f"order_by={self.order_by!r}: must be one of {', '.join(ORDER_BY)}")
+        c = self.calibration_questions
+        if not is_int(c, 0):
+            raise ValueError(f"calibration_questions={c!r}: must be an integer >= 0")
+        if c == 0 and self.order == "speed":
+            raise ValueError(
+                "calibration_questions=0: the order by speed is measured on calibration questions; give "
+                "at least 1, or --order given"
+            )
+        grid = self.windows is not None or self.thresholds is not None
+        given = [
+            name
+            for name, value in (("candidates", self.candidates), ("policies", self.policies))
+            if value is not None
+        ] + (["windows/thresholds"] if grid else [])
+        if len(given) > 1:
+            raise ValueError(f"give one of candidates, policies or a grid (windows, thresholds), not {given}")
+
+    @property
+    def name(self) -> str:
+        """The tune run's name in the store (its calibration run is ``NAME/calibration``)."""
+        return self.run_id or "tune"
+
+    @property
+    def calibration_run(self) -> str:
+        return f"{self.name}/calibration"

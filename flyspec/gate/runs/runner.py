@@ -1,0 +1,358 @@
+"""Run the paired gate: validate, lock the store, register, then answer until done or stopped.
+
+The order of work is what makes the numbers trustworthy (docs/gate.md, "Running the gate"):
+
+1. every setting, arm, dataset row and reference answer is validated before the store is touched;
+2. the store is locked (one writer process at a time) and the questions are chosen: the seeded order of
+   flyspec/gate/data/order.py, without the questions that pilots (and ``--exclude-run`` runs) used;
+3. the run is registered before the first answer: margin, alpha, arms (an endpoint with the model its
+   server reports), sampling, seeds, dataset and prompt hashes, and for a sequential run the method, the
+   maximum number of questions and the order seed; a resume with other settings is refused;
+4. every arm answers at once, in the registered order (flyspec/gate/runs/dispatch.py); each answer is
+   graded in the main thread and committed the moment it arrives;
+5. a sequential run stops at the first crossing along the registered order (flyspec/gate/stats/monitor.py), at
+   ``max_questions`` or at the time budget (answers already in flight are still stored), or at Ctrl-C
+   (at once: answers in flight are dropped and asked again when the run continues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flyspec.gate.arms.base import Arm, Executor
+from flyspec.gate.arms.judge import Judge, parse_judge
+from flyspec.gate.arms.registry import make_executors, parse_arm
+from flyspec.gate.data.datasets import Question, dataset_info
+from flyspec.gate.data.order import QuestionKey, select_questions
+from flyspec.gate.data.store import GateStore, RegisteredQuestion
+from flyspec.gate.grading.graders import JUDGE, sandbox_notes
+from flyspec.gate.runs import loop
+from flyspec.gate.runs.exclusion import check_not_extended, used_questions
+from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
+from flyspec.gate.runs.options import ArmSpec, GateOptions
+from flyspec.gate.runs.session import Session, SessionSettings, log
+from flyspec.gate.stats.monitor import SequentialMonitor, SequentialPlan
+
+Lane = tuple[str, int]
+Excluded = tuple[set[QuestionKey], list[str]]
+"""The questions left out of a run and the runs that used them."""
+
+__all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a call of ``run`` ended: ``reason`` is ``complete``, ``boundary``, ``max_questions``,
+    ``time_budget`` or ``interrupted`` (the last two pause the run: the same call resumes it)."""
+
+    run_id: str
+    reason: str
+
+    @property
+    def interrupted(self) -> bool:
+        return self.reason == "interrupted"
+
+
+# ------------------------------------------------------------------------------------ planning
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated run, before anything touches the store."""
+
+    options: GateOptions
+    arms: dict[str, Arm]
+    lanes: list[Lane]
+    datasets: Datasets
+    judge: Judge | None = None
+
+    @property
+    def mode(self) -> str | None:
+        """For a pilot: ``noise`` (the baseline twice) or ``candidate`` (both arms once)."""
+        if self.options.kind != "pilot":
+            return None
+        return "candidate" if "candidate" in self.arms else "noise"
+
+
+def _plan(options: GateOptions) -> _Plan:
+    arms: dict[str, Arm] = {"baseline": parse_arm("baseline", options.baseline)}
+    if options.candidate is not None:
+        arms["candidate"] = parse_arm("candidate", options.candidate)
+    if "candidate" in arms:
+        lanes = [("baseline", 0), ("candidate", 0)]
+    else:
+        lanes = [("baseline", 0), ("baseline", 1)]
+        if options.temperature == 0 and arms["baseline"].greedy_repeats:
+            raise ValueError(
+                "gate pilot at temperature 0 would run the baseline twice and measure nothing: this "
+                "engine's greedy decoding gives the same answers both times. To plan a run, pilot the "
+                "candidate instead: `flyspec gate pilot --candidate ARM ...` runs both arms once on "
+                "questions that later `gate run`s leave out, and measures the candidate's flip rate. "
+                "(To measure sampling noise, give --temperature > 0.)"
+            )
+    datasets = load_datasets(options.datasets, options.shuffle_seed)
+    return _Plan(options, arms, lanes, datasets, _judge(options, datasets))
+
+
+def _judge(options: GateOptions, datasets: Datasets) -> Judge | None:
+    """The run's judge: given exactly when some question has grader 'judge'."""
+    judged = [name for name, (_, qs) in datasets.items() if any(q.grader == JUDGE for q in qs)]
+    judge = parse_judge(options.judge) if options.judge is not None else None
+    if judged and judge is None:
+        raise ValueError(
+            f"dataset {judged[0]!r} has questions with grader 'judge': give the judge endpoint with --judge "
+            '\'{"base_url": "http://HOST:PORT/v1", "model": "NAME"}\''
+        )
+    if judge is not None and not judged:
+        raise ValueError("--judge: no question of the run has grader 'judge', so there is nothing to judge")
+    return judge
+
+
+def _excluded(store: GateStore, plan: _Plan) -> Excluded:
+    """Questions left out of this run: every earlier pilot's (for a gate run) and --exclude-run's."""
+    options = plan.options
+    existing = store.get_run(options.name)
+    names = list(options.exclude_runs)
+    used_questions(store, names)  # refuses a run the store does not hold
+    if options.kind == "gate":
+        born = existing.created_at if existing is not None else float("inf")
+        names += [r.run_id for r in store.runs() if r.kind == "pilot" and r.created_at < born]
+    names = [n for n in dict.fromkeys(names) if n != options.name]
+    return used_questions(store, names), names
+
+
+def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Excluded]:
+    o = plan.options
+    excluded = _excluded(store, plan)
+    by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
+    pool = select_questions(by_dataset, seed=o.question_order_seed, limit=o.limit, excluded=excluded[0])
+    if o.max_questions is not None and o.max_questions > len(pool):
+        raise ValueError(
+            f"max_questions={o.max_questions}: the datasets hold {len(pool)} questions"
+            + (
+                f" once the {len(excluded[0])} used by {', '.join(excluded[1])} are left out"
+                if excluded[1]
+                else ""
+            )
+        )
+    questions = pool[: o.max_questions] if o.max_questions is not None else pool
+    return questions, len(pool), excluded
+
+
+def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
+    if not options.sequential:
+        return None
+    return SequentialPlan(options.margin, options.alpha, len(questions), pool, options.question_order_seed)
+
+
+# -------------------------------------------------------------------------------- registration
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The questions a run registers, from how large a pool, without which, and its sequential plan."""
+
+    questions: list[Question]
+    pool: int
+    excluded: Excluded
+    sequential: SequentialPlan | None
+
+
+def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any]:
+    """What the run registers before its first answer, with the served models ``served``."""
+    o = plan.options
+    counts: dict[str, int] = {name: 0 for name in plan.datasets}
+    for q in chosen.questions:
+        counts[q.dataset] += 1
+    registration: dict[str, Any] = {
+        "margin": float(o.margin),
+        "alpha": float(o.alpha),
+        "seed": o.seed,
+        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens},
+        "arms": loop.identities(plan.arms, served),
+        "repeats": sorted({r for _, r in plan.lanes}),
+        "datasets": {
+            name: {"sha256": dataset_info(spec).sha256, "questions": counts[name], "available": len(qs)}
+            for name, (spec, qs) in plan.datasets.items()
+        },
+        "limit": o.limit,
+        "max_questions": o.max_questions,
+        "shuffle_seed": o.shuffle_seed,
+        "order": {
+            "seed": o.question_order_seed,
+            "rule": "sha256(seed:dataset:id) ascending",
+            "pool": chosen.pool,
+        },
+        "excluded": {"runs": chosen.excluded[1], "questions": len(chosen.excluded[0])},
+        "design": "sequential" if chosen.sequential is not None else "fixed",
+    }
+    if chosen.sequential is not None:
+        registration["sequential"] = chosen.sequential.to_dict()
+    if plan.mode is not None:
+        registration["pilot"] = {"mode": plan.mode}
+    if plan.judge is not None:
+        registration["judge"] = plan.judge.identity(served.get(JUDGE))
+    return registration
+
+
+def _extend(
+    store: GateStore, plan: _Plan, chosen: _Chosen, questions: list[RegisteredQuestion]
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The check a resume makes first: a fixed gate run may not grow, a sequential run may (it records
+    the extension); returns ``amend`` for ``loop.register``."""
+    options = plan.options
+    run_id = options.name
+
+    def amend(guessed: dict[str, Any]) -> dict[str, Any]:
+        if options.kind == "gate" and chosen.sequential is None:
+            check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in chosen.questions])
+        if chosen.sequential is not None and store.extend_sequential(run_id, guessed, questions):
+            log(f"gate: run {run_id!r} continues to at most {len(chosen.questions)} questions")
+        run = store.get_run(run_id)
+        history = run.registration.get("extensions") if run is not None else None
+        return {"extensions": history} if history else {}
+
+    return amend
+
+
+def _register(store: GateStore, plan: _Plan, chosen: _Chosen, executors: list[Executor]) -> bool:
+    """Register the run (or check its resume) before its first answer; True when it is new."""
+    questions = loop.registered(chosen.questions)
+    return loop.register(
+        store,
+        plan.options.name,
+        plan.options.kind,
+        questions,
+        lambda served: _registration(plan, chosen, served),
+        lambda: loop.ask_served(executors, plan.judge),
+        _extend(store, plan, chosen, questions),
+    )
+
+
+# ----------------------------------------------------------------------------------------- run
+
+
+def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
+    notes: dict[str, Any] = {
+        "arm_settings": {name: arm.public_dict() for name, arm in plan.arms.items()},
+        "dataset_sources": {name: spec for name, (spec, _) in plan.datasets.items()},
+        "executors": [ex.facts() for ex in executors],
+    }
+    sandbox = sandbox_notes({q.grader for _, qs in plan.datasets.values() for q in qs})
+    if sandbox is not None:
+        notes["code_sandbox"] = sandbox
+    if plan.judge is not None:
+        notes["judge_settings"] = plan.judge.public_dict()
+    shared = [sorted(ex.arms) for ex in executors if ex.shared]
+    if shared:
+        notes["shared_engine"] = shared
+        notes["shared_engine_note"] = (
+            "arms differing only in the verifier ran in one engine started with the lossy policy, their "
+            "requests side by side in the same batches; the standard arm's requests used "
+            "verification='standard' (lossless)"
+        )
+    return notes
+
+
+def run(options: GateOptions) -> RunResult:
+    """Register (or resume) a run and answer what is not yet stored, until done or stopped."""
+    plan = _plan(options)
+    run_id = options.name
+    with GateStore(options.store) as store, store.lock(run_id):
+        questions, pool, excluded = _choose(plan, store)
+        if excluded[1]:
+            log(f"gate: leaving out {len(excluded[0])} questions used by run(s) {', '.join(excluded[1])}")
+        chosen = _Chosen(questions, pool, excluded, _sequential_plan(options, questions, pool))
+        executors = make_executors(list(plan.arms.values()))
+        new = _register(store, plan, chosen, executors)
+        store.add_event(run_id, "start")
+        session = _session(store, plan, chosen)
+        log(
+            f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
+            f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
+            f"{options.alpha}{', sequential' if chosen.sequential else ''})"
+        )
+        announce_sandbox({q.grader for q in questions}, "gate")
+        reason = _answer(store, plan, session, executors)
+    return RunResult(run_id, reason)
+
+
+def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
+    questions, sequential = chosen.questions, chosen.sequential
+    judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
+    monitor = (
+        SequentialMonitor([(q.dataset, q.id) for q in questions], sequential, judged=judged)
+        if sequential
+        else None
+    )
+    return Session(store, SessionSettings.of(plan.options, plan.judge), plan.lanes, questions, monitor)
+
+
+def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Executor]) -> str:
+    run_id = plan.options.name
+    monitor = session.monitor
+    if monitor is not None and monitor.stop is not None:
+        log(f"gate: run {run_id!r} already stopped after {monitor.stop.stopped_at} questions; nothing to do")
+        store.add_event(run_id, "stop", monitor.stop.reason, monitor.stop.stopped_at)
+        return monitor.stop.reason
+    if not any(session.jobs(ex) for ex in executors):
+        store.add_event(run_id, "stop", "complete")
+        return "complete"
+    loop.start(executors, "gate")
+    store.update_notes(run_id, _notes(plan, executors))
+    return loop.answer(store, session, executors)
+
+
+# ----------------------------------------------------------------------------------- public API
+
+
+def run_gate(
+    store: str | Path,
+    datasets: str | Sequence[str],
+    baseline: ArmSpec,
+    candidate: ArmSpec,
+    margin: float,
+    alpha: float = 0.025,
+    **settings: Any,
+) -> str:
+    """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id.
+
+    Arms are dicts, JSON strings or JSON file paths (see flyspec.gate.arms). ``margin`` is the tolerated
+    accuracy loss (0.02 = 2 points) and ``alpha`` the one-sided level; both are registered in the store
+    before the first answer. ``settings`` are the other fields of ``GateOptions`` (``sequential``,
+    ``max_questions``, ``max_minutes``, ``limit``, ``temperature``, ``max_tokens``, ``seed``, ``run_id``,
+    ...).
+    """
+    options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="gate", **settings)
+    return run(options).run_id
+
+
+def run_pilot(
+    store: str | Path,
+    datasets: str | Sequence[str],
+    baseline: ArmSpec,
+    margin: float,
+    alpha: float = 0.025,
+    *,
+    candidate: ArmSpec | None = None,
+    **settings: Any,
+) -> str:
+    """Run a pilot; returns the run id. Without ``candidate``: the baseline twice (fresh seeds, nothing
+    cached; refused at temperature 0 for engine arms, where it measures nothing). With ``candidate``: both
+    arms once, to measure the candidate's flip rate. Later gate runs in the store leave its questions out.
+    ``build_report`` turns it into a sample-size plan."""
+    options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="pilot", **settings)
+    return run(options).run_id
+
+
+def describe_interrupt(store_path: str | Path, run_id: str) -> str:
+    """The line printed when a run is interrupted: how much is stored and how to resume."""
+    with GateStore(store_path) as store:
+        stored = len(store.answered_keys(run_id))
+    return (
+        f"interrupted: {stored} answers of run {run_id!r} are stored in {store_path}; "
+        "rerun the same command to resume"
+    )

@@ -1,0 +1,302 @@
+"""One session of a gate run: feed the unanswered jobs to the arms, then grade, commit and monitor every
+answer in the main thread until the run is done or stops (flyspec/gate/runs/runner.py does everything
+before: validation, the lock, the registration)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass
+
+from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
+from flyspec.gate.arms.judge import Judge
+from flyspec.gate.data.datasets import Question
+from flyspec.gate.data.order import QuestionKey
+from flyspec.gate.data.store import AnswerRecord, GateStore
+from flyspec.gate.grading.graders import JUDGE, Grade, equivalence_normaliser, grade, grade_against_baseline
+from flyspec.gate.runs.dispatch import Answer, Dispatcher
+from flyspec.gate.runs.judging import Item, JudgedPairs
+from flyspec.gate.runs.options import GateOptions
+from flyspec.gate.runs.progress import GateProgress
+from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
+
+Lane = tuple[str, int]
+NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What one answering session needs from its run: where to store, the seeds, the sampling, whether
+    to show a bar, the answering time budget in seconds (counted from the first answer request, after the
+    models are loaded), whether answers are graded (a tune's calibration answers are not: they only
+    measure speed, so no quality data can influence the order of the tests), and the judge of ``judge``
+    questions."""
+
+    run_id: str
+    seed: int
+    sampling: Sampling
+    progress: bool = True
+    max_seconds: float | None = None
+    graded: bool = True
+    judge: Judge | None = None
+
+    @classmethod
+    def of(cls, options: GateOptions, judge: Judge | None = None) -> SessionSettings:
+        """The settings of a gate run or pilot."""
+        minutes = options.max_minutes
+        return cls(
+            options.name,
+            options.seed,
+            options.sampling,
+            options.progress,
+            60 * minutes if minutes is not None else None,
+            judge=judge,
+        )
+
+
+def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
+    """Per-question seed: the same for every arm, so paired arms see the same randomness.
+
+    Repeat 0 uses ``hash(run seed, question)``; a pilot's second pass (repeat 1) gets fresh seeds, so it
+    measures how often sampling noise alone flips a question.
+    """
+    key = f"{run_seed}:{dataset}:{question_id}" + (f":{repeat}" if repeat else "")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def log(message: str) -> None:
+    """Progress notes go to stderr, so that stdout carries only the report (and --json's last line)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class Session:
+    """One call of ``run`` on a registered run: what is stored, what to answer, and how it is recorded."""
+
+    def __init__(
+        self,
+        store: GateStore,
+        settings: SessionSettings,
+        lanes: list[Lane],
+        questions: list[Question],
+        monitor: SequentialMonitor | None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.lanes = lanes
+        self.run_id = settings.run_id
+        self.questions = questions
+        self.monitor = monitor
+        # Only this session's lanes: a tune run stores every setting's answers in one run.
+        self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
+        self.fingerprints: dict[str, dict[str, list[str]]] = {}
+        # Why this session stopped and, for a sequential run, the in-order prefix length at that moment.
+        self.reason: str | None = None
+        self.stopped_at: int | None = None
+        self.stored = [r for r in store.answers(self.run_id) if (r.arm, r.repeat) in lanes]
+        # Reference outputs (the first lane's) for equivalent_to_baseline questions, and answers waiting
+        # for theirs.
+        first = lanes[0]
+        self.references = {
+            (r.dataset, r.question_id): r.output for r in self.stored if (r.arm, r.repeat) == first
+        }
+        self.waiting: dict[QuestionKey, list[tuple[Job, Completion]]] = {}
+        judge = settings.judge
+        self.judged = (
+            JudgedPairs(store, self.run_id, judge, lanes) if judge is not None and settings.graded else None
+        )
+        for record in self.stored:
+            if monitor is not None:
+                monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
+
+    @property
+    def total(self) -> int:
+        return len(self.lanes) * len(self.questions)
+
+    def jobs(self, executor: Executor) -> list[Job]:
+        """The executor's unanswered jobs in the registered order, its lanes side by side per question."""
+        if self.monitor is not None and self.monitor.stop is not None:
+            return []
+        seed = self.settings.seed
+        lanes = [lane for lane in self.lanes if lane[0] in executor.arms]
+        return [
+            Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
+            for position, q in enumerate(self.questions)
+            for arm, repeat in lanes
+            if (arm, repeat, q.dataset, q.id) not in self.done
+        ]
+
+    def record(self, answer: Answer, bar: GateProgress) -> SequentialStop | None:
+        """Grade and commit one answer (and any answers that waited for it); returns the sequential stop
+        if one of them caused it."""
+        return self._store(self._graded(answer), bar)
+
+    def _store(self, items: list[Item], bar: GateProgress) -> SequentialStop | None:
+        """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
+        update the monitor and the bar; returns the sequential stop if one of them caused it."""
+        if not items:
+            return None
+        self.store.add_answers(
+            self.run_id, [self._record(job, completion, g) for job, completion, g in items]
+        )
+        stop = None
+        for job, completion, g in items:
+            self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
+            q = job.question
+            if self.monitor is not None:
+                stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) or stop
+            bar.add((job.arm, job.repeat), g.correct)
+        return stop
+
+    def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
+        """The grades this answer makes possible. An ``equivalent_to_baseline`` question grades the other
+        lane against the first lane's output, so an answer that arrives before its reference waits (it is
+        answered again after a crash, never stored ungraded)."""
+        job, completion = answer.job, answer.completion
+        q = job.question
+        if not self.settings.graded:
+            return [(job, completion, Grade(None, False, NOT_GRADED))]
+        if q.grader == JUDGE:
+            if self.judged is None:
+                raise ValueError(f"question {q.dataset}/{q.id} has grader 'judge' but the run has no judge")
+            return self.judged.add(job, completion)
+        if equivalence_normaliser(q.grader) is None:
+            return [(job, completion, grade(q.grader, completion.text, q.answer))]
+        key = (q.dataset, q.id)
+        if (job.arm, job.repeat) == self.lanes[0]:
+            self.references[key] = completion.text
+            own = grade_against_baseline(q.grader, completion.text, completion.text)[0]
+            waiting = self.waiting.pop(key, [])
+            later = [(j, c, grade_against_baseline(q.grader, completion.text, c.text)[1]) for j, c in waiting]
+            return [(job, completion, own), *later]
+        reference = self.references.get(key)
+        if reference is None:
+            self.waiting.setdefault(key, []).append((job, completion))
+            return []
+        return [(job, completion, grade_against_baseline(q.grader, reference, completion.text)[1])]
+
+    @staticmethod
+    def _record(job: Job, completion: Completion, g: Grade) -> AnswerRecord:
+        q = job.question
+        acc = completion.acceptance
+        return AnswerRecord(
+            arm=job.arm,
+            repeat=job.repeat,
+            dataset=q.dataset,
+            question_id=q.id,
+            seed=job.seed,
+            output=completion.text,
+            extracted=g.extracted,
+            correct=g.correct,
+            finish_reason=completion.finish_reason,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            latency_s=completion.latency_s,
+            num_drafts=acc.num_drafts if acc else None,
+            num_draft_tokens=acc.num_draft_tokens if acc else None,
+            num_accepted_tokens=acc.num_accepted_tokens if acc else None,
+            num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
+            source=completion.source,
+        )
+
+    def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            return
+        seen = self.fingerprints.setdefault(arm, {}).setdefault(url, [])
+        if fingerprint not in seen:
+            seen.append(fingerprint)
+            self.store.update_notes(self.run_id, {"system_fingerprints": self.fingerprints})
+
+    def _pause(self, reason: str, dispatcher: Dispatcher, message: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.stopped_at = self.monitor.prefix if self.monitor is not None else None
+            dispatcher.stop()
+            log(message)
+
+    def answer(self, executors: list[Executor]) -> str:
+        """Answer every unanswered job (or until a stop); returns why it ended."""
+        jobs = [self.jobs(ex) for ex in executors]
+        budget = self.settings.max_seconds
+        deadline = time.monotonic() + budget if budget is not None else None
+        progress = GateProgress(
+            self.lanes,
+            self.total,
+            len(self.done),
+            monitor=self.monitor,
+            deadline=deadline,
+            enabled=self.settings.progress,
+        )
+        for record in self.stored:
+            progress.add((record.arm, record.repeat), record.correct, new=False)
+        with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
+            aborted = True
+            try:
+                self._loop(dispatcher, bar, deadline)
+                aborted = False
+            finally:
+                self._record_times(executors, jobs, dispatcher)
+                if self.judged is not None:
+                    self.judged.close(wait_for_calls=not aborted)
+            dispatcher.raise_error()
+            if self.judged is not None and self.judged.error is not None:
+                raise self.judged.error
+        return self.reason or "complete"
+
+    @property
+    def _judging(self) -> bool:
+        """True while judge calls are in flight (the session waits for them, like answers in flight)."""
+        return self.judged is not None and self.judged.busy
+
+    def _stopped_by(self, stop: SequentialStop | None, dispatcher: Dispatcher, in_flight: str) -> None:
+        if stop is not None and self.reason is None:
+            self.reason, self.stopped_at = stop.reason, stop.stopped_at
+            dispatcher.stop()
+            log(f"gate: stopped after {stop.stopped_at} questions ({stop.decision}); {in_flight}")
+
+    def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
+        in_flight = "the answers in flight are finished and stored"
+        while not dispatcher.finished or self._judging:
+            try:
+                answer = dispatcher.next(timeout=0.25) if not dispatcher.finished else None
+                if answer is not None:
+                    self._stopped_by(self.record(answer, bar), dispatcher, in_flight)
+                else:
+                    bar.refresh()
+                if self.judged is not None:
+                    wait = 0.25 if dispatcher.finished else 0.0
+                    self._stopped_by(self._store(self.judged.poll(wait), bar), dispatcher, in_flight)
+                    if self.judged.error is not None:
+                        self._pause(
+                            "error", dispatcher, f"gate: the judge failed; {in_flight} before stopping"
+                        )
+                if dispatcher.failed:
+                    self._pause("error", dispatcher, f"gate: an arm failed; {in_flight} before stopping")
+                if deadline is not None and time.monotonic() > deadline:
+                    self._pause("time_budget", dispatcher, f"gate: time budget reached; {in_flight}")
+            except KeyboardInterrupt:
+                # Ctrl-C stops now (SPEC 13: within 2 s), not after the answers in flight, which can take
+                # minutes in a full batch: they are dropped, and a rerun asks them again. Nothing stored
+                # is lost, and the report shows the run paused at the prefix reached.
+                self._pause(
+                    "interrupted",
+                    dispatcher,
+                    "gate: interrupted; the answers in flight are dropped (a rerun asks them again)",
+                )
+                dispatcher.abort()
+                if self.judged is not None:
+                    self.judged.close(wait_for_calls=False)
+                return
+
+    def _record_times(self, executors: list[Executor], jobs: list[list[Job]], dispatcher: Dispatcher) -> None:
+        for todo, spent in zip(jobs, dispatcher.times, strict=True):
+            if not spent.answers:
+                continue
+            # The lanes this executor answered in this session: a shared engine whose other lane was
+            # already stored (a tune's baseline) ran one lane alone, and its busy time is that lane's.
+            answered = {(job.arm, job.repeat) for job in todo}
+            lanes = [lane for lane in self.lanes if lane in answered]
+            arm, repeat = lanes[0] if len(lanes) == 1 else ("+".join(f"{a}#{r}" for a, r in lanes), -1)
+            self.store.add_batch(
+                self.run_id, arm, repeat, spent.answers, spent.completion_tokens, spent.seconds
+            )

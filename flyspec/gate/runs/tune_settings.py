@@ -1,0 +1,209 @@
+"""The settings ``gate tune`` chooses among: lossy speculative configs (any verification policy: FLy,
+typical acceptance, each with or without a lossless prefix) tried against one standard baseline.
+
+A candidate is given in one of two forms (docs/gate.md, "gate tune"):
+
+- a fragment of a ``speculative_config``, e.g. ``{"fly_window_size": 2, "fly_entropy_threshold": 0.3}`` or
+  ``{"rejection_sample_method": "typical", "lossless_prefix_tokens": 8}``: the baseline engine arm with
+  these keys set (the same models, K, dtype and engine settings, so only the verifier differs). Without
+  ``rejection_sample_method`` the policy is the one whose fields the fragment sets, or FLy;
+- ``{"arm": ARM, "speculative_config": {...}}``: any arm, e.g. an endpoint serving that setting (a vLLM
+  or flyspec server is started with its speculative config, so each setting is its own server), with the
+  config it runs, which the report prints for pasting.
+
+A grid (``--policies``) is a JSON object, or a list of them, whose list values are expanded into every
+combination (keys in the order given, the last varying fastest), e.g.
+``[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], "lossless_prefix_tokens": [0, 32]},
+{"rejection_sample_method": "typical", "lossless_prefix_tokens": [0, 32]}]`` is six candidates.
+
+Without candidates the default grid is every window ``fly_window_size`` from ``min(6, K - 1)`` down to 1
+times the entropy thresholds 0.6 and 0.3, for the baseline's K.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from flyspec.checks import load_json
+from flyspec.gate.arms.base import Arm, load_arm_spec
+from flyspec.gate.arms.engine import EngineArm
+from flyspec.gate.arms.registry import parse_arm
+from flyspec.gate.report.tune_report import titled
+
+DEFAULT_THRESHOLDS = (0.6, 0.3)
+MAX_DEFAULT_WINDOW = 6
+DEFAULT_POLICY = "fly"
+"""The policy of a fragment that names none and sets no policy's fields (and of the default grid)."""
+_ENTRY_KEYS = ("arm", "speculative_config")
+
+
+@dataclass(frozen=True)
+class TuneSetting:
+    """One candidate: its arm name in the store (``s1``, ``s2``, ... in the order given), a label for
+    people, the speculative config to paste, and the arm that runs it."""
+
+    id: str
+    label: str
+    speculative_config: dict[str, Any]
+    arm: Arm
+
+    @property
+    def title(self) -> str:
+        """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
+        return titled(self.speculative_config, self.label)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "label": self.label, "speculative_config": self.speculative_config}
+
+
+def baseline_spec(baseline: Arm) -> dict[str, Any] | None:
+    """The baseline engine arm's speculative config; ValueError unless it verifies with standard (lossless)
+    speculative decoding. None for an endpoint baseline (its server's config is not visible here)."""
+    if not isinstance(baseline, EngineArm):
+        return None
+    spec = baseline.config["speculative_config"]
+    if spec is None or spec.get("rejection_sample_method") != "standard":
+        raise ValueError(
+            "baseline: gate tune compares lossy settings with standard speculative decoding, so the "
+            "baseline engine arm needs a speculative_config with rejection_sample_method 'standard' (got "
+            f"{json.dumps(spec)})"
+        )
+    return spec
+
+
+def default_grid(
+    k: int, windows: tuple[int, ...] | None = None, thresholds: tuple[float, ...] | None = None
+) -> list[dict[str, Any]]:
+    """The default grid, of FLy settings for K draft tokens: every window times every threshold."""
+    if k < 2:
+        raise ValueError(f"num_speculative_tokens={k}: FLy needs K >= 2, so there is nothing to tune")
+    if windows is None:
+        windows = tuple(range(min(MAX_DEFAULT_WINDOW, k - 1), 0, -1))
+    if thresholds is None:
+        thresholds = DEFAULT_THRESHOLDS
+    if not windows or not thresholds:
+        raise ValueError("the grid needs at least one window and one entropy threshold")
+    return [{"fly_window_size": w, "fly_entropy_threshold": t} for w in windows for t in thresholds]
+
+
+def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    """The policy's label of its settings (FLy: ``W=2, theta=0.3``), then ``prefix=L`` for a lossless
+    prefix and whatever else differs from the baseline's config (e.g. ``K=5``)."""
+    from flyspec.config import LOSSLESS_PREFIX_FIELD, verification_policy
+
+    parts = [verification_policy(spec["rejection_sample_method"]).label(spec)]
+    if spec.get(LOSSLESS_PREFIX_FIELD):
+        parts.append(f"prefix={spec[LOSSLESS_PREFIX_FIELD]}")
+    k = spec.get("num_speculative_tokens")
+    if reference is not None and k != reference.get("num_speculative_tokens"):
+        parts.append(f"K={spec.get('num_speculative_tokens')}")
+    return ", ".join(parts)
+
+
+def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
+    from flyspec.config import LOSSY_METHODS, SpeculativeConfig
+
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: speculative_config must be a JSON object, got {type(data).__name__}")
+    try:
+        spec = SpeculativeConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if not spec.is_lossy:
+        methods = ", ".join(repr(m) for m in LOSSY_METHODS)
+        raise ValueError(
+            f"{where}: a candidate must verify with a lossy policy (rejection_sample_method one of {methods})"
+        )
+    # Unset keys (null) are left out: the config is printed for pasting, and absent means the default.
+    return {key: value for key, value in spec.to_dict().items() if value is not None}
+
+
+def _policy_of(fragment: dict[str, Any]) -> str:
+    """The policy a fragment asks for: named, or the one owning its fields, or DEFAULT_POLICY."""
+    from flyspec.config import POLICY_OF_FIELD
+
+    if "rejection_sample_method" in fragment:
+        return fragment["rejection_sample_method"]
+    owners = {POLICY_OF_FIELD[f] for f in fragment if f in POLICY_OF_FIELD}
+    return owners.pop() if len(owners) == 1 else DEFAULT_POLICY
+
+
+def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
+    setting_id = f"s{index + 1}"
+    where = f"candidate {index + 1}"
+    if not isinstance(entry, dict) or not entry:
+        raise ValueError(f"{where}: must be a non-empty JSON object, got {entry!r:.80}")
+    if "arm" in entry:
+        unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+        if unknown or "speculative_config" not in entry:
+            raise ValueError(
+                f"{where}: an entry with an arm takes exactly 'arm' and 'speculative_config' (the config "
+                f"that arm runs, for the report){f'; unknown: {unknown}' if unknown else ''}"
+            )
+        spec = _lossy_spec(entry["speculative_config"], where)
+        arm = parse_arm(setting_id, load_arm_spec(entry["arm"], setting_id))
+        if isinstance(arm, EngineArm) and _lossy_spec(arm.config["speculative_config"], where) != spec:
+            raise ValueError(f"{where}: the engine arm's speculative_config differs from the one given")
+        return TuneSetting(setting_id, label(spec, reference), spec, arm)
+    if reference is None or not isinstance(baseline, EngineArm):
+        raise ValueError(
+            f"{where}: with an endpoint baseline every candidate needs its own arm: "
+            '{"arm": {...}, "speculative_config": {...}}'
+        )
+    spec = _lossy_spec({**reference, "rejection_sample_method": _policy_of(entry), **entry}, where)
+    arm = parse_arm(setting_id, {**baseline.public_dict(), "speculative_config": spec})
+    return TuneSetting(setting_id, label(spec, reference), spec, arm)
+
+
+def parse_settings(baseline: Arm, candidates: list[Any]) -> list[TuneSetting]:
+    """Validate the candidates (in the order given); ValueError naming the entry for a bad or repeated
+    one."""
+    reference = baseline_spec(baseline)
+    if not isinstance(candidates, list) or not candidates:
+        raise ValueError("candidates: give a non-empty JSON list of settings")
+    settings = [_setting(i, entry, baseline, reference) for i, entry in enumerate(candidates)]
+    seen: dict[str, str] = {}
+    for s in settings:
+        key = json.dumps(s.speculative_config, sort_keys=True)
+        if key in seen and isinstance(s.arm, EngineArm):
+            raise ValueError(
+                f"candidate {s.id[1:]}: the same setting as candidate {seen[key][1:]} ({s.label})"
+            )
+        seen[key] = s.id
+    return settings
+
+
+def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
+    """Candidates as a JSON list string, the path of a JSON file holding one, or a list already."""
+    if spec is None or isinstance(spec, list):
+        return spec
+    data = load_json(spec, "--candidates", inline="[", expected="a JSON list")
+    if not isinstance(data, list):
+        raise ValueError(f"--candidates: must be a JSON list of settings, got {type(data).__name__}")
+    return data
+
+
+def expand_grid(spec: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
+    """The candidates of a policy grid (module docstring): a JSON object or list of objects (inline, a
+    file, or already parsed) whose list values are expanded into every combination, in order."""
+    data = (
+        load_json(spec, "--policies", inline="[{", expected="a JSON object or list")
+        if isinstance(spec, str)
+        else spec
+    )
+    blocks = [data] if isinstance(data, dict) else data
+    if not isinstance(blocks, list) or not blocks:
+        raise ValueError("--policies: give a JSON object or a non-empty list of them")
+    out: list[dict[str, Any]] = []
+    for i, block in enumerate(blocks, 1):
+        if not isinstance(block, dict) or not block:
+            raise ValueError(f"--policies: grid {i} must be a non-empty JSON object, got {block!r:.80}")
+        axes = [value if isinstance(value, list) else [value] for value in block.values()]
+        empty = [key for key, values in zip(block, axes, strict=True) if not values]
+        if empty:
+            raise ValueError(f"--policies: grid {i}: {empty[0]} lists no value")
+        out.extend(dict(zip(block, combo, strict=True)) for combo in itertools.product(*axes))
+    return out
