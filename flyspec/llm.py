@@ -115,11 +115,17 @@ class LLM:
         return self._engine.warm_up(max_tokens, time_limit_s)
 
     @property
+    def weight_formats(self) -> dict[str, str]:
+        """How the target's (and a draft model's) weights were loaded, e.g. {"target": "int8", "draft":
+        "int4"}: what quantization="auto" chose on this CPU, or "bfloat16 (prepacked)"."""
+        return dict(self._engine.weight_formats)
+
+    @property
     def stats(self) -> SpecDecodeStats:
         """The engine's cumulative counters (live, not a copy): prompt and generated tokens, acceptance,
         `prefix_cache_hits` (prompt tokens whose KV was shared, so their prefill was saved) of
         `prefix_cache_queries`, `num_preemptions`, and the `kv_cache_usage` gauge."""
-        return self.engine.stats
+        return self._engine.stats
 
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""

@@ -5,9 +5,9 @@
 
 For each batch size the script prefills B distinct random prompts of --context tokens (untimed), then
 times --steps target-only greedy decode steps with `time.thread_time` and prints the median ms per step
-(and the min), one line per batch size, plus a JSON line with everything. It uses the `LLM` API and the
-engine's `step()` (`LLM._engine`; `LLM.engine` before), so the same command runs on an older checkout
-(PYTHONPATH=that tree) to compare KV cache layouts: run the two trees in turns, several rounds, and
+(and the min), one line per batch size, plus a JSON line with everything. It drives `LLMEngine` step by
+step (as the server does) through its long-standing public methods, so the same command runs on an older
+checkout (PYTHONPATH=that tree) to compare KV cache layouts: run the two trees in turns, several rounds, and
 compare medians (a shared machine's CPU time still moves by 10-30% between runs).
 """
 
@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from flyspec.llm import LLM
+from flyspec.config import EngineConfig
+from flyspec.engine.engine import LLMEngine
 from flyspec.sampling_params import SamplingParams
 
 
@@ -39,14 +40,15 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     # Only passed when set, so that the script runs on checkouts from before the option.
     options = {"batch_invariant": True} if args.batch_invariant else {}
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        max_num_seqs=max(sizes),
-        max_model_len=args.context + args.steps + 8,
-        **options,
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_num_seqs=max(sizes),
+            max_model_len=args.context + args.steps + 8,
+            **options,
+        )
     )
-    engine = llm._engine if hasattr(llm, "_engine") else llm.engine  # older checkouts: public engine
     vocab = engine.vocab_size
     eos = engine.eos_token_ids
     gen = torch.Generator().manual_seed(0)

@@ -39,16 +39,18 @@ def _kv_bytes(engine) -> tuple[int, int]:
 def _one(args: argparse.Namespace) -> dict:
     import torch
 
-    from flyspec.llm import LLM
+    from flyspec.config import EngineConfig
+    from flyspec.engine.engine import LLMEngine
     from flyspec.sampling_params import SamplingParams
 
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.prompt_tokens + args.max_tokens + 8,
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.prompt_tokens + args.max_tokens + 8,
+        )
     )
-    engine = llm._engine if hasattr(llm, "_engine") else llm.engine  # older checkouts: public engine
     gen = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(100, min(engine.vocab_size, 30000), (args.prompt_tokens,), generator=gen).tolist()

@@ -51,7 +51,8 @@ def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
     of at most 2 GSM8K questions in a seeded order, stores both arms' answers, prints the report with a
     decision, the newcomer's explanation and the speed of both arms, ends with the JSON report (decision
     object last, `sequential` object beside it), and a second run answers nothing again (the stopped run
-    is recomputed from the store)."""
+    is recomputed from the store). The report says which weights ran and how much prefill the two arms'
+    shared prompts saved."""
     target = save_tiny(tmp_path / "target", seed=0)
     draft = save_perturbed(target, tmp_path / "draft", seed=1, noise=0.05)
     store = tmp_path / "demo.db"
@@ -73,6 +74,11 @@ def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
     assert "What this means" in first.stdout
     assert f"Decision: {decision['decision']}. The run stopped after 2 of at most 2 questions" in first.stdout
     assert "Standard speculative decoding: " in first.stdout and "FLy: " in first.stdout
+    # Both arms send the same prompts (and every prompt starts with the chat template), so blocks are shared.
+    cache = report["run_notes"]["prefix_cache"]
+    assert 0 < cache["hits"] < cache["queries"]
+    assert "Prefix sharing: both arms send every question's prompt" in first.stdout
+    assert "Weights: target float32, draft float32" in first.stdout
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0, second.stderr

@@ -98,6 +98,22 @@ def _interval_lines(report: Any) -> list[str]:
     ]
 
 
+def _engine_lines(notes: dict[str, Any]) -> list[str]:
+    lines = []
+    weights = next((ex.get("weights") for ex in notes.get("executors", []) if ex.get("weights")), None)
+    if weights:
+        formats = ", ".join(f"{role} {weights[role]}" for role in ("target", "draft") if role in weights)
+        lines.append(f"Weights: {formats} (the fastest this CPU runs, measured when the models loaded).")
+    cache = notes.get("prefix_cache")
+    if cache and cache["queries"]:
+        lines.append(
+            f"Prefix sharing: both arms send every question's prompt, so {cache['hits']:,} of the "
+            f"{cache['queries']:,} prompt tokens ({100 * cache['hits'] / cache['queries']:.0f}%) reused the "
+            "KV blocks the other arm's prompt had filled: their prefill was saved."
+        )
+    return lines
+
+
 def explain(report: Any) -> str:
     """The newcomer's summary under the report: compared what, decided what, how fast, what it means."""
     stop = report.sequential
@@ -110,6 +126,7 @@ def explain(report: Any) -> str:
         "speculative decoding), FLy forgives some rejected draft tokens to go faster.",
         f"Decision: {report.decision}. " + " ".join(report.explanation),
         *_speed_lines(report),
+        *_engine_lines(report.run.notes),
         *_interval_lines(report),
     ]
     if stop is not None and not stop.final:

@@ -109,6 +109,9 @@ class LLMEngine:
             for loaded in (target, draft):
                 if loaded is not None:
                     loaded.model.enable_batch_invariance()
+        self.weight_formats = {"target": _weight_format(target)}
+        if draft is not None:
+            self.weight_formats["draft"] = _weight_format(draft)
         # One block table per request serves the target and a draft model: a block holds both.
         per_token = target.model.kv_bytes_per_token() + (draft.model.kv_bytes_per_token() if draft else 0)
         # Verification writes up to K positions past the last kept token.
@@ -708,6 +711,14 @@ def _to_padded_rows(flat: torch.Tensor, num_draft: list[int], k: int) -> torch.T
     cols = torch.tensor([c for n in num_draft for c in range(n + 1)], device=flat.device)
     out[rows, cols] = flat
     return out
+
+
+def _weight_format(loaded: LoadedModel) -> str:
+    """How a model's linear layers hold their weights, e.g. "int8", "bfloat16 (prepacked)", "float32"."""
+    if loaded.quantization is not None:
+        return loaded.quantization
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    return f"{dtype} (prepacked)" if loaded.model.packed else dtype
 
 
 def _check_quantized_as_configured(role: str, loaded: LoadedModel, quantization: str | None) -> None:

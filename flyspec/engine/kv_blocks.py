@@ -148,6 +148,19 @@ class BlockManager:
         self._registered[seq.request_id] = len(seq.block_table)
         return len(seq.block_table) * self.block_size
 
+    def first_shareable_hash(self, seq: Sequence) -> bytes | None:
+        """The hash of the request's first prompt block that another request could share, or None (prefix
+        caching off, prompt logprobs asked, or a prompt shorter than a block plus one token)."""
+        if not self.prefix_caching or seq.wants_prompt_logprobs:
+            return None
+        if (seq.num_prompt_tokens - 1) // self.block_size == 0:
+            return None
+        return self._prompt_hashes(seq)[0]
+
+    def is_registered(self, block_hash: bytes) -> bool:
+        """Whether a block with this hash is in the cache, findable by `share_prefix`."""
+        return block_hash in self._by_hash
+
     def count_lookup(self, seq: Sequence, found: int) -> None:
         """Count one admitted request's prefix lookup (vLLM's prefix_cache_queries / _hits, in tokens)."""
         if self.stats is not None and self.prefix_caching and not seq.wants_prompt_logprobs:

@@ -98,7 +98,16 @@ class Scheduler:
                 left -= n
         # After a preemption nothing is admitted this step: the blocks just freed are for the decodes
         # (readmitting the victim at once would only throw its prefill away again next step).
+        computing = self._prefixes_being_computed()
+        deferred: list[Sequence] = []
         while left > 0 and self.waiting and len(self.running) < self.max_running and not step.preempted:
+            head = self.blocks.first_shareable_hash(self.waiting[0])
+            if head is not None and head in computing:
+                # Another request is computing this prompt's first block right now (the gate's two arms
+                # send each prompt side by side): wait for it, then share its blocks instead of computing
+                # the same prefix twice. The waiting request keeps its place in the queue.
+                deferred.append(self.waiting.popleft())
+                continue
             n = self._admit(self.waiting[0], left)
             if not n:
                 break
@@ -107,7 +116,19 @@ class Scheduler:
             self.running.append(seq)
             step.prefills.append((seq, n))
             left -= n
+            if head is not None and not self.blocks.is_registered(head):
+                computing.add(head)
+        self.waiting.extendleft(reversed(deferred))
         return step
+
+    def _prefixes_being_computed(self) -> set[bytes]:
+        """First-block hashes of running prompts whose first block is not in the cache yet."""
+        heads = set()
+        for seq in self.running:
+            head = self.blocks.first_shareable_hash(seq) if seq.is_prefilling else None
+            if head is not None and not self.blocks.is_registered(head):
+                heads.add(head)
+        return heads
 
     def _grow(self, seq: Sequence, step: ScheduledStep) -> bool:
         """Blocks for a decode (newest token plus K drafts), preempting the newest requests for them;

@@ -149,6 +149,11 @@ class Executor(Protocol):
         """What the run's notes record about it."""
         ...
 
+    def take_prefix_cache(self) -> tuple[int, int] | None:
+        """(prompt tokens looked up in the prefix cache, prompt tokens whose KV blocks were shared, their
+        prefill saved) since the last call, or None where it is not known (an endpoint)."""
+        ...
+
 
 class TurnExecutor(Executor, Protocol):
     """An executor driven ``in_turns``."""

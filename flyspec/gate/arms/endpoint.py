@@ -277,6 +277,10 @@ class OpenAIExecutor:
         first = next(iter(self.served.values()))
         return {"id": first["id"], "root": first["root"]}
 
+    def take_prefix_cache(self) -> None:
+        """A server's prefix cache is its own business (see its /metrics)."""
+        return None
+
     def facts(self) -> dict[str, Any]:
         """What the run's notes record about this executor."""
         return {

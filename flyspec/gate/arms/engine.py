@@ -142,6 +142,7 @@ class EngineExecutor:
             arm.name: ("standard" if lossy_engine and not is_lossy(arm.config) else None) for arm in arms
         }
         self._llm: Any = None
+        self._prefix_seen = (0, 0)
 
     @property
     def shared(self) -> bool:
@@ -166,12 +167,27 @@ class EngineExecutor:
             # would be charged to whichever arm answers first and skew its tokens/s; a configuration too
             # slow for this CPU stops here with the faster options, not after minutes of silence.
             self._llm.warm_up()
+            self._prefix_seen = self._prefix_counts()  # the warm-up's own prompt is not the run's
 
     @property
     def max_in_flight(self) -> int:
         """How many requests the engine runs at once (its admission cap)."""
         self.start()
         return self._llm.max_running
+
+    def _prefix_counts(self) -> tuple[int, int]:
+        stats = self._llm.stats
+        return stats.prefix_cache_queries, stats.prefix_cache_hits
+
+    def take_prefix_cache(self) -> tuple[int, int] | None:
+        """Prompt tokens looked up in the engine's prefix cache and those shared since the last call (two
+        arms sharing the engine send every prompt twice, so about half can be shared)."""
+        if self._llm is None:
+            return None
+        now = self._prefix_counts()
+        queries, hits = now[0] - self._prefix_seen[0], now[1] - self._prefix_seen[1]
+        self._prefix_seen = now
+        return queries, hits
 
     def facts(self) -> dict[str, Any]:
         """What the run's notes record about this executor."""
@@ -180,6 +196,7 @@ class EngineExecutor:
             "arms": sorted(self.arms),
             "model": self.lead.config["model"],
             "max_in_flight": self.max_in_flight,
+            "weights": self._llm.weight_formats,
             "verification": {name: v or "engine" for name, v in self.verification.items()},
         }
 

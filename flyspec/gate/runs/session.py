@@ -236,6 +236,7 @@ class Session:
                 aborted = False
             finally:
                 self._record_times(executors, jobs, dispatcher)
+                self._record_prefix_cache(executors)
                 if self.judged is not None:
                     self.judged.close(wait_for_calls=not aborted)
             dispatcher.raise_error()
@@ -287,6 +288,18 @@ class Session:
                 if self.judged is not None:
                     self.judged.close(wait_for_calls=False)
                 return
+
+    def _record_prefix_cache(self, executors: list[Executor]) -> None:
+        counts = [c for ex in executors if (c := ex.take_prefix_cache()) is not None]
+        if not counts:
+            return
+        run = self.store.get_run(self.run_id)
+        before = (run.notes if run is not None else {}).get("prefix_cache", {"queries": 0, "hits": 0})
+        total = {
+            "queries": before["queries"] + sum(q for q, _ in counts),
+            "hits": before["hits"] + sum(h for _, h in counts),
+        }
+        self.store.update_notes(self.run_id, {"prefix_cache": total})
 
     def _record_times(self, executors: list[Executor], jobs: list[list[Job]], dispatcher: Dispatcher) -> None:
         for todo, spent in zip(jobs, dispatcher.times, strict=True):
