@@ -176,6 +176,20 @@ def test_prompts_sent_twice_share_their_prefill_and_give_the_same_outputs(models
     assert off.stats.prefix_cache_queries == off.stats.prefix_cache_hits == 0
 
 
+def test_twin_prompts_added_together_share_their_prefill(models) -> None:
+    """The gate's two arms send each prompt side by side, so both copies wait in the queue at once. The
+    second copy waits one step while the first computes the shared blocks, then shares them: hits equal
+    every pair's full blocks (all but a last one), and the outputs equal those without prefix caching."""
+    prompts = [" ".join(f"w{(13 * i + j) % 240}" for j in range(25 + 11 * i)) for i in range(4)]
+    twins = [p for p in prompts for _ in range(2)]
+    off = engine(models["target"], enable_prefix_caching=False)
+    on = engine(models["target"])
+    with_cache, without = run(on, twins, GREEDY), run(off, twins, GREEDY)
+    assert ids(with_cache) == ids(without)
+    lengths = [len(o.prompt_token_ids) for o in with_cache[::2]]
+    assert on.stats.prefix_cache_hits == sum((n - 1) // BLOCK_SIZE * BLOCK_SIZE for n in lengths) > 0
+
+
 def test_llm_stats_report_the_prefill_saved(models) -> None:
     """LLM.stats exposes the engine's counters: generating the same prompts twice shows the shared
     prompt tokens in prefix_cache_hits."""
