@@ -41,8 +41,14 @@ def test_ctrl_c_stops_generate_within_2_s_in_the_middle_of_a_long_prefill() -> N
     the process within 2 s, with exit code 130 and one 'interrupted' line, not a traceback."""
     folder = zoo_model(QWEN_05B)
     prompt = " ".join(f"word{i % 97}" for i in range(950))  # about 1,900 tokens
+    # The child installs Python's Ctrl-C handler itself: a test run started in the background inherits
+    # SIGINT ignored, and Python leaves an ignored SIGINT ignored.
+    main = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from flyspec.cli import main; main()"
+    )
     command = [
-        sys.executable, "-c", "from flyspec.cli import main; main()", "generate", str(folder), prompt,
+        sys.executable, "-c", main, "generate", str(folder), prompt,
         "--max-tokens", "4", "--dtype", "bfloat16",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
