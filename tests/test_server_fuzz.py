@@ -17,8 +17,8 @@ the hypothesis run is never closed by the server (a 500 used to close it).
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
