@@ -127,9 +127,14 @@ ENGINE_ARM = {
 }
 
 
-def _arm(policy: str) -> Callable[[Path, re.Match[str], str, dict[str, str]], None]:
+# FLy at its most lenient (window 1, any entropy), so that some answers differ from the baseline's and
+# what follows a difference (a judge's verdicts, lost and gained counts) runs too.
+LENIENT_FLY = {"rejection_sample_method": "fly", "fly_window_size": 1, "fly_entropy_threshold": 0.0}
+
+
+def _arm(verification: dict[str, object]) -> Callable[[Path, re.Match[str], str, dict[str, str]], None]:
     def write(path: Path, match: re.Match[str], server: str, env: dict[str, str]) -> None:
-        spec = {**ENGINE_ARM["speculative_config"], "rejection_sample_method": policy}
+        spec = {**ENGINE_ARM["speculative_config"], **verification}
         path.write_text(json.dumps({**ENGINE_ARM, "speculative_config": spec}))
 
     return write
@@ -202,8 +207,8 @@ def _lm_eval_log(path: Path, match: re.Match[str], server: str, env: dict[str, s
 
 # A path a command names (matched whole, a trailing slash ignored) -> how to make it when it is missing.
 FILES: tuple[tuple[str, Callable[[Path, re.Match[str], str, dict[str, str]], None]], ...] = (
-    (r"base\.json", _arm("standard")),
-    (r"fly\.json", _arm("fly")),
+    (r"base\.json", _arm({"rejection_sample_method": "standard"})),
+    (r"fly\.json", _arm(LENIENT_FLY)),
     (r"chats\.jsonl", _judge_questions),
     (r"lm-eval-out/(standard|fly)", _lm_eval_log),
 )
