@@ -59,15 +59,21 @@ def bench(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         "bench", "--model", a.target, "--draft", a.draft, "--methods", "target,standard,fly,typical",
         "--lossless-prefix", f"0,{a.prefix}", "--batch-sizes", a.batch_sizes, "--k", str(a.k),
         "--num-prompts", str(a.num_prompts), "--max-tokens", str(a.max_tokens), "--repeats", str(a.repeats),
-        "--dtype", a.dtype, "--peer", "none", "--json", str(out / "bench.json"),
-        "--markdown", str(out / "bench.md"), "--plot", str(out / "bench.png"),
+        "--dtype", a.dtype, "--quantization", a.quantization, "--peer", "none",
+        "--json", str(out / "bench.json"), "--markdown", str(out / "bench.md"),
+        "--plot", str(out / "bench.png"),
     ]  # fmt: skip
     _run(args)
     return json.loads((out / "bench.json").read_text())
 
 
 def gate(a: argparse.Namespace, out: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    engine = {"kind": "engine", "model": a.target, "dtype": a.dtype, "max_num_seqs": a.gate_batch}
+    # The same weights as the speed measurement (an engine arm without the key would take "auto").
+    quantization = None if a.quantization == "none" else a.quantization
+    engine = {
+        "kind": "engine", "model": a.target, "dtype": a.dtype, "max_num_seqs": a.gate_batch,
+        "quantization": quantization,
+    }  # fmt: skip
     base = {**engine, "speculative_config": _spec(a.draft, a.k)}
     results = {}
     for policy in POLICIES:
@@ -95,7 +101,7 @@ def summary(a: argparse.Namespace, report: dict[str, Any], gates: dict[tuple[str
     rows = report["results"]
     vs_standard = {r["numerator"]: r["value"] for r in report["ratios"] if r["name"].endswith("/ standard")}
     lines = [
-        f"Target `{a.target}`, drafter `{a.draft}`, K={a.k}, dtype {a.dtype}; "
+        f"Target `{a.target}`, drafter `{a.draft}`, K={a.k}, dtype {a.dtype}, weights {a.quantization}; "
         f"machine: {report['machine'].get('cpu', '?')}.",
         "",
         "| arm | batch | tokens/s | vs standard SD | mean acceptance length | forgiven share |",
@@ -136,6 +142,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default="none", help="weights of every arm: none, int8 or int4")
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--questions", type=int, default=40, help="gate questions per setting")
     p.add_argument("--gate-max-tokens", type=int, default=256)
