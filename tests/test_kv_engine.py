@@ -210,7 +210,7 @@ def test_batch_invariant_mode_gives_a_request_the_same_tokens_alone_and_among_31
     prompts[9] = prompts[4] + " w1 w2"  # a shared prefix
     params = [
         SamplingParams(temperature=0.9, seed=i, max_tokens=16, ignore_eos=True) if i % 2 else GREEDY
-        for i in range(16)
+        for i in range(32)
     ]
     batched = ids(
         run(engine(models["target"], speculative, batch_invariant=True, max_num_seqs=32), prompts, params)
