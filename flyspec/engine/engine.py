@@ -76,15 +76,7 @@ class LLMEngine:
         self.capacity = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + self.k)
 
         slots = self.capacity.max_running
-        if target is None:
-            target = load_model(
-                config.model,
-                config.dtype,
-                config.device,
-                config.quantization,
-                kernel_rows=engine_rows(self.k, slots),
-            )
-        _check_quantized_as_configured("target", target, config.quantization)
+        target = self._load_target(target, slots)
         self.tokenizer = target.tokenizer
         self.max_model_len = _resolve_max_model_len(
             config.max_model_len, target.model.max_position_embeddings
@@ -94,17 +86,8 @@ class LLMEngine:
         self._clock = StepClock(target.model.device)
         self._verify_timer = self._clock.part("verify_s")
         self.stats = SpecDecodeStats(num_speculative_tokens=self.k)
-        if spec is not None and spec.method == "draft_model" and draft is None:
-            assert spec.model is not None
-            draft = load_model(
-                spec.model,
-                config.dtype,
-                config.device,
-                config.draft_quantization,
-                kernel_rows=engine_rows(self.k, slots, draft=True),
-            )
-        if draft is not None:
-            _check_quantized_as_configured("draft", draft, config.draft_quantization)
+        # The draft loads only once the target's limits are known good (a bad max_model_len fails first).
+        draft = self._load_draft(draft, slots)
         if config.batch_invariant:
             for loaded in (target, draft):
                 if loaded is not None:
@@ -114,42 +97,14 @@ class LLMEngine:
             self.weight_formats["draft"] = _weight_format(draft)
         # One block table per request serves the target and a draft model: a block holds both.
         per_token = target.model.kv_bytes_per_token() + (draft.model.kv_bytes_per_token() if draft else 0)
-        # Verification writes up to K positions past the last kept token.
-        num_blocks = _kv_cache_blocks(
-            config.kv_cache_memory_bytes,
-            per_token,
-            self.max_model_len + self.k + 1,
-            self.capacity.max_running,
-            target.model.device,
-        )
-        self.blocks = BlockManager(num_blocks, prefix_caching=config.enable_prefix_caching, stats=self.stats)
+        self.blocks = self._block_manager(per_token, target.model.device)
         self.target = ModelRunner(
-            target.model, num_blocks, BLOCK_SIZE, timer=self._clock.part("target_forward_s")
+            target.model, self.blocks.num_blocks, BLOCK_SIZE, timer=self._clock.part("target_forward_s")
         )
         self.blocks.add_release_hook(self.target.cache.release)
-
-        self.drafter: Drafter | None = None
-        if spec is not None:
-            self.drafter = build_drafter(
-                spec,
-                target,
-                draft,
-                blocks=self.blocks,
-                max_model_len=self.max_model_len,
-                timer=self._clock.part("draft_forward_s"),
-            )
+        self.drafter = self._build_drafter(target, draft)
         self._kv_block_bytes = BLOCK_SIZE * per_token
-        logger.info(
-            "KV cache: %d blocks of %d positions, %.1f MiB for %d positions (%d bytes per position%s); "
-            "prefix caching %s",
-            num_blocks,
-            BLOCK_SIZE,
-            num_blocks * self._kv_block_bytes / 2**20,
-            num_blocks * BLOCK_SIZE,
-            per_token,
-            ", target and draft" if draft is not None else "",
-            "on" if config.enable_prefix_caching else "off",
-        )
+        self._log_kv_cache(per_token, with_draft=draft is not None)
         # The lossy verification policy (None: standard) and its lossless prefix L.
         self.policy: VerificationPolicy | None = (
             spec.verification_policy(self.vocab_size) if spec is not None else None
@@ -168,6 +123,80 @@ class LLMEngine:
         logger.info(self.capacity.describe())
         if self.policy is not None:
             logger.warning(self.policy.lossy_warning())
+
+    # ------------------------------------------------------------------ construction
+
+    def _load_target(self, target: LoadedModel | None, slots: int) -> LoadedModel:
+        """The target model: `target` as given, or loaded for config.model; checked against the config."""
+        config = self.config
+        if target is None:
+            target = load_model(
+                config.model,
+                config.dtype,
+                config.device,
+                config.quantization,
+                kernel_rows=engine_rows(self.k, slots),
+            )
+        _check_quantized_as_configured("target", target, config.quantization)
+        return target
+
+    def _load_draft(self, draft: LoadedModel | None, slots: int) -> LoadedModel | None:
+        """The draft model: `draft` as given, loaded when the method needs one, else None; checked."""
+        config = self.config
+        spec = config.speculative_config
+        if spec is not None and spec.method == "draft_model" and draft is None:
+            assert spec.model is not None
+            draft = load_model(
+                spec.model,
+                config.dtype,
+                config.device,
+                config.draft_quantization,
+                kernel_rows=engine_rows(self.k, slots, draft=True),
+            )
+        if draft is not None:
+            _check_quantized_as_configured("draft", draft, config.draft_quantization)
+        return draft
+
+    def _block_manager(self, per_token: int, device: torch.device) -> BlockManager:
+        """The KV blocks that fit kv_cache_memory_bytes at `per_token` bytes per position."""
+        # Verification writes up to K positions past the last kept token.
+        num_blocks = _kv_cache_blocks(
+            self.config.kv_cache_memory_bytes,
+            per_token,
+            self.max_model_len + self.k + 1,
+            self.capacity.max_running,
+            device,
+        )
+        return BlockManager(num_blocks, prefix_caching=self.config.enable_prefix_caching, stats=self.stats)
+
+    def _build_drafter(self, target: LoadedModel, draft: LoadedModel | None) -> Drafter | None:
+        """The speculative config's drafter over the engine's KV blocks, or None without one."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        return build_drafter(
+            spec,
+            target,
+            draft,
+            blocks=self.blocks,
+            max_model_len=self.max_model_len,
+            timer=self._clock.part("draft_forward_s"),
+        )
+
+    def _log_kv_cache(self, per_token: int, *, with_draft: bool) -> None:
+        """Log the KV cache's size and layout."""
+        num_blocks = self.blocks.num_blocks
+        logger.info(
+            "KV cache: %d blocks of %d positions, %.1f MiB for %d positions (%d bytes per position%s); "
+            "prefix caching %s",
+            num_blocks,
+            BLOCK_SIZE,
+            num_blocks * self._kv_block_bytes / 2**20,
+            num_blocks * BLOCK_SIZE,
+            per_token,
+            ", target and draft" if with_draft else "",
+            "on" if self.config.enable_prefix_caching else "off",
+        )
 
     # ------------------------------------------------------------------ public API
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -29,9 +29,6 @@ from flyspec.spec_decode.logits_processors import (
     apply_token_mask,
 )
 from flyspec.spec_decode.sampling import process_logits
-
-if TYPE_CHECKING:
-    from flyspec.engine.sequence import Sequence
 
 logger = logging.getLogger("flyspec.engine")
 
@@ -110,6 +107,20 @@ class RequestLogitsState:
         return RequestLogitsState(self.params, prompt_token_ids, self.vocab_size, self.device, grammar)
 
 
+class ProcessedRequest(Protocol):
+    """What TargetProcessing reads of a request: engine/sequence.py's Sequence, named by its shape here
+    because sequence.py imports this module (a Sequence holds a RequestLogitsState)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def logits_state(self) -> RequestLogitsState | None: ...
+
+
 def sampling_tensors(
     params: Seq[SamplingParams], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -157,7 +168,12 @@ class TargetProcessing:
         self.grammars = grammars
 
     def probs(
-        self, logits: torch.Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]], *, check_rows: bool = True
+        self,
+        logits: torch.Tensor,
+        seqs: Seq[ProcessedRequest],
+        drafts: Seq[Seq[int]],
+        *,
+        check_rows: bool = True,
     ) -> tuple[torch.Tensor, dict[int, str]]:
         """Processed probabilities [N, V] for logits [N, V] whose rows are, per request b in order,
         len(drafts[b]) + 1 consecutive positions (the position after the newest token, then after each
@@ -193,7 +209,9 @@ class TargetProcessing:
             logger.warning("request %s fails alone: %s", seqs[b].request_id, message)
         return probs, failed
 
-    def _process(self, logits: torch.Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> torch.Tensor:
+    def _process(
+        self, logits: torch.Tensor, seqs: Seq[ProcessedRequest], drafts: Seq[Seq[int]]
+    ) -> torch.Tensor:
         counts = [len(d) + 1 for d in drafts]
         params = [s.params for s, n in zip(seqs, counts, strict=True) for _ in range(n)]
         shaped = [b for b, s in enumerate(seqs) if s.logits_state is not None]
@@ -208,7 +226,7 @@ class TargetProcessing:
     def _shape(
         self,
         logits: torch.Tensor,
-        seqs: Seq[Sequence],
+        seqs: Seq[ProcessedRequest],
         drafts: Seq[Seq[int]],
         shaped: list[int],
         starts: list[int],
@@ -249,7 +267,7 @@ class TargetProcessing:
     @staticmethod
     def _penalise(
         logits: torch.Tensor,
-        seqs: Seq[Sequence],
+        seqs: Seq[ProcessedRequest],
         drafts: Seq[Seq[int]],
         bs: list[int],
         starts: list[int],

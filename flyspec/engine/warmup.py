@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from flyspec.cpuinfo import describe_cpu
 from flyspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from flyspec.engine.engine import LLMEngine
+    from flyspec.config import EngineConfig
+    from flyspec.outputs import RequestOutput
 
 WARMUP_TOKENS = 8
 WARMUP_TIME_LIMIT_S = 30.0
@@ -30,7 +31,26 @@ class TooSlowError(ValueError):
     """The warm-up did not finish within its time limit: this configuration is too slow on this CPU."""
 
 
-def faster_options(engine: LLMEngine) -> list[str]:
+class WarmUpEngine(Protocol):
+    """What the warm-up uses of an engine: engine/engine.py's LLMEngine, named by its shape here because
+    engine.py imports this module (LLMEngine.warm_up)."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def k(self) -> int: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+
+def faster_options(engine: WarmUpEngine) -> list[str]:
     """What would make this engine faster, in the order worth trying."""
     config = engine.config
     options = []
@@ -45,7 +65,7 @@ def faster_options(engine: LLMEngine) -> list[str]:
 
 
 def warm_up(
-    engine: LLMEngine, *, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S
+    engine: WarmUpEngine, *, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S
 ) -> float:
     """Generate `max_tokens` greedy tokens for a short prompt and return the seconds it took; raise
     TooSlowError (naming the faster options) when that takes longer than `time_limit_s`. The limit is

@@ -254,6 +254,29 @@ class _StepPlan:
     is_causal: bool
 
 
+def _host_batch(
+    batch: ForwardBatch, cache: PagedKVCache, bsz: int, seq: int
+) -> tuple[list[int], list[int], list[list[int]]]:
+    """The batch's starts, token counts and block tables on the host, checked against T and the cache."""
+    bs = cache.block_size
+    # One host transfer per forward (none when the batch is on the CPU) for everything that decides
+    # shapes, fast paths and bounds.
+    width = batch.block_tables.shape[1]
+    host = torch.cat((batch.start, batch.num_tokens, batch.block_tables.reshape(-1))).tolist()
+    h_start, h_num = host[:bsz], host[bsz : 2 * bsz]
+    tables = [host[2 * bsz + b * width : 2 * bsz + (b + 1) * width] for b in range(bsz)]
+    if any(n < 0 or n > seq for n in h_num) or any(s < 0 for s in h_start):
+        raise ValueError(f"ForwardBatch out of range: start={h_start}, num_tokens={h_num}, T={seq}")
+    for row, s, n in zip(tables, h_start, h_num, strict=True):
+        needed = row[: -(-(s + n) // bs)]
+        if len(needed) < -(-(s + n) // bs) or any(not 0 <= b < cache.num_blocks for b in needed):
+            raise ValueError(
+                f"ForwardBatch block table {row} does not cover positions 0..{s + n - 1} with blocks of "
+                f"a cache of {cache.num_blocks} blocks of {bs} positions"
+            )
+    return h_start, h_num, tables
+
+
 class LlamaForCausalLM(nn.Module):
     """Llama-family decoder whose parameters carry transformers' names (`model.layers.N...`, `lm_head`)."""
 
@@ -396,38 +419,20 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(hidden, weight).float()
 
     def _plan(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache) -> _StepPlan:
+        """What every layer of this forward shares: rotary tables, cache slots to write and read, masks."""
         device = input_ids.device
         bsz, seq = input_ids.shape
-        group = self.arch.num_heads // self.arch.num_kv_heads
         bs = cache.block_size
-        # One host transfer per forward (none when the batch is on the CPU) for everything that decides
-        # shapes, fast paths and bounds.
-        width = batch.block_tables.shape[1]
-        host = torch.cat((batch.start, batch.num_tokens, batch.block_tables.reshape(-1))).tolist()
+        h_start, h_num, tables = _host_batch(batch, cache, bsz, seq)
         start = batch.start.to(device)
         num_tokens = batch.num_tokens.to(device)
-        h_start, h_num = host[:bsz], host[bsz : 2 * bsz]
-        tables = [host[2 * bsz + b * width : 2 * bsz + (b + 1) * width] for b in range(bsz)]
-        if any(n < 0 or n > seq for n in h_num) or any(s < 0 for s in h_start):
-            raise ValueError(f"ForwardBatch out of range: start={h_start}, num_tokens={h_num}, T={seq}")
         length = max(max(s + n for s, n in zip(h_start, h_num, strict=True)), 1)
         nb = -(-length // bs)
-        for row, s, n in zip(tables, h_start, h_num, strict=True):
-            needed = row[: -(-(s + n) // bs)]
-            if len(needed) < -(-(s + n) // bs) or any(not 0 <= b < cache.num_blocks for b in needed):
-                raise ValueError(
-                    f"ForwardBatch block table {row} does not cover positions 0..{s + n - 1} with blocks of "
-                    f"a cache of {cache.num_blocks} blocks of {bs} positions"
-                )
         tables_dev = batch.block_tables.to(device).clamp_min(0)  # -1 padding reads any block, masked
 
         steps = torch.arange(seq, device=device)
         positions = start[:, None] + steps  # [B, T]
-        if self._inv_freq.device != device:
-            self._inv_freq = self._inv_freq.to(device)
-        freqs = positions.float()[..., None] * self._inv_freq
-        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :].to(self.dtype)
-        sin = torch.cat((-freqs, freqs), dim=-1).sin()[:, :, None, :].to(self.dtype)
+        cos, sin = self._rotary(positions)
 
         full = all(n == seq for n in h_num)
         write_src = None
@@ -455,22 +460,7 @@ class LlamaForCausalLM(nn.Module):
         # always takes its mask.
         all_visible = not invariant and seq == 1 and full and all(s + 1 == length for s in h_start)
         is_causal = not fold and full and seq == length and from_inputs
-        keys = torch.arange(length, device=device)
-        by_window: dict[int | None, torch.Tensor | None] = {}
-        layer_masks = []
-        for window in self.arch.sliding_windows:
-            if window is not None and window >= length:
-                window = None  # the window covers every key: same as full attention
-            if window not in by_window:
-                by_window[window] = None
-                if window is not None or not (all_visible or is_causal):
-                    visible = keys <= positions[:, :, None]  # [B, T, L]
-                    if window is not None:
-                        visible &= keys > positions[:, :, None] - window
-                    if fold:  # query row t * group + g of the folded layout
-                        visible = visible[:, :, None].expand(bsz, seq, group, length).reshape(bsz, -1, length)
-                    by_window[window] = visible[:, None]
-            layer_masks.append(by_window[window])
+        layer_masks = self._layer_masks(positions, length, fold, unmasked=all_visible or is_causal)
         return _StepPlan(
             cos,
             sin,
@@ -483,6 +473,39 @@ class LlamaForCausalLM(nn.Module):
             layer_masks,
             is_causal,
         )
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [B, T, 1, D] of `positions` [B, T], sin with its first half negated (_StepPlan)."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * self._inv_freq
+        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :].to(self.dtype)
+        sin = torch.cat((-freqs, freqs), dim=-1).sin()[:, :, None, :].to(self.dtype)
+        return cos, sin
+
+    def _layer_masks(
+        self, positions: torch.Tensor, length: int, fold: bool, *, unmasked: bool
+    ) -> list[torch.Tensor | None]:
+        """Each layer's visibility mask over keys 0..length-1, one per distinct window (None: no mask)."""
+        bsz, seq = positions.shape
+        group = self.arch.num_heads // self.arch.num_kv_heads
+        keys = torch.arange(length, device=positions.device)
+        by_window: dict[int | None, torch.Tensor | None] = {}
+        layer_masks = []
+        for window in self.arch.sliding_windows:
+            if window is not None and window >= length:
+                window = None  # the window covers every key: same as full attention
+            if window not in by_window:
+                by_window[window] = None
+                if window is not None or not unmasked:
+                    visible = keys <= positions[:, :, None]  # [B, T, L]
+                    if window is not None:
+                        visible &= keys > positions[:, :, None] - window
+                    if fold:  # query row t * group + g of the folded layout
+                        visible = visible[:, :, None].expand(bsz, seq, group, length).reshape(bsz, -1, length)
+                    by_window[window] = visible[:, None]
+            layer_masks.append(by_window[window])
+        return layer_masks
 
     def _attention(
         self,
