@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -24,6 +24,11 @@ from flyspec.server.limits import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_REQUEST_READ_TIMEOUT_S,
 )
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from flyspec.config import EngineConfig
 
 logger = logging.getLogger("flyspec.server")
 
@@ -139,7 +144,6 @@ def serve(
 
     timeouts = {"--request-read-timeout": request_read_timeout, "--grammar-timeout": grammar_timeout}
     _check_serving(host, port, api_key, max_request_bytes, log_level, timeouts)
-
     config = EngineConfig(
         model=model,
         speculative_config=parse_speculative_config(speculative_config),
@@ -156,13 +160,28 @@ def serve(
     )
     import uvicorn
 
+    name = served_model_name or model
+    app = _served_app(config, name, model, api_key, max_request_bytes, request_read_timeout, grammar_timeout)
+    logger.info("serving %s as '%s' on http://%s:%d/v1", model, name, host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _served_app(
+    config: EngineConfig,
+    name: str,
+    model: str,
+    api_key: str | None,
+    max_request_bytes: int,
+    request_read_timeout: float,
+    grammar_timeout: float,
+) -> FastAPI:
+    """The app serving a warmed-up engine of `config` as `name`."""
     from flyspec.engine.engine import LLMEngine
     from flyspec.server.app import build_app
 
     engine = LLMEngine(config)  # logs the admission cap and, with FLy, the lossy warning
     engine.warm_up()  # the first request does not pay one-time costs; a CPU too slow says so now
-    name = served_model_name or model
-    app = build_app(
+    return build_app(
         engine,
         served_model_name=name,
         api_key=api_key,
@@ -171,5 +190,3 @@ def serve(
         request_read_timeout_s=request_read_timeout,
         grammar_timeout_s=grammar_timeout,
     )
-    logger.info("serving %s as '%s' on http://%s:%d/v1", model, name, host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)

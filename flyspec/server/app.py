@@ -21,7 +21,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -142,12 +142,7 @@ def build_app(
     reported as `root` in /v1/models (default: the served name). The engine loop thread starts and stops
     with the app's lifespan.
     """
-    if max_request_bytes < 1:
-        raise ValueError(f"max_request_bytes={max_request_bytes}: must be at least 1")
-    timeouts = {"request_read_timeout_s": request_read_timeout_s, "grammar_timeout_s": grammar_timeout_s}
-    for name, value in timeouts.items():
-        if not value > 0:
-            raise ValueError(f"{name}={value}: must be > 0")
+    _check_limits(max_request_bytes, request_read_timeout_s, grammar_timeout_s)
     state = ServerState(
         engine,
         served_model_name,
@@ -157,17 +152,7 @@ def build_app(
         request_read_timeout_s,
         grammar_timeout_s,
     )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.engine_loop.start()
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(state.engine_loop.stop)
-            state.workers.close()
-
-    app = FastAPI(title="flyspec", version=flyspec_version(), lifespan=lifespan)
+    app = FastAPI(title="flyspec", version=flyspec_version(), lifespan=_lifespan(state))
     app.state.flyspec = state
     app.add_middleware(_IgnoredFieldsHeader)
     _install_error_handlers(app)
@@ -181,6 +166,39 @@ def build_app(
             DetokenizeRequest,
         ],
     )
+    _add_open_routes(app, state)
+    app.include_router(_tokenizer_router(state))
+    app.include_router(_v1_router(state))
+    return app
+
+
+def _check_limits(max_request_bytes: int, request_read_timeout_s: float, grammar_timeout_s: float) -> None:
+    """ValueError unless the body limit is at least 1 byte and both timeouts are positive."""
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes={max_request_bytes}: must be at least 1")
+    timeouts = {"request_read_timeout_s": request_read_timeout_s, "grammar_timeout_s": grammar_timeout_s}
+    for name, value in timeouts.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value}: must be > 0")
+
+
+def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the engine loop thread runs while the app does; the worker lanes close after."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.engine_loop.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.engine_loop.stop)
+            state.workers.close()
+
+    return lifespan
+
+
+def _add_open_routes(app: FastAPI, state: ServerState) -> None:
+    """The routes that need no key (probes and scrapers): /health, /ping, /metrics and /version."""
 
     async def health() -> Response:
         if not state.engine_loop.alive:
@@ -204,10 +222,6 @@ def build_app(
     @app.get("/version")
     async def version() -> Response:
         return JSONResponse({"version": flyspec_version()})
-
-    app.include_router(_tokenizer_router(state))
-    app.include_router(_v1_router(state))
-    return app
 
 
 class _IgnoredFieldsHeader:
@@ -425,7 +439,16 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 def _v1_router(state: ServerState) -> APIRouter:
+    """The /v1 routes: models, completions and chat completions, all behind the API key."""
     router = APIRouter(prefix="/v1", dependencies=[_api_key_check(state)], route_class=_Route)
+    _add_model_routes(router, state)
+    _add_completions_route(router, state)
+    _add_chat_completions_route(router, state)
+    return router
+
+
+def _add_model_routes(router: APIRouter, state: ServerState) -> None:
+    """GET /models and /models/{model_id}: the one model served."""
 
     @router.get("/models", responses=error_responses(401))
     async def models() -> Response:
@@ -442,6 +465,10 @@ def _v1_router(state: ServerState) -> APIRouter:
                 code="model_not_found",
             )
         return JSONResponse(_model_card(state))
+
+
+def _add_completions_route(router: APIRouter, state: ServerState) -> None:
+    """POST /completions: one choice per prompt and sample, as JSON or as server-sent events."""
 
     @router.post(
         "/completions",
@@ -460,15 +487,7 @@ def _v1_router(state: ServerState) -> APIRouter:
         ]
         params = [_sampling_params(state, req, ids, constraint) for ids in prompts]
         await _compile_grammar(state, constraint)
-        echo = None
-        if req.echo:
-            echo = [
-                Echo(
-                    text if isinstance(text, str) else await state.encoder.decode(ids, lane),
-                    (await state.encoder.token_texts(ids[:1]))[0],
-                )
-                for text, ids in zip(texts, prompts, strict=True)
-            ]
+        echo = await _echoes(state, texts, prompts, lane) if req.echo else None
         shaper = ChoiceShaper(
             params[0],
             state.encoder.decode,
@@ -488,20 +507,47 @@ def _v1_router(state: ServerState) -> APIRouter:
                 req.include_usage,
             )
             return EngineStreamResponse(events, stream)
-        finals = await _collect(stream, request)
-        outs = [finals[i] for i in range(len(prompts))]
-        choices = [
-            await shaper.completion_choice(p, out, s) for p, out in enumerate(outs) for s in out.outputs
-        ]
-        body = completion_json(
-            request_id,
-            state.served_model_name,
-            choices,
-            usage_json(outs),
-            spec_decode_json([o.metrics for o in outs]),
-            state.system_fingerprint,
+        return await _completion_response(state, request, request_id, stream, shaper, len(prompts))
+
+
+async def _echoes(
+    state: ServerState, texts: list[str | list[int]], prompts: list[list[int]], lane: Lane
+) -> list[Echo]:
+    """What echo=true puts before the choices of each prompt."""
+    return [
+        Echo(
+            text if isinstance(text, str) else await state.encoder.decode(ids, lane),
+            (await state.encoder.token_texts(ids[:1]))[0],
         )
-        return JSONResponse(body)
+        for text, ids in zip(texts, prompts, strict=True)
+    ]
+
+
+async def _completion_response(
+    state: ServerState,
+    request: Request,
+    request_id: str,
+    stream: RequestStream,
+    shaper: ChoiceShaper,
+    num_prompts: int,
+) -> Response:
+    """The non-streamed completion, once every choice has finished."""
+    finals = await _collect(stream, request)
+    outs = [finals[i] for i in range(num_prompts)]
+    choices = [await shaper.completion_choice(p, out, s) for p, out in enumerate(outs) for s in out.outputs]
+    body = completion_json(
+        request_id,
+        state.served_model_name,
+        choices,
+        usage_json(outs),
+        spec_decode_json([o.metrics for o in outs]),
+        state.system_fingerprint,
+    )
+    return JSONResponse(body)
+
+
+def _add_chat_completions_route(router: APIRouter, state: ServerState) -> None:
+    """POST /chat/completions: one conversation's samples, as JSON or as server-sent events."""
 
     @router.post(
         "/chat/completions",
@@ -536,19 +582,24 @@ def _v1_router(state: ServerState) -> APIRouter:
                 req.include_usage,
             )
             return EngineStreamResponse(events, stream)
-        out = (await _collect(stream, request))[0]
-        body = chat_json(
-            request_id,
-            state.served_model_name,
-            [await shaper.chat_choice(sample) for sample in out.outputs],
-            usage_json([out]),
-            spec_decode_json(out.metrics),
-            state.system_fingerprint,
-            shaper.vllm_prompt_logprobs(out),
-        )
-        return JSONResponse(body)
+        return await _chat_response(state, request, request_id, stream, shaper)
 
-    return router
+
+async def _chat_response(
+    state: ServerState, request: Request, request_id: str, stream: RequestStream, shaper: ChoiceShaper
+) -> Response:
+    """The non-streamed chat completion, once every sample has finished."""
+    out = (await _collect(stream, request))[0]
+    body = chat_json(
+        request_id,
+        state.served_model_name,
+        [await shaper.chat_choice(sample) for sample in out.outputs],
+        usage_json([out]),
+        spec_decode_json(out.metrics),
+        state.system_fingerprint,
+        shaper.vllm_prompt_logprobs(out),
+    )
+    return JSONResponse(body)
 
 
 def _sampling_params(

@@ -56,40 +56,58 @@ class ServerMetrics:
 
     def __init__(self, model_name: str, num_speculative_tokens: int, lossy: bool, max_running: int) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        name = {"model_name": model_name}
+        self._model_name = model_name
+        # Registered in the order /metrics lists them.
+        self._add_engine_gauges(lossy, max_running)
+        self.iteration_tokens = self._histogram(
+            "flyspec:iteration_tokens_total",
+            "Tokens per engine step: prompt tokens prefilled plus tokens generated.",
+            _ITERATION_BUCKETS,
+        )
+        self._add_counters(num_speculative_tokens)
+        self._add_latency_histograms()
+        self._add_length_histograms()
+        self._last = SpecDecodeStats(num_speculative_tokens=num_speculative_tokens)
 
-        def gauge(metric: str, doc: str) -> Gauge:
-            return Gauge(metric, doc, _LABEL, registry=r).labels(**name)
+    def _gauge(self, metric: str, doc: str) -> Gauge:
+        """A gauge of this server's model."""
+        return Gauge(metric, doc, _LABEL, registry=self.registry).labels(model_name=self._model_name)
 
-        def histogram(metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(metric, doc, _LABEL, buckets=buckets, registry=r).labels(**name)
+    def _histogram(self, metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        """A histogram of this server's model."""
+        histogram = Histogram(metric, doc, _LABEL, buckets=buckets, registry=self.registry)
+        return histogram.labels(model_name=self._model_name)
 
-        self.num_requests_running = gauge("flyspec:num_requests_running", "Requests in the running batch.")
-        self.num_requests_waiting = gauge("flyspec:num_requests_waiting", "Requests waiting to be admitted.")
-        self.max_running_requests = gauge(
+    def _add_engine_gauges(self, lossy: bool, max_running: int) -> None:
+        """The gauges of the engine's load and setup."""
+        self.num_requests_running = self._gauge(
+            "flyspec:num_requests_running", "Requests in the running batch."
+        )
+        self.num_requests_waiting = self._gauge(
+            "flyspec:num_requests_waiting", "Requests waiting to be admitted."
+        )
+        self.max_running_requests = self._gauge(
             "flyspec:max_running_requests",
             "The admission cap: min(max_num_seqs, max_num_batched_tokens // (1 + K)); running requests "
             "never exceed it.",
         )
         self.max_running_requests.set(max_running)
-        self.kv_cache_usage_perc = gauge(
+        self.kv_cache_usage_perc = self._gauge(
             "flyspec:kv_cache_usage_perc",
             "Fraction (0 to 1) of the KV cache's blocks held by running requests.",
         )
-        self.lossy_verification_enabled = gauge(
+        self.lossy_verification_enabled = self._gauge(
             "flyspec:lossy_verification_enabled",
             "1 when the engine verifies with a lossy policy (FLy, typical acceptance), 0 when verification "
             "is lossless.",
         )
         self.lossy_verification_enabled.set(1 if lossy else 0)
-        self.iteration_tokens = histogram(
-            "flyspec:iteration_tokens_total",
-            "Tokens per engine step: prompt tokens prefilled plus tokens generated.",
-            _ITERATION_BUCKETS,
-        )
+
+    def _add_counters(self, num_speculative_tokens: int) -> None:
+        """The engine's counters, acceptances per draft position, and finished requests by reason."""
+        r, model_name = self.registry, self._model_name
         self._counters = {
-            key: Counter(metric, doc, _LABEL, registry=r).labels(**name)
+            key: Counter(metric, doc, _LABEL, registry=r).labels(model_name=model_name)
             for key, (metric, doc) in _COUNTERS.items()
         }
         accepted_per_pos = Counter(
@@ -114,51 +132,56 @@ class ServerMetrics:
             reason: success.labels(model_name=model_name, finished_reason=reason)
             for reason in FINISHED_REASONS
         }
-        self.time_to_first_token = histogram(
+
+    def _add_latency_histograms(self) -> None:
+        """The histograms of a request's times, in seconds."""
+        self.time_to_first_token = self._histogram(
             "flyspec:time_to_first_token_seconds",
             "Seconds from request arrival to its first generated token.",
             _LATENCY_BUCKETS,
         )
-        self.inter_token_latency = histogram(
+        self.inter_token_latency = self._histogram(
             "flyspec:inter_token_latency_seconds",
             "Seconds per generated token after the first: the gap between two outputs of a request divided "
             "by the tokens it brought (speculative steps bring several), observed once per token.",
             _LATENCY_BUCKETS,
         )
-        self.e2e_request_latency = histogram(
+        self.e2e_request_latency = self._histogram(
             "flyspec:e2e_request_latency_seconds",
             "Seconds from request arrival to its last token, for requests that finished (not aborted).",
             _REQUEST_BUCKETS,
         )
-        self.request_queue_time = histogram(
+        self.request_queue_time = self._histogram(
             "flyspec:request_queue_time_seconds",
             "Seconds a request waited in the engine's queue before it got a slot.",
             _REQUEST_BUCKETS,
         )
-        self.request_prefill_time = histogram(
+        self.request_prefill_time = self._histogram(
             "flyspec:request_prefill_time_seconds",
             "Seconds from getting a slot to the first generated token (the prompt's prefill).",
             _REQUEST_BUCKETS,
         )
-        self.request_decode_time = histogram(
+        self.request_decode_time = self._histogram(
             "flyspec:request_decode_time_seconds",
             "Seconds from the first generated token to the last, for finished requests.",
             _REQUEST_BUCKETS,
         )
-        self.request_inference_time = histogram(
+        self.request_inference_time = self._histogram(
             "flyspec:request_inference_time_seconds",
             "Seconds from getting a slot to the last token (prefill plus decode), for finished requests.",
             _REQUEST_BUCKETS,
         )
-        self.request_prompt_tokens = histogram(
+
+    def _add_length_histograms(self) -> None:
+        """The histograms of a finished request's prompt and output lengths, in tokens."""
+        self.request_prompt_tokens = self._histogram(
             "flyspec:request_prompt_tokens", "Prompt length of finished requests, in tokens.", _TOKEN_BUCKETS
         )
-        self.request_generation_tokens = histogram(
+        self.request_generation_tokens = self._histogram(
             "flyspec:request_generation_tokens",
             "Generated length of finished requests, in tokens.",
             _TOKEN_BUCKETS,
         )
-        self._last = SpecDecodeStats(num_speculative_tokens=num_speculative_tokens)
 
     def update(self, stats: SpecDecodeStats, num_running: int, num_waiting: int) -> None:
         """Move the counters by what the engine counted since the last call and set the gauges."""

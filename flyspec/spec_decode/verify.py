@@ -41,16 +41,42 @@ def _all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor.sum()))
 
 
-def _validate(
-    draft_token_ids: torch.Tensor,
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    greedy: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    uniform: torch.Tensor | None,
-    sample_uniform: torch.Tensor | None,
-    lossless_before: torch.Tensor | None,
+@dataclass(frozen=True)
+class _Batch:
+    """The checked inputs that every step of `verify` reads, on the target's device."""
+
+    draft: torch.Tensor
+    """[B, K] int64: the draft tokens, with padding replaced by 0 so that gathers stay in range."""
+    target_probs: torch.Tensor
+    """[B, K+1, V]: as given."""
+    draft_probs: torch.Tensor | None
+    """[B, K, V] or None: as given."""
+    greedy: torch.Tensor
+    """[B] bool."""
+    lengths: torch.Tensor
+    """[B] int64: K_b."""
+    positions: torch.Tensor
+    """[K] int64: 0 .. K-1."""
+    valid: torch.Tensor
+    """[B, K] bool: positions i < K_b."""
+
+
+def _lossy_policy(
+    policy: VerificationPolicy | None, fly: VerificationPolicy | None
+) -> VerificationPolicy | None:
+    """The policy given as policy= or fly=, or None when verification is lossless; ValueError otherwise."""
+    if policy is not None and fly is not None:
+        raise ValueError("give the verification policy as policy= or as fly= (its alias), not both")
+    policy = policy if policy is not None else fly
+    if policy is not None and not isinstance(policy, VerificationPolicy):
+        raise ValueError(f"policy must be a VerificationPolicy (e.g. FlyParams) or None, got {policy!r}")
+    return policy if policy is not None and policy.lossy else None
+
+
+def _check_tokens_and_probs(
+    draft_token_ids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor | None
 ) -> None:
+    """ValueError unless draft_token_ids is [B, K] integer and the probabilities [B, K+1, V], [B, K, V]."""
     if (
         draft_token_ids.dim() != 2
         or draft_token_ids.dtype.is_floating_point
@@ -76,6 +102,16 @@ def _validate(
             )
         if not draft_probs.dtype.is_floating_point:
             raise ValueError(f"draft_probs must be a floating-point tensor, got {draft_probs.dtype}")
+
+
+def _check_row_settings(
+    greedy: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    lossless_before: torch.Tensor | None,
+    b: int,
+    k: int,
+) -> None:
+    """ValueError unless `greedy`, `num_draft_tokens` and `lossless_before` are valid [B] tensors."""
     if greedy.shape != (b,) or greedy.dtype != torch.bool:
         raise ValueError(
             f"greedy must be a bool tensor of shape [{b}], got {greedy.dtype} {list(greedy.shape)}"
@@ -97,6 +133,12 @@ def _validate(
             f"lossless_before must be an integer tensor of shape [{b}] with values >= 0, got "
             f"{lossless_before.dtype} {list(lossless_before.shape)}"
         )
+
+
+def _check_uniforms(
+    uniform: torch.Tensor | None, sample_uniform: torch.Tensor | None, b: int, k: int
+) -> None:
+    """ValueError unless the given uniforms are float tensors of shape [B, K] and [B] in [0, 1)."""
     for name, tensor, shape in (("uniform", uniform, (b, k)), ("sample_uniform", sample_uniform, (b,))):
         if tensor is None:
             continue
@@ -107,10 +149,45 @@ def _validate(
             )
         if tensor.numel() and not ((tensor >= 0) & (tensor < 1)).all():
             raise ValueError(f"{name} must lie in [0, 1) (and not be NaN)")
+
+
+def _checked_batch(
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    greedy: torch.Tensor,
+    num_draft_tokens: torch.Tensor | None,
+    uniform: torch.Tensor | None,
+    sample_uniform: torch.Tensor | None,
+    lossless_before: torch.Tensor | None,
+) -> _Batch:
+    """The inputs on the target's device, once all are checked (ValueError names the first bad one)."""
+    device = target_probs.device
+    _check_tokens_and_probs(draft_token_ids, target_probs, draft_probs)
+    b, k = draft_token_ids.shape
+    if num_draft_tokens is None:
+        num_draft_tokens = torch.full((b,), k, dtype=torch.int64, device=device)
+    _check_row_settings(greedy, num_draft_tokens, lossless_before, b, k)
+    _check_uniforms(uniform, sample_uniform, b, k)
     if not _all_finite(target_probs):
         raise ValueError("target_probs contains NaN or inf")
     if draft_probs is not None and not _all_finite(draft_probs):
         raise ValueError("draft_probs contains NaN or inf")
+    vocab = target_probs.shape[2]
+    positions = torch.arange(k, device=device)
+    greedy = greedy.to(device)
+    lengths = num_draft_tokens.to(device=device, dtype=torch.int64)
+    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [B, K]
+
+    draft = draft_token_ids.to(device=device, dtype=torch.int64)
+    out_of_vocab = valid & ((draft < 0) | (draft >= vocab))
+    if out_of_vocab.any():
+        row, pos = out_of_vocab.nonzero()[0].tolist()
+        raise ValueError(
+            f"draft_token_ids[{row}, {pos}] = {draft[row, pos].item()} is outside the vocabulary [0, {vocab})"
+        )
+    draft = torch.where(valid, draft, 0)  # padding may hold anything (e.g. -1); keep gathers in range
+    return _Batch(draft, target_probs, draft_probs, greedy, lengths, positions, valid)
 
 
 def verify(
@@ -151,16 +228,8 @@ def verify(
     Returns:
         VerifyOutput with token_ids [B, K+1], num_accepted [B], num_forgiven [B] and forgiven [B, K].
     """
-    if policy is not None and fly is not None:
-        raise ValueError("give the verification policy as policy= or as fly= (its alias), not both")
-    policy = policy if policy is not None else fly
-    if policy is not None and not isinstance(policy, VerificationPolicy):
-        raise ValueError(f"policy must be a VerificationPolicy (e.g. FlyParams) or None, got {policy!r}")
-    device = target_probs.device
-    b, k = draft_token_ids.shape if draft_token_ids.dim() == 2 else (0, 0)
-    if num_draft_tokens is None:
-        num_draft_tokens = torch.full((b,), k, dtype=torch.int64, device=device)
-    _validate(
+    policy = _lossy_policy(policy, fly)
+    batch = _checked_batch(
         draft_token_ids,
         target_probs,
         draft_probs,
@@ -170,99 +239,119 @@ def verify(
         sample_uniform,
         lossless_before,
     )
-    vocab = target_probs.shape[2]
-    rows = torch.arange(b, device=device)
-    positions = torch.arange(k, device=device)
-    greedy = greedy.to(device)
-    lengths = num_draft_tokens.to(device=device, dtype=torch.int64)
-    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [B, K]
-
-    draft = draft_token_ids.to(device=device, dtype=torch.int64)
-    out_of_vocab = valid & ((draft < 0) | (draft >= vocab))
-    if out_of_vocab.any():
-        row, pos = out_of_vocab.nonzero()[0].tolist()
-        raise ValueError(
-            f"draft_token_ids[{row}, {pos}] = {draft[row, pos].item()} is outside the vocabulary [0, {vocab})"
-        )
-    draft = torch.where(valid, draft, 0)  # padding may hold anything (e.g. -1); keep gathers in range
-
+    device = target_probs.device
     if uniform is None:
-        uniform = torch.rand((b, k), generator=generator, dtype=torch.float64, device=device)
+        uniform = torch.rand(batch.draft.shape, generator=generator, dtype=torch.float64, device=device)
     uniform = uniform.to(device=device, dtype=torch.float64)
+    # Past the lossless prefix a policy may forgive, and recover by its own rule.
+    prefix = None
+    if policy is not None and lossless_before is not None:
+        prefix = lossless_before.to(device=device, dtype=torch.int64)
 
-    # P_i(d_i) and Q_i(d_i) by gather: [B, K], compared in float64.
-    p_draft = target_probs[:, :k].gather(2, draft.unsqueeze(2)).squeeze(2).to(torch.float64)
-    if draft_probs is None:
+    p_draft, q_draft = _draft_token_probs(batch)
+    target_argmax = first_argmax(target_probs) if bool(batch.greedy.any()) else None  # [B, K+1]
+    ok = _native_decisions(batch, p_draft, q_draft, uniform, target_argmax)
+    forgiven, kept = _forgive(policy, batch, ok, p_draft, q_draft, prefix)
+    accepted = _num_accepted(batch, kept)
+    forgiven &= batch.positions < accepted.unsqueeze(1)
+    by_argmax = _recovered_by_argmax(policy, batch, accepted, prefix)
+    final = _final_tokens(batch, accepted, target_argmax, sample_uniform, generator, by_argmax)
+    return _outputs(batch, accepted, final, forgiven)
+
+
+def _draft_token_probs(batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """P_i(d_i) and Q_i(d_i) by gather, [B, K] float64 each; Q = 1 for a drafter without probabilities."""
+    k = batch.draft.shape[1]
+    draft = batch.draft.unsqueeze(2)
+    p_draft = batch.target_probs[:, :k].gather(2, draft).squeeze(2).to(torch.float64)
+    if batch.draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:
-        q_draft = draft_probs.gather(2, draft.unsqueeze(2)).squeeze(2).to(device=device, dtype=torch.float64)
+        device = batch.target_probs.device
+        q_draft = batch.draft_probs.gather(2, draft).squeeze(2).to(device=device, dtype=torch.float64)
+    return p_draft, q_draft
 
-    any_greedy = bool(greedy.any())
-    target_argmax = first_argmax(target_probs) if any_greedy else None  # [B, K+1]
+
+def _native_decisions(
+    batch: _Batch,
+    p_draft: torch.Tensor,
+    q_draft: torch.Tensor,
+    uniform: torch.Tensor,
+    target_argmax: torch.Tensor | None,
+) -> torch.Tensor:
+    """[B, K] bool: standard verification's accepts, by the p/q test or, on greedy rows, the argmax."""
     # p > 0 makes u = 0 harmless; for u in (0, 1) it is implied by p / q >= u.
     ok_random = (q_draft > 0) & (p_draft > 0) & (p_draft / q_draft.clamp_min(1e-300) >= uniform)
     if target_argmax is not None:
-        ok = torch.where(greedy.unsqueeze(1), draft == target_argmax[:, :k], ok_random)
+        k = batch.draft.shape[1]
+        ok = torch.where(batch.greedy.unsqueeze(1), batch.draft == target_argmax[:, :k], ok_random)
     else:
         ok = ok_random
-    ok &= valid  # native decisions; padding counts as rejected (it never matters below)
+    ok &= batch.valid  # padding counts as rejected (it never matters after)
+    return ok
 
-    lossy = policy is not None and policy.lossy
-    prefix = None
-    if lossy and lossless_before is not None:
-        prefix = lossless_before.to(device=device, dtype=torch.int64)
-    if lossy:
-        assert policy is not None
-        candidates = valid & ~ok & (p_draft > 0) & (greedy.unsqueeze(1) | (q_draft > 0))
-        if prefix is not None:
-            candidates &= positions.unsqueeze(0) >= prefix.unsqueeze(1)
-        drafts = Drafts(ok, valid, candidates, lengths, positions, p_draft, target_probs[:, :k])
-        forgiven = policy.forgiven(drafts) & candidates  # no policy forgives outside the candidates
-        kept = ok | forgiven
-    else:
-        forgiven = torch.zeros_like(ok)
-        kept = ok
 
-    # a = first position not kept, or K_b.
-    not_kept = valid & ~kept
-    first_reject = torch.where(not_kept, positions, k).amin(dim=1) if k else torch.zeros_like(lengths)
-    accepted = torch.minimum(first_reject, lengths)
-    forgiven &= positions < accepted.unsqueeze(1)
+def _forgive(
+    policy: VerificationPolicy | None,
+    batch: _Batch,
+    ok: torch.Tensor,
+    p_draft: torch.Tensor,
+    q_draft: torch.Tensor,
+    prefix: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native rejections a lossy policy forgives and the positions kept, both [B, K] bool."""
+    if policy is None:
+        return torch.zeros_like(ok), ok
+    greedy, valid, positions = batch.greedy, batch.valid, batch.positions
+    candidates = valid & ~ok & (p_draft > 0) & (greedy.unsqueeze(1) | (q_draft > 0))
+    if prefix is not None:
+        candidates &= positions.unsqueeze(0) >= prefix.unsqueeze(1)
+    k = batch.draft.shape[1]
+    drafts = Drafts(ok, valid, candidates, batch.lengths, positions, p_draft, batch.target_probs[:, :k])
+    forgiven = policy.forgiven(drafts) & candidates  # no policy forgives outside the candidates
+    return forgiven, ok | forgiven
 
-    # Rows whose recovered token is the target's argmax although they sample: a policy's rule applies to
-    # a rejection past the lossless prefix only.
-    by_argmax = None
-    if lossy and policy is not None and policy.recovered_by_argmax:
-        by_argmax = ~greedy & (accepted < lengths)
-        if prefix is not None:
-            by_argmax &= accepted >= prefix
-    final = _final_tokens(
-        target_probs,
-        draft_probs,
-        draft,
-        accepted,
-        lengths,
-        greedy,
-        target_argmax,
-        sample_uniform,
-        generator,
-        by_argmax,
+
+def _num_accepted(batch: _Batch, kept: torch.Tensor) -> torch.Tensor:
+    """a: [B] int64, the first position not kept, or K_b."""
+    k = batch.draft.shape[1]
+    not_kept = batch.valid & ~kept
+    first_reject = (
+        torch.where(not_kept, batch.positions, k).amin(dim=1) if k else torch.zeros_like(batch.lengths)
     )
+    return torch.minimum(first_reject, batch.lengths)
+
+
+def _recovered_by_argmax(
+    policy: VerificationPolicy | None, batch: _Batch, accepted: torch.Tensor, prefix: torch.Tensor | None
+) -> torch.Tensor | None:
+    """[B] bool: the random rows whose recovered token is the target's argmax, or None for none."""
+    if policy is None or not policy.recovered_by_argmax:
+        return None
+    # A policy's rule applies to a rejection past the lossless prefix only.
+    by_argmax = ~batch.greedy & (accepted < batch.lengths)
+    if prefix is not None:
+        by_argmax &= accepted >= prefix
+    return by_argmax
+
+
+def _outputs(
+    batch: _Batch, accepted: torch.Tensor, final: torch.Tensor, forgiven: torch.Tensor
+) -> VerifyOutput:
+    """VerifyOutput: the kept draft tokens, then the final token at a, then -1 padding; and the counts."""
+    b, k = batch.draft.shape
+    device = batch.draft.device
     token_ids = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)
-    token_ids[:, :k] = torch.where(positions < accepted.unsqueeze(1), draft, -1)
-    token_ids[rows, accepted] = final
+    token_ids[:, :k] = torch.where(batch.positions < accepted.unsqueeze(1), batch.draft, -1)
+    token_ids[torch.arange(b, device=device), accepted] = final
     return VerifyOutput(
         token_ids=token_ids, num_accepted=accepted, num_forgiven=forgiven.sum(dim=1), forgiven=forgiven
     )
 
 
 def _final_tokens(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    draft: torch.Tensor,
+    batch: _Batch,
     accepted: torch.Tensor,
-    lengths: torch.Tensor,
-    greedy: torch.Tensor,
     target_argmax: torch.Tensor | None,
     sample_uniform: torch.Tensor | None,
     generator: torch.Generator | None,
@@ -270,6 +359,8 @@ def _final_tokens(
 ) -> torch.Tensor:
     """The recovered (a < K_b) or bonus (a == K_b) token of every row: [B] int64. Greedy rows, and random
     rows marked in `by_argmax` ([B] bool, or None), take the target's argmax at a; the others draw."""
+    target_probs, draft_probs, draft = batch.target_probs, batch.draft_probs, batch.draft
+    lengths, greedy = batch.lengths, batch.greedy
     b, k = draft.shape
     device = target_probs.device
     rows = torch.arange(b, device=device)
