@@ -90,3 +90,28 @@ def test_the_progress_bar_shows_answers_per_minute_and_the_forecast_after_min_pa
             assert "answers/min" not in bar._text()
     text = bar._text()
     assert "answers/min" in text and "expected" in text, text
+
+
+def test_a_budget_the_forecast_says_is_too_short_is_said_once_on_its_own_line(capsys) -> None:
+    """With a one-minute budget and a small loss to detect, the first forecast (after MIN_PAIRS pairs)
+    expects no decision within the budget, and the bar prints that once as a plain line on stderr (it
+    must reach a log, where the bar itself is invisible); a generous budget prints nothing."""
+    import time
+
+    for minutes, said in ((1.0, 1), (10_000.0, 0)):
+        order = [("gsm8k", str(i)) for i in range(400)]
+        plan = SequentialPlan(margin=0.02, alpha=0.025, max_questions=400, population_size=400, order_seed=0)
+        monitor = SequentialMonitor(order, plan)
+        deadline = time.monotonic() + 60 * minutes
+        bar = GateProgress([BASELINE, CANDIDATE], 800, 0, monitor=monitor, deadline=deadline, enabled=False)
+        bar.started -= 600  # ten minutes for these pairs: about 4 pairs a minute
+        rng = np.random.default_rng(1)
+        for dataset, qid in order[: MIN_PAIRS + 25]:
+            base, cand = True, bool(rng.random() > 0.1)
+            for lane, correct in ((BASELINE, base), (CANDIDATE, cand)):
+                monitor.add(*lane, dataset, qid, correct)
+                bar.add(lane, correct)
+        err = capsys.readouterr().err
+        assert err.count("gate: at ") == said, err
+        if said:
+            assert "pairs/min" in err and "INCONCLUSIVE" in err and "continues the run" in err, err

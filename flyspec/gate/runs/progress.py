@@ -45,6 +45,7 @@ class GateProgress:
         self.session_pairs_from = monitor.prefix if monitor is not None else None
         self.outlook: Forecast | None = None
         self._forecast_at = 0
+        self._warned = False
         self.right: dict[Lane, int] = defaultdict(int)
         self.count: dict[Lane, int] = defaultdict(int)
         self.bar = Progress(
@@ -87,6 +88,16 @@ class GateProgress:
             pairs_per_minute=new_pairs / max(self._minutes(), 1e-9),
             minutes_left=left,
         )
+        if left is not None and self.outlook.within_budget < 0.5 and not self._warned:
+            # Said once, as a line of its own: the bar is invisible in a log or a CI job.
+            self._warned = True
+            self.bar.console.print(
+                f"gate: at {self.outlook.pairs_per_minute:.1f} pairs/min and the effect seen in "
+                f"{m.prefix} pairs, {self.outlook.describe()}: this session will most likely stop at its "
+                "time budget INCONCLUSIVE; rerunning the same command continues the run",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def _text(self) -> str:
         if self.monitor is not None:
