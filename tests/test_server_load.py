@@ -180,8 +180,9 @@ def test_a_grammar_over_its_budget_is_a_400_and_no_stream_pauses(server: Server,
     lexer) takes about a second, against a 0.25 s budget: a 400 naming guided_regex within about the
     budget, while a stream that runs meanwhile never pauses for half of that compile (it used to pause
     for all of it, on the engine thread; the compile's lane shares the GIL with the engine, and in a CI
-    run on a 2-core Intel Xeon one gap reached 0.51 s of a 1.37 s compile). The budget counts compile time only: a fresh server's first
-    grammar waits for the grammar tokenizer to be built, and is not refused for it."""
+    run on a 2-core Intel Xeon one gap reached 0.51 s of a 1.37 s compile). The budget counts compile
+    time only: a fresh server's first grammar waits for the grammar tokenizer to be built, and is not
+    refused for it."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(byte_model)
