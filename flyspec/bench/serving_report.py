@@ -164,8 +164,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "tokens/s: output tokens of all requests of a level over its wall time. flyspec / this: flyspec's "
         "tokens/s on the same method and arm at the same concurrency over this server's (llama.cpp runs "
         "its own Q4_K_M quantization, not the same weights); flyspec-int8 / this, flyspec-int4 / this: "
-        "the same for flyspec with int8 or int4 weights quantized at load. TTFT, ITL (gap between "
-        "streamed chunks), TPOT and e2e as `vllm bench serve` defines them. short: requests that "
+        "the same for flyspec with int8 or int4 weights quantized at load; flyspec-auto / this: with the "
+        "format the load-time kernel check chose on this CPU (named in that server's log). TTFT, ITL (gap "
+        "between streamed chunks), TPOT and e2e as `vllm bench serve` defines them. short: requests that "
         "stopped before max_tokens.",
         "",
     ]
