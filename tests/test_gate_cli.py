@@ -512,6 +512,7 @@ def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(
         "tune", "--store", str(store), "--dataset", str(tmp_path / "yes.jsonl"), "--baseline",
         json.dumps({"base_url": yes_server, "model": "right"}), "--candidates", candidates, "--margin", "0.3",
         "--order", "given", "--calibration-questions", "2", "--max-tokens", "4", "--no-progress",
+        "--population", "finite",
     ]  # fmt: skip
     done = flyspec(*args, "--exclude-run", "nope")
     assert done.returncode == 2 and "--exclude-run nope: no such run" in done.stderr

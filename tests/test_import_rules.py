@@ -23,9 +23,10 @@ TYPE_CHECKING): a lazy import is still a dependency.
 8. No module imports itself back through others: the modules of the package form no import cycle
    (``KNOWN_CYCLES`` would list a cycle tolerated for now, each to be removed when it goes; it is empty).
 9. The gate is seven subpackages, each importing only the ones below it (``GATE_LAYERS``): ``stats`` and
-   ``grading`` nothing else of the gate; ``data`` grading (a dataset checks its reference answers);
-   ``arms`` data and grading; ``report`` stats, grading and data, never ``runs`` or ``arms``; ``logs``
-   stats, data and report; ``runs`` all of those but logs. ``flyspec.gate`` itself only re-exports.
+   ``grading`` nothing else of the gate; ``data`` grading (a dataset checks its reference answers) and
+   stats (a registration's sequential plans); ``arms`` data and grading; ``report`` stats, grading and
+   data, never ``runs`` or ``arms``; ``logs`` stats, data and report; ``runs`` all of those but logs.
+   ``flyspec.gate`` itself only re-exports. Outside ``gate/arms``, no code tests an arm's class.
 10. Only ``flyspec/llm.py`` touches the engine an ``LLM`` holds (``LLM._engine``): everything else, the
     package and its scripts, uses ``LLM``'s methods; ``LLM`` has no public ``engine``.
 """
@@ -338,7 +339,7 @@ GATE = "flyspec.gate"
 GATE_LAYERS: dict[str, tuple[str, ...]] = {
     "stats": (),
     "grading": (),
-    "data": ("grading",),
+    "data": ("grading", "stats"),
     "arms": ("data", "grading"),
     "report": ("stats", "grading", "data"),
     "logs": ("stats", "data", "report"),
@@ -430,3 +431,52 @@ def test_only_llm_touches_the_engine_of_an_llm() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "engine" and isinstance(node.value, ast.Name)
     ]
     assert public == []
+
+
+def _arm_classes() -> set[str]:
+    """The arm and executor classes flyspec/gate/arms defines (its data types, a Job or a Completion, are
+    plain values anyone may check)."""
+    names: set[str] = set()
+    for path in (PACKAGE / "gate" / "arms").glob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        names.update(node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef))
+    return {n for n in names if n.endswith(("Arm", "Executor"))}
+
+
+def arm_isinstance_violations(package: Path, arm_classes: set[str]) -> list[str]:
+    """``module: isinstance(..., Class)`` for every isinstance check on a class of flyspec/gate/arms in a
+    module outside that package: everyone else asks an arm through its protocol (``Arm``, ``Executor``)."""
+    bad = []
+    arms_dir = package / "gate" / "arms"
+    for path in sorted(package.rglob("*.py")):
+        if path.is_relative_to(arms_dir):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            if node.func.id != "isinstance" or len(node.args) != 2:
+                continue
+            target = node.args[1]
+            names = target.elts if isinstance(target, ast.Tuple) else [target]
+            for name in names:
+                label = name.id if isinstance(name, ast.Name) else getattr(name, "attr", None)
+                if label in arm_classes:
+                    bad.append(f"{path.relative_to(package)}: isinstance(..., {label})")
+    return bad
+
+
+def test_no_isinstance_on_arm_classes_outside_the_arms_package() -> None:
+    """Code outside flyspec/gate/arms asks an arm what it needs through the ``Arm`` protocol
+    (``settings_visible``, ``speculative_config``, ``variant``), never by testing its class, so a new
+    kind of arm is one module there plus its registration."""
+    classes = _arm_classes()
+    assert {"EngineArm", "OpenAIArm"} <= classes
+    assert arm_isinstance_violations(PACKAGE, classes) == []
+
+
+def test_the_arm_isinstance_check_can_fail(tmp_path: Path) -> None:
+    """The check above finds such a test where one is written."""
+    (tmp_path / "gate" / "arms").mkdir(parents=True)
+    (tmp_path / "gate" / "runs.py").write_text("def f(a):\n    return isinstance(a, (int, EngineArm))\n")
+    found = arm_isinstance_violations(tmp_path, {"EngineArm"})
+    assert len(found) == 1 and "EngineArm" in found[0]

@@ -119,6 +119,7 @@ _CONFIG_KEYS = (
     "shuffle_seed",
     "exclude_run",
     "judge",
+    "population",
 )
 
 
@@ -259,6 +260,15 @@ JudgeOption = Annotated[
         "both arms' answers in both orders (temperature 0).",
     ),
 ]
+Population = Annotated[
+    str | None,
+    typer.Option(
+        "--population",
+        help="What a sequential decision claims: 'superpopulation' (default: the method on questions like "
+        "these, run-to-run randomness included) or 'finite' (exactly the registered questions in this "
+        "run's outputs, nothing beyond them). A resumed run keeps its registered claim.",
+    ),
+]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")]
 AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the report as one JSON object.")]
@@ -293,6 +303,7 @@ def run_command(
     ] = None,
     exclude_run: ExcludeRun = None,
     judge: JudgeOption = None,
+    population: Population = None,
     config: Config = None,
     no_progress: NoProgress = False,
     as_json: AsJson = False,
@@ -576,6 +587,7 @@ def tune_command(
     order_seed: OrderSeed = None,
     run_name: TuneRun = None,
     exclude_run: ExcludeRun = None,
+    population: Population = None,
     no_progress: NoProgress = False,
     as_json: TuneJson = False,
     strict: TuneStrict = False,
@@ -603,7 +615,7 @@ def tune_command(
         "calibration_questions": calibration_questions, "sequential": not fixed,
         "max_questions": max_questions, "max_minutes": max_minutes, "temperature": temperature,
         "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "order_seed": order_seed, "run": run_name,
-        "exclude_run": exclude_run or (),
+        "exclude_run": exclude_run or (), "population": population,
     }  # fmt: skip
     _tune_and_report(TuneOptions(progress=not no_progress, **_fields(settings)), as_json, strict)
 

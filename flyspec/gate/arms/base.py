@@ -60,6 +60,11 @@ class Job:
         return (self.arm, self.repeat, self.question.dataset, self.question.id)
 
     @property
+    def lane(self) -> tuple[str, int]:
+        """The arm and repeat this job answers for."""
+        return (self.arm, self.repeat)
+
+    @property
     def request_id(self) -> str:
         return "|".join(str(part) for part in self.key)
 
@@ -108,6 +113,23 @@ class Arm(Protocol):
 
     def public_dict(self) -> dict[str, Any]:
         """The arm's full settings for the run's notes (never a secret)."""
+        ...
+
+    @property
+    def settings_visible(self) -> bool:
+        """Whether this process sees every setting that decides the arm's outputs (an engine arm), or a
+        server decides some of them out of sight (an endpoint)."""
+        ...
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The speculative config the arm runs, when this process can see it (None for an engine arm
+        without speculation and for an endpoint)."""
+        ...
+
+    def variant(self, name: str, speculative_config: dict[str, Any]) -> Arm:
+        """The same arm under another name running ``speculative_config`` (``gate tune``'s settings);
+        ValueError for a kind whose server decides what it runs."""
         ...
 
 

@@ -71,6 +71,15 @@ class OpenAIArm:
     backoff: float = 1.0
     kind = KIND
     greedy_repeats = False  # a server may batch and sample differently each time
+    settings_visible = False  # the server decides what it runs
+    speculative_config = None
+
+    def variant(self, name: str, speculative_config: dict[str, Any]) -> OpenAIArm:
+        """An endpoint runs what its server was started with: a setting needs its own server."""
+        raise ValueError(
+            f"arm {self.name!r} is an endpoint, whose server runs one speculative config: give each setting "
+            'its own server, as {"arm": {...}, "speculative_config": {...}}'
+        )
 
     def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
         """What decides the arm's outputs, registered before the run: the model name, the extra request

@@ -52,6 +52,15 @@ class EngineArm:
     engine_config: EngineConfig = field(compare=False, repr=False)
     kind = KIND
     greedy_repeats = True  # the engine's greedy decoding is deterministic
+    settings_visible = True
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        return self.config["speculative_config"]
+
+    def variant(self, name: str, speculative_config: dict[str, Any]) -> EngineArm:
+        """This engine arm under ``name`` with another speculative config (everything else the same)."""
+        return parse(name, {**self.public_dict(), "speculative_config": speculative_config})
 
     def public_dict(self) -> dict[str, Any]:
         """The arm's full settings (canonical: defaults resolved)."""

@@ -329,13 +329,19 @@ class GateStore:
         def without_maximum(reg: dict[str, Any]) -> dict[str, Any]:
             """The registration less what a larger maximum changes (the maximum, each dataset's count)."""
             sequential = {k: v for k, v in reg["sequential"].items() if k != "max_questions"}
+            comparisons = [
+                {**c, "sequential": {k: v for k, v in c["sequential"].items() if k != "max_questions"}}
+                if isinstance(c, dict) and isinstance(c.get("sequential"), dict)
+                else c
+                for c in reg.get("comparisons", [])
+            ]
             datasets = {
                 name: {k: v for k, v in info.items() if k != "questions"} if isinstance(info, dict) else info
                 for name, info in reg.get("datasets", {}).items()
             }
-            dropped = ("max_questions", "extensions", "sequential", "datasets")
+            dropped = ("max_questions", "extensions", "sequential", "datasets", "comparisons")
             others = {k: v for k, v in reg.items() if k not in dropped}
-            return {**others, "sequential": sequential, "datasets": datasets}
+            return {**others, "sequential": sequential, "datasets": datasets, "comparisons": comparisons}
 
         if without_maximum(existing.registration) != without_maximum(registration):
             return False
@@ -510,6 +516,14 @@ class GateStore:
             values["correct"] = bool(values["correct"])
             out.append(AnswerRecord(**values))
         return out
+
+    def answer_times(self, run_id: str) -> dict[tuple[str, int, str, str], float]:
+        """When each answer of a run was stored (seconds since the epoch), by ``(arm, repeat, dataset,
+        question_id)``."""
+        rows = self._db.execute(
+            "SELECT arm, repeat, dataset, question_id, created_at FROM answers WHERE run_id = ?", (run_id,)
+        )
+        return {(a, r, d, q): t for a, r, d, q, t in rows}
 
     def answered_keys(self, run_id: str) -> set[tuple[str, int, str, str]]:
         """``(arm, repeat, dataset, question_id)`` of every stored answer (what a resume skips)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.wording import decision_rule
-from flyspec.gate.stats.monitor import CS_METHOD, SequentialPlan, SequentialStop
+from flyspec.gate.stats.monitor import CLAIMS, SUPERPOPULATION, SequentialPlan, SequentialStop
 
 
 @dataclass
@@ -186,6 +186,25 @@ class ReportData:
     advice: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    family: list[ReportData] = field(default_factory=list)
+    family_alpha: float | None = None
+    decided_after_minutes: float | None = None
+
+    @property
+    def comparison(self) -> str:
+        """The candidate arm this report pairs with the baseline (``candidate`` unless it is a control's)."""
+        return str(self.run.registration.get("compared", "candidate"))
+
+    @property
+    def claim(self) -> str:
+        """What a PASS (or FAIL) of this run claims, in plain words."""
+        plan = self.sequential_plan
+        return CLAIMS[plan.population if plan is not None else SUPERPOPULATION]
+
+    @property
+    def role(self) -> str:
+        """``candidate`` or ``control`` (a comparison the gate must FAIL)."""
+        return str(self.run.registration.get("role", "candidate"))
 
     @property
     def registered_margin(self) -> float:
@@ -219,7 +238,8 @@ class ReportData:
             "registered_decision": pooled.decision,
             "pre_registered": self.run.kind != "compare",
             "design": self.design,
-            "method": CS_METHOD if self.sequential_plan is not None else "tango",
+            "method": self.sequential_plan.method if self.sequential_plan is not None else "tango",
+            "claim": self.claim,
             "scope": "pooled",
             "margin": self.run.margin,
             "alpha": self.alpha,
@@ -283,7 +303,17 @@ class ReportData:
                 "max_questions": self.sequential_plan.max_questions,
                 "population_size": self.sequential_plan.population_size,
                 "order_seed": self.sequential_plan.order_seed,
-                "method": CS_METHOD,
+                "method": self.sequential_plan.method,
+                "population": self.sequential_plan.population,
             }
+        if self.family:
+            out["family_alpha"] = self.family_alpha
+            out["family"] = [
+                {k: v for k, v in f.to_dict().items() if k not in ("registration", "run_notes")}
+                for f in self.family
+            ]
+        out["comparison"] = self.comparison
+        out["role"] = self.role
+        out["decided_after_minutes"] = self.decided_after_minutes
         out["decision"] = self.decision_object()
         return out

@@ -550,7 +550,7 @@ def _arm_lines(report: ReportData) -> list[str]:
     for name, arm in run.registration.get("arms", {}).items():
         lines.append(f"- arm `{name}`: `{json.dumps(arm, sort_keys=True)}`")
         for executor in run.notes.get("executors", []):
-            if executor.get("kind") != "openai" or name not in executor.get("arms", []):
+            if "models" not in executor or name not in executor.get("arms", []):
                 continue
             for url, card in executor.get("models", {}).items():
                 seen = fingerprints.get(name, {}).get(url) or ["not reported"]
@@ -606,8 +606,58 @@ def _warning_lines(report: ReportData) -> list[str]:
 
 
 def _result_lines(report: ReportData) -> list[str]:
-    """A pilot's flips, or a run's (or comparison's) decision and paired results."""
-    return _pilot_lines(report) if report.run.kind == "pilot" else _gate_lines(report)
+    """A pilot's flips, or a run's (or comparison's) decision and paired results: first each control's (a
+    setting known to be harmful, which the gate must catch), then the candidate's."""
+    if report.run.kind == "pilot":
+        return _pilot_lines(report)
+    lines: list[str] = []
+    for control in report.family:
+        lines += _control_lines(control)
+    if report.family:
+        lines += [f"# The candidate: `{report.comparison}` against the baseline", ""]
+    return lines + _gate_lines(report)
+
+
+def control_sentence(control: ReportData) -> str:
+    """One sentence on a control: whether the gate caught it, after how many questions and minutes."""
+    pooled = control.pooled
+    stop = control.sequential
+    if pooled is None or pooled.decision is None:
+        return f"Control `{control.comparison}`: no question has been answered by both arms yet."
+    n = stop.stopped_at if stop is not None else pooled.n
+    minutes = control.decided_after_minutes
+    when = f" ({minutes:.0f} minutes of answering)" if minutes is not None else ""
+    if pooled.decision == FAIL:
+        return (
+            f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
+            f"{when}, losing more than the {_m(control)}-point margin (interval "
+            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
+        )
+    if pooled.decision == PASS:
+        return (
+            f"Control `{control.comparison}` PASSed after {n} questions{when}: the setting expected to be "
+            "harmful was shown to lose less than the margin, so the control did not do its job here (check "
+            "that it really is worse on these questions)."
+        )
+    return (
+        f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
+        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{_m(control)})."
+    )
+
+
+def _num_pts(value: float | None) -> str:
+    return "-" if value is None else points(value)
+
+
+def _control_lines(control: ReportData) -> list[str]:
+    alpha = f"alpha {control.alpha:g} of the run's {control.family_alpha or control.alpha:g}"
+    return [
+        f"# Control: `{control.comparison}` against the baseline (must FAIL; {alpha})",
+        "",
+        control_sentence(control),
+        "",
+        *_gate_lines(control),
+    ]
 
 
 def _provenance_lines(report: ReportData) -> list[str]:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.checks import is_number
-from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
+from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
 from flyspec.gate.report.model import (
@@ -43,6 +44,9 @@ from flyspec.gate.stats.planning import plan_noninferiority
 
 POWER = 0.80
 Lane = tuple[str, int]
+COMPARED = "compared"
+"""The key of a comparison's view of a run (``_view``) naming the candidate arm it pairs."""
+ROLE = "role"
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]
 
 
@@ -64,9 +68,38 @@ class Report(ReportData):
 
 def _lanes(run: RunRecord) -> tuple[Lane, Lane]:
     """The two lanes being paired: two passes of the baseline in a noise pilot, baseline vs candidate
-    otherwise."""
+    otherwise (in a run with several comparisons, the one this view of the run is for: ``_view``)."""
     mode = run.registration.get("pilot", {}).get("mode", "noise") if run.kind == "pilot" else None
-    return (("baseline", 0), ("baseline", 1)) if mode == "noise" else (("baseline", 0), ("candidate", 0))
+    if mode == "noise":
+        return (("baseline", 0), ("baseline", 1))
+    return (("baseline", 0), (run.registration.get(COMPARED, "candidate"), 0))
+
+
+def _view(run: RunRecord, plan: ComparisonPlan) -> RunRecord:
+    """The run as the report of one of its comparisons sees it: that comparison's margin, alpha, sequential
+    plan and candidate lane in place of the run's."""
+    registration = {
+        **run.registration,
+        "margin": plan.margin,
+        "alpha": plan.alpha,
+        COMPARED: plan.candidate[0],
+        ROLE: plan.role,
+    }
+    if plan.sequential is not None:
+        registration["sequential"] = plan.sequential.to_dict()
+    return replace(run, margin=plan.margin, alpha=plan.alpha, registration=registration)
+
+
+def _comparison_events(events: list[RunEvent], name: str) -> list[RunEvent]:
+    """A run's session events with each stop placed where this comparison's sequence was (a run with
+    several comparisons records every comparison's prefix in the stop's detail)."""
+    out = []
+    for e in events:
+        reached = e.detail.get("stopped_at") if isinstance(e.detail, dict) else None
+        if isinstance(reached, dict) and name in reached:
+            e = replace(e, stopped_at=reached[name])
+        out.append(e)
+    return out
 
 
 def _pilot(
@@ -148,20 +181,47 @@ def _pairs(store: GateStore, run: RunRecord, correct: dict[tuple[str, int, str, 
 
 
 def build_report(
-    store: str | Path | GateStore, run_id: str | None = None, margin: float | None = None
+    store: str | Path | GateStore,
+    run_id: str | None = None,
+    margin: float | None = None,
+    comparison: str | None = None,
 ) -> Report:
     """Build the report of a run (the latest one when ``run_id`` is None) from the stored answers.
 
     ``margin`` other than the registered one adds an exploratory decision at that margin (with a loud
-    warning); the registered decision, and everything that depends on it, stays as registered.
+    warning); the registered decision, and everything that depends on it, stays as registered. A run with
+    several comparisons (controls beside the candidate) is reported for its candidate, with each control's
+    report in ``family``; ``comparison`` picks one comparison alone.
     """
     if isinstance(store, GateStore):
-        return _build(store, run_id, margin)
+        return _build_family(store, run_id, margin, comparison)
     path = Path(store)
     if not path.is_file():
         raise FileNotFoundError(f"store {path} does not exist")
     with GateStore(path) as opened:
-        return _build(opened, run_id, margin)
+        return _build_family(opened, run_id, margin, comparison)
+
+
+def _build_family(
+    store: GateStore, run_id: str | None, margin: float | None, comparison: str | None
+) -> Report:
+    notes: list[str] = []
+    run = _pick_run(store, run_id, notes)
+    plans = comparison_plans(run.kind, run.registration) if run.kind == "gate" else []
+    if comparison is not None and comparison not in {p.name for p in plans}:
+        names = ", ".join(p.name for p in plans) or "none"
+        raise ValueError(f"run {run.run_id!r} has no comparison {comparison!r} (comparisons: {names})")
+    if len(plans) < 2:
+        return _build(store, run, margin, notes)
+    chosen = next(p for p in plans if p.name == (comparison or plans[0].name))
+    report = _build(store, _view(run, chosen), margin, notes)
+    family_alpha = float(run.registration.get("family", {}).get("alpha", run.alpha))
+    report.family_alpha = family_alpha
+    if comparison is None:
+        report.family = [_build(store, _view(run, p), None, []) for p in plans[1:]]
+        for member in report.family:
+            member.family_alpha = family_alpha
+    return report
 
 
 def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunRecord:
@@ -180,9 +240,7 @@ def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunReco
     return found
 
 
-def _build(store: GateStore, run_id: str | None, margin: float | None) -> Report:
-    notes: list[str] = []
-    run = _pick_run(store, run_id, notes)
+def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[str]) -> Report:
     if run.kind in ("tune", "calibration"):
         tune = run.registration.get("calibration", {}).get("tune") or run.run_id
         raise ValueError(
@@ -353,9 +411,11 @@ def _sequential(report: Report, store: GateStore, correct: dict) -> None:
     run = report.run
     plan = SequentialPlan.from_registration(run.registration["sequential"])
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
-    events = store.events(run.run_id)
+    lanes = _lanes(run)
+    events = _comparison_events(store.events(run.run_id), lanes[1][0])
     judged = _judged(store, run)
-    stop = sequential_stop(order, correct, plan, events, judged=judged)
+    stop = sequential_stop(order, correct, plan, events, lanes, judged=judged)
+    report.decided_after_minutes = _answering_minutes(store, run, order, lanes, stop)
     report.sequential, report.sequential_plan = stop, plan
     per = _by_dataset(store, run, correct, limit=stop.stopped_at)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
@@ -364,7 +424,35 @@ def _sequential(report: Report, store: GateStore, correct: dict) -> None:
     used = [pair for _, p, _ in per.values() for pair in p]
     report.comparisons.append(sequential_row(stop, used, plan.max_questions, run.alpha))
     if report.margin_overridden:
-        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, judged=judged)
+        other = sequential_stop(
+            order, correct, replace(plan, margin=report.margin), events, lanes, judged=judged
+        )
         report.exploratory = Exploratory(
             report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
         )
+
+
+def _answering_minutes(
+    store: GateStore, run: RunRecord, order: list[tuple[str, str]], lanes: tuple[Lane, Lane], stop: Any
+) -> float | None:
+    """Minutes of answering (summed over the run's sessions, models' loading excluded) until the pair that
+    decided a sequential comparison was stored; None when it has not decided."""
+    if stop.reason != "boundary" or stop.stopped_at < 1:
+        return None
+    times = store.answer_times(run.run_id)
+    wanted = {(*lane, *key) for key in order[: stop.stopped_at] for lane in lanes}
+    stamps = [times[k] for k in wanted if k in times]
+    if len(stamps) < len(wanted):
+        return None
+    decided = max(stamps)
+    sessions: list[tuple[float, float]] = []
+    began: float | None = None
+    for e in store.events(run.run_id):
+        if e.event == "start":
+            began = e.created_at
+        elif e.event == "stop" and began is not None:
+            sessions.append((began, e.created_at))
+            began = None
+    if began is not None:
+        sessions.append((began, decided))
+    return sum(max(0.0, min(end, decided) - start) for start, end in sessions) / 60

@@ -21,7 +21,7 @@ from flyspec.gate.report.comparisons import compare_pairs
 from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.report.wording import points
 from flyspec.gate.stats.decision import INCONCLUSIVE, NOT_TESTED, PASS
-from flyspec.gate.stats.monitor import CS_METHOD, SequentialPlan, sequential_stop
+from flyspec.gate.stats.monitor import SequentialPlan, sequential_stop
 from flyspec.gate.stats.multiple import fixed_sequence
 
 BASELINE = ("baseline", 0)
@@ -189,7 +189,11 @@ class TuneReport:
             "alpha": self.run.alpha,
             "level": 1 - 2 * self.run.alpha,
             "design": reg.get("design"),
-            "method": CS_METHOD if reg.get("design") == "sequential" else "tango",
+            "method": (
+                SequentialPlan.from_registration(reg["sequential"]).method
+                if reg.get("design") == "sequential"
+                else "tango"
+            ),
             "procedure": reg.get("procedure"),
             "order": reg.get("order"),
             "calibration": reg.get("calibration"),

@@ -25,7 +25,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,15 @@ class Dispatcher:
         """Stop and give up on the requests in flight (their answers are lost; nothing stored is)."""
         self._stopped.set()
         self._aborted.set()
+
+    def reorder(self, keep: Callable[[Job], bool], key: Callable[[Job], Any]) -> None:
+        """Drop the jobs not yet started for which ``keep`` is false and order the rest by ``key`` (a
+        comparison that stopped needs no more answers from its candidate, and its lanes lose their
+        priority)."""
+        with self._lock:
+            for feed in self.feeds:
+                rest = sorted((j for j in feed.jobs[feed.index :] if keep(j)), key=key)
+                feed.jobs = feed.jobs[: feed.index] + rest
 
     @property
     def stopped(self) -> bool:

@@ -23,6 +23,7 @@ from flyspec.gate.data.datasets import Question, load_dataset
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, check_reference, sandbox_notes
 from flyspec.gate.runs.session import Session, log
+from flyspec.gate.stats.monitor import FINITE, SUPERPOPULATION
 
 Served = dict[str, dict[str, Any] | None]
 """Per arm name (and ``judge``): the model its server reports serving, None where nothing was asked."""
@@ -110,6 +111,18 @@ def register(
     return store.register(run_id, kind, {**describe(ask()), **extra}, questions)
 
 
+def population(store: GateStore, run_id: str, requested: str | None) -> str:
+    """The claim a sequential run makes: as requested, else the one a registered run already makes (runs
+    registered before the claim was a choice are ``finite``), else ``superpopulation``."""
+    if requested is not None:
+        return requested
+    run = store.get_run(run_id)
+    sequential = run.registration.get("sequential") if run is not None else None
+    if isinstance(sequential, dict):
+        return str(sequential.get("population", FINITE))
+    return SUPERPOPULATION
+
+
 def announce_sandbox(graders: set[str], who: str) -> None:
     """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
     sandbox = sandbox_notes(graders)
@@ -132,7 +145,9 @@ def answer(
     try:
         reason = session.answer(executors)
     except BaseException:
+        detail = {**(detail or {}), **session.stop_detail}
         store.add_event(session.run_id, "stop", session.reason or "error", session.stopped_at, detail)
         raise
+    detail = {**(detail or {}), **session.stop_detail}
     store.add_event(session.run_id, "stop", reason, session.stopped_at, detail)
     return reason

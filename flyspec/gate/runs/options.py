@@ -15,9 +15,14 @@ from typing import Any
 from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import Sampling
 from flyspec.gate.stats.decision import check_margin_alpha
+from flyspec.gate.stats.monitor import FINITE, SUPERPOPULATION
 
 ArmSpec = dict[str, Any] | str | Path
 KINDS = ("gate", "pilot")
+POPULATIONS = (SUPERPOPULATION, FINITE)
+RESERVED_ARMS = ("baseline", "candidate", "judge")
+CONTROL_SHARE = 5
+"""A control's default share of alpha is alpha / CONTROL_SHARE."""
 
 
 def check_count(name: str, value: Any) -> None:
@@ -40,7 +45,10 @@ class RunSettings:
     alpha: the one-sided level. max_questions: at most this many questions of the seeded order.
     max_minutes: a time budget for answering (a run stopped by it resumes on the next call). order_seed:
     the question order (default: ``seed``, which also derives the per-question sampling seeds).
-    exclude_runs: leave out the questions these runs of the store used.
+    exclude_runs: leave out the questions these runs of the store used. population: what a sequential
+    decision claims (flyspec.gate.stats.monitor.CLAIMS): ``superpopulation`` (the method on questions
+    like these; the default of a new run) or ``finite`` (exactly the registered questions in this run's
+    outputs); None keeps a resumed run's registered claim.
     """
 
     store: str | Path
@@ -59,6 +67,7 @@ class RunSettings:
     shuffle_seed: int = field(default=0, kw_only=True)
     exclude_runs: tuple[str, ...] = field(default=(), kw_only=True)
     progress: bool = field(default=True, kw_only=True)
+    population: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         datasets = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
@@ -83,6 +92,12 @@ class RunSettings:
             raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
             raise ValueError(f"run={self.run_id!r}: must be a non-empty name")
+        if self.population is not None and self.population not in POPULATIONS:
+            raise ValueError(
+                f"population={self.population!r}: must be one of {', '.join(POPULATIONS)} (what a sequential "
+                "PASS claims: about the method on questions like these, the default, or about exactly the "
+                "registered questions in this run's outputs)"
+            )
 
     @property
     def sampling(self) -> Sampling:
@@ -112,6 +127,9 @@ class GateOptions(RunSettings):
     sequential: bool = False
     limit: int | None = None
     judge: ArmSpec | None = None
+    controls: dict[str, ArmSpec] = field(default_factory=dict)
+    control_alpha: float | None = None
+    control_margin: float | None = None
 
     def _check(self) -> None:
         if self.kind not in KINDS:
@@ -127,6 +145,42 @@ class GateOptions(RunSettings):
                 f"limit={self.limit}: a sequential run takes --max-questions (the first N of the seeded "
                 "order over all datasets), not --limit"
             )
+        if self.population == FINITE and not self.sequential:
+            raise ValueError(
+                f"population={self.population!r}: only a sequential run chooses its claim; a fixed run's "
+                "interval is about the method (questions drawn at random)"
+            )
+        self._check_controls()
+
+    def _check_controls(self) -> None:
+        if not self.controls:
+            return
+        if self.kind != "gate":
+            raise ValueError("controls: only a gate run has controls (comparisons the gate must FAIL)")
+        for name in self.controls:
+            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_ARMS:
+                raise ValueError(
+                    f"controls: name {name!r}: must be an identifier other than {', '.join(RESERVED_ARMS)}"
+                )
+        share = self.control_alpha_each
+        if not is_number(share, above=0) or share * len(self.controls) >= self.alpha:
+            raise ValueError(
+                f"control_alpha={share!r}: each control's share of alpha must be positive and all of them "
+                f"together less than alpha={self.alpha} (the candidate keeps the rest)"
+            )
+        if self.control_margin is not None:
+            check_margin_alpha(self.control_margin, share)
+
+    @property
+    def control_alpha_each(self) -> float:
+        """Each control's share of the run's alpha (default: a fifth of it: a control is expected to
+        lose far more than the margin, where a smaller alpha costs few questions)."""
+        return self.control_alpha if self.control_alpha is not None else self.alpha / CONTROL_SHARE
+
+    @property
+    def candidate_alpha(self) -> float:
+        """The candidate's share of alpha: what the controls leave."""
+        return self.alpha - self.control_alpha_each * len(self.controls)
 
     @property
     def name(self) -> str:

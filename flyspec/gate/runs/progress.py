@@ -1,13 +1,17 @@
-"""The gate's progress bar on stderr (stdout carries only the report).
+"""The gate's progress on stderr (stdout carries only the report).
 
-A fixed run shows answers stored and each arm's accuracy so far. A sequential run shows the pairs along
-the registered order, the current confidence interval against the margin, answers per minute, and from
-MIN_PAIRS pairs on a forecast of when a decision is expected at the rate and effect seen so far
-(flyspec/gate/stats/forecast.py), then the time left of the budget.
+On a terminal, a rich progress bar. A fixed run shows answers stored and each arm's accuracy so far. A
+sequential run shows the pairs along the registered order, the current confidence interval against the
+margin (and each control's, or its decision once it stopped), answers per minute and a forecast of when a
+decision is expected (flyspec/gate/stats/forecast.py), then the time left of the budget.
+
+Without a terminal (a log file, a CI job, ``nohup``), a bar is invisible, so one plain line is printed per
+LINE_EVERY pairs instead: pairs, interval, rate and the forecast.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 
@@ -19,11 +23,13 @@ from flyspec.gate.stats.monitor import SequentialMonitor, in_order_diffs
 
 Lane = tuple[str, int]
 FORECAST_EVERY = 10
-"""New pairs between forecasts (each simulates a few hundred continuations, about 0.2 s)."""
+"""New pairs between forecasts (each simulates a few hundred continuations, well under a second)."""
+LINE_EVERY = 25
+"""Pairs between progress lines when stderr is not a terminal."""
 
 
 class GateProgress:
-    """A rich progress bar; ``add`` after each stored answer."""
+    """Progress of one answering session; ``add`` after each stored answer."""
 
     def __init__(
         self,
@@ -31,34 +37,46 @@ class GateProgress:
         total: int,
         done: int,
         *,
-        monitor: SequentialMonitor | None,
+        monitors: dict[str, SequentialMonitor] | None = None,
+        monitor: SequentialMonitor | None = None,
         deadline: float | None,
         enabled: bool,
+        interactive: bool | None = None,
     ) -> None:
         self.lanes = lanes
-        self.monitor = monitor
+        self.monitors = monitors or ({"candidate": monitor} if monitor is not None else {})
+        self.monitor = next(iter(self.monitors.values()), None)
         self.deadline = deadline
         self.answers = done
         self.started = time.monotonic()
         self.session_answers = 0
         # Pairs complete before this session (a resumed run) do not count in its rate.
-        self.session_pairs_from = monitor.prefix if monitor is not None else None
+        self.session_pairs_from = self.monitor.prefix if self.monitor is not None else None
         self.outlook: Forecast | None = None
         self._forecast_at = 0
         self._warned = False
         self.right: dict[Lane, int] = defaultdict(int)
         self.count: dict[Lane, int] = defaultdict(int)
+        console = Console(stderr=True)
+        self.interactive = console.is_terminal if interactive is None else interactive
+        self.lines = enabled and not self.interactive
+        self._line_at = self._pairs()
         self.bar = Progress(
             TextColumn("[bold]gate[/bold]"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
-            disable=not enabled,
+            console=console,
+            disable=not enabled or not self.interactive,
         )
-        bar_total = monitor.plan.max_questions if monitor is not None else total
+        bar_total = self.monitor.plan.max_questions if self.monitor is not None else total
         self.task = self.bar.add_task(self._text(), total=bar_total, completed=self._completed(done))
+
+    def _pairs(self) -> int:
+        """Pairs along the order that the slowest live comparison has (answers, for a fixed run)."""
+        live = [m for m in self.monitors.values() if m.stop is None] or list(self.monitors.values())
+        return min(m.prefix for m in live) if live else self.answers
 
     def _completed(self, answers: int) -> int:
         return self.monitor.prefix if self.monitor is not None else answers
@@ -69,6 +87,12 @@ class GateProgress:
 
     def _minutes(self) -> float:
         return (time.monotonic() - self.started) / 60.0
+
+    def _pairs_per_minute(self) -> float:
+        m = self.monitor
+        if m is None or self.session_pairs_from is None:
+            return 0.0
+        return (m.prefix - self.session_pairs_from) / max(self._minutes(), 1e-9)
 
     def _update_forecast(self) -> None:
         m = self.monitor
@@ -84,27 +108,38 @@ class GateProgress:
             margin=m.plan.margin,
             alpha=m.plan.alpha,
             max_questions=m.plan.max_questions,
-            population_size=m.plan.population_size,
-            pairs_per_minute=new_pairs / max(self._minutes(), 1e-9),
+            population_size=m.plan.cs_population_size,
+            pairs_per_minute=self._pairs_per_minute(),
             minutes_left=left,
         )
         if left is not None and self.outlook.within_budget < 0.5 and not self._warned:
-            # Said once, as a line of its own: the bar is invisible in a log or a CI job.
+            # Said once, as a line of its own: a user watching the bar should know early.
             self._warned = True
-            self.bar.console.print(
-                f"gate: at {self.outlook.pairs_per_minute:.1f} pairs/min and the effect seen in "
-                f"{m.prefix} pairs, {self.outlook.describe()}: this session will most likely stop at its "
-                "time budget INCONCLUSIVE; rerunning the same command continues the run",
-                highlight=False,
-                soft_wrap=True,
+            self._say(
+                f"gate: at {self.outlook.pairs_per_minute:.1f} pairs/min, {self.outlook.describe()}: this "
+                "session will most likely stop at its time budget INCONCLUSIVE; rerunning the same command "
+                "continues the run"
             )
+
+    def _say(self, line: str) -> None:
+        if self.interactive:
+            self.bar.console.print(line, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _interval(name: str, m: SequentialMonitor, with_name: bool) -> str:
+        head = f"{name} " if with_name else ""
+        if m.stop is not None and m.stop.final:
+            return f"{head}{m.stop.decision} at {m.stop.stopped_at}"
+        return f"{head}[{100 * m.low:+.1f}, {100 * m.high:+.1f}] pts vs -{100 * m.plan.margin:g}"
 
     def _text(self) -> str:
         if self.monitor is not None:
             m = self.monitor
-            text = (
-                f"pairs in order | {m.gained} gained {m.lost} lost | interval "
-                f"[{100 * m.low:+.1f}, {100 * m.high:+.1f}] pts vs -{100 * m.plan.margin:g}"
+            several = len(self.monitors) > 1
+            text = f"pairs in order | {m.gained} gained {m.lost} lost | " + " | ".join(
+                self._interval(name, mon, several) for name, mon in self.monitors.items()
             )
             if m.prefix >= MIN_PAIRS and self.session_answers:
                 text += f" | {self.session_answers / max(self._minutes(), 1e-9):.1f} answers/min"
@@ -123,6 +158,18 @@ class GateProgress:
             text += f" | {int(left // 60)}:{int(left % 60):02d} left"
         return text
 
+    def _line(self) -> None:
+        """One plain line per LINE_EVERY pairs (or answers, for a fixed run) when there is no terminal."""
+        if not self.lines:
+            return
+        done = self._pairs()
+        if done - self._line_at < LINE_EVERY:
+            return
+        self._line_at = done - done % LINE_EVERY
+        rate = f"{self.session_answers / max(self._minutes(), 1e-9):.1f} answers/min"
+        unit = "pairs" if self.monitors else "answers"
+        self._say(f"gate: {done} {unit} | {self._text()} | {rate}")
+
     def add(self, lane: Lane, correct: bool, *, new: bool = True) -> None:
         """Count one answer (``new=False``: one stored by an earlier session, for the accuracies)."""
         self.count[lane] += 1
@@ -130,7 +177,8 @@ class GateProgress:
         self.answers += int(new)
         if new:
             self.session_answers += 1
-        self.refresh()
+            self.refresh()
+            self._line()
 
     def refresh(self) -> None:
         """Redraw (the time left moves even when no answer arrives)."""

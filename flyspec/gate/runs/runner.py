@@ -27,6 +27,7 @@ from flyspec.gate.arms.judge import Judge, parse_judge
 from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.datasets import Question, dataset_info
 from flyspec.gate.data.order import QuestionKey, select_questions
+from flyspec.gate.data.registration import BASELINE, ComparisonPlan
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
 from flyspec.gate.runs import loop
@@ -38,6 +39,10 @@ from flyspec.gate.stats.monitor import SequentialMonitor, SequentialPlan
 
 Lane = tuple[str, int]
 Excluded = tuple[set[QuestionKey], list[str]]
+FAMILY_PROCEDURE = (
+    "Bonferroni: each comparison is tested at its own share of alpha, and the shares add up to the run's "
+    "alpha, so the chance of any wrong PASS or FAIL among them is at most alpha"
+)
 """The questions left out of a run and the runs that used them."""
 
 __all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
@@ -81,8 +86,10 @@ def _plan(options: GateOptions) -> _Plan:
     arms: dict[str, Arm] = {"baseline": parse_arm("baseline", options.baseline)}
     if options.candidate is not None:
         arms["candidate"] = parse_arm("candidate", options.candidate)
+    for name, spec in options.controls.items():
+        arms[name] = parse_arm(name, spec)
     if "candidate" in arms:
-        lanes = [("baseline", 0), ("candidate", 0)]
+        lanes = [(name, 0) for name in arms]
     else:
         lanes = [("baseline", 0), ("baseline", 1)]
         if options.temperature == 0 and arms["baseline"].greedy_repeats:
@@ -142,10 +149,26 @@ def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Exclude
     return questions, len(pool), excluded
 
 
-def _sequential_plan(options: GateOptions, questions: list[Question], pool: int) -> SequentialPlan | None:
-    if not options.sequential:
-        return None
-    return SequentialPlan(options.margin, options.alpha, len(questions), pool, options.question_order_seed)
+def _comparisons(
+    options: GateOptions, questions: list[Question], pool: int, population: str
+) -> list[ComparisonPlan]:
+    """The run's comparisons, the candidate's first: one per control too, each with its share of alpha."""
+    if options.candidate is None:
+        return []
+
+    def plan(name: str, margin: float, alpha: float, role: str) -> ComparisonPlan:
+        sequential = (
+            SequentialPlan(margin, alpha, len(questions), pool, options.question_order_seed, population)
+            if options.sequential
+            else None
+        )
+        return ComparisonPlan(name, BASELINE, (name, 0), margin, alpha, role, sequential)
+
+    control_margin = options.control_margin if options.control_margin is not None else options.margin
+    return [
+        plan("candidate", options.margin, options.candidate_alpha, "candidate"),
+        *(plan(name, control_margin, options.control_alpha_each, "control") for name in options.controls),
+    ]
 
 
 # -------------------------------------------------------------------------------- registration
@@ -153,12 +176,18 @@ def _sequential_plan(options: GateOptions, questions: list[Question], pool: int)
 
 @dataclass(frozen=True)
 class _Chosen:
-    """The questions a run registers, from how large a pool, without which, and its sequential plan."""
+    """The questions a run registers, from how large a pool, without which, and its comparisons (none
+    for a pilot)."""
 
     questions: list[Question]
     pool: int
     excluded: Excluded
-    sequential: SequentialPlan | None
+    comparisons: list[ComparisonPlan]
+
+    @property
+    def sequential(self) -> SequentialPlan | None:
+        """The candidate's sequential plan (None for a fixed run or a pilot)."""
+        return self.comparisons[0].sequential if self.comparisons else None
 
 
 def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any]:
@@ -191,6 +220,13 @@ def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any
     }
     if chosen.sequential is not None:
         registration["sequential"] = chosen.sequential.to_dict()
+    if len(chosen.comparisons) > 1:
+        # The candidate's margin and alpha stay the run's top-level ones for readers that know one
+        # comparison; "family" says how the run's alpha was split.
+        registration["margin"] = chosen.comparisons[0].margin
+        registration["alpha"] = chosen.comparisons[0].alpha
+        registration["comparisons"] = [c.to_dict() for c in chosen.comparisons]
+        registration["family"] = {"alpha": float(o.alpha), "procedure": FAMILY_PROCEDURE}
     if plan.mode is not None:
         registration["pilot"] = {"mode": plan.mode}
     if plan.judge is not None:
@@ -265,10 +301,10 @@ def run(options: GateOptions) -> RunResult:
         questions, pool, excluded = _choose(plan, store)
         if excluded[1]:
             log(f"gate: leaving out {len(excluded[0])} questions used by run(s) {', '.join(excluded[1])}")
-        chosen = _Chosen(questions, pool, excluded, _sequential_plan(options, questions, pool))
+        claim = loop.population(store, run_id, options.population)
+        chosen = _Chosen(questions, pool, excluded, _comparisons(options, questions, pool, claim))
         executors = make_executors(list(plan.arms.values()))
         new = _register(store, plan, chosen, executors)
-        store.add_event(run_id, "start")
         session = _session(store, plan, chosen)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
@@ -281,27 +317,33 @@ def run(options: GateOptions) -> RunResult:
 
 
 def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
-    questions, sequential = chosen.questions, chosen.sequential
+    questions = chosen.questions
     judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
-    monitor = (
-        SequentialMonitor([(q.dataset, q.id) for q in questions], sequential, judged=judged)
-        if sequential
-        else None
-    )
-    return Session(store, SessionSettings.of(plan.options, plan.judge), plan.lanes, questions, monitor)
+    order = [(q.dataset, q.id) for q in questions]
+    monitors = {
+        c.name: SequentialMonitor(order, c.sequential, c.lanes, judged=judged)
+        for c in chosen.comparisons
+        if c.sequential is not None
+    }
+    # A control is answered first: the gate's catching it is the first thing a run with controls shows.
+    first = {lane for c in chosen.comparisons if c.role == "control" for lane in c.lanes}
+    settings = SessionSettings.of(plan.options, plan.judge)
+    return Session(store, settings, plan.lanes, questions, monitors, first=first)
 
 
 def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Executor]) -> str:
     run_id = plan.options.name
     monitor = session.monitor
-    if monitor is not None and monitor.stop is not None:
+    if session.stopped and monitor is not None and monitor.stop is not None:
         log(f"gate: run {run_id!r} already stopped after {monitor.stop.stopped_at} questions; nothing to do")
-        store.add_event(run_id, "stop", monitor.stop.reason, monitor.stop.stopped_at)
+        store.add_event(run_id, "stop", monitor.stop.reason, monitor.stop.stopped_at, session.stop_detail)
         return monitor.stop.reason
     if not any(session.jobs(ex) for ex in executors):
         store.add_event(run_id, "stop", "complete")
         return "complete"
     loop.start(executors, "gate")
+    # After loading: a session's time from start to stop is answering time.
+    store.add_event(run_id, "start")
     store.update_notes(run_id, _notes(plan, executors))
     return loop.answer(store, session, executors)
 

@@ -79,14 +79,20 @@ class Session:
         settings: SessionSettings,
         lanes: list[Lane],
         questions: list[Question],
-        monitor: SequentialMonitor | None,
+        monitors: SequentialMonitor | dict[str, SequentialMonitor] | None,
+        first: set[Lane] | frozenset[Lane] = frozenset(),
     ) -> None:
         self.store = store
         self.settings = settings
         self.lanes = lanes
         self.run_id = settings.run_id
         self.questions = questions
-        self.monitor = monitor
+        if isinstance(monitors, SequentialMonitor):
+            monitors = {"candidate": monitors}
+        # One sequential monitor per comparison (the candidate's first); a run stops once all have.
+        self.monitors: dict[str, SequentialMonitor] = monitors or {}
+        # Lanes answered before the others (a control's pair), until their comparison stops.
+        self.first = frozenset(first)
         # Only this session's lanes: a tune run stores every setting's answers in one run.
         self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}
@@ -106,47 +112,68 @@ class Session:
             JudgedPairs(store, self.run_id, judge, lanes) if judge is not None and settings.graded else None
         )
         for record in self.stored:
-            if monitor is not None:
+            for monitor in self.monitors.values():
                 monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
 
     @property
     def total(self) -> int:
         return len(self.lanes) * len(self.questions)
 
+    @property
+    def monitor(self) -> SequentialMonitor | None:
+        """The candidate's sequential monitor (None for a fixed run)."""
+        return next(iter(self.monitors.values()), None)
+
+    @property
+    def stopped(self) -> bool:
+        """True when the run is sequential and every comparison has stopped."""
+        return bool(self.monitors) and all(m.stop is not None for m in self.monitors.values())
+
+    def live_lanes(self) -> set[Lane]:
+        """The lanes still needed: every lane of a fixed run; in a sequential run, those of a comparison
+        that has not stopped."""
+        if not self.monitors:
+            return set(self.lanes)
+        return {lane for m in self.monitors.values() if m.stop is None for lane in m.lanes}
+
     def jobs(self, executor: Executor) -> list[Job]:
-        """The executor's unanswered jobs in the registered order, its lanes side by side per question."""
-        if self.monitor is not None and self.monitor.stop is not None:
-            return []
+        """The executor's unanswered jobs in the registered order, its lanes side by side per question
+        (the ``first`` lanes' jobs ahead of the others while their comparison runs)."""
+        live = self.live_lanes()
         seed = self.settings.seed
-        lanes = [lane for lane in self.lanes if lane[0] in executor.arms]
-        return [
+        lanes = [lane for lane in self.lanes if lane[0] in executor.arms and lane in live]
+        jobs = [
             Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
             for position, q in enumerate(self.questions)
             for arm, repeat in lanes
             if (arm, repeat, q.dataset, q.id) not in self.done
         ]
+        first = self.first & live
+        return sorted(jobs, key=lambda j: (j.lane not in first, j.position)) if first else jobs
 
-    def record(self, answer: Answer, bar: GateProgress) -> SequentialStop | None:
-        """Grade and commit one answer (and any answers that waited for it); returns the sequential stop
-        if one of them caused it."""
+    def record(self, answer: Answer, bar: GateProgress) -> dict[str, SequentialStop]:
+        """Grade and commit one answer (and any answers that waited for it); returns the comparisons'
+        sequential stops that one of them caused."""
         return self._store(self._graded(answer), bar)
 
-    def _store(self, items: list[Item], bar: GateProgress) -> SequentialStop | None:
+    def _store(self, items: list[Item], bar: GateProgress) -> dict[str, SequentialStop]:
         """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
-        update the monitor and the bar; returns the sequential stop if one of them caused it."""
+        update the monitors and the bar; returns the comparisons' sequential stops they caused."""
         if not items:
-            return None
+            return {}
         self.store.add_answers(
             self.run_id, [self._record(job, completion, g) for job, completion, g in items]
         )
-        stop = None
+        stops: dict[str, SequentialStop] = {}
         for job, completion, g in items:
             self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
             q = job.question
-            if self.monitor is not None:
-                stop = self.monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct) or stop
+            for name, monitor in self.monitors.items():
+                stop = monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct)
+                if stop is not None:
+                    stops[name] = stop
             bar.add((job.arm, job.repeat), g.correct)
-        return stop
+        return stops
 
     def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
         """The grades this answer makes possible. An ``equivalent_to_baseline`` question grades the other
@@ -214,6 +241,15 @@ class Session:
             dispatcher.stop()
             log(message)
 
+    @property
+    def stop_detail(self) -> dict[str, object]:
+        """What a stop event records besides the candidate's prefix: each comparison's prefix (or where it
+        stopped) when the run has several."""
+        if len(self.monitors) < 2:
+            return {}
+        reached = {name: m.stop.stopped_at if m.stop else m.prefix for name, m in self.monitors.items()}
+        return {"stopped_at": reached}
+
     def answer(self, executors: list[Executor]) -> str:
         """Answer every unanswered job (or until a stop); returns why it ended."""
         jobs = [self.jobs(ex) for ex in executors]
@@ -223,7 +259,7 @@ class Session:
             self.lanes,
             self.total,
             len(self.done),
-            monitor=self.monitor,
+            monitors=self.monitors,
             deadline=deadline,
             enabled=self.settings.progress,
         )
@@ -249,11 +285,25 @@ class Session:
         """True while judge calls are in flight (the session waits for them, like answers in flight)."""
         return self.judged is not None and self.judged.busy
 
-    def _stopped_by(self, stop: SequentialStop | None, dispatcher: Dispatcher, in_flight: str) -> None:
-        if stop is not None and self.reason is None:
-            self.reason, self.stopped_at = stop.reason, stop.stopped_at
-            dispatcher.stop()
-            log(f"gate: stopped after {stop.stopped_at} questions ({stop.decision}); {in_flight}")
+    def _stopped_by(self, stops: dict[str, SequentialStop], dispatcher: Dispatcher, in_flight: str) -> None:
+        if not stops or self.reason is not None:
+            return
+        several = len(self.monitors) > 1
+        for name, stop in stops.items():
+            if several:
+                log(f"gate: {name}: {stop.decision} after {stop.stopped_at} questions ({stop.reason})")
+        if not self.stopped:
+            # Another comparison goes on: its candidate's lane no longer needs answers from this one.
+            live = self.live_lanes()
+            first = self.first & live
+            dispatcher.reorder(lambda j: j.lane in live, lambda j: (j.lane not in first, j.position))
+            return
+        primary = self.monitor
+        assert primary is not None and primary.stop is not None
+        self.reason, self.stopped_at = primary.stop.reason, primary.stop.stopped_at
+        dispatcher.stop()
+        what = "every comparison stopped" if several else f"{primary.stop.decision}"
+        log(f"gate: stopped after {primary.stop.stopped_at} questions ({what}); {in_flight}")
 
     def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
         in_flight = "the answers in flight are finished and stored"

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.gate.arms.base import Arm
-from flyspec.gate.arms.engine import EngineArm
 from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.datasets import Question, dataset_info
 from flyspec.gate.data.order import select_questions
@@ -50,7 +49,7 @@ from flyspec.gate.runs.tune_settings import (
     parse_settings,
 )
 from flyspec.gate.stats.decision import PASS
-from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.monitor import PAUSES, SUPERPOPULATION, SequentialMonitor, SequentialPlan
 
 BASELINE = ("baseline", 0)
 PROCEDURE = (
@@ -81,6 +80,7 @@ class _Plan:
     calibration: list[Question] = field(default_factory=list)
     tests: list[Question] = field(default_factory=list)
     pool: int = 0
+    population: str = SUPERPOPULATION
     excluded: set[tuple[str, str]] = field(default_factory=set)
 
     @property
@@ -97,12 +97,12 @@ def _plan(options: TuneOptions) -> _Plan:
     if options.policies is not None:
         candidates = expand_grid(options.policies)
     if candidates is None:
-        if not isinstance(baseline, EngineArm) or baseline.config["speculative_config"] is None:
+        if baseline.speculative_config is None:
             raise ValueError(
                 "candidates: the default grid needs an engine baseline with a speculative_config (it varies "
                 "fly_window_size and fly_entropy_threshold for its K); with endpoint arms give --candidates"
             )
-        k = baseline.config["speculative_config"]["num_speculative_tokens"]
+        k = baseline.speculative_config["num_speculative_tokens"]
         candidates = default_grid(k, options.windows, options.thresholds)
     settings = parse_settings(baseline, candidates)
     datasets = load_datasets(options.datasets, options.shuffle_seed)
@@ -258,26 +258,44 @@ def _order(store: GateStore, plan: _Plan) -> dict[str, Any]:
     if o.order == "given":
         return {"method": "given", "settings": given}
     speeds = calibration_speeds(store, o.calibration_run)
-    values: dict[str, float] = {}
-    for s in plan.settings:
-        value = speeds.get(s.id, {}).get(o.order_by)
-        if value is None:
-            other = "tokens_per_s" if o.order_by == "mean_acceptance_length" else "mean_acceptance_length"
-            raise ValueError(
-                f"setting {s.label} ({s.id}): its calibration answers report no {o.order_by} (an endpoint "
-                f"that returns no acceptance counters?); order by {other} with --order-by, or give the order "
-                "with --order given"
-            )
-        values[s.id] = value
+    by, fallback = o.order_by, None
+
+    def missing(key: str) -> list[TuneSetting]:
+        return [s for s in plan.settings if speeds.get(s.id, {}).get(key) is None]
+
+    if by == "mean_acceptance_length" and missing(by) and not missing("tokens_per_s"):
+        # A calibration answer too short to draft (or an endpoint without acceptance counters) has no
+        # acceptance length; its speed still orders the settings, measured the same way for each.
+        first = missing(by)[0]
+        fallback = (
+            f"{first.title}'s calibration answers report no acceptance length (they drafted nothing: too few "
+            "calibration tokens, or an endpoint that reports no acceptance counters), so the settings are "
+            "ordered by tokens_per_s"
+        )
+        log(f"gate tune: {fallback}")
+        by = "tokens_per_s"
+    if missing(by):
+        first = missing(by)[0]
+        k = (plan.baseline.speculative_config or {}).get("num_speculative_tokens", 4)
+        raise ValueError(
+            f"setting {first.title} ({first.id}): its calibration answers report no {by}, so the settings "
+            f"cannot be ordered by speed: give more calibration tokens (--calibration-questions, or "
+            f"--max-tokens of at least {4 * (k + 1)} so that each answer drafts a few times), or give the "
+            "order with --order given"
+        )
+    values = {s.id: float(speeds[s.id][by]) for s in plan.settings}  # type: ignore[arg-type]
     ordered = sorted(given, key=lambda sid: (values[sid], given.index(sid)))
-    return {
+    out: dict[str, Any] = {
         "method": "speed",
-        "by": o.order_by,
+        "by": by,
         "direction": "ascending: slowest (least aggressive) first",
         "calibration_run": o.calibration_run,
         "values": values,
         "settings": ordered,
     }
+    if fallback is not None:
+        out["fallback"] = fallback
+    return out
 
 
 def _tune_extra(plan: _Plan, order: dict[str, Any]) -> dict[str, Any]:
@@ -305,7 +323,9 @@ def _tune_extra(plan: _Plan, order: dict[str, Any]) -> dict[str, Any]:
 
 def _sequential_plan(plan: _Plan) -> SequentialPlan:
     o = plan.options
-    return SequentialPlan(o.margin, o.alpha, len(plan.tests), plan.pool, o.question_order_seed)
+    return SequentialPlan(
+        o.margin, o.alpha, len(plan.tests), plan.pool, o.question_order_seed, plan.population
+    )
 
 
 def _test(store: GateStore, plan: _Plan, setting: TuneSetting, clock: _Clock) -> str:
@@ -329,6 +349,7 @@ def tune(options: TuneOptions) -> TuneResult:
     name = options.name
     clock = _Clock(options.max_minutes)
     with GateStore(options.store) as store, store.lock(name):
+        plan.population = loop.population(store, name, options.population)
         if options.exclude_runs:
             names = [n for n in options.exclude_runs if n not in (name, options.calibration_run)]
             _choose(plan, used_questions(store, names))

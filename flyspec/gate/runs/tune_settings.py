@@ -29,7 +29,6 @@ from typing import Any
 
 from flyspec.checks import load_json
 from flyspec.gate.arms.base import Arm, load_arm_spec
-from flyspec.gate.arms.engine import EngineArm
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.report.tune_report import titled
 
@@ -62,9 +61,9 @@ class TuneSetting:
 def baseline_spec(baseline: Arm) -> dict[str, Any] | None:
     """The baseline engine arm's speculative config; ValueError unless it verifies with standard (lossless)
     speculative decoding. None for an endpoint baseline (its server's config is not visible here)."""
-    if not isinstance(baseline, EngineArm):
+    if not baseline.settings_visible:
         return None
-    spec = baseline.config["speculative_config"]
+    spec = baseline.speculative_config
     if spec is None or spec.get("rejection_sample_method") != "standard":
         raise ValueError(
             "baseline: gate tune compares lossy settings with standard speculative decoding, so the "
@@ -145,16 +144,16 @@ def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | 
             )
         spec = _lossy_spec(entry["speculative_config"], where)
         arm = parse_arm(setting_id, load_arm_spec(entry["arm"], setting_id))
-        if isinstance(arm, EngineArm) and _lossy_spec(arm.config["speculative_config"], where) != spec:
+        if arm.settings_visible and _lossy_spec(arm.speculative_config, where) != spec:
             raise ValueError(f"{where}: the engine arm's speculative_config differs from the one given")
         return TuneSetting(setting_id, label(spec, reference), spec, arm)
-    if reference is None or not isinstance(baseline, EngineArm):
+    if reference is None or not baseline.settings_visible:
         raise ValueError(
             f"{where}: with an endpoint baseline every candidate needs its own arm: "
             '{"arm": {...}, "speculative_config": {...}}'
         )
     spec = _lossy_spec({**reference, "rejection_sample_method": _policy_of(entry), **entry}, where)
-    arm = parse_arm(setting_id, {**baseline.public_dict(), "speculative_config": spec})
+    arm = baseline.variant(setting_id, spec)
     return TuneSetting(setting_id, label(spec, reference), spec, arm)
 
 
@@ -168,7 +167,7 @@ def parse_settings(baseline: Arm, candidates: list[Any]) -> list[TuneSetting]:
     seen: dict[str, str] = {}
     for s in settings:
         key = json.dumps(s.speculative_config, sort_keys=True)
-        if key in seen and isinstance(s.arm, EngineArm):
+        if key in seen and s.arm.settings_visible:
             raise ValueError(
                 f"candidate {s.id[1:]}: the same setting as candidate {seen[key][1:]} ({s.label})"
             )

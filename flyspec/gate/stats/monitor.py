@@ -35,6 +35,24 @@ CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
     "without replacement over the question pool, at level 1 - 2 alpha"
 )
+CS_METHOD_IID = (
+    "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
+    "questions as independent draws, at level 1 - 2 alpha"
+)
+SUPERPOPULATION = "superpopulation"
+FINITE = "finite"
+CLAIMS = {
+    SUPERPOPULATION: (
+        "about the method on questions like these: the questions are treated as a random sample from a "
+        "larger population, and each answer's run-to-run randomness (batching, sampling) is part of what "
+        "is measured, so another run on other such questions is covered"
+    ),
+    FINITE: (
+        "about exactly these registered questions, in this run's outputs: the interval closes on their "
+        "mean as the pool is used up, but it says nothing about other questions, or about another run "
+        "whose outputs differ by chance (declared with --population finite)"
+    ),
+}
 DATA_STOPS = ("boundary", "max_questions")
 PAUSES = ("time_budget", "interrupted", "error")
 
@@ -67,10 +85,22 @@ class SequentialPlan:
     max_questions: int
     population_size: int
     order_seed: int
+    population: str = FINITE
+    """The claim (``CLAIMS``): ``superpopulation`` (the default of new runs) or ``finite`` (runs registered
+    before the claim was a choice, and runs that declare ``--population finite``)."""
+
+    @property
+    def cs_population_size(self) -> int | None:
+        """The population size the confidence sequence samples without replacement from (None: i.i.d.)."""
+        return self.population_size if self.population == FINITE else None
+
+    @property
+    def method(self) -> str:
+        return CS_METHOD if self.population == FINITE else CS_METHOD_IID
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "method": CS_METHOD,
+        out: dict[str, object] = {
+            "method": self.method,
             "margin": self.margin,
             "alpha": self.alpha,
             "level": 1 - 2 * self.alpha,
@@ -78,6 +108,10 @@ class SequentialPlan:
             "population_size": self.population_size,
             "order_seed": self.order_seed,
         }
+        # Absent means finite: the registrations made before the claim was a choice stay as they were.
+        if self.population != FINITE:
+            out["population"] = self.population
+        return out
 
     @classmethod
     def from_registration(cls, data: Mapping[str, object]) -> SequentialPlan:
@@ -87,6 +121,7 @@ class SequentialPlan:
             max_questions=int(data["max_questions"]),  # type: ignore[call-overload]
             population_size=int(data["population_size"]),  # type: ignore[call-overload]
             order_seed=int(data["order_seed"]),  # type: ignore[call-overload]
+            population=str(data.get("population", FINITE)),
         )
 
 
@@ -161,7 +196,7 @@ def _stop(
     if not used:
         return SequentialStop(INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, len(diffs))
     walk = sequential_decision_with_undecided(
-        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.population_size
+        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.cs_population_size
     )
     if walk.decision in (PASS, FAIL):
         reason, upto = "boundary", walk.stopped_at
@@ -233,7 +268,7 @@ class SequentialMonitor:
         self.stop: SequentialStop | None = None
         # The lower bounds count an undecided pair as lost, the upper bounds as gained; the two sequences
         # are one until the first undecided pair, when the upper one starts as a copy of the lower.
-        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.population_size)
+        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.cs_population_size)
         self._upper: ConfidenceSequence | None = None
 
     def add(
