@@ -607,3 +607,32 @@ def test_a_run_with_code_questions_records_and_announces_the_sandbox(
     assert report["run_notes"]["code_sandbox"]["missing"] == missing
     assert done.stderr.count("WARNING: the code sandbox runs without") == len(missing)
     assert report["decision"]["n"] == 3 and report["comparisons"][-1]["baseline_accuracy"] == 0.0
+
+
+def test_a_control_is_caught_first_and_the_candidate_decides_after(
+    flyspec, yes_server: str, tmp_path: Path
+) -> None:
+    """`--control draft=ARM` adds a comparison the gate must FAIL, with its own share of alpha (a fifth by
+    default; the candidate keeps the rest, so the chance of any wrong decision stays at most alpha). In a
+    sequential run its pairs are answered first: "wrong" FAILs after few questions, the gate stops asking
+    it, and the candidate ("right") goes on until its own decision. The report names the control's
+    decision before the candidate's; the exit code and the decision object are the candidate's."""
+    store = tmp_path / "g.db"
+    control = "draft=" + json.dumps({"base_url": yes_server, "model": "wrong"})
+    args = ("--sequential", "--population", "finite", "--control", control, "--json")
+    done = _yes_run(flyspec, yes_server, store, "right", *args)
+    assert done.returncode == 0, done.stderr
+    report = _last_json(done.stdout)
+    assert report["decision"]["decision"] == "PASS" and report["decision"]["alpha"] == pytest.approx(0.02)
+    (ctl,) = report["family"]
+    assert ctl["comparison"] == "draft" and ctl["role"] == "control"
+    assert ctl["decision"]["decision"] == "FAIL" and ctl["decision"]["alpha"] == pytest.approx(0.005)
+    assert ctl["sequential"]["stopped_at"] < report["sequential"]["stopped_at"]
+    with GateStore(store) as opened:
+        registration = opened.get_run("gate").registration  # type: ignore[union-attr]
+    assert registration["family"]["alpha"] == 0.025
+    assert [c["name"] for c in registration["comparisons"]] == ["candidate", "draft"]
+    markdown = flyspec("report", "--store", str(store)).stdout
+    assert markdown.index("The gate caught a harmful setting") < markdown.index("# The candidate")
+    bad = _yes_run(flyspec, yes_server, store, "right", "--run", "x", "--control", "candidate=" + control)
+    assert bad.returncode == 2 and "must be an identifier other than baseline" in bad.stderr

@@ -120,6 +120,9 @@ _CONFIG_KEYS = (
     "exclude_run",
     "judge",
     "population",
+    "control",
+    "control_alpha",
+    "control_margin",
 )
 
 
@@ -149,9 +152,28 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 _FIELDS = {"dataset": "datasets", "run": "run_id", "exclude_run": "exclude_runs"}
 
 
+def _controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
+    """``--control NAME=ARM`` values (or a config file's object of them) as {name: arm}."""
+    if isinstance(values, dict):
+        return values
+    out: dict[str, Any] = {}
+    for value in values:
+        name, sep, arm = value.partition("=")
+        if not sep or not name.strip() or not arm.strip():
+            raise ValueError(f'--control {value!r}: give NAME=ARM, e.g. draft=\'{{"kind": "engine", ...}}\'')
+        if name in out:
+            raise ValueError(f"--control: two controls are named {name!r}")
+        out[name.strip()] = arm
+    return out
+
+
 def _fields(settings: dict[str, Any]) -> dict[str, Any]:
     """Settings by option name as the options' fields: the unset ones (None) are left out, so the
     fields' own defaults apply (RunSettings, flyspec/gate/runs/options.py, is their one source)."""
+    settings = dict(settings)
+    if settings.get("control"):
+        settings["controls"] = _controls(settings.pop("control"))
+    settings.pop("control", None)
     out = {_FIELDS.get(k, k): v for k, v in settings.items() if v is not None}
     for name in ("datasets", "exclude_runs"):
         if name in out:
@@ -304,6 +326,24 @@ def run_command(
     exclude_run: ExcludeRun = None,
     judge: JudgeOption = None,
     population: Population = None,
+    control: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--control",
+            help="NAME=ARM: also compare an arm known to be worse (e.g. the draft model alone) with the "
+            "baseline, a positive control the gate must FAIL; repeatable. Each control takes "
+            "--control-alpha of --alpha, so the chance of any wrong decision stays at most --alpha; a "
+            "sequential run answers the controls' pairs first and stops asking a control once it decided.",
+        ),
+    ] = None,
+    control_alpha: Annotated[
+        float | None,
+        typer.Option("--control-alpha", help="Each control's share of --alpha (default: a fifth of it)."),
+    ] = None,
+    control_margin: Annotated[
+        float | None,
+        typer.Option("--control-margin", help="The controls' margin (default: --margin)."),
+    ] = None,
     config: Config = None,
     no_progress: NoProgress = False,
     as_json: AsJson = False,
@@ -311,7 +351,8 @@ def run_command(
 ) -> None:
     """Run (or resume) the paired gate: both arms answer the same questions with the same seeds.
 
-    Exit code (as `gate report`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0); 130 after Ctrl-C.
+    Exit code (as `gate report`, for the candidate): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0);
+    130 after Ctrl-C.
     """
     _run_and_report(_options("gate", config, not no_progress, **_flags(locals())), as_json, strict)
 
