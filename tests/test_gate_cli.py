@@ -466,32 +466,43 @@ def test_run_exits_with_the_report_codes(
     assert flyspec("report", "--store", str(store), "--strict").returncode == strict_code
 
 
-def test_a_fixed_run_is_not_silently_extended(flyspec, yes_server: str, tmp_path: Path) -> None:
-    """`--run small --limit 10`, then `--run bigger --limit 30` with the same arms and sampling would reuse
-    small's 10 questions: refused, with an error that names the run and says to use --exclude-run or
-    --sequential, and nothing registered. With `--exclude-run small` it runs on 30 new questions; a
-    sequential run may reuse them; another candidate is another comparison and may too."""
+def test_a_comparison_spends_its_alpha_once(flyspec, yes_server: str, tmp_path: Path) -> None:
+    """Every look at the same two arms on the same questions spends alpha from one budget (docs/gate.md,
+    "Error spent once"): after a fixed run at the full alpha, a bigger fixed run, a sequential run and a
+    run that only changes max_tokens on shared questions are refused with one line naming the earlier run
+    and the valid ways forward, and nothing is registered. Leaving its questions out (`--exclude-run`) is
+    a new study; another candidate is another comparison. A first run registered with `--alpha-budget`
+    keeps room: a sequential continuation at the alpha left is accepted, a third look is not."""
     store = tmp_path / "g.db"
     assert _yes_run(flyspec, yes_server, store, "right", "--run", "small", "--limit", "10").returncode == 0
-    done = _yes_run(flyspec, yes_server, store, "right", "--run", "bigger", "--limit", "30")
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
-    assert (
-        "fixed run 'bigger' would answer questions that earlier run(s) 'small' (10 questions)" in done.stderr
-    )
-    assert "--exclude-run small" in done.stderr and "--sequential" in done.stderr
-    with GateStore(store) as opened:
-        assert opened.get_run("bigger") is None
-    args = ("--run", "bigger", "--limit", "30", "--exclude-run", "small", "--json")
+    for extra in (
+        ("--limit", "30"),
+        ("--sequential", "--max-questions", "20"),
+        ("--limit", "10", "--max-tokens", "5"),
+    ):
+        done = _yes_run(flyspec, yes_server, store, "right", "--run", "again", *extra)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "earlier run(s) 'small' (fixed, alpha 0.025, 10 shared questions)" in done.stderr
+        assert "--exclude-run small" in done.stderr and "0.033" in done.stderr
+        with GateStore(store) as opened:
+            assert opened.get_run("again") is None
+    args = ("--run", "bigger", "--limit", "20", "--exclude-run", "small", "--json")
     done = _yes_run(flyspec, yes_server, store, "right", *args)
     assert done.returncode == 0, done.stderr
     with GateStore(store) as opened:
         small = {q.question_id for q in opened.questions("small")}
         bigger = {q.question_id for q in opened.questions("bigger")}
-    assert len(bigger) == 30 and not small & bigger
-    seq = ("--run", "seq", "--sequential", "--max-questions", "20")
-    assert _yes_run(flyspec, yes_server, store, "right", *seq).returncode == 0
+    assert len(bigger) == 20 and not small & bigger
     other = _yes_run(flyspec, yes_server, store, "quarter", "--run", "other", "--limit", "10")
     assert other.returncode == 0, other.stderr
+    budgeted = tmp_path / "b.db"
+    first = ("--run", "first", "--limit", "10", "--alpha", "0.0125", "--alpha-budget", "0.025")
+    assert _yes_run(flyspec, yes_server, budgeted, "quarter", *first).returncode == 0
+    more = ("--sequential", "--max-questions", "30", "--alpha", "0.0125", "--population", "finite")
+    done = _yes_run(flyspec, yes_server, budgeted, "quarter", "--run", "more", *more)
+    assert done.returncode == 0, done.stderr
+    third = _yes_run(flyspec, yes_server, budgeted, "quarter", "--run", "third", "--limit", "10")
+    assert third.returncode == 2 and "rerun run 'more' itself" in third.stderr
 
 
 def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(

@@ -286,7 +286,14 @@ def test_sequential_run_stops_at_the_first_crossing_in_registered_order(
 
     base, cand = _seq_arms(setup)
     store = tmp_path / "seq.sqlite"
-    common = {"max_tokens": SEQ_TOKENS, "sequential": True, "seed": 3, "progress": False}
+    # A claim about these 40 questions (--population finite): the small pool decides within it.
+    common = {
+        "max_tokens": SEQ_TOKENS,
+        "sequential": True,
+        "seed": 3,
+        "progress": False,
+        "population": "finite",
+    }
     run_id = run_gate(store, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
     with GateStore(store) as s:
         reg = s.get_run(run_id).registration  # type: ignore[union-attr]
@@ -325,7 +332,7 @@ def _seq_command(store: Path, dataset: Path, base: dict, cand: dict) -> list[str
         sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "run", "--sequential",
         "--max-questions", str(SEQ_QUESTIONS), "--store", str(store), "--dataset", str(dataset),
         "--baseline", json.dumps(base), "--candidate", json.dumps(cand), "--margin", str(SEQ_MARGIN),
-        "--max-tokens", str(SEQ_TOKENS), "--seed", "3", "--no-progress", "--json",
+        "--max-tokens", str(SEQ_TOKENS), "--seed", "3", "--no-progress", "--json", "--population", "finite",
     ]  # fmt: skip
 
 
@@ -337,7 +344,13 @@ def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
     resumed with the same settings ends with exactly one row per (question, arm) and the same decision,
     stopped_at and bounds as an uninterrupted run with the same seed in another store."""
     base, cand = _seq_arms(setup)
-    settings = {"max_tokens": SEQ_TOKENS, "sequential": True, "max_questions": SEQ_QUESTIONS, "seed": 3}
+    settings = {
+        "max_tokens": SEQ_TOKENS,
+        "sequential": True,
+        "max_questions": SEQ_QUESTIONS,
+        "seed": 3,
+        "population": "finite",
+    }
     reference = tmp_path / "reference.sqlite"
     run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, progress=False, **settings)
     expected = build_report(reference, "gate").to_dict()
@@ -379,7 +392,14 @@ def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
     rerunning without the budget continues along the same order to the same stop as a run that was
     never paused."""
     base, cand = _seq_arms(setup)
-    common = {"max_tokens": SEQ_TOKENS, "sequential": True, "seed": 3, "progress": False}
+    # A claim about these 40 questions (--population finite): the small pool decides within it.
+    common = {
+        "max_tokens": SEQ_TOKENS,
+        "sequential": True,
+        "seed": 3,
+        "progress": False,
+        "population": "finite",
+    }
     reference = tmp_path / "reference.sqlite"
     run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
     expected = build_report(reference, "gate").to_dict()["sequential"]

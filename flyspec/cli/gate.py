@@ -120,6 +120,7 @@ _CONFIG_KEYS = (
     "exclude_run",
     "judge",
     "population",
+    "alpha_budget",
     "control",
     "control_alpha",
     "control_margin",
@@ -291,6 +292,15 @@ Population = Annotated[
         "run's outputs, nothing beyond them). A resumed run keeps its registered claim.",
     ),
 ]
+AlphaBudget = Annotated[
+    float | None,
+    typer.Option(
+        "--alpha-budget",
+        help="Total alpha these arms may ever spend on these questions, this run and later looks together "
+        "(default: --alpha, leaving nothing for a second look). E.g. --alpha 0.0125 --alpha-budget 0.025 "
+        "keeps 0.0125 for a sequential continuation of an INCONCLUSIVE fixed run.",
+    ),
+]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")]
 AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the report as one JSON object.")]
@@ -326,6 +336,7 @@ def run_command(
     exclude_run: ExcludeRun = None,
     judge: JudgeOption = None,
     population: Population = None,
+    alpha_budget: AlphaBudget = None,
     control: Annotated[
         list[str] | None,
         typer.Option(
@@ -629,6 +640,7 @@ def tune_command(
     run_name: TuneRun = None,
     exclude_run: ExcludeRun = None,
     population: Population = None,
+    alpha_budget: AlphaBudget = None,
     no_progress: NoProgress = False,
     as_json: TuneJson = False,
     strict: TuneStrict = False,
@@ -656,7 +668,7 @@ def tune_command(
         "calibration_questions": calibration_questions, "sequential": not fixed,
         "max_questions": max_questions, "max_minutes": max_minutes, "temperature": temperature,
         "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "order_seed": order_seed, "run": run_name,
-        "exclude_run": exclude_run or (), "population": population,
+        "exclude_run": exclude_run or (), "population": population, "alpha_budget": alpha_budget,
     }  # fmt: skip
     _tune_and_report(TuneOptions(progress=not no_progress, **_fields(settings)), as_json, strict)
 

@@ -31,7 +31,7 @@ from flyspec.gate.data.registration import BASELINE, ComparisonPlan
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
 from flyspec.gate.runs import loop
-from flyspec.gate.runs.exclusion import check_not_extended, used_questions
+from flyspec.gate.runs.exclusion import check_alpha_left, used_questions
 from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
 from flyspec.gate.runs.options import ArmSpec, GateOptions
 from flyspec.gate.runs.session import Session, SessionSettings, log
@@ -218,6 +218,8 @@ def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any
         "excluded": {"runs": chosen.excluded[1], "questions": len(chosen.excluded[0])},
         "design": "sequential" if chosen.sequential is not None else "fixed",
     }
+    if o.alpha_budget is not None:
+        registration["alpha_budget"] = float(o.alpha_budget)
     if chosen.sequential is not None:
         registration["sequential"] = chosen.sequential.to_dict()
     if len(chosen.comparisons) > 1:
@@ -243,8 +245,9 @@ def _extend(
     run_id = options.name
 
     def amend(guessed: dict[str, Any]) -> dict[str, Any]:
-        if options.kind == "gate" and chosen.sequential is None:
-            check_not_extended(store, run_id, guessed, [(q.dataset, q.id) for q in chosen.questions])
+        if options.kind == "gate":
+            keys = [(q.dataset, q.id) for q in chosen.questions]
+            check_alpha_left(store, run_id, options.kind, guessed, keys)
         if chosen.sequential is not None and store.extend_sequential(run_id, guessed, questions):
             log(f"gate: run {run_id!r} continues to at most {len(chosen.questions)} questions")
         run = store.get_run(run_id)

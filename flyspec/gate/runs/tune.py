@@ -37,7 +37,7 @@ from flyspec.gate.data.order import select_questions
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.tune_report import lane_speeds, setting_status
 from flyspec.gate.runs import loop
-from flyspec.gate.runs.exclusion import used_questions
+from flyspec.gate.runs.exclusion import check_alpha_left, used_questions
 from flyspec.gate.runs.loop import Datasets, load_datasets
 from flyspec.gate.runs.options import TuneOptions
 from flyspec.gate.runs.session import Session, SessionSettings, log
@@ -157,6 +157,7 @@ def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any
             for name, (spec, qs) in plan.datasets.items()
         },
         "shuffle_seed": o.shuffle_seed,
+        **({"alpha_budget": float(o.alpha_budget)} if o.alpha_budget is not None else {}),
         **(
             {"excluded": {"runs": list(o.exclude_runs), "questions": len(plan.excluded)}}
             if o.exclude_runs
@@ -168,7 +169,14 @@ def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any
 def _register(
     store: GateStore, plan: _Plan, run_id: str, kind: str, extra: dict[str, Any], qs: list[Question]
 ) -> None:
-    """Check a resume before any server is asked, then register with the served models."""
+    """Check a resume (and, for the tune run, that no setting's comparison spends alpha an earlier look
+    at it on these questions spent) before any server is asked, then register with the served models."""
+
+    def amend(guessed: dict[str, Any]) -> dict[str, Any]:
+        if kind == "tune":
+            check_alpha_left(store, run_id, kind, guessed, [(q.dataset, q.id) for q in qs])
+        return {}
+
     loop.register(
         store,
         run_id,
@@ -176,6 +184,7 @@ def _register(
         loop.registered(qs),
         lambda served: {**_common(plan, loop.identities(plan.arms, served)), **extra},
         lambda: loop.ask_served(make_executors(list(plan.arms.values()))),
+        amend,
     )
 
 
