@@ -305,7 +305,7 @@ def judged_decision(
             break
     counts = judge_counts(used[:stopped])
     decision, loss_detected = classify(low, high, margin)
-    if counts.labelled == 0 and counts.identical < counts.n:
+    if counts.labelled == 0:
         decision, loss_detected = INCONCLUSIVE, False
     advice = None
     if decision == INCONCLUSIVE:

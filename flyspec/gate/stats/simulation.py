@@ -252,7 +252,6 @@ def judged_runs(
     stopped_at = np.full(runs, questions, dtype=np.int64)
     passed = np.zeros(runs, dtype=bool)
     failed = np.zeros(runs, dtype=bool)
-    differ = np.zeros(runs, dtype=bool)
     orders = None
     if population is not None:
         orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
@@ -267,7 +266,6 @@ def judged_runs(
         if design == "fixed":
             passed[active] |= plus.any(axis=1)
             failed[active] |= minus.any(axis=1)
-            differ[active] |= ~pairs.identical.all(axis=1)
             continue
         crossed = (plus | minus) & labelled
         hit = crossed.any(axis=1)
@@ -284,8 +282,8 @@ def judged_runs(
             break
     if design == "fixed":
         # The running bounds: PASS if the lower bound ever passed -margin (checked first, as classify);
-        # without a label a run whose answers ever differed decides nothing.
-        mute = (stream.labelled == 0) & differ
+        # without a label a run decides nothing.
+        mute = stream.labelled == 0
         decisions[failed & ~mute] = "FAIL"
         decisions[passed & ~mute] = "PASS"
     return Outcomes(decisions, stopped_at)
