@@ -11,7 +11,7 @@ from typing import Any
 
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.wording import decision_rule
-from flyspec.gate.stats.monitor import CLAIMS, SUPERPOPULATION, SequentialPlan, SequentialStop
+from flyspec.gate.stats.monitor import SUPERPOPULATION, SequentialPlan, SequentialStop, claim
 
 
 @dataclass
@@ -199,7 +199,9 @@ class ReportData:
     def claim(self) -> str:
         """What a PASS (or FAIL) of this run claims, in plain words."""
         plan = self.sequential_plan
-        return CLAIMS[plan.population if plan is not None else SUPERPOPULATION]
+        if plan is not None:
+            return plan.claim
+        return claim(SUPERPOPULATION)
 
     @property
     def role(self) -> str:
@@ -238,7 +240,7 @@ class ReportData:
             "registered_decision": pooled.decision,
             "pre_registered": self.run.kind != "compare",
             "design": self.design,
-            "method": self.sequential_plan.method if self.sequential_plan is not None else "tango",
+            "method": self.sequential_plan.description if self.sequential_plan is not None else "tango",
             "claim": self.claim,
             "scope": "pooled",
             "margin": self.run.margin,
@@ -303,7 +305,7 @@ class ReportData:
                 "max_questions": self.sequential_plan.max_questions,
                 "population_size": self.sequential_plan.population_size,
                 "order_seed": self.sequential_plan.order_seed,
-                "method": self.sequential_plan.method,
+                "method": self.sequential_plan.description,
                 "population": self.sequential_plan.population,
             }
         if self.family:

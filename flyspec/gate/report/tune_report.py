@@ -190,7 +190,7 @@ class TuneReport:
             "level": 1 - 2 * self.run.alpha,
             "design": reg.get("design"),
             "method": (
-                SequentialPlan.from_registration(reg["sequential"]).method
+                SequentialPlan.from_registration(reg["sequential"]).description
                 if reg.get("design") == "sequential"
                 else "tango"
             ),

@@ -108,7 +108,7 @@ class GateProgress:
             margin=m.plan.margin,
             alpha=m.plan.alpha,
             max_questions=m.plan.max_questions,
-            population_size=m.plan.cs_population_size,
+            population_size=m.plan.sequence_population,
             pairs_per_minute=self._pairs_per_minute(),
             minutes_left=left,
         )

@@ -29,30 +29,39 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.judged import JudgedPair, JudgedSequence, judge_counts, judged_decision, usable_prefix
 from flyspec.gate.stats.sequential import ConfidenceSequence, sequential_decision_with_undecided
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
     "without replacement over the question pool, at level 1 - 2 alpha"
 )
-CS_METHOD_IID = (
-    "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
-    "questions as independent draws, at level 1 - 2 alpha"
-)
+"""The method text of registrations made before ``population`` and ``method_key`` were recorded."""
 SUPERPOPULATION = "superpopulation"
 FINITE = "finite"
+POPULATIONS = (SUPERPOPULATION, FINITE)
+METHODS = {
+    "wsr-mixture": "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of "
+    "constant bets)",
+    "ppi-mixture": "prediction-powered betting confidence sequence on gold labels (Angelopoulos et al.; "
+    "Waudby-Smith and Ramdas: a mixture of constant bets on the bounded values)",
+}
+"""Method keys a plan may record: how its confidence sequence is computed (docs/gate.md)."""
+DEFAULT_METHOD = "wsr-mixture"
+JUDGED_METHOD = "ppi-mixture"
 CLAIMS = {
-    SUPERPOPULATION: (
-        "about the method on questions like these: the questions are treated as a random sample from a "
-        "larger population, and each answer's run-to-run randomness (batching, sampling) is part of what "
-        "is measured, so another run on other such questions is covered"
+    "superpopulation": (
+        "The claim is about the method on questions like these: the per-question differences are treated "
+        "as a random sample, so the verdict covers other questions drawn the same way and another run of "
+        "these (run-to-run variation in the outputs included)."
     ),
-    FINITE: (
-        "about exactly these registered questions, in this run's outputs: the interval closes on their "
-        "mean as the pool is used up, but it says nothing about other questions, or about another run "
-        "whose outputs differ by chance (declared with --population finite)"
+    "finite": (
+        "The claim is about these {n} questions as answered in this run: it holds for the mean over exactly "
+        "this set with these outputs, and says nothing about other questions or another run of the same "
+        "questions (the set was declared the whole population with --population finite)."
     ),
 }
+"""One plain sentence per population: what a sequential run's decision speaks about (SPEC 11.3)."""
 DATA_STOPS = ("boundary", "max_questions")
 PAUSES = ("time_budget", "interrupted", "error")
 
@@ -76,31 +85,64 @@ class SessionEvent(Protocol):
     def stopped_at(self) -> int | None: ...
 
 
+def claim(population: str, population_size: int | None = None) -> str:
+    """The plain-words claim of a sequential run over this population (``CLAIMS``)."""
+    if population not in POPULATIONS:
+        raise ValueError(f"population={population!r}: one of {', '.join(POPULATIONS)}")
+    return CLAIMS[population].format(n=population_size if population_size is not None else "N")
+
+
 @dataclass(frozen=True)
 class SequentialPlan:
-    """What a sequential run registers before its first answer."""
+    """What a sequential run registers before its first answer.
+
+    ``population``: "superpopulation" (the default claim, about the method on questions like these: the
+    i.i.d. sequence) or "finite" (about these ``population_size`` questions in this run's outputs: the
+    without-replacement sequence; only with ``--population finite``). Registrations made before the field
+    existed used the finite sequence and are read back so. ``method``: a key of ``METHODS``; runs keep the
+    method they registered. ``label_rate``: for a judged run with the prediction-powered method, the
+    share of differing pairs drawn for a gold label. Judged runs always use the i.i.d. sequence.
+    """
 
     margin: float
     alpha: float
     max_questions: int
     population_size: int
     order_seed: int
-    population: str = FINITE
-    """The claim (``CLAIMS``): ``superpopulation`` (the default of new runs) or ``finite`` (runs registered
-    before the claim was a choice, and runs that declare ``--population finite``)."""
+    population: str = "superpopulation"
+    method: str = DEFAULT_METHOD
+    label_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.population not in POPULATIONS:
+            raise ValueError(f"population={self.population!r}: one of {', '.join(POPULATIONS)}")
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r}: one of {', '.join(METHODS)}")
+        if (self.method == JUDGED_METHOD) != (self.label_rate is not None):
+            raise ValueError(f"a label rate goes with method {JUDGED_METHOD!r}, and only with it")
 
     @property
-    def cs_population_size(self) -> int | None:
-        """The population size the confidence sequence samples without replacement from (None: i.i.d.)."""
-        return self.population_size if self.population == FINITE else None
+    def sequence_population(self) -> int | None:
+        """The ``population_size`` argument of the confidence sequence: the pool for the finite claim,
+        None (the i.i.d. sequence) for the default claim and for judged runs."""
+        if self.population == "finite" and self.method != JUDGED_METHOD:
+            return self.population_size
+        return None
 
     @property
-    def method(self) -> str:
-        return CS_METHOD if self.population == FINITE else CS_METHOD_IID
+    def description(self) -> str:
+        """The method in words, as registered."""
+        pool = ", without replacement over the question pool" if self.sequence_population else ""
+        return f"{METHODS[self.method]}{pool}, at level 1 - 2 alpha"
+
+    @property
+    def claim(self) -> str:
+        """What a decision of this run speaks about, in one sentence."""
+        return claim(self.population, self.population_size)
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
-            "method": self.method,
+            "method": self.description,
             "margin": self.margin,
             "alpha": self.alpha,
             "level": 1 - 2 * self.alpha,
@@ -108,20 +150,28 @@ class SequentialPlan:
             "population_size": self.population_size,
             "order_seed": self.order_seed,
         }
-        # Absent means finite: the registrations made before the claim was a choice stay as they were.
-        if self.population != FINITE:
+        # Absent keys read back as the values registrations had before they were recorded (finite, the
+        # mixture), so those registrations, and their resumes, stay exactly as they were.
+        if self.population != "finite":
             out["population"] = self.population
+        if self.method != DEFAULT_METHOD:
+            out["method_key"] = self.method
+        if self.label_rate is not None:
+            out["label_rate"] = self.label_rate
         return out
 
     @classmethod
     def from_registration(cls, data: Mapping[str, object]) -> SequentialPlan:
+        rate = data.get("label_rate")
         return cls(
             margin=float(data["margin"]),  # type: ignore[arg-type]
             alpha=float(data["alpha"]),  # type: ignore[arg-type]
             max_questions=int(data["max_questions"]),  # type: ignore[call-overload]
             population_size=int(data["population_size"]),  # type: ignore[call-overload]
             order_seed=int(data["order_seed"]),  # type: ignore[call-overload]
-            population=str(data.get("population", FINITE)),
+            population=str(data.get("population", "finite")),
+            method=str(data.get("method_key", DEFAULT_METHOD)),
+            label_rate=None if rate is None else float(rate),  # type: ignore[arg-type]
         )
 
 
@@ -132,8 +182,11 @@ class SequentialStop:
     ``reason``: ``boundary`` (a bound crossed -margin), ``max_questions`` (every registered question has
     both answers), ``time_budget``, ``interrupted`` or ``error`` (paused: a rerun continues), or
     ``in_progress`` (still running, or killed before it could record a stop: a rerun continues).
-    ``lost``/``gained`` count the decided pairs; ``undecided`` the judged pairs whose judge could not decide,
-    counted as lost for the lower bound and as gained for the upper one.
+    ``lost``/``gained`` count the decided pairs; ``undecided`` the judged pairs whose judge could not decide
+    (with the old method, counted as lost for the lower bound and as gained for the upper one). A judged
+    run with the prediction-powered method (``judged_stop``) counts the judge's verdicts there
+    (``lost``/``gained``: both orders preferred the baseline / the candidate), ``labelled`` its gold labels
+    in the prefix, and ``awaiting_label`` says the prefix stops at a pair whose gold label is missing.
     """
 
     decision: str
@@ -146,6 +199,8 @@ class SequentialStop:
     gained: int
     complete_prefix: int
     undecided: int = 0
+    labelled: int = 0
+    awaiting_label: bool = False
 
     @property
     def final(self) -> bool:
@@ -196,7 +251,7 @@ def _stop(
     if not used:
         return SequentialStop(INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, len(diffs))
     walk = sequential_decision_with_undecided(
-        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.cs_population_size
+        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.sequence_population
     )
     if walk.decision in (PASS, FAIL):
         reason, upto = "boundary", walk.stopped_at
@@ -268,7 +323,7 @@ class SequentialMonitor:
         self.stop: SequentialStop | None = None
         # The lower bounds count an undecided pair as lost, the upper bounds as gained; the two sequences
         # are one until the first undecided pair, when the upper one starts as a copy of the lower.
-        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.cs_population_size)
+        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.sequence_population)
         self._upper: ConfidenceSequence | None = None
 
     def add(
@@ -310,6 +365,144 @@ class SequentialMonitor:
                     gained=self.gained,
                     complete_prefix=self.prefix,
                     undecided=self.undecided,
+                )
+                return self.stop
+        return None
+
+
+def _judged_plan(plan: SequentialPlan) -> float:
+    if plan.method != JUDGED_METHOD or plan.label_rate is None:
+        raise ValueError(
+            f"a judged stop needs a plan registered with method {JUDGED_METHOD!r} and a label rate"
+        )
+    return plan.label_rate
+
+
+def _judged_walk(
+    pairs: list[JudgedPair], plan: SequentialPlan, reason: str, upto: int, usable: int
+) -> SequentialStop:
+    rate = _judged_plan(plan)
+    used = pairs[:upto]
+    awaiting = usable < len(pairs)
+    if not used:
+        return SequentialStop(
+            INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, usable, awaiting_label=awaiting
+        )
+    walk = judged_decision(used, plan.margin, plan.alpha, rate, "sequential")
+    if walk.decision in (PASS, FAIL):
+        reason, upto = "boundary", walk.stopped_at
+    counts = walk.counts
+    return SequentialStop(
+        decision=walk.decision,
+        reason=reason,
+        stopped_at=upto,
+        low=walk.low,
+        high=walk.high,
+        loss_detected=walk.loss_detected,
+        lost=counts.lost,
+        gained=counts.gained,
+        complete_prefix=usable,
+        undecided=counts.undecided,
+        labelled=counts.labelled,
+        awaiting_label=awaiting and reason != "boundary",
+    )
+
+
+def in_order_judged(
+    order: Sequence[QuestionKey], pairs: Mapping[QuestionKey, JudgedPair]
+) -> list[JudgedPair]:
+    """The judged pairs along the registered order, up to the first question without a pair."""
+    out = []
+    for key in order:
+        pair = pairs.get(key)
+        if pair is None:
+            break
+        out.append(pair)
+    return out
+
+
+def judged_stop(
+    order: Sequence[QuestionKey],
+    pairs: Mapping[QuestionKey, JudgedPair],
+    plan: SequentialPlan,
+    events: Sequence[SessionEvent] = (),
+) -> SequentialStop:
+    """``sequential_stop`` for a judged run registered with the prediction-powered method.
+
+    The prefix ends at the first question without a pair or at the first pair waiting for its gold label
+    (``usable_prefix``); the walk is ``judged_decision(..., design="sequential")`` (no decision before the
+    first gold label). A recorded pause stops where it was recorded, as in ``sequential_stop``.
+    """
+    seen = in_order_judged(order, pairs)
+    usable = usable_prefix(seen)
+    last = events[-1] if events else None
+    if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
+        return _judged_walk(seen, plan, last.reason, min(last.stopped_at, usable), usable)
+    walk = _judged_walk(seen, plan, "in_progress", usable, usable)
+    if walk.reason == "in_progress" and usable >= plan.max_questions:
+        return _judged_walk(seen, plan, "max_questions", plan.max_questions, usable)
+    return walk
+
+
+class JudgedMonitor:
+    """The online form of ``judged_stop``: pairs arrive in any order (a gold label may arrive later than
+    its pair: ``add`` the pair again with it), the sequence advances along the registered order and stops
+    once. Same attributes as ``SequentialMonitor`` for the progress bar."""
+
+    def __init__(self, order: Sequence[QuestionKey], plan: SequentialPlan) -> None:
+        self.order = list(order)
+        self.plan = plan
+        self.rate = _judged_plan(plan)
+        self.pairs: dict[QuestionKey, JudgedPair] = {}
+        self.prefix = 0
+        self.lost = self.gained = self.undecided = self.labelled = 0
+        self.low, self.high = -1.0, 1.0
+        self.stop: SequentialStop | None = None
+        self._sequence = JudgedSequence(self.rate, alpha=2 * plan.alpha)
+
+    @property
+    def awaiting_label(self) -> bool:
+        """True when the next pair in order is in but waits for its gold label."""
+        nxt = self.pairs.get(self.order[self.prefix]) if self.prefix < len(self.order) else None
+        return nxt is not None and nxt.waiting
+
+    def add(self, dataset: str, question_id: str, pair: JudgedPair) -> SequentialStop | None:
+        """Record a pair (or its gold label); returns the stop if this completed it, else None."""
+        key = (dataset, question_id)
+        known = self.pairs.get(key)
+        if known is not None and self.order.index(key) < self.prefix and known != pair:
+            raise ValueError(f"question {key}: already counted with {known}; a counted pair cannot change")
+        self.pairs[key] = pair
+        if self.stop is not None:
+            return None
+        while self.prefix < len(self.order):
+            nxt = self.pairs.get(self.order[self.prefix])
+            if nxt is None or nxt.waiting:
+                return None
+            self.low, self.high = self._sequence.update(nxt)
+            self.prefix += 1
+            counts = judge_counts([nxt])
+            self.lost += counts.lost
+            self.gained += counts.gained
+            self.undecided += counts.undecided
+            self.labelled += counts.labelled
+            crossed = self.labelled > 0 and (self.low > -self.plan.margin or self.high < -self.plan.margin)
+            if crossed or self.prefix >= self.plan.max_questions:
+                decision = (
+                    PASS if crossed and self.low > -self.plan.margin else FAIL if crossed else INCONCLUSIVE
+                )
+                self.stop = SequentialStop(
+                    decision=decision,
+                    reason="boundary" if crossed else "max_questions",
+                    stopped_at=self.prefix,
+                    low=self.low,
+                    high=self.high,
+                    loss_detected=self.high < 0 and self.labelled > 0,
+                    lost=self.lost,
+                    gained=self.gained,
+                    complete_prefix=self.prefix,
+                    undecided=self.undecided,
+                    labelled=self.labelled,
                 )
                 return self.stop
         return None

@@ -1,0 +1,160 @@
+"""Betting confidence sequences for the mean of bounded observations that are not three-valued.
+
+The judged gate (flyspec/gate/stats/judged.py) turns each question into a value ``Y`` in a known range
+``[lo, hi]`` whose conditional mean given the past is the target; this module gives a confidence set for
+that mean, valid for any distribution of ``Y`` in the range. Each ``Y`` is mapped to
+``X = (Y - lo) / (hi - lo)`` in [0, 1] and, for a candidate mean ``m`` of X, two gamblers bet that the mean
+is above ``m`` (capital ``K+``) or below it (``K-``), as in Waudby-Smith and Ramdas, "Estimating means of
+bounded random variables by betting" (JRSS-B 2024; arXiv:2010.09686). At the true mean both capitals are
+non-negative martingales with expectation 1, so by Ville's inequality either reaches ``2 / alpha`` with
+probability at most ``alpha`` (each side at ``alpha / 2``).
+
+Two bets, chosen before the run (the registration records which):
+
+- **Anytime** (``horizon=None``): each side is a mixture of constant bets, each a fixed fraction of the
+  largest bet the range allows (``1 / m`` for ``K+``, ``1 / (1 - m)`` for ``K-``; a larger bet could make
+  the capital negative). Valid at every n at once, for sequential runs.
+- **Fixed horizon** (``horizon=n``): the paper's predictable plug-in bet tuned to the planned size,
+  ``lambda_t = sqrt(2 log(2 / alpha) / (n sigma_{t-1}^2))`` from the running variance estimate, truncated
+  at a fraction ``TRUNCATION`` of the largest bet: the paper's confidence interval for a fixed n (its
+  hedged-capital CI), valid at n without any central limit theorem (and at every n before, by the same
+  martingale argument; after n the bet is no longer tuned, but stays valid).
+
+Both capitals fall as ``m`` rises (``K+``) or rise with it (``K-``), so every confidence set is an
+interval; the online class tracks both on a grid of candidate means, each bound reported as the nearest
+rejected grid point (so the grid can only widen the interval), and keeps the running intersection.
+``log_capital`` computes one side at one ``m`` for many simulated runs at once.
+
+Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital from
+the start on each call, needs a C++ build and pulls pandas and pytest at run time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flyspec.checks import is_int, is_number
+
+MIXTURE_FRACTIONS = np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09])
+"""The anytime bets, as fractions of the largest bet the range allows (``1 / m`` for K+)."""
+TRUNCATION = 0.9
+"""The fixed-horizon bet is never more than this fraction of the largest bet the range allows."""
+GRID_STEPS = 4000
+"""Grid of candidate means: ``GRID_STEPS`` steps over the target's range of [-1, 1] (0.0005 each)."""
+_PRIOR_MEAN, _PRIOR_VARIANCE = 0.5, 0.25  # the paper's start for the plug-in estimates in [0, 1]
+
+
+def _check(lo: float, hi: float, alpha: float, horizon: int | None) -> None:
+    if not (is_number(lo) and is_number(hi) and lo < hi):
+        raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
+    if not is_number(alpha, above=0, below=1):
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, 1)")
+    if horizon is not None and not is_int(horizon, 1):
+        raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
+
+
+def plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
+    """The fixed-horizon bet before each observation (untruncated), for rows of observations in [0, 1].
+
+    ``lambda_t = sqrt(2 log(2 / alpha) / (horizon sigma_{t-1}^2))`` with the running estimates
+    ``mu_t = (1/2 + sum_{i<=t} x_i) / (t + 1)`` and
+    ``sigma_t^2 = (1/4 + sum_{i<=t} (x_i - mu_i)^2) / (t + 1)``
+    (Waudby-Smith and Ramdas 2024, section 4: the predictable plug-in tuned to n); each bet uses only
+    earlier observations.
+    """
+    steps = np.arange(1, x.shape[-1] + 1, dtype=float)
+    mu = (_PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
+    sigma2 = (_PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
+    before = np.concatenate([np.full(x.shape[:-1] + (1,), _PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
+    return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
+
+
+def log_capital(x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None) -> np.ndarray:
+    """Running log capital of one side at the candidate mean ``m`` (in X units) for rows of observations
+    ``x`` in [0, 1] (shape (runs, n)): ``side=1`` is K+ (it grows when the mean is above m), ``-1`` K-.
+
+    For simulations: a PASS happens exactly when K+ at the margin reaches the threshold.
+    """
+    if not 0.0 < m < 1.0:
+        raise ValueError(f"m={m!r}: must lie strictly inside (0, 1)")
+    room = m if side > 0 else 1.0 - m
+    deviation = side * (x - m)
+    if horizon is None:
+        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in MIXTURE_FRACTIONS]
+        top = np.max(logs, axis=0)
+        return top + np.log(np.mean([np.exp(v - top) for v in logs], axis=0))
+    bets = np.minimum(plug_in_bets(x, alpha, horizon), TRUNCATION / room)
+    return np.cumsum(np.log1p(bets * deviation), axis=-1)
+
+
+class BoundedMeanSequence:
+    """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
+
+    ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
+    ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
+    the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
+    tuned to n (see the module docstring). Only the grid points still in the set are tracked.
+    """
+
+    def __init__(self, lo: float, hi: float, alpha: float, horizon: int | None = None) -> None:
+        _check(lo, hi, alpha, horizon)
+        if lo > -1.0 or hi < 1.0:
+            raise ValueError(f"range [{lo}, {hi}] must contain the target's range [-1, 1]")
+        self.lo, self.hi, self.alpha, self.horizon = lo, hi, alpha, horizon
+        self.threshold = math.log(2.0 / alpha)
+        self.grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
+        self.live = np.ones(self.grid.size, dtype=bool)
+        self._first, self._last = 0, self.grid.size - 1  # the window of live grid points
+        self._m = (self.grid - lo) / (hi - lo)
+        width = MIXTURE_FRACTIONS.size if horizon is None else 1
+        self._plus = np.zeros((self.grid.size, width))
+        self._minus = np.zeros((self.grid.size, width))
+        self._sum_sq = 0.0
+        self._sum = 0.0
+        self.n = 0
+        self.low, self.high = -1.0, 1.0
+
+    def update(self, y: float) -> tuple[float, float]:
+        """Add one value (it must lie in ``[lo, hi]``) and return the running bounds of the mean."""
+        if not is_number(y) or not self.lo - 1e-12 <= y <= self.hi + 1e-12:
+            raise ValueError(f"y={y!r}: must be a number in [{self.lo}, {self.hi}]")
+        x = min(max((y - self.lo) / (self.hi - self.lo), 0.0), 1.0)
+        window = slice(self._first, self._last + 1)
+        m = self._m[window, None]
+        if self.horizon is None:
+            up, down = MIXTURE_FRACTIONS / m, MIXTURE_FRACTIONS / (1.0 - m)
+        else:
+            sigma2 = (_PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
+            lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
+            up, down = np.minimum(lam, TRUNCATION / m), np.minimum(lam, TRUNCATION / (1.0 - m))
+            self._sum += x
+            self._sum_sq += (x - (_PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
+        plus = self._plus[window]
+        minus = self._minus[window]
+        plus += np.log1p(up * (x - m))
+        minus += np.log1p(-down * (x - m))
+        self.n += 1
+        rejected = (_log_mean(plus) >= self.threshold) | (_log_mean(minus) >= self.threshold)
+        self.live[window] &= ~rejected
+        self._refresh()
+        return self.low, self.high
+
+    def _refresh(self) -> None:
+        live = self.live[self._first : self._last + 1]
+        if not live.any():
+            return  # keep the last bounds: after a miss (probability <= alpha) the set can empty
+        first = self._first + int(np.argmax(live))
+        last = self._last - int(np.argmax(live[::-1]))
+        self._first, self._last = first, last
+        self.low = float(self.grid[max(first - 1, 0)])
+        self.high = float(self.grid[min(last + 1, self.grid.size - 1)])
+
+
+def _log_mean(components: np.ndarray) -> np.ndarray:
+    """log of the mean of exp over the last axis (the mixture's average capital)."""
+    if components.shape[1] == 1:
+        return components[:, 0]
+    top = components.max(axis=1)
+    return top + np.log(np.exp(components - top[:, None]).mean(axis=1))

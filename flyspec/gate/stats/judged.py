@@ -1,0 +1,385 @@
+"""Judged comparisons anchored on gold labels: prediction-powered inference with a betting interval.
+
+A judge's verdict is a prediction of which answer is better, not the truth: a coin agrees with itself on
+the wrong winner a quarter of the time, so no rule over verdicts alone holds for every judge. The gate
+therefore draws a random subset of the pairs for a **gold label** (the exact grader where references
+exist, else a person's blind label) and combines the labels with the judge's verdicts on every pair.
+
+Per question, along the registered order:
+
+- ``identical``: both answers are the same text. The true difference D is 0; the judge is not asked and
+  the pair is never labelled.
+- ``prediction`` f in [-1, 1]: the mean over the judge's two orders of +1 (that order prefers the
+  candidate), -1 (prefers the baseline) or 0 (a tie, or a verdict that could not be read).
+- ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from the
+  sha256 of ``seed:dataset:question`` (``gold_selected``), among pairs that are not identical.
+- ``gold``: D in {-1, 0, 1} for a selected pair once labelled (candidate better, equal, baseline better).
+
+The value of question i (inverse-probability-weighted prediction-powered inference: Angelopoulos et al.,
+"Prediction-powered inference", Science 2023; the power-tuned weight of PPI++, Angelopoulos, Duchi and
+Zrnic 2024; labels drawn at random as in Zrnic and Candes, "Active statistical inference", 2024) is
+
+    Y_i = 0                                           (identical)
+    Y_i = lam_i f_i + (xi_i / rate) (D_i - lam_i f_i)   (xi_i = selected)
+
+with ``lam_i = clip((sum xi D f + 1/2) / (sum xi f^2 + 1), 0, 1)`` over the labelled pairs *before* i
+(PPI++'s variance-minimising weight, started at 1/2 as if one labelled pair had been seen). Because xi_i
+is drawn independently of everything the judge and the answers do, and lam_i is fixed before question i,
+``E[Y_i | the past, D_i, f_i] = D_i`` for any judge at all: the mean of Y is the true net difference.
+``Var(Y) = Var(D) + (1/rate - 1) E[(D - lam f)^2]``: a judge that always agrees with gold loses nothing
+against labelling every pair; a coin leaves only the labelled pairs' information (and the extra noise).
+Y lies in ``[1 - 2/rate, 2/rate - 1]`` for lam in [0, 1], so the betting confidence sequences for bounded
+means (flyspec/gate/stats/betting.py) apply: the anytime mixture for sequential runs, the predictable
+plug-in bet tuned to the registered size for fixed runs.
+
+A selected pair whose label has not arrived blocks the in-order prefix (``usable_prefix``): skipping it
+would make which pairs count depend on which labels came first. A judged run with no gold label decides
+nothing. Judged runs use the i.i.d. sequence even over a finite question set (the without-replacement
+centring needs the D of past questions, which unlabelled pairs do not give); docs/gate.md has the
+simulation showing this keeps its error for the finite set's mean too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from flyspec.checks import is_int, is_number
+from flyspec.gate.stats.betting import BoundedMeanSequence
+from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha, classify
+
+DESIGNS = ("fixed", "sequential")
+LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
+"""The PPI++ weight starts at 1/2, worth one labelled pair with |f| = 1."""
+ASSUMED_AGREEMENT = 0.95
+"""The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
+
+
+@dataclass(frozen=True)
+class JudgedPair:
+    """One question of a judged run: see the module docstring for the fields."""
+
+    identical: bool
+    prediction: float = 0.0
+    selected: bool = False
+    gold: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.identical, bool) or not isinstance(self.selected, bool):
+            raise ValueError("identical and selected must be bools")
+        if not is_number(self.prediction, at_least=-1, at_most=1):
+            raise ValueError(f"prediction={self.prediction!r}: must be a number in [-1, 1]")
+        if self.gold is not None and (not is_int(self.gold) or self.gold not in (-1, 0, 1)):
+            raise ValueError(f"gold={self.gold!r}: a gold label is -1, 0 or 1 (or None before labelling)")
+        if self.identical and (self.prediction != 0 or self.selected or self.gold is not None):
+            raise ValueError("an identical pair has prediction 0, is never selected and never labelled")
+        if self.gold is not None and not self.selected:
+            raise ValueError("only a pair selected for a gold label may carry one")
+
+    @property
+    def waiting(self) -> bool:
+        """Selected for a gold label that has not arrived: the in-order prefix stops here."""
+        return self.selected and self.gold is None
+
+
+def judge_prediction(first: int, second: int) -> float:
+    """The judge's prediction f from its two orders, each +1 (prefers the candidate), -1 (prefers the
+    baseline) or 0 (a tie or an unreadable verdict)."""
+    for name, vote in (("first", first), ("second", second)):
+        if not is_int(vote) or vote not in (-1, 0, 1):
+            raise ValueError(f"{name}={vote!r}: a vote is -1, 0 or 1")
+    return (first + second) / 2.0
+
+
+def check_rate(rate: float) -> None:
+    """ValueError unless ``rate`` (the share of non-identical pairs drawn for a gold label) is in (0, 1]."""
+    if not is_number(rate, above=0, at_most=1):
+        raise ValueError(f"rate={rate!r}: the gold-label rate must lie in (0, 1]")
+
+
+def gold_selected(seed: int | str, dataset: str, question_id: str, rate: float) -> bool:
+    """Whether a (non-identical) pair is drawn for a gold label: ``u < rate`` for ``u`` uniform from the
+    sha256 of ``seed:dataset:question_id``. Fixed by the registered seed before any answer, so it cannot
+    depend on the answers or on the judge; nested in the rate (a pair drawn at 0.1 is drawn at 0.2)."""
+    check_rate(rate)
+    digest = hashlib.sha256(f"{seed}:{dataset}:{question_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < rate
+
+
+def usable_prefix(pairs: Sequence[JudgedPair]) -> int:
+    """How many leading pairs the statistics may use: up to the first pair still waiting for its label."""
+    for i, pair in enumerate(pairs):
+        if pair.waiting:
+            return i
+    return len(pairs)
+
+
+def value_range(rate: float) -> tuple[float, float]:
+    """The range of Y at this label rate: ``[1 - 2/rate, 2/rate - 1]`` (``[-1, 1]`` when every pair is
+    labelled)."""
+    check_rate(rate)
+    return 1.0 - 2.0 / rate, 2.0 / rate - 1.0
+
+
+class _Weight:
+    """The PPI++ weight lam, updated from the labelled pairs only after each value is computed."""
+
+    def __init__(self) -> None:
+        self.sum_df = LAM_PRIOR * LAM_PRIOR_WEIGHT
+        self.sum_ff = LAM_PRIOR_WEIGHT
+
+    @property
+    def lam(self) -> float:
+        return min(max(self.sum_df / self.sum_ff, 0.0), 1.0)
+
+    def value(self, pair: JudgedPair, rate: float) -> float:
+        if pair.identical:
+            return 0.0
+        if pair.waiting:
+            raise ValueError("a pair selected for a gold label has none yet: use usable_prefix()")
+        lam, f = self.lam, pair.prediction
+        if not pair.selected:
+            return lam * f
+        assert pair.gold is not None
+        self.sum_df += pair.gold * f
+        self.sum_ff += f * f
+        return lam * f + (pair.gold - lam * f) / rate
+
+
+def judged_values(pairs: Sequence[JudgedPair], rate: float) -> np.ndarray:
+    """The prediction-powered value Y of each pair, in order, with the predictable PPI++ weight.
+
+    The mean of Y estimates the true net difference without bias for any judge; ValueError if a pair is
+    still waiting for its gold label (cut the list at ``usable_prefix`` first).
+    """
+    check_rate(rate)
+    weight = _Weight()
+    return np.array([weight.value(pair, rate) for pair in pairs], dtype=float)
+
+
+@dataclass(frozen=True)
+class JudgeCounts:
+    """What the judge said, and how it fared against gold.
+
+    ``n`` pairs; ``identical`` of them (never judged); ``lost``/``gained``: both orders preferred the
+    baseline / the candidate; ``undecided``: any other verdict on a non-identical pair; ``selected`` and
+    ``labelled`` pairs; ``agreement``: labelled pairs whose judge verdict had the gold label's sign (a
+    judge undecided on a pair of equal answers agrees), with its 95% Wilson interval (None without
+    labels).
+    """
+
+    n: int
+    identical: int
+    lost: int
+    gained: int
+    undecided: int
+    selected: int
+    labelled: int
+    agreeing: int
+    agreement: float | None
+    agreement_low: float | None
+    agreement_high: float | None
+
+
+def judge_counts(pairs: Sequence[JudgedPair]) -> JudgeCounts:
+    """Count the pairs as the report shows them (see ``JudgeCounts``)."""
+    from flyspec.gate.stats.paired import wilson_interval
+
+    identical = sum(p.identical for p in pairs)
+    lost = sum(not p.identical and p.prediction == -1 for p in pairs)
+    gained = sum(not p.identical and p.prediction == 1 for p in pairs)
+    labelled = [p for p in pairs if p.gold is not None]
+    agreeing = sum(int(np.sign(p.prediction)) == p.gold for p in labelled)
+    low = high = share = None
+    if labelled:
+        share = agreeing / len(labelled)
+        low, high = wilson_interval(agreeing, len(labelled))
+    return JudgeCounts(
+        n=len(pairs),
+        identical=identical,
+        lost=lost,
+        gained=gained,
+        undecided=len(pairs) - identical - lost - gained,
+        selected=sum(p.selected for p in pairs),
+        labelled=len(labelled),
+        agreeing=agreeing,
+        agreement=share,
+        agreement_low=low,
+        agreement_high=high,
+    )
+
+
+class JudgedSequence:
+    """Online confidence sequence for the true net difference of a judged run.
+
+    ``update(pair)`` takes the next pair along the registered order and returns the running
+    ``(low, high)``; with probability at least ``1 - alpha`` the true difference lies in every interval
+    returned, whatever the judge does. ``horizon=None`` (sequential runs) bets the anytime mixture;
+    ``horizon=n`` (fixed runs of n questions) bets the plug-in tuned to n.
+    """
+
+    def __init__(self, rate: float, alpha: float = 0.05, horizon: int | None = None) -> None:
+        lo, hi = value_range(rate)
+        self.rate = rate
+        self._sequence = BoundedMeanSequence(lo, hi, alpha, horizon)
+        self._weight = _Weight()
+        self.n = 0
+        self.low, self.high = -1.0, 1.0
+
+    @property
+    def lam(self) -> float:
+        """The PPI++ weight the next pair will get."""
+        return self._weight.lam
+
+    def update(self, pair: JudgedPair) -> tuple[float, float]:
+        """Add the next pair (not one waiting for its label) and return the running bounds."""
+        y = self._weight.value(pair, self.rate)
+        self.low, self.high = self._sequence.update(y)
+        self.n += 1
+        return self.low, self.high
+
+
+@dataclass(frozen=True)
+class JudgedDecision:
+    """A judged run's decision: the fields of ``SequentialDecision`` plus the judge's counts.
+
+    ``low``/``high``: the ``1 - 2 alpha`` bounds where the walk stopped (``stopped_at`` pairs; for a fixed
+    run, every usable pair); ``usable``: the pairs before the first one waiting for a label (only those
+    count); ``labels_needed``: when INCONCLUSIVE, about how many gold labels a run of this size would need
+    to decide (``LabelAdvice``), else None.
+    """
+
+    decision: str
+    stopped_at: int
+    low: float
+    high: float
+    loss_detected: bool
+    design: str
+    rate: float
+    usable: int
+    counts: JudgeCounts
+    labels_needed: LabelAdvice | None
+
+
+def judged_decision(
+    pairs: Sequence[JudgedPair],
+    margin: float,
+    alpha: float = 0.025,
+    rate: float = 1.0,
+    design: str = "fixed",
+    horizon: int | None = None,
+) -> JudgedDecision:
+    """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence.
+
+    ``design="fixed"``: the plug-in bet tuned to ``horizon`` (the registered size; default the number of
+    pairs), decided on the running bounds after the last usable pair. ``design="sequential"``: the anytime
+    mixture, stopping at the first n with ``low > -margin`` (PASS) or ``high < -margin`` (FAIL). Only the
+    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE, with
+    ``labels_needed`` saying how many labels would let it decide). P(PASS) <= alpha when the true
+    difference is at most -margin, and P(FAIL) <= alpha when it is at least -margin, for any judge.
+    """
+    check_margin_alpha(margin, alpha)
+    check_rate(rate)
+    if design not in DESIGNS:
+        raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
+    usable = usable_prefix(pairs)
+    used = list(pairs[:usable])
+    if design == "fixed":
+        horizon = len(pairs) if horizon is None else horizon
+        if not is_int(horizon, 1):
+            raise ValueError(f"horizon={horizon!r}: a fixed run's registered size, a positive integer")
+    elif horizon is not None:
+        raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
+    sequence = JudgedSequence(rate, 2.0 * alpha, horizon if design == "fixed" else None)
+    low, high, stopped = -1.0, 1.0, 0
+    labelled = 0
+    for pair in used:
+        low, high = sequence.update(pair)
+        stopped += 1
+        labelled += pair.gold is not None
+        if design == "sequential" and labelled and (low > -margin or high < -margin):
+            break
+    counts = judge_counts(used[:stopped])
+    decision, loss_detected = classify(low, high, margin)
+    if counts.labelled == 0:
+        decision, loss_detected = INCONCLUSIVE, False
+    advice = None
+    if decision == INCONCLUSIVE:
+        advice = labels_needed(counts, margin, alpha, design, max(horizon or 0, len(pairs)), used[:stopped])
+    return JudgedDecision(
+        decision=decision,
+        stopped_at=stopped,
+        low=low,
+        high=high,
+        loss_detected=loss_detected,
+        design=design,
+        rate=rate,
+        usable=usable,
+        counts=counts,
+        labels_needed=advice,
+    )
+
+
+@dataclass(frozen=True)
+class LabelAdvice:
+    """About how many gold labels a judged run of ``questions`` pairs needs to decide, and on what
+    assumption: the median run decides at label rate ``rate`` (``labels`` = rate x the non-identical pairs
+    expected), if the true difference is ``effect`` (the judge's estimate: its mean prediction) and the
+    judge agrees with gold on a share ``agreement`` of pairs (``assumed``: no label seen yet, so
+    ASSUMED_AGREEMENT). ``labels`` is None when no rate up to 1 decides at this size."""
+
+    questions: int
+    rate: float | None
+    labels: int | None
+    effect: float
+    agreement: float
+    assumed: bool
+
+    def describe(self) -> str:
+        """One sentence for the report."""
+        basis = (
+            f"{100 * self.agreement:.0f}% agreement with gold, as assumed before any label"
+            if self.assumed
+            else f"the judge's {100 * self.agreement:.0f}% agreement with gold seen so far"
+        )
+        if self.labels is None:
+            return (
+                f"No label rate lets a run of {self.questions} questions decide at a true difference of "
+                f"{100 * self.effect:+.1f} points and {basis}: more questions are needed."
+            )
+        return (
+            f"About {self.labels} gold labels (a label rate of {self.rate:.2f} of the pairs that differ) "
+            f"would let a run of {self.questions} questions decide, if the true difference is the judge's "
+            f"estimate of {100 * self.effect:+.1f} points, at {basis}."
+        )
+
+
+def labels_needed(
+    counts: JudgeCounts,
+    margin: float,
+    alpha: float,
+    design: str,
+    questions: int,
+    pairs: Sequence[JudgedPair] = (),
+) -> LabelAdvice:
+    """How many gold labels would let a judged run of ``questions`` pairs like these decide (median run).
+
+    Assumes the true difference is the judge's own estimate (its mean prediction over the pairs) and a
+    judge agreeing with gold as often as seen (ASSUMED_AGREEMENT before any label); the share of pairs
+    that differ is the one seen. Uses ``flyspec.gate.stats.growth`` (the expected growth of the betting
+    capital at the margin), searching the smallest label rate whose median run decides.
+    """
+    from flyspec.gate.stats.growth import JudgeModel, smallest_rate
+
+    differing = (counts.n - counts.identical) / counts.n if counts.n else 0.0
+    effect = float(np.mean([p.prediction for p in pairs])) if pairs else 0.0
+    assumed = counts.agreement is None
+    agreement = ASSUMED_AGREEMENT if counts.agreement is None else counts.agreement
+    model = JudgeModel.from_agreement(agreement)
+    rate = smallest_rate(model, differing, effect, margin, alpha, design, questions)
+    labels = None if rate is None else math.ceil(rate * differing * questions)
+    return LabelAdvice(questions, rate, labels, effect, agreement, assumed)

@@ -1,0 +1,289 @@
+"""Seeded simulations of gate runs, vectorised over runs: the engine behind the validity tests, the design
+outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/gate.md's tables.
+
+- ``draw_differences``: exact-graded paired differences D in {-1, 0, 1} at a flip rate and a true
+  difference.
+- ``draw_judged``: judged pairs (identical, the judge's prediction, selected for gold, the gold D) for a
+  share of differing answers, a true difference, a judge and a label rate. The judges: ``"always-A"``
+  prefers the answer shown first in both orders (position bias: its two orders always disagree),
+  ``"coin"`` flips a fair coin per order, ``"fair"`` names the better answer and errs with probability
+  ``noise`` per order, ``"always-candidate"`` says the candidate is better every time (the adversary a
+  PASS fears most).
+- ``JudgedStream`` turns blocks of judged pairs into the prediction-powered values Y of
+  flyspec/gate/stats/judged.py (the same predictable PPI++ weight), ``CapitalAtMargin`` tracks the two
+  betting capitals of flyspec/gate/stats/betting.py at the margin only: the lower bound passes ``-margin``
+  exactly when K+ there reaches the threshold, the upper bound when K- does, so these two numbers per run
+  decide it. Both work block by block so a run of 50,000 questions never needs its whole matrix at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, TRUNCATION
+from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, value_range
+
+JUDGES = ("always-A", "coin", "fair", "always-candidate")
+_PRIOR_MEAN, _PRIOR_VARIANCE = 0.5, 0.25
+
+
+def draw_differences(
+    rng: np.random.Generator, rows: int, cols: int, flip_rate: float, delta: float
+) -> np.ndarray:
+    """i.i.d. paired differences: P(D = -1) = (psi - delta) / 2, P(D = 1) = (psi + delta) / 2."""
+    if abs(delta) > flip_rate + 1e-12 or not 0 <= flip_rate <= 1:
+        raise ValueError(f"flip_rate={flip_rate}, delta={delta}: need |delta| <= flip rate <= 1")
+    u = rng.random((rows, cols), dtype=np.float32)
+    d = np.zeros((rows, cols), dtype=np.int8)
+    d[u < (flip_rate - delta) / 2] = -1
+    d[u >= 1 - (flip_rate + delta) / 2] = 1
+    return d
+
+
+def judge_votes(
+    rng: np.random.Generator, d: np.ndarray, judge: str, noise: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The judge's two orders for pairs whose gold differences are ``d`` (+1: prefers the candidate)."""
+    shape = d.shape
+    if judge == "always-A":
+        # The baseline is shown first in one order and the candidate in the other.
+        return -np.ones(shape, dtype=np.int8), np.ones(shape, dtype=np.int8)
+    if judge == "coin":
+        return tuple(np.where(rng.random(shape) < 0.5, 1, -1).astype(np.int8) for _ in range(2))  # type: ignore[return-value]
+    if judge == "always-candidate":
+        return np.ones(shape, dtype=np.int8), np.ones(shape, dtype=np.int8)
+    if judge == "fair":
+        votes = []
+        for _ in range(2):
+            wrong = rng.random(shape) < noise
+            # A wrong verdict on a pair with a better answer names the other one; on an equal pair, either.
+            other = np.where(d != 0, -d, np.where(rng.random(shape) < 0.5, 1, -1))
+            votes.append(np.where(wrong, other, d).astype(np.int8))
+        return votes[0], votes[1]
+    raise ValueError(f"judge={judge!r}: one of {', '.join(JUDGES)}")
+
+
+@dataclass
+class JudgedBlock:
+    """A block of judged pairs, one row per run: identical, prediction f, selected for gold, gold D
+    (the true D whether or not selected: the simulation knows it), and the old rule's two orders."""
+
+    identical: np.ndarray
+    prediction: np.ndarray
+    selected: np.ndarray
+    gold: np.ndarray
+    votes: tuple[np.ndarray, np.ndarray]
+
+
+def draw_judged(
+    rng: np.random.Generator,
+    rows: int,
+    cols: int,
+    differing: float,
+    delta: float,
+    judge: str,
+    noise: float,
+    rate: float,
+    d: np.ndarray | None = None,
+) -> JudgedBlock:
+    """i.i.d. judged pairs: a share ``differing`` of answers differ, each such pair has a better answer
+    (D = -1 with probability (differing - delta) / (2 differing), else +1); identical pairs have D = 0.
+    ``d`` (optional) gives the differences instead (a finite population's order), with D = 0 meaning
+    identical."""
+    if d is None:
+        d = draw_differences(rng, rows, cols, differing, delta)
+    identical = d == 0
+    first, second = judge_votes(rng, d, judge, noise)
+    prediction = np.where(identical, 0.0, (first.astype(float) + second) / 2)
+    selected = (rng.random(d.shape) < rate) & ~identical
+    return JudgedBlock(identical, prediction, selected, d, (first, second))
+
+
+class JudgedStream:
+    """Prediction-powered values for blocks of judged pairs, the PPI++ weight carried across blocks."""
+
+    def __init__(self, rows: int, rate: float) -> None:
+        self.rate = rate
+        self.sum_df = np.full(rows, LAM_PRIOR * LAM_PRIOR_WEIGHT)
+        self.sum_ff = np.full(rows, LAM_PRIOR_WEIGHT)
+        self.labelled = np.zeros(rows, dtype=np.int64)
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.sum_df, self.sum_ff, self.labelled = self.sum_df[rows], self.sum_ff[rows], self.labelled[rows]
+
+    def values(self, block: JudgedBlock) -> tuple[np.ndarray, np.ndarray]:
+        """``(Y, labels so far)`` for the block, each (rows, cols)."""
+        xi = block.selected.astype(float)
+        f = block.prediction
+        df = np.cumsum(xi * block.gold * f, axis=1)
+        ff = np.cumsum(xi * f * f, axis=1)
+        before_df = self.sum_df[:, None] + df - xi * block.gold * f
+        before_ff = self.sum_ff[:, None] + ff - xi * f * f
+        lam = np.clip(before_df / before_ff, 0.0, 1.0)
+        y = np.where(block.identical, 0.0, lam * f + xi / self.rate * (block.gold - lam * f))
+        labels = self.labelled[:, None] + np.cumsum(block.selected, axis=1)
+        self.sum_df += df[:, -1]
+        self.sum_ff += ff[:, -1]
+        self.labelled = labels[:, -1]
+        return y, labels
+
+
+class CapitalAtMargin:
+    """K+ and K- beside ``y = -margin`` for rows of values in ``[lo, hi]``, block by block.
+
+    ``horizon=None``: the anytime mixture; else the plug-in bet tuned to ``horizon`` (betting.py). The
+    sequence has level ``1 - 2 alpha``: each side reaches its threshold ``log(1 / alpha)`` with
+    probability at most alpha at the true mean. As in ``BoundedMeanSequence``, whose bounds are grid
+    points, a PASS needs K+ at the first grid point above ``-margin`` and a FAIL K- at the last one below.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        lo: float,
+        hi: float,
+        margin: float,
+        alpha: float,
+        horizon: int | None,
+        fail_side: bool = True,
+    ) -> None:
+        self.fail_side = fail_side
+        self.lo, self.span = lo, hi - lo
+        grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
+        self.m_plus = (float(grid[grid > -margin][0]) - lo) / self.span
+        self.m_minus = (float(grid[grid < -margin][-1]) - lo) / self.span
+        self.horizon = horizon
+        self.threshold = math.log(1.0 / alpha)
+        self.log_alpha_cs = math.log(1.0 / alpha)  # log(2 / (2 alpha)) for the plug-in bet
+        width = MIXTURE_FRACTIONS.size if horizon is None else 1
+        self.plus = np.zeros((rows, width))
+        self.minus = np.zeros((rows, width))
+        self.t = 0
+        self.sum_x = np.zeros(rows)
+        self.sum_sq = np.zeros(rows)
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.plus, self.minus = self.plus[rows], self.minus[rows]
+        self.sum_x, self.sum_sq = self.sum_x[rows], self.sum_sq[rows]
+
+    def step(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bet on a block (rows, cols); returns whether K+ / K- has reached its threshold at each step."""
+        x = np.clip((y - self.lo) / self.span, 0.0, 1.0)
+        dev_plus, dev_minus = x - self.m_plus, x - self.m_minus
+        cols = x.shape[1]
+        if self.horizon is None:
+            up = (MIXTURE_FRACTIONS / self.m_plus)[None, None, :]
+            down = (MIXTURE_FRACTIONS / (1 - self.m_minus))[None, None, :]
+            plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
+            self.plus = plus[:, -1, :]
+            log_plus = _log_mean_exp(plus)
+            log_minus = np.zeros_like(log_plus)
+            if self.fail_side:
+                minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * dev_minus[:, :, None]), axis=1)
+                self.minus = minus[:, -1, :]
+                log_minus = _log_mean_exp(minus)
+        else:
+            steps = self.t + np.arange(1, cols + 1, dtype=float)
+            mu = (_PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
+            sq = self.sum_sq[:, None] + np.cumsum((x - mu) ** 2, axis=1)
+            before = np.concatenate([self.sum_sq[:, None], sq[:, :-1]], axis=1)
+            lam = np.sqrt(2.0 * self.log_alpha_cs / (self.horizon * (_PRIOR_VARIANCE + before) / steps))
+            up = np.minimum(lam, TRUNCATION / self.m_plus)
+            down = np.minimum(lam, TRUNCATION / (1 - self.m_minus))
+            log_plus = self.plus[:, :1] + np.cumsum(np.log1p(up * dev_plus), axis=1)
+            log_minus = self.minus[:, :1] + np.cumsum(np.log1p(-down * dev_minus), axis=1)
+            self.plus, self.minus = log_plus[:, -1:], log_minus[:, -1:]
+            if not self.fail_side:
+                log_minus = np.zeros_like(log_plus)
+            self.sum_x += x.sum(axis=1)
+            self.sum_sq = sq[:, -1]
+        self.t += cols
+        return log_plus >= self.threshold, log_minus >= self.threshold
+
+
+def _log_mean_exp(logs: np.ndarray) -> np.ndarray:
+    top = logs.max(axis=2)
+    return top + np.log(np.exp(logs - top[:, :, None]).mean(axis=2))
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Simulated runs: each run's decision ("PASS", "FAIL", "INCONCLUSIVE") and questions used."""
+
+    decisions: np.ndarray
+    stopped_at: np.ndarray
+
+    def share(self, decision: str) -> float:
+        return float(np.mean(self.decisions == decision))
+
+
+def judged_runs(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    differing: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+    judge: str,
+    noise: float,
+    rate: float,
+    design: str,
+    population: np.ndarray | None = None,
+    block: int = 256,
+    fail_side: bool = True,
+) -> Outcomes:
+    """Simulate judged runs under the rule of ``judged_decision``: a sequential run stops at the first
+    crossing once a label exists; a fixed run of ``questions`` decides on its running bounds at the end.
+
+    ``population``: a finite set of gold differences (0: identical answers) visited in a fresh random
+    order per run (``questions`` <= its size) instead of i.i.d. draws. ``fail_side=False`` skips the FAIL
+    side (twice as fast; a run then never stops at a FAIL, so its P(PASS) can only be overstated: enough
+    for a validity check).
+    """
+    lo, hi = value_range(rate)
+    horizon = questions if design == "fixed" else None
+    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side)
+    stream = JudgedStream(runs, rate)
+    decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
+    stopped_at = np.full(runs, questions, dtype=np.int64)
+    passed = np.zeros(runs, dtype=bool)
+    failed = np.zeros(runs, dtype=bool)
+    orders = None
+    if population is not None:
+        orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
+    active = np.arange(runs)
+    for start in range(0, questions, block):
+        cols = min(block, questions - start)
+        d = None if orders is None else population[orders[active, start : start + cols]]
+        pairs = draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d)
+        y, labels = stream.values(pairs)
+        plus, minus = capital.step(y)
+        labelled = labels >= 1
+        if design == "fixed":
+            passed[active] |= plus.any(axis=1)
+            failed[active] |= minus.any(axis=1)
+            continue
+        crossed = (plus | minus) & labelled
+        hit = crossed.any(axis=1)
+        first = np.argmax(crossed, axis=1)
+        rows = np.flatnonzero(hit)
+        is_pass = plus[rows, first[rows]]
+        decisions[active[rows]] = np.where(is_pass, "PASS", "FAIL")
+        stopped_at[active[rows]] = start + first[rows] + 1
+        keep = ~hit
+        active = active[keep]
+        capital.keep(keep)
+        stream.keep(keep)
+        if active.size == 0:
+            break
+    if design == "fixed":
+        # The running bounds: PASS if the lower bound ever passed -margin (checked first, as classify);
+        # without a label a run decides nothing.
+        mute = stream.labelled == 0
+        decisions[failed & ~mute] = "FAIL"
+        decisions[passed & ~mute] = "PASS"
+    return Outcomes(decisions, stopped_at)

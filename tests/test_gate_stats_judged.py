@@ -1,0 +1,213 @@
+"""Judged comparisons anchored on gold labels (flyspec/gate/stats/judged.py, betting.py, growth.py): the
+prediction-powered values, the label draw, the prefix rule, the online sequence against the vectorised
+simulation, and the label advice against simulated runs.
+
+The seeded simulations proving P(PASS) <= alpha for any judge are in
+tests/test_gate_stats_judged_validity.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from flyspec.gate.stats.betting import BoundedMeanSequence, log_capital
+from flyspec.gate.stats.growth import JudgeModel, fixed_power, sequential_median, value_distribution
+from flyspec.gate.stats.judged import (
+    JudgedPair,
+    gold_selected,
+    judge_counts,
+    judge_prediction,
+    judged_decision,
+    judged_values,
+    usable_prefix,
+    value_range,
+)
+from flyspec.gate.stats.simulation import draw_judged, judged_runs
+
+MARGIN, ALPHA = 0.02, 0.025
+
+
+def _pairs(seed: int, n: int, differing: float, delta: float, judge: str, noise: float, rate: float):
+    block = draw_judged(np.random.default_rng(seed), 1, n, differing, delta, judge, noise, rate)
+    return [
+        JudgedPair(
+            bool(block.identical[0, i]),
+            float(block.prediction[0, i]),
+            bool(block.selected[0, i]),
+            int(block.gold[0, i]) if block.selected[0, i] else None,
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.5, 0.1])
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+def test_the_value_is_unbiased_for_the_gold_difference_and_lies_in_its_range(rate: float, lam: float) -> None:
+    """For every gold D and every prediction f a judge can give, averaging Y over the label draw gives D
+    exactly (whatever lam was fixed beforehand), and every Y lies in [1 - 2/rate, 2/rate - 1]. A value
+    that used the judge without the correction (Y = f) would be off by f - D."""
+    lo, hi = value_range(rate)
+    for d, f in itertools.product((-1, 0, 1), (-1.0, -0.5, 0.0, 0.5, 1.0)):
+        labelled = lam * f + (d - lam * f) / rate
+        unlabelled = lam * f
+        assert rate * labelled + (1 - rate) * unlabelled == pytest.approx(d, abs=1e-12)
+        assert lo - 1e-12 <= labelled <= hi + 1e-12 and lo <= unlabelled <= hi
+    # The range is attained: a judge sure of the wrong winner, labelled, at lam = 1.
+    assert 1 * 1 + (-1 - 1) / rate == pytest.approx(lo)
+
+
+def test_values_use_only_labels_seen_before_and_identical_pairs_are_zero() -> None:
+    """Y_i does not change when a later label changes (the weight is predictable); identical pairs give
+    0; a pair waiting for its label raises."""
+    pairs = _pairs(3, 300, 0.3, 0.0, "fair", 0.05, 0.3)
+    y = judged_values(pairs, 0.3)
+    last = max(i for i, p in enumerate(pairs) if p.selected)
+    changed = list(pairs)
+    changed[last] = JudgedPair(False, pairs[last].prediction, True, -pairs[last].gold or 1)
+    assert np.array_equal(judged_values(changed, 0.3)[:last], y[:last])
+    assert all(v == 0 for v, p in zip(y, pairs, strict=True) if p.identical)
+    waiting = list(pairs)
+    waiting[last] = JudgedPair(False, pairs[last].prediction, True, None)
+    with pytest.raises(ValueError, match="usable_prefix"):
+        judged_values(waiting, 0.3)
+    assert usable_prefix(waiting) == last
+
+
+def test_the_gold_draw_is_seeded_nested_and_at_its_rate() -> None:
+    """The draw depends only on seed, dataset and question; it is nested in the rate; over 20,000
+    questions its share is the rate within 4 standard errors."""
+    ids = [str(i) for i in range(20_000)]
+    at_10 = [gold_selected(7, "gsm8k", q, 0.1) for q in ids]
+    at_20 = [gold_selected(7, "gsm8k", q, 0.2) for q in ids]
+    assert all(b for a, b in zip(at_10, at_20, strict=True) if a)
+    assert abs(np.mean(at_10) - 0.1) < 4 * np.sqrt(0.1 * 0.9 / len(ids))
+    assert at_10 != [gold_selected(8, "gsm8k", q, 0.1) for q in ids]
+    assert at_10 == [gold_selected(7, "gsm8k", q, 0.1) for q in ids]
+
+
+def test_pairs_reject_impossible_fields() -> None:
+    """An identical pair is never judged or labelled; gold is -1, 0 or 1 and only on a selected pair."""
+    with pytest.raises(ValueError, match="identical"):
+        JudgedPair(True, 0.5)
+    with pytest.raises(ValueError, match="gold"):
+        JudgedPair(False, 0.0, True, 2)
+    with pytest.raises(ValueError, match="selected"):
+        JudgedPair(False, 0.0, False, 1)
+    with pytest.raises(ValueError, match="prediction"):
+        JudgedPair(False, 1.5)
+    assert judge_prediction(1, -1) == 0.0 and judge_prediction(1, 1) == 1.0
+
+
+@pytest.mark.parametrize("design", ["fixed", "sequential"])
+def test_the_online_decision_is_the_simulated_one(design: str) -> None:
+    """judged_decision (online, on a grid) and judged_runs (vectorised, capital beside the margin) reach
+    the same decision at the same question on 16 seeded runs with decisions of both kinds."""
+    seen = set()
+    for seed in range(16):
+        delta = (0.06, -0.08)[seed % 2]
+        out = judged_runs(
+            np.random.default_rng(seed),
+            1,
+            900,
+            0.2,
+            delta,
+            MARGIN,
+            ALPHA,
+            "fair",
+            0.05,
+            0.3,
+            design,
+            block=900,
+        )
+        pairs = _pairs(seed, 900, 0.2, delta, "fair", 0.05, 0.3)
+        decision = judged_decision(pairs, MARGIN, ALPHA, 0.3, design)
+        assert decision.decision == out.decisions[0], seed
+        if design == "sequential":
+            assert decision.stopped_at == out.stopped_at[0], seed
+        seen.add(decision.decision)
+    assert {"PASS", "FAIL"} <= seen
+
+
+def test_bounded_sequence_matches_the_vectorised_capital() -> None:
+    """The online grid sequence rejects a candidate mean exactly when log_capital there reaches log(2/alpha)
+    (both bet types), so the simulations test the procedure the gate runs."""
+    rng = np.random.default_rng(2)
+    y = np.clip(rng.normal(0.05, 1.0, 600), -3, 3)
+    for horizon in (None, 600):
+        seq = BoundedMeanSequence(-3.0, 3.0, 0.1, horizon)
+        for value in y:
+            seq.update(float(value))
+        for j in (1500, 1990, 2100, 2200):
+            m = (seq.grid[j] + 3.0) / 6.0
+            up = log_capital(((y + 3.0) / 6.0)[None, :], m, 1, 0.1, horizon)[0]
+            down = log_capital(((y + 3.0) / 6.0)[None, :], m, -1, 0.1, horizon)[0]
+            rejected = max(up.max(), down.max()) >= np.log(2 / 0.1)
+            assert rejected == (not seq.live[j]), (horizon, j)
+
+
+def test_a_run_without_labels_decides_nothing_and_says_how_many_would() -> None:
+    """With a perfect judge, no loss and no label (rate so small none was drawn), the run is INCONCLUSIVE
+    and its advice names a number of labels; that many at the implied rate decide the median run
+    (checked by 200 simulated runs)."""
+    pairs = _pairs(5, 6000, 0.16, 0.0, "fair", 0.0, 1e-9)
+    decision = judged_decision(pairs, MARGIN, ALPHA, rate=1e-9, design="fixed")
+    assert decision.counts.labelled == 0 and decision.decision == "INCONCLUSIVE"
+    advice = decision.labels_needed
+    assert advice is not None and advice.assumed and advice.labels is not None
+    assert "gold labels" in advice.describe()
+    out = judged_runs(
+        np.random.default_rng(1),
+        200,
+        6000,
+        0.16,
+        advice.effect,
+        MARGIN,
+        ALPHA,
+        "fair",
+        1 - np.sqrt(advice.agreement),
+        advice.rate,
+        "fixed",
+    )
+    assert out.share("PASS") >= 0.5
+
+
+def test_counts_and_agreement() -> None:
+    """lost/gained/undecided follow the judge's two orders; agreement counts labelled pairs whose verdict
+    has the gold sign, with a Wilson interval."""
+    pairs = [
+        JudgedPair(True),
+        JudgedPair(False, -1.0, True, -1),
+        JudgedPair(False, 1.0, True, -1),
+        JudgedPair(False, 0.0, True, 0),
+        JudgedPair(False, 0.5),
+    ]
+    counts = judge_counts(pairs)
+    assert (counts.identical, counts.lost, counts.gained, counts.undecided) == (1, 1, 1, 2)
+    assert (counts.labelled, counts.agreeing) == (3, 2)
+    assert counts.agreement_low < 2 / 3 < counts.agreement_high
+
+
+@pytest.mark.parametrize(
+    ("differing", "rate", "noise"), [(0.16, 1.0, 0.0), (0.16, 0.2, 0.02), (0.03, 0.3, 0.02)]
+)
+def test_the_growth_model_is_conservative_and_close(differing: float, rate: float, noise: float) -> None:
+    """The planning model (growth.py) against 400 simulated runs: its fixed-run power is below the
+    simulated one by at most 0.15, and its sequential median is above the simulated one by at most 60%:
+    plans err towards enough questions. Its value distribution has mean delta."""
+    model = JudgeModel(noise)
+    probs, values = value_distribution(model, differing, -0.01, rate)
+    assert probs @ values == pytest.approx(-0.01)
+    n = 3000
+    rng = np.random.default_rng(9)
+    sim = judged_runs(rng, 400, n, differing, 0.0, MARGIN, ALPHA, "fair", noise, rate, "fixed").share("PASS")
+    predicted = fixed_power(model, differing, 0.0, MARGIN, ALPHA, rate, n)
+    assert predicted - 0.05 <= sim <= predicted + 0.15, (sim, predicted)
+    median = sequential_median(model, differing, 0.0, MARGIN, ALPHA, rate)
+    runs = judged_runs(
+        rng, 300, int(3 * median), differing, 0.0, MARGIN, ALPHA, "fair", noise, rate, "sequential"
+    )
+    simulated = float(np.median(runs.stopped_at))
+    assert simulated <= median <= 1.6 * simulated, (median, simulated)
