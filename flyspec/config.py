@@ -125,6 +125,9 @@ class SpeculativeConfig:
     `quantization` is the draft model's weight quantization: None (the default) follows the engine's
     `quantization`, "int8", "int4" or "auto" quantizes the draft alone (or differently from the target),
     "none" keeps it unquantized; verification stays exact either way, only the drafts change.
+    `disable_by_batch_size` (vLLM's field of that name; None = never): in a step where at least that many
+    requests run, nobody drafts and every request decodes one token with the target alone (speculation
+    costs more than it saves at large batches on a CPU; docs/performance.md); drafting resumes below it.
 
     `to_dict()` is the canonical form: the settings that apply, defaults resolved, so that
     `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
@@ -146,6 +149,7 @@ class SpeculativeConfig:
     typical_acceptance_sampler_posterior_threshold: float | None = None
     typical_acceptance_sampler_posterior_alpha: float | None = None
     lossless_prefix_tokens: int | None = None
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         # The one validation path: the constructor, from_dict and EngineConfig all come through here.
@@ -160,6 +164,9 @@ class SpeculativeConfig:
         _require_choice("rejection_sample_method", self.rejection_sample_method, REJECTION_SAMPLE_METHODS)
         if self.draft_sample_method is not None:
             _require_choice("draft_sample_method", self.draft_sample_method, _DRAFT_SAMPLE_METHODS)
+        if self.disable_by_batch_size is not None:
+            # vLLM's rule: at 1 speculation would be off for every batch, which is no speculation at all.
+            _require_int("disable_by_batch_size", self.disable_by_batch_size, 2)
         self._check_verification()
 
     def _check_verification(self) -> None:
@@ -242,6 +249,8 @@ class SpeculativeConfig:
             skip.add(LOSSLESS_PREFIX_FIELD)
         if self.quantization is None:  # None follows the engine: not a setting of its own
             skip.add("quantization")
+        if self.disable_by_batch_size is None:
+            skip.add("disable_by_batch_size")
         return {key: value for key, value in dataclasses.asdict(self).items() if key not in skip}
 
     @property

@@ -14,8 +14,17 @@ from typing import Any
 
 from flyspec.config import REJECTION_SAMPLE_METHODS
 
-VERIFICATION_CHOICES = REJECTION_SAMPLE_METHODS
-"""A request's `verification`: "standard" (lossless), or the name of the engine's lossy policy."""
+TARGET_ONLY = "target_only"
+"""`verification=TARGET_ONLY`: no drafts for this request; the target alone decodes it, one token per step
+(lossless: the target's own distribution, as in an engine without speculation)."""
+DRAFT_ONLY = "draft_only"
+"""`verification=DRAFT_ONLY`: the draft model alone answers this request, every draft token kept, and the
+target never runs for it: the limit of lossy verification (the control a quality gate must catch)."""
+SPECULATION_MODES = (TARGET_ONLY, DRAFT_ONLY)
+"""The per-request modes that change who decodes a request rather than how drafts are verified."""
+VERIFICATION_CHOICES = (*REJECTION_SAMPLE_METHODS, *SPECULATION_MODES)
+"""A request's `verification`: "standard" (lossless), the name of the engine's lossy policy, or one of
+SPECULATION_MODES."""
 
 TEMPERATURE_MIN = 0.01
 """Smallest non-zero temperature: logits / temperature must stay finite in float32 (1e-40 gives inf and
@@ -153,7 +162,11 @@ class SamplingParams:
     arrival index). stop: strings that end generation (excluded from the text). stop_token_ids: token ids
     that end generation (kept in token_ids). ignore_eos: keep going past end-of-sequence. verification:
     None = the engine's verifier; "standard" forces lossless verification for this request; a lossy
-    policy's name ("fly", "typical") asks for that policy and needs an engine started with it.
+    policy's name ("fly", "typical") asks for that policy and needs an engine started with it;
+    "target_only" decodes the request with the target alone, no drafts (lossless, in the same batches as
+    speculative requests); "draft_only" answers it with the draft model alone, every draft token kept and
+    no target pass (needs an engine with a draft model of the target's vocabulary; no penalties, logit
+    bias, structured output or logprobs, which need the target's processing). docs/sampling.md.
 
     n: independent samples of the same prompt, returned as RequestOutput.outputs[0..n-1]; sample i uses
     seed + i (docs/sampling.md). presence_penalty / frequency_penalty (OpenAI, in [-2, 2]): subtracted
@@ -253,12 +266,47 @@ class SamplingParams:
             raise ValueError(
                 f"verification={self.verification!r}: must be one of {VERIFICATION_CHOICES} or None"
             )
+        self._check_draft_only()
         if self.structured_outputs is not None and not isinstance(
             self.structured_outputs, StructuredOutputsParams
         ):
             raise ValueError(
                 f"structured_outputs={self.structured_outputs!r}: must be a StructuredOutputsParams or None"
             )
+
+    def _check_draft_only(self) -> None:
+        """A draft-only request is sampled by the drafter, which applies temperature, min-p, top-k and
+        top-p but none of the target-side processing: asking for that processing is an error, not a
+        setting silently dropped."""
+        if self.verification != DRAFT_ONLY:
+            return
+        unsupported = [
+            name
+            for name, on in (
+                ("presence_penalty / frequency_penalty / repetition_penalty", self.has_penalties),
+                ("logit_bias", self.logit_bias is not None),
+                ("structured_outputs", self.structured_outputs is not None),
+                ("logprobs", self.logprobs is not None),
+                ("prompt_logprobs", self.prompt_logprobs is not None),
+            )
+            if on
+        ]
+        if unsupported:
+            raise ValueError(
+                f"verification='draft_only' cannot be combined with {', '.join(unsupported)}: the draft "
+                "model answers alone and only temperature, min_p, top_k and top_p shape its distribution"
+            )
+
+    @property
+    def answered_by_draft(self) -> bool:
+        """True for verification="draft_only": the draft model alone generates this request."""
+        return self.verification == DRAFT_ONLY
+
+    @property
+    def may_draft(self) -> bool:
+        """False for verification="target_only" and "draft_only": the target never verifies drafts for this
+        request (it decodes it alone, or never sees it)."""
+        return self.verification not in SPECULATION_MODES
 
     @staticmethod
     def _check_stop(stop: object) -> list[str]:

@@ -2,7 +2,8 @@
 
 KV memory: the target (and a draft model) keep keys and values in a paged cache whose blocks the
 scheduler hands out as requests grow and takes back when they end (engine/kv_blocks.py), within
-`kv_cache_memory_bytes`; identical prompt blocks are shared (prefix caching).
+`kv_cache_memory_bytes`; identical prompt blocks are shared (prefix caching). Building the models, the
+cache and the drafter is engine/build.py's job; this file only runs steps.
 
 Target cache invariant (its length lives on each Sequence as `num_computed`; the cache never tracks
 it): after a request's prompt is in, `num_computed == num_tokens - 1`; each decode step feeds the newest
@@ -11,7 +12,13 @@ accepted drafts, so the invariant holds again (rejected positions are simply ove
 owns its own draft-side lengths behind the `Drafter` interface (engine/drafters/base.py): the engine
 tells it what the target prefilled and what verification kept, and never asks which drafter it is.
 
-Without a speculative config the same loop decodes one token per request per step (K = 0).
+Who decodes a request (SamplingParams.verification): by default the drafter proposes and the target
+verifies; "target_only" requests get no drafts (one target token per step, sampled exactly as without
+speculation); "draft_only" requests are answered by a drafter that `answers_alone` (a draft model of the
+target's vocabulary): its K drafts per step are the output, and the target never runs for them (their
+`num_computed` counts the draft's positions in their blocks). With `disable_by_batch_size`, a step with
+that many running requests drafts for nobody (draft-only requests excepted). Without a speculative
+config every request decodes one target token per step.
 
 Logits processing (penalties, logit bias, grammar masks; engine/logits_processing.py) and logprobs
 (engine/logprobs.py) cost nothing for requests that do not use them. A request whose processing,
@@ -25,39 +32,28 @@ near-ties the two can pick different tokens; that is expected (docs/verification
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 
 import torch
 
-from flyspec.budget import capacity
 from flyspec.config import EngineConfig
-from flyspec.engine.drafters.base import Drafter, Proposal
-from flyspec.engine.drafters.build import build_drafter
-from flyspec.engine.kv_blocks import BLOCK_SIZE, BlockManager
-from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing, non_finite_message
-from flyspec.engine.logprobs import LogprobsBuilder, prompt_logprobs
-from flyspec.engine.model_runner import ModelRunner, sample_tokens
+from flyspec.engine.build import build_parts
+from flyspec.engine.drafters.base import Proposal
+from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing
+from flyspec.engine.logprobs import LogprobsBuilder
+from flyspec.engine.model_runner import sample_tokens
+from flyspec.engine.prompt_scoring import prefill_scoring, wants_scoring
 from flyspec.engine.scheduler import Scheduler
 from flyspec.engine.sequence import RequestGroup, Sequence
 from flyspec.engine.structured import Grammars
-from flyspec.engine.timing import StepClock, StepTiming
+from flyspec.engine.timing import StepTiming
+from flyspec.engine.verify_batch import RowResult, VerifyBatch, verify_isolated
 from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, warm_up
-from flyspec.models.kernel_check import engine_rows
-from flyspec.models.loader import LoadedModel, load_model
+from flyspec.models.loader import LoadedModel
 from flyspec.outputs import PositionLogprobs, RequestOutput
-from flyspec.sampling_params import SamplingParams
-from flyspec.spec_decode.metrics import SpecDecodeStats
-from flyspec.spec_decode.verify import VerificationPolicy, verify
+from flyspec.sampling_params import DRAFT_ONLY, SPECULATION_MODES, TARGET_ONLY, SamplingParams
 
 logger = logging.getLogger("flyspec.engine")
-
-DEFAULT_MAX_MODEL_LEN = 4096
-"""max_model_len when unset: min(the model's max_position_embeddings, 4096), to bound cache growth."""
-DEFAULT_KV_CACHE_SHARE = 0.25
-"""kv_cache_memory_bytes when unset: what max_running requests of max_model_len need, but at most this
-share of the machine's memory (of the GPU's free memory on CUDA), and at least one such request."""
 
 
 class LLMEngine:
@@ -72,45 +68,23 @@ class LLMEngine:
         self.config = config
         spec = config.speculative_config
         self.k = config.num_speculative_tokens
-        # Budget arithmetic first: a budget that cannot run one request fails before any weights load.
-        self.capacity = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + self.k)
-
-        slots = self.capacity.max_running
-        target = self._load_target(target, slots)
-        self.tokenizer = target.tokenizer
-        self.max_model_len = _resolve_max_model_len(
-            config.max_model_len, target.model.max_position_embeddings
-        )
-        self.vocab_size: int = target.model.vocab_size
-        self.eos_token_ids = _eos_token_ids(target)
-        self._clock = StepClock(target.model.device)
+        parts = build_parts(config, target=target, draft=draft)
+        self.capacity = parts.capacity
+        self.tokenizer = parts.tokenizer
+        self.max_model_len = parts.max_model_len
+        self.vocab_size = parts.vocab_size
+        self.eos_token_ids = parts.eos_token_ids
+        self.stats = parts.stats
+        self.weight_formats = parts.weight_formats
+        self.blocks = parts.blocks
+        self._kv_block_bytes = parts.kv_block_bytes
+        self.target = parts.target
+        self.drafter = parts.drafter
+        self.policy = parts.policy
+        self.lossless_prefix_tokens = parts.lossless_prefix_tokens
+        self.disable_by_batch_size = spec.disable_by_batch_size if spec is not None else None
+        self._clock = parts.clock
         self._verify_timer = self._clock.part("verify_s")
-        self.stats = SpecDecodeStats(num_speculative_tokens=self.k)
-        # The draft loads only once the target's limits are known good (a bad max_model_len fails first).
-        draft = self._load_draft(draft, slots)
-        if config.batch_invariant:
-            for loaded in (target, draft):
-                if loaded is not None:
-                    loaded.model.enable_batch_invariance()
-        self.weight_formats = {"target": _weight_format(target)}
-        if draft is not None:
-            self.weight_formats["draft"] = _weight_format(draft)
-        # One block table per request serves the target and a draft model: a block holds both.
-        per_token = target.model.kv_bytes_per_token() + (draft.model.kv_bytes_per_token() if draft else 0)
-        self.blocks = self._block_manager(per_token, target.model.device)
-        self.target = ModelRunner(
-            target.model, self.blocks.num_blocks, BLOCK_SIZE, timer=self._clock.part("target_forward_s")
-        )
-        self.blocks.add_release_hook(self.target.cache.release)
-        self.drafter = self._build_drafter(target, draft)
-        self._kv_block_bytes = BLOCK_SIZE * per_token
-        self._log_kv_cache(per_token, with_draft=draft is not None)
-        # The lossy verification policy (None: standard) and its lossless prefix L.
-        self.policy: VerificationPolicy | None = (
-            spec.verification_policy(self.vocab_size) if spec is not None else None
-        )
-        self.lossless_prefix_tokens = (spec.lossless_prefix_tokens or 0) if spec is not None else 0
-
         self.scheduler = Scheduler(
             config.max_num_batched_tokens, self.capacity.max_running, 1 + self.k, self.blocks
         )
@@ -120,83 +94,6 @@ class LLMEngine:
         self._requests: dict[str, RequestGroup] = {}
         self._seqs: dict[str, Sequence] = {}  # every unfinished sample, by its own (unique) id
         self._num_added = 0
-        logger.info(self.capacity.describe())
-        if self.policy is not None:
-            logger.warning(self.policy.lossy_warning())
-
-    # ------------------------------------------------------------------ construction
-
-    def _load_target(self, target: LoadedModel | None, slots: int) -> LoadedModel:
-        """The target model: `target` as given, or loaded for config.model; checked against the config."""
-        config = self.config
-        if target is None:
-            target = load_model(
-                config.model,
-                config.dtype,
-                config.device,
-                config.quantization,
-                kernel_rows=engine_rows(self.k, slots),
-            )
-        _check_quantized_as_configured("target", target, config.quantization)
-        return target
-
-    def _load_draft(self, draft: LoadedModel | None, slots: int) -> LoadedModel | None:
-        """The draft model: `draft` as given, loaded when the method needs one, else None; checked."""
-        config = self.config
-        spec = config.speculative_config
-        if spec is not None and spec.method == "draft_model" and draft is None:
-            assert spec.model is not None
-            draft = load_model(
-                spec.model,
-                config.dtype,
-                config.device,
-                config.draft_quantization,
-                kernel_rows=engine_rows(self.k, slots, draft=True),
-            )
-        if draft is not None:
-            _check_quantized_as_configured("draft", draft, config.draft_quantization)
-        return draft
-
-    def _block_manager(self, per_token: int, device: torch.device) -> BlockManager:
-        """The KV blocks that fit kv_cache_memory_bytes at `per_token` bytes per position."""
-        # Verification writes up to K positions past the last kept token.
-        num_blocks = _kv_cache_blocks(
-            self.config.kv_cache_memory_bytes,
-            per_token,
-            self.max_model_len + self.k + 1,
-            self.capacity.max_running,
-            device,
-        )
-        return BlockManager(num_blocks, prefix_caching=self.config.enable_prefix_caching, stats=self.stats)
-
-    def _build_drafter(self, target: LoadedModel, draft: LoadedModel | None) -> Drafter | None:
-        """The speculative config's drafter over the engine's KV blocks, or None without one."""
-        spec = self.config.speculative_config
-        if spec is None:
-            return None
-        return build_drafter(
-            spec,
-            target,
-            draft,
-            blocks=self.blocks,
-            max_model_len=self.max_model_len,
-            timer=self._clock.part("draft_forward_s"),
-        )
-
-    def _log_kv_cache(self, per_token: int, *, with_draft: bool) -> None:
-        """Log the KV cache's size and layout."""
-        num_blocks = self.blocks.num_blocks
-        logger.info(
-            "KV cache: %d blocks of %d positions, %.1f MiB for %d positions (%d bytes per position%s); "
-            "prefix caching %s",
-            num_blocks,
-            BLOCK_SIZE,
-            num_blocks * self._kv_block_bytes / 2**20,
-            num_blocks * BLOCK_SIZE,
-            per_token,
-            ", target and draft" if with_draft else "",
-            "on" if self.config.enable_prefix_caching else "off",
-        )
 
     # ------------------------------------------------------------------ public API
 
@@ -269,13 +166,7 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens, but max_model_len={self.max_model_len} must leave "
                 "room for at least one generated token; shorten the prompt or raise max_model_len"
             )
-        wanted = params.verification
-        if wanted not in (None, "standard") and (self.policy is None or wanted != self.policy.name):
-            running = "standard" if self.policy is None else self.policy.name
-            raise ValueError(
-                f"verification={wanted!r} needs an engine started with speculative_config "
-                f"rejection_sample_method={wanted!r}; this engine verifies with {running!r}"
-            )
+        self._check_verification(params.verification)
         if params.logit_bias is not None:
             bad = [t for t in params.logit_bias if t >= self.vocab_size]
             if bad:
@@ -322,8 +213,7 @@ class LLMEngine:
         self._clock.begin_step()
         planned = self.scheduler.schedule()
         for seq in planned.preempted:  # its draft state goes too: it computes everything again
-            if self.drafter is not None:
-                self.drafter.release(seq)
+            self._release_draft(seq)
         self.stats.num_preemptions += len(planned.preempted)
         touched: list[Sequence] = []
         if planned.decodes:
@@ -362,22 +252,24 @@ class LLMEngine:
         """One StepTiming per step since `record_step_timings()`, or None while not recording."""
         return self._clock.records
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ requests
 
-    def _update_usage(self) -> None:
-        self.stats.kv_cache_usage = self.blocks.num_used_blocks / self.blocks.num_blocks
-
-    def _release(self, seq: Sequence) -> None:
-        self._seqs.pop(seq.request_id, None)
-        if self.drafter is not None:
-            self.drafter.release(seq)
-
-    def _abort(self, group: RequestGroup) -> None:
-        for seq in group.seqs:
-            if self.scheduler.abort(seq.request_id) is not None:
-                if not seq.is_finished:
-                    seq.finish("abort")
-                self._release(seq)
+    def _check_verification(self, wanted: str | None) -> None:
+        """ValueError unless this engine can decode a request the way `verification=wanted` asks."""
+        if wanted == DRAFT_ONLY and (self.drafter is None or not self.drafter.answers_alone):
+            has = "no speculative config" if self.drafter is None else f"a {type(self.drafter).__name__}"
+            raise ValueError(
+                "verification='draft_only' needs an engine whose speculative_config has a draft model of the "
+                f"target's vocabulary (method='draft_model'); this engine has {has}"
+            )
+        if wanted in (None, "standard", *SPECULATION_MODES):
+            return
+        if self.policy is None or wanted != self.policy.name:
+            running = "standard" if self.policy is None else self.policy.name
+            raise ValueError(
+                f"verification={wanted!r} needs an engine started with speculative_config "
+                f"rejection_sample_method={wanted!r}; this engine verifies with {running!r}"
+            )
 
     def _logits_state(self, params: SamplingParams, prompt: list[int]) -> RequestLogitsState | None:
         """The request's processing state, or None when it needs none (the fast path)."""
@@ -405,8 +297,209 @@ class LLMEngine:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         return list(prompt)
 
-    def _detokenize(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+    def _update_usage(self) -> None:
+        self.stats.kv_cache_usage = self.blocks.num_used_blocks / self.blocks.num_blocks
+
+    def _release_draft(self, seq: Sequence) -> None:
+        if self.drafter is not None:
+            self.drafter.release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self._seqs.pop(seq.request_id, None)
+        self._release_draft(seq)
+
+    def _abort(self, group: RequestGroup) -> None:
+        for seq in group.seqs:
+            if self.scheduler.abort(seq.request_id) is not None:
+                if not seq.is_finished:
+                    seq.finish("abort")
+                self._release(seq)
+
+    # ------------------------------------------------------------------ the step
+
+    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> list[Sequence]:
+        """Prefill chunks in one target pass and one draft pass, and sample the first token of every
+        request whose prompt is now complete (from the model that answers it); return those requests. The
+        target takes every chunk but draft-only ones; the drafter takes every chunk but target-only ones
+        whose blocks nobody will share. A preempted request's chunks compute its tokens again and sample
+        nothing (its next token is known)."""
+        seqs = [seq for seq, _ in chunks]
+        starts = [seq.num_computed for seq in seqs]
+        rows = [seq.token_ids[start : start + n] for (seq, n), start in zip(chunks, starts, strict=True)]
+        done = [
+            start + n == seq.num_prefill_tokens and not seq.output_token_ids
+            for (seq, n), start in zip(chunks, starts, strict=True)
+        ]
+        sample = [d and s.params.max_tokens > 0 for s, d in zip(seqs, done, strict=True)]
+        by_target = [b for b, s in enumerate(seqs) if not s.params.answered_by_draft]
+        target_logits = self._target_prefill([chunks[b] for b in by_target], [sample[b] for b in by_target])
+        draft_logits = self._draft_prefill(chunks, rows, starts, sample)
+        for seq, n in chunks:
+            seq.num_computed += n
+            self.stats.prompt_tokens += n
+            self.blocks.register(seq)  # its full prompt blocks now hold target and draft K/V
+        for seq, d in zip(seqs, done, strict=True):
+            if d and seq.params.max_tokens == 0 and not seq.is_finished:  # scoring only: nothing generated
+                seq.finish("length")
+        # Target-answered requests first, then draft-answered ones: the order of the two logits blocks.
+        todo = [seqs[b] for b in by_target if sample[b]]
+        todo += [s for s, want in zip(seqs, sample, strict=True) if want and s.params.answered_by_draft]
+        logits = torch.cat((target_logits, draft_logits.to(target_logits.device)))
+        alive = [b for b, seq in enumerate(todo) if not seq.is_finished]  # not failed scoring its prompt
+        if len(alive) < len(todo):
+            logits, todo = logits[alive], [todo[b] for b in alive]
+        if todo:
+            self._sample_and_commit(todo, logits, torch.cat([s.draw_uniforms(1) for s in todo]))
+        return [seq for seq, d in zip(seqs, done, strict=True) if d]
+
+    def _target_prefill(self, chunks: list[tuple[Sequence, int]], sample: list[bool]) -> torch.Tensor:
+        """The target's prefill pass over `chunks`; the logits of the chunks that sample, in order."""
+        if not chunks:
+            return torch.empty((0, self.vocab_size))
+        rows = [seq.token_ids[seq.num_computed : seq.num_computed + n] for seq, n in chunks]
+        starts = [seq.num_computed for seq, _ in chunks]
+        scored = [wants_scoring(seq, start, n) for (seq, n), start in zip(chunks, starts, strict=True)]
+        if any(scored):
+            return prefill_scoring(self.target, self.logprobs, chunks, rows, starts, sample, scored)
+        keep = [[n - 1] if s else [] for (_, n), s in zip(chunks, sample, strict=True)]
+        tables = [seq.block_table for seq, _ in chunks]
+        return self.target.forward(rows, tables, starts, keep, prefill=True)
+
+    def _draft_prefill(
+        self, chunks: list[tuple[Sequence, int]], rows: list[list[int]], starts: list[int], sample: list[bool]
+    ) -> torch.Tensor:
+        """The drafter's prefill pass; the draft logits of the draft-only chunks that sample, in order."""
+        empty = torch.empty((0, self.vocab_size))
+        if self.drafter is None:
+            return empty
+        # A target-only request's blocks need the draft's K/V only if another request may share them.
+        take = [
+            b
+            for b, (seq, _) in enumerate(chunks)
+            if seq.params.verification != TARGET_ONLY or self.blocks.registers(seq)
+        ]
+        if not take:
+            return empty
+        seqs, rows, starts = [chunks[b][0] for b in take], [rows[b] for b in take], [starts[b] for b in take]
+        if not any(s.params.answered_by_draft for s in seqs):
+            self.drafter.prefill(seqs, rows, starts)
+            return empty
+        keep = [
+            [len(row) - 1] if sample[b] and s.params.answered_by_draft else []
+            for b, s, row in zip(take, seqs, rows, strict=True)
+        ]
+        return self.drafter.answer_prefill(seqs, rows, starts, keep)
+
+    def _decode(self, seqs: list[Sequence]) -> None:
+        """One decode step: the drafter proposes for the requests that speculate this step and for the
+        draft-only ones, one target pass scores the newest token (plus drafts) of every other request,
+        then verification or plain sampling, and the commits."""
+        k, drafter = self.k, self.drafter
+        drafting = self._drafting_now()
+        spec = [s for s in seqs if drafting and s.params.may_draft]
+        plain = [s for s in seqs if not s.params.answered_by_draft and not (drafting and s.params.may_draft)]
+        alone = [s for s in seqs if s.params.answered_by_draft]
+        # Each request draws the same numbers per step from its own stream, whatever the batch: 2K + 1 when
+        # it speculates, K when the draft answers it, 1 when it decodes one token (as without a drafter).
+        spec_u, alone_u, plain_u = _uniforms(spec, 2 * k + 1), _uniforms(alone, k), _uniforms(plain, 1)
+        proposal = Proposal.empty(k)
+        if drafter is not None and (spec or alone):
+            proposal = drafter.propose(spec + alone, torch.cat((spec_u[:, :k], alone_u)))
+        spec_proposal, alone_proposal = proposal.rows(0, len(spec)), proposal.rows(len(spec), None)
+        num_draft = spec_proposal.num_tokens.tolist()
+        drafts = [row[:n] for row, n in zip(spec_proposal.token_ids.tolist(), num_draft, strict=True)]
+        targets = spec + plain
+        rows = [[s.token_ids[-1], *d] for s, d in zip(spec, drafts, strict=True)]
+        rows += [[s.token_ids[-1]] for s in plain]
+        logits = torch.empty((0, self.vocab_size))
+        if targets:
+            tables, starts = [s.block_table for s in targets], [s.num_computed for s in targets]
+            logits = self.target.forward(rows, tables, starts, [list(range(len(r))) for r in rows])
+        split = sum(n + 1 for n in num_draft)
+        accepted = self._verify_and_commit(spec, spec_proposal, drafts, logits[:split], spec_u[:, k:])
+        self._sample_and_commit(plain, logits[split:], plain_u[:, 0])
+        for seq, tokens in zip(alone, alone_proposal.token_ids.tolist(), strict=True):
+            self._commit(seq, tokens, None)  # every draft kept: nothing was verified, nothing is counted
+        if drafter is not None and (spec or alone):
+            drafter.commit(spec + alone, accepted + [k] * len(alone))
+
+    def _drafting_now(self) -> bool:
+        """Whether requests speculate this step: a drafter, and fewer running requests than
+        disable_by_batch_size (vLLM's rule: at or past it, speculation costs more than it saves)."""
+        limit = self.disable_by_batch_size
+        return self.drafter is not None and (limit is None or self.scheduler.num_running < limit)
+
+    def _verify_and_commit(
+        self,
+        seqs: list[Sequence],
+        proposal: Proposal,
+        drafts: list[list[int]],
+        logits: torch.Tensor,
+        uniform: torch.Tensor,
+    ) -> list[int]:
+        """Verify the drafts of `seqs` against the target's logits (rows of K_b + 1 positions each) with
+        their uniforms [B, K + 1] (the p/q tests, then the recovered or bonus token), commit what each row
+        keeps, count it, and return the number of drafts each row kept."""
+        if not seqs:
+            return []
+        k = self.k
+        num_draft = [len(d) for d in drafts]
+        # verify() checks finiteness itself; a failure there is isolated row by row.
+        flat, failed = self.processing.probs(logits, seqs, drafts, check_rows=False)
+        batch = VerifyBatch(
+            draft_token_ids=proposal.token_ids,
+            num_draft_tokens=proposal.num_tokens,
+            draft_probs=proposal.probs,
+            target_probs=_to_padded_rows(flat, num_draft, k),
+            greedy=torch.tensor([s.params.greedy for s in seqs], dtype=torch.bool),
+            uniform=uniform[:, :k],
+            sample_uniform=uniform[:, k],
+            lossless_before=self._lossless_before(seqs),
+        )
+        results = verify_isolated(batch, self.policy, seqs, failed, self._verify_timer)
+        kept = [results[b].token_ids if b in results else [] for b in range(len(seqs))]
+        entries = self.logprobs.emitted(batch.target_probs, seqs, kept)
+        for b, seq in enumerate(seqs):
+            if b in failed:
+                seq.fail(failed[b])
+                continue
+            self._record(seq, num_draft[b], results[b])
+            self._commit(seq, kept[b], entries[b])
+            # A stop condition may have cut the step's tokens short; forget forgiven positions past it.
+            seq.metrics.forgiven_positions = [
+                i for i in seq.metrics.forgiven_positions if i < len(seq.output_token_ids)
+            ]
+        return [results[b].num_accepted if b in results else 0 for b in range(len(seqs))]
+
+    def _sample_and_commit(self, seqs: list[Sequence], logits: torch.Tensor, uniform: torch.Tensor) -> None:
+        """Sample one token per request from its row of `logits` [B, V] (processed as the request asks)
+        with its uniform [B], and commit it: every token that is not the outcome of verification (the
+        first token after a prompt, and decode steps without drafts)."""
+        if not seqs:
+            return
+        probs, failed = self.processing.probs(logits, seqs, [[]] * len(seqs))
+        tokens = sample_tokens(probs, [s.params.greedy for s in seqs], uniform)
+        entries = self.logprobs.emitted(probs.unsqueeze(1), seqs, [[t] for t in tokens])
+        for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
+            if b in failed:
+                seq.fail(failed[b])
+            else:
+                self._commit(seq, [token], entries[b])
+
+    def _lossless_before(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """[B] lossless prefix per row for a lossy policy (None when no row has one): max(0, L - tokens
+        generated so far), or every draft position for a request with verification="standard" (which
+        makes its row exactly standard verification)."""
+        if self.policy is None:
+            return None
+        everything = self.k + 1
+        prefix = [
+            everything
+            if s.params.verification == "standard"
+            else max(0, self.lossless_prefix_tokens - len(s.output_token_ids))
+            for s in seqs
+        ]
+        return torch.tensor(prefix, dtype=torch.int64) if any(prefix) else None
 
     def _commit(self, seq: Sequence, tokens: list[int], logprobs: list[PositionLogprobs] | None) -> None:
         try:
@@ -420,314 +513,28 @@ class LLMEngine:
         seq.num_computed = seq.num_tokens - 1
         self.stats.generation_tokens += kept
 
-    def _emitted_logprobs(
-        self, probs: torch.Tensor, seqs: list[Sequence], tokens: list[list[int]]
-    ) -> list[list[PositionLogprobs] | None]:
-        """Logprobs of each request's emitted tokens: tokens[b][j] under probs[b, j] ([B, P, V] processed
-        target probabilities); None for requests that did not ask."""
-        result: list[list[PositionLogprobs] | None] = [None] * len(seqs)
-        want = [b for b, s in enumerate(seqs) if s.logprobs is not None and tokens[b]]
-        if not want:
-            return result
-        b_idx = [b for b in want for _ in tokens[b]]
-        j_idx = [j for b in want for j in range(len(tokens[b]))]
-        device = probs.device
-        rows = probs[torch.tensor(b_idx, device=device), torch.tensor(j_idx, device=device)]
-        num_top = [seqs[b].params.logprobs for b in b_idx]
-        entries = self.logprobs.build(rows, [t for b in want for t in tokens[b]], num_top)  # type: ignore[arg-type]
-        start = 0
-        for b in want:
-            result[b] = entries[start : start + len(tokens[b])]
-            start += len(tokens[b])
-        return result
+    def _detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> list[Sequence]:
-        """Prefill chunks in one padded pass (target and draft); sample the first token of every request
-        whose prompt is now complete, and return those requests. A preempted request's chunks compute its
-        tokens again and sample nothing (its next token is known). Requests that asked for prompt logprobs
-        keep the logits of every chunk position not scored yet (the others only the last one's)."""
-        rows = [seq.token_ids[seq.num_computed : seq.num_computed + n] for seq, n in chunks]
-        tables = [seq.block_table for seq, _ in chunks]
-        starts = [seq.num_computed for seq, _ in chunks]
-        done = [
-            seq.num_computed + n == seq.num_prefill_tokens and not seq.output_token_ids for seq, n in chunks
-        ]
-        sample = [last and seq.params.max_tokens > 0 for (seq, _), last in zip(chunks, done, strict=True)]
-        scored = [
-            seq.wants_prompt_logprobs and min(start + n, seq.num_prompt_tokens - 1) > _num_scored(seq)
-            for (seq, n), start in zip(chunks, starts, strict=True)
-        ]
-        if any(scored):
-            logits = self._prefill_scoring(chunks, rows, tables, starts, sample, scored)
-        else:
-            keep = [[n - 1] if s else [] for (_, n), s in zip(chunks, sample, strict=True)]
-            logits = self.target.forward(rows, tables, starts, keep, prefill=True)
-        if self.drafter is not None:
-            self.drafter.prefill([seq for seq, _ in chunks], rows, starts)
-        for seq, n in chunks:
-            seq.num_computed += n
-            self.stats.prompt_tokens += n
-            self.blocks.register(seq)  # its full prompt blocks now hold target (and draft) K/V
-        finished = [seq for (seq, _), last in zip(chunks, done, strict=True) if last]
-        for seq in finished:
-            if seq.params.max_tokens == 0 and not seq.is_finished:  # scoring only: nothing generated
-                seq.finish("length")
-        todo = [seq for (seq, _), s in zip(chunks, sample, strict=True) if s]
-        if todo:
-            assert logits is not None
-            if any(seq.is_finished for seq in todo):  # failed while scoring its prompt
-                alive = [b for b, seq in enumerate(todo) if not seq.is_finished]
-                logits, todo = logits[alive], [todo[b] for b in alive]
-        if todo:
-            probs, failed = self.processing.probs(logits, todo, [[]] * len(todo))
-            uniform = torch.cat([s.draw_uniforms(1) for s in todo])
-            tokens = sample_tokens(probs, [s.params.greedy for s in todo], uniform)
-            entries = self._emitted_logprobs(probs.unsqueeze(1), todo, [[t] for t in tokens])
-            for b, (seq, token) in enumerate(zip(todo, tokens, strict=True)):
-                if b in failed:
-                    seq.fail(failed[b])
-                else:
-                    self._commit(seq, [token], entries[b])
-        return finished
-
-    def _prefill_scoring(
-        self,
-        chunks: list[tuple[Sequence, int]],
-        rows: list[list[int]],
-        tables: list[list[int]],
-        starts: list[int],
-        sample: list[bool],
-        scored: list[bool],
-    ) -> torch.Tensor | None:
-        """The prefill pass when some chunks want prompt logprobs: record those, and return the logits of
-        the positions that sample a first token (what `forward` with keep returns otherwise)."""
-        keep = [
-            list(range(n)) if want else ([n - 1] if s else [])
-            for (_, n), want, s in zip(chunks, scored, sample, strict=True)
-        ]
-        hidden = self.target.forward_hidden(rows, tables, starts, keep, prefill=True)
-        assert hidden is not None
-        sampling_rows, offset = [], 0
-        for (seq, n), kept, want, s, start in zip(chunks, keep, scored, sample, starts, strict=True):
-            if want:
-                # Position p predicts prompt token p + 1; the prompt's last position predicts the output.
-                # Positions scored before a preemption are not scored again.
-                next_tokens = seq.prompt_token_ids[start + 1 : start + n + 1]
-                skip = max(0, _num_scored(seq) - start)
-                rows_b = hidden[offset + skip : offset + len(next_tokens)]
-                self._score_prompt(seq, rows_b, next_tokens[skip:])
-            if s:
-                sampling_rows.append(offset + len(kept) - 1)
-            offset += len(kept)
-        return self.target.logits(hidden[sampling_rows]) if sampling_rows else None
-
-    def _score_prompt(self, seq: Sequence, hidden: torch.Tensor, next_tokens: list[int]) -> None:
-        if seq.prompt_logprobs is None:
-            seq.prompt_logprobs = [None]  # the first prompt token has no prefix to be predicted from
-        try:
-            num_top = seq.params.prompt_logprobs
-            assert num_top is not None
-            seq.prompt_logprobs.extend(
-                prompt_logprobs(self.logprobs, hidden, self.target.logits, next_tokens, num_top)
-            )
-        except Exception as exc:
-            logger.warning("request %s fails alone while scoring its prompt: %s", seq.request_id, exc)
-            seq.fail(f"computing prompt logprobs failed: {type(exc).__name__}: {exc}")
-
-    def _decode(self, seqs: list[Sequence]) -> None:
-        """One decode step for running requests: draft, verify in one target pass, commit, roll back."""
-        k = self.k
-        # Every request draws the same 2K + 1 numbers per step from its own stream, whatever the batch.
-        draws = torch.stack([s.draw_uniforms(2 * k + 1) for s in seqs])
-        draft_u, verify_u, sample_u = draws[:, :k], draws[:, k : 2 * k], draws[:, 2 * k]
-        tables, starts = [s.block_table for s in seqs], [s.num_computed for s in seqs]
-        if self.drafter is None:
-            logits = self.target.forward([[s.token_ids[-1]] for s in seqs], tables, starts, [[0]] * len(seqs))
-            assert logits is not None
-            probs, failed = self.processing.probs(logits, seqs, [[]] * len(seqs))
-            tokens = sample_tokens(probs, [s.params.greedy for s in seqs], sample_u)
-            entries = self._emitted_logprobs(probs.unsqueeze(1), seqs, [[t] for t in tokens])
-            for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
-                if b in failed:
-                    seq.fail(failed[b])
-                else:
-                    self._commit(seq, [token], entries[b])
-            return
-
-        proposal = self.drafter.propose(seqs, draft_u)
-        num_draft = proposal.num_tokens.tolist()
-        drafts = [row[:n] for row, n in zip(proposal.token_ids.tolist(), num_draft, strict=True)]
-        rows = [[s.token_ids[-1], *drafts[b]] for b, s in enumerate(seqs)]
-        logits = self.target.forward(rows, tables, starts, [list(range(n + 1)) for n in num_draft])
-        assert logits is not None
-        # verify() checks finiteness itself; a failure there is isolated row by row in _verify.
-        flat, failed = self.processing.probs(logits, seqs, drafts, check_rows=False)
-        target_probs = _to_padded_rows(flat, num_draft, k)
-        greedy = torch.tensor([s.params.greedy for s in seqs], dtype=torch.bool)
-        accepted, forgiven, final_ids = self._verify(
-            seqs, proposal, target_probs, greedy, verify_u, sample_u, failed
-        )
-        self.drafter.commit(seqs, accepted)
-        entries = self._emitted_logprobs(target_probs, seqs, final_ids)
-
-        for b, seq in enumerate(seqs):
-            if b in failed:
-                seq.fail(failed[b])
-                continue
-            old_outputs = len(seq.output_token_ids)
-            self._record(
-                seq, num_draft[b], accepted[b], len(forgiven[b]), [old_outputs + i for i in forgiven[b]]
-            )
-            self._commit(seq, final_ids[b], entries[b])
-            # A stop condition may have cut the step's tokens short; forget forgiven positions past it.
-            seq.metrics.forgiven_positions = [
-                i for i in seq.metrics.forgiven_positions if i < len(seq.output_token_ids)
-            ]
-
-    def _verify(
-        self,
-        seqs: list[Sequence],
-        proposal: Proposal,
-        target_probs: torch.Tensor,
-        greedy: torch.Tensor,
-        verify_u: torch.Tensor,
-        sample_u: torch.Tensor,
-        failed: dict[int, str],
-    ) -> tuple[list[int], list[list[int]], list[list[int]]]:
-        """verify() for all rows not in `failed`, in one call. With a lossy policy each row has its
-        lossless prefix: max(0, L - tokens generated so far), or all of its drafts for a request with
-        verification="standard" (which makes its row exactly standard verification). If the call raises,
-        the rows are verified one at a time (each row's result does not depend on the others) and the rows
-        that still raise join `failed`. Returns per-row accepted counts, forgiven draft positions and the
-        tokens to commit (0, [] and [] for failed rows)."""
-        accepted = [0] * len(seqs)
-        forgiven: list[list[int]] = [[] for _ in seqs]
-        final_ids: list[list[int]] = [[] for _ in seqs]
-        idx = [b for b in range(len(seqs)) if b not in failed]
-        if not idx:
-            return accepted, forgiven, final_ids
-        prefix = self._lossless_before(seqs)
-        args = (proposal, target_probs, greedy, verify_u, sample_u, prefix)
-        try:
-            # The usual case is all rows: then no copies of the [B, K+1, V] probabilities.
-            results = self._verify_rows(None if len(idx) == len(seqs) else idx, idx, *args)
-        except Exception:
-            results = []
-            for b in idx:
-                try:
-                    results.extend(self._verify_rows([b], [b], *args))
-                except Exception as exc:
-                    failed[b] = (
-                        non_finite_message(seqs[b].params)
-                        if not bool(torch.isfinite(target_probs[b].sum()))
-                        else f"verification failed: {type(exc).__name__}: {exc}"
-                    )
-                    logger.warning("request %s fails alone: %s", seqs[b].request_id, failed[b])
-        for b, num_accepted, forgiven_b, ids_b in results:
-            accepted[b], forgiven[b], final_ids[b] = num_accepted, forgiven_b, ids_b
-        return accepted, forgiven, final_ids
-
-    def _lossless_before(self, seqs: list[Sequence]) -> torch.Tensor | None:
-        """[B] lossless prefix per row for a lossy policy (None when no row has one)."""
-        if self.policy is None:
-            return None
-        everything = self.k + 1  # covers every draft position: the row is verified as standard
-        prefix = [
-            everything
-            if s.params.verification == "standard"
-            else max(0, self.lossless_prefix_tokens - len(s.output_token_ids))
-            for s in seqs
-        ]
-        return torch.tensor(prefix, dtype=torch.int64) if any(prefix) else None
-
-    def _verify_rows(
-        self,
-        sel: list[int] | None,
-        idx: list[int],
-        proposal: Proposal,
-        target_probs: torch.Tensor,
-        greedy: torch.Tensor,
-        verify_u: torch.Tensor,
-        sample_u: torch.Tensor,
-        prefix: torch.Tensor | None,
-    ) -> list[tuple[int, int, list[int], list[int]]]:
-        """(row, accepted, forgiven positions, tokens to commit) for the rows `sel` (None = all, = idx)."""
-        with self._verify_timer:
-            out = verify(
-                _rows(proposal.token_ids, sel),
-                _rows(target_probs, sel),
-                None if proposal.probs is None else _rows(proposal.probs, sel),
-                greedy=_rows(greedy, sel),
-                policy=self.policy,
-                lossless_before=None if prefix is None else _rows(prefix, sel),
-                num_draft_tokens=_rows(proposal.num_tokens, sel),
-                uniform=_rows(verify_u, sel),
-                sample_uniform=_rows(sample_u, sel),
-            )
-        num_accepted, token_ids = out.num_accepted.tolist(), out.token_ids.tolist()
-        forgiven_mask = out.forgiven.tolist()
-        return [
-            (
-                b,
-                num_accepted[j],
-                [i for i, f in enumerate(forgiven_mask[j]) if f],
-                token_ids[j][: num_accepted[j] + 1],
-            )
-            for j, b in enumerate(idx)
-        ]
-
-    def _record(
-        self, seq: Sequence, num_draft: int, accepted: int, forgiven: int, positions: list[int]
-    ) -> None:
-        self.stats.record_verification(num_draft, accepted, forgiven)
+    def _record(self, seq: Sequence, num_draft: int, result: RowResult) -> None:
+        forgiven = len(result.forgiven)
+        self.stats.record_verification(num_draft, result.num_accepted, forgiven)
         if num_draft == 0:
             return
         m = seq.metrics
+        first = len(seq.output_token_ids)  # the row's tokens are committed after this
         m.num_drafts += 1
         m.num_draft_tokens += num_draft
-        m.num_accepted_tokens += accepted
+        m.num_accepted_tokens += result.num_accepted
         m.num_forgiven_tokens += forgiven
-        m.forgiven_positions.extend(positions)
+        m.forgiven_positions.extend(first + i for i in result.forgiven)
 
 
-def _num_scored(seq: Sequence) -> int:
-    """Prompt positions whose logprobs the request has (position p predicts prompt token p + 1)."""
-    return 0 if seq.prompt_logprobs is None else len(seq.prompt_logprobs) - 1
-
-
-def _kv_cache_blocks(
-    requested: int | None, bytes_per_token: int, max_len: int, max_running: int, device: torch.device
-) -> int:
-    """KV cache blocks for kv_cache_memory_bytes=requested (None: DEFAULT_KV_CACHE_SHARE's rule); at
-    least one request of max_len positions must fit."""
-    block_bytes = BLOCK_SIZE * bytes_per_token
-    per_request = -(-max_len // BLOCK_SIZE)
-    if requested is None:
-        if device.type == "cuda":
-            available = torch.cuda.mem_get_info(device)[0]
-        else:
-            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        share = int(available * DEFAULT_KV_CACHE_SHARE) // block_bytes
-        return max(per_request, min(max_running * per_request, share))
-    if device.type == "cpu" and requested > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
-        logger.warning(
-            "kv_cache_memory_bytes=%d is more than this machine's memory: requests may exhaust it before "
-            "the cap stops them",
-            requested,
-        )
-    if requested // block_bytes < per_request:
-        raise ValueError(
-            f"kv_cache_memory_bytes={requested} holds {requested // block_bytes * BLOCK_SIZE} positions, but "
-            f"one request of max_model_len needs {max_len} ({bytes_per_token} bytes per position, in blocks "
-            f"of {BLOCK_SIZE}); raise kv_cache_memory_bytes to at least {per_request * block_bytes} or lower "
-            "max_model_len"
-        )
-    return requested // block_bytes
-
-
-def _rows(tensor: torch.Tensor, rows: list[int] | None) -> torch.Tensor:
-    """The given rows of a tensor (all of them when rows is None)."""
-    return tensor if rows is None else tensor[torch.tensor(rows, device=tensor.device)]
+def _uniforms(seqs: list[Sequence], n: int) -> torch.Tensor:
+    """[B, n] float64 numbers in (0, 1), row b from request b's own stream."""
+    if not seqs:
+        return torch.empty((0, n), dtype=torch.float64)
+    return torch.stack([s.draw_uniforms(n) for s in seqs])
 
 
 def _to_padded_rows(flat: torch.Tensor, num_draft: list[int], k: int) -> torch.Tensor:
@@ -740,52 +547,3 @@ def _to_padded_rows(flat: torch.Tensor, num_draft: list[int], k: int) -> torch.T
     cols = torch.tensor([c for n in num_draft for c in range(n + 1)], device=flat.device)
     out[rows, cols] = flat
     return out
-
-
-def _weight_format(loaded: LoadedModel) -> str:
-    """How a model's linear layers hold their weights, e.g. "int8", "bfloat16 (prepacked)", "float32"."""
-    if loaded.quantization is not None:
-        return loaded.quantization
-    dtype = str(loaded.dtype).removeprefix("torch.")
-    return f"{dtype} (prepacked)" if loaded.model.packed else dtype
-
-
-def _check_quantized_as_configured(role: str, loaded: LoadedModel, quantization: str | None) -> None:
-    # A preloaded model (the benchmarks share weights across engines) must be what the config says;
-    # "auto" accepts whatever the load chose.
-    if quantization != "auto" and loaded.quantization != quantization:
-        raise ValueError(
-            f"the preloaded {role} model {loaded.path} has quantization={loaded.quantization!r}, but the "
-            f"engine config asks for quantization={quantization!r}"
-        )
-
-
-def _resolve_max_model_len(requested: int | None, max_position_embeddings: int) -> int:
-    if requested is None:
-        return min(max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    if requested > max_position_embeddings:
-        raise ValueError(
-            f"max_model_len={requested} exceeds the model's max_position_embeddings="
-            f"{max_position_embeddings}; use at most {max_position_embeddings}"
-        )
-    return requested
-
-
-def _eos_token_ids(loaded: LoadedModel) -> frozenset[int]:
-    """End-of-sequence ids from the tokenizer, the model config and generation_config.json if present."""
-    from transformers import GenerationConfig
-
-    ids: set[int] = set()
-    candidates: list[object] = [
-        loaded.tokenizer.eos_token_id,
-        getattr(loaded.hf_config, "eos_token_id", None),
-    ]
-    # No generation_config.json (e.g. a .gguf file) is fine: the other sources suffice.
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        candidates.append(GenerationConfig.from_pretrained(loaded.path).eos_token_id)
-    for value in candidates:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(v for v in value if isinstance(v, int))
-    return frozenset(ids)

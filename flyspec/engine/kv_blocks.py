@@ -11,6 +11,9 @@ prompt's blocks up in order and shares the longest run found (reference counts);
 rest. The last prompt token is always computed, since its logits give the first output token, so a prompt
 that is found whole shares all but its last block. Shared blocks are never written again: a request
 writes only positions after its prompt's shared blocks. Blocks of generated tokens are not registered.
+A registered block holds the K/V of the target and of a same-vocabulary draft model alike, so a request
+that the draft model answers alone (verification="draft_only"), which fills only the draft's half of
+its blocks, shares registered blocks but registers none of its own.
 
 Freeing. A block whose last user ends goes back to the pool: a registered one stays findable as an
 evictable block (least recently freed first to be reused), any other one is free at once and its memory
@@ -157,6 +160,11 @@ class BlockManager:
             return None
         return self._prompt_hashes(seq)[0]
 
+    def registers(self, seq: Sequence) -> bool:
+        """Whether the request's computed prompt blocks become shareable (prefix caching on, every position
+        scored for prompt logprobs not needed, and both models' K/V written: not a draft-only request)."""
+        return self.prefix_caching and not seq.wants_prompt_logprobs and not seq.params.answered_by_draft
+
     def is_registered(self, block_hash: bytes) -> bool:
         """Whether a block with this hash is in the cache, findable by `share_prefix`."""
         return block_hash in self._by_hash
@@ -168,8 +176,9 @@ class BlockManager:
             self.stats.prefix_cache_hits += found
 
     def register(self, seq: Sequence) -> None:
-        """Make the request's prompt blocks whose positions are all computed findable by later requests."""
-        if not self.prefix_caching:
+        """Make the request's prompt blocks whose positions are all computed findable by later requests
+        (nothing for a request that does not `register`)."""
+        if not self.registers(seq):
             return
         done = min(seq.num_computed, seq.num_prompt_tokens) // self.block_size
         first = self._registered.get(seq.request_id, 0)

@@ -10,15 +10,26 @@ as likelihood-based evaluation expects; temperature and the other sampling setti
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from flyspec.outputs import Logprob, PositionLogprobs
+from flyspec.sampling_params import SamplingParams
 
 PROMPT_LOGPROB_SLICE = 256
 """Prompt positions whose logits are materialised at once: [256, V] float32 bounds the memory of scoring
 a long prompt (about 150 MB for a 150k vocabulary) whatever the chunk size."""
+
+
+class LogprobsRequest(Protocol):
+    """What `LogprobsBuilder.emitted` reads of a request (engine/sequence.py's Sequence)."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def logprobs(self) -> list[PositionLogprobs] | None: ...
 
 
 class LogprobsBuilder:
@@ -72,6 +83,27 @@ class LogprobsBuilder:
                     entry[alt] = Logprob(values[i], values.index(values[i]) + 1, texts[alt])
             out.append(entry)
         return out
+
+    def emitted(
+        self, probs: torch.Tensor, seqs: Seq[LogprobsRequest], tokens: Seq[Seq[int]]
+    ) -> list[list[PositionLogprobs] | None]:
+        """Logprobs of each request's emitted tokens: tokens[b][j] under probs[b, j] ([B, P, V] processed
+        target probabilities); None for requests that did not ask."""
+        result: list[list[PositionLogprobs] | None] = [None] * len(seqs)
+        want = [b for b, s in enumerate(seqs) if s.logprobs is not None and tokens[b]]
+        if not want:
+            return result
+        b_idx = [b for b in want for _ in tokens[b]]
+        j_idx = [j for b in want for j in range(len(tokens[b]))]
+        device = probs.device
+        rows = probs[torch.tensor(b_idx, device=device), torch.tensor(j_idx, device=device)]
+        num_top = [seqs[b].params.logprobs or 0 for b in b_idx]
+        entries = self.build(rows, [t for b in want for t in tokens[b]], num_top)
+        start = 0
+        for b in want:
+            result[b] = entries[start : start + len(tokens[b])]
+            start += len(tokens[b])
+        return result
 
     def _texts(self, tokens: Seq[int], top_tokens: list[list[int]]) -> tuple[list[int], list[str]]:
         ids = sorted(set(tokens).union(*top_tokens))

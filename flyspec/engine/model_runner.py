@@ -45,18 +45,17 @@ class ModelRunner:
         keep: Seq[Seq[int]] | None = None,
         *,
         prefill: bool = False,
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor:
         """Run rows of new tokens through the model, writing their K/V into the cache.
 
         rows[b] are token ids at cache positions starts[b], starts[b] + 1, ... of the blocks tables[b]
         (which must cover them).
-        keep[b] lists the indices into rows[b] whose logits are wanted. prefill: every row is prompt
-        tokens (ForwardBatch.prefill). Returns float32 logits [sum(len(keep[b])), V] in row-major order,
-        or None when nothing is kept.
+        keep[b] lists the indices into rows[b] whose logits are wanted (None: none). prefill: every row is
+        prompt tokens (ForwardBatch.prefill). Returns float32 logits [sum(len(keep[b])), V] in row-major
+        order ([0, V] when nothing is kept: the lm_head does not run).
         """
         with self.timer:
-            hidden = self._hidden(rows, tables, starts, keep, prefill)
-            return None if hidden is None else self.model.compute_logits(hidden).float()
+            return self.logits(self._hidden(rows, tables, starts, keep or [[]] * len(rows), prefill))
 
     @torch.inference_mode()
     def forward_hidden(
@@ -67,7 +66,7 @@ class ModelRunner:
         keep: Seq[Seq[int]],
         *,
         prefill: bool = False,
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor:
         """Like `forward`, but returns the final hidden states [sum(len(keep[b])), H] of the kept
         positions, so that a caller can turn many positions into logits a slice at a time (`logits`)."""
         with self.timer:
@@ -75,7 +74,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [M, V] of final hidden states [M, H]."""
+        """float32 logits [M, V] of final hidden states [M, H] (M may be 0)."""
+        if not len(hidden):
+            return torch.empty((0, self.vocab_size), dtype=torch.float32, device=hidden.device)
         return self.model.compute_logits(hidden).float()
 
     def _hidden(
@@ -83,9 +84,9 @@ class ModelRunner:
         rows: Seq[Seq[int]],
         tables: Seq[Seq[int]],
         starts: Seq[int],
-        keep: Seq[Seq[int]] | None,
+        keep: Seq[Seq[int]],
         prefill: bool,
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor:
         lengths = [len(r) for r in rows]
         width = max(lengths)
         padded = [list(r) + [0] * (width - len(r)) for r in rows]
@@ -99,8 +100,8 @@ class ModelRunner:
             prefill=prefill,
         )
         hidden = self.model(input_ids, batch, self.cache)
-        if keep is None or not any(keep):
-            return None
+        if not any(keep):
+            return hidden.new_empty((0, hidden.shape[-1]))
         row_idx = [b for b, positions in enumerate(keep) for _ in positions]
         pos_idx = [p for positions in keep for p in positions]
         device = self.device

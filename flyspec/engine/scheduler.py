@@ -116,7 +116,7 @@ class Scheduler:
             self.running.append(seq)
             step.prefills.append((seq, n))
             left -= n
-            if head is not None and not self.blocks.is_registered(head):
+            if head is not None and self.blocks.registers(seq) and not self.blocks.is_registered(head):
                 computing.add(head)
         self.waiting.extendleft(reversed(deferred))
         return step
@@ -125,7 +125,8 @@ class Scheduler:
         """First-block hashes of running prompts whose first block is not in the cache yet."""
         heads = set()
         for seq in self.running:
-            head = self.blocks.first_shareable_hash(seq) if seq.is_prefilling else None
+            shares = seq.is_prefilling and self.blocks.registers(seq)
+            head = self.blocks.first_shareable_hash(seq) if shares else None
             if head is not None and not self.blocks.is_registered(head):
                 heads.add(head)
         return heads

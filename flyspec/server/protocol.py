@@ -186,7 +186,8 @@ class _SamplingFields(_Body):
     stop: Stop | None = None
     stop_token_ids: Annotated[list[NonNegativeInt], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: StrictBool = False  # extension (as in vLLM), for benchmarks that need fixed lengths
-    # Extension: "standard" forces lossless verification; a lossy policy's name must be the engine's.
+    # Extension: "standard" forces lossless verification; a lossy policy's name must be the engine's;
+    # "target_only" / "draft_only" choose who decodes the request (docs/sampling.md).
     verification: Literal[VERIFICATION_CHOICES] | None = None  # type: ignore[valid-type]
     stream: StrictBool = False
     stream_options: StreamOptions | None = None  # shapes a stream; without stream=true it changes nothing

@@ -38,6 +38,8 @@ class DraftModelDrafter(Drafter):
     greedy for greedy requests).
     """
 
+    answers_alone = True
+
     def __init__(self, runner: ModelRunner, num_speculative_tokens: int, sample_method: str | None) -> None:
         self.runner = runner
         self.num_speculative_tokens = num_speculative_tokens
@@ -46,16 +48,24 @@ class DraftModelDrafter(Drafter):
         self._cached: dict[str, int] = {}
 
     def drafts_greedily(self, seq: Sequence) -> bool:
-        """Whether this request's drafts are argmax tokens."""
-        if self.sample_method is None:
+        """Whether this request's drafts are argmax tokens (a request the draft answers alone samples as
+        it asks, whatever draft_sample_method says: its drafts are its output)."""
+        if self.sample_method is None or seq.params.answered_by_draft:
             return seq.params.greedy
         return self.sample_method == "greedy"
 
     def prefill(self, seqs: Seq[Sequence], rows: Seq[Seq[int]], starts: Seq[int]) -> None:
         """Run the prompt chunks through the draft model too, so the first proposal has little to catch up."""
-        self.runner.forward(rows, [s.block_table for s in seqs], starts, prefill=True)
+        self.answer_prefill(seqs, rows, starts, [[]] * len(seqs))
+
+    def answer_prefill(
+        self, seqs: Seq[Sequence], rows: Seq[Seq[int]], starts: Seq[int], keep: Seq[Seq[int]]
+    ) -> torch.Tensor:
+        """`prefill`, returning the draft logits of the kept positions."""
+        logits = self.runner.forward(rows, [s.block_table for s in seqs], starts, keep, prefill=True)
         for seq, row, start in zip(seqs, rows, starts, strict=True):
             self._cached[seq.request_id] = start + len(row)
+        return logits
 
     def propose(self, seqs: Seq[Sequence], uniform: torch.Tensor) -> Proposal:
         """K draft tokens per request; `uniform` [B, K] float64 holds each row's own numbers."""
