@@ -12,10 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from flyspec.config import REJECTION_SAMPLE_METHODS
-
-VERIFICATION_CHOICES = REJECTION_SAMPLE_METHODS
-"""A request's `verification`: "standard" (lossless), or the name of the engine's lossy policy."""
+from flyspec.config import policy_names
 
 TEMPERATURE_MIN = 0.01
 """Smallest non-zero temperature: logits / temperature must stay finite in float32 (1e-40 gives inf and
@@ -249,10 +246,9 @@ class SamplingParams:
         self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos={self.ignore_eos!r}: must be true or false")
-        if self.verification is not None and self.verification not in VERIFICATION_CHOICES:
-            raise ValueError(
-                f"verification={self.verification!r}: must be one of {VERIFICATION_CHOICES} or None"
-            )
+        # "standard" (lossless), or a registered policy's name, which the engine checks is its own.
+        if self.verification is not None and self.verification not in policy_names():
+            raise ValueError(f"verification={self.verification!r}: must be one of {policy_names()} or None")
         if self.structured_outputs is not None and not isinstance(
             self.structured_outputs, StructuredOutputsParams
         ):

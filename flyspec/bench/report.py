@@ -38,7 +38,7 @@ from typing import Any
 
 from flyspec.bench.runner import Measurement
 from flyspec.bench.sweep import Arm
-from flyspec.config import LOSSY_METHODS
+from flyspec.config import lossy_policy_names
 from flyspec.outputs import AcceptanceCounts
 
 SCHEMA = "flyspec.bench/2"
@@ -178,7 +178,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row["method"] == "standard" and b == 1 and _format(row) is None:
             peer = find(hf, method="standard", drafter=row["drafter"], k=row["k"])
             out.append(_ratio(f"{row['label']} / hf assisted", row, peer))
-        if row["method"] in LOSSY_METHODS:
+        if row["method"] in lossy_policy_names():
             std = next(
                 (
                     r

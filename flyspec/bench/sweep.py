@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from flyspec.config import (
-    DEFAULT_FLY_ENTROPY_THRESHOLD,
-    LOSSY_METHODS,
     QUANTIZATION_METHODS,
     SpeculativeConfig,
+    lossy_policy_names,
     verification_policy,
 )
+
+LOSSY_METHODS = lossy_policy_names()
+DEFAULT_FLY_ENTROPY_THRESHOLD = 0.3
 
 METHODS = ("target", "standard", *LOSSY_METHODS)
 WINDOWED = "fly"
@@ -152,8 +154,7 @@ def parse_int_list(field: str, text: str, minimum: int = 1) -> list[int]:
 def default_window(k: int) -> int:
     """The FLy window the engine uses when fly_window_size is unset, for this K (from SpeculativeConfig)."""
     config = SpeculativeConfig(method=NGRAM, num_speculative_tokens=k, rejection_sample_method=WINDOWED)
-    assert config.fly_window_size is not None
-    return config.fly_window_size
+    return config.policy_settings["fly_window_size"]
 
 
 def _check_lists(

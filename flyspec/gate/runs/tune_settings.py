@@ -104,7 +104,7 @@ def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
 
 
 def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
-    from flyspec.config import LOSSY_METHODS, SpeculativeConfig
+    from flyspec.config import SpeculativeConfig, lossy_policy_names
 
     if not isinstance(data, dict):
         raise ValueError(f"{where}: speculative_config must be a JSON object, got {type(data).__name__}")
@@ -113,7 +113,7 @@ def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     if not spec.is_lossy:
-        methods = ", ".join(repr(m) for m in LOSSY_METHODS)
+        methods = ", ".join(repr(m) for m in lossy_policy_names())
         raise ValueError(
             f"{where}: a candidate must verify with a lossy policy (rejection_sample_method one of {methods})"
         )
@@ -123,11 +123,11 @@ def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
 
 def _policy_of(fragment: dict[str, Any]) -> str:
     """The policy a fragment asks for: named, or the one owning its fields, or DEFAULT_POLICY."""
-    from flyspec.config import POLICY_OF_FIELD
+    from flyspec.config import policy_owning
 
     if "rejection_sample_method" in fragment:
         return fragment["rejection_sample_method"]
-    owners = {POLICY_OF_FIELD[f] for f in fragment if f in POLICY_OF_FIELD}
+    owners = {owner.name for owner in map(policy_owning, fragment) if owner is not None}
     return owners.pop() if len(owners) == 1 else DEFAULT_POLICY
 
 
