@@ -12,7 +12,7 @@ A candidate is given in one of two forms (docs/gate.md, "gate tune"):
   config it runs, which the report prints for pasting.
 
 A grid (``--policies``) is a JSON object, or a list of them, whose list values are expanded into every
-combination (keys in the order given, the last varying fastest), e.g.
+combination (flyspec/policy_grid.py, shared with ``flyspec bench --policies``), e.g.
 ``[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], "lossless_prefix_tokens": [0, 32]},
 {"rejection_sample_method": "typical", "lossless_prefix_tokens": [0, 32]}]`` is six candidates.
 
@@ -22,7 +22,6 @@ times the entropy thresholds 0.6 and 0.3, for the baseline's K.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,8 @@ from flyspec.gate.arms.base import Arm, load_arm_spec
 from flyspec.gate.arms.engine import EngineArm
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.report.tune_report import titled
+from flyspec.policy_grid import expand_grid as expand_grid  # re-exported: the tune's grid is this one
+from flyspec.policy_grid import policy_of
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)
 MAX_DEFAULT_WINDOW = 6
@@ -121,16 +122,6 @@ def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
     return {key: value for key, value in spec.to_dict().items() if value is not None}
 
 
-def _policy_of(fragment: dict[str, Any]) -> str:
-    """The policy a fragment asks for: named, or the one owning its fields, or DEFAULT_POLICY."""
-    from flyspec.config import policy_owning
-
-    if "rejection_sample_method" in fragment:
-        return fragment["rejection_sample_method"]
-    owners = {owner.name for owner in map(policy_owning, fragment) if owner is not None}
-    return owners.pop() if len(owners) == 1 else DEFAULT_POLICY
-
-
 def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
     setting_id = f"s{index + 1}"
     where = f"candidate {index + 1}"
@@ -153,7 +144,8 @@ def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | 
             f"{where}: with an endpoint baseline every candidate needs its own arm: "
             '{"arm": {...}, "speculative_config": {...}}'
         )
-    spec = _lossy_spec({**reference, "rejection_sample_method": _policy_of(entry), **entry}, where)
+    policy = policy_of(entry) or DEFAULT_POLICY
+    spec = _lossy_spec({**reference, "rejection_sample_method": policy, **entry}, where)
     arm = parse_arm(setting_id, {**baseline.public_dict(), "speculative_config": spec})
     return TuneSetting(setting_id, label(spec, reference), spec, arm)
 
@@ -184,26 +176,3 @@ def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
     if not isinstance(data, list):
         raise ValueError(f"--candidates: must be a JSON list of settings, got {type(data).__name__}")
     return data
-
-
-def expand_grid(spec: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
-    """The candidates of a policy grid (module docstring): a JSON object or list of objects (inline, a
-    file, or already parsed) whose list values are expanded into every combination, in order."""
-    data = (
-        load_json(spec, "--policies", inline="[{", expected="a JSON object or list")
-        if isinstance(spec, str)
-        else spec
-    )
-    blocks = [data] if isinstance(data, dict) else data
-    if not isinstance(blocks, list) or not blocks:
-        raise ValueError("--policies: give a JSON object or a non-empty list of them")
-    out: list[dict[str, Any]] = []
-    for i, block in enumerate(blocks, 1):
-        if not isinstance(block, dict) or not block:
-            raise ValueError(f"--policies: grid {i} must be a non-empty JSON object, got {block!r:.80}")
-        axes = [value if isinstance(value, list) else [value] for value in block.values()]
-        empty = [key for key, values in zip(block, axes, strict=True) if not values]
-        if empty:
-            raise ValueError(f"--policies: grid {i}: {empty[0]} lists no value")
-        out.extend(dict(zip(block, combo, strict=True)) for combo in itertools.product(*axes))
-    return out

@@ -219,11 +219,10 @@ class VerificationPolicy:
         return cls(**{f.param: values[f.name] for f in cls.config_fields()})
 
     @classmethod
-    def label(cls, values: dict[str, Any], defaults: dict[str, Any] | None = None) -> str:
-        """A short label of one setting (resolved config fields), e.g. `W=2, theta=0.3`: every field
-        with its short name, those declared `in_label=False` only when they differ from their default.
-        With `defaults` (the resolved defaults), only the fields that differ from them ("" when none
-        does); "defaults" when nothing else is shown."""
+    def label_parts(cls, values: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[str]:
+        """One setting (resolved config fields) as short `name=value` parts, e.g. ["W=2", "theta=0.3"]:
+        every field, except those declared `in_label=False` while at their default; with `defaults` (the
+        resolved defaults), only the fields that differ from them."""
         parts = []
         for f in cls.config_fields():
             value = values.get(f.name)
@@ -233,7 +232,13 @@ class VerificationPolicy:
                 shown = f.in_label or f.default_for_k is not None or value != f.default
             if shown:
                 parts.append(f"{f.short}={value:g}" if isinstance(value, float) else f"{f.short}={value}")
-        return ", ".join(parts) if parts or defaults is not None else "defaults"
+        return parts
+
+    @classmethod
+    def label(cls, values: dict[str, Any]) -> str:
+        """A short label of one setting, e.g. `W=2, theta=0.3` (`label_parts`); "defaults" for a policy
+        whose label shows no field."""
+        return ", ".join(cls.label_parts(values)) or "defaults"
 
     @classmethod
     def lossy_warning(cls) -> str:
