@@ -1,68 +1,50 @@
-"""Engine and speculative-decoding configuration: defaults, validation and the lossy warning.
+"""Engine and speculative-decoding configuration: defaults and validation.
 
 Every broken rule raises ValueError with a message that names the field, the value and the rule, e.g.
 `fly_window_size=5 is invalid: it must satisfy 1 <= fly_window_size < num_speculative_tokens (4)`.
 The verification policy named by `rejection_sample_method` owns its fields, their defaults and rules
-(flyspec/spec_decode/policies/); this module asks it. It imports no torch, so the command line can
-validate configs cheaply.
+(flyspec/spec_decode/policies/); this module asks the registry, which is also how the gate, the server and
+the benchmarks (which may not import the verifier's package) learn the policies' names and fields. It
+imports no torch, so the command line can validate configs cheaply.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from flyspec.spec_decode.policies import LOSSY_POLICIES, POLICIES, VerificationPolicy, policy_named
-from flyspec.spec_decode.policies import fly as _fly
+from flyspec.spec_decode.policies import (
+    VerificationPolicy,
+    lossy_policy_names,
+    policy_named,
+    policy_names,
+    policy_owning,
+    registered_policies,
+)
 from flyspec.spec_decode.policies.base import invalid as _invalid
 
 __all__ = [
-    "DEFAULT_FLY_ENTROPY_THRESHOLD",
-    "DEFAULT_FLY_ENTROPY_TOP_K",
-    "DEFAULT_FLY_WINDOW",
     "DEFAULT_PROMPT_LOOKUP_MAX",
     "DEFAULT_PROMPT_LOOKUP_MIN",
     "LOSSLESS_PREFIX_FIELD",
-    "LOSSY_METHODS",
-    "LOSSY_WARNING",
-    "POLICY_FIELDS",
-    "POLICY_OF_FIELD",
     "QUANTIZATION_CHOICES",
     "QUANTIZATION_METHODS",
-    "REJECTION_SAMPLE_METHODS",
     "EngineConfig",
     "SpeculativeConfig",
     "VerificationPolicy",
-    "log_lossy_warning",
+    "lossy_policy_names",
+    "policy_names",
+    "policy_owning",
+    "verification_fields",
     "verification_policy",
 ]
 
-DEFAULT_FLY_WINDOW = _fly.DEFAULT_WINDOW
-"""FLy window W when unset: min(DEFAULT_FLY_WINDOW, K - 1)."""
-DEFAULT_FLY_ENTROPY_THRESHOLD = _fly.DEFAULT_ENTROPY_THRESHOLD
-DEFAULT_FLY_ENTROPY_TOP_K = _fly.DEFAULT_ENTROPY_TOP_K
 DEFAULT_PROMPT_LOOKUP_MIN = 2
 DEFAULT_PROMPT_LOOKUP_MAX = 5
-
-LOSSY_WARNING = _fly.FlyParams.lossy_warning()
-"""FLy's warning; every lossy policy has its own (`VerificationPolicy.lossy_warning()`)."""
-
-REJECTION_SAMPLE_METHODS = tuple(POLICIES)
-"""Every verification policy's name, "standard" first."""
-LOSSY_METHODS = tuple(p.name for p in LOSSY_POLICIES)
-"""The lossy policies' names: what a request's `verification` may name besides "standard"."""
-POLICY_OF_FIELD = {f: p.name for p in POLICIES.values() for f in p.config_fields}
-"""Every policy's own SpeculativeConfig fields, each with the name of the policy that owns it."""
-POLICY_FIELDS = tuple(POLICY_OF_FIELD)
-"""Every policy's own SpeculativeConfig fields."""
 LOSSLESS_PREFIX_FIELD = "lossless_prefix_tokens"
 """The lossless prefix (docs/verification.md): a field of every lossy policy."""
-VERIFICATION_FIELDS = ("rejection_sample_method", *POLICY_FIELDS, LOSSLESS_PREFIX_FIELD)
-"""Every field that chooses or tunes verification (what two configs may differ in and still share an
-engine whose requests opt out per request)."""
 
 _METHODS = ("draft_model", "ngram")
 _DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
@@ -110,88 +92,123 @@ def verification_policy(name: str) -> type[VerificationPolicy]:
     return policy_named(name)
 
 
-@dataclass(kw_only=True)
+def verification_fields() -> tuple[str, ...]:
+    """Every field that chooses or tunes verification: what two configs may differ in and still share an
+    engine whose requests opt out per request (every registered policy's fields included)."""
+    own = (f for policy in registered_policies() for f in policy.field_names())
+    return ("rejection_sample_method", *own, LOSSLESS_PREFIX_FIELD)
+
+
+@dataclass(kw_only=True, init=False)
 class SpeculativeConfig:
     """How to draft and verify (the rules are in docs/verification.md).
 
-    A field left None is unset and takes its default; a field that would do nothing for this config (a
-    FLy or typical-acceptance setting with another `rejection_sample_method`, a lossless prefix with
-    standard verification, a prompt-lookup setting with a draft model) is an error when set, whatever its
-    value. After construction every default that applies is resolved: the fields of the configured
-    verification policy (FLy's window: min(6, K - 1) when unset) and, with a lossy policy,
-    `lossless_prefix_tokens` (0); the fields of the other policies stay None, as does
-    `draft_sample_method` (None: probabilistic drafting for requests that sample, greedy for greedy
-    requests). `method` may be omitted when `model` is given (then it is "draft_model", as in vLLM).
-    `quantization` is the draft model's weight quantization: None (the default) follows the engine's
-    `quantization`, "int8", "int4" or "auto" quantizes the draft alone (or differently from the target),
-    "none" keeps it unquantized; verification stays exact either way, only the drafts change.
-    `disable_by_batch_size` (vLLM's field of that name; None = never): in a step where at least that many
-    requests run, nobody drafts and every request decodes one token with the target alone (speculation
-    costs more than it saves at large batches on a CPU; docs/performance.md); drafting resumes below it.
+    The constructor takes the fields below and, by name, the fields of the verification policy
+    (`SpeculativeConfig(..., rejection_sample_method="fly", fly_window_size=2)`); each registered policy
+    declares its own (flyspec/spec_decode/policies/) and resolves and checks them. A field left None is
+    unset and takes its default; a field that would do nothing for this config (another policy's field, a
+    lossless prefix with standard verification, a prompt-lookup setting with a draft model) is an error
+    when set, whatever its value. After construction every default that applies is resolved: the
+    configured policy's fields, in `policy_settings` (FLy's window: min(6, K - 1) when unset) and, with a
+    lossy policy, `lossless_prefix_tokens` (0); `draft_sample_method` stays None (probabilistic drafting
+    for requests that sample, greedy for greedy requests). `method` may be omitted when `model` is given
+    (then it is "draft_model", as in vLLM). `quantization` is the draft model's weight quantization: None
+    (the default) follows the engine's `quantization`, "int8", "int4" or "auto" quantizes the draft alone
+    (or differently from the target), "none" keeps it unquantized; verification stays exact either way,
+    only the drafts change. `disable_by_batch_size` (vLLM's field of that name; None = never): in a step
+    where at least that many requests run, nobody drafts and every request decodes one token with the
+    target alone (speculation costs more than it saves at large batches on a CPU; docs/performance.md);
+    drafting resumes below it.
 
-    `to_dict()` is the canonical form: the settings that apply, defaults resolved, so that
-    `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
-    (`from_dict({**c.to_dict(), ...})`) rather than with `dataclasses.replace`, which would pass the
-    resolved policy defaults of a config back as if they were set.
+    `to_dict()` is the canonical form: the settings that apply, defaults resolved, the policy's fields
+    beside the others, so that `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
+    (`from_dict({**c.to_dict(), ...})`).
     """
 
-    method: str | None = None
-    model: str | None = None
+    method: str | None
+    model: str | None
     num_speculative_tokens: int
-    rejection_sample_method: str = "standard"
-    fly_window_size: int | None = None
-    fly_entropy_threshold: float | None = None
-    fly_entropy_top_k: int | None = None
-    draft_sample_method: str | None = None
-    prompt_lookup_min: int | None = None
-    prompt_lookup_max: int | None = None
-    quantization: str | None = None
-    typical_acceptance_sampler_posterior_threshold: float | None = None
-    typical_acceptance_sampler_posterior_alpha: float | None = None
-    lossless_prefix_tokens: int | None = None
-    disable_by_batch_size: int | None = None
+    rejection_sample_method: str
+    draft_sample_method: str | None
+    prompt_lookup_min: int | None
+    prompt_lookup_max: int | None
+    quantization: str | None
+    lossless_prefix_tokens: int | None
+    disable_by_batch_size: int | None
+    policy_settings: dict[str, Any]
+    """The configured policy's own fields, resolved (e.g. {"fly_window_size": 3, ...}; {} for standard)."""
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        num_speculative_tokens: int,
+        method: str | None = None,
+        model: str | None = None,
+        rejection_sample_method: str = "standard",
+        draft_sample_method: str | None = None,
+        prompt_lookup_min: int | None = None,
+        prompt_lookup_max: int | None = None,
+        quantization: str | None = None,
+        lossless_prefix_tokens: int | None = None,
+        disable_by_batch_size: int | None = None,
+        **policy_fields: Any,
+    ) -> None:
         # The one validation path: the constructor, from_dict and EngineConfig all come through here.
-        if self.method is None and self.model is not None:
-            self.method = "draft_model"
+        self.method = "draft_model" if method is None and model is not None else method
+        self.model = model
+        self.num_speculative_tokens = num_speculative_tokens
+        self.rejection_sample_method = rejection_sample_method
+        self.draft_sample_method = draft_sample_method
+        self.prompt_lookup_min = prompt_lookup_min
+        self.prompt_lookup_max = prompt_lookup_max
+        self.quantization = quantization
+        self.lossless_prefix_tokens = lossless_prefix_tokens
+        self.disable_by_batch_size = disable_by_batch_size
         _require_choice("method", self.method, _METHODS)
         if self.method == "draft_model":
             self._check_draft_model()
         else:
             self._check_ngram()
         _require_int("num_speculative_tokens", self.num_speculative_tokens, 1)
-        _require_choice("rejection_sample_method", self.rejection_sample_method, REJECTION_SAMPLE_METHODS)
+        policy = policy_named(self.rejection_sample_method)
         if self.draft_sample_method is not None:
             _require_choice("draft_sample_method", self.draft_sample_method, _DRAFT_SAMPLE_METHODS)
         if self.disable_by_batch_size is not None:
             # vLLM's rule: at 1 speculation would be off for every batch, which is no speculation at all.
             _require_int("disable_by_batch_size", self.disable_by_batch_size, 2)
-        self._check_verification()
+        self.policy_settings = self._check_verification(policy, policy_fields)
 
-    def _check_verification(self) -> None:
-        policy = self.policy
-        for other in POLICIES.values():
-            if other is not policy:
-                _reject_set(
-                    self,
-                    other.config_fields,
-                    f"{other.title} settings only apply with rejection_sample_method={other.name!r} (they "
+    def _check_verification(
+        self, policy: type[VerificationPolicy], policy_fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The policy's own fields resolved by it; ValueError for a field no policy owns, another
+        policy's field, or a lossless prefix with a lossless policy."""
+        for name, value in policy_fields.items():
+            owner = policy_owning(name)
+            if owner is None:
+                raise ValueError(
+                    f"speculative_config has unknown key {name!r}; allowed keys: {', '.join(_known_keys())}"
+                )
+            if owner is not policy and value is not None:
+                raise _invalid(
+                    name,
+                    value,
+                    f"{owner.title} settings only apply with rejection_sample_method={owner.name!r} (they "
                     "would do nothing)",
                 )
-        values = {f: getattr(self, f) for f in policy.config_fields}
-        for field, value in policy.resolve_config(values, self.num_speculative_tokens).items():
-            setattr(self, field, value)
+        settings = policy.resolve_config(policy_fields, self.num_speculative_tokens)
         if not policy.lossy:
             _reject_set(
                 self,
                 (LOSSLESS_PREFIX_FIELD,),
                 f"a lossless prefix only applies with a lossy rejection_sample_method "
-                f"({', '.join(repr(m) for m in LOSSY_METHODS)}); {policy.name!r} is lossless throughout",
+                f"({', '.join(repr(m) for m in lossy_policy_names())}); {policy.name!r} is lossless "
+                "throughout",
             )
-            return
+            return settings
         self.lossless_prefix_tokens = _default(self.lossless_prefix_tokens, 0)
         _require_int(LOSSLESS_PREFIX_FIELD, self.lossless_prefix_tokens, 0)
+        return settings
 
     def _check_draft_model(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -226,7 +243,7 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config must be a dict (JSON object), got {type(data).__name__}: {data!r}"
             )
-        known = [f.name for f in dataclasses.fields(cls)]
+        known = _known_keys()
         unknown = sorted(set(data) - set(known), key=str)
         if unknown:
             raise ValueError(
@@ -244,14 +261,19 @@ class SpeculativeConfig:
         canonical form, and the gate's record of a config, is what it was before those settings existed.
         """
         skip = set(_NGRAM_FIELDS) if self.method == "draft_model" else {"model", "draft_sample_method"}
-        skip.update(f for f in POLICY_FIELDS if f not in self.policy.config_fields)
         if not self.lossless_prefix_tokens:
             skip.add(LOSSLESS_PREFIX_FIELD)
         if self.quantization is None:  # None follows the engine: not a setting of its own
             skip.add("quantization")
         if self.disable_by_batch_size is None:
             skip.add("disable_by_batch_size")
-        return {key: value for key, value in dataclasses.asdict(self).items() if key not in skip}
+        own = {f: getattr(self, f) for f in _OWN_FIELDS if f not in skip}
+        head = ("method", "model", "num_speculative_tokens", "rejection_sample_method")
+        return {
+            **{f: own[f] for f in head if f in own},
+            **self.policy_settings,
+            **{f: v for f, v in own.items() if f not in head},
+        }
 
     @property
     def policy(self) -> type[VerificationPolicy]:
@@ -262,11 +284,6 @@ class SpeculativeConfig:
     def is_lossy(self) -> bool:
         """True when verification may change the output distribution (FLy, typical acceptance)."""
         return self.policy.lossy
-
-    @property
-    def policy_settings(self) -> dict[str, Any]:
-        """The configured policy's own fields, resolved (e.g. {"fly_window_size": 3, ...})."""
-        return {f: getattr(self, f) for f in self.policy.config_fields}
 
     def draft_quantization(self, engine_quantization: str | None) -> str | None:
         """The quantization the draft model loads with, given the engine's (None = unquantized)."""
@@ -281,6 +298,15 @@ class SpeculativeConfig:
             return None
         _require_int("vocab_size", vocab_size, 1)
         return self.policy.from_config(self.policy_settings, vocab_size)
+
+
+_OWN_FIELDS = tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.name != "policy_settings")
+"""SpeculativeConfig's own fields (the policies' fields come from the registry)."""
+
+
+def _known_keys() -> tuple[str, ...]:
+    """Every key a speculative config may have: its own fields, then every registered policy's."""
+    return (*_OWN_FIELDS, *(f for p in registered_policies() for f in p.field_names()))
 
 
 @dataclass
@@ -380,8 +406,3 @@ class EngineConfig:
         if spec is None or spec.method != "draft_model":
             return None
         return spec.draft_quantization(self.quantization)
-
-
-def log_lossy_warning(logger: logging.Logger, rejection_sample_method: str = _fly.FlyParams.name) -> None:
-    """Log a lossy policy's warning (the engine calls this once when it starts with that policy)."""
-    logger.warning(policy_named(rejection_sample_method).lossy_warning())

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from flyspec.config import REJECTION_SAMPLE_METHODS
+from flyspec.config import policy_names
 
 TARGET_ONLY = "target_only"
 """`verification=TARGET_ONLY`: no drafts for this request; the target alone decodes it, one token per step
@@ -22,9 +22,12 @@ DRAFT_ONLY = "draft_only"
 target never runs for it: the limit of lossy verification (the control a quality gate must catch)."""
 SPECULATION_MODES = (TARGET_ONLY, DRAFT_ONLY)
 """The per-request modes that change who decodes a request rather than how drafts are verified."""
-VERIFICATION_CHOICES = (*REJECTION_SAMPLE_METHODS, *SPECULATION_MODES)
-"""A request's `verification`: "standard" (lossless), the name of the engine's lossy policy, or one of
-SPECULATION_MODES."""
+
+
+def verification_choices() -> tuple[str, ...]:
+    """A request's `verification`: "standard" (lossless), a registered policy's name (which the engine
+    checks is its own), or one of SPECULATION_MODES."""
+    return (*policy_names(), *SPECULATION_MODES)
 
 TEMPERATURE_MIN = 0.01
 """Smallest non-zero temperature: logits / temperature must stay finite in float32 (1e-40 gives inf and
@@ -262,10 +265,10 @@ class SamplingParams:
         self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos={self.ignore_eos!r}: must be true or false")
-        if self.verification is not None and self.verification not in VERIFICATION_CHOICES:
-            raise ValueError(
-                f"verification={self.verification!r}: must be one of {VERIFICATION_CHOICES} or None"
-            )
+        # "standard" (lossless), a registered policy's name, or a mode that picks who decodes the request.
+        choices = verification_choices()
+        if self.verification is not None and self.verification not in choices:
+            raise ValueError(f"verification={self.verification!r}: must be one of {choices} or None")
         self._check_draft_only()
         if self.structured_outputs is not None and not isinstance(
             self.structured_outputs, StructuredOutputsParams

@@ -84,7 +84,7 @@ def main() -> None:
                 x["target"],
                 x["draft_probs"] if with_q else None,
                 greedy=greedy,
-                fly=fly if method == "fly" else None,
+                policy=fly if method == "fly" else None,
                 generator=generator,
             )
 

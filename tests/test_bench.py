@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,21 +11,30 @@ from pathlib import Path
 import pytest
 
 from flyspec.bench.prompts import BenchPrompt, waves
-from flyspec.bench.report import batch_scaling, ratios, summarise
+from flyspec.bench.report import BenchRow, batch_scaling, ratios, summarise
 from flyspec.bench.runner import BenchRunner, Measurement, engine_keys
 from flyspec.bench.sweep import Arm, plan_arms, split_format
 from flyspec.outputs import AcceptanceCounts
+from flyspec.policy_grid import expand_grid
+
+EPS, DELTA = "typical_acceptance_sampler_posterior_threshold", "typical_acceptance_sampler_posterior_alpha"
 
 RESULT_FIELDS = {
-    "label", "backend", "method", "batch_size", "drafter", "k", "fly_window", "default_window",
-    "fly_threshold", "requests", "repeats", "generated_tokens", "seconds", "tokens_per_s",
-    "tokens_per_s_runs", "decode_tokens_per_s", "mean_acceptance_length", "acceptance_rate",
-    "forgiven_share", "peak_rss_mb", "prefix_match", "quantization", "lossless_prefix",
+    "label", "backend", "method", "batch_size", "drafter", "k", "settings", "tag", "requests", "repeats",
+    "generated_tokens", "seconds", "tokens_per_s", "tokens_per_s_runs", "decode_tokens_per_s",
+    "mean_acceptance_length", "acceptance_rate", "forgiven_share", "peak_rss_mb", "prefix_match",
+    "quantization", "lossless_prefix",
 }  # fmt: skip
 TOP_FIELDS = {
     "schema", "command", "finished_at", "machine", "settings", "results", "ratios", "batch_scaling",
     "breakdown", "peak_rss_mb", "load_s",
 }  # fmt: skip
+
+
+FLY_AT_4 = {"fly_window_size": 3, "fly_entropy_threshold": 0.3, "fly_entropy_top_k": 3}
+"""FLy's defaults at K=4."""
+WINDOWS = [{"rejection_sample_method": "fly", "fly_window_size": [3, 1, 2]}]
+"""A --policies grid: FLy's windows 3 (its default at K=4, so the --methods arm), 1 and 2."""
 
 
 def _plan(**overrides):
@@ -33,7 +43,7 @@ def _plan(**overrides):
         batch_sizes=[1, 4],
         ks=[2, 3, 4],
         headline_k=4,
-        extra_windows=[1, 2],
+        policies=expand_grid(WINDOWS),
         drafters=["draft"],
         peer="hf",
     )
@@ -41,36 +51,46 @@ def _plan(**overrides):
     return plan_arms(**args)
 
 
-def test_plan_sweeps_k_and_windows_at_batch_one_and_headline_k_above():
-    """The planning rule: standard SD at every K at batch 1, FLy and its window sweep at the headline K,
-    larger batches at the headline K only, and the peer at batch 1 for every K."""
+def test_plan_sweeps_k_at_batch_one_and_every_lossy_setting_at_the_headline_k():
+    """The planning rule: standard SD at every K at batch 1, each lossy setting (FLy's defaults, then the
+    grid's settings, a repeat of the defaults once) at the headline K, larger batches at the headline K
+    only, and the peer at batch 1 for every K. A label names the settings that differ from the policy's
+    defaults; the arm's speculative config carries them all."""
     labels = [a.label for a in _plan()]
     assert labels == [
         "flyspec target-only b=1",
         "flyspec standard K=2 b=1",
         "flyspec standard K=3 b=1",
         "flyspec standard K=4 b=1",
-        "flyspec fly K=4 W=3 b=1",
+        "flyspec fly K=4 b=1",
         "flyspec fly K=4 W=1 b=1",
         "flyspec fly K=4 W=2 b=1",
         "flyspec target-only b=4",
         "flyspec standard K=4 b=4",
-        "flyspec fly K=4 W=3 b=4",
+        "flyspec fly K=4 b=4",
+        "flyspec fly K=4 W=1 b=4",
+        "flyspec fly K=4 W=2 b=4",
         "hf generate b=1",
         "hf assisted K=2 b=1",
         "hf assisted K=3 b=1",
         "hf assisted K=4 b=1",
     ]
     fly4 = [a for a in _plan() if a.method == "fly" and a.k == 4 and a.batch_size == 1]
-    assert [(a.fly_window, a.default_window) for a in fly4] == [(3, True), (1, False), (2, False)]
+    assert [(a.settings["fly_window_size"], a.tag, a.at_defaults) for a in fly4] == [
+        (3, "", True), (1, "W=1", False), (2, "W=2", False),
+    ]  # fmt: skip
     assert fly4[1].speculative_config() == {
         "num_speculative_tokens": 4,
         "method": "draft_model",
         "model": "draft",
         "rejection_sample_method": "fly",
+        **FLY_AT_4,
         "fly_window_size": 1,
-        "fly_entropy_threshold": 0.3,
     }
+    theta = _plan(methods=["standard"], policies=[{"fly_entropy_threshold": 0.6, "fly_entropy_top_k": 5}])
+    assert [a.label for a in theta if a.batch_size == 1 and a.k == 4][
+        1
+    ] == "flyspec fly K=4 theta=0.6 top-k=5 b=1"
 
 
 @pytest.mark.parametrize(
@@ -78,9 +98,19 @@ def test_plan_sweeps_k_and_windows_at_batch_one_and_headline_k_above():
     [
         ({"methods": ["target", "medusa"]}, "methods="),
         ({"headline_k": 5}, "headline_k=5"),
-        ({"extra_windows": [4]}, "fly_windows=[4]"),
         (
-            {"ks": [1], "headline_k": 1, "extra_windows": []},
+            {"policies": [{"rejection_sample_method": "fly", "fly_window_size": 4}]},
+            "--policies: setting 1 .*: fly_window_size=4 is invalid: it must satisfy 1 <= fly_window_size",
+        ),
+        (
+            {"policies": [{"fly_window_size": 2, "num_speculative_tokens": 5}]},
+            "'num_speculative_tokens' is not",
+        ),
+        ({"policies": [{"lossless_prefix_tokens": 8}]}, "setting 1 .*: name its policy"),
+        ({"policies": [{"rejection_sample_method": "standard"}]}, "'standard' is lossless"),
+        ({"methods": [], "policies": []}, "nothing to measure"),
+        (
+            {"ks": [1], "headline_k": 1, "policies": []},
             "headline_k=1: fly: .*needs num_speculative_tokens >= 2",
         ),
         ({"methods": ["typical"], "lossless_prefixes": [0, 0]}, "lossless_prefixes=[0, 0]"),
@@ -96,39 +126,57 @@ def test_plan_rejects_bad_options_naming_them(overrides, message):
         _plan(**overrides)
 
 
-def test_standard_arms_share_the_default_window_fly_engine():
+def test_standard_arms_share_the_default_fly_engine():
     """Standard arms run on the lossy engine of the same weight format, drafter and K (a policy at its
-    defaults preferred: FLy's default window, no prefix), so the sweep loads one engine per (format,
-    drafter, K, verifier) rather than one per arm."""
+    defaults preferred, without a prefix), so the sweep loads one engine per (format, drafter, K,
+    verifier) rather than one per arm."""
+
+    def verifier(method: str, settings: dict, prefix: int = 0) -> tuple:
+        return (method, json.dumps(settings, sort_keys=True), prefix)
+
+    fly = verifier("fly", FLY_AT_4)
     keys = engine_keys(_plan(peer=None))
-    assert keys["flyspec standard K=4 b=1"] == (None, "draft", 4, ("fly", 3, 0))
-    assert keys["flyspec standard K=4 b=4"] == (None, "draft", 4, ("fly", 3, 0))
-    assert keys["flyspec fly K=4 W=1 b=1"] == (None, "draft", 4, ("fly", 1, 0))
+    assert keys["flyspec standard K=4 b=1"] == (None, "draft", 4, fly)
+    assert keys["flyspec standard K=4 b=4"] == (None, "draft", 4, fly)
+    assert keys["flyspec fly K=4 W=1 b=1"] == (
+        None,
+        "draft",
+        4,
+        verifier("fly", {**FLY_AT_4, "fly_window_size": 1}),
+    )
     assert keys["flyspec target-only b=1"] == keys["flyspec target-only b=4"] == (None, None, None, None)
-    only_standard = engine_keys(_plan(methods=["standard"], extra_windows=[], peer=None))
+    only_standard = engine_keys(_plan(methods=["standard"], policies=[], peer=None))
     assert only_standard["flyspec standard K=4 b=1"] == (None, "draft", 4, None)
     both = engine_keys(_plan(peer=None, quantizations=[None, "int8"]))
-    assert both["flyspec int8 standard K=4 b=1"] == ("int8", "draft", 4, ("fly", 3, 0))
-    assert both["flyspec standard K=4 b=1"] == (None, "draft", 4, ("fly", 3, 0))
-    prefixed = engine_keys(_plan(methods=["standard", "typical"], peer=None, lossless_prefixes=[16, 0]))
-    assert prefixed["flyspec standard K=4 b=1"] == (None, "draft", 4, ("typical", None, 0))
-    assert prefixed["flyspec typical K=4 prefix=16 b=1"] == (None, "draft", 4, ("typical", None, 16))
+    assert both["flyspec int8 standard K=4 b=1"] == ("int8", "draft", 4, fly)
+    assert both["flyspec standard K=4 b=1"] == (None, "draft", 4, fly)
+    typical = {EPS: 0.09, DELTA: 0.3}
+    prefixed = engine_keys(
+        _plan(methods=["standard", "typical"], policies=[], peer=None, lossless_prefixes=[16, 0])
+    )
+    assert prefixed["flyspec standard K=4 b=1"] == (None, "draft", 4, verifier("typical", typical))
+    assert prefixed["flyspec typical K=4 prefix=16 b=1"] == (
+        None,
+        "draft",
+        4,
+        verifier("typical", typical, 16),
+    )
 
 
 def test_plan_runs_each_lossy_policy_with_each_lossless_prefix():
     """--methods takes any lossy policy (typical acceptance at its defaults) and --lossless-prefix gives
     every lossy arm once per prefix, at the headline K; their speculative configs ask for exactly that."""
-    arms = _plan(methods=["standard", "fly", "typical"], batch_sizes=[1, 16], ks=[4], extra_windows=[],
+    arms = _plan(methods=["standard", "fly", "typical"], batch_sizes=[1, 16], ks=[4], policies=[],
                  peer=None, lossless_prefixes=[0, 16])  # fmt: skip
     assert [a.label for a in arms] == [
         "flyspec standard K=4 b=1",
-        "flyspec fly K=4 W=3 b=1",
-        "flyspec fly K=4 W=3 prefix=16 b=1",
+        "flyspec fly K=4 b=1",
+        "flyspec fly K=4 prefix=16 b=1",
         "flyspec typical K=4 b=1",
         "flyspec typical K=4 prefix=16 b=1",
         "flyspec standard K=4 b=16",
-        "flyspec fly K=4 W=3 b=16",
-        "flyspec fly K=4 W=3 prefix=16 b=16",
+        "flyspec fly K=4 b=16",
+        "flyspec fly K=4 prefix=16 b=16",
         "flyspec typical K=4 b=16",
         "flyspec typical K=4 prefix=16 b=16",
     ]
@@ -137,10 +185,55 @@ def test_plan_runs_each_lossy_policy_with_each_lossless_prefix():
         "method": "draft_model",
         "model": "draft",
         "rejection_sample_method": "typical",
+        EPS: 0.09,
+        DELTA: 0.3,
         "lossless_prefix_tokens": 16,
     }
     assert arms[2].speculative_config()["lossless_prefix_tokens"] == 16
     assert "lossless_prefix_tokens" not in arms[3].speculative_config()
+
+
+def test_a_grid_setting_with_its_own_prefixes_runs_exactly_those():
+    """A --policies fragment that sets lossless_prefix_tokens runs with exactly those prefixes, the others
+    with every --lossless-prefix; a setting equal to another (typical at its defaults) runs once."""
+    grid = [
+        {"rejection_sample_method": "typical", EPS: 0.2, "lossless_prefix_tokens": [0, 8]},
+        {"rejection_sample_method": "typical"},
+    ]
+    arms = _plan(methods=["typical"], batch_sizes=[1], ks=[4], policies=expand_grid(grid), peer=None,
+                 lossless_prefixes=[0, 16])  # fmt: skip
+    assert [a.label for a in arms] == [
+        "flyspec typical K=4 b=1",
+        "flyspec typical K=4 prefix=16 b=1",
+        "flyspec typical K=4 eps=0.2 b=1",
+        "flyspec typical K=4 eps=0.2 prefix=8 b=1",
+    ]
+    assert arms[3].speculative_config()[EPS] == 0.2 and arms[3].lossless_prefix == 8
+
+
+def test_re_measure_command_of_a_grid_setting_plans_that_arm():
+    """The Markdown's re-measure command for an arm off its policy's defaults names the setting as a
+    one-entry --policies grid, which plans an arm of the same label; an arm at the defaults is named by
+    --methods."""
+    from flyspec.bench.markdown import arm_command
+    from flyspec.bench.report import BenchReport
+
+    arms = _plan(batch_sizes=[1], peer=None)
+    rows = [_row(a, 10, 1.0) for a in arms]
+    settings = {"model": "m", "dtype": "auto", "device": "cpu", "dataset": "gsm8k", "num_prompts": 1,
+                "max_tokens": 4, "repeats": 1, "ignore_eos": True}  # fmt: skip
+    report = BenchReport("flyspec bench", "now", {}, settings, rows, [], [])
+    w1 = next(r for r in rows if r.label == "flyspec fly K=4 W=1 b=1")
+    args = shlex.split(arm_command(report, w1))
+    assert args[args.index("--methods") + 1] == "none"
+    grid = expand_grid(args[args.index("--policies") + 1])
+    again = plan_arms(methods=[], batch_sizes=[1], ks=[4], headline_k=4, drafters=["draft"], peer=None,
+                      policies=grid)  # fmt: skip
+    assert [a.label for a in again] == ["flyspec fly K=4 W=1 b=1"]
+    default = next(r for r in rows if r.label == "flyspec fly K=4 b=1")
+    assert "--policies" not in arm_command(report, default) and "--methods fly" in arm_command(
+        report, default
+    )
 
 
 def test_every_weight_format_gets_every_flyspec_arm_and_its_own_baselines():
@@ -151,16 +244,14 @@ def test_every_weight_format_gets_every_flyspec_arm_and_its_own_baselines():
     int8 = [a.label for a in arms if a.quantization == "int8"]
     assert [label.replace("flyspec int8 ", "flyspec ") for label in int8] == plain
     assert all(a.quantization is None for a in arms if a.backend == "hf")
-    rows = [
-        {**a.to_dict(), "tokens_per_s": 1.0 + i, "decode_tokens_per_s": None, "mean_acceptance_length": None}
-        for i, a in enumerate(arms)
-    ]
-    names = {r["name"]: r for r in ratios(rows)}
+    rows = [_row(a, tokens=10 + i, seconds=1.0) for i, a in enumerate(arms)]
+    names = {r.name: r for r in ratios(rows)}
     vs_target = names["flyspec int8 standard K=4 b=4 / target-only"]
-    assert vs_target["denominator"] == "flyspec int8 target-only b=4"
-    assert names["flyspec int8 standard K=4 b=4 / unquantized"]["denominator"] == "flyspec standard K=4 b=4"
+    assert vs_target.denominator == "flyspec int8 target-only b=4"
+    assert names["flyspec int8 standard K=4 b=4 / unquantized"].denominator == "flyspec standard K=4 b=4"
+    assert names["flyspec int8 fly K=4 W=1 b=4 / unquantized"].denominator == "flyspec fly K=4 W=1 b=4"
     scaling = batch_scaling(rows, drafter="draft", headline_k=4)
-    assert {(s["quantization"], s["method"]) for s in scaling} == {
+    assert {(s.quantization, s.method) for s in scaling} == {
         (q, m) for q in (None, "int8") for m in ("standard", "fly")
     }
     with pytest.raises(ValueError, match="quantization=\\['int3'\\]"):
@@ -177,8 +268,8 @@ def test_a_target_draft_format_quantizes_the_draft_on_its_own(tiny_pair):
     assert split_format("int8") == ("int8", None) and split_format(None) == (None, None)
     target, draft = tiny_pair
     arms = plan_arms(
-        methods=["target", "standard"], batch_sizes=[1], ks=[2], headline_k=2, extra_windows=[],
-        drafters=[str(draft)], peer=None, quantizations=["int8/int4"],
+        methods=["target", "standard"], batch_sizes=[1], ks=[2], headline_k=2, drafters=[str(draft)],
+        peer=None, quantizations=["int8/int4"],
     )  # fmt: skip
     assert [a.label for a in arms] == [
         "flyspec int8/int4 target-only b=1",
@@ -199,7 +290,9 @@ def test_waves_fill_every_batch_and_reuse_prompts_cyclically():
     assert [[p.id for p in w] for w in waves(prompts, 3, 2)] == [["0", "1"], ["2", "0"]]
 
 
-def _row(arm: Arm, tokens: int, seconds: float, drafts: int = 0, accepted: int = 0, forgiven: int = 0):
+def _row(
+    arm: Arm, tokens: int, seconds: float, drafts: int = 0, accepted: int = 0, forgiven: int = 0
+) -> BenchRow:
     m = Measurement(
         tokens=tokens,
         seconds=seconds,
@@ -217,30 +310,30 @@ def test_report_ratios_and_crossover_from_rows():
     rows = [
         _row(Arm("flyspec", "target", 1), 100, 10.0),  # 10 tok/s
         _row(Arm("flyspec", "standard", 1, "d", 4), 100, 6.0, drafts=25, accepted=75),  # MAL 4.0
-        _row(Arm("flyspec", "fly", 1, "d", 4, 3, True), 100, 5.5, drafts=23, accepted=77, forgiven=7),
+        _row(Arm("flyspec", "fly", 1, "d", 4, FLY_AT_4), 100, 5.5, drafts=23, accepted=77, forgiven=7),
         _row(Arm("flyspec", "target", 16), 1600, 20.0),  # 80 tok/s: 8x batch 1
         _row(Arm("flyspec", "standard", 16, "d", 4), 1600, 25.0, drafts=400, accepted=1200),
-        _row(Arm("flyspec", "fly", 16, "d", 4, 3, True), 1600, 24.0, drafts=380, accepted=1220),
+        _row(Arm("flyspec", "fly", 16, "d", 4, FLY_AT_4), 1600, 24.0, drafts=380, accepted=1220),
         _row(Arm("hf", "target", 1), 100, 12.5),  # 8 tok/s
         _row(Arm("hf", "standard", 1, "d", 4), 100, 8.0, drafts=25),
     ]
-    by_name = {r["name"]: r for r in ratios(rows)}
-    assert by_name["flyspec target-only / hf generate (batch 1)"]["value"] == pytest.approx(1.25)
-    assert by_name["flyspec standard K=4 b=1 / target-only"]["value"] == pytest.approx(10 / 6)
-    assert by_name["flyspec standard K=4 b=1 / hf assisted"]["value"] == pytest.approx(8 / 6)
-    fly = by_name["flyspec fly K=4 W=3 b=1 / standard"]
-    assert fly["value"] == pytest.approx(6 / 5.5)
-    assert fly["acceptance_gain"] == pytest.approx((1 + 77 / 23) / 4.0 - 1)
-    assert rows[2]["forgiven_share"] == pytest.approx(7 / 77)
-    assert rows[7]["mean_acceptance_length"] == pytest.approx(4.0)  # hf: tokens per target forward
+    by_name = {r.name: r for r in ratios(rows)}
+    assert by_name["flyspec target-only / hf generate (batch 1)"].value == pytest.approx(1.25)
+    assert by_name["flyspec standard K=4 b=1 / target-only"].value == pytest.approx(10 / 6)
+    assert by_name["flyspec standard K=4 b=1 / hf assisted"].value == pytest.approx(8 / 6)
+    fly = by_name["flyspec fly K=4 b=1 / standard"]
+    assert fly.value == pytest.approx(6 / 5.5)
+    assert fly.acceptance_gain == pytest.approx((1 + 77 / 23) / 4.0 - 1)
+    assert rows[2].forgiven_share == pytest.approx(7 / 77)
+    assert rows[7].mean_acceptance_length == pytest.approx(4.0)  # hf: tokens per target forward
 
-    assert by_name["target-only batch 16 / batch 1"]["value"] == pytest.approx(8.0)
-    assert "acceptance_gain" not in by_name["flyspec target-only / hf generate (batch 1)"]
+    assert by_name["target-only batch 16 / batch 1"].value == pytest.approx(8.0)
+    assert by_name["flyspec target-only / hf generate (batch 1)"].acceptance_gain is None
 
-    scaling = {s["method"]: s for s in batch_scaling(rows, drafter="d", headline_k=4)}
-    assert [p["batch_size"] for p in scaling["standard"]["points"]] == [1, 16]
-    assert scaling["standard"]["stops_paying_at"] == 16  # 64 tok/s < 80 tok/s at batch 16
-    assert scaling["fly"]["stops_paying_at"] == 16
+    scaling = {s.method: s for s in batch_scaling(rows, drafter="d", headline_k=4)}
+    assert [p.batch_size for p in scaling["standard"].points] == [1, 16]
+    assert scaling["standard"].stops_paying_at == 16  # 64 tok/s < 80 tok/s at batch 16
+    assert scaling["fly"].stops_paying_at == 16
 
 
 def test_typical_and_prefixed_arms_are_compared_with_standard():
@@ -252,14 +345,16 @@ def test_typical_and_prefixed_arms_are_compared_with_standard():
         _row(Arm("flyspec", "typical", 1, "d", 4), 100, 5.0, drafts=22, accepted=78, forgiven=9),
         _row(Arm("flyspec", "typical", 1, "d", 4, lossless_prefix=16), 100, 5.5, drafts=23, accepted=77),
     ]
-    by_name = {r["name"]: r for r in ratios(rows)}
-    assert by_name["flyspec typical K=4 b=1 / standard"]["value"] == pytest.approx(6 / 5)
-    assert by_name["flyspec typical K=4 prefix=16 b=1 / standard"]["value"] == pytest.approx(6 / 5.5)
-    assert rows[2]["forgiven_share"] == pytest.approx(9 / 78) and rows[3]["lossless_prefix"] == 16
+    by_name = {r.name: r for r in ratios(rows)}
+    assert by_name["flyspec typical K=4 b=1 / standard"].value == pytest.approx(6 / 5)
+    assert by_name["flyspec typical K=4 prefix=16 b=1 / standard"].value == pytest.approx(6 / 5.5)
+    assert rows[2].forgiven_share == pytest.approx(9 / 78) and rows[3].lossless_prefix == 16
     scaling = batch_scaling(rows, drafter="d", headline_k=4)
-    assert [(s["method"], s.get("lossless_prefix")) for s in scaling] == [
-        ("standard", None), ("typical", None), ("typical", 16),
-    ]  # fmt: skip
+    assert [(s.method, s.lossless_prefix) for s in scaling] == [
+        ("standard", 0),
+        ("typical", 0),
+        ("typical", 16),
+    ]
 
 
 def test_bad_option_is_one_line_error_before_any_model_loads():
@@ -305,15 +400,15 @@ def test_bench_runs_end_to_end_with_json_plot_and_markdown(tiny_pair, tmp_path):
     report = json.loads(out_json.read_text())
     assert json.loads(result.stdout.strip().splitlines()[-1]) == report
     assert set(report) == TOP_FIELDS
-    assert report["schema"] == "flyspec.bench/2"
+    assert report["schema"] == "flyspec.bench/3"
     labels = [r["label"] for r in report["results"]]
     assert labels == [
         "flyspec target-only b=1",
         "flyspec standard K=2 b=1",
-        "flyspec fly K=2 W=1 b=1",
+        "flyspec fly K=2 b=1",
         "flyspec target-only b=2",
         "flyspec standard K=2 b=2",
-        "flyspec fly K=2 W=1 b=2",
+        "flyspec fly K=2 b=2",
         "hf generate b=1",
         "hf assisted K=2 b=1",
     ]
@@ -330,9 +425,9 @@ def test_bench_runs_end_to_end_with_json_plot_and_markdown(tiny_pair, tmp_path):
     names = {r["name"] for r in report["ratios"]}
     assert "flyspec target-only / hf generate (batch 1)" in names
     assert "flyspec standard K=2 b=1 / hf assisted" in names
-    assert "flyspec fly K=2 W=1 b=1 / standard" in names
+    assert "flyspec fly K=2 b=1 / standard" in names
     assert set(report["breakdown"]) == {"flyspec target-only b=1", "flyspec standard K=2 b=1",
-                                        "flyspec fly K=2 W=1 b=1"}  # fmt: skip
+                                        "flyspec fly K=2 b=1"}  # fmt: skip
     for part in report["breakdown"].values():
         shares = [part[f"{p}_share"] for p in ("target_forward", "draft_forward", "verify", "engine_other",
                                                "outside_step")]  # fmt: skip

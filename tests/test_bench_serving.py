@@ -211,6 +211,22 @@ def test_fly_alone_plans_only_flyspecs_fly_arm(tmp_path: Path) -> None:
     assert [(p.label, [a.name for a in p.arms]) for p in plans] == [("flyspec draft_model", ["fly"])]
 
 
+def test_every_lossy_policy_is_served_the_second_on_a_start_of_its_own(tmp_path: Path) -> None:
+    """Any registered lossy policy is a serving method: the first rides on flyspec's draft-model start
+    beside standard verification, each further one gets its own draft-model start (one engine holds
+    one policy), after the methods the peers share; the peers never run a lossy policy."""
+    plans = plan_servers(("flyspec", "vllm"), ("draft_model", "typical", "fly"), _inputs(tmp_path))
+    assert [(p.label, [a.name for a in p.arms]) for p in plans] == [
+        ("flyspec draft_model", ["standard", "typical"]),
+        ("vllm draft_model", ["standard"]),
+        ("flyspec fly", ["fly"]),
+    ]
+    fly = plans[2]
+    spec = json.loads(fly.argv[fly.argv.index("--speculative-config") + 1])
+    assert spec == {"model": "/m/draft", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}
+    assert fly.arms[0].extra_body == {"verification": "fly"}
+
+
 def test_missing_peer_line_says_how_to_install(tmp_path: Path) -> None:
     """A peer whose binary is absent is named with the path looked for and `make peers`; flyspec is
     always there; an executable at the expected path counts as installed."""

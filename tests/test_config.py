@@ -3,20 +3,13 @@ warning, one validation path and a canonical dict form."""
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 
 import pytest
 
-from flyspec.config import (
-    LOSSY_WARNING,
-    POLICY_FIELDS,
-    EngineConfig,
-    SpeculativeConfig,
-    log_lossy_warning,
-)
-from flyspec.spec_decode.policies import POLICIES
+from flyspec.config import EngineConfig, SpeculativeConfig, verification_policy
+from flyspec.spec_decode.policies import registered_policies
 from flyspec.spec_decode.verify import FlyParams, TypicalParams
 
 
@@ -25,7 +18,7 @@ def test_defaults_and_method_inferred_from_model():
     cfg = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 4})
     assert cfg.method == "draft_model" and cfg.rejection_sample_method == "standard"
     assert cfg.draft_sample_method is None and cfg.lossless_prefix_tokens is None
-    assert all(getattr(cfg, f) is None for f in POLICY_FIELDS)  # no policy field applies to standard
+    assert cfg.policy_settings == {}  # no policy field applies to standard
     assert not cfg.is_lossy and cfg.verification_policy(151_936) is None
     ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
     assert (ngram.prompt_lookup_min, ngram.prompt_lookup_max, ngram.model) == (2, 5, None)
@@ -35,7 +28,7 @@ def test_defaults_and_method_inferred_from_model():
 def test_fly_window_default_is_min_6_k_minus_1(k, window):
     """With FLy and no window given, W = min(6, K - 1)."""
     cfg = SpeculativeConfig(model="d", num_speculative_tokens=k, rejection_sample_method="fly")
-    assert cfg.fly_window_size == window and cfg.is_lossy
+    assert cfg.policy_settings["fly_window_size"] == window and cfg.is_lossy
 
 
 def test_fly_policy_caps_top_k_at_vocab():
@@ -53,8 +46,8 @@ def test_fly_policy_caps_top_k_at_vocab():
     policy = cfg.verification_policy(151_936)
     assert policy == FlyParams(window_size=2, entropy_threshold=1.0, entropy_top_k=50)
     assert cfg.verification_policy(10) == FlyParams(window_size=2, entropy_threshold=1.0, entropy_top_k=10)
-    assert isinstance(cfg.fly_entropy_threshold, float)
-    assert cfg.lossless_prefix_tokens == 0 and cfg.typical_acceptance_sampler_posterior_threshold is None
+    assert isinstance(cfg.policy_settings["fly_entropy_threshold"], float)
+    assert cfg.lossless_prefix_tokens == 0 and EPS not in cfg.to_dict()
 
 
 FLY = {"model": "d", "rejection_sample_method": "fly"}
@@ -66,11 +59,12 @@ def test_typical_defaults_are_vllms_and_work_with_k_1():
     """Typical acceptance takes vLLM's field names and defaults (0.09, 0.3), needs no K >= 2, is lossy,
     and its verifier object is TypicalParams; an int threshold is stored as a float."""
     cfg = SpeculativeConfig.from_dict(TYPICAL)
-    assert (getattr(cfg, EPS), getattr(cfg, DELTA)) == (0.09, 0.3) and cfg.is_lossy
+    assert cfg.policy_settings == {EPS: 0.09, DELTA: 0.3} and cfg.is_lossy
     assert cfg.verification_policy(100) == TypicalParams(posterior_threshold=0.09, posterior_alpha=0.3)
-    assert cfg.fly_window_size is None and cfg.lossless_prefix_tokens == 0
+    assert "fly_window_size" not in cfg.to_dict() and cfg.lossless_prefix_tokens == 0
     cfg = SpeculativeConfig.from_dict({**TYPICAL, EPS: 1, DELTA: 1, "lossless_prefix_tokens": 16})
-    assert getattr(cfg, EPS) == 1.0 and isinstance(getattr(cfg, EPS), float) and getattr(cfg, DELTA) == 1.0
+    eps, delta = cfg.policy_settings[EPS], cfg.policy_settings[DELTA]
+    assert eps == 1.0 and isinstance(eps, float) and delta == 1.0
     assert cfg.lossless_prefix_tokens == 16
 
 
@@ -116,15 +110,15 @@ def test_typical_and_prefix_rules_raise_value_error_naming_field_value_and_rule(
         SpeculativeConfig.from_dict(data)
 
 
-def test_every_policy_field_is_a_config_field_and_owned_once():
-    """Registration is consistent: every registered policy's config fields exist on SpeculativeConfig and
-    no field belongs to two policies (a new policy that forgets to declare its fields fails here)."""
+def test_policy_fields_are_owned_once_and_apart_from_the_configs_own():
+    """Registration is consistent: no field belongs to two policies or shadows one of SpeculativeConfig's
+    own fields, and standard, the lossless policy, comes first."""
     import dataclasses
 
-    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
-    owned = [f for p in POLICIES.values() for f in p.config_fields]
-    assert set(owned) <= fields and len(owned) == len(set(owned))
-    assert "standard" in POLICIES and not POLICIES["standard"].lossy
+    own = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    owned = [f for p in registered_policies() for f in p.field_names()]
+    assert not set(owned) & own and len(owned) == len(set(owned))
+    assert registered_policies()[0].name == "standard" and not registered_policies()[0].lossy
 
 
 def test_config_validation_imports_no_torch():
@@ -305,30 +299,21 @@ def test_engine_config_rejects_bad_fields(kwargs, message):
         EngineConfig(**kwargs)
 
 
-def test_lossy_warning_text_is_exactly_spec(caplog):
-    """log_lossy_warning logs the documented sentence verbatim, once, at warning level."""
-    logger = logging.getLogger("flyspec.test")
-    with caplog.at_level(logging.WARNING, logger="flyspec.test"):
-        log_lossy_warning(logger)
-    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (
-            logging.WARNING,
-            "FLy verification is lossy: outputs do not follow the target model's distribution and may be of "
-            "lower quality.",
-        )
-    ]
-    assert caplog.records[0].getMessage() == LOSSY_WARNING
+def test_lossy_warning_text_is_exactly_spec():
+    """FLy's warning is the documented sentence verbatim (the engine logs it once, at warning level:
+    tests/test_server_cli.py reads it in a real server's log)."""
+    assert verification_policy("fly").lossy_warning() == (
+        "FLy verification is lossy: outputs do not follow the target model's distribution and may be of "
+        "lower quality."
+    )
 
 
-def test_typical_warning_is_the_same_sentence_with_its_own_name(caplog):
-    """Typical acceptance logs the FLy sentence with its own name (SPEC 5)."""
-    logger = logging.getLogger("flyspec.test")
-    with caplog.at_level(logging.WARNING, logger="flyspec.test"):
-        log_lossy_warning(logger, "typical")
-    assert [r.getMessage() for r in caplog.records] == [
+def test_typical_warning_is_the_same_sentence_with_its_own_name():
+    """Typical acceptance's warning is the FLy sentence with its own name (SPEC 5)."""
+    assert verification_policy("typical").lossy_warning() == (
         "Typical acceptance verification is lossy: outputs do not follow the target model's distribution "
         "and may be of lower quality."
-    ]
+    )
 
 
 def test_from_dict_treats_null_as_unset_and_round_trips():
@@ -337,7 +322,7 @@ def test_from_dict_treats_null_as_unset_and_round_trips():
     cfg = SpeculativeConfig.from_dict(
         {"model": "d", "num_speculative_tokens": 3, "fly_window_size": None, "prompt_lookup_min": None}
     )
-    assert cfg.prompt_lookup_min == 2 and cfg.fly_window_size is None
+    assert cfg.prompt_lookup_min == 2 and cfg.policy_settings == {}
     fly = SpeculativeConfig.from_dict({**FLY, "num_speculative_tokens": 5})
     for c in (cfg, fly):
         assert SpeculativeConfig(**c.to_dict()) == c

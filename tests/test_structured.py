@@ -125,7 +125,7 @@ def test_grammar_forbidden_drafts_are_never_kept_by_verify():
                 for s in seqs
             ]
             probs, _ = processing.probs(logits, plain, drafts)
-        out = verify(draft_ids, probs.view(rows, k + 1, vocab), None, greedy=greedy, fly=fly, generator=g)
+        out = verify(draft_ids, probs.view(rows, k + 1, vocab), None, greedy=greedy, policy=fly, generator=g)
         accepted = out.num_accepted.tolist()
         return [drafts[b][: accepted[b]] for b in range(rows)], int(out.num_forgiven.sum())
 

@@ -282,7 +282,7 @@ def greedy_case(rows: list[list[float]], draft: list[int], fly: FlyParams | None
     P = torch.tensor([rows], dtype=torch.float32)
     d = torch.tensor([draft])
     lengths = None if length is None else torch.tensor([length])
-    return verify(d, P, None, greedy=torch.tensor([True]), fly=fly, num_draft_tokens=lengths)
+    return verify(d, P, None, greedy=torch.tensor([True]), policy=fly, num_draft_tokens=lengths)
 
 
 def test_rejection_forgiven_when_target_unsure_and_window_clean():
@@ -355,7 +355,7 @@ def test_masked_draft_token_never_forgiven():
     Q = torch.tensor([[[1.0, 0, 0, 0], [0.0, 1, 0, 0], [0.0, 1, 0, 0]]])
     u = torch.full((1, 3), 0.5, dtype=torch.float64)
     su = torch.tensor([0.5], dtype=torch.float64)
-    kw = dict(greedy=torch.tensor([False]), fly=fly, uniform=u, sample_uniform=su)
+    kw = dict(greedy=torch.tensor([False]), policy=fly, uniform=u, sample_uniform=su)
     assert verify(torch.tensor([[1, 1, 1]]), P, Q, **kw).num_forgiven.tolist() == [0]
     # Same row with Q_0(d_0) > 0 and P_0(d_0) / Q_0(d_0) = 0.3 / 0.9 < u: rejected natively, forgiven.
     Q[0, 0] = torch.tensor([0.1, 0.9, 0, 0])
@@ -623,13 +623,12 @@ def good_inputs():
         (dict(lossless_before=torch.tensor([0, -1])), "lossless_before must be"),
         (dict(lossless_before=torch.tensor([0.0, 1.0])), "lossless_before must be"),
         (dict(lossless_before=torch.tensor([0])), "lossless_before must be"),
-        (dict(policy=FlyParams(1, 0.0, 3), fly=FlyParams(1, 0.0, 3)), "not both"),
         (dict(policy="fly"), "policy must be a VerificationPolicy"),
     ],
 )
 def test_bad_input_raises_value_error_naming_argument(change, message):
     """Shapes that disagree, K_b > K, negative or out-of-vocabulary draft ids, bad uniforms, a bad lossless
-    prefix and a policy given twice or by name raise a ValueError that names the argument."""
+    prefix and a policy given by name raise a ValueError that names the argument."""
     kwargs = good_inputs() | change
     args = [kwargs.pop(name) for name in ("draft_token_ids", "target_probs", "draft_probs")]
     with pytest.raises(ValueError, match=message):
@@ -708,11 +707,12 @@ def test_all_zero_residual_falls_back_to_target_row():
     assert out.token_ids.tolist() == [[1, -1]] and out.num_accepted.tolist() == [0]
 
 
-def test_fly_keyword_is_an_alias_of_policy():
-    """fly=FlyParams(...) (the old keyword) gives exactly what policy= gives."""
+def test_the_policy_has_one_keyword():
+    """policy= is the one way to give a policy: the old fly= alias is gone, so a caller still using it
+    fails loudly instead of silently verifying losslessly."""
     fly = FlyParams(window_size=2, entropy_threshold=0.3, entropy_top_k=3)
     rows = [FLAT, PEAKED, PEAKED, PEAKED, FLAT]
     P, d, greedy = torch.tensor([rows]), torch.tensor([[1, 0, 0, 0]]), torch.tensor([True])
-    a = verify(d, P, None, greedy=greedy, fly=fly)
-    b = verify(d, P, None, greedy=greedy, policy=fly)
-    assert a.token_ids.tolist() == b.token_ids.tolist() == [[1, 0, 0, 0, 0]]
+    assert verify(d, P, None, greedy=greedy, policy=fly).token_ids.tolist() == [[1, 0, 0, 0, 0]]
+    with pytest.raises(TypeError, match="fly"):
+        verify(d, P, None, greedy=greedy, fly=fly)  # type: ignore[call-arg]

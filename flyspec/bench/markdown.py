@@ -7,11 +7,13 @@ file is regenerated, never edited.
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 from pathlib import Path
 from typing import Any
 
 from flyspec.bench.machine import cpu_label
+from flyspec.bench.report import BenchReport, BenchRow, Ratio, Scaling
 
 
 def _num(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -22,18 +24,18 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def baseline_ratio(report: dict[str, Any], row: dict[str, Any]) -> float | None:
+def baseline_ratio(report: BenchReport, row: BenchRow) -> float | None:
     """tokens/s relative to target-only of the same backend and weight format at the same batch size."""
-    for other in report["results"]:
+    for other in report.results:
         if (
-            other["backend"] == row["backend"]
-            and other.get("quantization") == row.get("quantization")
-            and other["method"] == "target"
-            and other["batch_size"] == row["batch_size"]
-            and other["tokens_per_s"]
-            and row["tokens_per_s"]
+            other.backend == row.backend
+            and other.quantization == row.quantization
+            and other.method == "target"
+            and other.batch_size == row.batch_size
+            and other.tokens_per_s
+            and row.tokens_per_s
         ):
-            return row["tokens_per_s"] / other["tokens_per_s"]
+            return row.tokens_per_s / other.tokens_per_s
     return None
 
 
@@ -51,24 +53,24 @@ RESULT_COLUMNS = (
 )
 
 
-def result_cells(report: dict[str, Any], row: dict[str, Any]) -> list[str]:
+def result_cells(report: BenchReport, row: BenchRow) -> list[str]:
     """One results-table row as strings (shared by the terminal table and the Markdown)."""
-    runs = ", ".join(_num(v, "{:.1f}") for v in row["tokens_per_s_runs"])
+    runs = ", ".join(_num(v, "{:.1f}") for v in row.tokens_per_s_runs)
     return [
-        row["label"],
-        _num(row["tokens_per_s"]),
+        row.label,
+        _num(row.tokens_per_s),
         runs,
-        _num(row.get("decode_tokens_per_s")),
+        _num(row.decode_tokens_per_s),
         _num(baseline_ratio(report, row), "{:.2f}x"),
-        _num(row["mean_acceptance_length"]),
-        _pct(row["acceptance_rate"]),
-        _pct(row["forgiven_share"]),
-        _num(None if row["peak_rss_mb"] is None else row["peak_rss_mb"] / 1024, "{:.2f}"),
-        _pct(row["prefix_match"]),
+        _num(row.mean_acceptance_length),
+        _pct(row.acceptance_rate),
+        _pct(row.forgiven_share),
+        _num(None if row.peak_rss_mb is None else row.peak_rss_mb / 1024, "{:.2f}"),
+        _pct(row.prefix_match),
     ]
 
 
-def print_table(report: dict[str, Any]) -> None:
+def print_table(report: BenchReport) -> None:
     """The results on the terminal (a rich table on stdout)."""
     from rich.console import Console
     from rich.table import Table
@@ -78,7 +80,7 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title="flyspec bench", title_justify="left")
     for i, name in enumerate(RESULT_COLUMNS):
         table.add_column(name, justify="left" if i == 0 else "right")
-    for row in report["results"]:
+    for row in report.results:
         table.add_row(*result_cells(report, row))
     console.print(table)
 
@@ -89,9 +91,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def arm_command(report: dict[str, Any], row: dict[str, Any]) -> str:
-    """A `flyspec bench` command whose sweep includes this arm with the run's settings."""
-    s = report["settings"]
+def arm_command(report: BenchReport, row: BenchRow) -> str:
+    """A `flyspec bench` command whose sweep includes this arm with the run's settings: a lossy arm at
+    its policy's defaults by `--methods`, one with other settings by a one-setting `--policies` grid."""
+    s = report.settings
     args = [
         "flyspec",
         "bench",
@@ -110,31 +113,30 @@ def arm_command(report: dict[str, Any], row: dict[str, Any]) -> str:
         "--repeats",
         str(s["repeats"]),
         "--batch-sizes",
-        str(row["batch_size"]),
+        str(row.batch_size),
     ]
     if not s["ignore_eos"]:
         args.append("--stop-at-eos")
     if s.get("threads") is not None:
         args += ["--threads", str(s["threads"])]
-    if row.get("quantization"):
-        args += ["--quantization", row["quantization"]]
-    method = row["method"]
-    args += ["--methods", method]
-    if row["drafter"] is not None:
-        args += ["--draft", row["drafter"], "--k", str(row["k"]), "--headline-k", str(row["k"])]
-    if row.get("fly_window") is not None:
-        args += ["--fly-threshold", str(row["fly_threshold"])]
-        if not row["default_window"]:
-            args += ["--fly-windows", str(row["fly_window"])]
-    if row.get("lossless_prefix"):
-        args += ["--lossless-prefix", str(row["lossless_prefix"])]
-    if row["backend"] == "hf":
+    if row.quantization:
+        args += ["--quantization", row.quantization]
+    if row.lossy and not row.at_defaults:
+        grid = {"rejection_sample_method": row.method, **row.settings}
+        args += ["--methods", "none", "--policies", json.dumps(grid, separators=(",", ":"))]
+    else:
+        args += ["--methods", row.method]
+    if row.drafter is not None:
+        args += ["--draft", row.drafter, "--k", str(row.k), "--headline-k", str(row.k)]
+    if row.lossless_prefix:
+        args += ["--lossless-prefix", str(row.lossless_prefix)]
+    if row.backend == "hf":
         args += ["--peer", "hf"]
     return shlex.join(args)
 
 
 def render_markdown(
-    report: dict[str, Any], plot_path: Path | None, markdown_path: Path, analysis: str | None = None
+    report: BenchReport, plot_path: Path | None, markdown_path: Path, analysis: str | None = None
 ) -> str:
     """BENCHMARKS.md for one bench report (plot linked relative to the Markdown file).
 
@@ -144,27 +146,26 @@ def render_markdown(
     out = _header(report)
     if analysis:
         out += ["## Analysis (written after the run)", "", analysis.strip(), ""]
-    out += _machine(report["machine"])
-    out += _setup(report["settings"])
+    out += _machine(report.machine)
+    out += _setup(report.settings, report.results)
     out += ["## Results", ""]
-    out += _table(list(RESULT_COLUMNS), [result_cells(report, r) for r in report["results"]])
-    out += _ratios(report["ratios"])
-    out += _batch_scaling(report["batch_scaling"])
-    out += _breakdown(report["breakdown"])
+    out += _table(list(RESULT_COLUMNS), [result_cells(report, r) for r in report.results])
+    out += _ratios(report.ratios)
+    out += _batch_scaling(report.batch_scaling)
+    out += _breakdown(report.breakdown)
     if plot_path is not None:
         out += _plot(plot_path, markdown_path)
     out += _commands(report)
     return "\n".join(out)
 
 
-def _header(report: dict[str, Any]) -> list[str]:
+def _header(report: BenchReport) -> list[str]:
     return [
         "# Benchmarks",
         "",
-        f"Generated on {report['finished_at']} by one command (the reference sweep is what `make bench` "
-        "runs):",
+        f"Generated on {report.finished_at} by one command (the reference sweep is what `make bench` runs):",
         "",
-        f"    {report['command']}",
+        f"    {report.command}",
         "",
         "Do not edit by hand: every number below comes from that one run, and the commands at the end "
         "re-measure any single row.",
@@ -204,7 +205,21 @@ def _machine(m: dict[str, Any]) -> list[str]:
     return out
 
 
-def _setup(s: dict[str, Any]) -> list[str]:
+def _lossy_settings(rows: list[BenchRow]) -> list[str]:
+    """Each lossy arm's settings as the run recorded them (one line per policy and setting)."""
+    seen: dict[str, str] = {}
+    for row in rows:
+        if row.lossy and row.settings:
+            name = " ".join(p for p in (row.method, f"K={row.k}", row.tag) if p)
+            values = ", ".join(f"{k} {v}" for k, v in row.settings.items())
+            seen.setdefault(name, f"`{name}`: {values}")
+    if not seen:
+        return []
+    return ["- lossy settings (resolved; a label names only those that differ from the policy's defaults): "
+            + "; ".join(seen.values())]  # fmt: skip
+
+
+def _setup(s: dict[str, Any], rows: list[BenchRow]) -> list[str]:
     return [
         "",
         "## Setup",
@@ -225,17 +240,16 @@ def _setup(s: dict[str, Any]) -> list[str]:
         f"{s['warmup_tokens']}-token warm-up first, then {s['repeats']} interleaved repetition(s) "
         "(every arm once per repetition, order reversed on alternate ones); tokens/s sums tokens and time "
         "over the repetitions, 'per run' lists each",
-        "- batch size b = b concurrent requests (waves of b); FLy entropy threshold "
-        f"{s['fly_threshold']}, top-k 3; typical acceptance at its defaults (eps 0.09, delta 0.3); "
-        "`prefix=L` = lossless_prefix_tokens L (the first L tokens of each response verified "
-        "losslessly); standard arms run on a lossy engine of the same K with "
-        '`verification="standard"` requests',
+        "- batch size b = b concurrent requests (waves of b); `prefix=L` = lossless_prefix_tokens L (the "
+        "first L tokens of each response verified losslessly); standard arms run on a lossy engine of the "
+        'same K with `verification="standard"` requests',
+        *_lossy_settings(rows),
         "- mean acc. length = tokens per verification step (1 + accepted / drafts); for hf assisted, "
         "tokens per target forward (prefill included). Forgiven = share of accepted draft tokens only "
         "the lossy policy's rule kept. "
         "'same as target-only' = mean share of each output identical to flyspec target-only batch-1 output "
-        "before the first difference (bf16 verify passes may round differently; FLy and typical acceptance "
-        "are lossy by design)",
+        "before the first difference (bf16 verify passes may round differently; lossy policies differ by "
+        "design)",
         *(
             [
                 "- weight formats: "
@@ -252,7 +266,7 @@ def _setup(s: dict[str, Any]) -> list[str]:
     ]
 
 
-def _ratios(ratios: list[dict[str, Any]]) -> list[str]:
+def _ratios(ratios: list[Ratio]) -> list[str]:
     if not ratios:
         return []
     return [
@@ -261,23 +275,24 @@ def _ratios(ratios: list[dict[str, Any]]) -> list[str]:
         "",
         *_table(
             ["comparison", "ratio", "acceptance-length gain"],
-            [[r["name"], f"{r['value']:.3f}x", _pct(r.get("acceptance_gain"))] for r in ratios],
+            [[r.name, f"{r.value:.3f}x", _pct(r.acceptance_gain)] for r in ratios],
         ),
     ]
 
 
-def _batch_scaling(scaling: list[dict[str, Any]]) -> list[str]:
+def _batch_scaling(scaling: list[Scaling]) -> list[str]:
     if not scaling:
         return []
-    batches = sorted({p["batch_size"] for b in scaling for p in b["points"]})
+    batches = sorted({p.batch_size for b in scaling for p in b.points})
     rows = []
     for b in scaling:
-        by_batch = {p["batch_size"]: p["speedup"] for p in b["points"]}
-        stop = b["stops_paying_at"]
-        fmt = f"{b['quantization']} " if b.get("quantization") else ""
+        by_batch = {p.batch_size: p.speedup for p in b.points}
+        stop = b.stops_paying_at
+        fmt = f"{b.quantization} " if b.quantization else ""
+        prefix = f" prefix={b.lossless_prefix}" if b.lossless_prefix else ""
         rows.append(
             [
-                f"{fmt}{b['method']} K={b['k']}",
+                f"{fmt}{b.method} K={b.k}{prefix}",
                 *(_num(by_batch.get(x), "{:.2f}x") for x in batches),
                 "pays at every measured batch size" if stop is None else f"batch {stop}",
             ]
@@ -347,9 +362,9 @@ def _plot(plot_path: Path, markdown_path: Path) -> list[str]:
     return ["", "## Plot", "", f"![throughput vs batch size; speed-up vs acceptance gain]({rel.as_posix()})"]
 
 
-def _commands(report: dict[str, Any]) -> list[str]:
+def _commands(report: BenchReport) -> list[str]:
     out = ["", "## Re-measure one row", "", "<details><summary>commands</summary>", "", "```"]
-    out += [f"# {r['label']}\n{arm_command(report, r)}" for r in report["results"]]
+    out += [f"# {r.label}\n{arm_command(report, r)}" for r in report.results]
     out += [
         "```",
         "",

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from flyspec.assets import check_sha256, source_files, zoo_entry
-from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
+from flyspec.config import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, lossy_policy_names
 
 # flyspec-int8 and flyspec-int4: our server with quantization="int8" or "int4" (docs/performance.md), the
 # weights quantized at load from the same bf16 files, to compare with llama.cpp's own quantized format;
@@ -40,7 +40,10 @@ _QUANTIZED_WEIGHTS = {
 }
 FLYSPEC_PEERS = ("flyspec", *(f"flyspec-{q}" for q in _QUANTIZED_WEIGHTS))
 PEERS = (*FLYSPEC_PEERS, "vllm", "llama.cpp")
-METHODS = ("target", "draft_model", "fly", "ngram")
+DRAFTING = ("target", "draft_model", "ngram")
+"""The methods every server may run; a lossy verification policy's name is flyspec's own method."""
+DEFAULT_METHODS = ("target", "draft_model", "fly", "ngram")
+"""What `flyspec bench-serve` measures unless told: every drafting method, and FLy beside standard."""
 INSTALL_HINT = "run `make peers` in the flyspec checkout (or set FLYSPEC_PEERS to the folder it made)"
 # vLLM's CPU KV cache in GiB: 2 GiB holds about 40,000 tokens of the 1.5B target and its 0.5B draft,
 # more than 32 sequences of 1,024 tokens; a larger pool would only add to the memory it is measured by.
@@ -190,9 +193,22 @@ def _flyspec_command() -> list[str]:
     )
 
 
+def method_names() -> tuple[str, ...]:
+    """What `--methods` may name: target-only, the draft model, n-gram lookup, and flyspec's lossy
+    verification with any registered lossy policy (on the draft model)."""
+    return (*DRAFTING, *lossy_policy_names())
+
+
+def _lossy(methods: tuple[str, ...]) -> list[str]:
+    return [m for m in methods if m not in DRAFTING]
+
+
 def _flyspec_plan(
     method: str, methods: tuple[str, ...], inp: PlanInputs, peer: str = "flyspec"
 ) -> ServerPlan | None:
+    """One flyspec start. The draft-model start serves standard verification and the first lossy policy
+    asked for, interleaved (the request's `verification` field picks one); each further lossy policy is
+    a draft-model start of its own, named by the policy."""
     argv = [
         *_flyspec_command(),
         "serve",
@@ -209,17 +225,20 @@ def _flyspec_plan(
     argv += ["--quantization", quantization]
     if quantization != "none":
         weights = f"{_QUANTIZED_WEIGHTS[quantization]} from {weights}"
+    lossy = _lossy(methods)
     if method == "target":
         arms: tuple[ArmSpec, ...] = (ArmSpec("target"),)
-    elif method == "draft_model":
+    elif method == "draft_model" or method in lossy:
         if inp.draft_dir is None:
             return None
         spec: dict[str, Any] = {"model": str(inp.draft_dir), "num_speculative_tokens": inp.k}
-        arms = (ArmSpec("standard", {"verification": "standard"}),) if "draft_model" in methods else ()
-        if "fly" in methods:
-            # One start serves both arms, interleaved: the request field picks lossless or FLy.
-            spec["rejection_sample_method"] = "fly"
-            arms += (ArmSpec("fly", {"verification": "fly"}),)
+        arms = ()
+        if method == "draft_model" and "draft_model" in methods:
+            arms = (ArmSpec("standard", {"verification": "standard"}),)
+        policy = method if method in lossy else (lossy[0] if lossy else None)
+        if policy is not None:
+            spec["rejection_sample_method"] = policy
+            arms += (ArmSpec(policy, {"verification": policy}),)
         argv += ["--speculative-config", json.dumps(spec)]
     elif method == "ngram":
         spec = {
@@ -311,15 +330,17 @@ def _llama_plan(method: str, inp: PlanInputs) -> ServerPlan | None:
 
 def plan_servers(peers: tuple[str, ...], methods: tuple[str, ...], inp: PlanInputs) -> list[ServerPlan]:
     """Every server start, method by method and peer by peer within a method, so the runs a comparison
-    pairs are close together in time. A (peer, method) the peer cannot run is left out; FLy is
-    flyspec's own and rides on its draft-model start."""
+    pairs are close together in time. A (peer, method) the peer cannot run is left out; lossy
+    verification is flyspec's own: the first lossy policy rides on its draft-model start, each other one
+    gets a start of its own after n-gram lookup."""
     plans = []
-    for method in ("target", "draft_model", "ngram"):
+    lossy = _lossy(methods)
+    for method in (*DRAFTING, *lossy[1:]):
         for peer in peers:
             if peer in FLYSPEC_PEERS:
-                if method in methods or (method == "draft_model" and "fly" in methods):
+                if method in methods or (method == "draft_model" and lossy):
                     plans.append(_flyspec_plan(method, methods, inp, peer))
-            elif method in methods:
+            elif method in methods and method in DRAFTING:
                 plans.append(_vllm_plan(method, inp) if peer == "vllm" else _llama_plan(method, inp))
     return [p for p in plans if p is not None]
 

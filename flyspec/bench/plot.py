@@ -4,15 +4,16 @@ gain."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from flyspec.bench.report import BenchReport, BenchRow
 
 
-def write_plot(report: dict[str, Any], path: Path) -> None:
+def write_plot(report: BenchReport, path: Path) -> None:
     """Two panels from a bench report (see flyspec.bench.report for its layout).
 
     Left: tokens/s against batch size, one line per flyspec method and lossless prefix at the headline K
-    (FLy with its default window), the peer's batch-1 numbers as markers. Right: for every lossy arm
-    (FLy, typical acceptance), its tokens/s gain over standard SD at the same K and batch size against
+    (a lossy policy at its defaults), the peer's batch-1 numbers as markers. Right: for every lossy arm,
+    its tokens/s gain over standard SD at the same K and batch size against
     its gain in mean acceptance length; points on the diagonal turn all extra acceptance into speed.
     """
     import matplotlib
@@ -20,32 +21,29 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")  # no display on a server; must precede pyplot
     import matplotlib.pyplot as plt
 
-    rows = report["results"]
-    k = report["settings"].get("headline_k")
+    rows = report.results
+    k = report.settings.get("headline_k")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
 
-    lines: dict[str, list[dict[str, Any]]] = {
-        "target-only": [r for r in rows if r["backend"] == "flyspec" and r["method"] == "target"]
+    lines: dict[str, list[BenchRow]] = {
+        "target-only": [r for r in rows if r.backend == "flyspec" and r.method == "target"]
     }
     for r in rows:
-        if r["backend"] != "flyspec" or r["method"] == "target" or r["k"] != k:
+        if r.backend != "flyspec" or r.method == "target" or r.k != k or not r.at_defaults:
             continue
-        if r["fly_window"] is not None and not r["default_window"]:
-            continue
-        prefix = f" prefix={r['lossless_prefix']}" if r.get("lossless_prefix") else ""
-        window = " (default W)" if r["fly_window"] is not None else ""
-        lines.setdefault(f"{r['method']} K={k}{prefix}{window}", []).append(r)
+        prefix = f" prefix={r.lossless_prefix}" if r.lossless_prefix else ""
+        lines.setdefault(f"{r.method} K={k}{prefix}", []).append(r)
     for name, series in lines.items():
-        series = sorted((r for r in series if r["tokens_per_s"]), key=lambda r: r["batch_size"])
+        series = sorted((r for r in series if r.tokens_per_s), key=lambda r: r.batch_size)
         if series:
             left.plot(
-                [r["batch_size"] for r in series], [r["tokens_per_s"] for r in series], marker="o", label=name
+                [r.batch_size for r in series], [r.tokens_per_s for r in series], marker="o", label=name
             )
     for r in rows:
-        if r["backend"] == "hf" and r["tokens_per_s"] and (r["method"] == "target" or r["k"] == k):
-            name = "hf generate" if r["method"] == "target" else f"hf assisted K={r['k']}"
-            left.scatter([1], [r["tokens_per_s"]], marker="x", s=60, label=name, zorder=3)
-    batches = sorted({r["batch_size"] for r in rows})
+        if r.backend == "hf" and r.tokens_per_s and (r.method == "target" or r.k == k):
+            name = "hf generate" if r.method == "target" else f"hf assisted K={r.k}"
+            left.scatter([1], [r.tokens_per_s], marker="x", s=60, label=name, zorder=3)
+    batches = sorted({r.batch_size for r in rows})
     left.set_xscale("log", base=2)
     left.set_xticks(batches, [str(b) for b in batches])
     left.set_xlabel("batch size (concurrent requests)")
@@ -54,13 +52,13 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     left.grid(True, alpha=0.3)
     left.legend(fontsize=8)
 
-    points = [r for r in report["ratios"] if r["name"].endswith("/ standard") and "acceptance_gain" in r]
-    xs = [100 * p["acceptance_gain"] for p in points]
-    ys = [100 * (p["value"] - 1) for p in points]
+    points = [r for r in report.ratios if r.name.endswith("/ standard") and r.acceptance_gain is not None]
+    xs = [100 * p.acceptance_gain for p in points]  # type: ignore[operator]
+    ys = [100 * (p.value - 1) for p in points]
     right.scatter(xs, ys, zorder=3)
     for p, x, y in zip(points, xs, ys, strict=True):
         right.annotate(
-            p["numerator"].removeprefix("flyspec "),
+            p.numerator.removeprefix("flyspec "),
             (x, y),
             fontsize=7,
             xytext=(3, 3),

@@ -6,8 +6,8 @@ repetition runs every arm once in turn, in alternating order (A..Z, then Z..A), 
 machine hits all arms alike. Peak RSS is sampled by a background thread while each arm runs.
 
 Engines: one per (weight format, drafter, K, verifier), created lazily, where the verifier is a lossy
-arm's policy with its settings (FLy window, lossless prefix). A standard arm runs on a lossy engine of the
-same format, drafter and K when the sweep has one (the first lossy arm's with default settings, else the
+arm's policy with its settings and lossless prefix. A standard arm runs on a lossy engine of the same
+format, drafter and K when the sweep has one (the first lossy arm's at its policy's defaults, else the
 first), as requests with `SamplingParams(verification="standard")` (lossless verification per request).
 Model weights are loaded once per (model, weight format) and handed to every engine through
 `LLM.from_config(config, target=..., draft=...)`; a loaded model holds only weights (KV caches belong to
@@ -16,6 +16,7 @@ each engine), so sharing it is safe.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -78,18 +79,13 @@ class PeakRSS:
         self.peak = max(self.peak, self._process.memory_info().rss)
 
 
-Verifier = tuple[str, int | None, int]
-"""A lossy engine's verification: (policy name, FLy window or None, lossless prefix)."""
+Verifier = tuple[str, str, int]
+"""A lossy engine's verification: (policy name, its settings as sorted JSON, lossless prefix)."""
 EngineKey = tuple[str | None, str | None, int | None, Verifier | None]
 
 
 def _verifier(arm: Arm) -> Verifier:
-    return (arm.method, arm.fly_window, arm.lossless_prefix)
-
-
-def _is_default(arm: Arm) -> bool:
-    """A lossy arm at its policy's default settings: the engine a user would run."""
-    return not arm.lossless_prefix and (arm.fly_window is None or arm.default_window)
+    return (arm.method, json.dumps(arm.settings, sort_keys=True), arm.lossless_prefix)
 
 
 def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
@@ -97,7 +93,7 @@ def engine_keys(arms: list[Arm]) -> dict[str, EngineKey]:
     docstring)."""
     lossy: dict[tuple[str | None, str | None, int | None], Verifier] = {}
     candidates = [a for a in arms if a.backend == "flyspec" and a.lossy]
-    for arm in sorted(candidates, key=lambda a: not _is_default(a)):  # stable: defaults first, in order
+    for arm in sorted(candidates, key=lambda a: not a.at_defaults):  # stable: defaults first, in order
         lossy.setdefault((arm.quantization, arm.drafter, arm.k), _verifier(arm))
     keys: dict[str, EngineKey] = {}
     for arm in arms:

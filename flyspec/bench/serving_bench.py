@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.bench.peers import (
-    METHODS,
+    DEFAULT_METHODS,
     PEERS,
     ArmSpec,
     PlanInputs,
@@ -46,7 +46,7 @@ class ServeSettings:
 
     peers: tuple[str, ...] = PEERS
     urls: tuple[str, ...] = ()
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     levels: tuple[int, ...] = (1, 16, 32)
     model: str = DEFAULT_MODEL
     draft: str = DEFAULT_DRAFT
@@ -93,7 +93,7 @@ class ServeSettings:
 
     @property
     def needs_draft(self) -> bool:
-        return "draft_model" in self.methods or "fly" in self.methods
+        return any(m not in ("target", "ngram") for m in self.methods)
 
 
 def requests_for(concurrency: int, waves: int, min_requests: int) -> int:

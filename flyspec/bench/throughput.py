@@ -1,6 +1,6 @@
 """`flyspec bench` as functions: the sweep's settings (a preset with options applied), its arms, and the
 run that measures them (throughput of target-only, standard and lossy decoding, optionally against a
-peer, with the step breakdown), returning the report object (layout in flyspec.bench.report).
+peer, with the step breakdown), returning the report (`BenchReport`, layout in flyspec.bench.report).
 
 Settings are validated and the arms planned before torch is imported or any weights load.
 """
@@ -14,9 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyspec.bench.sweep import Arm, plan_arms
+
+if TYPE_CHECKING:
+    from flyspec.bench.report import BenchReport, BenchRow
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -27,7 +30,9 @@ OnProgress = Callable[[str, int], None]
 
 @dataclass(frozen=True)
 class Settings:
-    """A fully resolved sweep (preset values with explicit options applied)."""
+    """A fully resolved sweep (preset values with explicit options applied). `methods`: target, standard
+    and lossy policies at their defaults; `policies`: more lossy settings, the fragments of a
+    `--policies` grid (flyspec/policy_grid.py)."""
 
     model: str = DEFAULT_MODEL
     drafters: tuple[str, ...] = (DEFAULT_DRAFT,)
@@ -35,8 +40,7 @@ class Settings:
     batch_sizes: tuple[int, ...] = (1,)
     ks: tuple[int, ...] = (4,)
     headline_k: int = 4
-    fly_windows: tuple[int, ...] = ()
-    fly_threshold: float = 0.3
+    policies: tuple[dict[str, Any], ...] = ()
     lossless_prefixes: tuple[int, ...] = (0,)
     peer: str | None = None
     dataset: str = "gsm8k"
@@ -70,17 +74,17 @@ PRESETS = {
 
 def resolve_settings(preset: str, overrides: dict[str, Any]) -> Settings:
     """The preset with every override that is not None applied (``peer="none"``: no peer); a ``ks``
-    override without the headline K moves the headline to its first value. ValueError names a bad one."""
+    override without the headline K moves the headline to its first value; ``policies`` without
+    ``methods`` measures target-only, standard and the grid's settings. ValueError names a bad one."""
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r}: must be one of {', '.join(PRESETS)}")
     for name in ("num_prompts", "max_tokens", "repeats", "headline_k", "threads", "warmup_tokens"):
         value = overrides.get(name)
         if value is not None and value < 1:
             raise ValueError(f"{name}={value}: must be >= 1")
-    threshold = overrides.get("fly_threshold")
-    if threshold is not None and not threshold >= 0:
-        raise ValueError(f"fly_threshold={threshold}: must be finite and >= 0")
     given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("policies") and "methods" not in given:
+        given["methods"] = ("target", "standard")
     if isinstance(given.get("peer"), str) and given["peer"].lower() == "none":
         given["peer"] = None
     settings = replace(PRESETS[preset], **given)
@@ -96,10 +100,9 @@ def plan(settings: Settings) -> list[Arm]:
         batch_sizes=settings.batch_sizes,
         ks=settings.ks,
         headline_k=settings.headline_k,
-        extra_windows=settings.fly_windows,
         drafters=settings.drafters,
         peer=settings.peer,
-        fly_threshold=settings.fly_threshold,
+        policies=settings.policies,
         quantizations=settings.quantizations,
         lossless_prefixes=settings.lossless_prefixes,
     )
@@ -107,12 +110,11 @@ def plan(settings: Settings) -> list[Arm]:
 
 def run_bench(
     settings: Settings, arms: list[Arm], command: str, on_progress: OnProgress = lambda label, total: None
-) -> dict[str, Any]:
-    """Run the planned sweep (``plan(settings)``) and return the report object (layout in
-    flyspec.bench.report); ``command`` is recorded in it."""
+) -> BenchReport:
+    """Run the planned sweep (``plan(settings)``) and return its report; ``command`` is recorded in it."""
+    from flyspec.bench import report as rep
     from flyspec.bench.machine import describe_machine
     from flyspec.bench.prompts import load_prompts, waves
-    from flyspec.bench.report import SCHEMA
     from flyspec.bench.runner import BenchRunner, run_interleaved
 
     if settings.threads is not None:
@@ -145,38 +147,32 @@ def run_bench(
     breakdowns = _breakdowns(runner, profiled, prompts[0].token_ids, settings, total, on_progress)
     requests = {label: sum(len(w) for w in arm_waves[label]) for label in arm_waves}
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    return {
-        "schema": SCHEMA,
-        "command": command,
-        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine,
-        "settings": _settings_json(settings, prompts, runner),
-        **_results(settings, arms, results, requests),
-        "breakdown": breakdowns,
+    rows = _rows(arms, results, requests)
+    headline_drafter = settings.drafters[0] if settings.drafters else None
+    return rep.BenchReport(
+        command=command,
+        finished_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        machine=machine,
+        settings=_settings_json(settings, prompts, runner),
+        results=rows,
+        ratios=rep.ratios(rows),
+        batch_scaling=rep.batch_scaling(rows, drafter=headline_drafter, headline_k=settings.headline_k),
+        breakdown=breakdowns,
         # ru_maxrss is in KiB on Linux.
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "load_s": runner.load_seconds,
-    }
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        load_s=runner.load_seconds,
+    )
 
 
-def _results(
-    settings: Settings, arms: list[Arm], results: dict[str, list[Any]], requests: dict[str, int]
-) -> dict[str, Any]:
-    """Each arm's row (its outputs compared with the batch-1 target-only arm's), the ratios and the batch
-    scaling."""
-    from flyspec.bench import report as rep
+def _rows(arms: list[Arm], results: dict[str, list[Any]], requests: dict[str, int]) -> list[BenchRow]:
+    """Each arm's row, its outputs compared with the batch-1 target-only arm's."""
+    from flyspec.bench.report import summarise
 
     reference_label = next(
         (a.label for a in arms if a.backend == "flyspec" and a.method == "target" and a.batch_size == 1), None
     )
     reference = results[reference_label][0].outputs if reference_label and results[reference_label] else None
-    rows = [rep.summarise(a, results[a.label], requests[a.label], reference) for a in arms]
-    headline_drafter = settings.drafters[0] if settings.drafters else None
-    return {
-        "results": rows,
-        "ratios": rep.ratios(rows),
-        "batch_scaling": rep.batch_scaling(rows, drafter=headline_drafter, headline_k=settings.headline_k),
-    }
+    return [summarise(a, results[a.label], requests[a.label], reference) for a in arms]
 
 
 def _breakdowns(
@@ -209,8 +205,7 @@ def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[
         "batch_sizes": list(settings.batch_sizes),
         "ks": list(settings.ks),
         "headline_k": settings.headline_k,
-        "fly_windows": list(settings.fly_windows),
-        "fly_threshold": settings.fly_threshold,
+        "policies": list(settings.policies),
         "lossless_prefixes": list(settings.lossless_prefixes),
         "peer": settings.peer,
         "dataset": settings.dataset,
@@ -232,32 +227,30 @@ def _settings_json(settings: Settings, prompts: list[Any], runner: Any) -> dict[
 
 def _breakdown_arms(settings: Settings, arms: list[Arm]) -> list[Arm]:
     """Batch-1 flyspec arms to profile: target-only, and standard and each lossy policy at its defaults
-    (FLy: default window; no prefix) at the headline K with the first drafter."""
+    (no prefix) at the headline K with the first drafter."""
     drafter = settings.drafters[0] if settings.drafters else None
     picked = []
     for arm in arms:
         if arm.backend != "flyspec" or arm.batch_size != 1:
             continue
-        default = arm.method == "standard" or (
-            arm.lossy and not arm.lossless_prefix and (arm.fly_window is None or arm.default_window)
-        )
+        default = arm.method == "standard" or arm.at_defaults
         if arm.method == "target" or (arm.k == settings.headline_k and arm.drafter == drafter and default):
             picked.append(arm)
     return picked
 
 
-def load_report(path: Path) -> dict[str, Any]:
+def load_report(path: Path) -> BenchReport:
     """A report saved by `--json`; ValueError when the file is not one."""
     try:
         report = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"--from-json {path}: not valid JSON ({exc})") from exc
-    from flyspec.bench.report import READABLE_SCHEMAS
+    from flyspec.bench.report import READABLE_SCHEMAS, BenchReport
 
     if not isinstance(report, dict) or report.get("schema") not in READABLE_SCHEMAS:
         schemas = " or ".join(repr(schema) for schema in READABLE_SCHEMAS)
         raise ValueError(f"--from-json {path}: not a flyspec bench report (schema {schemas})")
-    return report
+    return BenchReport.from_dict(report)
 
 
 def read_analysis(path: Path | None) -> str | None:

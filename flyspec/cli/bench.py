@@ -1,5 +1,6 @@
-"""`flyspec bench`: throughput sweep of target-only, standard and lossy (FLy, typical acceptance) decoding,
-with or without a lossless prefix, optionally against a peer (the sweep itself: flyspec/bench/throughput.py).
+"""`flyspec bench`: throughput sweep of target-only, standard and lossy decoding (any registered policy, at
+its defaults or over a `--policies` grid, with or without a lossless prefix), optionally against a peer
+(the sweep itself: flyspec/bench/throughput.py).
 
 Settings come from a preset ("quick", the default: batch 1, K=4, 4 prompts x 128 tokens, one
 repetition; "reference": the sweep behind BENCHMARKS.md, batch sizes 1 to 32, unquantized and int8) and
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -32,6 +33,10 @@ from flyspec.bench.throughput import (
     run_bench,
 )
 from flyspec.cli.options import opt
+from flyspec.policy_grid import expand_grid
+
+if TYPE_CHECKING:
+    from flyspec.bench.report import BenchReport
 
 Preset = Annotated[str, opt("Starting settings: quick (default) or reference (BENCHMARKS.md).")]
 Model = Annotated[str | None, opt(f"Target: HF folder, .gguf or zoo name (default: {DEFAULT_MODEL}).")]
@@ -41,21 +46,24 @@ Drafts = Annotated[
 Methods = Annotated[
     str | None,
     opt(
-        "Comma list of target, standard and lossy verification policies (fly, typical) "
-        "(default: target,standard,fly)."
+        "Comma list of target, standard and lossy verification policies (fly, typical, any registered one) "
+        "at their defaults, or none (default: target,standard,fly; with --policies: target,standard)."
+    ),
+]
+Policies = Annotated[
+    str | None,
+    opt(
+        "More lossy settings, as gate tune's grid: a JSON object or list (or a file) whose list values "
+        'are expanded, e.g. \'{"rejection_sample_method": "fly", "fly_window_size": [1, 2]}\' (at the '
+        "headline K)."
     ),
 ]
 BatchSizes = Annotated[str | None, opt("Comma list of batch sizes (default: 1; reference 1,4,8,16,32).")]
 Ks = Annotated[str | None, opt("Comma list of K swept at batch 1 (default: 4; reference 2..6).")]
 HeadlineK = Annotated[
     int | None,
-    opt(
-        "K of the lossy arms, FLy's window sweep and batch sizes > 1 (default: 4, or the first --k "
-        "without 4)."
-    ),
+    opt("K of the lossy arms and of batch sizes > 1 (default: 4, or the first --k without 4)."),
 ]
-FlyWindows = Annotated[str | None, opt("Extra FLy windows at the headline K, batch 1 ('none' or e.g. 1,2).")]
-FlyThreshold = Annotated[float | None, opt("FLy entropy threshold theta (default: 0.3).")]
 LosslessPrefix = Annotated[
     str | None, opt("Comma list of lossless_prefix_tokens for every lossy arm, e.g. 0,16 (default: 0).")
 ]
@@ -104,11 +112,10 @@ def bench(
     model: Model = None,
     draft: Drafts = None,
     methods: Methods = None,
+    policies: Policies = None,
     batch_sizes: BatchSizes = None,
     k: Ks = None,
     headline_k: HeadlineK = None,
-    fly_windows: FlyWindows = None,
-    fly_threshold: FlyThreshold = None,
     lossless_prefix: LosslessPrefix = None,
     peer: Peer = None,
     dataset: Dataset = None,
@@ -130,9 +137,9 @@ def bench(
     analysis: Analysis = None,
 ) -> None:
     """Measure output tokens/s (excluding load), acceptance length, acceptance rate, forgiven share and peak
-    RSS for target-only, standard and lossy (FLy, typical acceptance; --lossless-prefix) decoding across
-    batch sizes, K and drafters, interleaved with a warm-up; with --peer hf, also transformers' generate
-    and assisted generation, reported as ratios."""
+    RSS for target-only, standard and lossy (any registered policy, --policies grids, --lossless-prefix)
+    decoding across batch sizes, K and drafters, interleaved with a warm-up; with --peer hf, also
+    transformers' generate and assisted generation, reported as ratios."""
     if from_json is not None:
         _check_output(plot, "--plot")
         _check_output(markdown, "--markdown")
@@ -141,7 +148,7 @@ def bench(
     overrides = {
         "model": model, "drafters": tuple(draft) if draft else None, "methods": _names(methods),
         "batch_sizes": _ints("batch_sizes", batch_sizes), "ks": _ints("k", k), "headline_k": headline_k,
-        "fly_windows": _windows(fly_windows), "fly_threshold": fly_threshold,
+        "policies": None if policies is None else tuple(expand_grid(policies)),
         "lossless_prefixes": _ints("lossless_prefix", lossless_prefix, minimum=0), "peer": peer,
         "dataset": dataset, "num_prompts": num_prompts, "max_tokens": max_tokens, "repeats": repeats,
         "warmup_tokens": warmup_tokens, "breakdown": breakdown, "dtype": dtype, "device": device,
@@ -159,7 +166,11 @@ def bench(
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
-    return None if text is None else tuple(m.strip() for m in text.split(",") if m.strip())
+    """--methods: None when absent, () for 'none', else the listed names."""
+    if text is None:
+        return None
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    return () if names == ("none",) else names
 
 
 def _ints(option: str, text: str | None, minimum: int = 1) -> tuple[int, ...] | None:
@@ -172,13 +183,6 @@ def _formats(text: str | None) -> tuple[str | None, ...] | None:
         return None
     names = [part.strip().lower() for part in text.split(",") if part.strip()]
     return tuple(None if name == "none" else name for name in names)
-
-
-def _windows(text: str | None) -> tuple[int, ...] | None:
-    """--fly-windows: None when absent, () for 'none', else the listed windows."""
-    if text is None:
-        return None
-    return () if text.strip().lower() in ("", "none") else tuple(parse_int_list("fly_windows", text))
 
 
 def _check_output(path: Path | None, option: str) -> None:
@@ -220,7 +224,7 @@ def _progress() -> Iterator[OnProgress]:
 
 
 def _emit(
-    report: dict[str, Any],
+    report: BenchReport,
     json_path: Path | None,
     plot: Path | None,
     markdown: Path | None,
@@ -228,8 +232,9 @@ def _emit(
 ) -> None:
     from flyspec.bench.markdown import print_table, render_markdown
 
+    data = report.to_dict()
     if json_path is not None:  # first: the measurements are the expensive part
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        json_path.write_text(json.dumps(data, indent=2) + "\n")
     print_table(report)
     if plot is not None:
         from flyspec.bench.plot import write_plot
@@ -238,4 +243,4 @@ def _emit(
     if markdown is not None:
         markdown.write_text(render_markdown(report, plot, markdown, analysis))
     if json_path is not None:
-        print(json.dumps(report, separators=(",", ":")))
+        print(json.dumps(data, separators=(",", ":")))

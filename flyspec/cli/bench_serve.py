@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flyspec.bench.peers import METHODS, PEERS
+from flyspec.bench.peers import DEFAULT_METHODS, PEERS, method_names
 from flyspec.bench.serving_bench import (
     DEFAULT_DRAFT,
     DEFAULT_MODEL,
@@ -53,10 +53,16 @@ Peers = Annotated[
     str, opt(f"Servers to start, comma list of {', '.join(PEERS)}; an uninstalled peer is skipped.")
 ]
 Urls = Annotated[list[str] | None, opt("An OpenAI-compatible server already running (root URL); repeatable.")]
-Methods = Annotated[str, opt(f"Comma list of {', '.join(METHODS)}; each peer runs those it supports.")]
+Methods = Annotated[
+    str,
+    opt(
+        "Comma list of target, draft_model, ngram and lossy verification policies (fly, typical, any "
+        "registered one; flyspec only, on the draft model); each peer runs those it supports."
+    ),
+]
 Concurrency = Annotated[str, opt("Concurrent requests per level, e.g. 1,16,32.")]
 Model = Annotated[str, opt("Target: zoo name or HF folder (bf16 safetensors).")]
-Draft = Annotated[str, opt("Draft model for draft_model and fly: zoo name or folder.")]
+Draft = Annotated[str, opt("Draft model for draft_model and lossy policies: zoo name or folder.")]
 Gguf = Annotated[Path | None, opt("Target GGUF for llama.cpp (default: the zoo file).")]
 GgufDraft = Annotated[Path | None, opt("Draft GGUF for llama.cpp (default: the zoo file).")]
 K = Annotated[int, opt("Speculative tokens per step (num_speculative_tokens).")]
@@ -80,7 +86,7 @@ DryRun = Annotated[bool, opt("Print the planned server starts and exit.")]
 def bench_serve(
     peer: Peers = ",".join(PEERS),
     url: Urls = None,
-    methods: Methods = ",".join(METHODS),
+    methods: Methods = ",".join(DEFAULT_METHODS),
     concurrency: Concurrency = "1,16,32",
     model: Model = DEFAULT_MODEL,
     draft: Draft = DEFAULT_DRAFT,
@@ -111,11 +117,11 @@ def bench_serve(
     """
     settings = ServeSettings(
         peers=parse_names("--peer", peer, PEERS), urls=tuple(url or ()),
-        methods=parse_names("--methods", methods, METHODS), levels=parse_levels(concurrency), model=model,
-        draft=draft, gguf=gguf, gguf_draft=gguf_draft, k=k, max_tokens=max_tokens, dataset=dataset,
-        waves=waves, min_requests=min_requests, repeats=repeats, warmup_tokens=warmup_tokens,
-        max_model_len=max_model_len, dtype=dtype, threads=threads, start_timeout=start_timeout,
-        api_key=api_key, log_dir=log_dir,
+        methods=parse_names("--methods", methods, method_names()), levels=parse_levels(concurrency),
+        model=model, draft=draft, gguf=gguf, gguf_draft=gguf_draft, k=k, max_tokens=max_tokens,
+        dataset=dataset, waves=waves, min_requests=min_requests, repeats=repeats,
+        warmup_tokens=warmup_tokens, max_model_len=max_model_len, dtype=dtype, threads=threads,
+        start_timeout=start_timeout, api_key=api_key, log_dir=log_dir,
     )  # fmt: skip
     plan = plan_serving(settings)
     for line in plan.skipped:

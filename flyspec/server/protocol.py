@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictStr,
     ValidationError,
     field_validator,
 )
@@ -42,7 +43,6 @@ from flyspec.sampling_params import (
     TEMPERATURE_MIN,
     TOP_K_MAX,
     TOP_P_MIN,
-    VERIFICATION_CHOICES,
 )
 from flyspec.server.errors import OpenAIError
 
@@ -186,9 +186,10 @@ class _SamplingFields(_Body):
     stop: Stop | None = None
     stop_token_ids: Annotated[list[NonNegativeInt], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: StrictBool = False  # extension (as in vLLM), for benchmarks that need fixed lengths
-    # Extension: "standard" forces lossless verification; a lossy policy's name must be the engine's;
-    # "target_only" / "draft_only" choose who decodes the request (docs/sampling.md).
-    verification: Literal[VERIFICATION_CHOICES] | None = None  # type: ignore[valid-type]
+    # Extension: "standard" forces lossless verification; a lossy policy's name must be the engine's (any
+    # registered policy: SamplingParams checks the name, the engine that it is its own); "target_only" /
+    # "draft_only" choose who decodes the request (docs/sampling.md).
+    verification: StrictStr | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None  # shapes a stream; without stream=true it changes nothing
     # Output constraints (one at most): OpenAI's response_format, vLLM's guided_* and structured_outputs.

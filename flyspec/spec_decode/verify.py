@@ -61,13 +61,8 @@ class _Batch:
     """[B, K] bool: positions i < K_b."""
 
 
-def _lossy_policy(
-    policy: VerificationPolicy | None, fly: VerificationPolicy | None
-) -> VerificationPolicy | None:
-    """The policy given as policy= or fly=, or None when verification is lossless; ValueError otherwise."""
-    if policy is not None and fly is not None:
-        raise ValueError("give the verification policy as policy= or as fly= (its alias), not both")
-    policy = policy if policy is not None else fly
+def _lossy_policy(policy: VerificationPolicy | None) -> VerificationPolicy | None:
+    """The policy, or None when verification is lossless; ValueError for something else."""
     if policy is not None and not isinstance(policy, VerificationPolicy):
         raise ValueError(f"policy must be a VerificationPolicy (e.g. FlyParams) or None, got {policy!r}")
     return policy if policy is not None and policy.lossy else None
@@ -197,7 +192,6 @@ def verify(
     *,
     greedy: torch.Tensor,
     policy: VerificationPolicy | None = None,
-    fly: VerificationPolicy | None = None,
     lossless_before: torch.Tensor | None = None,
     num_draft_tokens: torch.Tensor | None = None,
     uniform: torch.Tensor | None = None,
@@ -214,8 +208,7 @@ def verify(
         draft_probs: [B, K, V] draft probabilities, or None for a drafter without them (Q_i(d_i) = 1).
         greedy: [B] bool, rows that use greedy (target-argmax) acceptance.
         policy: None (or StandardVerification()) for standard, lossless verification; FlyParams or
-            TypicalParams (or any other VerificationPolicy) for a lossy one.
-        fly: an alias of `policy` (give one of the two).
+            TypicalParams (or any other registered VerificationPolicy) for a lossy one.
         lossless_before: [B] int64 >= 0: positions i < lossless_before[b] are decided natively (never
             forgiven), and a rejection there is recovered as standard verification would; None = 0.
         num_draft_tokens: [B] int64 K_b <= K; None means K for every row.
@@ -228,7 +221,7 @@ def verify(
     Returns:
         VerifyOutput with token_ids [B, K+1], num_accepted [B], num_forgiven [B] and forgiven [B, K].
     """
-    policy = _lossy_policy(policy, fly)
+    policy = _lossy_policy(policy)
     batch = _checked_batch(
         draft_token_ids,
         target_probs,
@@ -307,7 +300,9 @@ def _forgive(
     if prefix is not None:
         candidates &= positions.unsqueeze(0) >= prefix.unsqueeze(1)
     k = batch.draft.shape[1]
-    drafts = Drafts(ok, valid, candidates, batch.lengths, positions, p_draft, batch.target_probs[:, :k])
+    drafts = Drafts(
+        ok, valid, candidates, batch.lengths, positions, p_draft, q_draft, batch.target_probs[:, :k]
+    )
     forgiven = policy.forgiven(drafts) & candidates  # no policy forgives outside the candidates
     return forgiven, ok | forgiven
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from flyspec.config import VERIFICATION_FIELDS, EngineConfig, verification_policy
+from flyspec.config import EngineConfig, verification_fields, verification_policy
 from flyspec.gate.arms.base import Completion, Job, Sampling, unknown_keys
 
 KIND = "engine"
@@ -100,7 +100,8 @@ def _engine_key(config: dict[str, Any]) -> str:
     """Everything but the verifier: arms with equal keys can share one engine."""
     spec = config["speculative_config"]
     if spec is not None:
-        spec = {k: v for k, v in spec.items() if k not in VERIFICATION_FIELDS}
+        verifier = verification_fields()
+        spec = {k: v for k, v in spec.items() if k not in verifier}
     return json.dumps({**config, "speculative_config": spec}, sort_keys=True)
 
 

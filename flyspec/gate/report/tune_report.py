@@ -406,10 +406,10 @@ def _table(report: TuneReport) -> list[str]:
 
 def _forgiven_words(report: TuneReport) -> str:
     """What the forgiven share counts, in each tested policy's own words."""
-    from flyspec.config import REJECTION_SAMPLE_METHODS, verification_policy
+    from flyspec.config import policy_names, verification_policy
 
     used = {row.policy for row in report.rows}
-    policies = [verification_policy(name) for name in REJECTION_SAMPLE_METHODS if name in used]
+    policies = [verification_policy(name) for name in policy_names() if name in used]
     return "; ".join(f"{p.title}: {p.forgives}" for p in policies if p.lossy)
 
 

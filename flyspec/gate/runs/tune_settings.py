@@ -12,7 +12,7 @@ A candidate is given in one of two forms (docs/gate.md, "gate tune"):
   config it runs, which the report prints for pasting.
 
 A grid (``--policies``) is a JSON object, or a list of them, whose list values are expanded into every
-combination (keys in the order given, the last varying fastest), e.g.
+combination (flyspec/policy_grid.py, shared with ``flyspec bench --policies``), e.g.
 ``[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], "lossless_prefix_tokens": [0, 32]},
 {"rejection_sample_method": "typical", "lossless_prefix_tokens": [0, 32]}]`` is six candidates.
 
@@ -22,7 +22,6 @@ times the entropy thresholds 0.6 and 0.3, for the baseline's K.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,8 @@ from flyspec.checks import load_json
 from flyspec.gate.arms.base import Arm, load_arm_spec
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.report.tune_report import titled
+from flyspec.policy_grid import expand_grid as expand_grid  # re-exported: the tune's grid is this one
+from flyspec.policy_grid import policy_of
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)
 MAX_DEFAULT_WINDOW = 6
@@ -103,7 +104,7 @@ def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
 
 
 def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
-    from flyspec.config import LOSSY_METHODS, SpeculativeConfig
+    from flyspec.config import SpeculativeConfig, lossy_policy_names
 
     if not isinstance(data, dict):
         raise ValueError(f"{where}: speculative_config must be a JSON object, got {type(data).__name__}")
@@ -112,22 +113,12 @@ def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     if not spec.is_lossy:
-        methods = ", ".join(repr(m) for m in LOSSY_METHODS)
+        methods = ", ".join(repr(m) for m in lossy_policy_names())
         raise ValueError(
             f"{where}: a candidate must verify with a lossy policy (rejection_sample_method one of {methods})"
         )
     # Unset keys (null) are left out: the config is printed for pasting, and absent means the default.
     return {key: value for key, value in spec.to_dict().items() if value is not None}
-
-
-def _policy_of(fragment: dict[str, Any]) -> str:
-    """The policy a fragment asks for: named, or the one owning its fields, or DEFAULT_POLICY."""
-    from flyspec.config import POLICY_OF_FIELD
-
-    if "rejection_sample_method" in fragment:
-        return fragment["rejection_sample_method"]
-    owners = {POLICY_OF_FIELD[f] for f in fragment if f in POLICY_OF_FIELD}
-    return owners.pop() if len(owners) == 1 else DEFAULT_POLICY
 
 
 def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
@@ -152,7 +143,8 @@ def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | 
             f"{where}: with an endpoint baseline every candidate needs its own arm: "
             '{"arm": {...}, "speculative_config": {...}}'
         )
-    spec = _lossy_spec({**reference, "rejection_sample_method": _policy_of(entry), **entry}, where)
+    policy = policy_of(entry) or DEFAULT_POLICY
+    spec = _lossy_spec({**reference, "rejection_sample_method": policy, **entry}, where)
     arm = baseline.variant(setting_id, spec)
     return TuneSetting(setting_id, label(spec, reference), spec, arm)
 
@@ -183,26 +175,3 @@ def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
     if not isinstance(data, list):
         raise ValueError(f"--candidates: must be a JSON list of settings, got {type(data).__name__}")
     return data
-
-
-def expand_grid(spec: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
-    """The candidates of a policy grid (module docstring): a JSON object or list of objects (inline, a
-    file, or already parsed) whose list values are expanded into every combination, in order."""
-    data = (
-        load_json(spec, "--policies", inline="[{", expected="a JSON object or list")
-        if isinstance(spec, str)
-        else spec
-    )
-    blocks = [data] if isinstance(data, dict) else data
-    if not isinstance(blocks, list) or not blocks:
-        raise ValueError("--policies: give a JSON object or a non-empty list of them")
-    out: list[dict[str, Any]] = []
-    for i, block in enumerate(blocks, 1):
-        if not isinstance(block, dict) or not block:
-            raise ValueError(f"--policies: grid {i} must be a non-empty JSON object, got {block!r:.80}")
-        axes = [value if isinstance(value, list) else [value] for value in block.values()]
-        empty = [key for key, values in zip(block, axes, strict=True) if not values]
-        if empty:
-            raise ValueError(f"--policies: grid {i}: {empty[0]} lists no value")
-        out.extend(dict(zip(block, combo, strict=True)) for combo in itertools.product(*axes))
-    return out

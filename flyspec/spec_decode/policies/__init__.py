@@ -1,30 +1,101 @@
-"""The verification policies, by `rejection_sample_method` name (docs/verification.md, "Adding a policy").
+"""The verification policies, by `rejection_sample_method` name (docs/architecture.md, "Adding a
+verification policy").
 
-Registering a policy is one entry in POLICIES; its module defines the class (flyspec/spec_decode/policies/
-base.py says what a policy answers). This package imports no torch at run time.
+A policy is one class (flyspec/spec_decode/policies/base.py says what it declares) and one call,
+`register_policy(MyPolicy)`, here for the built-in ones or in the module that defines it for any other:
+from then on `SpeculativeConfig`, the engine, the server's `verification` field, `gate tune` and
+`flyspec bench` take it by name. Everything below reads the registry when asked, so a policy registered
+after import is seen everywhere. This package imports no torch at run time.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
+from typing import TypeVar
 
 from flyspec.spec_decode.policies.base import StandardVerification, VerificationPolicy
 from flyspec.spec_decode.policies.fly import FlyParams
 from flyspec.spec_decode.policies.typical import TypicalParams
 
-__all__ = ["LOSSY_POLICIES", "POLICIES", "StandardVerification", "VerificationPolicy", "policy_named"]
+__all__ = [
+    "StandardVerification",
+    "VerificationPolicy",
+    "lossy_policy_names",
+    "policy_named",
+    "policy_names",
+    "policy_owning",
+    "register_policy",
+    "registered_policies",
+]
 
-POLICIES: dict[str, type[VerificationPolicy]] = {
-    policy.name: policy for policy in (StandardVerification, FlyParams, TypicalParams)
-}
-"""Every policy by name, the lossless standard first."""
-LOSSY_POLICIES: tuple[type[VerificationPolicy], ...] = tuple(p for p in POLICIES.values() if p.lossy)
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_REGISTRY: dict[str, type[VerificationPolicy]] = {}
+P = TypeVar("P", bound=type[VerificationPolicy])
+
+
+def register_policy(policy: P) -> P:
+    """Make `policy` available under its `name` (also usable as a class decorator); registering the same
+    class again changes nothing. ValueError when the class is not a usable policy: not a frozen
+    dataclass subclassing VerificationPolicy, without a lowercase `name` or a `title`, a name another
+    class holds, or a config field another policy owns."""
+    if not (isinstance(policy, type) and issubclass(policy, VerificationPolicy)):
+        raise ValueError(f"register_policy: {policy!r} is not a VerificationPolicy subclass")
+    if not dataclasses.is_dataclass(policy) or not policy.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise ValueError(f"register_policy: {policy.__name__} must be a frozen dataclass of its parameters")
+    name = getattr(policy, "name", None)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"register_policy: {policy.__name__}.name={name!r} must be a lowercase name (letters, digits, _)"
+        )
+    if not isinstance(getattr(policy, "title", None), str) or not policy.title:
+        raise ValueError(f"register_policy: {policy.__name__} needs a title (its name for people)")
+    held = _REGISTRY.get(name)
+    if held is policy:
+        return policy
+    if held is not None:
+        raise ValueError(f"register_policy: rejection_sample_method {name!r} is already {held.__name__}")
+    for field in policy.field_names():
+        owner = policy_owning(field)
+        if owner is not None:
+            raise ValueError(
+                f"register_policy: {policy.__name__}'s config field {field!r} already belongs to "
+                f"{owner.name!r}"
+            )
+    _REGISTRY[name] = policy
+    return policy
+
+
+def registered_policies() -> tuple[type[VerificationPolicy], ...]:
+    """Every registered policy, in registration order (standard first)."""
+    return tuple(_REGISTRY.values())
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every `rejection_sample_method` name, "standard" first."""
+    return tuple(_REGISTRY)
+
+
+def lossy_policy_names() -> tuple[str, ...]:
+    """The lossy policies' names: what a request's `verification` may name besides "standard"."""
+    return tuple(name for name, policy in _REGISTRY.items() if policy.lossy)
+
+
+def policy_owning(field: str) -> type[VerificationPolicy] | None:
+    """The policy whose `SpeculativeConfig` field `field` is, or None."""
+    return next((p for p in _REGISTRY.values() if field in p.field_names()), None)
 
 
 def policy_named(name: str) -> type[VerificationPolicy]:
     """The policy class of a `rejection_sample_method` name; ValueError listing the names for another."""
     try:
-        return POLICIES[name]
+        return _REGISTRY[name]
     except (KeyError, TypeError):
-        choices = ", ".join(repr(n) for n in POLICIES)
+        choices = ", ".join(repr(n) for n in _REGISTRY)
         raise ValueError(
             f"rejection_sample_method={name!r} is invalid: it must be one of {choices}"
         ) from None
+
+
+for _builtin in (StandardVerification, FlyParams, TypicalParams):
+    register_policy(_builtin)

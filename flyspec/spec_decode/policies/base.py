@@ -1,10 +1,16 @@
-"""What a verification policy is: the questions the rest of the package asks it, and what `verify()`
-hands it when it decides which native rejections to forgive (docs/verification.md, "Adding a policy").
+"""What a verification policy is: the questions the rest of the package asks it, the parameters it
+declares, and what `verify()` hands it when it decides which native rejections to forgive
+(docs/architecture.md, "Adding a verification policy").
 
 The engine, the server, the gate and the benchmarks never compare method names: they ask the policy
 whether it is lossy, which `SpeculativeConfig` fields it owns and how to resolve them, what its warning
 says, what its forgiven count means and how to label one of its settings. `verify()` asks it one thing:
 which of the candidate positions to forgive.
+
+A policy's parameters are the fields of its frozen dataclass, each declared once with `config_field`:
+the `SpeculativeConfig` key that sets it, its default (or a default that depends on K), its rule and its
+short name in labels. Those declarations answer everything the package asks about the settings; the
+same rule checks a config value and a value given to the policy's constructor directly.
 
 Policy modules import no torch at run time: `flyspec.config` (which the command line imports to validate
 configs cheaply) reads their fields and rules, and `forgiven` needs only the methods of the tensors it is
@@ -13,7 +19,9 @@ given.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,13 +29,19 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ConfigField",
     "Drafts",
+    "Rule",
     "StandardVerification",
     "VerificationPolicy",
+    "config_field",
+    "integer_rule",
     "invalid",
-    "require_int",
-    "require_number",
+    "number_rule",
 ]
+
+_FIELD_KEY = "flyspec.verification_policy"
+"""Where `config_field` puts a parameter's declaration in the dataclass field's metadata."""
 
 
 def invalid(field: str, value: Any, rule: str) -> ValueError:
@@ -40,20 +54,83 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def require_int(field: str, value: Any, minimum: int) -> int:
-    """`value` if it is an integer >= minimum, else the ValueError of `invalid`."""
-    if not _is_int(value) or value < minimum:
-        raise invalid(field, value, f"it must be an integer >= {minimum}")
-    return value
+@dataclass(frozen=True)
+class Rule:
+    """What one parameter's value must be: an integer (never a bool) or, without `integer`, a finite real
+    number (an int is taken as a float), for which `ok(value)` holds. `text` states it for the error."""
+
+    text: str
+    ok: Callable[[Any], bool]
+    integer: bool = False
+
+    def check(self, name: str, value: Any) -> Any:
+        """`value` (a float for a number rule) if it follows the rule, else ValueError naming `name`."""
+        if self.integer:
+            if not _is_int(value) or not self.ok(value):
+                raise invalid(name, value, self.text)
+            return value
+        if _is_int(value):
+            value = float(value)
+        if not isinstance(value, float) or not math.isfinite(value) or not self.ok(value):
+            raise invalid(name, value, self.text)
+        return value
 
 
-def require_number(field: str, value: Any, rule: str, ok: Any) -> float:
-    """`value` as a float if it is a finite real number and `ok(value)` holds, else ValueError(rule)."""
-    if _is_int(value):
-        value = float(value)
-    if not isinstance(value, float) or not math.isfinite(value) or not ok(value):
-        raise invalid(field, value, rule)
-    return value
+def integer_rule(minimum: int) -> Rule:
+    """An integer >= minimum."""
+    return Rule(f"it must be an integer >= {minimum}", lambda v: v >= minimum, integer=True)
+
+
+def number_rule(text: str, ok: Callable[[float], bool]) -> Rule:
+    """A finite real number for which `ok` holds; `text` says which (e.g. "it must be a finite number >=
+    0")."""
+    return Rule(text, ok)
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One parameter of a policy as a `SpeculativeConfig` field (made by `config_field`, read by
+    `VerificationPolicy.config_fields()`)."""
+
+    name: str
+    """The `SpeculativeConfig` key, e.g. "fly_window_size"."""
+    rule: Rule
+    short: str
+    """Its name in a settings label, e.g. "W"."""
+    in_label: bool = True
+    """False: a label shows it only when it differs from its default."""
+    default_for_k: Callable[[int], Any] | None = None
+    """The default as a function of K (num_speculative_tokens), for a parameter without a fixed one."""
+    param: str = ""
+    """The policy's own field (its constructor argument), e.g. "window_size"."""
+    default: Any = None
+    """The fixed default (None when `default_for_k` gives it)."""
+
+    def default_at(self, num_speculative_tokens: int) -> Any:
+        """The value when the config leaves the field unset."""
+        if self.default_for_k is not None:
+            return self.default_for_k(num_speculative_tokens)
+        return self.default
+
+
+def config_field(
+    name: str,
+    *,
+    rule: Rule,
+    short: str,
+    default: Any = dataclasses.MISSING,
+    default_for_k: Callable[[int], Any] | None = None,
+    in_label: bool = True,
+) -> Any:
+    """Declare a policy parameter (a dataclass field of the policy) and the `SpeculativeConfig` field
+    `name` that sets it: its rule, its short name in labels, and its default, fixed (`default`, also the
+    constructor's) or depending on K (`default_for_k`; the constructor then requires the parameter)."""
+    if (default is dataclasses.MISSING) == (default_for_k is None):
+        raise ValueError(f"config_field {name!r}: give exactly one of default and default_for_k")
+    declared = ConfigField(name, rule, short, in_label, default_for_k)
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata={_FIELD_KEY: declared})
+    return dataclasses.field(default=default, metadata={_FIELD_KEY: declared})
 
 
 @dataclass(frozen=True)
@@ -74,43 +151,94 @@ class Drafts:
     positions: torch.Tensor
     """[K] int64: 0 .. K-1."""
     p_draft: torch.Tensor
-    """[B, K] float64: P_i(d_i)."""
+    """[B, K] float64: P_i(d_i), the target's probability of the drafted token."""
+    q_draft: torch.Tensor
+    """[B, K] float64: Q_i(d_i), the drafter's probability of the drafted token (1 for a drafter without
+    probabilities: n-gram lookup and greedy drafts)."""
     target_probs: torch.Tensor
     """[B, K, V]: P_0 .. P_{K-1} (the bonus row left out)."""
 
 
 class VerificationPolicy:
-    """The base of every verification policy; a lossy one is a frozen dataclass of its parameters.
+    """The base of every verification policy; a policy is a frozen dataclass of its parameters, each
+    declared with `config_field`, registered with `flyspec.spec_decode.policies.register_policy`.
 
     Class attributes answer the package's questions: `name` (the `rejection_sample_method` value),
-    `title` (for people), `lossy`, `config_fields` (its `SpeculativeConfig` fields, in the order of its
-    constructor's arguments), `recovered_by_argmax` (the token at the first rejection that stays rejected
-    is the target's argmax on every row, instead of the standard residual draw) and `forgives` (what its
-    forgiven count means, for reports).
+    `title` (for people, e.g. in "FLy W=2, theta=0.3" and in its lossy warning), `lossy`,
+    `recovered_by_argmax` (the token at the first rejection that stays rejected is the target's argmax on
+    every row, instead of the standard residual draw) and `forgives` (what its forgiven count means, for
+    reports). Creating a policy checks every parameter against its declared rule.
     """
 
     name: ClassVar[str]
     title: ClassVar[str]
     lossy: ClassVar[bool] = True
-    config_fields: ClassVar[tuple[str, ...]] = ()
     recovered_by_argmax: ClassVar[bool] = False
     forgives: ClassVar[str] = ""
 
+    def __post_init__(self) -> None:
+        for f in self.config_fields():
+            object.__setattr__(self, f.param, f.rule.check(f.param, getattr(self, f.param)))
+
+    @classmethod
+    def config_fields(cls) -> tuple[ConfigField, ...]:
+        """The policy's `SpeculativeConfig` fields, in the order of its parameters."""
+        if not dataclasses.is_dataclass(cls):
+            return ()
+        return tuple(
+            dataclasses.replace(
+                f.metadata[_FIELD_KEY],
+                param=f.name,
+                default=None if f.default is dataclasses.MISSING else f.default,
+            )
+            for f in dataclasses.fields(cls)
+            if _FIELD_KEY in f.metadata
+        )
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The names of its `SpeculativeConfig` fields."""
+        return tuple(f.name for f in cls.config_fields())
+
     @classmethod
     def resolve_config(cls, values: dict[str, Any], num_speculative_tokens: int) -> dict[str, Any]:
-        """The policy's config fields (`values`, None = unset) with defaults resolved and every rule
-        checked; ValueError names the field, the value and the rule."""
-        return {}
+        """The policy's config fields (`values`, None or absent = unset) with defaults resolved for K
+        draft tokens and every rule checked; ValueError names the field, the value and the rule. A policy
+        with a rule across fields or on K extends this."""
+        out = {}
+        for f in cls.config_fields():
+            value = values.get(f.name)
+            if value is None:
+                value = f.default_at(num_speculative_tokens)
+            out[f.name] = f.rule.check(f.name, value)
+        return out
 
     @classmethod
     def from_config(cls, values: dict[str, Any], vocab_size: int) -> VerificationPolicy:
         """The verifier's policy object for resolved config fields and the target's vocabulary size."""
-        return cls(*(values[f] for f in cls.config_fields))
+        return cls(**{f.param: values[f.name] for f in cls.config_fields()})
+
+    @classmethod
+    def label_parts(cls, values: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[str]:
+        """One setting (resolved config fields) as short `name=value` parts, e.g. ["W=2", "theta=0.3"]:
+        every field, except those declared `in_label=False` while at their default; with `defaults` (the
+        resolved defaults), only the fields that differ from them."""
+        parts = []
+        for f in cls.config_fields():
+            value = values.get(f.name)
+            if defaults is not None:
+                shown = value != defaults.get(f.name)
+            else:
+                shown = f.in_label or f.default_for_k is not None or value != f.default
+            if shown:
+                parts.append(f"{f.short}={value:g}" if isinstance(value, float) else f"{f.short}={value}")
+        return parts
 
     @classmethod
     def label(cls, values: dict[str, Any]) -> str:
-        """A short label of one setting of this policy (resolved config fields), e.g. `W=2, theta=0.3`."""
-        return cls.title
+        """A short label of one setting, e.g. `W=2, theta=0.3` (`label_parts`); "defaults" for a policy
+        whose label shows no field."""
+        return ", ".join(cls.label_parts(values)) or "defaults"
 
     @classmethod
     def lossy_warning(cls) -> str:
@@ -126,6 +254,7 @@ class VerificationPolicy:
         return drafts.candidates.new_zeros(drafts.candidates.shape)
 
 
+@dataclass(frozen=True)
 class StandardVerification(VerificationPolicy):
     """Standard (lossless) verification: nothing is forgiven (`verify(policy=None)` means the same)."""
 

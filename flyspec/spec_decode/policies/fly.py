@@ -10,26 +10,18 @@ from typing import TYPE_CHECKING, Any
 from flyspec.spec_decode.policies.base import (
     Drafts,
     VerificationPolicy,
+    config_field,
+    integer_rule,
     invalid,
-    require_int,
-    require_number,
+    number_rule,
 )
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "DEFAULT_ENTROPY_THRESHOLD",
-    "DEFAULT_ENTROPY_TOP_K",
-    "DEFAULT_WINDOW",
-    "FlyParams",
-    "top_k_entropy",
-]
+__all__ = ["FlyParams", "top_k_entropy"]
 
-DEFAULT_WINDOW = 6
-"""FLy window W when unset: min(DEFAULT_WINDOW, K - 1)."""
-DEFAULT_ENTROPY_THRESHOLD = 0.3
-DEFAULT_ENTROPY_TOP_K = 3
+_MAX_DEFAULT_WINDOW = 6
 
 
 def top_k_entropy(probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -47,23 +39,27 @@ class FlyParams(VerificationPolicy):
 
     name = "fly"
     title = "FLy"
-    config_fields = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
     forgives = "accepted draft tokens that only FLy's rule kept"
 
-    window_size: int
-    entropy_threshold: float
-    entropy_top_k: int
-
-    def __post_init__(self) -> None:
-        w, theta, k = self.window_size, self.entropy_threshold, self.entropy_top_k
-        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-            raise ValueError(f"window_size={w!r} is invalid: it must be an integer >= 1")
-        require_number("entropy_threshold", theta, "it must be a finite number >= 0", lambda t: t >= 0)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"entropy_top_k={k!r} is invalid: it must be an integer >= 1")
+    window_size: int = config_field(
+        "fly_window_size",
+        rule=integer_rule(1),
+        short="W",
+        default_for_k=lambda k: min(_MAX_DEFAULT_WINDOW, k - 1),
+    )
+    entropy_threshold: float = config_field(
+        "fly_entropy_threshold",
+        rule=number_rule("it must be a finite number >= 0", lambda t: t >= 0),
+        short="theta",
+        default=0.3,
+    )
+    entropy_top_k: int = config_field(
+        "fly_entropy_top_k", rule=integer_rule(1), short="top-k", default=3, in_label=False
+    )
 
     @classmethod
     def resolve_config(cls, values: dict[str, Any], num_speculative_tokens: int) -> dict[str, Any]:
+        """The window must leave room: 2 <= K, and 1 <= W < K (W defaults to min(6, K - 1))."""
         k = num_speculative_tokens
         if k < 2:
             raise invalid(
@@ -72,22 +68,11 @@ class FlyParams(VerificationPolicy):
                 f"rejection_sample_method={cls.name!r} needs num_speculative_tokens >= 2 (a window of at "
                 "least one draft token must follow a forgiven position)",
             )
+        window_rule = f"it must satisfy 1 <= fly_window_size < num_speculative_tokens ({k})"
         w = values.get("fly_window_size")
-        w = min(DEFAULT_WINDOW, k - 1) if w is None else w
-        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w < k:
-            raise invalid(
-                "fly_window_size", w, f"it must satisfy 1 <= fly_window_size < num_speculative_tokens ({k})"
-            )
-        theta = values.get("fly_entropy_threshold")
-        theta = require_number(
-            "fly_entropy_threshold",
-            DEFAULT_ENTROPY_THRESHOLD if theta is None else theta,
-            "it must be a finite number >= 0",
-            lambda t: t >= 0,
-        )
-        top_k = values.get("fly_entropy_top_k")
-        top_k = require_int("fly_entropy_top_k", DEFAULT_ENTROPY_TOP_K if top_k is None else top_k, 1)
-        return {"fly_window_size": w, "fly_entropy_threshold": theta, "fly_entropy_top_k": top_k}
+        if w is not None and not (isinstance(w, int) and not isinstance(w, bool) and 1 <= w < k):
+            raise invalid("fly_window_size", w, window_rule)
+        return super().resolve_config(values, k)
 
     @classmethod
     def from_config(cls, values: dict[str, Any], vocab_size: int) -> FlyParams:
@@ -97,13 +82,6 @@ class FlyParams(VerificationPolicy):
             entropy_threshold=values["fly_entropy_threshold"],
             entropy_top_k=min(values["fly_entropy_top_k"], vocab_size),
         )
-
-    @classmethod
-    def label(cls, values: dict[str, Any]) -> str:
-        parts = [f"W={values.get('fly_window_size')}", f"theta={values.get('fly_entropy_threshold'):g}"]
-        if values.get("fly_entropy_top_k") not in (None, DEFAULT_ENTROPY_TOP_K):
-            parts.append(f"top-k={values['fly_entropy_top_k']}")
-        return ", ".join(parts)
 
     def forgiven(self, drafts: Drafts) -> torch.Tensor:
         """Conditions 2, 3 and 5 on the candidates (which hold 1 and 4), all on native decisions."""
