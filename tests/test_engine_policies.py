@@ -13,11 +13,11 @@ import logging
 import pytest
 import torch
 import transformers
-from tiny_llm import save_perturbed, save_tiny
+from tiny_engine import engine, ids, run
+from tiny_llm import TinyModels
 from zoo import SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
-from flyspec.engine.engine import LLMEngine
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
@@ -36,31 +36,8 @@ TYPICAL_WARNING = (
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("policies")
-    target = save_tiny(root / "target", seed=3, std=0.25)
-    return {"target": str(target), "draft": str(save_perturbed(target, root / "draft", seed=5, noise=0.003))}
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def run(eng: LLMEngine, prompts: list, params) -> list[RequestOutput]:
-    """Add every prompt, step to completion, return final outputs in prompt order."""
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        eng.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def ids(outs: list[RequestOutput]) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    return tiny_models.forgiving_pair()
 
 
 def drafter(models: dict[str, str], name: str, k: int = 3) -> dict:

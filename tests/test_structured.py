@@ -17,15 +17,14 @@ import llguidance
 import llguidance.hf
 import pytest
 import torch
+from tiny_engine import engine, run
 from tiny_llm import make_byte_tokenizer, save_perturbed, save_tiny
 from zoo import QWEN_05B, SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
-from flyspec.engine.engine import LLMEngine
 from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing
 from flyspec.engine.sequence import Sequence
 from flyspec.engine.structured import Grammars
-from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams, StructuredOutputsParams
 from flyspec.spec_decode.verify import FlyParams, verify
 
@@ -56,21 +55,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         # Enough noise that the draft disagrees with the target at most positions.
         "draft": str(save_perturbed(target, root / "draft", seed=4, noise=0.1)),
     }
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def run(eng: LLMEngine, prompts: list[str], params: list[SamplingParams]) -> list[RequestOutput]:
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        eng.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
 
 
 def json_params(seed: int | None, **kwargs) -> SamplingParams:

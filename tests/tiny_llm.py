@@ -122,3 +122,39 @@ def save_perturbed(source: Path, path: Path, *, seed: int, noise: float) -> Path
     model.save_pretrained(path)
     transformers.AutoTokenizer.from_pretrained(source).save_pretrained(path)
     return path
+
+
+class TinyModels:
+    """Tiny checkpoints shared by the whole test session: each set of `save_tiny` arguments is written
+    once, on first use, under `root`. Tests only read them (an engine never writes to its model folder).
+
+    `pair()` is the usual engine-test pair: a target (seed 0) and an unrelated draft (seed 1), which
+    rarely agree. `forgiving_pair()` is the pair FLy forgives on: a peaky-but-unsure target (std 0.25,
+    entropy >= 0.3) and a draft that is its weights plus slight noise, so they disagree at near-ties.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, *, seed: int, **kwargs: object) -> str:
+        """The checkpoint `save_tiny(path, seed=seed, **kwargs)` writes, made now if it is not yet."""
+        path = self.root / "-".join(f"{k}={v}" for k, v in sorted({"seed": seed, **kwargs}.items()))
+        if not path.exists():
+            save_tiny(path, seed=seed, **kwargs)  # type: ignore[arg-type]
+        return str(path)
+
+    def perturbed(self, source: str, *, seed: int, noise: float) -> str:
+        """`save_perturbed(source, ...)`: `source`'s weights plus Gaussian noise, made now if needed."""
+        path = self.root / f"{Path(source).name}+noise={noise}-seed={seed}"
+        if not path.exists():
+            save_perturbed(Path(source), path, seed=seed, noise=noise)
+        return str(path)
+
+    def pair(self) -> dict[str, str]:
+        """{"target": seed 0, "draft": seed 1}: two unrelated tiny Llama checkpoints."""
+        return {"target": self.get(seed=0), "draft": self.get(seed=1)}
+
+    def forgiving_pair(self, noise: float = 0.003) -> dict[str, str]:
+        """{"target", "draft"}: a peaky-but-unsure target and its slightly noisy copy (see the class)."""
+        target = self.get(seed=3, std=0.25)
+        return {"target": target, "draft": self.perturbed(target, seed=5, noise=noise)}
