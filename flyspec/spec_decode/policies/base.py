@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from flyspec.checks import is_int
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,21 +37,16 @@ def invalid(field: str, value: Any, rule: str) -> ValueError:
     return ValueError(f"{field}={value!r} is invalid: {rule}")
 
 
-def _is_int(value: Any) -> bool:
-    # bool is an int subclass, but `fly_window_size=True` is a mistake, not 1.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def require_int(field: str, value: Any, minimum: int) -> int:
     """`value` if it is an integer >= minimum, else the ValueError of `invalid`."""
-    if not _is_int(value) or value < minimum:
+    if not is_int(value, minimum):
         raise invalid(field, value, f"it must be an integer >= {minimum}")
     return value
 
 
 def require_number(field: str, value: Any, rule: str, ok: Any) -> float:
     """`value` as a float if it is a finite real number and `ok(value)` holds, else ValueError(rule)."""
-    if _is_int(value):
+    if is_int(value):
         value = float(value)
     if not isinstance(value, float) or not math.isfinite(value) or not ok(value):
         raise invalid(field, value, rule)
