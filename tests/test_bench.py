@@ -185,10 +185,8 @@ def test_a_target_draft_format_quantizes_the_draft_on_its_own(tiny_pair):
         "flyspec int8/int4 standard K=2 b=1",
     ]
     runner = BenchRunner(str(target), arms, dtype="float32", device="cpu", ignore_eos=True)
-    engine = runner.engine_for(arms[1])._engine
-    assert engine.target.model.quantization == "int8"
-    assert engine.drafter.runner.model.quantization == "int4"
-    assert runner.engine_for(arms[0])._engine.target.model.quantization == "int8"
+    assert runner.engine_for(arms[1]).weight_formats == {"target": "int8", "draft": "int4"}
+    assert runner.engine_for(arms[0]).weight_formats == {"target": "int8"}
 
 
 def test_waves_fill_every_batch_and_reuse_prompts_cyclically():

@@ -259,7 +259,7 @@ def test_real_model_json_schema_under_aggressive_fly():
         completion = out.outputs[0]
         assert completion.finish_reason == "stop", completion.text
         jsonschema.validate(json.loads(completion.text), SCHEMA)
-    assert llm._engine.stats.num_forgiven_tokens > 0
+    assert llm.stats.num_forgiven_tokens > 0
 
 
 # Text a grammar must let a model spell, whatever its tokenizer: accents, CJK and emoji (4-byte UTF-8,
