@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from flyspec.bench.peers import free_port, wait_ready
 
@@ -57,3 +59,10 @@ def flyspec_serve(
         yield url
     finally:
         stop(proc)
+
+
+def tiny_args(target: str, speculative_config: dict[str, Any] | None = None, name: str = "tiny") -> list[str]:
+    """`flyspec serve` arguments for a tiny checkpoint: served as `name`, float32 (the checkpoints'
+    dtype), 4 sequences at once, with `speculative_config` when given."""
+    args = [target, "--served-model-name", name, "--dtype", "float32", "--max-num-seqs", "4"]
+    return args + (["--speculative-config", json.dumps(speculative_config)] if speculative_config else [])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_process import flyspec_serve
+from serve_process import flyspec_serve, tiny_args
 from tiny_llm import TinyModels
 
 from flyspec.gate.logs.compare import compare_logs
@@ -44,18 +44,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels) -
     root = tmp_path_factory.mktemp("evallogs")
     pair = tiny_models.forgiving_pair()
     fly = {"model": pair["draft"], "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
-    common = [pair["target"], "--served-model-name", MODEL, "--dtype", "float32", "--max-num-seqs", "4"]
     with (
-        flyspec_serve(common, root / "baseline.log") as baseline,
-        flyspec_serve(
-            [*common, "--speculative-config", json.dumps(fly)], root / "candidate.log"
-        ) as candidate,
+        flyspec_serve(tiny_args(pair["target"], name=MODEL), root / "baseline.log") as baseline,
+        flyspec_serve(tiny_args(pair["target"], fly, MODEL), root / "candidate.log") as candidate,
     ):
-        yield {
-            "root": root,
-            "target": Path(pair["target"]),
-            "urls": {"baseline": baseline, "candidate": candidate},
-        }
+        urls = {"baseline": baseline, "candidate": candidate}
+        yield {"root": root, "target": Path(pair["target"]), "urls": urls}
 
 
 def _complete(url: str, prompt: str, chat: bool) -> str:

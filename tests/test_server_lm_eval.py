@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import transformers
-from serve_process import flyspec_serve
+from serve_process import flyspec_serve, tiny_args
 from test_gate_evallogs_real import BIN, LM_EVAL_TASK
 from tiny_llm import TinyModels
 
@@ -57,8 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels) ->
     root = tmp_path_factory.mktemp("lm_eval_serve")
     pair = tiny_models.forgiving_pair()
     fly = {"model": pair["draft"], "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
-    args = [pair["target"], "--served-model-name", MODEL, "--dtype", "float32", "--max-num-seqs", "4"]
-    with flyspec_serve([*args, "--speculative-config", json.dumps(fly)], root / "serve.log") as url:
+    with flyspec_serve(tiny_args(pair["target"], fly, MODEL), root / "serve.log") as url:
         yield {"url": url, "target": Path(pair["target"])}
 
 

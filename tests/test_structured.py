@@ -8,7 +8,6 @@ slow one uses the real SmolLM2-135M as target and as a noisy draft.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import llguidance
 import llguidance.hf
 import pytest
 import torch
-from tiny_engine import engine, run
+from tiny_engine import engine, noisy_pair, run
 from tiny_llm import make_byte_tokenizer, save_perturbed, save_tiny
 from zoo import QWEN_05B, SMOLLM2, zoo_model
 
@@ -232,16 +231,9 @@ def test_real_model_json_schema_under_aggressive_fly():
     """SmolLM2-135M as target and, with Gaussian noise on its weights, as a draft that disagrees often:
     25 seeded chat requests with a JSON schema under FLy (theta 0, W 1) all return JSON that validates."""
     from flyspec import LLM
-    from flyspec.models.loader import load_model
 
     smollm2 = zoo_model(SMOLLM2)
-    target = load_model(str(smollm2), "float32", "cpu")
-    draft = copy.copy(target)
-    draft.model = copy.deepcopy(target.model)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for param in draft.model.parameters():
-            param.add_(0.02 * param.std() * torch.randn_like(param))
+    target, draft = noisy_pair(str(smollm2), "float32")
     config = EngineConfig(
         model=str(smollm2),
         speculative_config={"model": str(smollm2), **AGGRESSIVE_FLY},
