@@ -14,6 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import zoo  # noqa: E402
 from tiny_llm import TinyModels  # noqa: E402
 
 torch.set_num_threads(1)
@@ -24,3 +25,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     """Tiny checkpoints shared by every test file (TinyModels: `get`, `perturbed`, `pair`,
     `forgiving_pair`)."""
     return TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures are made: tell tests/zoo.py whether this test is in the slow tier."""
+    zoo.running_slow_test = item.get_closest_marker("slow") is not None
