@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flyspec.checks import is_int
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -40,7 +42,7 @@ class Capacity:
 
 
 def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value, 1):
         raise ValueError(f"{name}={value!r}: must be a positive integer")
     return value
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from flyspec.checks import is_int
 from flyspec.spec_decode.policies import (
     VerificationPolicy,
     lossy_policy_names,
@@ -59,13 +60,8 @@ _DRAFT_QUANTIZATION = (*QUANTIZATION_CHOICES, "none")
 _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
-def _is_int(value: Any) -> bool:
-    # bool is an int subclass, but `num_speculative_tokens=True` is a mistake, not 1.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _require_int(field: str, value: Any, minimum: int) -> None:
-    if not _is_int(value) or value < minimum:
+    if not is_int(value, minimum):
         raise _invalid(field, value, f"it must be an integer >= {minimum}")
 
 
@@ -371,7 +367,7 @@ class EngineConfig:
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_model_len is not None:
             _require_int("max_model_len", self.max_model_len, 1)
-        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
+        if not is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise _invalid("seed", self.seed, "it must be an integer in [0, 2**63)")
         if self.kv_cache_memory_bytes is not None:
             _require_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)

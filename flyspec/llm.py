@@ -108,6 +108,17 @@ class LLM:
         """How many requests can run at once (the admission cap of the token budget and max_num_seqs)."""
         return self._engine.max_running
 
+    @property
+    def max_model_len(self) -> int:
+        """The context length of one sequence (prompt plus output), as resolved at load: the given
+        max_model_len, or min(the model's max_position_embeddings, 4096)."""
+        return self._engine.max_model_len
+
+    def has_unfinished_requests(self) -> bool:
+        """True while the engine holds a request, waiting or running: False once every generate / chat /
+        stream call has returned or been closed (a closed stream aborts what it had in flight)."""
+        return self._engine.has_unfinished_requests()
+
     def warm_up(self, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S) -> float:
         """Generate a few tokens so that one-time costs are paid before real work, and return the seconds
         it took. Raises TooSlowError (a ValueError naming the faster options) when `max_tokens` take

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from flyspec.checks import is_int
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 """Why a sequence ended: a stop condition, a length limit, an abort, or an error in this request alone
 (RequestOutput.error says what; the other requests of the batch are unaffected)."""
@@ -53,7 +55,7 @@ class AcceptanceCounts:
         """Counters read from a mapping that holds all four as integers (e.g. a server's response), else
         None: a source that does not report them must not read as zero acceptance."""
         values = [data.get(f) for f in ACCEPTANCE_FIELDS]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if not all(is_int(v) for v in values):
             return None
         return cls(*values)  # type: ignore[arg-type]
 

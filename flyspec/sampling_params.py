@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from flyspec.checks import is_int
 from flyspec.config import policy_names
 
 TARGET_ONLY = "target_only"
@@ -54,11 +55,6 @@ MAX_N = 128
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS = 64, 1024
 """Stop strings are checked after every token, so their number and length are bounded."""
 MAX_STOP_TOKEN_IDS = 1024
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass, but `max_tokens=True` is a mistake, not a number.
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:
@@ -223,7 +219,7 @@ class SamplingParams:
                 "float32; any top_p at or below 1/vocabulary keeps only the most likely token anyway)"
             )
         self.top_p = float(self.top_p)
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 or -1 = off)")
         if self.top_k > TOP_K_MAX:
             raise ValueError(
@@ -245,21 +241,21 @@ class SamplingParams:
         self.logit_bias = self._check_logit_bias(self.logit_bias)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+            if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise ValueError(
                     f"{name}={value!r}: must be None or an integer in [0, {MAX_LOGPROBS}] (the number of "
                     "alternatives reported next to each token)"
                 )
-        if not _is_int(self.max_tokens) or self.max_tokens < 0:
+        if not is_int(self.max_tokens) or self.max_tokens < 0:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if self.max_tokens == 0 and self.prompt_logprobs is None:
             raise ValueError(
                 "max_tokens=0: must be an integer >= 1 (0, which generates nothing, is allowed only "
                 "together with prompt_logprobs, to score a prompt)"
             )
-        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+        if self.seed is not None and (not is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             raise ValueError(f"seed={self.seed!r}: must be None or an integer in [{SEED_MIN}, {SEED_MAX}]")
-        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n={self.n!r}: must be an integer in [1, {MAX_N}]")
         self.stop = self._check_stop(self.stop)
         self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
@@ -330,7 +326,7 @@ class SamplingParams:
     def _check_stop_token_ids(ids: object) -> list[int]:
         if ids is None:
             return []
-        if not isinstance(ids, list | tuple) or not all(_is_int(i) and i >= 0 for i in ids):
+        if not isinstance(ids, list | tuple) or not all(is_int(i) and i >= 0 for i in ids):
             raise ValueError(f"stop_token_ids={ids!r}: must be a list of token ids (integers >= 0)")
         if len(ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids=<{len(ids)} ids>: at most {MAX_STOP_TOKEN_IDS} token ids")
@@ -346,7 +342,7 @@ class SamplingParams:
         for key, value in bias.items():
             # JSON objects have string keys: "50256" is token 50256.
             token = int(key) if isinstance(key, str) and key.isdigit() else key
-            if not _is_int(token) or token < 0:  # type: ignore[operator]
+            if not is_int(token) or token < 0:  # type: ignore[operator]
                 raise ValueError(f"logit_bias: key {key!r} is not a token id (an integer >= 0)")
             rule = f"the bias of token {token} must be a number in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]"
             checked[token] = _number_in("logit_bias", value, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX, rule)  # type: ignore[index]

@@ -1,14 +1,33 @@
-"""Settings for the whole test run.
+"""Settings and fixtures for the whole test run.
 
 One torch thread: the tests' tiny models do tiny matmuls, where a second intra-op thread costs more than
 it brings, and on a busy 2-core machine oversubscribed threads made tiny-model tests 10-50x slower. The
 environment variable reaches the subprocesses that CLI tests start.
+
+`tiny_models` hands out tiny random-weight checkpoints (tests/tiny_llm.py), each written once per session
+whichever test file asks first; tests/tiny_engine.py drives an engine over them.
 """
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
+import zoo  # noqa: E402
+from tiny_llm import TinyModels  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Tiny checkpoints shared by every test file (TinyModels: `get`, `perturbed`, `pair`,
+    `forgiving_pair`)."""
+    return TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures are made: tell tests/zoo.py whether this test is in the slow tier."""
+    zoo.running_slow_test = item.get_closest_marker("slow") is not None

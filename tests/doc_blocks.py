@@ -7,8 +7,9 @@ plain command (a pipe, a redirection, command substitution).
 
 The docs name the real models and machines (the Qwen pair, `http://gpu1:8000/v1`, budgets of hours).
 The rules below, regular expressions and flag settings rather than per-block edits, turn them into the
-small zoo model, a loopback server, and budgets of seconds, so a block added tomorrow runs without a
-change here as long as it names things the rules know; one that names something new fails, naming it.
+small zoo model (a tiny random checkpoint for the benchmarks), a loopback server, and budgets of
+seconds, so a block added tomorrow runs without a change here as long as it names things the rules
+know; one that names something new fails, naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from markdown_it import MarkdownIt
 SMALL_MODEL = "smollm2-135m-instruct"
 SERVER = "{server}"  # a loopback server's root URL, filled in when the command runs
 PORT = "{port}"  # the port a block's own `flyspec serve` listens on
+# A tiny random-weight checkpoint folder (tests/tiny_llm.py), filled in when the command runs: the
+# benchmarks' blocks measure nothing here, they show that every documented option runs end to end, and
+# each of their server starts on the small zoo model cost seconds of loading and quantizing.
+TINY_MODEL = "{tiny_model}"
 
 PYTHON = "python"
 SHELL = "shell"
@@ -237,41 +242,40 @@ GATE = r"flyspec gate (?:run|pilot|tune)"
 BENCH = r"flyspec bench"
 SERVE_BENCH = r"flyspec bench-serve"
 BENCH_SCRIPT = r"python scripts/bench_policies\.py"
-# (command, flag, value, add where absent): budgets of hours -> seconds, and the small model where a
-# command's default is the Qwen pair.
+# Per command: flag -> value, set where the flag is given and added where it is not (budgets of hours ->
+# seconds, and the small models where a command's default is the Qwen pair); GIVEN_ONLY flags are only
+# lowered where given (the command's default is already small). Applied in this order.
+TINY_PAIR = {"--model": TINY_MODEL, "--draft": TINY_MODEL}
+FEW_TOKENS = {"--max-tokens": "8", "--warmup-tokens": "4"}
+BUDGETS = {
+    GATE: {"--max-tokens": "8", "--max-questions": "4", "--limit": "4", "--max-minutes": "5"},
+    # each of up to 12 settings answers the questions
+    r"flyspec gate tune": {"--max-questions": "2", "--calibration-questions": "1"},
+    r"flyspec generate": {"--max-tokens": "16"},
+    r"flyspec serve": {"--port": PORT},  # a block's own server: a free loopback port
+    BENCH: {**TINY_PAIR, **FEW_TOKENS, "--batch-sizes": "1", "--num-prompts": "2"},
+    SERVE_BENCH: {**TINY_PAIR, **FEW_TOKENS, "--concurrency": "1", "--waves": "1", "--min-requests": "1"},
+    BENCH_SCRIPT: {
+        "--target": SMALL_MODEL,
+        "--draft": SMALL_MODEL,
+        "--batch-sizes": "1",
+        "--num-prompts": "2",
+        "--max-tokens": "8",
+        "--repeats": "1",
+        "--questions": "1",
+        "--gate-max-tokens": "8",
+    },
+}
+GIVEN_ONLY = {
+    (GATE, "--limit"),
+    (GATE, "--max-minutes"),
+    (BENCH, "--batch-sizes"),
+    (SERVE_BENCH, "--concurrency"),
+}
 FLAGS = tuple(
-    Flag(command, flag, value, add, ("--limit",) if flag == "--max-questions" else ())
-    for command, flag, value, add in (
-        (GATE, "--max-tokens", "8", True),
-        (GATE, "--max-questions", "4", True),
-        (GATE, "--limit", "4", False),
-        (GATE, "--max-minutes", "5", False),
-        (r"flyspec gate tune", "--max-questions", "2", True),  # each of up to 12 settings answers them
-        (r"flyspec gate tune", "--calibration-questions", "1", True),
-        (r"flyspec generate", "--max-tokens", "16", True),
-        (r"flyspec serve", "--port", PORT, True),  # a block's own server: a free loopback port
-        (BENCH, "--model", SMALL_MODEL, True),
-        (BENCH, "--draft", SMALL_MODEL, True),
-        (BENCH, "--batch-sizes", "1", False),
-        (BENCH, "--num-prompts", "2", True),
-        (BENCH, "--max-tokens", "8", True),
-        (BENCH, "--warmup-tokens", "4", True),
-        (SERVE_BENCH, "--model", SMALL_MODEL, True),
-        (SERVE_BENCH, "--draft", SMALL_MODEL, True),
-        (SERVE_BENCH, "--concurrency", "1", False),
-        (SERVE_BENCH, "--max-tokens", "8", True),
-        (SERVE_BENCH, "--warmup-tokens", "4", True),
-        (SERVE_BENCH, "--waves", "1", True),
-        (SERVE_BENCH, "--min-requests", "1", True),
-        (BENCH_SCRIPT, "--target", SMALL_MODEL, True),
-        (BENCH_SCRIPT, "--draft", SMALL_MODEL, True),
-        (BENCH_SCRIPT, "--batch-sizes", "1", True),
-        (BENCH_SCRIPT, "--num-prompts", "2", True),
-        (BENCH_SCRIPT, "--max-tokens", "8", True),
-        (BENCH_SCRIPT, "--repeats", "1", True),
-        (BENCH_SCRIPT, "--questions", "1", True),
-        (BENCH_SCRIPT, "--gate-max-tokens", "8", True),
-    )
+    Flag(command, flag, value, (command, flag) not in GIVEN_ONLY, ("--limit",) * (flag == "--max-questions"))
+    for command, flags in BUDGETS.items()
+    for flag, value in flags.items()
 )
 
 # Programs whose run is replaced: `make X` only plans the recipe (running it would recurse into CI or a

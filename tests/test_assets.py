@@ -172,7 +172,9 @@ def test_prepare_converts_once_then_is_a_no_op(tmp_path: Path, monkeypatch: pyte
     from flyspec.models.loader import load_model
 
     monkeypatch.setenv("FLYSPEC_CACHE", str(tmp_path))
+    started = time.perf_counter()
     folder = prepare(SMOL, show_progress=False)
+    converting_s = time.perf_counter() - started
     assert folder == tmp_path / "models" / SMOL
     names = {p.name for p in folder.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "flyspec-prepared.json"} <= names
@@ -180,7 +182,7 @@ def test_prepare_converts_once_then_is_a_no_op(tmp_path: Path, monkeypatch: pyte
     stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     started = time.perf_counter()
     assert prepare(SMOL) == folder
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < converting_s / 10  # relative: the machine may be busy
     result = _flyspec("models", "prepare", SMOL, "--json", env={"FLYSPEC_CACHE": str(tmp_path)})
     assert json.loads(result.stdout.strip().splitlines()[-1])["already_prepared"] is True
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps

@@ -276,10 +276,8 @@ def test_a_target_draft_format_quantizes_the_draft_on_its_own(tiny_pair):
         "flyspec int8/int4 standard K=2 b=1",
     ]
     runner = BenchRunner(str(target), arms, dtype="float32", device="cpu", ignore_eos=True)
-    engine = runner.engine_for(arms[1])._engine
-    assert engine.target.model.quantization == "int8"
-    assert engine.drafter.runner.model.quantization == "int4"
-    assert runner.engine_for(arms[0])._engine.target.model.quantization == "int8"
+    assert runner.engine_for(arms[1]).weight_formats == {"target": "int8", "draft": "int4"}
+    assert runner.engine_for(arms[0]).weight_formats == {"target": "int8"}
 
 
 def test_waves_fill_every_batch_and_reuse_prompts_cyclically():
@@ -489,20 +487,9 @@ def test_bench_measures_int8_arms_beside_the_unquantized_ones(tiny_pair, tmp_pat
     weights loaded once for the target and the draft), labels the int8 rows, compares them with int8
     target-only and their unquantized twins, and writes the formats into the settings and the re-measure
     commands."""
-    from typer.testing import CliRunner
-
-    from flyspec.cli import app
-
-    target, draft = tiny_pair
-    out_json, out_md = tmp_path / "q.json", tmp_path / "Q.md"
-    args = [
-        "bench", "--model", str(target), "--draft", str(draft), "--k", "2", "--methods", "target,standard",
-        "--quantization", "none,int8", "--num-prompts", "2", "--max-tokens", "6", "--warmup-tokens", "2",
-        "--dtype", "float32", "--json", str(out_json), "--markdown", str(out_md),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    report = json.loads(out_json.read_text())
+    out_md = tmp_path / "Q.md"
+    args = ["--methods", "target,standard", "--quantization", "none,int8", "--dtype", "float32"]
+    report = _bench_json(tiny_pair, tmp_path, [*args, "--markdown", str(out_md)])
     rows = {r["label"]: r for r in report["results"]}
     assert list(rows) == [
         "flyspec target-only b=1",
@@ -516,6 +503,22 @@ def test_bench_measures_int8_arms_beside_the_unquantized_ones(tiny_pair, tmp_pat
     assert "flyspec int8 target-only b=1 / unquantized" in names
     assert "flyspec int8 standard K=2 b=1 / target-only" in names
     assert "--quantization int8" in out_md.read_text()
+
+
+def _bench_json(tiny_pair, tmp_path, args: list[str]) -> dict:
+    """`flyspec bench` on the tiny pair with K=2, 2 prompts and 6 tokens, plus `args`, in this process;
+    the report it wrote with --json."""
+    from typer.testing import CliRunner
+
+    from flyspec.cli import app
+
+    target, draft = tiny_pair
+    out_json = tmp_path / "bench.json"
+    common = ["--model", str(target), "--draft", str(draft), "--k", "2", "--num-prompts", "2"]
+    common += ["--max-tokens", "6", "--warmup-tokens", "2", "--json", str(out_json)]
+    result = CliRunner().invoke(app, ["bench", *common, *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(out_json.read_text())
 
 
 def test_busy_machine_note_discounts_the_sweeps_own_threads() -> None:
@@ -541,20 +544,8 @@ def test_bench_runs_typical_and_a_lossless_prefix_end_to_end(tiny_pair, tmp_path
     acceptance arms run with and without a prefix, each compared with standard SD; with a prefix longer
     than max_tokens the output is target-only's (float32, greedy) and nothing is forgiven. No timing
     assertions."""
-    from typer.testing import CliRunner
-
-    from flyspec.cli import app
-
-    target, draft = tiny_pair
-    out_json = tmp_path / "bench.json"
-    args = [
-        "bench", "--model", str(target), "--draft", str(draft), "--batch-sizes", "1", "--k", "2",
-        "--methods", "target,standard,typical", "--lossless-prefix", "0,64", "--peer", "none",
-        "--num-prompts", "2", "--max-tokens", "6", "--warmup-tokens", "2", "--json", str(out_json),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    report = json.loads(out_json.read_text())
+    args = ["--batch-sizes", "1", "--methods", "target,standard,typical", "--lossless-prefix", "0,64"]
+    report = _bench_json(tiny_pair, tmp_path, [*args, "--peer", "none"])
     rows = {r["label"]: r for r in report["results"]}
     assert list(rows) == [
         "flyspec target-only b=1",

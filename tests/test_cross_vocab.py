@@ -20,19 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_engine import engine, ids, run
 from tiny_llm import save_tiny
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors, trainers
 from tokenizers.models import BPE
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
-from flyspec.config import EngineConfig
 from flyspec.engine.drafters.cross_vocab import CrossVocabDrafter
 from flyspec.engine.drafters.vocab_map import VocabMap
-from flyspec.engine.engine import LLMEngine
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.models.loader import load_model
-from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0-3 in the target, as tiny_llm's configs expect
@@ -114,26 +112,6 @@ def save_renumbered_copy(target: str, path: Path, order: list[str], extra_specia
     dst.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def run(eng: LLMEngine, prompts: list[str], params) -> list[RequestOutput]:
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        eng.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def ids(outs: list[RequestOutput]) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
 
 
 _FREQUENT: dict[str, int] = {}

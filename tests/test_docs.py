@@ -33,12 +33,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import serve_process
 from doc_blocks import (
     NOT_CODE,
     PORT,
     PYTHON,
     SERVER,
     SMALL_MODEL,
+    TINY_MODEL,
     Block,
     DocBlockError,
     adapt,
@@ -51,7 +53,7 @@ from doc_blocks import (
 )
 from zoo import zoo_model
 
-from flyspec.bench.peers import free_port, wait_ready
+from flyspec.bench.peers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -80,42 +82,17 @@ def _env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _serve(argv: list[str], port: int, log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
-    """Start `flyspec serve` in the background and wait until it answers /health."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, SERVER_START_S, log)
-    except RuntimeError:
-        _stop(proc)
-        raise
-    return proc
-
-
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The loopback server that stands in for every endpoint the docs name: the small model with FLy
     over an n-gram drafter, so the `verification` of a request picks standard or FLy."""
     root = tmp_path_factory.mktemp("docs-server")
-    port = free_port()
     spec = {"method": "ngram", "num_speculative_tokens": 4, "rejection_sample_method": "fly"}
-    argv = [str(BIN / "flyspec"), "serve", SMALL_MODEL, "--port", str(port)]
-    proc = _serve(
-        [*argv, "--speculative-config", json.dumps(spec)], port, root / "serve.log", _env(root), root
-    )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(proc)
+    args = [SMALL_MODEL, "--speculative-config", json.dumps(spec)]
+    with serve_process.flyspec_serve(
+        args, root / "serve.log", timeout_s=SERVER_START_S, env=_env(root)
+    ) as url:
+        yield url
 
 
 # --- Files the docs' commands expect ------------------------------------------------------------------
@@ -235,8 +212,10 @@ def _report(what: str, argv: list[str], done: subprocess.CompletedProcess[str] |
 class ShellBlock:
     """Runs a shell block's commands in order, keeping its variables and its own servers."""
 
-    def __init__(self, block: Block, workdir: Path, shared: Callable[[], str]) -> None:
-        self.block, self.workdir, self.shared = block, workdir, shared
+    def __init__(
+        self, block: Block, workdir: Path, shared: Callable[[], str], tiny: Callable[[], str]
+    ) -> None:
+        self.block, self.workdir, self.shared, self.tiny = block, workdir, shared, tiny
         self.env = _env(workdir)
         self.variables: dict[str, str] = {}  # set by the block's own lines (`export KEY=...`)
         self.own_server: str | None = None
@@ -250,7 +229,7 @@ class ShellBlock:
                 assert proc.poll() is None, f"the block's server exited early:\n{log.read_text()[-3000:]}"
         finally:
             for proc, _ in self.servers:
-                _stop(proc)
+                serve_process.stop(proc)
 
     def server(self) -> str:
         return self.own_server or self.shared()
@@ -273,6 +252,7 @@ class ShellBlock:
             self.start_server(argv, env, where)
             return
         argv = [token.replace(SERVER, self.server()) if SERVER in token else token for token in argv]
+        argv = [token.replace(TINY_MODEL, self.tiny()) if TINY_MODEL in token else token for token in argv]
         self.make_files(argv, env)
         start = time.monotonic()
         try:
@@ -291,11 +271,13 @@ class ShellBlock:
         port = free_port()
         argv = [token.replace(PORT, str(port)) for token in argv]
         log = self.workdir / f"serve-{port}.log"
+        url = f"http://127.0.0.1:{port}"
         try:
-            self.servers.append((_serve(argv, port, log, env, self.workdir), log))
+            proc = serve_process.start(argv, url, log, timeout_s=SERVER_START_S, env=env, cwd=self.workdir)
         except RuntimeError as exc:
             raise AssertionError(_report(f"{where}\n  {exc}", argv)) from None
-        self.own_server = f"http://127.0.0.1:{port}"
+        self.servers.append((proc, log))
+        self.own_server = url
 
     def make_files(self, argv: list[str], env: dict[str, str]) -> None:
         for token in argv:
@@ -329,10 +311,13 @@ def test_doc_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureReq
     def shared() -> str:
         return request.getfixturevalue("shared_server")
 
+    def tiny() -> str:
+        return request.getfixturevalue("tiny_models").get(seed=0, max_position_embeddings=1024)
+
     if block.kind == PYTHON:
         _run_python(block, tmp_path, shared)
     else:
-        ShellBlock(block, tmp_path, shared).run()
+        ShellBlock(block, tmp_path, shared, tiny).run()
 
 
 # --- The harness itself (fast) ------------------------------------------------------------------------
@@ -401,7 +386,7 @@ def test_rules_adapt_commands() -> None:
     assert adapt(["flyspec", "serve", "x"])[-2:] == ["--port", PORT]
     assert adapt(["make", "test"]) == ["make", "-n", "test"]
     bench = adapt(["flyspec", "bench-serve", "--concurrency", "1,16,32"])
-    assert bench[bench.index("--concurrency") + 1] == "1" and bench[bench.index("--model") + 1] == SMALL_MODEL
+    assert bench[bench.index("--concurrency") + 1] == "1" and bench[bench.index("--model") + 1] == TINY_MODEL
     assert allowed_exit_codes(["flyspec", "gate", "report", "--store", "g.db"]) == {0, 1}
     assert allowed_exit_codes(["flyspec", "gate", "compare", "a", "b", "--strict"]) == {0, 1, 2}
     assert allowed_exit_codes(["flyspec", "gate", "pilot"]) == {0}

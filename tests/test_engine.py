@@ -15,11 +15,10 @@ import shutil
 import pytest
 import torch
 import transformers
-from tiny_llm import EOS_ID, save_perturbed, save_tiny
+from tiny_engine import engine, greedy_differences, ids, run
+from tiny_llm import EOS_ID, TinyModels, save_tiny
 
-from flyspec.config import LOSSY_WARNING, EngineConfig
-from flyspec.engine.engine import LLMEngine
-from flyspec.outputs import RequestOutput
+from flyspec.config import LOSSY_WARNING
 from flyspec.sampling_params import SamplingParams
 
 PROMPTS = [" ".join(f"w{(7 * i + 3 * j) % 240}" for j in range(2 + 5 * i)) for i in range(8)]
@@ -28,38 +27,14 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("models")
-    target = save_tiny(root / "target", seed=0)
-    fly_target = save_tiny(root / "fly_target", seed=3, std=0.25)  # peakier but still unsure: H >= 0.3
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    forgiving = tiny_models.forgiving_pair()  # peakier but still unsure: H >= 0.3
     return {
-        "target": str(target),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-        "qwen2": str(save_tiny(root / "qwen2", seed=2, arch="qwen2")),
-        "fly_target": str(fly_target),
-        "fly_draft": str(save_perturbed(fly_target, root / "fly_draft", seed=5, noise=0.003)),
+        **tiny_models.pair(),
+        "qwen2": tiny_models.get(seed=2, arch="qwen2"),
+        "fly_target": forgiving["target"],
+        "fly_draft": forgiving["draft"],
     }
-
-
-def run(engine: LLMEngine, prompts: list, params) -> list[RequestOutput]:
-    """Add every prompt, step to completion, return final outputs in prompt order."""
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def ids(outs: list[RequestOutput]) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
 
 
 def upto_eos(tokens: list[int]) -> list[int]:
@@ -175,14 +150,8 @@ def test_fly_differs_from_target_greedy_only_at_forgiven_positions(models, caplo
     params = [GREEDY] * 8 + [dataclasses.replace(GREEDY, verification="standard")] * 4
     outs = run(eng, PROMPTS + PROMPTS[:4], params)
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(models["fly_target"], dtype=torch.float32).eval()
     forgiven_total = 0
-    for out in outs:
-        prompt, gen = out.prompt_token_ids, out.outputs[0].token_ids
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + gen])).logits[0]
-        greedy = logits[len(prompt) - 1 : -1].argmax(dim=-1).tolist()
-        differs = [j for j, (g, t) in enumerate(zip(greedy, gen, strict=True)) if g != t]
+    for out, differs in zip(outs, greedy_differences(models["fly_target"], outs), strict=True):
         assert differs == out.metrics.forgiven_positions
         assert len(differs) == out.metrics.num_forgiven_tokens
         forgiven_total += len(differs)

@@ -11,13 +11,11 @@ import dataclasses
 import logging
 
 import pytest
-import torch
-import transformers
-from tiny_llm import save_perturbed, save_tiny
+from tiny_engine import engine, greedy_differences, ids, run
+from tiny_llm import TinyModels
 from zoo import SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
-from flyspec.engine.engine import LLMEngine
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
@@ -36,31 +34,8 @@ TYPICAL_WARNING = (
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("policies")
-    target = save_tiny(root / "target", seed=3, std=0.25)
-    return {"target": str(target), "draft": str(save_perturbed(target, root / "draft", seed=5, noise=0.003))}
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def run(eng: LLMEngine, prompts: list, params) -> list[RequestOutput]:
-    """Add every prompt, step to completion, return final outputs in prompt order."""
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        eng.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def ids(outs: list[RequestOutput]) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    return tiny_models.forgiving_pair()
 
 
 def drafter(models: dict[str, str], name: str, k: int = 3) -> dict:
@@ -90,13 +65,7 @@ def test_typical_differs_from_target_greedy_only_at_forgiven_positions(models, c
     standard = dataclasses.replace(GREEDY, verification="standard")
     outs = run(eng, PROMPTS + PROMPTS[:3], [GREEDY] * 5 + [explicit] + [standard] * 3)
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(models["target"], dtype=torch.float32).eval()
-    for out in outs:
-        prompt, gen = out.prompt_token_ids, out.outputs[0].token_ids
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + gen])).logits[0]
-        greedy = logits[len(prompt) - 1 : -1].argmax(dim=-1).tolist()
-        differs = [j for j, (g, t) in enumerate(zip(greedy, gen, strict=True)) if g != t]
+    for out, differs in zip(outs, greedy_differences(models["target"], outs), strict=True):
         assert differs == out.metrics.forgiven_positions
         assert len(differs) == out.metrics.num_forgiven_tokens
     assert eng.stats.num_forgiven_tokens > 0

@@ -31,6 +31,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from gate_answers import wait_for_answers
 
 from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
@@ -544,11 +545,7 @@ def test_two_gate_runs_on_one_store_at_once(servers: tuple[ServerState, list[str
         "--candidate", json.dumps({"base_url": urls[1], "model": "held"}),
     ]  # fmt: skip
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not _has_answers(store):
-        assert first.poll() is None, first.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_answers(first, store, timeout_s=120)
     second = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.poll() is None, "the first run should still be answering"
     state.release.set()
@@ -558,16 +555,6 @@ def test_two_gate_runs_on_one_store_at_once(servers: tuple[ServerState, list[str
     with sqlite3.connect(store) as db:
         keys = db.execute("SELECT arm, question_id FROM answers").fetchall()
     assert len(keys) == len(set(keys)) == 40
-
-
-def _has_answers(store: Path) -> bool:
-    if not store.exists():
-        return False
-    try:
-        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
-            return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0] > 0
-    except sqlite3.OperationalError:
-        return False
 
 
 @pytest.mark.slow
@@ -596,11 +583,7 @@ def test_ctrl_c_stops_a_sequential_run_at_once_and_a_rerun_continues(
         "--baseline", json.dumps(base), "--candidate", json.dumps(held),
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not _has_answers(store):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_answers(proc, store, timeout_s=120)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     try:

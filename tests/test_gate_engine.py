@@ -16,11 +16,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gate_answers import stored_answers, wait_for_answers
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.gate.data.store import GateStore
@@ -135,16 +135,6 @@ def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: P
     assert any(a[("baseline", q)] != setup.reference[q] for q in setup.reference)  # it really sampled
 
 
-def _count(store: Path) -> int:
-    if not store.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
-            return db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
-    except sqlite3.OperationalError:  # the schema is not created yet
-        return 0
-
-
 @pytest.mark.slow
 def test_gate_run_killed_and_resumed_with_in_process_arms(setup: Setup, tmp_path: Path) -> None:
     """A gate run over standard-SD vs FLy arms (one shared engine), killed with SIGKILL after a few
@@ -164,14 +154,10 @@ def test_gate_run_killed_and_resumed_with_in_process_arms(setup: Setup, tmp_path
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 300
-    while _count(store) < 3:
-        assert proc.poll() is None, f"gate run ended before it could be killed: {proc.communicate()}"
-        assert time.monotonic() < deadline, "no answers stored within 300 s"
-        time.sleep(0.02)
+    wait_for_answers(proc, store, 3)
     proc.kill()
     proc.wait(timeout=30)
-    stored_at_kill = _count(store)
+    stored_at_kill = stored_answers(store)
     assert 3 <= stored_at_kill < total, stored_at_kill
 
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
@@ -359,14 +345,10 @@ def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = _seq_command(store, exact_dataset, base, cand)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 300
-    while _count(store) < 4:
-        assert proc.poll() is None, f"gate run ended before it could be killed: {proc.communicate()}"
-        assert time.monotonic() < deadline, "no answers stored within 300 s"
-        time.sleep(0.01)
+    wait_for_answers(proc, store, 4)
     proc.kill()
     proc.wait(timeout=30)
-    stored_at_kill = _count(store)
+    stored_at_kill = stored_answers(store)
     assert stored_at_kill < 2 * expected["sequential"]["stopped_at"], "killed too late to test a resume"
 
     run_gate(

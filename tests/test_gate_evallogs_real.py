@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tiny_llm import save_perturbed, save_tiny
+from serve_process import flyspec_serve, tiny_args
+from tiny_llm import TinyModels
 
-from flyspec.bench.peers import free_port, wait_ready
 from flyspec.gate.logs.compare import compare_logs
 from flyspec.gate.logs.evallogs import read_eval_log
 from flyspec.gate.logs.pairing import pair_logs
@@ -39,35 +39,17 @@ def _prompt(i: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+def servers(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels) -> Iterator[dict[str, object]]:
     """Baseline (target only) and candidate (FLy, K=3, a draft that mostly agrees) servers."""
     root = tmp_path_factory.mktemp("evallogs")
-    # The pair test_engine.py uses to show FLy forgiving: peaky-but-unsure target, slightly noisy draft.
-    target = save_tiny(root / "target", seed=3, std=0.25)
-    draft = save_perturbed(target, root / "draft", seed=5, noise=0.003)
-    fly = {"model": str(draft), "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
-    configs = {"baseline": [], "candidate": ["--speculative-config", json.dumps(fly)]}
-    procs, urls = [], {}
-    for name, extra in configs.items():
-        port = free_port()
-        cmd = [str(BIN / "flyspec"), "serve", str(target), "--port", str(port), "--served-model-name", MODEL]
-        cmd += ["--dtype", "float32", "--max-num-seqs", "4", *extra]
-        log = open(root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process below
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
-        urls[name] = f"http://127.0.0.1:{port}"
-    try:
-        for (proc, _), (name, url) in zip(procs, urls.items(), strict=True):
-            wait_ready(url, proc, 240, root / f"{name}.log")
-        yield {"root": root, "target": target, "urls": urls}
-    finally:
-        for proc, log in procs:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+    pair = tiny_models.forgiving_pair()
+    fly = {"model": pair["draft"], "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
+    with (
+        flyspec_serve(tiny_args(pair["target"], name=MODEL), root / "baseline.log") as baseline,
+        flyspec_serve(tiny_args(pair["target"], fly, MODEL), root / "candidate.log") as candidate,
+    ):
+        urls = {"baseline": baseline, "candidate": candidate}
+        yield {"root": root, "target": Path(pair["target"]), "urls": urls}
 
 
 def _complete(url: str, prompt: str, chat: bool) -> str:

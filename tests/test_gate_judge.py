@@ -12,10 +12,7 @@ process, with two tiny engine arms answering open-ended chat prompts.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -29,8 +26,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from serve_process import flyspec_serve
+from tiny_llm import TinyModels
 
-from flyspec.bench.peers import free_port, wait_ready
+from flyspec.bench.peers import free_port
 from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
@@ -332,7 +331,6 @@ def test_judge_settings_are_checked(server: tuple[Scripted, str], tmp_path: Path
         run_gate(tmp_path / "d.db", str(_dataset(tmp_path)), arm, arm, 0.5, judge={**judge, "model": "big"})
 
 
-BIN = Path(sys.executable).parent
 OPEN_PROMPTS = [
     "Describe a quiet morning.",
     "Give one tip for learning to cook.",
@@ -341,7 +339,7 @@ OPEN_PROMPTS = [
 
 
 @pytest.mark.slow  # a real flyspec serve with SmolLM2-135M-Instruct as the judge: about half a minute
-def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
+def test_smollm2_judge_through_flyspec_serve(tmp_path: Path, tiny_models: TinyModels) -> None:
     """SmolLM2-135M-Instruct, prepared in the model zoo, judges two tiny engine arms (standard vs FLy) on
     open-ended chat prompts through a real `flyspec serve` on loopback: every question is judged in both
     orders, every verdict is stored, the pooled counts are the judge's outcomes, and the report shows the
@@ -349,12 +347,9 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
     from zoo import SMOLLM2, zoo_model
 
     zoo_model(SMOLLM2)
-    from tiny_llm import save_perturbed, save_tiny
-
-    target = save_tiny(tmp_path / "target", seed=3, std=0.25)
-    draft = save_perturbed(target, tmp_path / "draft", seed=5, noise=0.003)
-    spec = {"model": str(draft), "num_speculative_tokens": 3}
-    base = {"kind": "engine", "model": str(target), "dtype": "float32", "max_num_seqs": 4}
+    pair = tiny_models.forgiving_pair()
+    spec = {"model": pair["draft"], "num_speculative_tokens": 3}
+    base = {"kind": "engine", "model": pair["target"], "dtype": "float32", "max_num_seqs": 4}
     baseline = {**base, "speculative_config": {**spec, "rejection_sample_method": "standard"}}
     candidate = {
         **base,
@@ -368,31 +363,21 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path) -> None:
             for i, p in enumerate(OPEN_PROMPTS)
         )
     )
-    port = free_port()
-    log = open(tmp_path / "judge.log", "w")  # noqa: SIM115 - closed with the process below
-    cmd = [str(BIN / "flyspec"), "serve", "smollm2-135m-instruct", "--port", str(port), "--served-model-name"]
-    proc = subprocess.Popen(
-        [*cmd, "smollm2", "--dtype", "float32", "--max-num-seqs", "2"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, 180, tmp_path / "judge.log")
+    args = [
+        "smollm2-135m-instruct",
+        "--served-model-name",
+        "smollm2",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "2",
+    ]
+    with flyspec_serve(args, tmp_path / "judge.log", timeout_s=180) as url:
         store = tmp_path / "smol.db"
-        judge = {
-            "base_url": f"http://127.0.0.1:{port}",
-            "model": "smollm2",
-            "max_tokens": 48,
-            "concurrency": 2,
-        }
+        judge = {"base_url": url, "model": "smollm2", "max_tokens": 48, "concurrency": 2}
         run_id = run_gate(
             store, str(dataset), baseline, candidate, 0.5, judge=judge, max_tokens=12, progress=False
         )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
     report = build_report(store, run_id)
     j, pooled = report.judge, report.pooled
     assert j is not None and pooled is not None

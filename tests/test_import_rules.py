@@ -7,7 +7,7 @@ TYPE_CHECKING): a lazy import is still a dependency.
    of `flyspec.engine`, `flyspec.llm`, `flyspec.server`, `flyspec.gate`, `flyspec.bench`, `flyspec.cli`.
 2. The verifier, its policies and the sampling kernels are pure: `flyspec.spec_decode.verify`,
    `flyspec.spec_decode.policies` and `flyspec.spec_decode.sampling` import only torch, the standard
-   library and each other.
+   library, each other and `flyspec.checks` (the value checks, standard library only, held to the same rule).
 3. The engine serves every face and depends on none: `flyspec.engine` imports nothing of `flyspec.llm`,
    `flyspec.server`, `flyspec.gate`, `flyspec.bench`, `flyspec.cli`.
 4. Only the command line uses typer: no module outside `flyspec.cli` imports it.
@@ -28,7 +28,7 @@ TYPE_CHECKING): a lazy import is still a dependency.
    data, never ``runs`` or ``arms``; ``logs`` stats, data and report; ``runs`` all of those but logs.
    ``flyspec.gate`` itself only re-exports. Outside ``gate/arms``, no code tests an arm's class.
 10. Only ``flyspec/llm.py`` touches the engine an ``LLM`` holds (``LLM._engine``): everything else, the
-    package and its scripts, uses ``LLM``'s methods; ``LLM`` has no public ``engine``.
+    package, its scripts and the tests, uses ``LLM``'s methods; ``LLM`` has no public ``engine``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,12 @@ PACKAGE = ROOT / "flyspec"
 
 LEAVES = ("flyspec.models", "flyspec.spec_decode")
 FACES = ("flyspec.llm", "flyspec.server", "flyspec.gate", "flyspec.bench", "flyspec.cli")
-PURE = ("flyspec.spec_decode.verify", "flyspec.spec_decode.policies", "flyspec.spec_decode.sampling")
+PURE = (
+    "flyspec.spec_decode.verify",
+    "flyspec.spec_decode.policies",
+    "flyspec.spec_decode.sampling",
+    "flyspec.checks",
+)
 ENGINE_USERS = ("flyspec.gate", "flyspec.bench", "flyspec.cli")
 SERVER_SIDE = ("flyspec.server", "flyspec.cli.serve")
 
@@ -145,7 +150,8 @@ def test_models_and_spec_decode_import_no_driver() -> None:
 
 
 def test_verify_and_sampling_are_pure() -> None:
-    """Rule 2: verify, the policies and sampling import torch, the standard library and each other only."""
+    """Rule 2: verify, the policies, sampling and the value checks import torch, the standard library and
+    each other only."""
     allowed_roots = {"torch", "__future__"} | set(sys.stdlib_module_names)
     assert "flyspec.spec_decode.policies.typical" in GRAPH
     bad = sorted(
@@ -418,9 +424,9 @@ def _engine_touches(path: Path) -> list[str]:
 
 
 def test_only_llm_touches_the_engine_of_an_llm() -> None:
-    """Rule 10: ``_engine`` appears in flyspec/llm.py and nowhere else in the package or its scripts, and
-    LLM keeps no public ``engine`` (the step profile is ``LLM.profile_steps``)."""
-    files = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+    """Rule 10: ``_engine`` appears in flyspec/llm.py and nowhere else in the package, its scripts or its
+    tests, and LLM keeps no public ``engine`` (the step profile is ``LLM.profile_steps``)."""
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
     touches = [t for f in files if f != PACKAGE / "llm.py" for t in _engine_touches(f)]
     assert touches == []
     assert _engine_touches(PACKAGE / "llm.py")

@@ -9,7 +9,8 @@ request produces exactly the output it produces without it.
 from __future__ import annotations
 
 import pytest
-from tiny_llm import save_tiny
+from tiny_engine import finish
+from tiny_llm import TinyModels
 
 from flyspec import LLM
 from flyspec.config import EngineConfig
@@ -28,12 +29,8 @@ BAD_VALUES = [("temperature", 1e300), ("temperature", 1e-40), ("top_k", 2**64)]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("isolation_models")
-    return {
-        "target": str(save_tiny(root / "target", seed=0)),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-    }
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    return tiny_models.pair()
 
 
 SPECS = {
@@ -81,9 +78,7 @@ def drive(eng: LLMEngine, bad: tuple[str, object] | None, when: str) -> dict[str
         setattr(turned, *bad)  # the running request's own parameters go bad between steps
     for i in range(2, len(PROMPTS)):
         eng.add_request(f"good{i}", PROMPTS[i], GOOD[i])
-    while eng.has_unfinished_requests():
-        step()
-    return final
+    return {**final, **finish(eng)}
 
 
 @pytest.fixture(scope="module")

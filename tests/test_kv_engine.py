@@ -5,13 +5,13 @@ SmolLM2 weights where the claim is about real weights)."""
 from __future__ import annotations
 
 import pytest
-from tiny_llm import save_tiny
+from tiny_engine import engine, ids, run
+from tiny_llm import TinyModels
 
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
 from flyspec.engine.kv_blocks import BLOCK_SIZE
 from flyspec.llm import LLM
-from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
 PROMPTS = [" ".join(f"w{(7 * i + 3 * j) % 240}" for j in range(2 + 5 * i)) for i in range(8)]
@@ -19,46 +19,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("kv_models")
+def models(tiny_models: TinyModels) -> dict[str, str]:
     # "wide": a large KV cache per token (16 layers x 2 x 8 KV heads x 128 x fp32 = 128 KiB), so that
     # resident memory shows it.
-    wide = save_tiny(
-        root / "wide",
-        seed=2,
-        num_layers=16,
-        hidden_size=1024,
-        num_heads=8,
-        num_kv_heads=8,
-        max_position_embeddings=1024,
+    wide = tiny_models.get(
+        seed=2, num_layers=16, hidden_size=1024, num_heads=8, num_kv_heads=8, max_position_embeddings=1024
     )
-    return {
-        "target": str(save_tiny(root / "target", seed=0)),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-        "wide": str(wide),
-    }
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def run(eng: LLMEngine, prompts: list, params, *, each_step=None) -> list[RequestOutput]:
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        eng.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-        if each_step is not None:
-            each_step(eng)
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def ids(outs: list[RequestOutput]) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+    return {**tiny_models.pair(), "wide": wide}
 
 
 def _rss() -> int:

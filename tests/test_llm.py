@@ -65,7 +65,7 @@ def test_a_bad_prompt_raises_and_leaves_the_engine_clean(llm: LLM) -> None:
     """An empty prompt in a batch raises ValueError naming its index; nothing is left queued."""
     with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
         llm.generate(["w1", "", "w2"], GREEDY, use_tqdm=False)
-    assert not llm._engine.has_unfinished_requests()
+    assert not llm.has_unfinished_requests()
     assert llm.generate("w1", GREEDY, use_tqdm=False)[0].finished
 
 
@@ -89,13 +89,14 @@ def test_default_max_model_len_is_capped_at_4096(tmp_path) -> None:
     """max_model_len defaults to min(max_position_embeddings, 4096)."""
     small = LLM(str(save_tiny(tmp_path / "small", seed=0, max_position_embeddings=300)))
     big = LLM(str(save_tiny(tmp_path / "big", seed=0, max_position_embeddings=8192)))
-    assert (small._engine.max_model_len, big._engine.max_model_len) == (300, 4096)
+    assert (small.max_model_len, big.max_model_len) == (300, 4096)
 
 
 def test_profile_steps_times_every_step_of_one_generation(llm: LLM) -> None:
     """LLM.profile_steps generates exactly what generate() does, with one StepTiming per engine step (the
     prefill step plus one per draft-and-verify step: fewer than the tokens, since the self-draft keeps every
-    draft), each part within its step and the steps within the wall time; the recording is off afterwards."""
+    draft), each part within its step and the steps within the wall time. (Recording on and off is the
+    engine's, tests/test_engine.py.)"""
     prompt = llm.get_tokenizer()("w1 w2 w3").input_ids
     params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
     profile = llm.profile_steps(prompt, params)
@@ -107,7 +108,6 @@ def test_profile_steps_times_every_step_of_one_generation(llm: LLM) -> None:
         parts = step.target_forward_s + step.draft_forward_s + step.verify_s
         assert 0 <= parts <= step.step_s and step.other_s >= 0
     assert sum(s.step_s for s in profile.steps) <= profile.wall_s
-    assert llm._engine.step_timings is None
 
 
 def test_llm_takes_every_engine_config_field_and_only_those(tmp_path) -> None:
@@ -118,4 +118,4 @@ def test_llm_takes_every_engine_config_field_and_only_those(tmp_path) -> None:
         LLM(path, max_num_seqs=0)
     with pytest.raises(TypeError, match="max_num_sequences"):
         LLM(path, max_num_sequences=4)
-    assert LLM(path, dtype="float32", max_model_len=64, seed=3)._engine.max_model_len == 64
+    assert LLM(path, dtype="float32", max_model_len=64, seed=3).max_model_len == 64

@@ -61,8 +61,7 @@ def test_closing_the_stream_aborts_what_is_in_flight(llm: LLM) -> None:
     stream = llm.stream(_requests(8, pulled), max_in_flight=4)
     next(stream)
     stream.close()
-    assert not llm._engine.has_unfinished_requests()
-    assert llm._engine.num_running == 0
+    assert not llm.has_unfinished_requests()
 
 
 def test_a_refused_request_names_itself_and_leaves_the_engine_clean(llm: LLM) -> None:
@@ -73,7 +72,7 @@ def test_a_refused_request_names_itself_and_leaves_the_engine_clean(llm: LLM) ->
     ]
     with pytest.raises(ValueError, match="request 'empty': the prompt is empty"):
         list(llm.stream(items))
-    assert not llm._engine.has_unfinished_requests()
+    assert not llm.has_unfinished_requests()
 
 
 def test_a_request_needs_exactly_one_of_prompt_or_messages() -> None:

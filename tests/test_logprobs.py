@@ -11,11 +11,10 @@ import math
 import pytest
 import torch
 import transformers
-from tiny_llm import save_perturbed, save_tiny
+from tiny_engine import engine, run
+from tiny_llm import TinyModels
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-from flyspec.config import EngineConfig
-from flyspec.engine.engine import LLMEngine
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
@@ -24,16 +23,9 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("logprob_models")
-    target = save_tiny(root / "target", seed=0)
-    fly_target = save_tiny(root / "fly_target", seed=3, std=0.25)
-    return {
-        "target": str(target),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-        "fly_target": str(fly_target),
-        "fly_draft": str(save_perturbed(fly_target, root / "fly_draft", seed=5, noise=0.01)),
-    }
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    forgiving = tiny_models.forgiving_pair(noise=0.01)
+    return {**tiny_models.pair(), "fly_target": forgiving["target"], "fly_draft": forgiving["draft"]}
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +40,6 @@ def hf_models(models):
         return cache[name]
 
     return get
-
-
-def run(engine: LLMEngine, prompts: list[str], params: SamplingParams) -> list[RequestOutput]:
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, params)
-    final: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
 
 
 def reference_logprobs(hf, ids: list[int], start: int, params: SamplingParams) -> torch.Tensor:

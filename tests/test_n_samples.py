@@ -3,38 +3,25 @@
 from __future__ import annotations
 
 import pytest
-from tiny_llm import save_tiny
+from tiny_engine import finish
+from tiny_llm import TinyModels
 
 from flyspec import LLM
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
-from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 
 PROMPT = "w3 w14 w15 w92 w65"
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("n_models")
-    return {
-        "target": str(save_tiny(root / "target", seed=0)),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-    }
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    return tiny_models.pair()
 
 
 def engine(models, speculative: bool, **kwargs) -> LLMEngine:
     spec = {"model": models["draft"], "num_speculative_tokens": 3} if speculative else None
     return LLMEngine(EngineConfig(model=models["target"], speculative_config=spec, dtype="float32", **kwargs))
-
-
-def finish(eng: LLMEngine) -> dict[str, RequestOutput]:
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return final
 
 
 def sampled(**kwargs) -> SamplingParams:

@@ -13,14 +13,12 @@ import torch
 import transformers
 from scipy.stats import chisquare
 from test_logits_processors import ref_penalise
-from tiny_llm import save_tiny
+from tiny_engine import engine, ids, run
+from tiny_llm import TinyModels
 
-from flyspec.config import EngineConfig
-from flyspec.engine.engine import LLMEngine
 from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing
 from flyspec.engine.sequence import Sequence
 from flyspec.engine.structured import Grammars
-from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
 from flyspec.spec_decode.verify import verify
 
@@ -37,32 +35,9 @@ PENALISED = SamplingParams(
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("penalty_models")
+def models(tiny_models: TinyModels) -> dict[str, str]:
     # std 0.6: peaky logits, so greedy decoding repeats itself and the penalties change the output.
-    return {
-        "target": str(save_tiny(root / "target", seed=0, std=0.6)),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-    }
-
-
-def engine(model: str, spec: dict | None = None) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32"))
-
-
-def run(eng: LLMEngine, prompts: list[str], params: SamplingParams) -> list[RequestOutput]:
-    for i, prompt in enumerate(prompts):
-        eng.add_request(f"r{i}", prompt, params)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
-
-
-def ids(outs: list[RequestOutput]) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+    return {"target": tiny_models.get(seed=0, std=0.6), "draft": tiny_models.get(seed=1)}
 
 
 def make_seq(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_llm import save_tiny
+from tiny_engine import finish, ids, run
+from tiny_llm import TinyModels
 
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
@@ -29,13 +30,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("qmodels")
-    return {
-        "target": str(save_tiny(root / "target", seed=0)),
-        "draft": str(save_tiny(root / "draft", seed=1)),
-        "qwen2": str(save_tiny(root / "qwen2", seed=2, arch="qwen2")),
-    }
+def models(tiny_models: TinyModels) -> dict[str, str]:
+    return {**tiny_models.pair(), "qwen2": tiny_models.get(seed=2, arch="qwen2")}
 
 
 def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
@@ -227,15 +223,13 @@ def test_the_engine_runs_prompts_on_the_int8_copy_and_generated_tokens_on_int4(
     monkeypatch.setattr(owner, name, kernel)
     monkeypatch.setattr(Int8Linear, "forward", copy)
     eng.add_request("r", PROMPTS[3], SamplingParams(temperature=0, max_tokens=1))
-    while eng.has_unfinished_requests():
-        eng.step()
+    finish(eng)
     linears = 4 * 2  # four projections in each of the tiny model's two layers
     assert calls == {"int8 copy": 2 * linears, "int4 kernel": 1}  # target + draft prefill; the lm_head
     eng.add_request("s", PROMPTS[3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     eng.step()  # the prefill
     calls.update({"int8 copy": 0, "int4 kernel": 0})
-    while eng.has_unfinished_requests():
-        eng.step()
+    finish(eng)
     assert calls["int8 copy"] == 0 and calls["int4 kernel"] > 0
 
 
@@ -276,17 +270,6 @@ def test_quantized_model_is_close_to_its_float_original(
     assert (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean() >= agreement
 
 
-def _run(engine: LLMEngine) -> list[list[int]]:
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", prompt, GREEDY)
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    return [done[f"r{i}"] for i in range(len(PROMPTS))]
-
-
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("drafter", ["random_draft", "self_draft"])
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -305,9 +288,9 @@ def test_greedy_speculative_decoding_over_quantized_weights_is_exact(
         )
         return LLMEngine(config)
 
-    reference = _run(engine(None))
+    reference = ids(run(engine(None), PROMPTS, GREEDY))
     eng = engine({"model": draft, "num_speculative_tokens": k})
-    assert _run(eng) == reference
+    assert ids(run(eng, PROMPTS, GREEDY)) == reference
     assert eng.stats.num_drafts > 0
     if drafter == "self_draft":
         assert eng.stats.acceptance_rate == 1.0
@@ -318,12 +301,12 @@ def test_a_draft_quantized_on_its_own_is_exact(models, target_q: str | None, dra
     """Quantizing only the draft, or the draft differently from the target (speculative_config
     quantization) changes the drafts, never the output: it equals the target's own greedy output."""
     base = {"model": models["target"], "dtype": "float32", "quantization": target_q}
-    reference = _run(LLMEngine(EngineConfig(**base)))
+    reference = ids(run(LLMEngine(EngineConfig(**base)), PROMPTS, GREEDY))
     spec = {"model": models["target"], "num_speculative_tokens": 3, "quantization": draft_q}
     eng = LLMEngine(EngineConfig(**base, speculative_config=spec))
     assert eng.drafter.runner.model.quantization == draft_q
     assert eng.target.model.quantization == target_q
-    assert _run(eng) == reference
+    assert ids(run(eng, PROMPTS, GREEDY)) == reference
 
 
 def test_quantization_config_rules() -> None:

@@ -20,11 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 import transformers
+from serve_process import flyspec_serve, tiny_args
 from test_gate_evallogs_real import BIN, LM_EVAL_TASK
-from tiny_llm import save_perturbed, save_tiny
+from tiny_llm import TinyModels
 
 from flyspec import LLM, SamplingParams
-from flyspec.bench.peers import free_port, wait_ready
 
 MODEL = "tiny"
 DOCS = 8
@@ -52,28 +52,13 @@ metadata:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels) -> Iterator[dict[str, object]]:
     """`flyspec serve` on a tiny target with FLy (K=3, a draft that mostly agrees), as a subprocess."""
     root = tmp_path_factory.mktemp("lm_eval_serve")
-    target = save_tiny(root / "target", seed=3, std=0.25)
-    draft = save_perturbed(target, root / "draft", seed=5, noise=0.003)
-    fly = {"model": str(draft), "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
-    port = free_port()
-    cmd = [str(BIN / "flyspec"), "serve", str(target), "--port", str(port), "--served-model-name", MODEL]
-    cmd += ["--dtype", "float32", "--max-num-seqs", "4", "--speculative-config", json.dumps(fly)]
-    url = f"http://127.0.0.1:{port}"
-    with open(root / "serve.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_ready(url, proc, 240, root / "serve.log")
-            yield {"url": url, "target": target}
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    pair = tiny_models.forgiving_pair()
+    fly = {"model": pair["draft"], "num_speculative_tokens": 3, "rejection_sample_method": "fly"}
+    with flyspec_serve(tiny_args(pair["target"], fly, MODEL), root / "serve.log") as url:
+        yield {"url": url, "target": Path(pair["target"])}
 
 
 def _question(i: int) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from machine_noise import Reference
 from tiny_llm import save_tiny
 from zoo import SMOLLM2, zoo_model
 
@@ -263,12 +264,20 @@ def _health_latencies(url: str, until: threading.Event, into: list[tuple[float, 
 
 
 @pytest.mark.slow  # SmolLM2, 21 MB of bodies and seconds of tokenisation on purpose
-def test_health_and_a_small_request_stay_fast_while_the_worst_bodies_are_in_flight(smollm2: Server) -> None:
+def test_health_and_a_small_request_stay_fast_while_the_worst_bodies_are_in_flight(
+    smollm2: Server, tmp_path: Path
+) -> None:
     """While a 6.8 MB chat body of 200,000 messages and two 7 MB /tokenize calls are in flight, every
-    /health answers within 500 ms (plus the slowest of 300 solo /health probes on this machine in the
-    same test: the machine's own noise; the server shares this process's GIL with the test's clients, and
-    on a 2-core Intel Xeon the slowest probe under this load was 339 ms), and the median latency of a small
-    unrelated completion stays within 2x its solo median (run with -s to see the numbers).
+    /health answers within 500 ms plus the machine's own noise, and the median latency of a small
+    unrelated completion stays within 2x its solo median times the machine's own slowdown (run with -s
+    to see the numbers).
+
+    The machine's noise is measured in the same test, by a separate process (tests/machine_noise.py)
+    over the same window: the slowest of its loopback round trips, or of 300 solo /health probes if
+    that is larger; its slowdown is how much longer its fixed work took under load than in the solo
+    phase. So another process loading a model meanwhile (which once made a probe take 811 ms against a
+    bound of 556 ms) widens the bounds by what it costs, while a server that blocks its own event loop
+    still fails them: the reference does not share the server's process.
 
     Before, pydantic parsed the 200,000 messages on the event loop (/health took 1.6 s) and all
     tokenisation shared one thread (the small completion waited 7 s behind the two /tokenize calls). Now
@@ -289,41 +298,49 @@ def test_health_and_a_small_request_stay_fast_while_the_worst_bodies_are_in_flig
             times.append(time.monotonic() - t0)
         return times
 
-    small_latencies(2)  # warm up
-    stop, solo_health = threading.Event(), []
-    poller = threading.Thread(target=_health_latencies, args=(smollm2.url, stop, solo_health))
-    poller.start()
-    solo = small_latencies(5)
-    while len(solo_health) < 300:  # the slowest of as many probes as the loaded phase sends
-        time.sleep(0.05)
-    stop.set()
-    poller.join()
-
-    heavy_done, heavy = threading.Event(), []
-    stop, loaded_health = threading.Event(), []
-    with ThreadPoolExecutor(3) as pool:
-        started = time.monotonic()
-        heavy.append(pool.submit(smollm2.post, "/v1/chat/completions", messages))
-        heavy += [pool.submit(smollm2.post, "/tokenize", tokenize) for _ in range(2)]
-        poller = threading.Thread(target=_health_latencies, args=(smollm2.url, stop, loaded_health))
+    with Reference(tmp_path / "reference.log") as reference:
+        small_latencies(2)  # warm up
+        solo_started = time.monotonic()
+        stop, solo_health = threading.Event(), []
+        poller = threading.Thread(target=_health_latencies, args=(smollm2.url, stop, solo_health))
         poller.start()
-        time.sleep(1.0)  # the bodies are uploaded and parsing or tokenising
-        loaded = small_latencies(5)
-        still_running = sum(not f.done() for f in heavy)
-        results = [f.result() for f in heavy]
-        heavy_done.set()
-        ended = time.monotonic()
+        solo = small_latencies(5)
+        while len(solo_health) < 300:  # the slowest of as many probes as the loaded phase sends
+            time.sleep(0.05)
         stop.set()
         poller.join()
+        solo_ended = time.monotonic()
+
+        heavy_done, heavy = threading.Event(), []
+        stop, loaded_health = threading.Event(), []
+        with ThreadPoolExecutor(3) as pool:
+            started = time.monotonic()
+            heavy.append(pool.submit(smollm2.post, "/v1/chat/completions", messages))
+            heavy += [pool.submit(smollm2.post, "/tokenize", tokenize) for _ in range(2)]
+            poller = threading.Thread(target=_health_latencies, args=(smollm2.url, stop, loaded_health))
+            poller.start()
+            time.sleep(1.0)  # the bodies are uploaded and parsing or tokenising
+            loaded = small_latencies(5)
+            still_running = sum(not f.done() for f in heavy)
+            results = [f.result() for f in heavy]
+            heavy_done.set()
+            ended = time.monotonic()
+            stop.set()
+            poller.join()
     during = [latency for t0, latency in loaded_health if started <= t0 <= ended]
-    bound = 0.5 + max(latency for _, latency in solo_health)
-    print(
-        f"\n/health: {len(during)} probes under load, slowest {max(during) * 1000:.0f} ms (solo slowest "
-        f"{(bound - 0.5) * 1000:.0f} ms); small completion median {statistics.median(loaded):.2f} s under "
-        f"load, {statistics.median(solo):.2f} s solo; heavy requests took {ended - started:.1f} s"
+    solo_noise = max(latency for _, latency in solo_health)
+    noise = max(solo_noise, reference.slowest_round_trip(started, ended))
+    slowdown = max(
+        1.0, reference.median_work(started, ended) / reference.median_work(solo_started, solo_ended)
     )
-    assert len(during) > 20 and max(during) < bound, (max(during), bound, len(during))
-    assert statistics.median(loaded) < 2 * statistics.median(solo), (loaded, solo)
+    print(
+        f"\n/health: {len(during)} probes under load, slowest {max(during) * 1000:.0f} ms (bound "
+        f"{(0.5 + noise) * 1000:.0f} ms; solo slowest {solo_noise * 1000:.0f} ms); small completion median "
+        f"{statistics.median(loaded):.2f} s under load, {statistics.median(solo):.2f} s solo (machine "
+        f"slowdown {slowdown:.2f}x); heavy requests took {ended - started:.1f} s"
+    )
+    assert len(during) > 20 and max(during) < 0.5 + noise, (max(during), noise, len(during))
+    assert statistics.median(loaded) < 2 * slowdown * statistics.median(solo), (loaded, solo, slowdown)
     assert still_running >= 2  # the small requests ran while the /tokenize calls were in flight
     chat, *tokenized = results
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages", chat.text

@@ -11,14 +11,13 @@ decoder, 5 of the 8 shapes were a 500 on SmolLM2: llguidance read `é` as `Ã©`
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from typing import Any
 
 import httpx
 import pytest
-import torch
+from tiny_engine import noisy_pair
 from zoo import SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
@@ -119,26 +118,12 @@ def _serve_and_check(engine: LLMEngine) -> None:
     assert engine.stats.num_draft_tokens > 0
 
 
-def _noisy_pair(folder: str, dtype: str) -> tuple[Any, Any]:
-    """The model in `folder` and a copy with 2% noise on every weight, as target and draft."""
-    from flyspec.models.loader import load_model
-
-    target = load_model(folder, dtype, "cpu")
-    draft = copy.copy(target)
-    draft.model = copy.deepcopy(target.model)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for param in draft.model.parameters():
-            param.add_(0.02 * param.std() * torch.randn_like(param))
-    return target, draft
-
-
 @pytest.mark.slow  # SmolLM2 twice (target and noisy draft), 16 constrained requests
 def test_unicode_constraints_on_smollm2_under_standard_and_aggressive_fly() -> None:
     """Every shape, with standard verification and with FLy, returns one of the allowed texts (streams
     never split a character) and finishes because the grammar completed."""
     smollm2 = str(zoo_model(SMOLLM2))
-    target, draft = _noisy_pair(smollm2, "float32")
+    target, draft = noisy_pair(smollm2, "float32")
     config = EngineConfig(
         model=smollm2,
         speculative_config={"model": smollm2, **AGGRESSIVE_FLY},

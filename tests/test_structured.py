@@ -8,7 +8,6 @@ slow one uses the real SmolLM2-135M as target and as a noisy draft.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -17,15 +16,14 @@ import llguidance
 import llguidance.hf
 import pytest
 import torch
+from tiny_engine import engine, noisy_pair, run
 from tiny_llm import make_byte_tokenizer, save_perturbed, save_tiny
 from zoo import QWEN_05B, SMOLLM2, zoo_model
 
 from flyspec.config import EngineConfig
-from flyspec.engine.engine import LLMEngine
 from flyspec.engine.logits_processing import RequestLogitsState, TargetProcessing
 from flyspec.engine.sequence import Sequence
 from flyspec.engine.structured import Grammars
-from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams, StructuredOutputsParams
 from flyspec.spec_decode.verify import FlyParams, verify
 
@@ -56,21 +54,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         # Enough noise that the draft disagrees with the target at most positions.
         "draft": str(save_perturbed(target, root / "draft", seed=4, noise=0.1)),
     }
-
-
-def engine(model: str, spec: dict | None = None, **kwargs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, speculative_config=spec, dtype="float32", **kwargs))
-
-
-def run(eng: LLMEngine, prompts: list[str], params: list[SamplingParams]) -> list[RequestOutput]:
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        eng.add_request(f"r{i}", prompt, p)
-    final: dict[str, RequestOutput] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-    return [final[f"r{i}"] for i in range(len(prompts))]
 
 
 def json_params(seed: int | None, **kwargs) -> SamplingParams:
@@ -248,16 +231,9 @@ def test_real_model_json_schema_under_aggressive_fly():
     """SmolLM2-135M as target and, with Gaussian noise on its weights, as a draft that disagrees often:
     25 seeded chat requests with a JSON schema under FLy (theta 0, W 1) all return JSON that validates."""
     from flyspec import LLM
-    from flyspec.models.loader import load_model
 
     smollm2 = zoo_model(SMOLLM2)
-    target = load_model(str(smollm2), "float32", "cpu")
-    draft = copy.copy(target)
-    draft.model = copy.deepcopy(target.model)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for param in draft.model.parameters():
-            param.add_(0.02 * param.std() * torch.randn_like(param))
+    target, draft = noisy_pair(str(smollm2), "float32")
     config = EngineConfig(
         model=str(smollm2),
         speculative_config={"model": str(smollm2), **AGGRESSIVE_FLY},
@@ -275,7 +251,7 @@ def test_real_model_json_schema_under_aggressive_fly():
         completion = out.outputs[0]
         assert completion.finish_reason == "stop", completion.text
         jsonschema.validate(json.loads(completion.text), SCHEMA)
-    assert llm._engine.stats.num_forgiven_tokens > 0
+    assert llm.stats.num_forgiven_tokens > 0
 
 
 # Text a grammar must let a model spell, whatever its tokenizer: accents, CJK and emoji (4-byte UTF-8,

@@ -38,12 +38,7 @@ def make_tokenizer(size: int = VOCAB_SIZE, extra_words: int = 0) -> transformers
     """A word-level tokenizer that prepends <s> and splits on whitespace."""
     tok = Tokenizer(models.WordLevel(vocabulary(size, extra_words), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return _with_bos_and_chat(tok)
 
 
 def make_byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
@@ -52,6 +47,11 @@ def make_byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
+    return _with_bos_and_chat(tok)
+
+
+def _with_bos_and_chat(tok: Tokenizer) -> transformers.PreTrainedTokenizerFast:
+    """`tok` as a transformers tokenizer that prepends <s>, with the special tokens and chat template."""
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
@@ -80,19 +80,14 @@ def save_tiny(
     hidden / heads values)."""
     if byte_level:
         vocab_size = BYTE_VOCAB_SIZE
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=128,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=3,
-        tie_word_embeddings=False,
-    )
+    shape = {"vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": 128}
+    shape |= {
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+    }
+    common = {**shape, "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": False}
+    common |= {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": 3}
     if arch == "gpt2":  # an architecture the native forward does not support
         config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=1, n_head=2)
     else:
@@ -122,3 +117,39 @@ def save_perturbed(source: Path, path: Path, *, seed: int, noise: float) -> Path
     model.save_pretrained(path)
     transformers.AutoTokenizer.from_pretrained(source).save_pretrained(path)
     return path
+
+
+class TinyModels:
+    """Tiny checkpoints shared by the whole test session: each set of `save_tiny` arguments is written
+    once, on first use, under `root`. Tests only read them (an engine never writes to its model folder).
+
+    `pair()` is the usual engine-test pair: a target (seed 0) and an unrelated draft (seed 1), which
+    rarely agree. `forgiving_pair()` is the pair FLy forgives on: a peaky-but-unsure target (std 0.25,
+    entropy >= 0.3) and a draft that is its weights plus slight noise, so they disagree at near-ties.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, *, seed: int, **kwargs: object) -> str:
+        """The checkpoint `save_tiny(path, seed=seed, **kwargs)` writes, made now if it is not yet."""
+        path = self.root / "-".join(f"{k}={v}" for k, v in sorted({"seed": seed, **kwargs}.items()))
+        if not path.exists():
+            save_tiny(path, seed=seed, **kwargs)  # type: ignore[arg-type]
+        return str(path)
+
+    def perturbed(self, source: str, *, seed: int, noise: float) -> str:
+        """`save_perturbed(source, ...)`: `source`'s weights plus Gaussian noise, made now if needed."""
+        path = self.root / f"{Path(source).name}+noise={noise}-seed={seed}"
+        if not path.exists():
+            save_perturbed(Path(source), path, seed=seed, noise=noise)
+        return str(path)
+
+    def pair(self) -> dict[str, str]:
+        """{"target": seed 0, "draft": seed 1}: two unrelated tiny Llama checkpoints."""
+        return {"target": self.get(seed=0), "draft": self.get(seed=1)}
+
+    def forgiving_pair(self, noise: float = 0.003) -> dict[str, str]:
+        """{"target", "draft"}: a peaky-but-unsure target and its slightly noisy copy (see the class)."""
+        target = self.get(seed=3, std=0.25)
+        return {"target": target, "draft": self.perturbed(target, seed=5, noise=noise)}

@@ -25,6 +25,8 @@ import sys
 
 import torch
 
+from flyspec.checks import is_int
+
 _PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = 0x4000 if sys.platform == "linux" else 0  # Python's mmap module does not name it
 
@@ -49,7 +51,7 @@ class PagedKVCache:
             ("num_blocks", num_blocks),
             ("block_size", block_size),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value, 1):
                 raise ValueError(f"PagedKVCache {field}={value!r}: must be a positive integer")
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from flyspec.checks import is_int
+
 if TYPE_CHECKING:
     import torch
 
@@ -49,11 +51,6 @@ def invalid(field: str, value: Any, rule: str) -> ValueError:
     return ValueError(f"{field}={value!r} is invalid: {rule}")
 
 
-def _is_int(value: Any) -> bool:
-    # bool is an int subclass, but `fly_window_size=True` is a mistake, not 1.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class Rule:
     """What one parameter's value must be: an integer (never a bool) or, without `integer`, a finite real
@@ -66,10 +63,10 @@ class Rule:
     def check(self, name: str, value: Any) -> Any:
         """`value` (a float for a number rule) if it follows the rule, else ValueError naming `name`."""
         if self.integer:
-            if not _is_int(value) or not self.ok(value):
+            if not is_int(value) or not self.ok(value):
                 raise invalid(name, value, self.text)
             return value
-        if _is_int(value):
+        if is_int(value):
             value = float(value)
         if not isinstance(value, float) or not math.isfinite(value) or not self.ok(value):
             raise invalid(name, value, self.text)
