@@ -30,6 +30,7 @@ def verification_choices() -> tuple[str, ...]:
     checks is its own), or one of SPECULATION_MODES."""
     return (*policy_names(), *SPECULATION_MODES)
 
+
 TEMPERATURE_MIN = 0.01
 """Smallest non-zero temperature: logits / temperature must stay finite in float32 (1e-40 gives inf and
 then NaN probabilities); at 0.01 a distribution is already greedy for every practical purpose."""

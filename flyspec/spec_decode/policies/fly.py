@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from flyspec.checks import is_int
 from flyspec.spec_decode.policies.base import (
     Drafts,
     VerificationPolicy,
@@ -70,7 +71,7 @@ class FlyParams(VerificationPolicy):
             )
         window_rule = f"it must satisfy 1 <= fly_window_size < num_speculative_tokens ({k})"
         w = values.get("fly_window_size")
-        if w is not None and not (isinstance(w, int) and not isinstance(w, bool) and 1 <= w < k):
+        if w is not None and not (is_int(w) and 1 <= w < k):
             raise invalid("fly_window_size", w, window_rule)
         return super().resolve_config(values, k)
 
