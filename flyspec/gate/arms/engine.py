@@ -6,7 +6,9 @@ canonical ``speculative_config`` names it (``rejection_sample_method``) with eve
 typical acceptance's fields, a lossless prefix when there is one). Two engine arms that differ only in the
 verifier (standard vs a lossy policy, same model, draft, dtype and quantization) share ONE engine started
 with the lossy policy; the standard arm's requests ask for ``verification="standard"``, which is lossless
-(docs/verification.md).
+(docs/verification.md). An arm's ``verification`` ("target_only" or "draft_only") chooses who decodes its
+requests in that shared engine: the target alone (lossless, without drafts) or the draft model alone (the
+limit of lossy verification: every draft token kept; ``flyspec demo``'s control).
 
 Work is fed continuously in the run's order: `LLM.stream` pulls the next request the moment a slot frees
 up, so the batch stays full and no answer waits for the longest answer of a chunk. When two arms share the
@@ -27,7 +29,11 @@ from flyspec.config import EngineConfig, verification_fields, verification_polic
 from flyspec.gate.arms.base import Completion, Job, Sampling, unknown_keys
 
 KIND = "engine"
-KEYS = ("kind", *(f.name for f in dataclasses.fields(EngineConfig)))
+KEYS = ("kind", "verification", *(f.name for f in dataclasses.fields(EngineConfig)))
+REQUEST_MODES = ("target_only", "draft_only")
+"""An engine arm's ``verification``: who decodes its requests in a shared engine (docs/sampling.md):
+the target alone (lossless, no drafts) or the draft model alone (every draft token kept: the limit of
+lossy verification, a control the gate must catch)."""
 # Recorded in every engine arm's settings since the gate's first runs. A field EngineConfig gained later
 # (quantization) is recorded only when it is not at its default, so an arm that leaves it unset keeps the
 # identity, and a registered run the resume, it had before the field existed.
@@ -50,6 +56,7 @@ class EngineArm:
     name: str
     config: dict[str, Any]
     engine_config: EngineConfig = field(compare=False, repr=False)
+    verification: str | None = None
     kind = KIND
     greedy_repeats = True  # the engine's greedy decoding is deterministic
     settings_visible = True
@@ -63,8 +70,10 @@ class EngineArm:
         return parse(name, {**self.public_dict(), "speculative_config": speculative_config})
 
     def public_dict(self) -> dict[str, Any]:
-        """The arm's full settings (canonical: defaults resolved)."""
-        return {"kind": KIND, **self.config}
+        """The arm's full settings (canonical: defaults resolved; ``verification`` only when set, so arms
+        registered before request modes existed keep their identity)."""
+        mode = {"verification": self.verification} if self.verification is not None else {}
+        return {"kind": KIND, **self.config, **mode}
 
     def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
         """What decides the arm's outputs, registered before the run: here, every setting."""
@@ -78,7 +87,13 @@ def _default(f: dataclasses.Field) -> Any:
 def parse(name: str, data: dict[str, Any]) -> EngineArm:
     """An engine arm from its JSON object; ValueError names the arm, the field and the rule."""
     unknown_keys(name, data, KEYS, "engine arms")
-    settings = {k: v for k, v in data.items() if k != "kind"}
+    settings = {k: v for k, v in data.items() if k not in ("kind", "verification")}
+    mode = data.get("verification")
+    if mode is not None and mode not in REQUEST_MODES:
+        raise ValueError(
+            f"arm {name!r}: verification={mode!r}: must be one of {', '.join(REQUEST_MODES)} (who decodes "
+            "the arm's requests), or left out (the engine's verifier)"
+        )
     # Unset means "auto", the fastest weight format this CPU runs (an explicit null keeps the weights as
     # loaded); the arm's settings record it, so the run's registration says which was asked for.
     settings.setdefault("quantization", "auto")
@@ -93,7 +108,14 @@ def parse(name: str, data: dict[str, Any]) -> EngineArm:
             value = value.to_dict()
         if f.name in _ALWAYS_RECORDED or value != _default(f):
             resolved[f.name] = value
-    return EngineArm(name, resolved, config)
+    spec = resolved["speculative_config"]
+    if mode is not None and (spec is None or (mode == "draft_only" and spec.get("method") != "draft_model")):
+        raise ValueError(
+            f"arm {name!r}: verification={mode!r} needs a speculative_config"
+            + (" with a draft model (method 'draft_model')" if mode == "draft_only" else "")
+            + ": it chooses who decodes the arm's requests in an engine that speculates"
+        )
+    return EngineArm(name, resolved, config, mode)
 
 
 def _engine_key(config: dict[str, Any]) -> str:
@@ -149,7 +171,8 @@ class EngineExecutor:
         self.arms = {arm.name: arm for arm in arms}
         lossy_engine = is_lossy(self.lead.config)
         self.verification = {
-            arm.name: ("standard" if lossy_engine and not is_lossy(arm.config) else None) for arm in arms
+            arm.name: arm.verification or ("standard" if lossy_engine and not is_lossy(arm.config) else None)
+            for arm in arms
         }
         self._llm: Any = None
         self._prefix_seen = (0, 0)
