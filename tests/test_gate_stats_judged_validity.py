@@ -36,7 +36,7 @@ JUDGES = [
     ("fair", 0.10),
     ("always-candidate", 0.0),
 ]
-DIFFERING = (0.03, 0.16, 0.40)
+DIFFERING = (0.02, 0.03, 0.16, 0.40)
 DESIGNS = ("fixed", "sequential", "finite")
 
 
@@ -149,9 +149,11 @@ def _check_cells(
     assert max(rates) <= _mc_bound(ALPHA, runs), rates
 
 
-def _check_old_rule_fails(design: str, runs: int, questions: int) -> None:
-    old = old_rule_pass(design, 0.03, -MARGIN, "coin", 0.0, runs, questions, seed=7)
-    print(f"\n{design}: old rule, coin judge, 3% differing, delta -margin: P(PASS) {old:.4f}")
+def _check_old_rule_fails(
+    design: str, runs: int, questions: int, differing: float = 0.03, judge: str = "coin"
+) -> None:
+    old = old_rule_pass(design, differing, -MARGIN, judge, 0.0, runs, questions, seed=7)
+    print(f"\n{design}: old rule, {judge} judge, {differing:.0%} differing, delta -margin: P(PASS) {old:.4f}")
     assert old > _mc_bound(ALPHA, runs) + 0.02
 
 
@@ -175,9 +177,10 @@ def test_judged_runs_keep_alpha_for_any_judge(design: str) -> None:
 @pytest.mark.parametrize("differing", DIFFERING)
 @pytest.mark.parametrize("design", DESIGNS)
 def test_judged_runs_keep_alpha_full_grid(design: str, differing: float) -> None:
-    """The full grid: 6 judges x 2 true differences (-margin, -1.5 margin) at this share of differing
-    answers, 2,000 runs each (fixed and sequential runs of 4,000 questions); the old rule exceeds alpha
-    on the same design (coin, 3%)."""
+    """The full grid: 6 judges x 2 true differences (-margin, -1.5 margin; only -margin at 2%, the
+    audit's reproduction: the candidate differs on 2% of questions and is worse on all of them) at this
+    share of differing answers, 2,000 runs each (fixed and sequential runs of 4,000 questions). The old
+    rule, given a judge that always prefers the candidate, exceeds alpha on the same cells."""
     cells = [
         (differing, delta, judge, noise)
         for judge, noise in JUDGES
@@ -185,4 +188,4 @@ def test_judged_runs_keep_alpha_full_grid(design: str, differing: float) -> None
         if abs(delta) <= differing
     ]
     _check_cells(design, cells, runs=2000, questions=4000)
-    _check_old_rule_fails(design, runs=2000, questions=4000)
+    _check_old_rule_fails(design, 2000, 4000, differing, "always-candidate")

@@ -484,6 +484,15 @@ def _iid_decisions(values: np.ndarray, margin: float, alpha: float) -> tuple[np.
     return decisions, stopped_at
 
 
+def iid_crossings(running: list[np.ndarray], margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Where the i.i.d. ``1 - 2 alpha`` sequence's lower bound lies above -margin (PASS) and its upper
+    bound below it (FAIL), from running counts ``[lost, tied, gained]`` (arrays of one shape): the
+    closed form ``sequential_decisions`` uses, for simulations that draw their runs block by block."""
+    m = (1.0 - margin) / 2.0
+    threshold = math.log(1.0 / alpha)
+    return tuple(_iid_crossed(running, np.array(_bet_terms(m, side)), threshold) for side in (1, -1))  # type: ignore[return-value]
+
+
 def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
     """Where log K > threshold, from running counts (lost, tied, gained) and the bets' log terms (B, 3)."""
     logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
@@ -536,6 +545,7 @@ __all__ = [
     "ConfidenceSequence",
     "SequentialDecision",
     "confidence_sequence",
+    "iid_crossings",
     "sequential_decision",
     "sequential_decisions",
 ]
