@@ -472,18 +472,20 @@ def test_a_comparison_spends_its_alpha_once(flyspec, yes_server: str, tmp_path: 
     run that only changes max_tokens on shared questions are refused with one line naming the earlier run
     and the valid ways forward, and nothing is registered. Leaving its questions out (`--exclude-run`) is
     a new study; another candidate is another comparison. A first run registered with `--alpha-budget`
-    keeps room: a sequential continuation at the alpha left is accepted, a third look is not."""
+    keeps room: a sequential continuation at the alpha left carries its answers (they lead the registered
+    order and are stored in the continuation, counted once), and a third look is refused."""
     store = tmp_path / "g.db"
     assert _yes_run(flyspec, yes_server, store, "right", "--run", "small", "--limit", "10").returncode == 0
-    for extra in (
+    again = (
         ("--limit", "30"),
         ("--sequential", "--max-questions", "20"),
         ("--limit", "10", "--max-tokens", "5"),
-    ):
+    )
+    for extra in again:
         done = _yes_run(flyspec, yes_server, store, "right", "--run", "again", *extra)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert "earlier run(s) 'small' (fixed, alpha 0.025, 10 shared questions)" in done.stderr
-        assert "--exclude-run small" in done.stderr and "0.033" in done.stderr
+        assert "earlier look(s) 'small' on these questions spent 0.025" in done.stderr
+        assert "no error is left for another look" in done.stderr and "--exclude-run small" in done.stderr
         with GateStore(store) as opened:
             assert opened.get_run("again") is None
     args = ("--run", "bigger", "--limit", "20", "--exclude-run", "small", "--json")
@@ -495,14 +497,22 @@ def test_a_comparison_spends_its_alpha_once(flyspec, yes_server: str, tmp_path: 
     assert len(bigger) == 20 and not small & bigger
     other = _yes_run(flyspec, yes_server, store, "quarter", "--run", "other", "--limit", "10")
     assert other.returncode == 0, other.stderr
+
     budgeted = tmp_path / "b.db"
     first = ("--run", "first", "--limit", "10", "--alpha", "0.0125", "--alpha-budget", "0.025")
     assert _yes_run(flyspec, yes_server, budgeted, "quarter", *first).returncode == 0
-    more = ("--sequential", "--max-questions", "30", "--alpha", "0.0125", "--population", "finite")
-    done = _yes_run(flyspec, yes_server, budgeted, "quarter", "--run", "more", *more)
+    more = ("--sequential", "--max-questions", "30", "--population", "finite")
+    refused = _yes_run(flyspec, yes_server, budgeted, "quarter", "--run", "more", *more)
+    assert refused.returncode == 2 and "--alpha at most 0.0125" in refused.stderr, refused.stderr
+    done = _yes_run(flyspec, yes_server, budgeted, "quarter", "--run", "more", *more, "--alpha", "0.0125")
     assert done.returncode == 0, done.stderr
+    assert "carries 20 answers of fixed run 'first'" in done.stderr
+    with GateStore(budgeted) as opened:
+        head = [q.question_id for q in opened.questions("more")][:10]
+        assert head == [q.question_id for q in opened.questions("first")]
+        assert opened.get_run("more").registration["carries"] == "first"  # type: ignore[union-attr]
     third = _yes_run(flyspec, yes_server, budgeted, "quarter", "--run", "third", "--limit", "10")
-    assert third.returncode == 2 and "rerun run 'more' itself" in third.stderr
+    assert third.returncode == 2 and "'first', 'more'" in third.stderr, third.stderr
 
 
 def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(

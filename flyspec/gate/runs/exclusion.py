@@ -1,15 +1,15 @@
 """Questions that earlier runs of a store used, and the alpha each comparison has already spent on them
-(docs/gate.md, "Error spent once").
+(docs/gate.md, "Error spent once"; the accounting is flyspec/gate/stats/spending.py).
 
 ``--exclude-run`` leaves a run's questions out. The ledger keeps every route a user can take on the same
-questions within the registered alpha: a fixed run, then a sequential continuation; a rerun under
-another name; a tune after a run. Each of those is another look at the same comparison, and every look
-that can say PASS spends error: a fixed run at alpha 0.025 followed by a sequential run at 0.025 on the
-same questions says PASS for a candidate exactly at the margin about 3.3% of the time. So a comparison,
-identified by its two arms (not by incidental sampling settings such as max_tokens), has one alpha
-budget, registered by its first look (``alpha_budget``, default that look's alpha); a later look on
-questions an earlier one used may spend only what is left. A sequential run is one look however often
-it is resumed or extended (its confidence sequence holds at every number of questions).
+questions within one alpha: a fixed run and then a sequential continuation, a rerun under another name, a
+tune after a run. Each is another look at the same comparison, identified by its two arms' identities
+(never by incidental sampling settings such as max_tokens), and every look that can say PASS spends
+error: a fixed run at alpha 0.025 and then a sequential run at 0.025 on the same questions say PASS for a
+candidate exactly at the margin about 3.3% of the time. A look is refused unless the budget its
+comparison registered on those questions (``alpha_budget``, default the first look's alpha) has its alpha
+left. A sequential run that continues a fixed run carries that run's answers (``carry``): they lead its
+registered order and are stored in it, so they count once.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyspec.gate.data.order import QuestionKey
-from flyspec.gate.data.registration import comparison_plans
-from flyspec.gate.data.store import GateStore, RunRecord
-
-_SHOWN = 3
-_EPSILON = 1e-12
-LOOK_KINDS = ("gate", "tune")
+from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
+from flyspec.gate.stats.spending import Look, NextLook, comparison_key, next_look
 
 
 def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
@@ -39,55 +36,77 @@ def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
     return {(q.dataset, q.question_id) for n in names for q in store.questions(n)}
 
 
-def arm_identity(identity: dict[str, Any]) -> str:
+def _identity(identity: Any) -> dict[str, Any] | None:
     """An arm as the ledger tells arms apart: its registered identity without the model a server reported
     (a later look at the same server may word it differently)."""
-    import json
+    if not isinstance(identity, dict):
+        return None
+    return {k: v for k, v in identity.items() if k != "served_model"}
 
-    return json.dumps({k: v for k, v in identity.items() if k != "served_model"}, sort_keys=True)
+
+def _key(registration: dict[str, Any], plan: ComparisonPlan) -> str | None:
+    arms = registration.get("arms", {})
+    base, cand = _identity(arms.get(plan.baseline[0])), _identity(arms.get(plan.candidate[0]))
+    return None if base is None or cand is None else comparison_key(base, cand)
+
+
+def _look_kind(kind: str, registration: dict[str, Any]) -> str:
+    return "tune" if kind == "tune" else str(registration.get("design", "fixed"))
+
+
+def _budget(registration: dict[str, Any], plan: ComparisonPlan) -> float | None:
+    budget = registration.get("alpha_budget")
+    return max(float(budget), plan.alpha) if budget is not None else None
+
+
+def store_looks(store: GateStore, before: float) -> dict[str, list[Look]]:
+    """Every look of the store's gate and tune runs registered before ``before``, by comparison key,
+    oldest first (a pilot or calibration run decides nothing and is no look)."""
+    out: dict[str, list[Look]] = {}
+    for run in store.runs():
+        if run.created_at >= before or run.kind not in ("gate", "tune"):
+            continue
+        questions = frozenset((q.dataset, q.question_id) for q in store.questions(run.run_id))
+        for plan in comparison_plans(run.kind, run.registration):
+            key = _key(run.registration, plan)
+            if key is None:
+                continue
+            kind = _look_kind(run.kind, run.registration)
+            carries = run.registration.get("carries")
+            look = Look(run.run_id, kind, plan.alpha, questions, _budget(run.registration, plan), carries)
+            out.setdefault(key, []).append(look)
+    return out
 
 
 @dataclass(frozen=True)
-class Look:
-    """One comparison tested by one run: the two arms' identities, the alpha it spent, the budget its run
-    registered, and the questions it registered."""
+class Ledger:
+    """What the ledger says about a new run: per comparison name, what its look may do."""
 
-    run_id: str
-    name: str
-    baseline: str
-    candidate: str
-    alpha: float
-    budget: float
-    questions: frozenset[QuestionKey]
-    design: str
+    looks: dict[str, NextLook]
+
+    @property
+    def carry(self) -> str | None:
+        """The fixed run the candidate's sequential continuation carries (None: nothing to carry)."""
+        first = next(iter(self.looks.values()), None)
+        return first.carry if first is not None else None
 
 
-def looks(store: GateStore, run: RunRecord) -> list[Look]:
-    """Every comparison ``run`` tests (none for a pilot or a calibration run)."""
-    if run.kind not in LOOK_KINDS:
-        return []
-    arms = run.registration.get("arms", {})
-    questions = frozenset((q.dataset, q.question_id) for q in store.questions(run.run_id))
-    out = []
-    for plan in comparison_plans(run.kind, run.registration):
-        base, cand = arms.get(plan.baseline[0]), arms.get(plan.candidate[0])
-        if not isinstance(base, dict) or not isinstance(cand, dict):
+def ledger(
+    store: GateStore, run_id: str, kind: str, registration: dict[str, Any], questions: Iterable[QuestionKey]
+) -> Ledger:
+    """The ledger's verdict on every comparison a run registers (a resumed run's own looks excluded)."""
+    existing = store.get_run(run_id)
+    born = existing.created_at if existing is not None else float("inf")
+    earlier = store_looks(store, born)
+    keys = frozenset(questions)
+    looks: dict[str, NextLook] = {}
+    for plan in comparison_plans(kind, registration):
+        key = _key(registration, plan)
+        if key is None:
             continue
-        family = run.registration.get("family", {}).get("alpha", 0.0)
-        budget = float(run.registration.get("alpha_budget", family))
-        out.append(
-            Look(
-                run.run_id,
-                plan.name,
-                arm_identity(base),
-                arm_identity(cand),
-                plan.alpha,
-                max(budget, plan.alpha),
-                questions,
-                str(run.registration.get("design", "fixed")),
-            )
-        )
-    return out
+        mine = [look for look in earlier.get(key, []) if look.run_id != run_id]
+        looks[plan.name] = next_look(_look_kind(kind, registration), keys, mine, plan.alpha)
+    return Ledger(looks)
 
 
 def check_alpha_left(
@@ -96,70 +115,44 @@ def check_alpha_left(
     kind: str,
     registration: dict[str, Any],
     questions: Iterable[QuestionKey],
-) -> None:
-    """Refuse a run (``gate run`` or ``gate tune``) one of whose comparisons would spend more than its
-    budget has left on questions that earlier runs of the store tested the same comparison on (runs
-    registered before this one; a resume of a run is not another look)."""
-    existing = store.get_run(run_id)
-    born = existing.created_at if existing is not None else float("inf")
-    keys = frozenset(questions)
-    mine = RunRecord(run_id, kind, born, registration["margin"], registration["alpha"], 0, registration, {})
-    for look in _new_looks(store, mine, keys):
-        earlier = [
-            (other, len(keys & other.questions))
-            for r in store.runs()
-            if r.run_id != run_id and r.created_at < born
-            for other in looks(store, r)
-            if (other.baseline, other.candidate) == (look.baseline, look.candidate) and keys & other.questions
-        ]
-        if not earlier:
+) -> Ledger:
+    """Refuse a run (``gate run`` or ``gate tune``) one of whose comparisons would spend more alpha than
+    earlier looks at it on these questions left; returns the ledger's verdict otherwise."""
+    verdict = ledger(store, run_id, kind, registration, questions)
+    for name, look in verdict.looks.items():
+        plan = next(p for p in comparison_plans(kind, registration) if p.name == name)
+        if look.allowed and look.alpha >= plan.alpha - 1e-12:
             continue
-        budget = min(o.budget for o, _ in earlier)
-        spent = sum(o.alpha for o, _ in earlier)
-        if spent + look.alpha <= budget + _EPSILON:
-            continue
-        raise ValueError(_refusal(store, run_id, look, earlier, budget, spent))
+        what = f"run {run_id!r} ({name} against the baseline)"
+        if not look.allowed:
+            raise ValueError(f"{what}: {look.message}")
+        left = look.budget - look.spent
+        raise ValueError(
+            f"{what}: earlier look(s) {', '.join(repr(i) for i in look.earlier)} on these questions spent "
+            f"{look.spent:g} of the comparison's error budget {look.budget:g}, so this look may spend at "
+            f"most the {left:g} left: give --alpha at most {left:g}"
+            + (f" (it then carries fixed run {look.carry!r}'s answers, counted once)" if look.carry else "")
+            + ", or test on questions they have not used ("
+            + " ".join(f"--exclude-run {i}" for i in look.earlier)
+            + ")."
+        )
+    return verdict
 
 
-def _new_looks(store: GateStore, run: RunRecord, keys: frozenset[QuestionKey]) -> list[Look]:
-    arms = run.registration.get("arms", {})
-    out = []
-    for plan in comparison_plans(run.kind, run.registration):
-        base, cand = arms.get(plan.baseline[0]), arms.get(plan.candidate[0])
-        if isinstance(base, dict) and isinstance(cand, dict):
-            design = str(run.registration.get("design", "fixed"))
-            args = (run.run_id, plan.name, arm_identity(base), arm_identity(cand), plan.alpha, plan.alpha)
-            out.append(Look(*args, keys, design))
-    return out
+def carried_answers(store: GateStore, carry: str, lanes: Sequence[tuple[str, int]]) -> list[AnswerRecord]:
+    """The answers of fixed run ``carry`` in ``lanes``, to be stored in the continuation that carries them."""
+    wanted = set(lanes)
+    return [a for a in store.answers(carry) if (a.arm, a.repeat) in wanted]
 
 
-def _refusal(
-    store: GateStore, run_id: str, look: Look, earlier: list[tuple[Look, int]], budget: float, spent: float
-) -> str:
-    listing = ", ".join(
-        f"{o.run_id!r} ({o.design}, alpha {o.alpha:g}, {n} shared questions)" for o, n in earlier[:_SHOWN]
-    )
-    more = f" and {len(earlier) - _SHOWN} more" if len(earlier) > _SHOWN else ""
-    excludes = " ".join(f"--exclude-run {o.run_id}" for o, _ in earlier)
-    left = max(0.0, budget - spent)
-    room = (
-        f"--alpha {left:.4g} (what is left), or "
-        if left > _EPSILON
-        else "register a first run with --alpha-budget larger than its --alpha to keep room for a second "
-        "look, or "
-    )
-    sequential = next((o for o, _ in earlier if o.design == "sequential"), None)
-    resume = (
-        f"rerun run {sequential.run_id!r} itself (a sequential run continues, or extends with a larger "
-        "--max-questions, without spending more), or "
-        if sequential is not None
-        else ""
-    )
-    return (
-        f"run {run_id!r} would test its {look.name!r} arm against the baseline on questions that earlier "
-        f"run(s) {listing}{more} of {store.path} already tested the same two arms on: together they would "
-        f"spend alpha {spent + look.alpha:.4g} of this comparison's {budget:g}, and every extra look makes a "
-        "wrong PASS more likely than the alpha you registered (a fixed run and then a sequential run on "
-        "the same questions, each at 0.025, reach about 0.033). Valid ways forward: "
-        f"{resume}{room}test on questions those runs have not used (`{excludes}`)."
-    )
+def carried_order(store: GateStore, carry: str) -> list[QuestionKey]:
+    """The registered order of the fixed run a continuation carries (its questions lead the new order)."""
+    return [(q.dataset, q.question_id) for q in store.questions(carry)]
+
+
+def fixed_run(store: GateStore, run_id: str) -> RunRecord | None:
+    """``run_id`` if it is a fixed gate run of the store, else None."""
+    run = store.get_run(run_id)
+    if run is None or run.kind != "gate" or run.registration.get("design") != "fixed":
+        return None
+    return run

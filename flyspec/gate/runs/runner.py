@@ -31,7 +31,14 @@ from flyspec.gate.data.registration import BASELINE, ComparisonPlan
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
 from flyspec.gate.runs import loop
-from flyspec.gate.runs.exclusion import check_alpha_left, used_questions
+from flyspec.gate.runs.exclusion import (
+    carried_answers,
+    carried_order,
+    check_alpha_left,
+    fixed_run,
+    ledger,
+    used_questions,
+)
 from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
 from flyspec.gate.runs.options import ArmSpec, GateOptions
 from flyspec.gate.runs.session import Session, SessionSettings, log
@@ -131,11 +138,18 @@ def _excluded(store: GateStore, plan: _Plan) -> Excluded:
     return used_questions(store, names), names
 
 
-def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Excluded]:
+def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Excluded, str | None]:
+    """The questions in their registered order, the pool size, what was left out, and the fixed run a
+    sequential continuation carries (its questions lead the order; docs/gate.md, "Error spent once")."""
     o = plan.options
     excluded = _excluded(store, plan)
     by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
     pool = select_questions(by_dataset, seed=o.question_order_seed, limit=o.limit, excluded=excluded[0])
+    carry = _carry(store, plan, pool)
+    if carry is not None:
+        first = {key: i for i, key in enumerate(carried_order(store, carry))}
+        led = sorted((q for q in pool if (q.dataset, q.id) in first), key=lambda q: first[(q.dataset, q.id)])
+        pool = led + [q for q in pool if (q.dataset, q.id) not in first]
     if o.max_questions is not None and o.max_questions > len(pool):
         raise ValueError(
             f"max_questions={o.max_questions}: the datasets hold {len(pool)} questions"
@@ -146,7 +160,23 @@ def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Exclude
             )
         )
     questions = pool[: o.max_questions] if o.max_questions is not None else pool
-    return questions, len(pool), excluded
+    return questions, len(pool), excluded, carry
+
+
+def _carry(store: GateStore, plan: _Plan, pool: list[Question]) -> str | None:
+    """The fixed run whose answers a new sequential run (one candidate, no controls) carries: the ledger
+    names one when that run is the only earlier look at the comparison on these questions."""
+    o = plan.options
+    existing = store.get_run(o.name)
+    if existing is not None:
+        return existing.registration.get("carries")
+    if o.kind != "gate" or not o.sequential or o.controls:
+        return None
+    identities = loop.identities(plan.arms, loop.stored_served(store, o.name))
+    guess = {"margin": o.margin, "alpha": o.alpha, "arms": identities, "design": "sequential"}
+    keys = [(q.dataset, q.id) for q in pool[: o.max_questions]]
+    carry = ledger(store, o.name, "gate", guess, keys).carry
+    return carry if carry is not None and fixed_run(store, carry) is not None else None
 
 
 def _comparisons(
@@ -183,6 +213,7 @@ class _Chosen:
     pool: int
     excluded: Excluded
     comparisons: list[ComparisonPlan]
+    carry: str | None = None
 
     @property
     def sequential(self) -> SequentialPlan | None:
@@ -220,6 +251,12 @@ def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any
     }
     if o.alpha_budget is not None:
         registration["alpha_budget"] = float(o.alpha_budget)
+    if chosen.carry is not None:
+        registration["carries"] = chosen.carry
+        registration["order"]["rule"] = (
+            f"the questions of fixed run {chosen.carry!r} first, in its order (their answers carried), then "
+            "sha256(seed:dataset:id) ascending"
+        )
     if chosen.sequential is not None:
         registration["sequential"] = chosen.sequential.to_dict()
     if len(chosen.comparisons) > 1:
@@ -301,13 +338,16 @@ def run(options: GateOptions) -> RunResult:
     plan = _plan(options)
     run_id = options.name
     with GateStore(options.store) as store, store.lock(run_id):
-        questions, pool, excluded = _choose(plan, store)
+        questions, pool, excluded, carry = _choose(plan, store)
         if excluded[1]:
             log(f"gate: leaving out {len(excluded[0])} questions used by run(s) {', '.join(excluded[1])}")
         claim = loop.population(store, run_id, options.population)
-        chosen = _Chosen(questions, pool, excluded, _comparisons(options, questions, pool, claim))
+        comparisons = _comparisons(options, questions, pool, claim)
+        chosen = _Chosen(questions, pool, excluded, comparisons, carry)
         executors = make_executors(list(plan.arms.values()))
         new = _register(store, plan, chosen, executors)
+        if carry is not None:
+            _store_carried(store, run_id, carry, plan.lanes, chosen.questions)
         session = _session(store, plan, chosen)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
@@ -317,6 +357,22 @@ def run(options: GateOptions) -> RunResult:
         announce_sandbox({q.grader for q in questions}, "gate")
         reason = _answer(store, plan, session, executors)
     return RunResult(run_id, reason)
+
+
+def _store_carried(
+    store: GateStore, run_id: str, carry: str, lanes: list[Lane], questions: list[Question]
+) -> None:
+    """Store the carried fixed run's answers in its continuation (once: a resume finds them stored)."""
+    keys = {(q.dataset, q.id) for q in questions}
+    have = store.answered_keys(run_id)
+    records = [
+        a
+        for a in carried_answers(store, carry, lanes)
+        if (a.dataset, a.question_id) in keys and (a.arm, a.repeat, a.dataset, a.question_id) not in have
+    ]
+    if records:
+        store.add_answers(run_id, records)
+        log(f"gate: run {run_id!r} carries {len(records)} answers of fixed run {carry!r} (counted once)")
 
 
 def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
