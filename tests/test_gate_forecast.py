@@ -135,7 +135,7 @@ def test_a_budget_the_forecast_says_is_too_short_is_said_once_on_its_own_line(ca
 
     for minutes, said in ((1.0, 1), (10_000.0, 0)):
         order = [("gsm8k", str(i)) for i in range(400)]
-        plan = SequentialPlan(margin=0.02, alpha=0.025, max_questions=400, population_size=400, order_seed=0)
+        plan = SequentialPlan(0.02, 0.025, 400, population_size=400, order_seed=0, population="finite")
         monitor = SequentialMonitor(order, plan)
         deadline = time.monotonic() + 60 * minutes
         bar = GateProgress([BASELINE, CANDIDATE], 800, 0, monitor=monitor, deadline=deadline, enabled=False)

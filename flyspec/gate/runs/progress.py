@@ -112,8 +112,18 @@ class GateProgress:
             pairs_per_minute=self._pairs_per_minute(),
             minutes_left=left,
         )
-        if left is not None and self.outlook.within_budget < 0.5 and not self._warned:
-            # Said once, as a line of its own: a user watching the bar should know early.
+        if self.outlook is None:
+            return
+        if self._warned or self.outlook is None:
+            return
+        # Said once, as a line of its own: a user watching the bar (or reading a log) should know early.
+        if self.outlook.median_pairs is None:
+            self._warned = True
+            self._say(
+                f"gate: forecast: {self.outlook.describe()}; the run will most likely reach its "
+                f"{m.plan.max_questions} questions INCONCLUSIVE (a larger --max-questions continues it)"
+            )
+        elif left is not None and self.outlook.within_budget < 0.5:
             self._warned = True
             self._say(
                 f"gate: at {self.outlook.pairs_per_minute:.1f} pairs/min, {self.outlook.describe()}: this "
