@@ -9,81 +9,162 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_llm import save_perturbed, save_tiny
+from tiny_llm import save_tiny
 
-from flyspec.cli.demo import demo_arms
-
-
-def test_demo_arms_differ_only_in_the_verifier() -> None:
-    """The two arms must be the same configuration but for rejection_sample_method, or the gate would
-    compare more than the verifier (and could not share one engine)."""
-    base, cand = demo_arms("t", "d", 4, "bfloat16", 8)
-    assert base["speculative_config"].pop("rejection_sample_method") == "standard"
-    assert cand["speculative_config"].pop("rejection_sample_method") == "fly"
-    assert base == cand
+from flyspec.gate.runs import main_job
+from flyspec.gate.runs.main_job import demo_arms
 
 
-def test_demo_arms_quantize_both_arms_alike_and_share_one_engine() -> None:
-    """ "auto" (the demo's default) and an explicit format reach both arms' engine config, arms that differ
-    only in the verifier still share one engine, and an arm with other weights does not join it; an
-    explicit "none" (None) stays out of the settings, so runs registered before quantization existed keep
-    theirs."""
+def test_demo_arms_share_one_engine_and_differ_only_in_who_decodes() -> None:
+    """The three arms are one engine configuration (same models, K, dtype, weights): the baseline's requests
+    are decoded by the target alone, the control's by the draft model alone, FLy's by the engine's lossy
+    verifier. Arms that differ in anything else could not share the engine's batches."""
     from flyspec.gate.arms.engine import engine_groups
     from flyspec.gate.arms.registry import parse_arm
 
-    names = ("baseline", "candidate")
-    auto = [parse_arm(n, a) for n, a in zip(names, demo_arms("t", "d", 4, "bfloat16", 8), strict=True)]
-    assert [a.config["quantization"] for a in auto] == ["auto", "auto"]
-    assert len(engine_groups(auto)) == 1
-    base, cand = demo_arms("t", "d", 4, "bfloat16", 8, "int8")
-    arms = [parse_arm("baseline", base), parse_arm("candidate", cand)]
-    assert [a.engine_config.quantization for a in arms] == ["int8", "int8"]
-    assert [a.config["quantization"] for a in arms] == ["int8", "int8"]
-    assert len(engine_groups(arms)) == 1
-    plain = parse_arm("plain", demo_arms("t", "d", 4, "bfloat16", 8, None)[1])
-    assert "quantization" not in plain.config
-    assert len(engine_groups([*arms, plain])) == 2
+    arms = demo_arms("t", "d", 4, "bfloat16", 8)
+    assert [arms[n].get("verification") for n in ("baseline", "control", "candidate")] == [
+        "target_only",
+        "draft_only",
+        None,
+    ]
+    specs = {n: dict(a["speculative_config"]) for n, a in arms.items()}
+    assert specs["candidate"].pop("rejection_sample_method") == "fly"
+    assert (
+        specs["baseline"].pop("rejection_sample_method")
+        == "standard"
+        == specs["control"].pop("rejection_sample_method")
+    )
+    assert specs["baseline"] == specs["control"] == specs["candidate"]
+    parsed = [parse_arm(n, a) for n, a in arms.items()]
+    (group,) = engine_groups(parsed)
+    assert group[0].name == "candidate" and len(group) == 3
+    assert [a.config["quantization"] for a in parsed] == ["auto"] * 3
+    with pytest.raises(ValueError, match="verification='draft_only' needs a speculative_config with a draft"):
+        parse_arm(
+            "x", {**arms["control"], "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}
+        )
+
+
+def test_the_margin_is_the_narrowest_the_pool_can_decide() -> None:
+    """Before the first answer the demo registers the narrowest margin whose design decides in 9 of 10
+    simulated runs within GSM8K and MATH-500 at FLy's usual flip rate and no true loss: 2 points needs a
+    median of thousands of questions more than the 1,819 the two sets hold, so it is not that one."""
+    choice = main_job.choose_margin(1819, 0.16)
+    assert 0.02 < choice.margin <= 0.06
+    assert 1 - choice.outcome.undecided >= main_job.DECIDE_SHARE
+    narrower = main_job.choose_margin(1819, 0.16, margin=choice.margin - 0.01)
+    assert 1 - narrower.outcome.undecided < main_job.DECIDE_SHARE
+    assert choice.two_points.median is not None and choice.two_points.median > 1819
+    lines = main_job.opening_lines(choice, main_job.control_outlook(1819), 2.5)
+    text = " ".join(lines)
+    assert f"FLy's margin {100 * choice.margin:g} points" in text and "1,819 questions" in text
+    assert "A 2-point margin is out of reach here" in text and "hours" in text
+
+
+def _exact_dataset(target: Path, path: Path, questions: int) -> Path:
+    """Questions whose reference answer is the target's own greedy output (float32, 8 tokens): the
+    baseline (the target alone) is right on every one, the control (an unrelated random draft model
+    alone) almost never, and FLy as often as it keeps the target's tokens."""
+    from flyspec import LLM, SamplingParams
+
+    prompts = [
+        f"question {i} " + " ".join(f"w{(7 * i + k) % 50}" for k in range(6)) for i in range(questions)
+    ]
+    llm = LLM(str(target), dtype="float32")
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    rows = [
+        {"id": f"q{i}", "prompt": p, "answer": o.outputs[0].text, "grader": "exact"}
+        for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _demo_command(tmp_path: Path, *extra: str) -> list[str]:
+    target = save_tiny(tmp_path / "target", seed=0, std=0.4)
+    draft = save_tiny(tmp_path / "draft", seed=1, std=0.4)
+    data = tmp_path / "own.jsonl"
+    if not data.exists():
+        _exact_dataset(target, data, 60)
+    main = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from flyspec.cli import main; main()"
+    )
+    return [
+        sys.executable, "-c", main, "demo", "--dataset", str(data), "--target", str(target),
+        "--draft", str(draft), "--max-tokens", "8", "--dtype", "float32", "--quantization", "none",
+        "--margin", "0.3", "--store", str(tmp_path / "demo.db"), "--no-progress", "--json", *extra,
+    ]  # fmt: skip
 
 
 @pytest.mark.slow
-def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
-    """`flyspec demo --questions 2` on tiny models runs the sequential gate: it registers a sequential run
-    of at most 2 GSM8K questions in a seeded order, stores both arms' answers, prints the report with a
-    decision, the newcomer's explanation and the speed of both arms, ends with the JSON report (decision
-    object last, `sequential` object beside it), and a second run answers nothing again (the stopped run
-    is recomputed from the store). The report says which weights ran and how much prefill the two arms'
-    shared prompts saved."""
-    target = save_tiny(tmp_path / "target", seed=0)
-    draft = save_perturbed(target, tmp_path / "draft", seed=1, noise=0.05)
-    store = tmp_path / "demo.db"
-    command = [
-        sys.executable, "-c", "from flyspec.cli import main; main()", "demo",
-        "--questions", "2", "--target", str(target), "--draft", str(draft), "--max-tokens", "8",
-        "--dtype", "float32", "--store", str(store), "--json",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert first.returncode == 0, first.stderr
-    report = json.loads(first.stdout.strip().splitlines()[-1])
-    decision = report["decision"]
-    assert decision["n"] == 2 and decision["design"] == "sequential"
-    assert decision["decision"] == "INCONCLUSIVE"  # 2 questions cannot clear a 2-point margin
-    assert (report["sequential"]["max_questions"], report["sequential"]["stopped_at"]) == (2, 2)
-    assert report["sequential"]["reason"] == "max_questions"
-    assert report["registration"]["sequential"]["margin"] == 0.02
-    assert "What this means" in first.stdout
-    assert f"Decision: {decision['decision']}. The run stopped after 2 of at most 2 questions" in first.stdout
-    assert "Standard speculative decoding: " in first.stdout and "FLy: " in first.stdout
-    # Both arms send the same prompts (and every prompt starts with the chat template), so blocks are shared.
-    cache = report["run_notes"]["prefix_cache"]
-    assert 0 < cache["hits"] < cache["queries"]
-    assert "Prefix sharing: both arms send every question's prompt" in first.stdout
-    assert "Weights: target float32, draft float32" in first.stdout
+def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: Path) -> None:
+    """`flyspec demo --until-decided` end to end on tiny models and a dataset whose references are the
+    target's own answers: its first lines state FLy's registered margin, the pool and the simulated
+    questions and time to each decision on this machine; the control (the draft model alone) FAILs first
+    and the report says "the gate caught a harmful setting" before it speaks of FLy; killed (SIGKILL)
+    once answers are stored, the same command resumes from the store to the same decisions as a run
+    that was never killed, with one stored row per question and arm."""
+    import signal
+    import time
 
-    second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert second.returncode == 0, second.stderr
-    assert "already stopped after 2 questions" in second.stderr
-    assert json.loads(second.stdout.strip().splitlines()[-1])["decision"] == decision
+    from flyspec.gate.data.store import GateStore
+
+    command = _demo_command(tmp_path, "--until-decided")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    store = tmp_path / "demo.db"
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            assert proc.poll() is None, f"the demo ended before it could be killed: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no answers stored within 300 s"
+            if store.exists():
+                with GateStore(store) as opened:
+                    runs = opened.runs()
+                    if runs and len(opened.answers(runs[0].run_id)) >= 12:
+                        break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.splitlines()
+    opening = len(main_job.opening_lines(*_opening_args()))
+    text = "\n".join(said[:opening])
+    assert "FLy's margin 30 points" in text and "60 questions in one seeded random order" in text
+    assert "Control: the gate must FAIL it" in text and "FAILs after" in text
+    timing = next(i for i, line in enumerate(said) if line.startswith("On this machine: about"))
+    assert "questions a minute" in said[timing] and not any("gate:" in line for line in said[:timing])
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    (control,) = report["family"]
+    assert control["role"] == "control" and control["decision"]["decision"] == "FAIL"
+    assert report["decision"]["decision"] == "PASS"
+    assert done.stdout.index("The gate caught a harmful setting") < done.stdout.index("FLy: PASS")
+    with GateStore(store) as opened:
+        run_id = opened.runs()[0].run_id
+        keys = [(a.arm, a.question_id) for a in opened.answers(run_id)]
+    assert len(keys) == len(set(keys))
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    for name in ("target", "draft", "own.jsonl"):
+        (reference / name).symlink_to(tmp_path / name)
+    clean = subprocess.run(_demo_command(reference, "--until-decided"), capture_output=True, text=True,
+                           timeout=900, env=env)  # fmt: skip
+    assert clean.returncode == 0, clean.stderr
+    expected = json.loads(clean.stdout.strip().splitlines()[-1])
+    for got, want in ((report, expected), (control, expected["family"][0])):
+        for key in ("decision", "n", "lost", "gained", "low", "high"):
+            assert got["decision"][key] == want["decision"][key], key
+
+
+def _opening_args() -> tuple:
+    choice = main_job.choose_margin(60, margin=0.3)
+    return choice, main_job.control_outlook(60), ("own",)
 
 
 @pytest.mark.slow

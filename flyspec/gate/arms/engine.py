@@ -151,6 +151,36 @@ def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
     return out
 
 
+_PRELOADED: dict[str, Any] = {}
+"""Engines loaded ahead of a run (``preload``), taken over by the executor that runs their arms."""
+
+
+def _config_key(arm: EngineArm) -> str:
+    return json.dumps(arm.config, sort_keys=True)
+
+
+def load_engine(lead: EngineArm) -> Any:
+    """A warmed-up ``LLM`` for ``lead``'s engine configuration. The first steps of a fresh engine pay
+    one-time costs (allocations, lazy initialisation) that would be charged to whichever arm answers first
+    and skew its tokens/s; a configuration too slow for this CPU stops here with the faster options, not
+    after minutes of silence."""
+    from flyspec.llm import LLM
+
+    llm = LLM.from_config(lead.engine_config)
+    llm.warm_up()
+    return llm
+
+
+def preload(arms: list[EngineArm]) -> Any:
+    """Load the engine that ``arms`` will share in a run (the one ``engine_groups`` makes of them) before
+    the run starts, so that a caller can measure it first (``flyspec demo``'s speed probe); the run's
+    executor takes it over instead of loading again. Returns the ``LLM``."""
+    (group,) = engine_groups(arms)
+    llm = load_engine(group[0])
+    _PRELOADED[_config_key(group[0])] = llm
+    return llm
+
+
 def executors(arms: list[EngineArm]) -> list[EngineExecutor]:
     """As few in-process engines as the arms allow (``engine_groups``)."""
     return [EngineExecutor(group) for group in engine_groups(arms)]
@@ -193,13 +223,7 @@ class EngineExecutor:
     def start(self) -> None:
         """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
         if self._llm is None:
-            from flyspec.llm import LLM
-
-            self._llm = LLM.from_config(self.lead.engine_config)
-            # The first steps of a fresh engine pay one-time costs (allocations, lazy initialisation) that
-            # would be charged to whichever arm answers first and skew its tokens/s; a configuration too
-            # slow for this CPU stops here with the faster options, not after minutes of silence.
-            self._llm.warm_up()
+            self._llm = _PRELOADED.pop(_config_key(self.lead), None) or load_engine(self.lead)
             self._prefix_seen = self._prefix_counts()  # the warm-up's own prompt is not the run's
 
     @property

@@ -23,6 +23,13 @@ from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
 
 Lane = tuple[str, int]
 NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
+DRAIN_SHARE = 0.6
+"""How much of a full answer's latency the answers in flight still need, on average, when admission stops
+(they started at different times; the last to start needs nearly all of it)."""
+MAX_DRAIN_SHARE = 0.25
+"""Admission never stops earlier than this share of the budget before its end."""
+GRACE_S = 60.0
+"""Past the budget by this much, the answers still in flight are dropped."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,8 @@ class Session:
         # Why this session stopped and, for a sequential run, the in-order prefix length at that moment.
         self.reason: str | None = None
         self.stopped_at: int | None = None
+        self._latencies: list[float] = []
+        self._dropped = False
         self.stored = [r for r in store.answers(self.run_id) if (r.arm, r.repeat) in lanes]
         # Reference outputs (the first lane's) for equivalent_to_baseline questions, and answers waiting
         # for theirs.
@@ -154,6 +163,7 @@ class Session:
     def record(self, answer: Answer, bar: GateProgress) -> dict[str, SequentialStop]:
         """Grade and commit one answer (and any answers that waited for it); returns the comparisons'
         sequential stops that one of them caused."""
+        self._latencies.append(answer.completion.latency_s)
         return self._store(self._graded(answer), bar)
 
     def _store(self, items: list[Item], bar: GateProgress) -> dict[str, SequentialStop]:
@@ -305,6 +315,27 @@ class Session:
         what = "every comparison stopped" if several else f"{primary.stop.decision}"
         log(f"gate: stopped after {primary.stop.stopped_at} questions ({what}); {in_flight}")
 
+    def _watch_budget(self, deadline: float, dispatcher: Dispatcher) -> None:
+        """Stop taking new questions early enough that the answers in flight end by the budget (they take
+        about DRAIN_SHARE of a full answer's latency, measured in this session); past the budget plus
+        GRACE_S, drop what is still in flight (a rerun asks it again)."""
+        now = time.monotonic()
+        drain = DRAIN_SHARE * sum(self._latencies) / len(self._latencies) if self._latencies else 0.0
+        drain = min(drain, MAX_DRAIN_SHARE * (self.settings.max_seconds or 0.0))
+        if self.reason is None and now > deadline - drain:
+            early = f" {drain:.0f} s early" if drain >= 1 else ""
+            self._pause(
+                "time_budget",
+                dispatcher,
+                f"gate: time budget: no new question from now on{early}, so that the answers in flight "
+                "(finished and stored) end about when the budget does",
+            )
+        elif self.reason == "time_budget" and now > deadline + GRACE_S and not self._dropped:
+            self._dropped = True
+            past = f"gate: {GRACE_S:.0f} s past the time budget"
+            log(f"{past}: the answers still in flight are dropped (a rerun asks them again)")
+            dispatcher.abort()
+
     def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
         in_flight = "the answers in flight are finished and stored"
         while not dispatcher.finished or self._judging:
@@ -323,8 +354,8 @@ class Session:
                         )
                 if dispatcher.failed:
                     self._pause("error", dispatcher, f"gate: an arm failed; {in_flight} before stopping")
-                if deadline is not None and time.monotonic() > deadline:
-                    self._pause("time_budget", dispatcher, f"gate: time budget reached; {in_flight}")
+                if deadline is not None:
+                    self._watch_budget(deadline, dispatcher)
             except KeyboardInterrupt:
                 # Ctrl-C stops now (SPEC 13: within 2 s), not after the answers in flight, which can take
                 # minutes in a full batch: they are dropped, and a rerun asks them again. Nothing stored
