@@ -99,11 +99,17 @@ def _what_it_takes(report: Any, choice: Any) -> list[str]:
     return [
         "Deciding about FLy: at no true loss the simulation expects a median of "
         f"{choice.outcome.median or '-'} questions at the {100 * choice.margin:g}-point margin, and "
-        f"{two.median or '-'} at 2 points (GSM8K and MATH-500 hold {choice.pool:,}). `flyspec demo "
+        f"{two.median or '-'} at 2 points ({_datasets(report)} hold {choice.pool:,}). `flyspec demo "
         "--until-decided` continues this run to its decision on this machine; a GPU endpoint serving FLy at "
         f"an assumed {GPU_TOKENS_PER_S:,.0f} output tokens/s (not measured here) would answer about "
         f"{gpu:,.0f} questions a minute."
     ]
+
+
+def _datasets(report: Any) -> str:
+    known = {"gsm8k": "GSM8K", "math500": "MATH-500"}
+    names = [known.get(n, n) for n in report.run.registration.get("datasets", {})]
+    return " and ".join(names) or "test"
 
 
 def explain(report: Any, choice: Any = None) -> str:
@@ -116,7 +122,7 @@ def explain(report: Any, choice: Any = None) -> str:
         "",
         "What this means",
         "---------------",
-        "Three arms answered the same GSM8K and MATH-500 test questions, drawn in a seeded random order, "
+        f"Three arms answered the same {_datasets(report)} questions, drawn in a seeded random order, "
         "with the same prompts and greedy decoding, in one engine: the target model alone (lossless, the "
         "baseline), the draft model alone (every draft token accepted: the limit of lossy verification, a "
         "control the gate must catch), and FLy, which forgives some rejected draft tokens to go faster.",

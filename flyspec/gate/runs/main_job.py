@@ -139,8 +139,14 @@ def _names(datasets: tuple[str, ...]) -> str:
     return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _count(questions: int | None) -> str:
+    return f"{questions:,}" if questions is not None else "more than the pool's"
+
+
 def _hours(questions: int | None, per_minute: float | None) -> str:
-    if questions is None or not per_minute:
+    if questions is None:
+        return "more time than the pool allows (most simulated runs did not decide within it)"
+    if not per_minute:
         return "unknown"
     hours = questions / per_minute / 60
     return f"{hours * 60:.0f} minutes" if hours < 1 else f"{hours:.1f} hours"
@@ -163,18 +169,18 @@ def opening_lines(
         f"{CONTROL_ALPHA:g} (together at most {ALPHA:g}). The claim is about the method on questions like "
         "these (questions and outputs as random draws), not about one run's outputs.",
         f"Control: the gate must FAIL it. Simulated at {100 * CONTROL_PRIOR[0]:.0f}% flips and a "
-        f"{-100 * CONTROL_PRIOR[1]:.0f}-point loss, it FAILs after {control.median or '-'} questions in half "
-        f"the runs, {control.q90 or '-'} in 90%.",
+        f"{-100 * CONTROL_PRIOR[1]:.0f}-point loss, it FAILs after {_count(control.median)} questions in "
+        f"half the runs, {_count(control.q90)} in 90%.",
         f"FLy: simulated at {100 * choice.flip_rate:.0f}% of questions flipping (--flip-rate; earlier demo "
         f"runs saw {100 * PRIOR_FLIP_RATE:.0f}%) and no true loss, the {m}-point design decides after a "
-        f"median of {o.median or '-'} questions (90% of runs by {o.q90 or 'the end of the pool'}). "
+        f"median of {_count(o.median)} questions (90% of runs by {o.q90 or 'the end of the pool'}). "
         "`flyspec demo --until-decided` runs on until then (it survives a kill: rerun to continue).",
     ]
     if choice.margin > 0.02:
         lines.append(
-            f"A 2-point margin is out of reach here: it needs a median of {two.median or '-'} questions (90% "
-            f"by {two.q90 or '-'}), more than {_names(datasets)} hold ({choice.pool:,}). It would take more "
-            "questions (your own traffic), or a GPU endpoint serving FLy: at an assumed "
+            f"A 2-point margin is out of reach here: it needs a median of {_count(two.median)} questions "
+            f"(90% by {_count(two.q90)}), more than {_names(datasets)} hold ({choice.pool:,}). It would take "
+            "more questions (your own traffic), or a GPU endpoint serving FLy: at an assumed "
             f"{GPU_TOKENS_PER_S:,.0f} output tokens/s (vLLM on one GPU; not measured here) that is about "
             f"{_hours(two.median, gpu_per_minute)}."
         )

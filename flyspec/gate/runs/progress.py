@@ -176,9 +176,8 @@ class GateProgress:
         if done - self._line_at < LINE_EVERY:
             return
         self._line_at = done - done % LINE_EVERY
-        rate = f"{self.session_answers / max(self._minutes(), 1e-9):.1f} answers/min"
         unit = "pairs" if self.monitors else "answers"
-        self._say(f"gate: {done} {unit} | {self._text()} | {rate}")
+        self._say(f"gate: {done} {unit} | {self._text()}")
 
     def add(self, lane: Lane, correct: bool, *, new: bool = True) -> None:
         """Count one answer (``new=False``: one stored by an earlier session, for the accuracies)."""

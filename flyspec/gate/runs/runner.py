@@ -325,10 +325,22 @@ def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
     shared = [sorted(ex.arms) for ex in executors if ex.shared]
     if shared:
         notes["shared_engine"] = shared
+        modes = {
+            arm: mode
+            for ex in executors
+            if ex.shared
+            for arm, mode in ex.facts().get("verification", {}).items()
+        }
+        words = {
+            "engine": "the engine's verifier",
+            "standard": "standard (lossless) verification",
+            "target_only": "the target alone (lossless)",
+            "draft_only": "the draft model alone",
+        }
         notes["shared_engine_note"] = (
             "arms differing only in the verifier ran in one engine started with the lossy policy, their "
-            "requests side by side in the same batches; the standard arm's requests used "
-            "verification='standard' (lossless)"
+            "requests side by side in the same batches; each arm's requests were decoded by "
+            + "; ".join(f"{arm}: {words.get(mode, mode)}" for arm, mode in sorted(modes.items()))
         )
     return notes
 
