@@ -757,3 +757,85 @@ def report(
             print(f"WARNING: {warning}", file=sys.stderr)
     _show(rep, as_json, html_file)
     _exit_for(rep.decision, strict)
+
+
+def _requests(run: Any) -> dict[str, str]:
+    """Each registered question's request as text, by prompt hash, from the datasets the run read."""
+    from flyspec.gate.data.datasets import load_dataset
+
+    out: dict[str, str] = {}
+    for spec in run.notes.get("dataset_sources", {}).values():
+        try:
+            questions = load_dataset(spec, shuffle_seed=run.registration.get("shuffle_seed", 0))
+        except (ValueError, OSError):
+            continue  # shown as missing; the labels do not depend on it
+        for q in questions:
+            text = (
+                q.prompt
+                if q.prompt is not None
+                else "\n".join(f"[{m['role']}] {m['content']}" for m in q.messages or [])
+            )
+            out[q.prompt_hash] = text
+    return out
+
+
+_LABEL_PROMPT = "Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > "
+
+
+@gate_app.command("label")
+def label_command(
+    store: Path = typer.Option(..., "--store", help="The gate store file of a judged run."),
+    run_id: str | None = typer.Option(None, "--run", help="Run name (default: the latest judged run)."),
+) -> None:
+    """Give the gold labels a judged run drew: each pair's two answers, blind and in random order.
+
+    Press a (A is better), b (B is better), t (equally good), s (skip for now) or q (quit). Each label is
+    stored as it is given; rerun to continue. `gate report` then decides on the labels given so far.
+    """
+    from rich.console import Console
+    from rich.panel import Panel
+
+    from flyspec.gate.data.store import GateStore
+    from flyspec.gate.runs.labelling import gold_rule, pending, record
+
+    console = Console(highlight=False)
+    with GateStore(store) as opened:
+        run, gold = gold_rule(opened, run_id)
+        todo = pending(opened, run, gold, _requests(run))
+        if not todo:
+            console.print(f"gate label: run {run.run_id!r}: no pair waits for a label.")
+            return
+        console.print(
+            f"gate label: run {run.run_id!r}: {len(todo)} pair(s) wait for a gold label, earliest first. "
+            "Which answer is better for the request? Judge correctness first, then completeness."
+        )
+        done = 0
+        for i, pair in enumerate(todo, 1):
+            q = pair.question
+            console.rule(f"pair {i} of {len(todo)}: {q.dataset}/{q.question_id}")
+            console.print(Panel(pair.request, title="Request"))
+            if pair.reference:
+                console.print(Panel(pair.reference, title="Reference answer (may be incomplete)"))
+            console.print(Panel(pair.answer_a, title="Answer A"))
+            console.print(Panel(pair.answer_b, title="Answer B"))
+            while True:
+                try:
+                    key = (
+                        input("Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > ").strip().lower()
+                    )
+                except EOFError:
+                    key = "q"
+                if key in ("a", "b", "t", "s", "q"):
+                    break
+                console.print("Press a, b, t, s or q, then Enter.")
+            if key == "q":
+                break
+            if key == "s":
+                continue
+            record(opened, run, pair, key)
+            done += 1
+        left = len(todo) - done
+        console.print(
+            f"gate label: {done} label(s) stored in {store}; {left} pair(s) still wait. `flyspec gate report "
+            f"--store {store} --run {run.run_id}` decides on the labels given so far."
+        )

@@ -22,9 +22,10 @@ from typing import Any
 
 from flyspec.gate.data.lock import StoreLock
 
-SCHEMA_VERSION = 2
-# Version 2 added the judgements table; a version-1 store gains it (an empty table) when opened.
-_READABLE_VERSIONS = (0, 1, SCHEMA_VERSION)
+SCHEMA_VERSION = 3
+# Version 2 added the judgements table, version 3 the labels table; an older store gains them (empty) when
+# opened.
+_READABLE_VERSIONS = (0, 1, 2, SCHEMA_VERSION)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -93,6 +94,17 @@ CREATE TABLE IF NOT EXISTS judgements (
     created_at REAL NOT NULL,
     UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)
 );
+CREATE TABLE IF NOT EXISTS labels (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id)
+);
 CREATE TABLE IF NOT EXISTS batches (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     arm TEXT NOT NULL,
@@ -150,6 +162,21 @@ class JudgementRecord:
     output: str
     latency_s: float
     source: str
+
+
+@dataclass(frozen=True)
+class LabelRecord:
+    """A gold label of one judged pair: ``value`` +1 (the candidate's answer is better), -1 (the
+    baseline's) or 0 (equally good); ``source`` ``exact`` (the question's grader on both answers) or
+    ``human`` (``flyspec gate label``); ``pair_sha256`` names the two outputs labelled; ``detail`` what was
+    shown and answered (which answer was shown as A, the key pressed)."""
+
+    dataset: str
+    question_id: str
+    pair_sha256: str
+    value: int
+    source: str
+    detail: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -262,7 +289,7 @@ class GateStore:
             return False
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
-                for table in ("questions", "batches", "events", "judgements", "runs"):
+                for table in ("questions", "batches", "events", "judgements", "labels", "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._db.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -431,6 +458,34 @@ class GateStore:
             (run_id,),
         )
         return [JudgementRecord(*row) for row in rows]
+
+    def add_label(self, run_id: str, record: LabelRecord) -> bool:
+        """Commit a gold label; False (nothing written) when the question already has one: a label, once
+        given, is never replaced."""
+        with self._db:
+            cursor = self._db.execute(
+                "INSERT INTO labels VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id, dataset, question_id) DO NOTHING",
+                (
+                    run_id,
+                    record.dataset,
+                    record.question_id,
+                    record.pair_sha256,
+                    int(record.value),
+                    record.source,
+                    json.dumps(record.detail, sort_keys=True),
+                    time.time(),
+                ),
+            )
+        return cursor.rowcount == 1
+
+    def labels(self, run_id: str) -> dict[tuple[str, str], LabelRecord]:
+        """Every gold label of a run, by ``(dataset, question_id)``."""
+        rows = self._db.execute(
+            "SELECT dataset, question_id, pair_sha256, value, source, detail FROM labels WHERE run_id = ?",
+            (run_id,),
+        )
+        return {(d, q): LabelRecord(d, q, h, v, s, json.loads(t)) for d, q, h, v, s, t in rows}
 
     def add_batch(
         self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float

@@ -151,6 +151,33 @@ class JudgeSummary:
 
 
 @dataclass
+class GoldSummary:
+    """A judged run's gold labels beside its decision (prediction-powered inference, docs/gate.md).
+
+    ``rate``/``source``: the registered rule (a share of differing pairs drawn; labelled by the exact
+    grader or by a person); ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``,
+    ``gained`` and ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and
+    ``awaiting`` still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with
+    gold on the labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide
+    (when it has not)."""
+
+    rate: float
+    source: str
+    pairs: int
+    identical: int
+    lost: int
+    gained: int
+    undecided: int
+    selected: int
+    labelled: int
+    awaiting: int
+    agreement: float | None
+    agreement_low: float | None
+    agreement_high: float | None
+    advice: str | None = None
+
+
+@dataclass
 class Exploratory:
     """A decision at a margin other than the registered one: for exploration only."""
 
@@ -182,6 +209,7 @@ class ReportData:
     exploratory: Exploratory | None = None
     noise: NoiseReference | None = None
     judge: JudgeSummary | None = None
+    gold: GoldSummary | None = None
     explanation: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -253,6 +281,8 @@ class ReportData:
             "counts_for_pass": {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
             "counts_for_fail": {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
             "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
+            "gold_labels": self.gold.labelled if self.gold is not None else None,
+            "judge_agreement": self.gold.agreement if self.gold is not None else None,
             "net_difference": pooled.net_difference,
             "low": pooled.ci_low,
             "high": pooled.ci_high,
@@ -292,6 +322,7 @@ class ReportData:
             "shared_engine_speeds": [asdict(s) for s in self.shared],
             "noise": asdict(self.noise) if self.noise is not None else None,
             "judge": asdict(self.judge) if self.judge is not None else None,
+            "gold": asdict(self.gold) if self.gold is not None else None,
             "notes": self.notes,
         }
         if self.run.kind == "pilot":

@@ -8,6 +8,7 @@ import html
 import io
 import json
 import math
+from typing import Any
 
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
@@ -263,7 +264,9 @@ def _gate_lines(report: ReportData) -> list[str]:
     pooled = report.pooled
     assert pooled is not None
     lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
-    if report.judge is not None and pooled.n:
+    if report.gold is not None:
+        lines += [_gold_line(report), ""]
+    elif report.judge is not None and pooled.n:
         lines += [_undecided_line(report, pooled), ""]
     if pooled.n:
         lines += [_mcnemar_line(report, pooled), ""]
@@ -293,11 +296,39 @@ def _undecided_line(report: ReportData, pooled: Comparison) -> str:
     )
 
 
+def _gold_line(report: ReportData) -> str:
+    """Beside a judged run's decision: the gold labels it rests on and the judge's agreement with them."""
+    g = report.gold
+    assert g is not None
+    who = "the exact grader" if g.source == "exact" else "a person (`flyspec gate label`)"
+    agreement = (
+        f"The judge agreed with gold on {_pct(g.agreement)} of the {g.labelled} labelled pairs (95% interval "
+        f"[{_pct(g.agreement_low)}, {_pct(g.agreement_high)}])."
+        if g.agreement is not None
+        else "No pair has a gold label yet, so the run decides nothing: a judge's verdicts alone cannot show "
+        "that the candidate is within the margin, whatever they say."
+    )
+    waiting = (
+        f" {g.awaiting} drawn pair(s) wait for a label, and the decision's prefix stops at the first of "
+        f"them: `flyspec gate label --store {report.store} --run {report.run.run_id}` labels them."
+        if g.awaiting
+        else ""
+    )
+    advice = f" {g.advice}" if g.advice and report.decision == INCONCLUSIVE else ""
+    return (
+        f"Gold labels: {g.labelled} of the {g.selected} pairs drawn for one ({100 * g.rate:g}% of the pairs "
+        f"whose answers differ, by a rule fixed before the first answer), labelled by {who}. {agreement}"
+        f"{waiting}{advice}"
+    )
+
+
 def _judge_lines(report: ReportData) -> list[str]:
     """What lost and gained mean for judged questions, the position-swap counts and the position bias."""
     j = report.judge
     if j is None:
         return []
+    if report.gold is not None:
+        return _ppi_lines(report, j)
     sampling = report.run.registration.get("judge", {}).get("sampling", {})
     lines = [
         "## Judge",
@@ -344,6 +375,45 @@ def _judge_lines(report: ReportData) -> list[str]:
             f"The judge could not decide {j.undecided} pair(s); each counts as lost for the PASS test and as "
             "gained for the FAIL test, so a judge that often disagrees with itself or fails to state a "
             "verdict ('Verdict: A', 'Verdict: B' or 'Verdict: tie') keeps the gate INCONCLUSIVE.",
+            "",
+        ]
+    return lines
+
+
+def _ppi_lines(report: ReportData, j: Any) -> list[str]:
+    """How a judged run with gold labels decides (prediction-powered inference), in words and counts."""
+    g = report.gold
+    assert g is not None
+    sampling = report.run.registration.get("judge", {}).get("sampling", {})
+    lines = [
+        "## Judge and gold labels",
+        "",
+        f"The judge model `{j.model}` (prompt {j.template}; temperature 0, max_tokens "
+        f"{sampling.get('max_tokens')}) saw each request and both answers and said which is better, "
+        "twice, with the answers' positions swapped; two identical answers are a tie without asking it. "
+        "Its verdicts are predictions, not the truth: a judge can be biased, noisy or useless (a coin "
+        "agrees with itself on the wrong winner a quarter of the time). So the decision rests on gold "
+        f"labels for a random subset of the pairs ({100 * g.rate:g}% of the pairs whose answers differ, "
+        "drawn by a rule registered before the first answer), combined with the judge's verdicts on every "
+        "pair by prediction-powered inference (docs/gate.md): the verdicts narrow the interval as far "
+        "as the labels show them to be right, and "
+        "whatever the judge does, the chance of a wrong PASS stays at most alpha.",
+        "",
+        "| pairs | identical (tie) | judge: baseline better | judge: candidate better | judge: other | drawn "
+        "for gold | labelled | waiting | agreement with gold |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {g.pairs} | {g.identical} | {g.lost} | {g.gained} | {g.undecided} | {g.selected} | "
+        f"{g.labelled} | {g.awaiting} | {_pct(g.agreement)} "
+        f"[{_pct(g.agreement_low)}, {_pct(g.agreement_high)}] |",
+        "",
+    ]
+    decisive = j.chose_a + j.chose_b
+    if decisive:
+        bias = "a strong position bias" if j.position_p < 0.05 else "no significant position bias"
+        lines += [
+            f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first in "
+            f"{j.chose_a} ({100 * j.chose_a / decisive:.0f}%; exact binomial p = {j.position_p:.3g}: "
+            f"{bias}).",
             "",
         ]
     return lines

@@ -27,9 +27,11 @@ from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
+from flyspec.gate.report.judged_pairs import Gold, stored_pairs
 from flyspec.gate.report.model import (
     Comparison,
     Exploratory,
+    GoldSummary,
     JudgeSummary,
     NoiseReference,
     PilotSummary,
@@ -38,7 +40,8 @@ from flyspec.gate.report.model import (
 from flyspec.gate.report.render import advice, explanation, html_page, markdown
 from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.monitor import SequentialPlan, sequential_stop
+from flyspec.gate.stats.judged import judge_counts, judged_decision
+from flyspec.gate.stats.monitor import SequentialPlan, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.planning import plan_noninferiority
 
@@ -277,7 +280,10 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
         report.pilot = _pilot(run, pairs, run.margin, run.alpha)
         _warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report
-    if "sequential" in run.registration:
+    gold = Gold.of(run.registration)
+    if gold is not None:
+        _judged(report, store, correct, gold)
+    elif "sequential" in run.registration:
         _sequential(report, store, correct)
     else:
         _fixed(report, store, correct)
@@ -456,3 +462,59 @@ def _answering_minutes(
     if began is not None:
         sessions.append((began, decided))
     return sum(max(0.0, min(end, decided) - start) for start, end in sessions) / 60
+
+
+def _judged(report: Report, store: GateStore, correct: dict, gold: Gold) -> None:
+    """A judged run registered with gold labels: the prediction-powered decision (docs/gate.md), fixed
+    (the plug-in bet tuned to the registered size, once every registered pair is in) or sequential (the
+    anytime mixture along the registered order, stopping at its first crossing)."""
+    run = report.run
+    lanes = _lanes(run)
+    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
+    pairs = stored_pairs(store, run, lanes, gold)
+    seen = in_order_judged(order, pairs)
+    if "sequential" in run.registration:
+        plan = SequentialPlan.from_registration(run.registration["sequential"])
+        events = _comparison_events(store.events(run.run_id), lanes[1][0])
+        stop = judged_stop(order, pairs, plan, events)
+        report.sequential, report.sequential_plan = stop, plan
+        report.decided_after_minutes = _answering_minutes(store, run, order, lanes, stop)
+        per = _by_dataset(store, run, correct, limit=stop.stopped_at)
+        report.comparisons = [counted(ds, p, reg, run.alpha) for ds, (reg, p, _) in per.items()]
+        used = [pair for _, p, _ in per.values() for pair in p]
+        report.comparisons.append(sequential_row(stop, used, plan.max_questions, run.alpha))
+        walk = judged_decision(seen[: stop.stopped_at], run.margin, run.alpha, gold.rate, "sequential")
+    else:
+        per = _by_dataset(store, run, correct)
+        report.comparisons = [counted(ds, p, reg, run.alpha) for ds, (reg, p, _) in per.items()]
+        everything = [pair for _, p, _ in per.values() for pair in p]
+        walk = judged_decision(seen, run.margin, run.alpha, gold.rate, "fixed", horizon=len(order))
+        pooled = counted("pooled", everything, len(order), run.alpha)
+        complete = walk.usable == len(order)
+        pooled = replace(
+            pooled,
+            ci_low=walk.low,
+            ci_high=walk.high,
+            decision=walk.decision if complete else INCONCLUSIVE,
+            interim_decision=None if complete or not walk.usable else walk.decision,
+            loss_detected=walk.loss_detected,
+        )
+        report.comparisons.append(pooled)
+        _warn_incomplete(report, walk.usable, len(order))
+    counts = judge_counts(seen)
+    report.gold = GoldSummary(
+        rate=gold.rate,
+        source=gold.source,
+        pairs=counts.n,
+        identical=counts.identical,
+        lost=counts.lost,
+        gained=counts.gained,
+        undecided=counts.undecided,
+        selected=counts.selected,
+        labelled=counts.labelled,
+        awaiting=sum(p.waiting for p in seen),
+        agreement=counts.agreement,
+        agreement_low=counts.agreement_low,
+        agreement_high=counts.agreement_high,
+        advice=walk.labels_needed.describe() if walk.labels_needed is not None else None,
+    )

@@ -12,8 +12,12 @@ answers come out the same (at temperature 0 with the shared seeds they normally 
 are a tie without a judge call.
 
 The grades: lost (baseline right, candidate wrong), gained (the reverse), tie (both right) and undecided
-(both wrong: only a judged pair is ever graded so, and the report and the sequential monitor read it as
-undecided, counted against the claim being tested).
+(both wrong: only a judged pair is ever graded so). They are what the judge said, for the accuracies the
+report shows; the decision uses the pair (flyspec/gate/report/judged_pairs.py): the judge's prediction and,
+for the pairs the registered rule drew, a gold label. With an exact gold source (every question judged,
+its own grader labelling the drawn pairs) the label is computed and stored with the verdicts; a person's
+labels arrive later (``flyspec gate label``). ``JudgedRunMonitor`` feeds the pairs to the sequential
+monitor of flyspec/gate/stats/monitor.py.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.arms.judge import Judge, JudgeClient, Verdict
 from flyspec.gate.data.order import QuestionKey
-from flyspec.gate.data.store import GateStore, JudgementRecord
-from flyspec.gate.grading.graders import Grade
+from flyspec.gate.data.store import GateStore, JudgementRecord, LabelRecord
+from flyspec.gate.grading.graders import Grade, grade
 from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred
+from flyspec.gate.report.judged_pairs import Gold, exact_pair, make_pair
+from flyspec.gate.stats.judged import JudgedPair
+from flyspec.gate.stats.monitor import JudgedMonitor, SequentialPlan, SequentialStop
 
 Lane = tuple[str, int]
 Item = tuple[Job, Completion, Grade]
@@ -42,10 +49,16 @@ _WORDS = {
 class JudgedPairs:
     """Pairs of answers waiting for the judge, and the verdicts that came back."""
 
-    def __init__(self, store: GateStore, run_id: str, judge: Judge, lanes: list[Lane]) -> None:
+    def __init__(
+        self, store: GateStore, run_id: str, judge: Judge, lanes: list[Lane], gold: Gold | None = None
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.judge = judge
+        self.gold = gold
+        # The pairs completed since the last ``take_pairs`` (for the sequential monitor).
+        self.pairs: list[tuple[QuestionKey, JudgedPair]] = []
+        self.labels = store.labels(run_id)
         self.first, self.second = lanes[0], lanes[1]
         self.labels = (lane_label(self.first), lane_label(self.second))
         # Read from the verdict: a store written before unreadable verdicts had their own preference holds
@@ -132,13 +145,35 @@ class JudgedPairs:
             return []
         result = outcome(prefs["AB"], prefs["BA"])
         del self.preferences[key]
-        return self._graded(key, result, f"judge: AB prefers {prefs['AB']}, BA prefers {prefs['BA']}")
+        return self._graded(key, result, f"judge: AB prefers {prefs['AB']}, BA prefers {prefs['BA']}", prefs)
 
-    def _graded(self, key: QuestionKey, result: str, detail: str) -> list[Item]:
+    def take_pairs(self) -> list[tuple[QuestionKey, JudgedPair]]:
+        """The pairs completed since the last call (in completion order)."""
+        pairs, self.pairs = self.pairs, []
+        return pairs
+
+    def _pair(self, key: QuestionKey, job: Job, first: str, second: str, prefs: dict[str, str]) -> None:
+        """Record the question's pair for the monitor; an exact gold source labels a drawn pair now."""
+        gold = self.gold
+        if gold is None:
+            return
+        label = self.labels.get(key)
+        if gold.source == "exact" and first != second and gold.selected(*key) and label is None:
+            q = job.question
+            d = int(grade(q.grader, second, q.answer).correct) - int(grade(q.grader, first, q.answer).correct)
+            label = LabelRecord(*key, pair_hash(first, second), d, "exact", {"grader": q.grader})
+            self.store.add_label(self.run_id, label)
+            self.labels[key] = label
+        self.pairs.append((key, make_pair(gold, *key, first, second, prefs, label)))
+
+    def _graded(
+        self, key: QuestionKey, result: str, detail: str, prefs: dict[str, str] | None = None
+    ) -> list[Item]:
         words = _WORDS[result]
         undecided = result in UNDECIDED
         got = self.answers.pop(key)
         (job_a, comp_a), (job_b, comp_b) = got[self.first], got[self.second]
+        self._pair(key, job_a, comp_a.text, comp_b.text, prefs or {})
         return [
             (job_a, comp_a, Grade(words, result != "second" and not undecided, detail)),
             (job_b, comp_b, Grade(words, result != "first" and not undecided, detail)),
@@ -148,3 +183,50 @@ class JudgedPairs:
         """Stop the judge client (``wait_for_calls=False`` gives up on the calls in flight)."""
         if self.client is not None:
             self.client.close(wait=wait_for_calls)
+
+
+class JudgedRunMonitor:
+    """The sequential monitor of a judged run registered with gold labels: judged pairs arrive through
+    ``add_pair``; a question graded by its own exact grader arrives answer by answer through ``add`` (as
+    for ``SequentialMonitor``) and enters as an exactly predicted pair. Exposes what the progress bar reads
+    (``prefix``, ``plan``, ``low``, ``high``, ``lost``, ``gained``, ``stop``, ``lanes``)."""
+
+    def __init__(
+        self,
+        order: list[QuestionKey],
+        plan: SequentialPlan,
+        lanes: tuple[Lane, Lane],
+        gold: Gold,
+        graders: dict[QuestionKey, str],
+    ) -> None:
+        self.inner = JudgedMonitor(order, plan)
+        self.order = order
+        self.plan = plan
+        self.lanes = lanes
+        self.gold = gold
+        self.graders = graders
+        self.correct: dict[tuple[str, int, str, str], bool] = {}
+
+    def __getattr__(self, name: str) -> object:
+        # prefix, low, high, lost, gained, stop, ...: the inner monitor's
+        return getattr(self.inner, name)
+
+    def add(
+        self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
+    ) -> SequentialStop | None:
+        """One graded answer; only a question its own exact grader grades becomes a pair here."""
+        self.correct[(arm, repeat, dataset, question_id)] = correct
+        key = (dataset, question_id)
+        if self.gold.judged(self.graders.get(key, "")):
+            return None
+        first = self.correct.get((*self.lanes[0], *key))
+        second = self.correct.get((*self.lanes[1], *key))
+        if first is None or second is None:
+            return None
+        return self.inner.add(
+            dataset, question_id, exact_pair(self.gold, dataset, question_id, first, second)
+        )
+
+    def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
+        """A judged question's pair (or the same pair again with its gold label)."""
+        return self.inner.add(*key, pair)

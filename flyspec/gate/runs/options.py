@@ -131,6 +131,11 @@ class GateOptions(RunSettings):
     ``max_questions`` questions. limit: the first N questions of each dataset's seeded order (max_questions:
     the first N of the interleaved order). Pilots are always left out of gate runs. judge: the judge
     endpoint of ``judge`` questions (flyspec/gate/arms/judge.py), as a dict, JSON string or JSON file.
+    gold_rate: the share of differing judged pairs drawn for a gold label (default 0.2); judge_all: the
+    judge grades every question and each question's own grader labels the drawn pairs (docs/gate.md,
+    "Open-ended answers: the judge"). controls: extra arms compared with the baseline, each a comparison
+    the gate is expected to FAIL, at control_alpha each (default alpha / 5) and control_margin (default
+    margin); the candidate keeps the rest of alpha.
     """
 
     candidate: ArmSpec | None = None
@@ -138,6 +143,8 @@ class GateOptions(RunSettings):
     sequential: bool = False
     limit: int | None = None
     judge: ArmSpec | None = None
+    gold_rate: float | None = None
+    judge_all: bool = False
     controls: dict[str, ArmSpec] = field(default_factory=dict)
     control_alpha: float | None = None
     control_margin: float | None = None
@@ -162,6 +169,17 @@ class GateOptions(RunSettings):
                 "interval is about the method (questions drawn at random)"
             )
         self._check_controls()
+        if self.gold_rate is not None and (
+            not is_number(self.gold_rate, above=0, at_most=1) or self.judge is None
+        ):
+            raise ValueError(
+                f"gold_rate={self.gold_rate!r}: the share of differing judged pairs drawn for a gold label, "
+                "in (0, 1], with a judge (--judge)"
+            )
+        if self.judge_all and (self.judge is None or self.kind != "gate"):
+            raise ValueError("judge_all: a gate run's judge grades every question; give --judge")
+        if self.judge is not None and self.controls:
+            raise ValueError("controls: a judged run compares one candidate with the baseline")
 
     def _check_controls(self) -> None:
         if not self.controls:

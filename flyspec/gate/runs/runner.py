@@ -30,6 +30,7 @@ from flyspec.gate.data.order import QuestionKey, select_questions
 from flyspec.gate.data.registration import BASELINE, ComparisonPlan
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
+from flyspec.gate.report.judged_pairs import DEFAULT_GOLD_RATE, Gold
 from flyspec.gate.runs import loop
 from flyspec.gate.runs.exclusion import (
     carried_answers,
@@ -39,10 +40,11 @@ from flyspec.gate.runs.exclusion import (
     ledger,
     used_questions,
 )
+from flyspec.gate.runs.judging import JudgedRunMonitor
 from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
 from flyspec.gate.runs.options import ArmSpec, GateOptions
 from flyspec.gate.runs.session import Session, SessionSettings, log
-from flyspec.gate.stats.monitor import SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, SequentialPlan
 
 Lane = tuple[str, int]
 Excluded = tuple[set[QuestionKey], list[str]]
@@ -80,6 +82,7 @@ class _Plan:
     lanes: list[Lane]
     datasets: Datasets
     judge: Judge | None = None
+    gold: Gold | None = None
 
     @property
     def mode(self) -> str | None:
@@ -108,11 +111,12 @@ def _plan(options: GateOptions) -> _Plan:
                 "(To measure sampling noise, give --temperature > 0.)"
             )
     datasets = load_datasets(options.datasets, options.shuffle_seed)
-    return _Plan(options, arms, lanes, datasets, _judge(options, datasets))
+    judge = _judge(options, datasets)
+    return _Plan(options, arms, lanes, datasets, judge, _gold(options, judge))
 
 
 def _judge(options: GateOptions, datasets: Datasets) -> Judge | None:
-    """The run's judge: given exactly when some question has grader 'judge'."""
+    """The run's judge: given exactly when some question has grader 'judge' (or with judge_all)."""
     judged = [name for name, (_, qs) in datasets.items() if any(q.grader == JUDGE for q in qs)]
     judge = parse_judge(options.judge) if options.judge is not None else None
     if judged and judge is None:
@@ -120,9 +124,26 @@ def _judge(options: GateOptions, datasets: Datasets) -> Judge | None:
             f"dataset {judged[0]!r} has questions with grader 'judge': give the judge endpoint with --judge "
             '\'{"base_url": "http://HOST:PORT/v1", "model": "NAME"}\''
         )
-    if judge is not None and not judged:
-        raise ValueError("--judge: no question of the run has grader 'judge', so there is nothing to judge")
+    if judge is not None and not judged and not options.judge_all:
+        raise ValueError(
+            "--judge: no question of the run has grader 'judge', so there is nothing to judge (--judge-all "
+            "has the judge grade every question, each question's own grader labelling the drawn pairs)"
+        )
+    if options.judge_all and judged:
+        raise ValueError(
+            f"--judge-all: dataset {judged[0]!r} has questions with grader 'judge', which have no exact "
+            "grader to label the drawn pairs; run them in a judged run of their own (labelled with `flyspec "
+            "gate label`)"
+        )
     return judge
+
+
+def _gold(options: GateOptions, judge: Judge | None) -> Gold | None:
+    """A judged run's gold-label rule: exact (each question's own grader) with judge_all, else a person."""
+    if judge is None:
+        return None
+    rate = options.gold_rate if options.gold_rate is not None else DEFAULT_GOLD_RATE
+    return Gold(rate, options.seed, "exact" if options.judge_all else "human", options.judge_all)
 
 
 def _excluded(store: GateStore, plan: _Plan) -> Excluded:
@@ -180,15 +201,18 @@ def _carry(store: GateStore, plan: _Plan, pool: list[Question]) -> str | None:
 
 
 def _comparisons(
-    options: GateOptions, questions: list[Question], pool: int, population: str
+    options: GateOptions, questions: list[Question], pool: int, population: str, gold: Gold | None
 ) -> list[ComparisonPlan]:
-    """The run's comparisons, the candidate's first: one per control too, each with its share of alpha."""
+    """The run's comparisons, the candidate's first: one per control too, each with its share of alpha. A
+    judged run's sequence is the prediction-powered one at its gold-label rate."""
     if options.candidate is None:
         return []
+    judged = {"method": JUDGED_METHOD, "label_rate": gold.rate} if gold is not None else {}
 
     def plan(name: str, margin: float, alpha: float, role: str) -> ComparisonPlan:
+        order_seed = options.question_order_seed
         sequential = (
-            SequentialPlan(margin, alpha, len(questions), pool, options.question_order_seed, population)
+            SequentialPlan(margin, alpha, len(questions), pool, order_seed, population, **judged)
             if options.sequential
             else None
         )
@@ -270,6 +294,8 @@ def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any
         registration["pilot"] = {"mode": plan.mode}
     if plan.judge is not None:
         registration["judge"] = plan.judge.identity(served.get(JUDGE))
+    if plan.gold is not None:
+        registration["gold"] = plan.gold.to_dict()
     return registration
 
 
@@ -354,7 +380,7 @@ def run(options: GateOptions) -> RunResult:
         if excluded[1]:
             log(f"gate: leaving out {len(excluded[0])} questions used by run(s) {', '.join(excluded[1])}")
         claim = loop.population(store, run_id, options.population)
-        comparisons = _comparisons(options, questions, pool, claim)
+        comparisons = _comparisons(options, questions, pool, claim, plan.gold)
         chosen = _Chosen(questions, pool, excluded, comparisons, carry)
         executors = make_executors(list(plan.arms.values()))
         new = _register(store, plan, chosen, executors)
@@ -389,16 +415,19 @@ def _store_carried(
 
 def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
     questions = chosen.questions
-    judged = [(q.dataset, q.id) for q in questions if q.grader == JUDGE]
     order = [(q.dataset, q.id) for q in questions]
-    monitors = {
-        c.name: SequentialMonitor(order, c.sequential, c.lanes, judged=judged)
-        for c in chosen.comparisons
-        if c.sequential is not None
-    }
+    monitors: dict[str, Any] = {}
+    for c in chosen.comparisons:
+        if c.sequential is None:
+            continue
+        if plan.gold is not None:
+            graders = {(q.dataset, q.id): q.grader for q in questions}
+            monitors[c.name] = JudgedRunMonitor(order, c.sequential, c.lanes, plan.gold, graders)
+        else:
+            monitors[c.name] = SequentialMonitor(order, c.sequential, c.lanes)
     # A control is answered first: the gate's catching it is the first thing a run with controls shows.
     first = {lane for c in chosen.comparisons if c.role == "control" for lane in c.lanes}
-    settings = SessionSettings.of(plan.options, plan.judge)
+    settings = SessionSettings.of(plan.options, plan.judge, plan.gold)
     return Session(store, settings, plan.lanes, questions, monitors, first=first)
 
 

@@ -15,6 +15,7 @@ from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import JUDGE, Grade, equivalence_normaliser, grade, grade_against_baseline
+from flyspec.gate.report.judged_pairs import Gold
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.options import GateOptions
@@ -47,9 +48,12 @@ class SessionSettings:
     max_seconds: float | None = None
     graded: bool = True
     judge: Judge | None = None
+    gold: Gold | None = None
 
     @classmethod
-    def of(cls, options: GateOptions, judge: Judge | None = None) -> SessionSettings:
+    def of(
+        cls, options: GateOptions, judge: Judge | None = None, gold: Gold | None = None
+    ) -> SessionSettings:
         """The settings of a gate run or pilot."""
         minutes = options.max_minutes
         return cls(
@@ -59,6 +63,7 @@ class SessionSettings:
             options.progress,
             60 * minutes if minutes is not None else None,
             judge=judge,
+            gold=gold,
         )
 
 
@@ -118,7 +123,9 @@ class Session:
         self.waiting: dict[QuestionKey, list[tuple[Job, Completion]]] = {}
         judge = settings.judge
         self.judged = (
-            JudgedPairs(store, self.run_id, judge, lanes) if judge is not None and settings.graded else None
+            JudgedPairs(store, self.run_id, judge, lanes, settings.gold)
+            if judge is not None and settings.graded
+            else None
         )
         for record in self.stored:
             for monitor in self.monitors.values():
@@ -183,6 +190,11 @@ class Session:
                 if stop is not None:
                     stops[name] = stop
             bar.add((job.arm, job.repeat), g.correct)
+        for key, pair in self.judged.take_pairs() if self.judged is not None else []:
+            for name, monitor in self.monitors.items():
+                stop = monitor.add_pair(key, pair)
+                if stop is not None:
+                    stops[name] = stop
         return stops
 
     def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
@@ -193,7 +205,8 @@ class Session:
         q = job.question
         if not self.settings.graded:
             return [(job, completion, Grade(None, False, NOT_GRADED))]
-        if q.grader == JUDGE:
+        gold = self.settings.gold
+        if q.grader == JUDGE or (gold is not None and gold.every_question):
             if self.judged is None:
                 raise ValueError(f"question {q.dataset}/{q.id} has grader 'judge' but the run has no judge")
             return self.judged.add(job, completion)
