@@ -27,7 +27,13 @@ from tiny_llm import save_perturbed, save_tiny
 
 from flyspec import LLM, SamplingParams, SpeculativeConfig
 from flyspec.spec_decode.policies import register_policy, unregister_policy
-from flyspec.spec_decode.policies.base import Drafts, VerificationPolicy, config_field, number_rule
+from flyspec.spec_decode.policies.base import (
+    Drafts,
+    VerificationPolicy,
+    config_field,
+    integer_rule,
+    number_rule,
+)
 from flyspec.spec_decode.verify import verify
 
 if TYPE_CHECKING:
@@ -291,3 +297,37 @@ def test_flyspec_bench_measures_toy_settings(models: Models, tmp_path: Path) -> 
     markdown = out_md.read_text()
     assert "`toy K=2 r=0.001`: toy_min_ratio 0.001" in markdown
     assert '--policies \'{"rejection_sample_method":"toy","toy_min_ratio":1.0}\'' in markdown
+
+
+def test_register_policy_refuses_what_could_not_work() -> None:
+    """register_policy names what is wrong with a class it cannot register: not a frozen dataclass, no
+    title, a name another class holds, a field another policy owns; registering the same class twice
+    changes nothing, and the built-in policies cannot be unregistered."""
+
+    class Loose(VerificationPolicy):
+        name, title = "loose", "Loose"
+
+    @dataclass(frozen=True)
+    class Untitled(VerificationPolicy):
+        name = "untitled"
+
+    @dataclass(frozen=True)
+    class Impostor(VerificationPolicy):
+        name, title = "fly", "Not FLy"
+
+    @dataclass(frozen=True)
+    class Thief(VerificationPolicy):
+        name, title = "thief", "Thief"
+        window: int = config_field("fly_window_size", rule=integer_rule(1), short="W", default=1)
+
+    for cls, message in (
+        (Loose, "must be a frozen dataclass"),
+        (Untitled, "needs a title"),
+        (Impostor, "'fly' is already FlyParams"),
+        (Thief, "'fly_window_size' already belongs to 'fly'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            register_policy(cls)
+    assert register_policy(RatioPolicy) is RatioPolicy
+    with pytest.raises(ValueError, match="'fly' is built in"):
+        unregister_policy("fly")
