@@ -71,7 +71,7 @@ def test_typical_defaults_are_vllms_and_work_with_k_1():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({**TYPICAL, EPS: 0}, f"^{EPS}=0.0 is invalid: it must be a finite number > 0$"),
+        ({**TYPICAL, EPS: 0}, f"^{EPS}=0 is invalid: it must be a finite number > 0$"),
         ({**TYPICAL, EPS: -0.1}, f"{EPS}=-0.1 is invalid"),
         ({**TYPICAL, EPS: float("nan")}, f"{EPS}=nan is invalid"),
         ({**TYPICAL, EPS: "0.09"}, f"{EPS}='0.09' is invalid"),

@@ -36,10 +36,8 @@ from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, prefer
 from flyspec.gate.report.report import build_report
 from flyspec.gate.runs.runner import run_gate
 from flyspec.gate.stats import (
-    confidence_sequence,
     decide,
     decide_with_undecided,
-    net_difference_ci,
     sequential_decision,
     sequential_decision_with_undecided,
 )
@@ -153,6 +151,7 @@ def _dataset(tmp_path: Path) -> Path:
 
 
 def _run(url: str, tmp_path: Path, margin: float = 0.5, **settings: Any) -> str:
+    """The scripted run (settings: GateOptions' fields)."""
     judge = {
         "base_url": url,
         "model": "judge",
@@ -191,97 +190,82 @@ def test_verdicts_are_read_and_mapped_to_lost_gained_ties_and_undecided() -> Non
     assert set(UNDECIDED) == {"disagree", "unreadable"}
 
 
-def test_judge_run_counts_undecided_pairs_against_the_claim_and_registers_the_judge(
+def _person(question: int) -> int:
+    """A careful person's label of question i's pair: +1 when only the candidate's answer is good, -1 when
+    only the baseline's is, 0 when both are equally good (or bad)."""
+    return int(question not in CAND_BAD) - int(question not in BASE_BAD)
+
+
+def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     server: tuple[Scripted, str], tmp_path: Path
 ) -> None:
     """Each question is judged twice with the answers swapped, except the one whose two answers are
-    identical (a tie, never sent); the judge saw the request and both answers. Agreement gives lost (3),
-    gained (1) and ties (4); the position-following questions (2) and the unreadable ones (2) are undecided
-    and graded wrong on both sides; the decision counts them as lost for the PASS test and as gained for
-    the FAIL test (its interval's ends are Tango's on those two count sets), the report shows the two
-    counts and the disagreement rate beside the decision, and the JSON holds both count sets; the
-    registration holds the judge's model, served model, template text and sha256, sampling and rule; a
-    rerun asks nothing again."""
+    identical (a tie, never sent); the judge saw the request and both answers. The run registers the
+    judge (model, served model, template text and sha256, sampling) and the gold-label rule before the
+    first answer. Before any label the run decides nothing, whatever the verdicts say: the report says so
+    beside the decision, with the judge's counts and how many labels would decide. Once a person has
+    labelled the drawn pairs (here every differing pair: rate 1), the decision is the prediction-powered
+    interval on them, the report shows the judge's agreement with gold, and a rerun asks nothing again."""
+    from flyspec.gate.runs.labelling import gold_rule, pending, record
+
     state, url = server
-    run_id = _run(url, tmp_path)
+    run_id = _run(url, tmp_path, gold_rate=1.0)
     assert len(state.judge_prompts) == 2 * JUDGED
     assert not any("Question 12 " in p for p in state.judge_prompts)
     first = next(p for p in state.judge_prompts if "Question 0 " in p and "[Response A]\nbase" in p)
     assert "base: good answer to question 0" in first and "cand: bad answer to question 0" in first
     report = build_report(tmp_path / "judge.db", run_id)
-    pooled = report.pooled
-    assert pooled is not None and (pooled.n, pooled.lost, pooled.gained, pooled.undecided) == (13, 3, 1, 4)
-    assert (pooled.ci_low, pooled.ci_high) == pytest.approx(
-        (net_difference_ci(13, 3 + 4, 1, 0.95)[0], net_difference_ci(13, 3, 1 + 4, 0.95)[1])
-    )
-    assert (pooled.baseline_accuracy, pooled.candidate_accuracy) == pytest.approx((8 / 13, 6 / 13))
-    j = report.judge
-    assert j is not None
-    assert (j.questions, j.identical, j.ties, j.baseline_better, j.candidate_better) == (13, 1, 4, 3, 1)
-    assert (j.disagree, j.unreadable_pairs, j.undecided) == (2, 2, 4)
-    assert j.disagreement_rate == pytest.approx(4 / 12)
-    assert (j.verdicts, j.unreadable, j.chose_a, j.chose_b) == (24, 4, 8, 4)
+    assert report.decision == "INCONCLUSIVE" and report.gold is not None
+    g = report.gold
+    assert (g.pairs, g.identical, g.lost, g.gained, g.selected, g.labelled) == (13, 1, 3, 1, 12, 0)
     markdown = report.to_markdown()
-    assert "## Judge" in markdown and "**lost** means the judge preferred the baseline's answer" in markdown
-    assert "| 13 | 1 | 4 | 3 | 1 | 2 | 2 | 33.3% | 4 of 24 |" in markdown
-    assert "Position bias: of 12 decisive" in markdown
-    decision_part = markdown[markdown.index("## Decision") : markdown.index("## Judge")]
-    assert "Judge disagreement rate: 33.3% (4 of 12 judged pairs undecided" in decision_part
-    assert "the PASS test counts lost 7, gained 1; the FAIL test counts lost 3, gained 5" in decision_part
-    registered = report.run.registration["judge"]
-    assert registered["model"] == "judge" and registered["served_model"] == {
-        "id": "judge",
-        "root": "/w/judge",
-    }
-    assert registered["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
-    assert "undecided" in registered["rule"]
-    assert "Verdict: tie" in registered["template_text"] and len(registered["template_sha256"]) == 64
+    assert "No pair has a gold label yet, so the run decides nothing" in markdown
+    assert "gold labels (a label rate of" in markdown or "No label rate lets" in markdown
+    assert "flyspec gate label --store" in markdown and "## Judge and gold labels" in markdown
+    registered = report.run.registration
+    assert registered["gold"] == {"rate": 1.0, "seed": 0, "source": "human", "all": False}
+    judge = registered["judge"]
+    assert judge["model"] == "judge" and judge["served_model"] == {"id": "judge", "root": "/w/judge"}
+    assert judge["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
+    assert "Verdict: tie" in judge["template_text"] and len(judge["template_sha256"]) == 64
+
     with GateStore(tmp_path / "judge.db") as store:
-        stored = store.judgements(run_id)
-        grades = {(a.arm, a.question_id): a.extracted for a in store.answers(run_id)}
-    assert len(stored) == 24 and sum(r.verdict is None for r in stored) == 4
-    assert grades[("baseline", "q8")] == "undecided: the two orders disagree"
-    assert grades[("candidate", "q10")] == "undecided: a verdict could not be read"
-    assert grades[("candidate", "q12")] == "tie: identical answers"
-    data = json.loads(json.dumps(report.to_dict()))
-    assert data["judge"]["disagree"] == 2
-    d = data["decision"]
-    assert (d["lost"], d["gained"], d["undecided"]) == (3, 1, 4)
-    assert d["counts_for_pass"] == {"lost": 7, "gained": 1} and d["counts_for_fail"] == {
-        "lost": 3,
-        "gained": 5,
-    }
-    assert d["disagreement_rate"] == pytest.approx(4 / 12)
-    _run(url, tmp_path)
+        run, gold = gold_rule(store, run_id)
+        todo = pending(store, run, gold, {})
+        assert len(todo) == 12
+        for pair in todo:
+            truth = _person(int(pair.question.question_id[1:]))
+            a_better = truth == (1 if pair.a_is_candidate else -1)
+            record(store, run, pair, "t" if truth == 0 else "a" if a_better else "b")
+        assert pending(store, run, gold, {}) == []
+    report = build_report(tmp_path / "judge.db", run_id)
+    g = report.gold
+    assert g is not None and g.labelled == 12 and g.awaiting == 0
+    # The judge's verdicts have the sign of every label: 3 lost and 1 gained where the person saw a loss
+    # and a gain, prediction 0 (ties, orders that disagree, unreadable verdicts) where both answers were
+    # equally good.
+    assert g.agreement == 1.0
+    pooled = report.pooled
+    assert pooled is not None and pooled.ci_low is not None and pooled.ci_high is not None
+    truth = sum(_person(i) for i in range(QUESTIONS)) / QUESTIONS
+    assert pooled.ci_low <= truth <= pooled.ci_high
+    assert "The judge agreed with gold on" in report.to_markdown()
+    _run(url, tmp_path, gold_rate=1.0)
     assert len(state.judge_prompts) == 2 * JUDGED
 
 
-def test_sequential_judged_run_uses_both_count_sets(server: tuple[Scripted, str], tmp_path: Path) -> None:
-    """A sequential judged run's stop and bounds are those of the two confidence sequences along the
-    registered order (undecided pairs as lost for the lower bound, as gained for the upper), both while
-    running and when the report recomputes them. At a 30-point margin neither crosses within the 13
-    questions, where the without-replacement sequences close on the pessimistic means -6/13 and +2/13."""
+def test_a_sequential_judged_run_waits_for_its_labels(server: tuple[Scripted, str], tmp_path: Path) -> None:
+    """A sequential judged run registers the prediction-powered method and its label rate; its in-order
+    prefix stops at the first drawn pair without a label, so a run with none stops nowhere (INCONCLUSIVE,
+    waiting), and the same stop is recomputed by the report."""
     _, url = server
-    run_id = _run(url, tmp_path, 0.3, sequential=True)
+    run_id = _run(url, tmp_path, 0.3, sequential=True, gold_rate=0.5)
     report = build_report(tmp_path / "judge.db", run_id)
     stop = report.sequential
-    assert stop is not None and (stop.decision, stop.reason, stop.stopped_at) == (
-        "INCONCLUSIVE",
-        "max_questions",
-        13,
-    )
-    assert stop.undecided == 4 and (stop.lost, stop.gained) == (3, 1)
-    with GateStore(tmp_path / "judge.db") as store:
-        order = [q.question_id for q in store.questions(run_id)]
-        answers = {(a.arm, a.question_id): a.correct for a in store.answers(run_id)}
-    diffs = [int(answers[("candidate", q)]) - int(answers[("baseline", q)]) for q in order]
-    undecided = [not answers[("candidate", q)] and not answers[("baseline", q)] for q in order]
-    assert sum(undecided) == 4
-    n = len(order)
-    low = confidence_sequence([-1 if u else d for d, u in zip(diffs, undecided, strict=True)], 0.05, n)[0][-1]
-    high = confidence_sequence([1 if u else d for d, u in zip(diffs, undecided, strict=True)], 0.05, n)[1][-1]
-    assert (stop.low, stop.high) == pytest.approx((low, high))
-    assert report.to_dict()["sequential"]["undecided"] == 4
+    plan = report.sequential_plan
+    assert plan is not None and plan.method == "ppi-mixture" and plan.label_rate == 0.5
+    assert stop is not None and stop.decision == "INCONCLUSIVE" and stop.awaiting_label
+    assert report.gold is not None and report.gold.awaiting >= 1
 
 
 def test_judge_failure_stops_and_a_rerun_asks_only_what_is_missing(

@@ -119,6 +119,8 @@ _CONFIG_KEYS = (
     "shuffle_seed",
     "exclude_run",
     "judge",
+    "gold_rate",
+    "judge_all",
     "population",
     "alpha_budget",
     "control",
@@ -335,6 +337,23 @@ def run_command(
     ] = None,
     exclude_run: ExcludeRun = None,
     judge: JudgeOption = None,
+    gold_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--gold-rate",
+            help="Judged runs: the share of pairs whose answers differ drawn for a gold label (default "
+            "0.2), registered before the first answer. The decision rests on those labels; the judge's "
+            "verdicts only sharpen it as far as the labels show them right.",
+        ),
+    ] = None,
+    judge_all: Annotated[
+        bool,
+        typer.Option(
+            "--judge-all",
+            help="The judge grades every question; each question's own grader labels the drawn pairs (to "
+            "measure a judge against exact grading). Without it, people label with `gate label`.",
+        ),
+    ] = False,
     population: Population = None,
     alpha_budget: AlphaBudget = None,
     control: Annotated[

@@ -58,7 +58,7 @@ class JudgedPairs:
         self.gold = gold
         # The pairs completed since the last ``take_pairs`` (for the sequential monitor).
         self.pairs: list[tuple[QuestionKey, JudgedPair]] = []
-        self.labels = store.labels(run_id)
+        self.gold_labels = store.labels(run_id)
         self.first, self.second = lanes[0], lanes[1]
         self.labels = (lane_label(self.first), lane_label(self.second))
         # Read from the verdict: a store written before unreadable verdicts had their own preference holds
@@ -157,13 +157,13 @@ class JudgedPairs:
         gold = self.gold
         if gold is None:
             return
-        label = self.labels.get(key)
+        label = self.gold_labels.get(key)
         if gold.source == "exact" and first != second and gold.selected(*key) and label is None:
             q = job.question
             d = int(grade(q.grader, second, q.answer).correct) - int(grade(q.grader, first, q.answer).correct)
             label = LabelRecord(*key, pair_hash(first, second), d, "exact", {"grader": q.grader})
             self.store.add_label(self.run_id, label)
-            self.labels[key] = label
+            self.gold_labels[key] = label
         self.pairs.append((key, make_pair(gold, *key, first, second, prefs, label)))
 
     def _graded(

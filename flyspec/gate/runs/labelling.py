@@ -57,8 +57,10 @@ def _shown_first(seed: int, dataset: str, question_id: str) -> bool:
 def gold_rule(store: GateStore, run_id: str | None) -> tuple[RunRecord, Gold]:
     """The run to label and its gold rule; ValueError when it has none a person gives."""
     runs = store.runs()
-    run = store.get_run(run_id) if run_id is not None else next(
-        (r for r in reversed(runs) if Gold.of(r.registration) is not None), None
+    run = (
+        store.get_run(run_id)
+        if run_id is not None
+        else next((r for r in reversed(runs) if Gold.of(r.registration) is not None), None)
     )
     if run is None:
         names = ", ".join(r.run_id for r in runs) or "none"
@@ -67,8 +69,8 @@ def gold_rule(store: GateStore, run_id: str | None) -> tuple[RunRecord, Gold]:
     gold = Gold.of(run.registration)
     if gold is None:
         raise ValueError(
-            f"run {run.run_id!r} is not a judged run with gold labels (it needs questions with grader 'judge' "
-            "and a --judge), so it has nothing to label"
+            f"run {run.run_id!r} is not a judged run with gold labels (it needs questions with grader "
+            "'judge' and a --judge), so it has nothing to label"
         )
     if gold.source != "human":
         raise ValueError(

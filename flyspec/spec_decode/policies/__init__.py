@@ -27,6 +27,7 @@ __all__ = [
     "policy_owning",
     "register_policy",
     "registered_policies",
+    "unregister_policy",
 ]
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -66,6 +67,15 @@ def register_policy(policy: P) -> P:
     return policy
 
 
+def unregister_policy(name: str) -> None:
+    """Remove the policy registered as `name` (a test's or a reloaded plugin's); the built-in policies
+    stay. ValueError for a built-in or an unknown name."""
+    if name in _BUILTIN:
+        raise ValueError(f"unregister_policy: {name!r} is built in")
+    policy_named(name)
+    del _REGISTRY[name]
+
+
 def registered_policies() -> tuple[type[VerificationPolicy], ...]:
     """Every registered policy, in registration order (standard first)."""
     return tuple(_REGISTRY.values())
@@ -97,5 +107,4 @@ def policy_named(name: str) -> type[VerificationPolicy]:
         ) from None
 
 
-for _builtin in (StandardVerification, FlyParams, TypicalParams):
-    register_policy(_builtin)
+_BUILTIN = tuple(register_policy(p).name for p in (StandardVerification, FlyParams, TypicalParams))

@@ -66,11 +66,10 @@ class Rule:
             if not is_int(value) or not self.ok(value):
                 raise invalid(name, value, self.text)
             return value
-        if is_int(value):
-            value = float(value)
-        if not isinstance(value, float) or not math.isfinite(value) or not self.ok(value):
+        number = float(value) if is_int(value) else value
+        if not isinstance(number, float) or not math.isfinite(number) or not self.ok(number):
             raise invalid(name, value, self.text)
-        return value
+        return number
 
 
 def integer_rule(minimum: int) -> Rule:
