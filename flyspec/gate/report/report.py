@@ -282,7 +282,7 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
         return report
     gold = Gold.of(run.registration)
     if gold is not None:
-        _judged(report, store, correct, gold)
+        _judged_run(report, store, correct, gold)
     elif "sequential" in run.registration:
         _sequential(report, store, correct)
     else:
@@ -464,7 +464,7 @@ def _answering_minutes(
     return sum(max(0.0, min(end, decided) - start) for start, end in sessions) / 60
 
 
-def _judged(report: Report, store: GateStore, correct: dict, gold: Gold) -> None:
+def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> None:
     """A judged run registered with gold labels: the prediction-powered decision (docs/gate.md), fixed
     (the plug-in bet tuned to the registered size, once every registered pair is in) or sequential (the
     anytime mixture along the registered order, stopping at its first crossing)."""

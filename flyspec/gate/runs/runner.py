@@ -25,8 +25,8 @@ from typing import Any
 from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.judge import Judge, parse_judge
 from flyspec.gate.arms.registry import make_executors, parse_arm
-from flyspec.gate.data.datasets import Question, dataset_info
-from flyspec.gate.data.order import QuestionKey, select_questions
+from flyspec.gate.data.datasets import Question
+from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.registration import BASELINE, ComparisonPlan
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
@@ -43,6 +43,7 @@ from flyspec.gate.runs.exclusion import (
 from flyspec.gate.runs.judging import JudgedRunMonitor
 from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
 from flyspec.gate.runs.options import ArmSpec, GateOptions
+from flyspec.gate.runs.registration import Registration, question_pool
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, SequentialPlan
 
@@ -164,8 +165,7 @@ def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Exclude
     sequential continuation carries (its questions lead the order; docs/gate.md, "Error spent once")."""
     o = plan.options
     excluded = _excluded(store, plan)
-    by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
-    pool = select_questions(by_dataset, seed=o.question_order_seed, limit=o.limit, excluded=excluded[0])
+    pool = question_pool(plan.datasets, o, excluded[0], o.limit)
     carry = _carry(store, plan, pool)
     if carry is not None:
         first = {key: i for i, key in enumerate(carried_order(store, carry))}
@@ -248,33 +248,17 @@ class _Chosen:
 def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any]:
     """What the run registers before its first answer, with the served models ``served``."""
     o = plan.options
-    counts: dict[str, int] = {name: 0 for name in plan.datasets}
-    for q in chosen.questions:
-        counts[q.dataset] += 1
+    shared = Registration(o, loop.identities(plan.arms, served), plan.datasets)
     registration: dict[str, Any] = {
-        "margin": float(o.margin),
-        "alpha": float(o.alpha),
-        "seed": o.seed,
-        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens},
-        "arms": loop.identities(plan.arms, served),
+        **shared.common(),
         "repeats": sorted({r for _, r in plan.lanes}),
-        "datasets": {
-            name: {"sha256": dataset_info(spec).sha256, "questions": counts[name], "available": len(qs)}
-            for name, (spec, qs) in plan.datasets.items()
-        },
+        "datasets": shared.dataset_hashes(chosen.questions),
         "limit": o.limit,
         "max_questions": o.max_questions,
-        "shuffle_seed": o.shuffle_seed,
-        "order": {
-            "seed": o.question_order_seed,
-            "rule": "sha256(seed:dataset:id) ascending",
-            "pool": chosen.pool,
-        },
-        "excluded": {"runs": chosen.excluded[1], "questions": len(chosen.excluded[0])},
+        "order": shared.order(chosen.pool),
+        "excluded": shared.excluded(chosen.excluded[1], len(chosen.excluded[0])),
         "design": "sequential" if chosen.sequential is not None else "fixed",
     }
-    if o.alpha_budget is not None:
-        registration["alpha_budget"] = float(o.alpha_budget)
     if chosen.carry is not None:
         registration["carries"] = chosen.carry
         registration["order"]["rule"] = (

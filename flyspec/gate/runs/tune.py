@@ -32,14 +32,14 @@ from typing import Any
 
 from flyspec.gate.arms.base import Arm
 from flyspec.gate.arms.registry import make_executors, parse_arm
-from flyspec.gate.data.datasets import Question, dataset_info
-from flyspec.gate.data.order import select_questions
+from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.tune_report import lane_speeds, setting_status
 from flyspec.gate.runs import loop
 from flyspec.gate.runs.exclusion import check_alpha_left, used_questions
 from flyspec.gate.runs.loop import Datasets, load_datasets
 from flyspec.gate.runs.options import TuneOptions
+from flyspec.gate.runs.registration import Registration, question_pool
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.runs.tune_settings import (
     TuneSetting,
@@ -122,8 +122,7 @@ def _choose(plan: _Plan, excluded: set[tuple[str, str]]) -> None:
     --exclude-run)."""
     options = plan.options
     plan.excluded = excluded
-    by_dataset = {name: qs for name, (_, qs) in plan.datasets.items()}
-    ordered = select_questions(by_dataset, seed=options.question_order_seed, excluded=excluded)
+    ordered = question_pool(plan.datasets, options, excluded)
     c = options.calibration_questions
     if len(ordered) <= c:
         raise ValueError(
@@ -145,25 +144,15 @@ def _choose(plan: _Plan, excluded: set[tuple[str, str]]) -> None:
 
 def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any]:
     o = plan.options
-    return {
-        "margin": float(o.margin),
-        "alpha": float(o.alpha),
-        "seed": o.seed,
-        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens},
-        "arms": identities,
+    shared = Registration(o, identities, plan.datasets)
+    out = {
+        **shared.common(),
         "settings": [s.to_dict() for s in plan.settings],
-        "datasets": {
-            name: {"sha256": dataset_info(spec).sha256, "available": len(qs)}
-            for name, (spec, qs) in plan.datasets.items()
-        },
-        "shuffle_seed": o.shuffle_seed,
-        **({"alpha_budget": float(o.alpha_budget)} if o.alpha_budget is not None else {}),
-        **(
-            {"excluded": {"runs": list(o.exclude_runs), "questions": len(plan.excluded)}}
-            if o.exclude_runs
-            else {}
-        ),
+        "datasets": shared.dataset_hashes(),
     }
+    if o.exclude_runs:
+        out["excluded"] = shared.excluded(o.exclude_runs, len(plan.excluded))
+    return out
 
 
 def _register(
@@ -312,11 +301,7 @@ def _tune_extra(plan: _Plan, order: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {
         "procedure": PROCEDURE,
         "order": order,
-        "question_order": {
-            "seed": o.question_order_seed,
-            "rule": "sha256(seed:dataset:id) ascending",
-            "pool": plan.pool + len(plan.calibration),
-        },
+        "question_order": Registration(o, {}, plan.datasets).order(plan.pool + len(plan.calibration)),
         "calibration": {
             "run": o.calibration_run if plan.calibration else None,
             "questions": [[q.dataset, q.id] for q in plan.calibration],
