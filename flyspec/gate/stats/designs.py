@@ -130,13 +130,26 @@ def _fixed_exact(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
     return Outcomes(decisions, np.full(runs, n, dtype=np.int64))
 
 
-def _sequential_iid(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
+def sequential_iid(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    flip_rate: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+) -> Outcomes:
+    """Runs of the exact-graded i.i.d. sequential rule, drawn a block at a time (rows that decided stop
+    drawing). ``start``: counts (lost, tied, gained) already observed, which every run continues from (the
+    i.i.d. capital depends on the counts only); stops count from the first question."""
     decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
-    stopped = np.full(runs, n, dtype=np.int64)
-    counts = np.zeros((3, runs))
+    stopped = np.full(runs, questions, dtype=np.int64)
+    counts = np.repeat(np.array(start, dtype=float)[:, None], runs, axis=1)
+    offset = sum(start)
     active = np.arange(runs)
-    for start in range(0, n, _BLOCK):
-        cols = min(_BLOCK, n - start)
+    for begin in range(offset, questions, _BLOCK):
+        cols = min(_BLOCK, questions - begin)
         d = draw_differences(rng, active.size, cols, flip_rate, delta)
         running = [counts[k, active][:, None] + np.cumsum(d == v, axis=1) for k, v in enumerate((-1, 0, 1))]
         for k in range(3):
@@ -147,7 +160,7 @@ def _sequential_iid(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
         first = np.argmax(either, axis=1)
         rows = np.flatnonzero(hit)
         decisions[active[rows]] = np.where(passed[rows, first[rows]], "PASS", "FAIL")
-        stopped[active[rows]] = start + first[rows] + 1
+        stopped[active[rows]] = begin + first[rows] + 1
         active = active[~hit]
         if active.size == 0:
             break
@@ -193,7 +206,7 @@ def simulate(
     elif design.kind == "fixed":
         out = _fixed_exact(rng, runs, n, flip_rate, true_diff, margin, alpha)
     elif design.population_size is None:
-        out = _sequential_iid(rng, runs, n, flip_rate, true_diff, margin, alpha)
+        out = sequential_iid(rng, runs, n, flip_rate, true_diff, margin, alpha)
     else:
         pool = finite_pool(design.population_size, flip_rate, true_diff)
         orders = np.stack([rng.permutation(pool)[:n] for _ in range(runs)])
