@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +123,9 @@ def _tango(n: int, lost: np.ndarray, gained: np.ndarray, d0: float) -> np.ndarra
     return (gained - lost - n * d0) / np.sqrt(n * (2 * p + d0 * (1 - d0)))
 
 
-def _fixed_exact(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
+def _fixed_exact(
+    rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
+) -> Outcomes:
     tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
     t = _tango(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
     z = float(norm.ppf(1 - alpha))
@@ -223,7 +226,9 @@ def rounded_rate(flip_rate: float) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(design: Design, rate: float, margin: float, alpha: float, true_diff: float, runs: int, seed: int):
+def _cached(
+    design: Design, rate: float, margin: float, alpha: float, true_diff: float, runs: int, seed: int
+) -> DesignOutcome:
     return simulate(design, rate, margin, alpha, true_diff, runs, seed)
 
 
@@ -280,7 +285,7 @@ def judged_questions_needed(
     return _bisect(power_at, low, high, power)
 
 
-def _bisect(power_at, low: int, high: int, power: float) -> int:
+def _bisect(power_at: Callable[[int], float], low: int, high: int, power: float) -> int:
     # To 1% of n: the simulated power itself has a standard error of about 0.02.
     while high - low > max(1, high // 100):
         mid = (low + high) // 2
