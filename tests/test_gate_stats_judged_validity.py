@@ -65,10 +65,11 @@ def new_rule_pass(
     questions: int,
     seed: int,
 ) -> float:
-    """P(PASS) of judged runs under judged_decision's rule (the FAIL side skipped: conservative)."""
+    """P(PASS) of judged runs under judged_decision's rule (the FAIL side skipped: conservative);
+    ``questions``: each run's length, or the finite set's size."""
     rng = np.random.default_rng(seed)
     if design == "finite":
-        pop = population(differing, delta)
+        pop = population(differing, delta, questions)
         out = judged_runs(
             rng,
             runs,
@@ -122,7 +123,7 @@ def old_rule_pass(
     side is Tango's test or the sequence on the PASS-side differences)."""
     rng = np.random.default_rng(seed)
     if design == "finite":
-        pop = population(differing, delta)
+        pop = population(differing, delta, questions)
         d = np.stack([rng.permutation(pop) for _ in range(runs)])
         block = draw_judged(rng, runs, pop.size, differing, delta, judge, noise, RATE, d=d)
         return float(
@@ -167,10 +168,10 @@ FAST_CELLS = [(0.03, -MARGIN, judge, noise) for judge, noise in JUDGES] + [
 def test_judged_runs_keep_alpha_for_any_judge(design: str) -> None:
     """Fast tier: every judge at 3% differing answers and delta = -margin, the adversary at 16% and a
     coin at 40% (delta -1.5 margin): P(PASS) <= alpha within Monte Carlo error in 1,000 runs (fixed
-    and sequential runs of 2,000 questions; the finite set of 2,000), while the old rule PASSes the coin's
-    harmful candidate far more often."""
-    _check_cells(design, FAST_CELLS, runs=1000, questions=2000)
-    _check_old_rule_fails(design, runs=1000, questions=4000)
+    and sequential runs of 1,500 questions; a finite set of 1,000), while the old rule PASSes the coin's
+    harmful candidate far more often (runs of 4,000 questions; a finite set of 2,000)."""
+    _check_cells(design, FAST_CELLS, runs=1000, questions=1000 if design == "finite" else 1500)
+    _check_old_rule_fails(design, runs=1000, questions=POPULATION if design == "finite" else 4000)
 
 
 @pytest.mark.slow
@@ -187,5 +188,6 @@ def test_judged_runs_keep_alpha_full_grid(design: str, differing: float) -> None
         for delta in (-MARGIN, -1.5 * MARGIN)
         if abs(delta) <= differing
     ]
-    _check_cells(design, cells, runs=2000, questions=4000)
-    _check_old_rule_fails(design, 2000, 4000, differing, "always-candidate")
+    questions = POPULATION if design == "finite" else 4000
+    _check_cells(design, cells, runs=2000, questions=questions)
+    _check_old_rule_fails(design, 2000, questions, differing, "always-candidate")

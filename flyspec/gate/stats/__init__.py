@@ -1,11 +1,26 @@
 """The gate's statistics, nothing else of the gate imported: the paired tests and intervals of a fixed-size
 run, sample-size planning, the anytime-valid confidence sequence, the fixed-sequence procedure of
-``gate tune``, the sequential run's stopping rule and the forecast of its end.
+``gate tune``, the sequential run's stopping rule and the forecast of its end, judged runs anchored on gold
+labels (prediction-powered inference), the alpha ledger of a comparison, and the simulated outcomes of a
+design.
 
 Every statistic is re-exported here: ``from flyspec.gate.stats import decide, mcnemar, ...``.
 """
 
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, NOT_TESTED, PASS
+from flyspec.gate.stats.designs import Design, DesignOutcome, design_outcome, judged_questions_needed
+from flyspec.gate.stats.judged import (
+    JudgedDecision,
+    JudgedPair,
+    JudgedSequence,
+    LabelAdvice,
+    gold_selected,
+    judge_prediction,
+    judged_decision,
+    judged_values,
+    labels_needed,
+    usable_prefix,
+)
 from flyspec.gate.stats.multiple import FixedSequenceResult, fixed_sequence
 from flyspec.gate.stats.paired import (
     CI_METHODS,
@@ -37,9 +52,29 @@ from flyspec.gate.stats.sequential import (
     sequential_decision_with_undecided,
     sequential_decisions,
 )
+from flyspec.gate.stats.spending import Look, NextLook, alpha_left, comparison_key, next_look
 
 __all__ = [
     "CI_METHODS",
+    "Design",
+    "DesignOutcome",
+    "JudgedDecision",
+    "JudgedPair",
+    "JudgedSequence",
+    "LabelAdvice",
+    "Look",
+    "NextLook",
+    "alpha_left",
+    "comparison_key",
+    "design_outcome",
+    "gold_selected",
+    "judge_prediction",
+    "judged_decision",
+    "judged_questions_needed",
+    "judged_values",
+    "labels_needed",
+    "next_look",
+    "usable_prefix",
     "FAIL",
     "INCONCLUSIVE",
     "NOT_TESTED",

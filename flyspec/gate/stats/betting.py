@@ -43,7 +43,8 @@ TRUNCATION = 0.9
 """The fixed-horizon bet is never more than this fraction of the largest bet the range allows."""
 GRID_STEPS = 4000
 """Grid of candidate means: ``GRID_STEPS`` steps over the target's range of [-1, 1] (0.0005 each)."""
-_PRIOR_MEAN, _PRIOR_VARIANCE = 0.5, 0.25  # the paper's start for the plug-in estimates in [0, 1]
+PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
+"""The paper's start for the plug-in's running mean and variance in [0, 1]."""
 
 
 def _check(lo: float, hi: float, alpha: float, horizon: int | None) -> None:
@@ -65,9 +66,9 @@ def plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
     earlier observations.
     """
     steps = np.arange(1, x.shape[-1] + 1, dtype=float)
-    mu = (_PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
-    sigma2 = (_PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
-    before = np.concatenate([np.full(x.shape[:-1] + (1,), _PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
+    mu = (PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
+    sigma2 = (PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
+    before = np.concatenate([np.full(x.shape[:-1] + (1,), PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
     return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
 
 
@@ -126,11 +127,11 @@ class BoundedMeanSequence:
         if self.horizon is None:
             up, down = MIXTURE_FRACTIONS / m, MIXTURE_FRACTIONS / (1.0 - m)
         else:
-            sigma2 = (_PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
+            sigma2 = (PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
             lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
             up, down = np.minimum(lam, TRUNCATION / m), np.minimum(lam, TRUNCATION / (1.0 - m))
             self._sum += x
-            self._sum_sq += (x - (_PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
+            self._sum_sq += (x - (PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
         plus = self._plus[window]
         minus = self._minus[window]
         plus += np.log1p(up * (x - m))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +123,9 @@ def _tango(n: int, lost: np.ndarray, gained: np.ndarray, d0: float) -> np.ndarra
     return (gained - lost - n * d0) / np.sqrt(n * (2 * p + d0 * (1 - d0)))
 
 
-def _fixed_exact(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
+def _fixed_exact(
+    rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
+) -> Outcomes:
     tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
     t = _tango(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
     z = float(norm.ppf(1 - alpha))
@@ -130,13 +133,26 @@ def _fixed_exact(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
     return Outcomes(decisions, np.full(runs, n, dtype=np.int64))
 
 
-def _sequential_iid(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
+def sequential_iid(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    flip_rate: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+) -> Outcomes:
+    """Runs of the exact-graded i.i.d. sequential rule, drawn a block at a time (rows that decided stop
+    drawing). ``start``: counts (lost, tied, gained) already observed, which every run continues from (the
+    i.i.d. capital depends on the counts only); stops count from the first question."""
     decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
-    stopped = np.full(runs, n, dtype=np.int64)
-    counts = np.zeros((3, runs))
+    stopped = np.full(runs, questions, dtype=np.int64)
+    counts = np.repeat(np.array(start, dtype=float)[:, None], runs, axis=1)
+    offset = sum(start)
     active = np.arange(runs)
-    for start in range(0, n, _BLOCK):
-        cols = min(_BLOCK, n - start)
+    for begin in range(offset, questions, _BLOCK):
+        cols = min(_BLOCK, questions - begin)
         d = draw_differences(rng, active.size, cols, flip_rate, delta)
         running = [counts[k, active][:, None] + np.cumsum(d == v, axis=1) for k, v in enumerate((-1, 0, 1))]
         for k in range(3):
@@ -147,7 +163,7 @@ def _sequential_iid(rng, runs, n, flip_rate, delta, margin, alpha) -> Outcomes:
         first = np.argmax(either, axis=1)
         rows = np.flatnonzero(hit)
         decisions[active[rows]] = np.where(passed[rows, first[rows]], "PASS", "FAIL")
-        stopped[active[rows]] = start + first[rows] + 1
+        stopped[active[rows]] = begin + first[rows] + 1
         active = active[~hit]
         if active.size == 0:
             break
@@ -193,7 +209,7 @@ def simulate(
     elif design.kind == "fixed":
         out = _fixed_exact(rng, runs, n, flip_rate, true_diff, margin, alpha)
     elif design.population_size is None:
-        out = _sequential_iid(rng, runs, n, flip_rate, true_diff, margin, alpha)
+        out = sequential_iid(rng, runs, n, flip_rate, true_diff, margin, alpha)
     else:
         pool = finite_pool(design.population_size, flip_rate, true_diff)
         orders = np.stack([rng.permutation(pool)[:n] for _ in range(runs)])
@@ -210,7 +226,9 @@ def rounded_rate(flip_rate: float) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(design: Design, rate: float, margin: float, alpha: float, true_diff: float, runs: int, seed: int):
+def _cached(
+    design: Design, rate: float, margin: float, alpha: float, true_diff: float, runs: int, seed: int
+) -> DesignOutcome:
     return simulate(design, rate, margin, alpha, true_diff, runs, seed)
 
 
@@ -267,7 +285,7 @@ def judged_questions_needed(
     return _bisect(power_at, low, high, power)
 
 
-def _bisect(power_at, low: int, high: int, power: float) -> int:
+def _bisect(power_at: Callable[[int], float], low: int, high: int, power: float) -> int:
     # To 1% of n: the simulated power itself has a standard error of about 0.02.
     while high - low > max(1, high // 100):
         mid = (low + high) // 2

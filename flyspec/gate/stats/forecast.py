@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flyspec.gate.stats.decision import INCONCLUSIVE
-from flyspec.gate.stats.designs import Design, design_outcome, rounded_rate
+from flyspec.gate.stats.designs import Design, design_outcome, rounded_rate, sequential_iid
 from flyspec.gate.stats.sequential import sequential_decisions
 
 MIN_PAIRS = 20
@@ -191,11 +191,25 @@ def forecast(
             seed=seed,
         )
     rng = np.random.default_rng(seed)
-    counts = np.array([lost, n - lost - gained, gained], dtype=float) + 0.5
-    remaining = max_questions - n
-    future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=counts / counts.sum(), size=(paths, remaining))
-    walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
-    decisions, stopped_at = sequential_decisions(walks, margin, alpha, population_size)
+    p_lost, p_gained = (lost + 0.5) / (n + 1.5), (gained + 0.5) / (n + 1.5)
+    if population_size is None:
+        # The i.i.d. capital depends on the counts only: continue from them, drawing as far as needed.
+        out = sequential_iid(
+            rng,
+            paths,
+            max_questions,
+            p_lost + p_gained,
+            p_gained - p_lost,
+            margin,
+            alpha,
+            start=(lost, n - lost - gained, gained),
+        )
+        decisions, stopped_at = out.decisions, out.stopped_at
+    else:
+        probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
+        future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
+        walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
+        decisions, stopped_at = sequential_decisions(walks, margin, alpha, population_size)
     return _summarise(decisions, stopped_at, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
 
 

@@ -127,29 +127,6 @@ def sequential_median(
     return (math.log(1 / alpha) + math.log(MIXTURE_FRACTIONS.size)) / best
 
 
-def fixed_questions_needed(
-    model: JudgeModel,
-    differing: float,
-    delta: float,
-    margin: float,
-    alpha: float,
-    rate: float,
-    power: float = 0.8,
-    most: int = 10_000_000,
-) -> int | None:
-    """About the questions a fixed judged run needs for ``power`` (None: more than ``most``)."""
-    if fixed_power(model, differing, delta, margin, alpha, rate, most) < power:
-        return None
-    low, high = 1, most
-    while low < high:
-        mid = (low + high) // 2
-        if fixed_power(model, differing, delta, margin, alpha, rate, mid) >= power:
-            high = mid
-        else:
-            low = mid + 1
-    return low
-
-
 def smallest_rate(
     model: JudgeModel,
     differing: float,

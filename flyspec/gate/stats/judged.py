@@ -51,6 +51,8 @@ import numpy as np
 from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.betting import BoundedMeanSequence
 from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha, classify
+from flyspec.gate.stats.growth import JudgeModel, smallest_rate
+from flyspec.gate.stats.paired import wilson_interval
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
@@ -187,8 +189,6 @@ class JudgeCounts:
 
 def judge_counts(pairs: Sequence[JudgedPair]) -> JudgeCounts:
     """Count the pairs as the report shows them (see ``JudgeCounts``)."""
-    from flyspec.gate.stats.paired import wilson_interval
-
     identical = sum(p.identical for p in pairs)
     lost = sum(not p.identical and p.prediction == -1 for p in pairs)
     gained = sum(not p.identical and p.prediction == 1 for p in pairs)
@@ -373,8 +373,6 @@ def labels_needed(
     that differ is the one seen. Uses ``flyspec.gate.stats.growth`` (the expected growth of the betting
     capital at the margin), searching the smallest label rate whose median run decides.
     """
-    from flyspec.gate.stats.growth import JudgeModel, smallest_rate
-
     differing = (counts.n - counts.identical) / counts.n if counts.n else 0.0
     effect = float(np.mean([p.prediction for p in pairs])) if pairs else 0.0
     assumed = counts.agreement is None

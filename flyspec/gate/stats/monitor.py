@@ -19,6 +19,13 @@ events in the store with the prefix length at that moment, and the report decide
 with the interval at that point) even if answers in flight completed later. Such a run is paused, not
 finished: rerunning the same command continues along the same order, which the confidence sequence
 allows (it holds at every stopping time at once, however the time was chosen).
+
+The plan (``SequentialPlan``) records what a PASS claims (``population``: about the method, the i.i.d.
+sequence, by default; about the pool's questions in this run, the without-replacement sequence, only when
+declared) and the method key. Judged runs registered with the prediction-powered method stop by
+``judged_stop`` / ``JudgedMonitor``: the prefix also waits for the gold label of every pair drawn for one
+(flyspec/gate/stats/judged.py). Judged runs registered before keep the undecided rule of
+``sequential_stop``.
 """
 
 from __future__ import annotations

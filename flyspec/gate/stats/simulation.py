@@ -23,11 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, TRUNCATION
+from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, PRIOR_MEAN, PRIOR_VARIANCE, TRUNCATION
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, value_range
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate")
-_PRIOR_MEAN, _PRIOR_VARIANCE = 0.5, 0.25
 
 
 def draw_differences(
@@ -187,10 +186,10 @@ class CapitalAtMargin:
                 log_minus = _log_mean_exp(minus)
         else:
             steps = self.t + np.arange(1, cols + 1, dtype=float)
-            mu = (_PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
+            mu = (PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
             sq = self.sum_sq[:, None] + np.cumsum((x - mu) ** 2, axis=1)
             before = np.concatenate([self.sum_sq[:, None], sq[:, :-1]], axis=1)
-            lam = np.sqrt(2.0 * self.log_alpha_cs / (self.horizon * (_PRIOR_VARIANCE + before) / steps))
+            lam = np.sqrt(2.0 * self.log_alpha_cs / (self.horizon * (PRIOR_VARIANCE + before) / steps))
             up = np.minimum(lam, TRUNCATION / self.m_plus)
             down = np.minimum(lam, TRUNCATION / (1 - self.m_minus))
             log_plus = self.plus[:, :1] + np.cumsum(np.log1p(up * dev_plus), axis=1)
