@@ -7,12 +7,12 @@ import base64
 import html
 import io
 import json
-import math
 from typing import Any
 
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.designs import Design, design_outcome
 from flyspec.gate.stats.planning import flip_rate_upper_bound
 
 POWER_PCT = "80%"
@@ -115,29 +115,18 @@ def _plan_sentence(pooled: Comparison, margin: str) -> str:
     )
 
 
-# docs/gate.md, "Questions to a decision" (scripts/sequential_table.py): the questions by which 90% of
-# simulated sequential runs with no true loss had decided, at margin 0.02 and alpha 0.025, by flip rate.
-SEQUENTIAL_90 = ((0.06, 2808), (0.20, 9519), (0.30, 14276))
-SEQUENTIAL_90_MARGIN = 0.02
+UNLIMITED = 200_000
+"""The question limit of the simulated design behind the advice when the claim is about the method."""
 
 
-def sequential_questions(flip_rate: float, margin: float) -> int:
-    """Questions by which 90% of sequential runs with no true loss decide, from the simulation table:
-    about 47,000 times the flip rate at a 2-point margin (interpolated between the table's rows, in
-    proportion beyond them), scaled by (0.02 / margin)^2 for other margins (the sequence's width at a
-    given n shrinks like 1 / sqrt(n))."""
-    rates = [r for r, _ in SEQUENTIAL_90]
-    per_flip = [n / r for r, n in SEQUENTIAL_90]
-    if flip_rate <= rates[0]:
-        factor = per_flip[0]
-    elif flip_rate >= rates[-1]:
-        factor = per_flip[-1]
-    else:
-        i = next(k for k in range(1, len(rates)) if flip_rate <= rates[k])
-        w = (flip_rate - rates[i - 1]) / (rates[i] - rates[i - 1])
-        factor = per_flip[i - 1] + w * (per_flip[i] - per_flip[i - 1])
-    # (less a hair: a table row times its own rate must give the row back, not one more)
-    return max(1, math.ceil(factor * flip_rate * (SEQUENTIAL_90_MARGIN / margin) ** 2 - 1e-9))
+def sequential_questions(
+    flip_rate: float, margin: float, alpha: float = 0.025, population_size: int | None = None
+) -> int | None:
+    """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
+    design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
+    it (flyspec/gate/stats/designs.py); None when fewer than 90% decide even at the design's limit."""
+    limit = population_size if population_size is not None else UNLIMITED
+    return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 
 
 def _continue_sequential(report: ReportData) -> list[str]:
@@ -146,7 +135,8 @@ def _continue_sequential(report: ReportData) -> list[str]:
     assert stop is not None and plan is not None and pooled is not None
     flips = pooled.lost + pooled.gained + pooled.undecided
     upper = flip_rate_upper_bound(flips, pooled.n)
-    target = max(sequential_questions(upper, report.run.margin), stop.stopped_at + 1)
+    simulated = sequential_questions(upper, report.run.margin, plan.alpha, plan.sequence_population)
+    target = max(simulated or UNLIMITED, stop.stopped_at + 1)
     head = (
         f"The confidence sequence did not cross within the {stop.stopped_at} registered questions. Unlike a "
         "fixed run, this run may go on: its confidence sequence holds at every number of questions, so "
@@ -162,8 +152,8 @@ def _continue_sequential(report: ReportData) -> list[str]:
     return [
         f"{head} Continue this run: rerun the same command with `--max-questions {total}`{reach}. At a "
         f"flip rate of {_pct(upper)} (the one-sided 95% upper bound of the {_pct(flips / pooled.n)} "
-        f"observed), 90% of simulated sequential runs of a candidate with no true loss decide within "
-        f'about {target} questions at a {_m(report)}-point margin (docs/gate.md, "Questions to a '
+        f"observed), 90% of simulated runs of this design with a candidate that loses nothing decide within "
+        f'about {target:,} questions at a {_m(report)}-point margin (docs/gate.md, "Questions to a '
         'decision"); a candidate that loses part of the margin needs more.'
     ]
 
