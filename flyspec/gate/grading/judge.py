@@ -11,14 +11,15 @@ answer shown as A; ``BA``: shown as B), because judges favour a position. The tw
 - both orders prefer the candidate: "candidate better", counted as **gained**;
 - both orders say tie, or the two answers are identical (the judge is not asked): a **tie**;
 - anything else (the orders disagree: each preferred the answer in one position, or one said tie and the
-  other did not; or a verdict could not be read): **undecided**. An undecided pair counts against the
-  claim being tested: as lost when the gate tests for PASS, as gained when it tests for FAIL
-  (``stats.decide_with_undecided``). A judge that cannot tell the answers apart (always "A", a coin) then
-  produces no FAIL, and a PASS only when the answers differ so rarely that even counting every
-  difference as a loss stays within the margin.
+  other did not; or a verdict could not be read): **undecided**.
 
-These are the lost / gained / concordant counts of the paired tests plus the undecided count, so the same
-statistics and decision rules apply; what "lost" means changes, and the report says so.
+These verdicts are predictions, not the truth: a coin agrees with itself on the wrong winner a quarter of
+the time, so no rule over verdicts alone is valid for every judge. A judged run therefore decides on gold
+labels for a random subset of its pairs, with the verdicts as predictions (prediction-powered inference:
+flyspec/gate/stats/judged.py); from each pair the statistics read the judge's prediction, the mean of its
+two orders' votes (+1 candidate, -1 baseline, 0 tie or unreadable). Runs registered before gold labels
+existed counted undecided pairs against the claim being tested; their reports keep that rule and warn
+that it can pass a harmful candidate when few answers differ.
 
 The judge is asked for a final line ``Verdict: A``, ``Verdict: B`` or ``Verdict: tie``; the last such line
 counts (``[[A]]``, and a last line holding only the choice, are read too).
@@ -38,8 +39,8 @@ OUTCOMES = ("first", "second", "tie", "identical", "disagree", "unreadable")
 UNDECIDED = ("disagree", "unreadable")
 RULE = (
     "lost: both orders prefer the baseline; gained: both prefer the candidate; tie: both say tie, or the "
-    "answers are identical; otherwise undecided, counted as lost when testing for PASS and as gained when "
-    "testing for FAIL"
+    "answers are identical; otherwise undecided. The decision rests on gold labels for a random subset of "
+    "the pairs, with the verdicts as predictions (prediction-powered inference)"
 )
 
 TEMPLATES = {

@@ -281,6 +281,14 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
         _warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report
     gold = Gold.of(run.registration)
+    if gold is None and isinstance(run.registration.get("judge"), dict):
+        report.warnings.append(
+            "THIS JUDGED RUN WAS REGISTERED BEFORE GOLD LABELS: its decision follows the old rule (pairs the "
+            "judge could not decide count against the claim), which a judge that cannot tell the answers "
+            "apart can push to PASS a harmful candidate when few answers differ (docs/gate.md, 'Open-ended "
+            "answers: the judge'). Rerun it as a judged run with gold labels (--gold-rate) before acting on "
+            "it."
+        )
     if gold is not None:
         _judged_run(report, store, correct, gold)
     elif "sequential" in run.registration:
