@@ -583,7 +583,11 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     assert (
         "Continue this run: rerun the same command with `--max-questions 40` (its whole pool; the " in advice
     )
-    assert target is not None and f"about {target:,} questions at a 30-point margin" in advice and "--exclude-run" not in advice
+    assert (
+        target is not None
+        and f"about {target:,} questions at a 30-point margin" in advice
+        and "--exclude-run" not in advice
+    )
     query = "SELECT arm, question_id, created_at FROM answers WHERE run_id = 'gate'"
     with sqlite3.connect(store) as db:
         before = {(arm, qid): created for arm, qid, created in db.execute(query)}

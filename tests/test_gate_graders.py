@@ -13,12 +13,12 @@ from flyspec.gate.grading.graders import (
     NORMALISERS,
     check_grader,
     check_reference,
-    equivalence_normaliser,
     extract_choice,
     extract_gsm8k,
     grade,
     grade_against_baseline,
     grade_equivalence,
+    grader_named,
 )
 
 GSM8K = data_package_dir() / "gsm8k" / "test.jsonl"
@@ -182,9 +182,9 @@ def test_equivalence_grader_names_and_misuse() -> None:
     """`equivalent_to_baseline[:normaliser]` names the normaliser (exact by default); an unknown one is
     refused listing the known ones; it needs both arms, so grading one answer alone is an error that
     says what to call; its reference must be empty."""
-    assert equivalence_normaliser("equivalent_to_baseline") == "exact"
-    assert equivalence_normaliser("equivalent_to_baseline:json") == "json"
-    assert equivalence_normaliser("gsm8k") is None
+    assert grader_named("equivalent_to_baseline")[1] == "exact"
+    assert grader_named("equivalent_to_baseline:json")[1] == "json"
+    assert grader_named("gsm8k") == (grader_named("gsm8k")[0], None)
     assert check_grader("equivalent_to_baseline") == "equivalent_to_baseline:exact"
     assert set(NORMALISERS) == {"exact", "strip", "whitespace", "lower", "json", "last_number"}
     with pytest.raises(ValueError, match="unknown normaliser 'fuzzy'.*exact, strip"):
@@ -207,5 +207,5 @@ def test_grade_against_baseline_gives_both_grades() -> None:
     assert (base.correct, cand.correct, base.extracted, cand.extracted) == (True, True, "1200", "1200")
     base, cand = grade_against_baseline("equivalent_to_baseline", "Paris", "Lyon")
     assert (base.correct, cand.correct, cand.detail) == (True, False, "deviates from the baseline")
-    with pytest.raises(ValueError, match="not an equivalent_to_baseline grader"):
+    with pytest.raises(ValueError, match="not a pairwise grader"):
         grade_against_baseline("exact", "a", "a")

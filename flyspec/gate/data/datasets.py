@@ -39,7 +39,7 @@ from flyspec.gate.data.code_datasets import read_humaneval, read_mbpp
 from flyspec.gate.data.questions import DatasetInfo, Question
 from flyspec.gate.data.rows import jsonl_rows, table_rows, text_field
 from flyspec.gate.grading.code_grader import CodeTask
-from flyspec.gate.grading.graders import JUDGE, check_grader, check_reference, equivalence_normaliser
+from flyspec.gate.grading.graders import check_grader, check_reference, grader_named
 
 __all__ = [
     "BUILTIN",
@@ -208,14 +208,15 @@ def _jsonl_answer(row: dict[str, Any], grader: str, where: str) -> str:
     """The reference as text: a string or number; a code task object as canonical JSON; none for
     equivalence (which compares with the baseline's output)."""
     answer = row.get("answer")
-    if grader == JUDGE:
-        # Optional: a reference answer the judge is shown beside the two answers.
+    reference = grader_named(grader)[0].reference
+    if reference == "optional":
+        # A reference answer a judge is shown beside the two answers, when there is one.
         if answer is None:
             return ""
         if isinstance(answer, bool) or not isinstance(answer, str | int | float):
             raise ValueError(f"{where}: a judge question's 'answer' (a reference for the judge) must be text")
         return str(answer)
-    if equivalence_normaliser(grader) is not None:
+    if reference == "none":
         if answer not in (None, ""):
             raise ValueError(
                 f"{where}: grader {grader!r} compares with the baseline's output, so the row must have no "

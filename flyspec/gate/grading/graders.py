@@ -34,7 +34,6 @@ from flyspec.gate.grading.code_grader import CodeTask, build_run, extract_code
 
 EQUIVALENCE = "equivalent_to_baseline"
 JUDGE = "judge"
-GRADERS = ("gsm8k", "math", "choice", "exact", "code", JUDGE, EQUIVALENCE)
 
 # A number as people write it: optional sign (not a hyphen inside "2-3"), optional $, thousands commas
 # only in groups of three, decimals, and an optional "/denominator".
@@ -209,21 +208,6 @@ sorted keys and no spaces; ``1`` and ``1.0`` stay different), ``last_number`` (t
 ``gsm8k`` grader reads numbers). ``None`` means the output has no such value."""
 
 
-def equivalence_normaliser(grader: str) -> str | None:
-    """The normaliser of an ``equivalent_to_baseline[:normaliser]`` grader name (``exact`` when none is
-    named), or None when ``grader`` is another grader. ValueError for an unknown normaliser."""
-    name, sep, normaliser = grader.partition(":")
-    if name != EQUIVALENCE:
-        return None
-    normaliser = normaliser if sep else "exact"
-    if normaliser not in NORMALISERS:
-        raise ValueError(
-            f"grader={grader!r}: unknown normaliser {normaliser!r}; use {EQUIVALENCE}[:NAME] with NAME one "
-            f"of {', '.join(NORMALISERS)}"
-        )
-    return normaliser
-
-
 def grade_equivalence(baseline_output: str, candidate_output: str, normaliser: str = "exact") -> bool:
     """True when the candidate's output equals the baseline's after ``normaliser`` (deterministic).
 
@@ -243,77 +227,141 @@ def grade_equivalence(baseline_output: str, candidate_output: str, normaliser: s
 
 
 def grade_against_baseline(grader: str, baseline_output: str, candidate_output: str) -> tuple[Grade, Grade]:
-    """The two grades of one question under an ``equivalent_to_baseline[:normaliser]`` grader: the
-    baseline's (always right) and the candidate's (right when equivalent), each with its normalised text
-    as ``extracted``."""
-    normaliser = equivalence_normaliser(check_grader(grader))
-    if normaliser is None:
-        raise ValueError(f"grader={grader!r}: not an {EQUIVALENCE} grader; grade each answer with grade()")
-    same = grade_equivalence(baseline_output, candidate_output, normaliser)
+    """The two grades of one question under a pairwise grader such as ``equivalent_to_baseline``: the
+    first lane's (the reference) and the second's against it."""
+    found, argument = grader_named(grader)
+    if found.grade_pair is None:
+        raise ValueError(f"grader={grader!r}: not a pairwise grader; grade each answer with grade()")
+    return found.grade_pair(baseline_output, candidate_output, argument or "")
+
+
+@dataclass(frozen=True)
+class Grader:
+    """A grader as the gate knows it, registered once (``register_grader``), the way Inspect registers its
+    scorers.
+
+    ``grade(output, answer)`` grades one answer against its reference; a **pairwise** grader grades the
+    second lane's answer against the first lane's instead (``grade_pair(first, second, argument)``: the two
+    grades), and the run waits for both answers; the **judge** is pairwise and asks a model, which the run's
+    judge machinery does (flyspec/gate/runs/judging.py), so it has neither function. ``reference`` says what
+    a dataset row's ``answer`` must be: ``required``, ``optional`` (shown to a judge) or ``none``.
+    ``check_reference(answer)`` refuses a reference the grader cannot use; by default, grading an empty
+    output with it. ``argument``: the choices after a colon in the grader's name (``NAME:choice``), with
+    the default first, or None when it takes none. ``exact``: it decides right or wrong by a program (so it
+    can label a judged pair as gold)."""
+
+    name: str
+    grade: Callable[[str, str], Grade] | None = None
+    grade_pair: Callable[[str, str, str], tuple[Grade, Grade]] | None = None
+    reference: str = "required"
+    check: Callable[[str], None] | None = None
+    argument: tuple[str, ...] | None = None
+    judged: bool = False
+
+    @property
+    def pairwise(self) -> bool:
+        return self.grade_pair is not None or self.judged
+
+    @property
+    def exact(self) -> bool:
+        return self.grade is not None
+
+    def check_reference(self, answer: str) -> None:
+        if self.check is not None:
+            self.check(answer)
+        elif self.grade is not None:
+            # Grading an empty output exercises exactly the reference parsing each grader does.
+            self.grade("", answer)
+
+
+def _check_code(answer: str) -> None:
+    CodeTask.from_answer(answer)
+
+
+def _check_no_reference(answer: str) -> None:
+    if answer:
+        raise ValueError(f"{EQUIVALENCE} compares with the baseline's output; the answer must be empty")
+
+
+def _grade_against(first: str, second: str, normaliser: str) -> tuple[Grade, Grade]:
+    same = grade_equivalence(first, second, normaliser)
     norm = NORMALISERS[normaliser]
     return (
-        Grade(norm(baseline_output), True, "the baseline is the reference"),
-        Grade(norm(candidate_output), same, "equivalent" if same else "deviates from the baseline"),
+        Grade(norm(first), True, "the baseline is the reference"),
+        Grade(norm(second), same, "equivalent" if same else "deviates from the baseline"),
     )
 
 
-def _grade_equivalence_alone(output: str, answer: str) -> Grade:
-    raise ValueError(
-        f"the {EQUIVALENCE} grader compares two arms' outputs: grade each pair with "
-        "grade_against_baseline(grader, baseline_output, candidate_output), not with grade()"
-    )
+_REGISTRY: dict[str, Grader] = {}
 
 
-def _grade_judge_alone(output: str, answer: str) -> Grade:
-    raise ValueError(
-        f"the {JUDGE} grader compares two arms' answers with a judge model: a run with judge questions needs "
-        "a judge (--judge), and grades each pair once both answers are in"
-    )
+def register_grader(grader: Grader) -> Grader:
+    """Register ``grader`` under its name (ValueError for a name taken by another grader)."""
+    known = _REGISTRY.get(grader.name)
+    if known is not None and known != grader:
+        raise ValueError(f"grader {grader.name!r} is registered already")
+    _REGISTRY[grader.name] = grader
+    return grader
 
 
-_GRADE_FUNCTIONS: dict[str, Callable[[str, str], Grade]] = {
-    "gsm8k": grade_gsm8k,
-    "math": grade_math,
-    "choice": grade_choice,
-    "exact": grade_exact,
-    "code": grade_code,
-    JUDGE: _grade_judge_alone,
-    EQUIVALENCE: _grade_equivalence_alone,
-}
+for _grader in (
+    Grader("gsm8k", grade_gsm8k),
+    Grader("math", grade_math),
+    Grader("choice", grade_choice),
+    Grader("exact", grade_exact),
+    Grader("code", grade_code, check=_check_code),
+    Grader(JUDGE, reference="optional", check=lambda answer: None, judged=True),
+    Grader(EQUIVALENCE, grade_pair=_grade_against, reference="none", check=_check_no_reference,
+           argument=tuple(NORMALISERS)),
+):  # fmt: skip
+    register_grader(_grader)
+
+
+def graders() -> tuple[str, ...]:
+    """The registered graders' names."""
+    return tuple(_REGISTRY)
+
+
+def grader_named(name: str) -> tuple[Grader, str | None]:
+    """The grader a (canonical or short) name asks for and its argument (``equivalent_to_baseline:json`` ->
+    its grader and ``json``; the default argument when none is named); ValueError listing the known ones."""
+    if not isinstance(name, str):
+        raise ValueError(f"grader={name!r}: must be a string, one of {', '.join(graders())}")
+    base, sep, argument = name.partition(":")
+    grader = _REGISTRY.get(base)
+    if grader is None:
+        names = [g if _REGISTRY[g].argument is None else f"{g}[:argument]" for g in graders()]
+        raise ValueError(f"grader={name!r}: must be one of {', '.join(names)}")
+    if grader.argument is None:
+        if sep:
+            raise ValueError(f"grader={name!r}: {base} takes no argument after ':'")
+        return grader, None
+    argument = argument if sep else grader.argument[0]
+    if argument not in grader.argument:
+        raise ValueError(
+            f"grader={name!r}: unknown normaliser {argument!r}; use {base}[:NAME] with NAME one of "
+            f"{', '.join(grader.argument)}"
+        )
+    return grader, argument
 
 
 def check_grader(name: str) -> str:
-    """Return the grader's canonical name (``equivalent_to_baseline`` gets its normaliser, e.g.
+    """Return the grader's canonical name (one with an argument gets it, e.g.
     ``equivalent_to_baseline:exact``), else raise ValueError listing the known ones."""
-    if not isinstance(name, str):
-        raise ValueError(f"grader={name!r}: must be a string, one of {', '.join(GRADERS)}")
-    normaliser = equivalence_normaliser(name)
-    if normaliser is not None:
-        return f"{EQUIVALENCE}:{normaliser}"
-    if name not in _GRADE_FUNCTIONS:
-        raise ValueError(
-            f"grader={name!r}: must be one of {', '.join(GRADERS[:-1])} or {EQUIVALENCE}[:normaliser]"
-        )
-    return name
+    grader, argument = grader_named(name)
+    return grader.name if argument is None else f"{grader.name}:{argument}"
 
 
 def check_reference(grader: str, answer: str) -> None:
     """Raise ValueError if ``answer`` cannot serve as a reference for ``grader`` (checked before a run,
     so that a bad reference stops the run before its first answer instead of in the middle)."""
-    grader = check_grader(grader)
-    if grader == JUDGE:
-        return  # any text, or none: the judge sees it as a reference answer when there is one
-    if grader == "code":
-        CodeTask.from_answer(answer)
-    elif equivalence_normaliser(grader) is not None:
-        if answer:
-            raise ValueError(f"{grader} compares with the baseline's output; the answer must be empty")
-    else:
-        # Grading an empty output exercises exactly the reference parsing each grader does.
-        grade(grader, "", answer)
+    grader_named(grader)[0].check_reference(answer)
 
 
 def grade(grader: str, output: str, answer: str) -> Grade:
-    """Grade ``output`` against ``answer`` with the named grader (deterministic)."""
-    name = check_grader(grader).partition(":")[0]
-    return _GRADE_FUNCTIONS[name](output, answer)
+    """Grade ``output`` against ``answer`` with the named one-answer grader (deterministic)."""
+    found, _ = grader_named(grader)
+    if found.grade is None:
+        how = "a judge (--judge)" if found.judged else "grade_against_baseline(grader, first, second)"
+        raise ValueError(f"the {found.name} grader grades a pair of answers, not one: use {how}")
+    return found.grade(output, answer)

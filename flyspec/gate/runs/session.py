@@ -14,7 +14,7 @@ from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import AnswerRecord, GateStore
-from flyspec.gate.grading.graders import JUDGE, Grade, equivalence_normaliser, grade, grade_against_baseline
+from flyspec.gate.grading.graders import JUDGE, Grade, grade, grade_against_baseline, grader_named
 from flyspec.gate.report.judged_pairs import Gold
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
@@ -210,7 +210,7 @@ class Session:
             if self.judged is None:
                 raise ValueError(f"question {q.dataset}/{q.id} has grader 'judge' but the run has no judge")
             return self.judged.add(job, completion)
-        if equivalence_normaliser(q.grader) is None:
+        if not grader_named(q.grader)[0].pairwise:
             return [(job, completion, grade(q.grader, completion.text, q.answer))]
         key = (q.dataset, q.id)
         if (job.arm, job.repeat) == self.lanes[0]:
