@@ -3,7 +3,7 @@
 A kind is a module with ``KIND`` (its name in an arm's ``kind``), ``KEYS`` (the keys its JSON object takes),
 ``parse(name, data) -> Arm`` and ``executors(arms) -> list[Executor]`` (how its arms are grouped into
 executors: engine arms that differ only in the verifier share one engine). A new kind is one such module
-and one line in ``KINDS``.
+and one line in ``KINDS``, or, from outside the package, a call of ``register_arm_kind``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,16 @@ KINDS: dict[str, ArmKind] = {
     engine.KIND: ArmKind(engine.parse, engine.executors),
     endpoint.KIND: ArmKind(endpoint.parse, endpoint.executors),
 }
+
+
+def register_arm_kind(kind: str, parse: Callable[[str, dict[str, Any]], Arm], executors: Callable) -> None:
+    """Register a kind of arm from outside the package: ``parse(name, data)`` validates an arm's JSON
+    object (``kind`` included) into an ``Arm``, ``executors(arms)`` groups that kind's arms into
+    ``Executor`` objects (docs/architecture.md, "Adding to the gate"). ValueError for a taken kind."""
+    known = KINDS.get(kind)
+    if known is not None and (known.parse, known.executors) != (parse, executors):
+        raise ValueError(f"arm kind {kind!r} is registered already")
+    KINDS[kind] = ArmKind(parse, executors)
 
 
 def _kind_of(data: dict[str, Any]) -> str:
