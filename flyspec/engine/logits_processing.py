@@ -215,6 +215,11 @@ class TargetProcessing:
         counts = [len(d) + 1 for d in drafts]
         params = [s.params for s, n in zip(seqs, counts, strict=True) for _ in range(n)]
         shaped = [b for b, s in enumerate(seqs) if s.logits_state is not None]
+        if not shaped and all(p.greedy for p in params):
+            # What process_logits gives greedy rows (the softmax of the logits as they are) without its
+            # passes over [N, V] for checks and a division by 1: NaN rows come out NaN and fail their
+            # request where rows are checked (here with check_rows, or in verify()).
+            return torch.softmax(logits, dim=-1)
         if shaped:
             logits = logits.clone()  # the caller's logits stay raw (a failed batch is retried from them)
             starts = [0]
