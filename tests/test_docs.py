@@ -10,7 +10,9 @@ blocks and holds the rules that adapt them).
   Endpoints the docs name (`http://gpu1:8000/v1`, `localhost:8000`) become one loopback `flyspec serve`
   of the small model with FLy over an n-gram drafter, shared by every block; a block's own
   `flyspec serve` line starts that server in the background on a free port, later lines of the block
-  use it, and it is stopped at the block's end (it must still be alive then). Files a command names
+  use it, and it is stopped at the block's end (it must still be alive then). The benchmark commands
+  (`flyspec bench`, `flyspec bench-serve`) run on a tiny random-weight checkpoint made once per
+  session: they show that every documented option runs end to end, not a speed. Files a command names
   that the block does not create (arms in base.json / fly.json, a judge dataset, lm-eval output
   folders) are made by FILES below with real content; the lm-eval folders by lm-eval itself against
   the shared server. `make X` runs as `make -n X`: the target exists and its recipe parses; running it
