@@ -266,6 +266,11 @@ def test_load_model_rejects_bad_input(tmp_path: Path) -> None:
         load_model(str(text))
 
 
+# SmolLM2's logits reach 40: fp32 sums over its rows in another order (a padded batch, fused projections)
+# differ from transformers' by up to 1.0e-4 (measured on the prepared weights); a wiring bug is >1e-2.
+REAL_TOL = 5e-4
+
+
 @pytest.fixture(scope="module", params=["prepared", pytest.param("gguf", marks=pytest.mark.slow)])
 def smol_pair(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, LoadedModel]:
     """SmolLM2-135M in fp32, from the prepared safetensors folder (the zoo's bf16 conversion: a fast
@@ -288,7 +293,7 @@ def smol_pair(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, LoadedMo
 
 def test_smollm2_logits_match_transformers(smol_pair: tuple[torch.nn.Module, LoadedModel]) -> None:
     """Real SmolLM2 weights: a ragged batch (two prompts of different lengths, prefilled together, then
-    decoded together) gives transformers' fp32 logits within 1e-4 at every real position."""
+    decoded together) gives transformers' fp32 logits within REAL_TOL at every real position."""
     hf, ours = smol_pair
     tok = ours.tokenizer
     prompts = [tok("The capital of France is").input_ids, tok("def fibonacci(n):\n    if n < 2:").input_ids]
@@ -300,14 +305,14 @@ def test_smollm2_logits_match_transformers(smol_pair: tuple[torch.nn.Module, Loa
     lengths = torch.tensor([len(p) for p in prompts])
     logits = ours.model.compute_logits(ours.model(ids, ForwardBatch(tables, 0 * lengths, lengths), cache))
     for row, prompt in enumerate(prompts):
-        assert (logits[row, : len(prompt)] - _hf_logits(hf, prompt)).abs().max() < TOL
+        assert (logits[row, : len(prompt)] - _hf_logits(hf, prompt)).abs().max() < REAL_TOL
     for step in range(3):
         ids = torch.tensor([[c[step]] for c in continuations])
         hidden = ours.model(ids, ForwardBatch(tables, lengths + step, torch.ones(2, dtype=torch.long)), cache)
         logits = ours.model.compute_logits(hidden[:, 0])
         for row, prompt in enumerate(prompts):
             want = _hf_logits(hf, prompt + continuations[row][: step + 1])[-1]
-            assert (logits[row] - want).abs().max() < TOL
+            assert (logits[row] - want).abs().max() < REAL_TOL
 
 
 def test_smollm2_greedy_generation_equals_transformers(
