@@ -45,7 +45,6 @@ def test_demo_arms_quantize_both_arms_alike_and_share_one_engine() -> None:
     assert len(engine_groups([*arms, plain])) == 2
 
 
-@pytest.mark.slow
 def test_demo_runs_on_tiny_models_and_resumes(tmp_path: Path) -> None:
     """`flyspec demo --questions 2` on tiny models runs the sequential gate: it registers a sequential run
     of at most 2 GSM8K questions in a seeded order, stores both arms' answers, prints the report with a
