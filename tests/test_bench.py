@@ -489,8 +489,7 @@ def test_bench_measures_int8_arms_beside_the_unquantized_ones(tiny_pair, tmp_pat
     commands."""
     out_md = tmp_path / "Q.md"
     args = ["--methods", "target,standard", "--quantization", "none,int8", "--dtype", "float32"]
-    report = _bench_json(tiny_pair, tmp_path, [*args, "--markdown", str(out_md)])
-    rows = {r["label"]: r for r in report["results"]}
+    report, rows = _bench_json(tiny_pair, tmp_path, [*args, "--markdown", str(out_md)])
     assert list(rows) == [
         "flyspec target-only b=1",
         "flyspec standard K=2 b=1",
@@ -505,9 +504,9 @@ def test_bench_measures_int8_arms_beside_the_unquantized_ones(tiny_pair, tmp_pat
     assert "--quantization int8" in out_md.read_text()
 
 
-def _bench_json(tiny_pair, tmp_path, args: list[str]) -> dict:
+def _bench_json(tiny_pair, tmp_path, args: list[str]) -> tuple[dict, dict[str, dict]]:
     """`flyspec bench` on the tiny pair with K=2, 2 prompts and 6 tokens, plus `args`, in this process;
-    the report it wrote with --json."""
+    the report it wrote with --json, and its result rows by label."""
     from typer.testing import CliRunner
 
     from flyspec.cli import app
@@ -518,7 +517,8 @@ def _bench_json(tiny_pair, tmp_path, args: list[str]) -> dict:
     common += ["--max-tokens", "6", "--warmup-tokens", "2", "--json", str(out_json)]
     result = CliRunner().invoke(app, ["bench", *common, *args])
     assert result.exit_code == 0, result.output
-    return json.loads(out_json.read_text())
+    report = json.loads(out_json.read_text())
+    return report, {r["label"]: r for r in report["results"]}
 
 
 def test_busy_machine_note_discounts_the_sweeps_own_threads() -> None:
@@ -545,8 +545,7 @@ def test_bench_runs_typical_and_a_lossless_prefix_end_to_end(tiny_pair, tmp_path
     than max_tokens the output is target-only's (float32, greedy) and nothing is forgiven. No timing
     assertions."""
     args = ["--batch-sizes", "1", "--methods", "target,standard,typical", "--lossless-prefix", "0,64"]
-    report = _bench_json(tiny_pair, tmp_path, [*args, "--peer", "none"])
-    rows = {r["label"]: r for r in report["results"]}
+    report, rows = _bench_json(tiny_pair, tmp_path, [*args, "--peer", "none"])
     assert list(rows) == [
         "flyspec target-only b=1",
         "flyspec standard K=2 b=1",

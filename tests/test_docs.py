@@ -10,7 +10,9 @@ blocks and holds the rules that adapt them).
   Endpoints the docs name (`http://gpu1:8000/v1`, `localhost:8000`) become one loopback `flyspec serve`
   of the small model with FLy over an n-gram drafter, shared by every block; a block's own
   `flyspec serve` line starts that server in the background on a free port, later lines of the block
-  use it, and it is stopped at the block's end (it must still be alive then). Files a command names
+  use it, and it is stopped at the block's end (it must still be alive then). The benchmark commands
+  (`flyspec bench`, `flyspec bench-serve`) run on a tiny random-weight checkpoint made once per
+  session: they show that every documented option runs end to end, not a speed. Files a command names
   that the block does not create (arms in base.json / fly.json, a judge dataset, lm-eval output
   folders) are made by FILES below with real content; the lm-eval folders by lm-eval itself against
   the shared server. `make X` runs as `make -n X`: the target exists and its recipe parses; running it
@@ -51,6 +53,7 @@ from doc_blocks import (
     shell_commands,
     substitute,
 )
+from lm_eval_tasks import generation_task
 from zoo import zoo_model
 
 from flyspec.bench.peers import free_port
@@ -127,34 +130,10 @@ def _judge_questions(path: Path, match: re.Match[str], server: str, env: dict[st
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-LM_EVAL_TASK = """task: arithmetic
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 8
-  do_sample: false
-  temperature: 0
-  verification: {verification}
-filter_list:
-  - name: last-number
-    filter:
-      - function: regex
-        regex_pattern: "(\\\\d+)\\\\D*$"
-      - function: take_first
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-"""
+# The answer is the last number of the output.
+LAST_NUMBER = {
+    "last-number": [{"function": "regex", "regex_pattern": r"(\d+)\D*$"}, {"function": "take_first"}]
+}
 
 
 def _lm_eval_log(path: Path, match: re.Match[str], server: str, env: dict[str, str]) -> None:
@@ -171,7 +150,15 @@ def _lm_eval_log(path: Path, match: re.Match[str], server: str, env: dict[str, s
             for a, b in pairs
         )
     )
-    (tasks / "arithmetic.yaml").write_text(LM_EVAL_TASK.format(data=data, verification=match.group(1)))
+    task = generation_task(
+        "arithmetic",
+        data,
+        until="\n",
+        max_gen_toks=8,
+        filters=LAST_NUMBER,
+        generation={"verification": match.group(1)},
+    )
+    (tasks / "arithmetic.yaml").write_text(task)
     model_args = (
         f"base_url={server}/v1/completions,model={SMALL_MODEL},tokenizer={zoo_model(SMALL_MODEL)},"
         "tokenizer_backend=huggingface,tokenized_requests=False,max_retries=1"

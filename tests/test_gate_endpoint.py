@@ -531,7 +531,6 @@ def test_baseline_noise_is_shown_next_to_the_candidates_flips(
     assert "The baseline's own noise, next to the candidate's flips: pilot `pilot`" in rep.to_markdown()
 
 
-@pytest.mark.slow
 def test_two_gate_runs_on_one_store_at_once(servers: tuple[ServerState, list[str]], tmp_path: Path) -> None:
     """Two real `flyspec gate run` processes on the same store: the second is refused at once with the
     first one's PID while the first is answering (its candidate's server holds the answers until the

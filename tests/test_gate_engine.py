@@ -322,7 +322,6 @@ def _seq_command(store: Path, dataset: Path, base: dict, cand: dict) -> list[str
     ]  # fmt: skip
 
 
-@pytest.mark.slow
 def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
     setup: Setup, exact_dataset: Path, tmp_path: Path
 ) -> None:
@@ -365,7 +364,6 @@ def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
     assert report["decision"]["decision"] == expected["decision"]["decision"]
 
 
-@pytest.mark.slow
 def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
     setup: Setup, exact_dataset: Path, tmp_path: Path
 ) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lm_eval_tasks import generation_task
 from serve_process import flyspec_serve, tiny_args
 from tiny_llm import TinyModels
 
@@ -77,42 +78,24 @@ def _references(urls: dict[str, str], chat: bool) -> tuple[list[str], int, int]:
     return refs, lost, gained
 
 
-LM_EVAL_TASK = """task: flyspec_words
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n\\n"]
-  max_gen_toks: {max_tokens}
-  do_sample: false
-  temperature: 0
-filter_list:
-  - name: whole
-    filter:
-      - function: remove_whitespace
-      - function: take_first
-  - name: first-word
-    filter:
-      - function: regex
-        regex_pattern: "(w\\\\d+)"
-      - function: take_first
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    regexes_to_ignore: [" "]
-metadata:
-  version: 1.0
-"""
-# The same questions as a task with lm-eval's default single filter ("none"), logged beside the first.
-LM_EVAL_ONE_FILTER_TASK = LM_EVAL_TASK.replace("task: flyspec_words", "task: flyspec_words_one").replace(
-    LM_EVAL_TASK[LM_EVAL_TASK.index("filter_list:") : LM_EVAL_TASK.index("metric_list:")], ""
-)
+# Two ways to read the answer out of the output: all of it, or its first word.
+WORD_FILTERS = {
+    "whole": [{"function": "remove_whitespace"}, {"function": "take_first"}],
+    "first-word": [{"function": "regex", "regex_pattern": r"(w\d+)"}, {"function": "take_first"}],
+}
+
+
+def words_task(data: Path, max_tokens: int, name: str = "flyspec_words", filters: bool = True) -> str:
+    """The word questions of `data` as an lm-eval task, with WORD_FILTERS or lm-eval's default single
+    filter ("none")."""
+    return generation_task(
+        name,
+        data,
+        until="\n\n",
+        max_gen_toks=max_tokens,
+        filters=WORD_FILTERS if filters else None,
+        ignore=[" "],
+    )
 
 
 @pytest.mark.slow  # two servers, then lm-eval twice (it imports datasets, transformers): minutes here
@@ -135,10 +118,9 @@ def test_lm_eval_logs_from_flyspec_serve_pair(servers: dict[str, object], tmp_pa
     )
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "flyspec_words.yaml").write_text(LM_EVAL_TASK.format(data=data, max_tokens=MAX_TOKENS))
-    (tasks / "flyspec_words_one.yaml").write_text(
-        LM_EVAL_ONE_FILTER_TASK.format(data=data, max_tokens=MAX_TOKENS)
-    )
+    (tasks / "flyspec_words.yaml").write_text(words_task(data, MAX_TOKENS))
+    # The same questions with lm-eval's default single filter, logged beside the first.
+    (tasks / "flyspec_words_one.yaml").write_text(words_task(data, MAX_TOKENS, "flyspec_words_one", False))
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     runs = {}
     for name, url in urls.items():

@@ -75,7 +75,6 @@ def test_math500_reference_solutions_grade_correct_first_100() -> None:
         assert grade("math", row["solution"], row["answer"]).correct, (row["unique_id"], row["answer"])
 
 
-@pytest.mark.slow
 def test_math500_reference_solutions_grade_correct_all() -> None:
     """All 500 MATH-500 reference solutions grade as correct (about 10 s of math-verify)."""
     for row in _rows(MATH500):

@@ -322,7 +322,6 @@ OPEN_PROMPTS = [
 ]
 
 
-@pytest.mark.slow  # a real flyspec serve with SmolLM2-135M-Instruct as the judge: about half a minute
 def test_smollm2_judge_through_flyspec_serve(tmp_path: Path, tiny_models: TinyModels) -> None:
     """SmolLM2-135M-Instruct, prepared in the model zoo, judges two tiny engine arms (standard vs FLy) on
     open-ended chat prompts through a real `flyspec serve` on loopback: every question is judged in both

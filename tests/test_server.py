@@ -477,7 +477,6 @@ def test_engine_failure_gives_500_and_the_server_keeps_serving(
     assert httpx.get(f"{served.url}/health").status_code == 200
 
 
-@pytest.mark.slow
 def test_bounded_load_64_clients(served: Served) -> None:
     """64 concurrent clients x 4 requests (completions and chat, streamed and not): no errors, every
     response complete (exactly max_tokens tokens, finish_reason length), the running batch reaches the

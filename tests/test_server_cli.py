@@ -30,7 +30,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # a fresh process imports torch and loads two models: about 10 s on 2 shared cores
 def test_serve_starts_logs_serves_and_stops(tmp_path: Path) -> None:
     """`flyspec serve` with a FLy config binds 127.0.0.1, logs the capacity line and the lossy warning,
     serves under the MODEL argument as name (default --served-model-name) behind --api-key, reports the

@@ -38,7 +38,7 @@ from flyspec.server.protocol import ChatCompletionRequest, CompletionRequest
 
 KEY = "fuzz-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
-# 500 of each in `make test` (about a minute together); the probe table in docs/server.md was measured
+# 500 of each in `make test-all` (about a minute together); the probe table in docs/server.md was measured
 # with FLYSPEC_FUZZ_EXAMPLES=1500,2000.
 SCHEMATHESIS_EXAMPLES, HOSTILE_EXAMPLES = (
     int(n) for n in os.environ.get("FLYSPEC_FUZZ_EXAMPLES", "500,500").split(",")

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import transformers
 from serve_process import flyspec_serve, tiny_args
-from test_gate_evallogs_real import BIN, LM_EVAL_TASK
+from test_gate_evallogs_real import BIN, words_task
 from tiny_llm import TinyModels
 
 from flyspec import LLM, SamplingParams
@@ -131,7 +131,7 @@ def test_lm_eval_loglikelihood_and_generation_against_flyspec_serve(
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "flyspec_choice.yaml").write_text(CHOICE_TASK.format(data=data))
-    (tasks / "flyspec_words.yaml").write_text(LM_EVAL_TASK.format(data=words, max_tokens=MAX_TOKENS))
+    (tasks / "flyspec_words.yaml").write_text(words_task(words, MAX_TOKENS))
 
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     model_args = f"base_url={url}/v1/completions,model={MODEL}"

@@ -3,7 +3,9 @@
 The mapping (intersection size, round trip of ids, restricted argmax), the draft's incremental view of the
 committed text (equal to the draft tokenizer's own tokenisation of the whole text, whatever the steps),
 control tokens, half-committed UTF-8 characters, and the tokenizers TLI refuses. Loading the tokenizers
-takes about a second; the one test that loads draft weights is marked slow.
+takes about a second, but Qwen's is the real Qwen zoo model, which only `make test-all` prepares: the
+whole file is in the slow tier. The mapping's behaviour on tiny vocabularies is in the fast tier
+(tests/test_cross_vocab.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from flyspec.engine.drafters.vocab_map import DraftView, VocabMap
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
 from flyspec.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow  # the real Qwen tokenizer (module docstring)
 
 # The Qwen pair shares one tokenizer: the 0.5B's folder has the 1.5B target's vocabulary.
 DRAFT, TARGET = SMOLLM2, QWEN_05B
@@ -200,7 +204,6 @@ def _word_level(words: list[str]) -> transformers.PreTrainedTokenizerFast:
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
-@pytest.mark.slow
 def test_real_draft_proposes_only_mapped_target_ids(vmap, qwen) -> None:
     """SmolLM2-135M drafting through the drafter for Qwen-tokenised prompts (a chat prompt and a code
     prompt, batched, K = 4): every proposed id is a Qwen id of the intersection, and the draft's first
