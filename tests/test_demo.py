@@ -17,14 +17,14 @@ from flyspec.gate.runs.main_job import demo_arms
 
 def test_demo_arms_share_one_engine_and_differ_only_in_who_decodes() -> None:
     """The three arms are one engine configuration (same models, K, dtype, weights): the baseline's requests
-    are decoded by the target alone, the control's by the draft model alone, FLy's by the engine's lossy
-    verifier. Arms that differ in anything else could not share the engine's batches."""
+    are verified losslessly (standard), the control's decoded by the draft model alone, FLy's by the
+    engine's lossy verifier. Arms that differ in anything else could not share the engine's batches."""
     from flyspec.gate.arms.engine import engine_groups
     from flyspec.gate.arms.registry import parse_arm
 
     arms = demo_arms("t", "d", 4, "bfloat16", 8)
     assert [arms[n].get("verification") for n in ("baseline", "control", "candidate")] == [
-        "target_only",
+        None,
         "draft_only",
         None,
     ]
@@ -56,10 +56,12 @@ def test_the_margin_is_the_narrowest_the_pool_can_decide() -> None:
     narrower = main_job.choose_margin(1819, 0.16, margin=choice.margin - 0.01)
     assert 1 - narrower.outcome.undecided < main_job.DECIDE_SHARE
     assert choice.two_points.median is not None and choice.two_points.median > 1819
-    lines = main_job.opening_lines(choice, main_job.control_outlook(1819), 2.5)
+    lines = main_job.opening_lines(choice, main_job.control_outlook(1819))
     text = " ".join(lines)
     assert f"FLy's margin {100 * choice.margin:g} points" in text and "1,819 questions" in text
-    assert "A 2-point margin is out of reach here" in text and "hours" in text
+    assert "A 2-point margin is out of reach here" in text and "GPU endpoint" in text
+    timing = main_job.timing_line(choice, main_job.control_outlook(1819), 2.5)
+    assert "2.5 questions a minute" in timing and "hours" in timing
 
 
 def _exact_dataset(target: Path, path: Path, questions: int) -> Path:

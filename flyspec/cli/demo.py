@@ -2,10 +2,10 @@
 flyspec/gate/runs/main_job.py).
 
 Prepares the Qwen2.5-Coder pair of the model zoo, then runs the sequential quality gate (docs/gate.md) with
-three arms in one engine: the target alone (lossless baseline), the draft model alone (a control the gate
-must FAIL) and FLy (the candidate), on GSM8K and MATH-500 test questions in a seeded random order. The
-control's pairs are answered first; once the gate has caught it, FLy's comparison goes on until its own
-decision, the question pool's end, the time budget (30 minutes of answering by default) or, with
+three arms in one engine: standard speculative decoding (lossless baseline), the draft model alone (a
+control the gate must FAIL) and FLy (the candidate), on GSM8K and MATH-500 test questions in a seeded random
+order. The control's pairs are answered first; once the gate has caught it, FLy's comparison goes on until
+its own decision, the question pool's end, the time budget (30 minutes of answering by default) or, with
 ``--until-decided``, until it decides. Then it says in plain words what was decided, after how many
 questions and minutes, how fast each arm was and what deciding about FLy takes here and on a GPU.
 """
@@ -27,7 +27,7 @@ DEFAULT_MINUTES = 30.0
 DEFAULT_BATCH = 32
 DEFAULT_QUANTIZATION = "auto"
 _LABELS = {
-    "baseline": "Target alone (lossless baseline)",
+    "baseline": "Standard speculative decoding (lossless baseline)",
     "control": "Draft model alone (the control)",
     "candidate": "FLy",
 }
@@ -52,7 +52,7 @@ def _speed_lines(report: Any) -> list[str]:
         ratio = cand.request_tokens_per_s / base.request_tokens_per_s
         lines.append(
             f"In the same batches, a FLy request generated {ratio:.2f}x the tokens per second of a "
-            "target-alone request."
+            "standard speculative decoding request."
         )
     return lines
 
@@ -63,11 +63,11 @@ def _interval_lines(report: Any) -> list[str]:
         return []
     m = f"{100 * report.run.margin:g}"
     return [
-        f"The interval is the range of accuracy differences (FLy minus the target alone) that the answers so "
-        f"far leave plausible, at {100 * report.level:g}% confidence. It is a confidence sequence: it stays "
-        "valid at every number of questions, which is why the demo may stop as soon as it clears the "
-        f"margin. The margin says FLy may lose at most {m} points of accuracy and still count as good "
-        f"enough: PASS needs the whole interval above -{m}, FAIL the whole interval below -{m}. "
+        "The interval is the range of accuracy differences (FLy minus standard speculative decoding) that "
+        f"the answers so far leave plausible, at {100 * report.level:g}% confidence. It is a confidence "
+        "sequence: it stays valid at every number of questions, which is why the demo may stop as soon as "
+        f"it clears the margin. The margin says FLy may lose at most {m} points of accuracy and still "
+        f"count as good enough: PASS needs the whole interval above -{m}, FAIL the whole interval below -{m}. "
         + report.claim,
     ]
 
@@ -123,9 +123,10 @@ def explain(report: Any, choice: Any = None) -> str:
         "What this means",
         "---------------",
         f"Three arms answered the same {_datasets(report)} questions, drawn in a seeded random order, "
-        "with the same prompts and greedy decoding, in one engine: the target model alone (lossless, the "
-        "baseline), the draft model alone (every draft token accepted: the limit of lossy verification, a "
-        "control the gate must catch), and FLy, which forgives some rejected draft tokens to go faster.",
+        "with the same prompts and greedy decoding, in one engine: standard speculative decoding (lossless, "
+        "the baseline), the draft model alone (every draft token accepted: the limit of lossy "
+        "verification, a control the gate must catch), and FLy, which forgives some rejected draft tokens to "
+        "go faster.",
         *(control_sentence(control) for control in report.family),
         f"FLy: {report.decision}. " + " ".join(report.explanation),
         *_speed_lines(report),
@@ -260,8 +261,8 @@ def demo(
     """Run the main job: does the gate catch a harmful setting, and is FLy within a margin of lossless
     decoding on GSM8K and MATH-500?
 
-    Arms, in one engine: the target alone (lossless baseline), the draft model alone (a control that must
-    FAIL) and FLy (K=4). The margin is chosen by simulation before the first answer, and said first.
+    Arms, in one engine: standard speculative decoding (lossless baseline), the draft model alone (a control
+    that must FAIL) and FLy (K=4). The margin is chosen by simulation before the first answer, and said first.
 
     Each answer is stored as it arrives; rerunning the same command resumes (or continues) where it stopped.
     """
