@@ -67,8 +67,8 @@ def _interval_lines(report: Any) -> list[str]:
         f"the answers so far leave plausible, at {100 * report.level:g}% confidence. It is a confidence "
         "sequence: it stays valid at every number of questions, which is why the demo may stop as soon as "
         f"it clears the margin. The margin says FLy may lose at most {m} points of accuracy and still "
-        f"count as good enough: PASS needs the whole interval above -{m}, FAIL the whole interval below -{m}. "
-        + report.claim,
+        f"count as good enough: PASS needs the whole interval above -{m}, FAIL the whole interval below "
+        f"-{m}. " + report.claim,
     ]
 
 
