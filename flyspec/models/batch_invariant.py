@@ -8,9 +8,11 @@ into blocks whose sizes follow the numbers of keys and query rows, so a row's su
 differently when a longer request pads the batch or when its own chunk is longer.
 
 What this module does instead:
-- `padded_rows`: a matmul is never called with fewer than `MIN_ROWS` rows (copies of the last row are
-  added and dropped again), so it always runs the many-row algorithm, whose rows depend only on their
-  own inputs.
+- `padded_rows`: a matmul is always called with exactly `ROWS` rows: longer inputs are cut into pieces
+  of `ROWS`, and the last piece is filled with copies of its last row (dropped again), so every row is
+  computed by the one algorithm the library picks for that shape. A minimum alone is not enough: on an
+  Intel Xeon with AMX (torch 2.13), bfloat16 `F.linear` gives the same bits for 16 to 32 rows and
+  different ones from 33 rows on.
 - `attention`, in float32: a score is one dot product over the head dimension, computed in a matmul of
   a multiple of `TILE` query rows (the many-row algorithm again); the row maximum is exact in any order;
   keys are summed in blocks of `KEYS` (fixed-length sums, and the weighted values of a block in a
@@ -28,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-MIN_ROWS = 16
+ROWS = 32
 TILE = 16
 KEYS = 64
 # Scores per piece of work (query rows x keys): bounds the float32 temporaries of a long prefill.
@@ -36,13 +38,14 @@ _MAX_SCORES = 2**22
 
 
 def padded_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn(x) for a row-wise fn (a linear layer), called with at least MIN_ROWS rows."""
+    """fn(x) for a row-wise fn (a linear layer), called on pieces of exactly ROWS rows."""
     rows = x.numel() // x.shape[-1]
-    if rows >= MIN_ROWS:
-        return fn(x)
     flat = x.reshape(rows, x.shape[-1])
-    # Copies of a real row, not zeros: a quantized layer scales each row by its own maximum.
-    out = fn(torch.cat((flat, flat[-1:].expand(MIN_ROWS - rows, -1))))[:rows]
+    short = -rows % ROWS
+    if short:
+        # Copies of a real row, not zeros: a quantized layer scales each row by its own maximum.
+        flat = torch.cat((flat, flat[-1:].expand(short, -1)))
+    out = torch.cat([fn(piece) for piece in flat.split(ROWS)])[:rows]
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
