@@ -1,11 +1,15 @@
 """The int4 kernel for a few rows (csrc/int4_matmul.cpp): built once per machine, called through ctypes.
 
-The C++ source compiles with the machine's C++ compiler (`$CXX`, else `c++` or `g++`) and its own
-instruction set into `$FLYSPEC_CACHE/kernels/`, keyed by a hash of the source, the flags, the compiler and
-the CPU, so a new CPU or a changed source builds afresh and everything else loads the cached library.
-Where it cannot be built (no compiler or a failing one, a CPU without AVX-512 VNNI, an unwritable cache),
-or with `FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in `unavailable_reason()`,
-and int4 layers use torch's own kernel instead (slower for more than one row, same quantized weights).
+The C++ source compiles with the machine's C++ compiler (`$CXX`, else `c++` or `g++`) for one instruction
+set the CPU has (flyspec/cpuinfo.py, which honours `FLYSPEC_CPU_ISA`): AVX-512 VNNI where present, else
+AVX2 with FMA. It is built into `$FLYSPEC_CACHE/kernels/`, keyed by a hash of the source, the flags, the
+compiler and the CPU, so a new CPU or a changed source builds afresh and everything else loads the cached
+library. The compiler's output goes to a log file beside it (`int4_matmul-KEY.log`), never to the
+terminal, and a failed build is remembered (`int4_matmul-KEY.failed`), so later starts neither compile
+nor print again. Where it cannot be built (no compiler or a failing one, a CPU without AVX2 and FMA, an
+unwritable cache), or with `FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in
+`unavailable_reason()`, and int4 layers use torch's own kernel instead (slower for more than one row,
+same quantized weights). One log line per process says which kernel runs.
 
 Why ctypes and not a torch C++ extension: the kernel needs no torch headers, so it builds in about a
 second instead of a minute, and the shared OpenMP runtime (torch's libgomp.so.1, already loaded when this
@@ -26,16 +30,31 @@ from pathlib import Path
 
 import torch
 
+from flyspec import cpuinfo
 from flyspec.assets import cache_dir
-from flyspec.cpuinfo import cpu_signature
 
 BLOCK = 16
-"""Output channels per block of the layout (one 512-bit vector of float32)."""
+"""Output channels per block of the layout (one 512-bit vector of float32, two 256-bit ones)."""
 
 _SOURCE = Path(__file__).with_name("csrc") / "int4_matmul.cpp"
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# Per instruction set: the /proc/cpuinfo flags it needs and the compiler flags that enable exactly those
+# (never -march=native: the build must not use an extension the emulated CPU lacks).
+ISAS = {
+    "avx512_vnni": (
+        ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+        ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    ),
+    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
+}
+"""The kernel's builds, best first: name -> (CPU flags it needs, compiler flags)."""
 _log = logging.getLogger(__name__)
 _failure: list[str] = []
+
+
+def kernel_isa() -> str | None:
+    """The instruction set the kernel is built for on this CPU (as emulated), or None when it has none."""
+    return next((isa for isa, (needs, _) in ISAS.items() if cpuinfo.has_flags(*needs)), None)
 
 
 def _compiler() -> str | None:
@@ -45,22 +64,31 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, isa: str) -> Path:
+    flags = (*_FLAGS, *ISAS[isa][1])
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(
-        "\0".join((_SOURCE.read_text(), " ".join(_FLAGS), version, cpu_signature())).encode()
+        "\0".join((_SOURCE.read_text(), " ".join(flags), version, cpuinfo.cpu_signature())).encode()
     ).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"int4_matmul-{key}.so"
+    log, failed = target.with_suffix(".log"), target.with_suffix(".failed")
     if target.is_file():
         return target
+    if failed.is_file():
+        raise RuntimeError(failed.read_text().strip())
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: concurrent processes never load a half-written library.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        command = [compiler, *_FLAGS, str(_SOURCE), "-o", str(out)]
-        result = subprocess.run(command, capture_output=True, text=True)
+        command = [compiler, *flags, str(_SOURCE), "-o", str(out)]
+        with open(log, "w") as sink:
+            sink.write(" ".join(command) + "\n")
+            sink.flush()
+            result = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+            reason = f"{compiler} failed (exit {result.returncode}; its output is in {log})"
+            failed.write_text(reason + "\n")
+            raise RuntimeError(reason)
         os.replace(out, target)
     return target
 
@@ -68,15 +96,18 @@ def _build(compiler: str) -> Path:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The built kernel library, or None (and a logged warning, once) where it cannot be built or
-    `FLYSPEC_INT4_KERNEL=torch` asks for torch's kernel."""
+    `FLYSPEC_INT4_KERNEL=torch` asks for torch's kernel. Logs which kernel runs, once."""
     _failure.clear()
     compiler = _compiler()
+    isa = kernel_isa()
     try:
         if os.environ.get("FLYSPEC_INT4_KERNEL") == "torch":
             raise RuntimeError("FLYSPEC_INT4_KERNEL=torch")
+        if isa is None:
+            raise RuntimeError(f"no AVX-512 VNNI and no AVX2 with FMA on {cpuinfo.describe_cpu()}")
         if compiler is None:
             raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-        lib = ctypes.CDLL(str(_build(compiler)))
+        lib = ctypes.CDLL(str(_build(compiler, isa)))
     except (OSError, RuntimeError) as exc:
         _failure.append(str(exc))
         _log.warning("int4: the few-row kernel is unavailable (%s); using torch's int4 kernel", exc)
@@ -85,7 +116,18 @@ def library() -> ctypes.CDLL | None:
     fn.restype = None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_int]
+    lib.flyspec_int4_isa.restype = ctypes.c_char_p
+    _log.info("int4: flyspec's few-row kernel runs, built for %s", lib.flyspec_int4_isa().decode())
     return lib
+
+
+def describe() -> str:
+    """Which int4 kernel runs, e.g. 'flyspec int4 kernel (avx2)' or "torch _weight_int4pack_mm_for_cpu
+    (FLYSPEC_INT4_KERNEL=torch)"; builds or loads the library on first use."""
+    lib = library()
+    if lib is None:
+        return f"torch _weight_int4pack_mm_for_cpu ({unavailable_reason()})"
+    return f"flyspec int4 kernel ({lib.flyspec_int4_isa().decode()})"
 
 
 def unavailable_reason() -> str | None:
