@@ -34,6 +34,11 @@ generated tokens always the int4 kernel, in target-only and speculative runs ali
 unaffected. The lm_head, which a prefill pass calls for only the last position of each prompt, has no
 copy. docs/performance.md has the measurements.
 
+**float32** (`Float32Linear`) is not a user option but a format `quantization="auto"` may choose
+(flyspec/models/kernel_check.py): on a CPU without bfloat16 arithmetic (AVX2-only, or AVX-512 without
+AVX-512 BF16) a bfloat16 matmul is emulated, and a float32 copy of the weights, read at twice the bytes,
+can still be faster once a pass has more than a few rows. The rest of the model stays bfloat16.
+
 Quantization is on the CPU only (oneDNN and torch's CPU kernels); `check_quantization` says so for other
 devices.
 """
@@ -45,10 +50,14 @@ import contextvars
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flyspec.config import QUANTIZATION_METHODS
 from flyspec.models import int4_kernel
+
+LINEAR_FORMATS = (*QUANTIZATION_METHODS, "float32")
+"""What `quantize_model` can turn linear layers into: the user's formats and "auto"'s float32."""
 
 _EPS = 1e-12  # an all-zero row (a padding token) gets a tiny scale instead of a division by zero
 
@@ -267,6 +276,26 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {groups}"
 
 
+class Float32Linear(nn.Module):
+    """A linear layer whose weight is held in float32: inputs of any float dtype are upcast, the product
+    runs in float32 (MKL or oneDNN's float32 kernels), and the output is cast to `out_dtype`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.out_dtype = out_dtype
+        # Plain attributes, as for the quantized layers: built at load, never saved.
+        self.weight32 = weight.detach().to(torch.float32, copy=True).contiguous()
+        self.bias = None if bias is None else bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] in `out_dtype`."""
+        return F.linear(x.to(torch.float32), self.weight32, self.bias).to(self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float32 weights"
+
+
 def quantized_linear(
     method: str,
     weight: torch.Tensor,
@@ -275,20 +304,23 @@ def quantized_linear(
     *,
     logits: bool = False,
 ) -> nn.Module:
-    """The quantized layer of `method` ("int8" or "int4") built from a float weight [N, K] and bias;
-    `logits` marks the lm_head (an int4 lm_head needs no prefill copy)."""
+    """The layer of `method` ("int8", "int4" or "float32", one of `LINEAR_FORMATS`) built from a float
+    weight [N, K] and bias; `logits` marks the lm_head (an int4 lm_head needs no prefill copy)."""
     if method == "int4":
         return Int4Linear(weight, bias, out_dtype, prefill_copy=not logits)
+    if method == "float32":
+        return Float32Linear(weight, bias, out_dtype)
     return Int8Linear(weight, bias, out_dtype)
 
 
 def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -> None:
-    """Replace every `nn.Linear` of `model` by the quantized layer of `method`, in place, freeing the float
-    weights as it goes (so the peak memory is the float model plus one layer's quantized copy).
+    """Replace every `nn.Linear` of `model` by the layer of `method` (one of `LINEAR_FORMATS`), in place,
+    freeing the float weights as it goes (so the peak memory is the float model plus one layer's copy).
 
     The top-level `lm_head` produces float32 logits; every other layer keeps the model's dtype.
     """
-    check_quantization(method, next(model.parameters()).device)
+    if method != "float32":
+        check_quantization(method, next(model.parameters()).device)
     dtype = next(model.parameters()).dtype
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
