@@ -35,7 +35,7 @@ import time
 import torch
 
 from flyspec import cpuinfo
-from flyspec.models import int4_kernel
+from flyspec.models import int4_kernel, int8_kernel
 from flyspec.models.kernel_check import onednn_kernels
 from flyspec.models.packed_linear import PackedLinear
 from flyspec.models.quantization import Float32Linear, Int4Linear, Int8Linear
@@ -96,6 +96,9 @@ def _kernels(layers: dict[str, list], k: int) -> str:
     names = []
     for name, fns in layers.items():
         if name.startswith("int4"):
+            continue
+        if name == "int8" and int8_kernel.describe() is not None:
+            names.append(f"int8: {int8_kernel.describe()}")
             continue
         ran = onednn_kernels(lambda fn=fns[0]: fn(x))
         names.append(f"{name}: {', '.join(ran) if ran else 'aten/MKL'}")

@@ -10,7 +10,7 @@ from tiny_llm import save_tiny
 
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
-from flyspec.models import int4_kernel
+from flyspec.models import int4_kernel, int8_kernel
 from flyspec.models.llama import ForwardBatch
 from flyspec.models.loader import load_model
 from flyspec.models.quantization import (
@@ -38,9 +38,26 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
+@pytest.fixture(params=["onednn", "avx2"])
+def int8_kernel_choice(request, monkeypatch) -> str:
+    """Each int8 test runs on oneDNN's kernel (this CPU's) and on ours for AVX2 without VNNI
+    (FLYSPEC_CPU_ISA=avx2: what an AMD Zen 3 runs)."""
+    if request.param == "avx2":
+        monkeypatch.setenv("FLYSPEC_CPU_ISA", "avx2")
+    else:
+        monkeypatch.setenv("FLYSPEC_INT8_KERNEL", "onednn")
+    int8_kernel.library.cache_clear()
+    if request.param == "avx2" and int8_kernel.library() is None:
+        pytest.skip(f"our int8 kernel cannot be built here: {int8_kernel.unavailable_reason()}")
+    yield request.param
+    int8_kernel.library.cache_clear()
+
+
+def test_int8_linear_computes_the_per_token_per_channel_product(int8_kernel_choice: str) -> None:
     """Int8Linear's output is s_x[m] * s_w[n] * (q_x @ q_w^T)[m, n] + bias[n], computed exactly in integers
-    (checked against a float64 reference), for inputs of 1, 5 and 33 rows."""
+    (checked against a float64 reference), for inputs of 1, 5 and 33 rows; on our AVX2 kernel also
+    for rows far beyond what int16 pair sums of unsigned activations could hold (oneDNN's AVX2 kernel
+    saturates there: docs/performance.md)."""
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 80), torch.randn(96)
     layer = Int8Linear(weight, bias, torch.float32)
@@ -50,6 +67,17 @@ def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
         q_x, s_x = quantize_per_token(x)
         exact = (q_x.double() @ q_w.double().T) * s_x.double() * s_w.double() + bias.double()
         torch.testing.assert_close(layer(x).double(), exact, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_rows_do_not_depend_on_the_other_rows(int8_kernel_choice: str) -> None:
+    """Each output row of Int8Linear is bit-identical whether its input row is multiplied alone or with
+    others (what keeps greedy speculative decoding exact over int8 weights); 11 rows cross our kernel's
+    chunks of 4 rows, and 72 outputs end inside its blocks of 16."""
+    torch.manual_seed(5)
+    layer = Int8Linear(torch.randn(72, 96).to(torch.bfloat16), None, torch.bfloat16)
+    x = torch.randn(11, 96).to(torch.bfloat16)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(11)])
+    assert torch.equal(layer(x), alone)
 
 
 def test_large_inputs_are_quantized_in_chunks_with_the_same_result() -> None:

@@ -1,96 +1,31 @@
 """The int4 kernel for a few rows (csrc/int4_matmul.cpp): built once per machine, called through ctypes.
 
-The C++ source compiles with the machine's C++ compiler (`$CXX`, else `c++` or `g++`) for one instruction
-set the CPU has (flyspec/cpuinfo.py, which honours `FLYSPEC_CPU_ISA`): AVX-512 VNNI where present, else
-AVX2 with FMA. It is built into `$FLYSPEC_CACHE/kernels/`, keyed by a hash of the source, the flags, the
-compiler and the CPU, so a new CPU or a changed source builds afresh and everything else loads the cached
-library. The compiler's output goes to a log file beside it (`int4_matmul-KEY.log`), never to the
-terminal, and a failed build is remembered (`int4_matmul-KEY.failed`), so later starts neither compile
-nor print again. Where it cannot be built (no compiler or a failing one, a CPU without AVX2 and FMA, an
-unwritable cache), or with `FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in
-`unavailable_reason()`, and int4 layers use torch's own kernel instead (slower for more than one row,
-same quantized weights). One log line per process says which kernel runs.
-
-Why ctypes and not a torch C++ extension: the kernel needs no torch headers, so it builds in about a
-second instead of a minute, and the shared OpenMP runtime (torch's libgomp.so.1, already loaded when this
-module is imported) runs its threads.
+Built by flyspec/models/cpu_kernels.py for the best instruction set the CPU has (AVX-512 VNNI, else AVX2
+with FMA), compiler output to a log file in the cache, never the terminal. Where it cannot be built (no
+compiler or a failing one, a CPU without AVX2 and FMA, an unwritable cache), or with
+`FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in `unavailable_reason()`, and int4
+layers use torch's own kernel instead (slower for more than one row, same quantized weights). One log
+line per process says which kernel runs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
 from flyspec import cpuinfo
-from flyspec.assets import cache_dir
+from flyspec.models import cpu_kernels
 
 BLOCK = 16
 """Output channels per block of the layout (one 512-bit vector of float32, two 256-bit ones)."""
 
-_SOURCE = Path(__file__).with_name("csrc") / "int4_matmul.cpp"
-_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
-# Per instruction set: the /proc/cpuinfo flags it needs and the compiler flags that enable exactly those
-# (never -march=native: the build must not use an extension the emulated CPU lacks).
-ISAS = {
-    "avx512_vnni": (
-        ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
-        ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-    ),
-    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
-}
-"""The kernel's builds, best first: name -> (CPU flags it needs, compiler flags)."""
+_SOURCE = cpu_kernels.CSRC / "int4_matmul.cpp"
 _log = logging.getLogger(__name__)
 _failure: list[str] = []
-
-
-def kernel_isa() -> str | None:
-    """The instruction set the kernel is built for on this CPU (as emulated), or None when it has none."""
-    return next((isa for isa, (needs, _) in ISAS.items() if cpuinfo.has_flags(*needs)), None)
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _build(compiler: str, isa: str) -> Path:
-    flags = (*_FLAGS, *ISAS[isa][1])
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(
-        "\0".join((_SOURCE.read_text(), " ".join(flags), version, cpuinfo.cpu_signature())).encode()
-    ).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"int4_matmul-{key}.so"
-    log, failed = target.with_suffix(".log"), target.with_suffix(".failed")
-    if target.is_file():
-        return target
-    if failed.is_file():
-        raise RuntimeError(failed.read_text().strip())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent processes never load a half-written library.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        command = [compiler, *flags, str(_SOURCE), "-o", str(out)]
-        with open(log, "w") as sink:
-            sink.write(" ".join(command) + "\n")
-            sink.flush()
-            result = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if result.returncode != 0:
-            reason = f"{compiler} failed (exit {result.returncode}; its output is in {log})"
-            failed.write_text(reason + "\n")
-            raise RuntimeError(reason)
-        os.replace(out, target)
-    return target
 
 
 @functools.cache
@@ -98,16 +33,13 @@ def library() -> ctypes.CDLL | None:
     """The built kernel library, or None (and a logged warning, once) where it cannot be built or
     `FLYSPEC_INT4_KERNEL=torch` asks for torch's kernel. Logs which kernel runs, once."""
     _failure.clear()
-    compiler = _compiler()
-    isa = kernel_isa()
+    isa = cpu_kernels.kernel_isa()
     try:
         if os.environ.get("FLYSPEC_INT4_KERNEL") == "torch":
             raise RuntimeError("FLYSPEC_INT4_KERNEL=torch")
         if isa is None:
             raise RuntimeError(f"no AVX-512 VNNI and no AVX2 with FMA on {cpuinfo.describe_cpu()}")
-        if compiler is None:
-            raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-        lib = ctypes.CDLL(str(_build(compiler, isa)))
+        lib = cpu_kernels.load(_SOURCE, isa)
     except (OSError, RuntimeError) as exc:
         _failure.append(str(exc))
         _log.warning("int4: the few-row kernel is unavailable (%s); using torch's int4 kernel", exc)

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from flyspec import cpuinfo
 from flyspec.assets import cache_dir
-from flyspec.models import int4_kernel
+from flyspec.models import int4_kernel, int8_kernel
 from flyspec.models.packed_linear import PackedLinear, pack_reason
 from flyspec.models.quantization import Float32Linear, Int4Linear, Int8Linear
 
@@ -63,9 +63,16 @@ _SOURCES = (
     Path(__file__).with_name("quantization.py"),
     Path(__file__).with_name("packed_linear.py"),
     Path(__file__).with_name("csrc") / "int4_matmul.cpp",
+    Path(__file__).with_name("csrc") / "int8_matmul.cpp",
 )
 # The libraries' own ISA switches: a measurement under one does not stand for another.
-_ENV_KEYS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "FLYSPEC_INT4_KERNEL")
+_ENV_KEYS = (
+    "ONEDNN_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "FLYSPEC_INT4_KERNEL",
+    "FLYSPEC_INT8_KERNEL",
+)
 PACKED = "bf16-packed"
 """bfloat16 with prepacked weights (models/packed_linear.py): the same numbers as bf16, another layout."""
 MAX_ROWS = 256
@@ -279,6 +286,8 @@ def onednn_kernels(fn: Callable[[], object]) -> list[str]:
 def _kernel_name(fmt: str, call: Callable[[], object]) -> str:
     if fmt == "int4":
         return int4_kernel.describe()
+    if fmt == "int8" and int8_kernel.describe() is not None:
+        return int8_kernel.describe()  # type: ignore[return-value]
     onednn = onednn_kernels(call)
     if fmt == PACKED:
         return f"oneDNN {', '.join(onednn)}, prepacked"

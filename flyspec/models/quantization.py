@@ -9,6 +9,12 @@ VNNI where the CPU has them) with float32 accumulation of the scales:
 
     y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] * q_w[n, k] + bias[n]
 
+On a CPU with AVX2 but no VNNI (AMD Zen 3 and older, many laptops) our own kernel computes the same
+product (`int8_kernel`, csrc/int8_matmul.cpp) for every pass: there oneDNN's `gemm:jit` took about twice
+bfloat16's time for one row, and it multiplies unsigned activations by signed weights with AVX2's
+`vpmaddubsw`, whose int16 pair sums saturate (255 * 127 * 2 > 32767), so its results were off by several
+percent of the output's range; ours keeps every integer sum exact (docs/performance.md).
+
 The embedding table stays in the model's dtype (a lookup reads a few rows; quantizing it would only add
 error), and so do the norms, RoPE and attention with its KV cache.
 
@@ -54,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyspec.config import QUANTIZATION_METHODS
-from flyspec.models import int4_kernel
+from flyspec.models import int4_kernel, int8_kernel
 
 LINEAR_FORMATS = (*QUANTIZATION_METHODS, "float32")
 """What `quantize_model` can turn linear layers into: the user's formats and "auto"'s float32."""
@@ -134,13 +140,19 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.out_dtype = out_dtype
         q, scale = quantize_per_channel(weight)
+        self.bias = None if bias is None else bias.detach().float()
+        # On a CPU with AVX2 but no VNNI, oneDNN's int8 kernel is slow for few rows and saturates its
+        # int16 pair sums (module docstring); ours runs every pass there.
+        self._kernel = int8_kernel.library() if self.in_features % 4 == 0 else None
+        if self._kernel is not None:
+            self.codes, self.weight_scale = int8_kernel.pack(q, scale)
+            return
         # Plain attributes, not buffers: the packed weight is an opaque oneDNN layout (the int8 matrix
         # reordered; `q` itself is not kept), and a quantized model is built from a float checkpoint at
         # load time, never saved.
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         self.weight_scale = scale
         self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        self.bias = None if bias is None else bias.detach().float()
 
     def int8_matmul(self, x_u8: torch.Tensor) -> torch.Tensor:
         """sum_k (x_u8[m, k] - 128) * q_w[n, k] * s_w[n] as float32 [M, N] for uint8 codes [M, K] with
@@ -162,6 +174,13 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] (any float dtype) -> [..., N] in `out_dtype`."""
         shape = x.shape
+        if self._kernel is not None:
+            rows = x.reshape(-1, self.in_features)
+            y = int8_kernel.matmul(
+                self._kernel, rows, self.codes, self.weight_scale, self.out_features, self.bias,
+                self.out_dtype,
+            )  # fmt: skip
+            return y.view(*shape[:-1], self.out_features)
         x_u8, x_scale = quantize_per_token(x.reshape(-1, self.in_features), zero_point=128)
         y = self.int8_matmul(x_u8).mul_(x_scale)
         if self.bias is not None:
