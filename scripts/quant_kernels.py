@@ -80,25 +80,43 @@ def _bf16_layers(weights: list[torch.Tensor]) -> dict[str, list]:
     return layers
 
 
+def _onednn_int8_layers(weights: list[torch.Tensor]) -> list[Int8Linear]:
+    """Int8Linear layers on oneDNN's kernel, where ours would run (FLYSPEC_INT8_KERNEL=onednn)."""
+    saved = os.environ.get("FLYSPEC_INT8_KERNEL")
+    os.environ["FLYSPEC_INT8_KERNEL"] = "onednn"
+    int8_kernel.library.cache_clear()
+    try:
+        return [Int8Linear(w, None, torch.bfloat16) for w in weights]
+    finally:
+        os.environ.pop("FLYSPEC_INT8_KERNEL")
+        if saved is not None:
+            os.environ["FLYSPEC_INT8_KERNEL"] = saved
+        int8_kernel.library.cache_clear()
+
+
 def _format_layers(weights: list[torch.Tensor]) -> dict[str, list]:
-    return {
+    layers = {
         "bf16": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in weights],
         "float32": [Float32Linear(w, None, torch.bfloat16) for w in weights],
         "int8": [Int8Linear(w, None, torch.bfloat16) for w in weights],
         "int4": _int4_layers(weights, "ours"),
         "int4 torch": _int4_layers(weights, "torch"),
     }
+    if int8_kernel.library() is not None:  # also oneDNN's int8, which ours replaces on this CPU
+        layers["int8 oneDNN"] = _onednn_int8_layers(weights)
+    return layers
 
 
 def _kernels(layers: dict[str, list], k: int) -> str:
     """Which library kernel each column ran (oneDNN's verbose log of one call; `aten` when none)."""
     x = torch.randn(1, k).to(torch.bfloat16)
     names = []
+    int8_ours = int8_kernel.describe()
     for name, fns in layers.items():
         if name.startswith("int4"):
             continue
-        if name == "int8" and int8_kernel.describe() is not None:
-            names.append(f"int8: {int8_kernel.describe()}")
+        if name == "int8" and int8_ours is not None:
+            names.append(f"int8: {int8_ours}")
             continue
         ran = onednn_kernels(lambda fn=fns[0]: fn(x))
         names.append(f"{name}: {', '.join(ran) if ran else 'aten/MKL'}")
