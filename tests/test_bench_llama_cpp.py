@@ -36,19 +36,26 @@ def test_a_missing_llama_cpp_is_skipped_with_the_command_that_installs_it(
     assert llama_cpp.missing(tmp_path) is None
 
 
-def test_the_table_names_the_cpu_and_divides_the_best_arm_by_llama_cpp() -> None:
+def test_the_table_names_the_cpu_and_takes_the_best_arms_paired_ratio() -> None:
     """A report read back from JSON (string keys) renders one row per number of sequences with the CPU,
-    llama.cpp's tool, and the best target-only and SD arm over llama.cpp."""
-    arm = {
-        "quantization": "int8",
-        "weights": {},
-        "by_sequences": {"1": {"tokens_per_s": 5.0}, "16": {"tokens_per_s": 30.0}},
-    }
-    int4 = {
-        "quantization": "int4",
-        "weights": {},
-        "by_sequences": {"1": {"tokens_per_s": 12.0}, "16": {"tokens_per_s": 20.0}},
-    }
+    llama.cpp's tool and the range of its runs, and for the best target-only and SD arm the ratio to the
+    llama.cpp runs measured right around it."""
+
+    def cell(rate: float, around: list[float]) -> dict:
+        return {
+            "tokens_per_s": rate,
+            "llama_cpp_tokens_per_s": around,
+            "vs_llama_cpp": rate / (sum(around) / 2),
+        }
+
+    def arm(method: str, one: dict, sixteen: dict) -> dict:
+        return {
+            "quantization": "int8",
+            "method": method,
+            "weights": {},
+            "by_sequences": {1: one, 16: sixteen},
+        }
+
     report = {
         "cpu": "AMD EPYC 7B13 (avx2, fma; no AMX)",
         "threads": 2,
@@ -59,17 +66,24 @@ def test_the_table_names_the_cpu_and_divides_the_best_arm_by_llama_cpp() -> None
         "prompt_tokens_mean": 120,
         "sequences": [1, 16],
         "flyspec": {
-            "flyspec int8 target-only": {**arm, "method": "target"},
-            "flyspec int4 target-only": {**int4, "method": "target"},
-            "flyspec int8 SD": {**arm, "method": "standard"},
+            "flyspec int8 target-only": arm("target", cell(5.0, [10.0, 10.0]), cell(30.0, [20.0, 28.0])),
+            "flyspec int4 target-only": arm("target", cell(12.0, [8.0, 12.0]), cell(20.0, [24.0, 24.0])),
+            "flyspec int8 SD": arm("standard", cell(5.0, [9.0, 11.0]), cell(12.0, [24.0, 24.0])),
         },
-        "llama_cpp": {"build": "b11434", "gguf": "m.gguf", "tokens_per_s": {"1": 10.0, "16": 24.0}},
+        "llama_cpp": {
+            "build": "b11434",
+            "gguf": "m.gguf",
+            "runs": {1: [{"tokens_per_s": t} for t in (10.0, 10.0, 8.0, 12.0, 9.0, 11.0)], 16: []},
+        },
     }
+    report["llama_cpp"]["runs"][16] = [{"tokens_per_s": t} for t in (20.0, 28.0, 24.0, 24.0, 24.0, 24.0)]
     text = llama_cpp.render(json.loads(json.dumps(report)))
     assert "AMD EPYC 7B13 (avx2, fma; no AMX)" in text
     rows = [line for line in text.splitlines() if line.startswith("| 1 ") or line.startswith("| 16 ")]
-    assert "10.00 (llama-bench tg)" in rows[0] and "**1.20x** | **0.50x**" in rows[0]
-    assert "24.00 (batched-bench S_TG)" in rows[1] and "**1.25x** | **1.25x**" in rows[1]
+    assert "10.00 (llama-bench tg; 8.00-12.00)" in rows[0] and rows[0].endswith("| **1.20x** | **0.50x** |")
+    assert "24.00 (batched-bench S_TG; 20.00-28.00)" in rows[1] and rows[1].endswith(
+        "| **1.25x** | **0.50x** |"
+    )
 
 
 def test_the_decode_rate_leaves_out_the_prefill(tmp_path) -> None:
@@ -111,5 +125,6 @@ def test_a_whole_run_on_the_smallest_zoo_model(tmp_path) -> None:
         assert "not installed" in report["llama_cpp_skipped"]
     else:
         assert all(report["llama_cpp"]["tokens_per_s"][b] > 0 for b in (1, 2))
-        assert [r["when"] for r in report["llama_cpp"]["runs"]] == ["before", "after"]
+        for arm in report["flyspec"].values():  # llama.cpp right before and after each measurement
+            assert all(len(arm["by_sequences"][b]["llama_cpp_tokens_per_s"]) == 2 for b in (1, 2))
     assert "|" in llama_cpp.render(json.loads(json.dumps(report)))

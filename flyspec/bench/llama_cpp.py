@@ -13,8 +13,9 @@ one token, and the rate is B x (n_gen - 1) / (t(n_gen) - t(1)) (prefix caching o
 prefills like the first). The flyspec prompts are GSM8K questions through the chat template; llama.cpp's
 prompt length is their mean, rounded (its prompt tokens are random).
 
-On a shared machine the llama.cpp benches run before and after all flyspec measurements and the table
-uses their mean (both are in the JSON). Threads: torch's thread count for both. With
+On a shared machine the load changes by the minute, so llama.cpp runs right before and right after
+every flyspec measurement, at the same number of sequences, and each ratio is flyspec's rate over the
+mean of those two (all runs are in the JSON). Threads: torch's thread count for both. With
 `FLYSPEC_CPU_ISA=avx2` (flyspec/cpuinfo.py) the AVX2-only llama.cpp build is used
 (`.peers/llama.cpp-avx2`, `LLAMA_CPU_ISA=avx2 bash scripts/peers/llama_cpp.sh`). A llama.cpp that is not
 installed is skipped with the command that installs it; flyspec's rows are still measured.
@@ -23,6 +24,7 @@ installed is skipped with the command that installs it; flyspec's rows are still
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import statistics
 import subprocess
@@ -219,28 +221,41 @@ def run(
         peer = {
             "gguf": str(assembled_gguf(model, root)),
             "build": installed.read_text().strip() if installed.is_file() else str(folder),
-            "runs": [],
+            "runs": {b: [] for b in sequences},
         }
+    count = itertools.count()
 
-    def measure_peer(when: str) -> None:
+    def peer_rate(b: int) -> float | None:
+        """llama.cpp at b sequences: llama-bench for one, llama-batched-bench's S_TG for more."""
         if peer is None:
-            return
-        on_progress(f"llama.cpp ({when})")
-        folder, gguf = llama_cpp_dir(root) / "bin", Path(peer["gguf"])
-        one = llama_bench(folder / "llama-bench", gguf, threads, n_gen, 3, logs / f"llama-bench-{when}.log")
-        batched = batched_bench(
-            folder / "llama-batched-bench", gguf, threads, npp, n_gen, sequences, logs / f"batched-{when}.log"
+            return None
+        on_progress(f"llama.cpp, {b} sequences")
+        folder, gguf, log = (
+            llama_cpp_dir(root) / "bin",
+            Path(peer["gguf"]),
+            logs / f"llama-cpp-{next(count)}.log",
         )
-        peer["runs"].append({"when": when, "llama_bench": one, "batched_bench": batched})
+        if b == 1:
+            result = llama_bench(folder / "llama-bench", gguf, threads, n_gen, 2, log)
+        else:
+            result = batched_bench(folder / "llama-batched-bench", gguf, threads, npp, n_gen, [b], log)[b]
+        peer["runs"][b].append(result)
+        return result["tokens_per_s"]
 
-    measure_peer("before")
     for arm in arms:
         on_progress(f"load {arm.label}")
         llm = _flyspec_engine(model, draft, arm, k, max(sequences), dtype, seed)
         results = {}
         for b in sequences:
+            # llama.cpp right before and after each measurement: on a shared machine the load changes by
+            # the minute, and a ratio is only as good as the closeness of its two sides.
+            before = peer_rate(b)
             on_progress(f"{arm.label}, {b} sequences")
             results[b] = decode_rate(llm, prompts[:b], n_gen, repeats)
+            after = peer_rate(b)
+            if before is not None and after is not None:
+                results[b]["llama_cpp_tokens_per_s"] = [before, after]
+                results[b]["vs_llama_cpp"] = results[b]["tokens_per_s"] / statistics.mean((before, after))
         report["flyspec"][arm.label] = {
             "quantization": arm.quantization,
             "method": arm.method,
@@ -249,16 +264,9 @@ def run(
         }
         del llm
         gc.collect()
-    measure_peer("after")
     if peer is not None:
-        runs = peer["runs"]
-        # One sequence: llama-bench, as users quote it; more: batched-bench's S_TG.
         peer["tokens_per_s"] = {
-            b: statistics.mean(
-                r["llama_bench"]["tokens_per_s"] if b == 1 else r["batched_bench"][b]["tokens_per_s"]
-                for r in runs
-            )
-            for b in sequences
+            b: statistics.mean(r["tokens_per_s"] for r in peer["runs"][b]) for b in sequences
         }
     report["llama_cpp"] = peer
     return report
@@ -289,18 +297,25 @@ def render(report: dict[str, Any]) -> str:
     head += ["best target-only / llama.cpp", "best SD / llama.cpp"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for b in seqs:
-        rates = {label: _at(arm["by_sequences"], b)["tokens_per_s"] for label, arm in arms.items()}
+        cells_of = {label: _at(arm["by_sequences"], b) for label, arm in arms.items()}
         cells = [str(b)]
-        ref = None
-        if peer is not None:
-            ref = _at(peer["tokens_per_s"], b)
-            tool = "llama-bench tg" if b == 1 else "batched-bench S_TG"
-            cells.append(f"{ref:.2f} ({tool})")
-        else:
+        if peer is None:
             cells.append("-")
-        cells += [f"{rates[label]:.2f}" for label in arms]
+        else:
+            runs = [r["tokens_per_s"] for r in _at(peer["runs"], b)]
+            tool = "llama-bench tg" if b == 1 else "batched-bench S_TG"
+            cells.append(f"{statistics.mean(runs):.2f} ({tool}; {min(runs):.2f}-{max(runs):.2f})")
+        cells += [f"{cells_of[label]['tokens_per_s']:.2f}" for label in arms]
         for method in ("target", "standard"):
-            best = max(rate for label, rate in rates.items() if arms[label]["method"] == method)
-            cells.append(f"**{best / ref:.2f}x**" if ref else "-")
+            mine = [c for label, c in cells_of.items() if arms[label]["method"] == method]
+            best = max(mine, key=lambda c: c["tokens_per_s"]) if mine else None
+            ratio = None if best is None else best.get("vs_llama_cpp")
+            cells.append("-" if ratio is None else f"**{ratio:.2f}x**")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Each flyspec cell was measured between two llama.cpp runs at the same number of sequences; a "
+        "ratio is the arm's tokens/s over the mean of those two. The llama.cpp column is the mean (and "
+        "range) of all its runs.",
+    ]
     return "\n".join(lines) + "\n"
