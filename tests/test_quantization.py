@@ -11,7 +11,7 @@ from tiny_llm import TinyModels
 
 from flyspec.config import EngineConfig, SpeculativeConfig
 from flyspec.engine.engine import LLMEngine
-from flyspec.models import int4_kernel
+from flyspec.models import int4_kernel, int8_kernel
 from flyspec.models.llama import ForwardBatch
 from flyspec.models.loader import load_model
 from flyspec.models.quantization import (
@@ -34,9 +34,26 @@ def models(tiny_models: TinyModels) -> dict[str, str]:
     return {**tiny_models.pair(), "qwen2": tiny_models.get(seed=2, arch="qwen2")}
 
 
-def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
+@pytest.fixture(params=["onednn", "avx2"])
+def int8_kernel_choice(request, monkeypatch) -> str:
+    """Each int8 test runs on oneDNN's kernel (this CPU's) and on ours for AVX2 without VNNI
+    (FLYSPEC_CPU_ISA=avx2: what an AMD Zen 3 runs)."""
+    if request.param == "avx2":
+        monkeypatch.setenv("FLYSPEC_CPU_ISA", "avx2")
+    else:
+        monkeypatch.setenv("FLYSPEC_INT8_KERNEL", "onednn")
+    int8_kernel.library.cache_clear()
+    if request.param == "avx2" and int8_kernel.library() is None:
+        pytest.skip(f"our int8 kernel cannot be built here: {int8_kernel.unavailable_reason()}")
+    yield request.param
+    int8_kernel.library.cache_clear()
+
+
+def test_int8_linear_computes_the_per_token_per_channel_product(int8_kernel_choice: str) -> None:
     """Int8Linear's output is s_x[m] * s_w[n] * (q_x @ q_w^T)[m, n] + bias[n], computed exactly in integers
-    (checked against a float64 reference), for inputs of 1, 5 and 33 rows."""
+    (checked against a float64 reference), for inputs of 1, 5 and 33 rows; on our AVX2 kernel also
+    for rows far beyond what int16 pair sums of unsigned activations could hold (oneDNN's AVX2 kernel
+    saturates there: docs/performance.md)."""
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 80), torch.randn(96)
     layer = Int8Linear(weight, bias, torch.float32)
@@ -46,6 +63,17 @@ def test_int8_linear_computes_the_per_token_per_channel_product() -> None:
         q_x, s_x = quantize_per_token(x)
         exact = (q_x.double() @ q_w.double().T) * s_x.double() * s_w.double() + bias.double()
         torch.testing.assert_close(layer(x).double(), exact, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_rows_do_not_depend_on_the_other_rows(int8_kernel_choice: str) -> None:
+    """Each output row of Int8Linear is bit-identical whether its input row is multiplied alone or with
+    others (what keeps greedy speculative decoding exact over int8 weights); 11 rows cross our kernel's
+    chunks of 4 rows, and 72 outputs end inside its blocks of 16."""
+    torch.manual_seed(5)
+    layer = Int8Linear(torch.randn(72, 96).to(torch.bfloat16), None, torch.bfloat16)
+    x = torch.randn(11, 96).to(torch.bfloat16)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(11)])
+    assert torch.equal(layer(x), alone)
 
 
 def test_large_inputs_are_quantized_in_chunks_with_the_same_result() -> None:
@@ -97,15 +125,20 @@ def test_per_token_scales_keep_small_rows_precise() -> None:
     assert rel.max() < 0.02
 
 
-@pytest.fixture(params=["ours", "torch"])
+@pytest.fixture(params=["ours", "avx2", "torch"])
 def int4_kernel_choice(request, monkeypatch) -> str:
-    """Each int4 test runs on our few-row kernel and on torch's, the fallback where ours cannot be built
-    (FLYSPEC_INT4_KERNEL=torch asks for it)."""
+    """Each int4 test runs on our few-row kernel for this CPU's best instruction set, on its AVX2 build
+    (FLYSPEC_CPU_ISA=avx2, what an AVX2-only CPU runs; the same build where that is all the CPU has) and on
+    torch's, the fallback where ours cannot be built (FLYSPEC_INT4_KERNEL=torch asks for it)."""
     if request.param == "torch":
         monkeypatch.setenv("FLYSPEC_INT4_KERNEL", "torch")
+    if request.param == "avx2":
+        monkeypatch.setenv("FLYSPEC_CPU_ISA", "avx2")
     int4_kernel.library.cache_clear()
-    if request.param == "ours" and int4_kernel.library() is None:
+    if request.param != "torch" and int4_kernel.library() is None:
         pytest.skip(f"our int4 kernel cannot be built here: {int4_kernel.unavailable_reason()}")
+    if request.param == "avx2":
+        assert int4_kernel.describe() == "flyspec int4 kernel (avx2)"
     yield request.param
     int4_kernel.library.cache_clear()
 
@@ -148,7 +181,7 @@ def test_int4_linear_computes_the_grouped_product(out_features: int, int4_kernel
         torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("int4_kernel_choice", ["ours"], indirect=True)
+@pytest.mark.parametrize("int4_kernel_choice", ["ours", "avx2"], indirect=True)
 def test_our_int4_kernels_activation_quantization_adds_little_error(int4_kernel_choice: str) -> None:
     """Quantizing the activations to int8 per group of 64 (our kernel) adds little to the weights' own
     int4 error: on Gaussian inputs the product's relative error grows by under 1% of the weight error
@@ -173,7 +206,7 @@ def test_int4_rows_do_not_depend_on_the_other_rows(dtype: torch.dtype, int4_kern
     """Each output row of Int4Linear is bit-identical whether its input row is multiplied alone, with
     others, or within a slice of the batch: what keeps speculative decoding exact over int4 weights,
     whose verify passes have more rows than a target-only step. 19 rows cross our kernel's chunks of 8
-    rows and its different block widths for 1-8 rows; 72 outputs end inside a block of 16."""
+    rows (4 on AVX2) and its different block widths for 1-8 rows; 72 outputs end inside a block of 16."""
     torch.manual_seed(4)
     layer = Int4Linear(torch.randn(72, 96).to(dtype), None, dtype)
     assert layer.group_size == 32  # 96 is not a multiple of 64
@@ -204,7 +237,7 @@ def test_the_engine_runs_prompts_on_the_int8_copy_and_generated_tokens_on_int4(
     """With quantization='int4', the target's prefill passes (and the draft's) take the int8 copies and
     every decode or verify pass takes the int4 kernel: counted on the real layers of a real engine."""
     calls = {"int8 copy": 0, "int4 kernel": 0}
-    owner, name = (int4_kernel, "matmul") if int4_kernel_choice == "ours" else (torch.ops.aten, _TORCH_INT4)
+    owner, name = (torch.ops.aten, _TORCH_INT4) if int4_kernel_choice == "torch" else (int4_kernel, "matmul")
     real_kernel = getattr(owner, name)
     real_copy = Int8Linear.forward
 

@@ -67,7 +67,13 @@ HeadlineK = Annotated[
 LosslessPrefix = Annotated[
     str | None, opt("Comma list of lossless_prefix_tokens for every lossy arm, e.g. 0,16 (default: 0).")
 ]
-Peer = Annotated[str | None, opt("Also run a peer in this process: hf, or none.")]
+Peer = Annotated[
+    str | None,
+    opt(
+        "Also run a peer: hf (in this process), llama.cpp (its own llama-bench and llama-batched-bench "
+        "beside flyspec target-only and SD at 1, 16 and 32 sequences; flyspec/bench/llama_cpp.py), or none."
+    ),
+]
 Dataset = Annotated[str | None, opt("Prompt set: a gate dataset name or path (default: gsm8k).")]
 NumPrompts = Annotated[int | None, opt("Requests per arm and run, rounded up to full batches (default: 4).")]
 MaxTokens = Annotated[int | None, opt("New tokens per request (default: 128).")]
@@ -140,6 +146,13 @@ def bench(
     RSS for target-only, standard and lossy (any registered policy, --policies grids, --lossless-prefix)
     decoding across batch sizes, K and drafters, interleaved with a warm-up; with --peer hf, also
     transformers' generate and assisted generation, reported as ratios."""
+    if peer is not None and peer.strip().lower() == "llama.cpp":
+        from flyspec.cli.bench_llama_cpp import bench_llama_cpp
+
+        options = dict(model=model, draft=draft, batch_sizes=batch_sizes, k=k, quantization=quantization)
+        options |= dict(max_tokens=max_tokens, repeats=repeats, threads=threads, dtype=dtype, seed=seed)
+        bench_llama_cpp(options | {"dataset": dataset, "json_path": json_path, "markdown": markdown})
+        return
     if from_json is not None:
         _check_output(plot, "--plot")
         _check_output(markdown, "--markdown")

@@ -1,82 +1,45 @@
 """The int4 kernel for a few rows (csrc/int4_matmul.cpp): built once per machine, called through ctypes.
 
-The C++ source compiles with the machine's C++ compiler (`$CXX`, else `c++` or `g++`) and its own
-instruction set into `$FLYSPEC_CACHE/kernels/`, keyed by a hash of the source, the flags, the compiler and
-the CPU, so a new CPU or a changed source builds afresh and everything else loads the cached library.
-Where it cannot be built (no compiler or a failing one, a CPU without AVX-512 VNNI, an unwritable cache),
-or with `FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in `unavailable_reason()`,
-and int4 layers use torch's own kernel instead (slower for more than one row, same quantized weights).
-
-Why ctypes and not a torch C++ extension: the kernel needs no torch headers, so it builds in about a
-second instead of a minute, and the shared OpenMP runtime (torch's libgomp.so.1, already loaded when this
-module is imported) runs its threads.
+Built by flyspec/models/cpu_kernels.py for the best instruction set the CPU has (AVX-512 VNNI, else AVX2
+with FMA), compiler output to a log file in the cache, never the terminal. Where it cannot be built (no
+compiler or a failing one, a CPU without AVX2 and FMA, an unwritable cache), or with
+`FLYSPEC_INT4_KERNEL=torch`, `library()` returns None with the reason in `unavailable_reason()`, and int4
+layers use torch's own kernel instead (slower for more than one row, same quantized weights). One log
+line per process says which kernel runs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from flyspec.assets import cache_dir
-from flyspec.cpuinfo import cpu_signature
+from flyspec import cpuinfo
+from flyspec.models import cpu_kernels
 
 BLOCK = 16
-"""Output channels per block of the layout (one 512-bit vector of float32)."""
+"""Output channels per block of the layout (one 512-bit vector of float32, two 256-bit ones)."""
 
-_SOURCE = Path(__file__).with_name("csrc") / "int4_matmul.cpp"
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+_SOURCE = cpu_kernels.CSRC / "int4_matmul.cpp"
 _log = logging.getLogger(__name__)
 _failure: list[str] = []
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _build(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(
-        "\0".join((_SOURCE.read_text(), " ".join(_FLAGS), version, cpu_signature())).encode()
-    ).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"int4_matmul-{key}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent processes never load a half-written library.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        command = [compiler, *_FLAGS, str(_SOURCE), "-o", str(out)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
-        os.replace(out, target)
-    return target
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The built kernel library, or None (and a logged warning, once) where it cannot be built or
-    `FLYSPEC_INT4_KERNEL=torch` asks for torch's kernel."""
+    `FLYSPEC_INT4_KERNEL=torch` asks for torch's kernel. Logs which kernel runs, once."""
     _failure.clear()
-    compiler = _compiler()
+    isa = cpu_kernels.kernel_isa()
     try:
         if os.environ.get("FLYSPEC_INT4_KERNEL") == "torch":
             raise RuntimeError("FLYSPEC_INT4_KERNEL=torch")
-        if compiler is None:
-            raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-        lib = ctypes.CDLL(str(_build(compiler)))
+        if isa is None:
+            raise RuntimeError(f"no AVX-512 VNNI and no AVX2 with FMA on {cpuinfo.describe_cpu()}")
+        lib = cpu_kernels.load(_SOURCE, isa)
     except (OSError, RuntimeError) as exc:
         _failure.append(str(exc))
         _log.warning("int4: the few-row kernel is unavailable (%s); using torch's int4 kernel", exc)
@@ -85,7 +48,18 @@ def library() -> ctypes.CDLL | None:
     fn.restype = None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_int]
+    lib.flyspec_int4_isa.restype = ctypes.c_char_p
+    _log.info("int4: flyspec's few-row kernel runs, built for %s", lib.flyspec_int4_isa().decode())
     return lib
+
+
+def describe() -> str:
+    """Which int4 kernel runs, e.g. 'flyspec int4 kernel (avx2)' or "torch _weight_int4pack_mm_for_cpu
+    (FLYSPEC_INT4_KERNEL=torch)"; builds or loads the library on first use."""
+    lib = library()
+    if lib is None:
+        return f"torch _weight_int4pack_mm_for_cpu ({unavailable_reason()})"
+    return f"flyspec int4 kernel ({lib.flyspec_int4_isa().decode()})"
 
 
 def unavailable_reason() -> str | None:

@@ -20,7 +20,7 @@ from torch import nn
 from flyspec.assets import resolve_model
 from flyspec.config import QUANTIZATION_CHOICES
 from flyspec.models import kernel_check
-from flyspec.models.kernel_check import KernelCheck, resolve_quantization
+from flyspec.models.kernel_check import KernelCheck, Workload, resolve_quantization
 from flyspec.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from flyspec.models.quantization import check_quantization
 
@@ -109,7 +109,7 @@ def _build(
     state: dict[str, torch.Tensor],
     device: torch.device,
     quantization: str | None,
-    kernel_rows: tuple[int, ...],
+    kernel_rows: Workload | tuple[int, ...],
     label: str,
 ) -> tuple[LlamaForCausalLM, str | None, KernelCheck | None]:
     """The model with `state`'s tensors assigned (the dict is emptied, so that quantization can free each
@@ -154,7 +154,7 @@ def load_model(
     device: str = "cpu",
     quantization: str | None = None,
     *,
-    kernel_rows: tuple[int, ...] = DEFAULT_KERNEL_ROWS,
+    kernel_rows: Workload | tuple[int, ...] = DEFAULT_KERNEL_ROWS,
 ) -> LoadedModel:
     """Load an HF folder, a .gguf file or a prepared zoo name into the native forward.
 

@@ -9,6 +9,12 @@ VNNI where the CPU has them) with float32 accumulation of the scales:
 
     y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] * q_w[n, k] + bias[n]
 
+On a CPU with AVX2 but no VNNI (AMD Zen 3 and older, many laptops) our own kernel computes the same
+product (`int8_kernel`, csrc/int8_matmul.cpp) for every pass: there oneDNN's `gemm:jit` took about twice
+bfloat16's time for one row, and it multiplies unsigned activations by signed weights with AVX2's
+`vpmaddubsw`, whose int16 pair sums saturate (255 * 127 * 2 > 32767), so its results were off by several
+percent of the output's range; ours keeps every integer sum exact (docs/performance.md).
+
 The embedding table stays in the model's dtype (a lookup reads a few rows; quantizing it would only add
 error), and so do the norms, RoPE and attention with its KV cache.
 
@@ -34,6 +40,11 @@ generated tokens always the int4 kernel, in target-only and speculative runs ali
 unaffected. The lm_head, which a prefill pass calls for only the last position of each prompt, has no
 copy. docs/performance.md has the measurements.
 
+**float32** (`Float32Linear`) is not a user option but a format `quantization="auto"` may choose
+(flyspec/models/kernel_check.py): on a CPU without bfloat16 arithmetic (AVX2-only, or AVX-512 without
+AVX-512 BF16) a bfloat16 matmul is emulated, and a float32 copy of the weights, read at twice the bytes,
+can still be faster once a pass has more than a few rows. The rest of the model stays bfloat16.
+
 Quantization is on the CPU only (oneDNN and torch's CPU kernels); `check_quantization` says so for other
 devices.
 """
@@ -45,10 +56,14 @@ import contextvars
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flyspec.config import QUANTIZATION_METHODS
-from flyspec.models import int4_kernel
+from flyspec.models import int4_kernel, int8_kernel
+
+LINEAR_FORMATS = (*QUANTIZATION_METHODS, "float32")
+"""What `quantize_model` can turn linear layers into: the user's formats and "auto"'s float32."""
 
 _EPS = 1e-12  # an all-zero row (a padding token) gets a tiny scale instead of a division by zero
 
@@ -125,13 +140,19 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.out_dtype = out_dtype
         q, scale = quantize_per_channel(weight)
+        self.bias = None if bias is None else bias.detach().float()
+        # On a CPU with AVX2 but no VNNI, oneDNN's int8 kernel is slow for few rows and saturates its
+        # int16 pair sums (module docstring); ours runs every pass there.
+        self._kernel = int8_kernel.library() if self.in_features % 4 == 0 else None
+        if self._kernel is not None:
+            self.codes, self.weight_scale = int8_kernel.pack(q, scale)
+            return
         # Plain attributes, not buffers: the packed weight is an opaque oneDNN layout (the int8 matrix
         # reordered; `q` itself is not kept), and a quantized model is built from a float checkpoint at
         # load time, never saved.
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         self.weight_scale = scale
         self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        self.bias = None if bias is None else bias.detach().float()
 
     def int8_matmul(self, x_u8: torch.Tensor) -> torch.Tensor:
         """sum_k (x_u8[m, k] - 128) * q_w[n, k] * s_w[n] as float32 [M, N] for uint8 codes [M, K] with
@@ -153,6 +174,13 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] (any float dtype) -> [..., N] in `out_dtype`."""
         shape = x.shape
+        if self._kernel is not None:
+            rows = x.reshape(-1, self.in_features)
+            y = int8_kernel.matmul(
+                self._kernel, rows, self.codes, self.weight_scale, self.out_features, self.bias,
+                self.out_dtype,
+            )  # fmt: skip
+            return y.view(*shape[:-1], self.out_features)
         x_u8, x_scale = quantize_per_token(x.reshape(-1, self.in_features), zero_point=128)
         y = self.int8_matmul(x_u8).mul_(x_scale)
         if self.bias is not None:
@@ -267,6 +295,26 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {groups}"
 
 
+class Float32Linear(nn.Module):
+    """A linear layer whose weight is held in float32: inputs of any float dtype are upcast, the product
+    runs in float32 (MKL or oneDNN's float32 kernels), and the output is cast to `out_dtype`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.out_dtype = out_dtype
+        # Plain attributes, as for the quantized layers: built at load, never saved.
+        self.weight32 = weight.detach().to(torch.float32, copy=True).contiguous()
+        self.bias = None if bias is None else bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] in `out_dtype`."""
+        return F.linear(x.to(torch.float32), self.weight32, self.bias).to(self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float32 weights"
+
+
 def quantized_linear(
     method: str,
     weight: torch.Tensor,
@@ -275,20 +323,23 @@ def quantized_linear(
     *,
     logits: bool = False,
 ) -> nn.Module:
-    """The quantized layer of `method` ("int8" or "int4") built from a float weight [N, K] and bias;
-    `logits` marks the lm_head (an int4 lm_head needs no prefill copy)."""
+    """The layer of `method` ("int8", "int4" or "float32", one of `LINEAR_FORMATS`) built from a float
+    weight [N, K] and bias; `logits` marks the lm_head (an int4 lm_head needs no prefill copy)."""
     if method == "int4":
         return Int4Linear(weight, bias, out_dtype, prefill_copy=not logits)
+    if method == "float32":
+        return Float32Linear(weight, bias, out_dtype)
     return Int8Linear(weight, bias, out_dtype)
 
 
 def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -> None:
-    """Replace every `nn.Linear` of `model` by the quantized layer of `method`, in place, freeing the float
-    weights as it goes (so the peak memory is the float model plus one layer's quantized copy).
+    """Replace every `nn.Linear` of `model` by the layer of `method` (one of `LINEAR_FORMATS`), in place,
+    freeing the float weights as it goes (so the peak memory is the float model plus one layer's copy).
 
     The top-level `lm_head` produces float32 logits; every other layer keeps the model's dtype.
     """
-    check_quantization(method, next(model.parameters()).device)
+    if method != "float32":
+        check_quantization(method, next(model.parameters()).device)
     dtype = next(model.parameters()).dtype
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
