@@ -176,7 +176,7 @@ def opening_lines(
         f"half the runs, {_count(control.q90)} in 90%.",
         f"FLy: simulated at {100 * choice.flip_rate:.0f}% of questions flipping (--flip-rate; earlier demo "
         f"runs saw {100 * PRIOR_FLIP_RATE:.0f}%) and no true loss, the {m}-point design decides after a "
-        f"median of {_count(o.median)} questions (90% of runs by {o.q90 or 'the end of the pool'}). "
+        f"median of {_count(o.median)} questions (90% of runs by {_count(o.q90) if o.q90 else 'the end of the pool'}). "
         "`flyspec demo --until-decided` runs on until then (it survives a kill: rerun to continue).",
     ]
     if choice.margin > 0.02:

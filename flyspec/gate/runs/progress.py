@@ -74,9 +74,9 @@ class GateProgress:
         self.task = self.bar.add_task(self._text(), total=bar_total, completed=self._completed(done))
 
     def _pairs(self) -> int:
-        """Pairs along the order that the slowest live comparison has (answers, for a fixed run)."""
-        live = [m for m in self.monitors.values() if m.stop is None] or list(self.monitors.values())
-        return min(m.prefix for m in live) if live else self.answers
+        """Pairs along the order of the comparison furthest ahead (a control's pairs come first), or
+        answers, for a fixed run."""
+        return max((m.prefix for m in self.monitors.values()), default=self.answers)
 
     def _completed(self, answers: int) -> int:
         return self.monitor.prefix if self.monitor is not None else answers
