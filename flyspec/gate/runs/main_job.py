@@ -146,6 +146,10 @@ def _count(questions: int | None) -> str:
     return f"{questions:,}" if questions is not None else "more than the pool's"
 
 
+def _by(questions: int | None) -> str:
+    return _count(questions) if questions is not None else "the end of the pool"
+
+
 def _hours(questions: int | None, per_minute: float | None) -> str:
     if questions is None:
         return "more time than the pool allows (most simulated runs did not decide within it)"
@@ -176,7 +180,7 @@ def opening_lines(
         f"half the runs, {_count(control.q90)} in 90%.",
         f"FLy: simulated at {100 * choice.flip_rate:.0f}% of questions flipping (--flip-rate; earlier demo "
         f"runs saw {100 * PRIOR_FLIP_RATE:.0f}%) and no true loss, the {m}-point design decides after a "
-        f"median of {_count(o.median)} questions (90% of runs by {_count(o.q90) if o.q90 else 'the end of the pool'}). "
+        f"median of {_count(o.median)} questions (90% of runs by {_by(o.q90)}). "
         "`flyspec demo --until-decided` runs on until then (it survives a kill: rerun to continue).",
     ]
     if choice.margin > 0.02:
