@@ -410,7 +410,7 @@ def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
         else:
             monitors[c.name] = SequentialMonitor(order, c.sequential, c.lanes)
     # A control is answered first: the gate's catching it is the first thing a run with controls shows.
-    first = {lane for c in chosen.comparisons if c.role == "control" for lane in c.lanes}
+    first = [c.name for c in chosen.comparisons if c.role == "control"]
     settings = SessionSettings.of(plan.options, plan.judge, plan.gold)
     return Session(store, settings, plan.lanes, questions, monitors, first=first)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
@@ -92,7 +93,7 @@ class Session:
         lanes: list[Lane],
         questions: list[Question],
         monitors: SequentialMonitor | dict[str, SequentialMonitor] | None,
-        first: set[Lane] | frozenset[Lane] = frozenset(),
+        first: Collection[str] = (),
     ) -> None:
         self.store = store
         self.settings = settings
@@ -103,8 +104,8 @@ class Session:
             monitors = {"candidate": monitors}
         # One sequential monitor per comparison (the candidate's first); a run stops once all have.
         self.monitors: dict[str, SequentialMonitor] = monitors or {}
-        # Lanes answered before the others (a control's pair), until their comparison stops.
-        self.first = frozenset(first)
+        # Comparisons whose pairs are answered before the others' (a control's), until they stop.
+        self.first = tuple(first)
         # Only this session's lanes: a tune run stores every setting's answers in one run.
         self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}
@@ -145,6 +146,15 @@ class Session:
         """True when the run is sequential and every comparison has stopped."""
         return bool(self.monitors) and all(m.stop is not None for m in self.monitors.values())
 
+    def priority_lanes(self) -> set[Lane]:
+        """The lanes of the ``first`` comparisons that have not stopped: their jobs go ahead of the rest."""
+        return {
+            lane
+            for name in self.first
+            if name in self.monitors and self.monitors[name].stop is None
+            for lane in self.monitors[name].lanes
+        }
+
     def live_lanes(self) -> set[Lane]:
         """The lanes still needed: every lane of a fixed run; in a sequential run, those of a comparison
         that has not stopped."""
@@ -164,7 +174,7 @@ class Session:
             for arm, repeat in lanes
             if (arm, repeat, q.dataset, q.id) not in self.done
         ]
-        first = self.first & live
+        first = self.priority_lanes()
         return sorted(jobs, key=lambda j: (j.lane not in first, j.position)) if first else jobs
 
     def record(self, answer: Answer, bar: GateProgress) -> dict[str, SequentialStop]:
@@ -318,7 +328,7 @@ class Session:
         if not self.stopped:
             # Another comparison goes on: its candidate's lane no longer needs answers from this one.
             live = self.live_lanes()
-            first = self.first & live
+            first = self.priority_lanes()
             dispatcher.reorder(lambda j: j.lane in live, lambda j: (j.lane not in first, j.position))
             return
         primary = self.monitor

@@ -1,0 +1,110 @@
+"""Controls in one shared executor: their pairs go first, and once a control has decided, the candidate's
+pairs go next from the start of the order.
+
+An arm kind defined in this file ("canned", registered through the public `register_arm_kind`) answers
+every question with a fixed text, and all its arms share one executor that answers their jobs in the
+order the session hands them over, one at a time and each after a short while, as an engine shared by
+several arms pulls them. So the stored answers' order is the order the session chose.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flyspec.gate import build_report, run_gate
+from flyspec.gate.arms.base import Completion, Job, Sampling
+from flyspec.gate.arms.registry import register_arm_kind
+from flyspec.gate.data.store import GateStore
+
+
+@dataclass(frozen=True)
+class CannedArm:
+    name: str
+    text: str
+    kind = "canned-shared"
+    greedy_repeats = True
+    settings_visible = True
+    speculative_config = None
+
+    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.public_dict()
+
+    def public_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text}
+
+    def variant(self, name: str, speculative_config: dict[str, Any]) -> CannedArm:
+        raise ValueError("a canned arm has no speculative config")
+
+
+class SharedCanned:
+    """One executor for every canned arm: the jobs of all of them in the session's order."""
+
+    drive = "in_turns"
+    max_in_flight = 1
+
+    def __init__(self, arms: list[CannedArm]) -> None:
+        self.arms = {a.name: a for a in arms}
+        self.shared = len(arms) > 1
+
+    def describe(self) -> str:
+        return f"canned answers for {', '.join(self.arms)}"
+
+    def served_models(self) -> dict[str, dict[str, Any] | None]:
+        return {}
+
+    def start(self) -> None:
+        pass
+
+    def facts(self) -> dict[str, Any]:
+        return {"kind": "canned", "arms": sorted(self.arms)}
+
+    def take_prefix_cache(self) -> None:
+        return None
+
+    def answers(self, jobs: Iterable[Job], sampling: Sampling) -> Iterator[tuple[Job, Completion]]:
+        for job in jobs:
+            # An answer takes a little while, as a real one does: the session sees each in time to reorder.
+            time.sleep(0.01)
+            yield job, Completion(self.arms[job.arm].text, "stop", 1, 1, 0.0, source="canned")
+
+
+def _parse(name: str, data: dict[str, Any]) -> CannedArm:
+    return CannedArm(name, str(data["text"]))
+
+
+register_arm_kind("canned-shared", _parse, lambda arms: [SharedCanned(arms)] if arms else [])
+
+
+def test_the_candidate_follows_a_decided_control_from_the_start_of_the_order(tmp_path: Path) -> None:
+    """Baseline and candidate always right, the control always wrong: the control's pairs are answered
+    first and it FAILs early; from then on the candidate's answers come from question 1 on, before the
+    baseline's answers to questions beyond the control's stop (the baseline does not run the pool alone
+    first), and the candidate then PASSes."""
+    rows = [{"id": f"q{i}", "prompt": f"Q{i}", "answer": "yes", "grader": "exact"} for i in range(80)]
+    data = tmp_path / "yes.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arm = lambda text: {"kind": "canned-shared", "text": text}  # noqa: E731
+    run_id = run_gate(
+        tmp_path / "g.db", str(data), arm("yes"), arm("yes"), 0.3, sequential=True, population="finite",
+        controls={"control": arm("no")}, progress=False,
+    )  # fmt: skip
+    report = build_report(tmp_path / "g.db", run_id)
+    (control,) = report.family
+    assert control.decision == "FAIL" and report.decision == "PASS"
+    stop = control.sequential.stopped_at  # type: ignore[union-attr]
+    with GateStore(tmp_path / "g.db") as store:
+        order = {q.question_id: q.position for q in store.questions(run_id)}
+        rows_ = store._db.execute(  # noqa: SLF001 - the insertion order is what the test reads
+            "SELECT arm, question_id FROM answers WHERE run_id = ? ORDER BY rowid", (run_id,)
+        ).fetchall()
+    sequence = [(arm_, order[q]) for arm_, q in rows_]
+    first_candidate = next(i for i, (a, _) in enumerate(sequence) if a == "candidate")
+    assert all(a != "candidate" for a, _ in sequence[:first_candidate])
+    assert sequence[first_candidate][1] == 0
+    late_baseline = [i for i, (a, p) in enumerate(sequence) if a == "baseline" and p > stop + 5]
+    assert late_baseline and min(late_baseline) > first_candidate
