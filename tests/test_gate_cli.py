@@ -11,17 +11,14 @@ import json
 import sqlite3
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from loopback import serve_app
 
-from flyspec.bench.peers import free_port
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.report.report import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci
@@ -420,15 +417,8 @@ def _yes_app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def yes_server() -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_yes_app(), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(_yes_app()) as url:
+        yield url
 
 
 def _yes_run(flyspec, url: str, store: Path, candidate: str, *extra: str):  # noqa: ANN202

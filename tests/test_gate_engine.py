@@ -272,14 +272,7 @@ def test_sequential_run_stops_at_the_first_crossing_in_registered_order(
 
     base, cand = _seq_arms(setup)
     store = tmp_path / "seq.sqlite"
-    # A claim about these 40 questions (--population finite): the small pool decides within it.
-    common = {
-        "max_tokens": SEQ_TOKENS,
-        "sequential": True,
-        "seed": 3,
-        "progress": False,
-        "population": "finite",
-    }
+    common = SEQ_SETTINGS
     run_id = run_gate(store, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
     with GateStore(store) as s:
         reg = s.get_run(run_id).registration  # type: ignore[union-attr]
@@ -311,6 +304,16 @@ def test_sequential_run_stops_at_the_first_crossing_in_registered_order(
     with GateStore(store) as s:
         assert len(s.answers(again)) == answered
     assert build_report(store, run_id).to_dict()["sequential"] == report["sequential"]
+
+
+# A claim about these 40 questions (--population finite): the small pool decides within it.
+SEQ_SETTINGS = {
+    "max_tokens": SEQ_TOKENS,
+    "sequential": True,
+    "seed": 3,
+    "progress": False,
+    "population": "finite",
+}
 
 
 def _seq_command(store: Path, dataset: Path, base: dict, cand: dict) -> list[str]:
@@ -372,14 +375,7 @@ def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
     rerunning without the budget continues along the same order to the same stop as a run that was
     never paused."""
     base, cand = _seq_arms(setup)
-    # A claim about these 40 questions (--population finite): the small pool decides within it.
-    common = {
-        "max_tokens": SEQ_TOKENS,
-        "sequential": True,
-        "seed": 3,
-        "progress": False,
-        "population": "finite",
-    }
+    common = SEQ_SETTINGS
     reference = tmp_path / "reference.sqlite"
     run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
     expected = build_report(reference, "gate").to_dict()["sequential"]

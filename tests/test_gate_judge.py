@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,13 +21,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from loopback import serve_app
 from serve_process import flyspec_serve
 from tiny_llm import TinyModels
 
-from flyspec.bench.peers import free_port
 from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
@@ -123,17 +120,8 @@ def _app(state: Scripted) -> FastAPI:
 @pytest.fixture()
 def server() -> Iterator[tuple[Scripted, str]]:
     state = Scripted()
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(_app(state), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield state, f"http://127.0.0.1:{port}/v1"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(_app(state)) as url:
+        yield state, url
 
 
 def _dataset(tmp_path: Path) -> Path:

@@ -17,17 +17,15 @@ import re
 import select
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from loopback import serve_app
 
-from flyspec.bench.peers import free_port
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.report import build_report
 from flyspec.gate.runs.runner import run_gate
@@ -89,15 +87,8 @@ def _app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(_app(), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(_app()) as url:
+        yield url
 
 
 def _dataset(path: Path, n: int, grader: str = "exact") -> Path:

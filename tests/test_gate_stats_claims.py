@@ -78,16 +78,7 @@ def test_run_to_run_noise_at_the_margin_passes_the_finite_claim_half_the_time_an
 
 
 def _judged_pairs(seed: int, n: int, delta: float, rate: float) -> list[JudgedPair]:
-    block = draw_judged(np.random.default_rng(seed), 1, n, 0.2, delta, "fair", 0.05, rate)
-    return [
-        JudgedPair(
-            bool(block.identical[0, i]),
-            float(block.prediction[0, i]),
-            bool(block.selected[0, i]),
-            int(block.gold[0, i]) if block.selected[0, i] else None,
-        )
-        for i in range(n)
-    ]
+    return draw_judged(np.random.default_rng(seed), 1, n, 0.2, delta, "fair", 0.05, rate).pairs()
 
 
 @pytest.mark.parametrize("delta", [0.06, -0.08])

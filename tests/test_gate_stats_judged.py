@@ -31,16 +31,7 @@ MARGIN, ALPHA = 0.02, 0.025
 
 
 def _pairs(seed: int, n: int, differing: float, delta: float, judge: str, noise: float, rate: float):
-    block = draw_judged(np.random.default_rng(seed), 1, n, differing, delta, judge, noise, rate)
-    return [
-        JudgedPair(
-            bool(block.identical[0, i]),
-            float(block.prediction[0, i]),
-            bool(block.selected[0, i]),
-            int(block.gold[0, i]) if block.selected[0, i] else None,
-        )
-        for i in range(n)
-    ]
+    return draw_judged(np.random.default_rng(seed), 1, n, differing, delta, judge, noise, rate).pairs()
 
 
 @pytest.mark.parametrize("rate", [1.0, 0.5, 0.1])

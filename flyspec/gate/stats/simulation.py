@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, PRIOR_MEAN, PRIOR_VARIANCE, TRUNCATION
-from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, value_range
+from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate")
 
@@ -75,6 +75,18 @@ class JudgedBlock:
     selected: np.ndarray
     gold: np.ndarray
     votes: tuple[np.ndarray, np.ndarray]
+
+    def pairs(self, row: int = 0) -> list[JudgedPair]:
+        """One run's pairs as a judged run records them (a gold label only where the pair was drawn)."""
+        return [
+            JudgedPair(
+                bool(self.identical[row, i]),
+                float(self.prediction[row, i]),
+                bool(self.selected[row, i]),
+                int(self.gold[row, i]) if self.selected[row, i] else None,
+            )
+            for i in range(self.identical.shape[1])
+        ]
 
 
 def draw_judged(
