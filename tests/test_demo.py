@@ -208,3 +208,43 @@ def test_ctrl_c_during_the_warm_up_stops_the_demo_within_2_s(tmp_path: Path) -> 
     assert took <= 2.0, f"exited {took:.2f} s after SIGINT"
     assert "interrupted" in rest and "Traceback" not in err
     assert any(line.startswith("[") and "load " in line and " s" in line for line in said), err
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_answers_are_in_flight_exits_130_and_keeps_them(tmp_path: Path) -> None:
+    """SIGINT once answers are being stored (the engine thread busy with 32 requests in flight, the phase
+    in which an earlier build aborted through "terminate called without an active exception") ends the
+    demo with exit code 130 within 5 s, without a C++ abort or a traceback, and every answer stored
+    before the signal is still in the store."""
+    import signal
+    import time
+
+    from flyspec.gate.data.store import GateStore
+
+    command = _demo_command(tmp_path, "--max-tokens", "512")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    store = tmp_path / "demo.db"
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            assert proc.poll() is None, f"the demo ended before the signal: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no answers stored within 300 s"
+            if store.exists():
+                with GateStore(store) as opened:
+                    runs = opened.runs()
+                    stored = len(opened.answers(runs[0].run_id)) if runs else 0
+                if stored >= 3:
+                    break
+            time.sleep(0.05)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert took <= 5.0, f"exited {took:.2f} s after SIGINT"
+    assert "terminate called" not in err and "Traceback" not in err, err
+    with GateStore(store) as opened:
+        assert len(opened.answers(opened.runs()[0].run_id)) >= stored

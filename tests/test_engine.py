@@ -18,8 +18,8 @@ import transformers
 from tiny_engine import engine, greedy_differences, ids, run
 from tiny_llm import EOS_ID, TinyModels, save_tiny
 
-from flyspec.config import LOSSY_WARNING
 from flyspec.sampling_params import SamplingParams
+from flyspec.spec_decode.policies import policy_named
 
 PROMPTS = [" ".join(f"w{(7 * i + 3 * j) % 240}" for j in range(2 + 5 * i)) for i in range(8)]
 MAX_TOKENS = 20
@@ -146,7 +146,8 @@ def test_fly_differs_from_target_greedy_only_at_forgiven_positions(models, caplo
     with caplog.at_level(logging.WARNING, logger="flyspec.engine"):
         eng = engine(models["fly_target"], spec)
     assert eng.is_lossy
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [LOSSY_WARNING]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [policy_named("fly").lossy_warning()]
     params = [GREEDY] * 8 + [dataclasses.replace(GREEDY, verification="standard")] * 4
     outs = run(eng, PROMPTS + PROMPTS[:4], params)
 

@@ -362,7 +362,7 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path, tiny_models: TinyMo
     assert len(outputs) == 2 * asked and all(isinstance(o, str) for o in outputs)
     markdown = report.to_markdown()
     print(markdown[markdown.index("## Judge") : markdown.index("**Rule.**")])
-    assert "| judged questions | identical answers (tie) | both orders: tie |" in markdown
+    assert "| pairs | identical (tie) | judge: baseline better | judge: candidate better |" in markdown
     assert report.run.registration["judge"]["served_model"]["id"] == "smollm2"
 
 

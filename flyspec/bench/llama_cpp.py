@@ -141,6 +141,11 @@ def decode_rate(llm: Any, prompts: list[list[int]], n_gen: int, repeats: int) ->
         diffs.append(full - one)
         totals.append(full)
     decode_s = statistics.median(diffs)
+    if decode_s <= 0:
+        raise RuntimeError(
+            f"decoding {n_gen - 1} more tokens took no measurable time beyond the 1-token run "
+            f"({decode_s * 1000:.1f} ms): too few new tokens to time decoding apart from prefill; use more"
+        )
     return {
         "tokens_per_s": len(prompts) * (n_gen - 1) / decode_s,
         "decode_seconds": decode_s,
