@@ -296,6 +296,20 @@ def test_rejection_forgiven_when_target_unsure_and_window_clean():
     assert std.token_ids.tolist() == [[0, -1, -1, -1, -1]] and std.num_forgiven.tolist() == [0]
 
 
+def test_fly_keyword_is_the_documented_alias_of_policy():
+    """`verify(..., fly=FlyParams(...))` (SPEC 3.2's older spelling) decides exactly as `policy=` does, and
+    giving both is a ValueError naming the rule."""
+    fly = FlyParams(window_size=2, entropy_threshold=0.3, entropy_top_k=3)
+    probs = torch.tensor([[FLAT, PEAKED, PEAKED, PEAKED, FLAT]], dtype=torch.float32)
+    d, greedy = torch.tensor([[1, 0, 0, 0]]), torch.tensor([True])
+    alias = verify(d, probs, None, greedy=greedy, fly=fly)
+    named = verify(d, probs, None, greedy=greedy, policy=fly)
+    assert alias.token_ids.tolist() == named.token_ids.tolist() == [[1, 0, 0, 0, 0]]
+    assert alias.num_forgiven.tolist() == [1]
+    with pytest.raises(ValueError, match="not both"):
+        verify(d, probs, None, greedy=greedy, policy=fly, fly=fly)
+
+
 def test_not_forgiven_when_window_has_native_rejection():
     """A native rejection inside the W following positions blocks forgiveness; the recovered token is
     drawn at the first rejection (argmax of P_0)."""
@@ -705,14 +719,3 @@ def test_all_zero_residual_falls_back_to_target_row():
         sample_uniform=torch.tensor([0.75], dtype=torch.float64),
     )
     assert out.token_ids.tolist() == [[1, -1]] and out.num_accepted.tolist() == [0]
-
-
-def test_the_policy_has_one_keyword():
-    """policy= is the one way to give a policy: the old fly= alias is gone, so a caller still using it
-    fails loudly instead of silently verifying losslessly."""
-    fly = FlyParams(window_size=2, entropy_threshold=0.3, entropy_top_k=3)
-    rows = [FLAT, PEAKED, PEAKED, PEAKED, FLAT]
-    P, d, greedy = torch.tensor([rows]), torch.tensor([[1, 0, 0, 0]]), torch.tensor([True])
-    assert verify(d, P, None, greedy=greedy, policy=fly).token_ids.tolist() == [[1, 0, 0, 0, 0]]
-    with pytest.raises(TypeError, match="fly"):
-        verify(d, P, None, greedy=greedy, fly=fly)  # type: ignore[call-arg]

@@ -197,6 +197,7 @@ def verify(
     uniform: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     sample_uniform: torch.Tensor | None = None,
+    fly: FlyParams | None = None,
 ) -> VerifyOutput:
     """Verify a batch of drafts against the target under a verification policy (None = standard).
 
@@ -217,10 +218,16 @@ def verify(
         generator: torch.Generator for whatever of `uniform` and `sample_uniform` is not given.
         sample_uniform: [B] float64 in [0, 1) used to draw each random row's recovered or bonus token by
             inverse CDF; None draws it from `generator` (after `uniform`).
+        fly: the older spelling of `policy=FlyParams(...)`, kept because SPEC 3.2 promises it; giving
+            both is an error.
 
     Returns:
         VerifyOutput with token_ids [B, K+1], num_accepted [B], num_forgiven [B] and forgiven [B, K].
     """
+    if fly is not None:
+        if policy is not None:
+            raise ValueError("verify: pass the policy once, as policy= (fly= is its older alias), not both")
+        policy = fly
     policy = _lossy_policy(policy)
     batch = _checked_batch(
         draft_token_ids,
