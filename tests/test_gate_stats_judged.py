@@ -92,10 +92,13 @@ def test_pairs_reject_impossible_fields() -> None:
     assert judge_prediction(1, -1) == 0.0 and judge_prediction(1, 1) == 1.0
 
 
+@pytest.mark.parametrize("rate", [0.3, 1.0])
 @pytest.mark.parametrize("design", ["fixed", "sequential"])
-def test_the_online_decision_is_the_simulated_one(design: str) -> None:
+def test_the_online_decision_is_the_simulated_one(design: str, rate: float) -> None:
     """judged_decision (online, on a grid) and judged_runs (vectorised, capital beside the margin) reach
-    the same decision at the same question on 16 seeded runs with decisions of both kinds."""
+    the same decision at the same question on 16 seeded runs with decisions of both kinds. Rate 1 (every
+    differing pair labelled) puts the grid's ends at the edge of the value range, where an unbounded bet
+    once turned the online capital into NaN and kept the interval at [-1, 1] for ever."""
     seen = set()
     for seed in range(16):
         delta = (0.06, -0.08)[seed % 2]
@@ -109,12 +112,12 @@ def test_the_online_decision_is_the_simulated_one(design: str) -> None:
             ALPHA,
             "fair",
             0.05,
-            0.3,
+            rate,
             design,
             block=900,
         )
-        pairs = _pairs(seed, 900, 0.2, delta, "fair", 0.05, 0.3)
-        decision = judged_decision(pairs, MARGIN, ALPHA, 0.3, design)
+        pairs = _pairs(seed, 900, 0.2, delta, "fair", 0.05, rate)
+        decision = judged_decision(pairs, MARGIN, ALPHA, rate, design)
         assert decision.decision == out.decisions[0], seed
         if design == "sequential":
             assert decision.stopped_at == out.stopped_at[0], seed

@@ -41,6 +41,8 @@ MIXTURE_FRACTIONS = np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09])
 """The anytime bets, as fractions of the largest bet the range allows (``1 / m`` for K+)."""
 TRUNCATION = 0.9
 """The fixed-horizon bet is never more than this fraction of the largest bet the range allows."""
+ENDPOINT_ROOM = 1e-12
+"""The room given a grid end at ``m = 0`` or ``1`` (see ``BoundedMeanSequence.update``)."""
 GRID_STEPS = 4000
 """Grid of candidate means: ``GRID_STEPS`` steps over the target's range of [-1, 1] (0.0005 each)."""
 PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
@@ -124,12 +126,17 @@ class BoundedMeanSequence:
         x = min(max((y - self.lo) / (self.hi - self.lo), 0.0), 1.0)
         window = slice(self._first, self._last + 1)
         m = self._m[window, None]
+        # When the range is exactly the target's ([-1, 1], every pair labelled) the grid's ends sit at m = 0
+        # and 1, where the largest bet is unbounded. Betting it as the limit of a tiny room keeps its meaning
+        # (an observation beyond the end rejects it, one at the end costs the fraction) instead of
+        # inf * 0 = NaN, which left the end live for ever and the bound stuck at -1 or 1.
+        room_up, room_down = np.maximum(m, ENDPOINT_ROOM), np.maximum(1.0 - m, ENDPOINT_ROOM)
         if self.horizon is None:
-            up, down = MIXTURE_FRACTIONS / m, MIXTURE_FRACTIONS / (1.0 - m)
+            up, down = MIXTURE_FRACTIONS / room_up, MIXTURE_FRACTIONS / room_down
         else:
             sigma2 = (PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
             lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
-            up, down = np.minimum(lam, TRUNCATION / m), np.minimum(lam, TRUNCATION / (1.0 - m))
+            up, down = np.minimum(lam, TRUNCATION / room_up), np.minimum(lam, TRUNCATION / room_down)
             self._sum += x
             self._sum_sq += (x - (PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
         plus = self._plus[window]
