@@ -21,6 +21,7 @@ from flyspec.cli.gate import gate_app
 from flyspec.cli.generate import generate
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.models import models_app
+from flyspec.cli.options import HELP_MARKUP
 from flyspec.cli.serve import serve
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app = typer.Typer(
     help="Fast and safe speculative decoding: an engine with standard and FLy verification, "
     "an OpenAI-compatible server, and a paired quality gate that decides whether lossy decoding is safe.",
     no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
     pretty_exceptions_enable=False,
     add_completion=False,
 )

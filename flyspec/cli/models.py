@@ -6,12 +6,13 @@ import json
 
 import typer
 
-from flyspec.cli.options import JsonFlag
+from flyspec.cli.options import HELP_MARKUP, JsonFlag
 
 models_app = typer.Typer(
     help="The offline model zoo: list its models and prepare them (assemble, verify sha256, convert to "
     "bfloat16 safetensors) into the local cache ($FLYSPEC_CACHE, default ~/.cache/flyspec).",
     no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
 )
 
 _UNBOUNDED_WIDTH = 10_000

@@ -8,6 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
+HELP_MARKUP = "markdown"
+"""How `--help` renders docstrings and option help. Typer's "rich" mode keeps every line break after a
+command's first paragraph, so source-wrapped docstrings broke mid-sentence at any terminal width; markdown
+joins the lines of a paragraph and wraps them to the terminal."""
+
 
 def opt(help_text: str) -> Any:
     """A typer option with only its help text (its name is the parameter's)."""

@@ -1,0 +1,57 @@
+"""`--help` of every command: it exits 0 with a usage line, and prose paragraphs flow to the terminal's
+width instead of breaking where the source wrapped them (typer's "rich" markup mode kept those breaks,
+so at 80 columns a sentence broke in the middle of a line and resumed on the next)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from flyspec.cli import app
+
+COMMANDS = [
+    [],
+    ["generate"],
+    ["serve"],
+    ["bench"],
+    ["bench-serve"],
+    ["capacity"],
+    ["demo"],
+    ["gate"],
+    ["gate", "plan"],
+    ["gate", "run"],
+    ["gate", "pilot"],
+    ["gate", "report"],
+    ["gate", "compare"],
+    ["gate", "tune"],
+    ["gate", "label"],
+    ["models"],
+    ["models", "list"],
+    ["models", "prepare"],
+]
+
+
+def _help(command: list[str], columns: int) -> str:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": str(columns), "NO_COLOR": "1"})
+    assert result.exit_code == 0, (command, result.output)
+    return result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "flyspec")
+def test_every_command_has_help(command: list[str]) -> None:
+    out = _help(command, 100)
+    assert "Usage:" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("command", "sentence"),
+    [
+        ([], "forgiven share and peak RSS for target-only, standard and lossy"),
+        (["demo"], "the draft model alone (a control that must FAIL) and FLy (K=4)"),
+        (["gate", "run"], "0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0); 130 after Ctrl-C"),
+    ],
+)
+def test_paragraphs_flow_to_the_terminal_width(command: list[str], sentence: str) -> None:
+    """At 200 columns each of these sentences, wrapped across two source lines, fits on one line."""
+    lines = [" ".join(line.strip(" │").split()) for line in _help(command, 200).splitlines()]
+    assert any(sentence in line for line in lines), "\n".join(lines)
