@@ -100,6 +100,25 @@ def _demo_command(tmp_path: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _wait_for_answers(proc: subprocess.Popen, store: Path, at_least: int) -> int:
+    """Wait (at most 300 s) until the running demo has stored ``at_least`` answers; return how many."""
+    import time
+
+    from flyspec.gate.data.store import GateStore
+
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, f"the demo ended before the signal: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no answers stored within 300 s"
+        if store.exists():
+            with GateStore(store) as opened:
+                runs = opened.runs()
+                stored = len(opened.answers(runs[0].run_id)) if runs else 0
+            if stored >= at_least:
+                return stored
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: Path) -> None:
     """`flyspec demo --until-decided` end to end on tiny models and a dataset whose references are the
@@ -109,7 +128,6 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     once answers are stored, the same command resumes from the store to the same decisions as a run
     that was never killed, with one stored row per question and arm."""
     import signal
-    import time
 
     from flyspec.gate.data.store import GateStore
 
@@ -117,17 +135,8 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     store = tmp_path / "demo.db"
-    deadline = time.monotonic() + 300
     try:
-        while True:
-            assert proc.poll() is None, f"the demo ended before it could be killed: {proc.communicate()}"
-            assert time.monotonic() < deadline, "no answers stored within 300 s"
-            if store.exists():
-                with GateStore(store) as opened:
-                    runs = opened.runs()
-                    if runs and len(opened.answers(runs[0].run_id)) >= 12:
-                        break
-            time.sleep(0.05)
+        _wait_for_answers(proc, store, 12)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -169,13 +178,22 @@ def _opening_args() -> tuple:
     return choice, main_job.control_outlook(60), ("own",)
 
 
+def _interrupt(proc: subprocess.Popen) -> tuple[str, float]:
+    """Send SIGINT (Ctrl-C); return the rest of stderr and the seconds until the process ended."""
+    import signal
+    import time
+
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    return rest, time.monotonic() - sent
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_the_warm_up_stops_the_demo_within_2_s(tmp_path: Path) -> None:
     """SIGINT the moment `flyspec demo` (SmolLM2 as target and draft) says its warm-up started ends the
     process within 2 s with exit code 130 and an 'interrupted' line, after phase lines that each carry
     their time; nothing was stored, so a rerun starts the same run afresh."""
-    import signal
-    import time
 
     from zoo import SMOLLM2, zoo_model
 
@@ -197,10 +215,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_demo_within_2_s(tmp_path: Path) -> 
             said.append(line)
             if "warm-up:" in line:
                 break
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, rest = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
+        rest, took = _interrupt(proc)
     finally:
         proc.kill()
     err = "".join(said) + rest
@@ -216,8 +231,6 @@ def test_ctrl_c_while_answers_are_in_flight_exits_130_and_keeps_them(tmp_path: P
     in which an earlier build aborted through "terminate called without an active exception") ends the
     demo with exit code 130 within 5 s, without a C++ abort or a traceback, and every answer stored
     before the signal is still in the store."""
-    import signal
-    import time
 
     from flyspec.gate.data.store import GateStore
 
@@ -225,22 +238,9 @@ def test_ctrl_c_while_answers_are_in_flight_exits_130_and_keeps_them(tmp_path: P
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     store = tmp_path / "demo.db"
-    deadline = time.monotonic() + 300
     try:
-        while True:
-            assert proc.poll() is None, f"the demo ended before the signal: {proc.communicate()}"
-            assert time.monotonic() < deadline, "no answers stored within 300 s"
-            if store.exists():
-                with GateStore(store) as opened:
-                    runs = opened.runs()
-                    stored = len(opened.answers(runs[0].run_id)) if runs else 0
-                if stored >= 3:
-                    break
-            time.sleep(0.05)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
+        stored = _wait_for_answers(proc, store, 3)
+        err, took = _interrupt(proc)
     finally:
         proc.kill()
     assert proc.returncode == 130, err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 _STARTED = time.monotonic()
 
@@ -17,13 +18,26 @@ class _Elapsed(logging.Formatter):
         return f"[{time.monotonic() - _STARTED:7.1f}s] {level}{record.getMessage()}"
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is when a record is emitted, not as it was when logging
+    was configured: a stream swapped in later (a test's capture, a redirect) may be closed by then."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure_logging(level: int = logging.INFO) -> None:
     """Show flyspec's own log (the `flyspec` logger and its children) at `level` on stderr; other
     libraries' logs are left alone. Calling it again only changes the level."""
     root = logging.getLogger("flyspec")
     root.setLevel(level)
     if not any(getattr(h, "_flyspec", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderr()
         handler.setFormatter(_Elapsed())
         handler._flyspec = True  # type: ignore[attr-defined]
         root.addHandler(handler)
