@@ -99,8 +99,9 @@ def _ignored(module: str, name: str) -> bool:
 
 
 def _face_may_import(module: str, name: str) -> bool:
-    """Rule 6's exceptions: the model loader for everyone, the engine for the server side."""
-    return _within(name, "flyspec.models.loader") or (
+    """Rule 6's exceptions: the model loader (weights and tokenizer) for everyone, the engine for the
+    server side."""
+    return _within(name, ("flyspec.models.loader", "flyspec.models.tokenizer")) or (
         _within(name, "flyspec.engine.engine") and _within(module, SERVER_SIDE)
     )
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 from tiny_llm import EOS_ID, save_tiny
-from zoo import SMOLLM2, zoo_model
+from zoo import QWEN_05B, SMOLLM2, zoo_model
 
 from flyspec.models.llama import ForwardBatch, LlamaForCausalLM, rope_inv_freq
 from flyspec.models.loader import LoadedModel, load_model
@@ -356,3 +356,22 @@ def test_engine_steps_never_take_the_copying_matmul_path(tmp_path: Path) -> None
     ops = {event.key for event in prof.key_averages()}
     assert {"aten::mm", "aten::addmm"} & ops
     assert "aten::bmm" not in ops
+
+
+@pytest.mark.slow
+def test_a_prepared_folder_loads_its_tokenizer_without_the_mistral_warning() -> None:
+    """transformers 4.57.3+ warns "incorrect regex pattern" for local folders it saved itself, our
+    converted Qwen models included, though only Mistral tokenizers are concerned: load_tokenizer (the
+    loader's and the benchmarks' one way) loads the prepared Qwen 0.5B folder without it, and tokenizes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from flyspec.models.tokenizer import load_tokenizer; "
+        "print(len(load_tokenizer(sys.argv[1])('hello world').input_ids))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(zoo_model(QWEN_05B))], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0 and "incorrect regex pattern" not in done.stderr, done.stderr

@@ -192,12 +192,12 @@ def run(
     """Measure llama.cpp (before and after) and every flyspec arm at every number of sequences; the
     report as a JSON-ready dict (see `render`)."""
     import torch
-    import transformers
 
     from flyspec.assets import resolve_model
     from flyspec.bench.machine import describe_machine
     from flyspec.bench.peers import assembled_gguf
     from flyspec.bench.prompts import load_prompts
+    from flyspec.models.tokenizer import load_tokenizer
 
     torch.set_num_threads(threads)
     report: dict[str, Any] = {
@@ -214,7 +214,7 @@ def run(
         "llama_cpp": None,
     }
     arms = [FlyspecArm(q, m) for q in formats for m in ("target", "standard")]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model(model))
+    tokenizer = load_tokenizer(resolve_model(model))
     prompts = [p.token_ids for p in load_prompts(dataset, max(sequences), tokenizer)]
     npp = round(statistics.mean(len(p) for p in prompts))
     report["prompt_tokens_mean"] = npp

@@ -175,15 +175,6 @@ def _gguf(name: str | None, given: Path | None, root: Path, skipped: list[str]) 
         return None
 
 
-def _tokenizer(folder: Path) -> Any:
-    import transformers
-
-    config = transformers.AutoConfig.from_pretrained(folder)
-    # As the model loader does: the Mistral regex fix concerns Mistral tokenizers only.
-    extra = {} if config.model_type == "mistral" else {"fix_mistral_regex": False}
-    return transformers.AutoTokenizer.from_pretrained(folder, **extra)
-
-
 @dataclass
 class _Level:
     """What every request of one level on one server needs."""
@@ -206,10 +197,11 @@ def run_serving_bench(
     gets the report so far after each server, so a long run that breaks later keeps what it measured."""
     from flyspec.bench.machine import describe_machine
     from flyspec.bench.prompts import load_prompts, prompts_sha256
+    from flyspec.models.tokenizer import load_tokenizer
 
     largest = max(settings.requests(c) for c in settings.levels)
     warm_n = min(max(settings.levels), 4)
-    loaded = load_prompts(settings.dataset, largest + warm_n, _tokenizer(plan.inputs.target_dir))
+    loaded = load_prompts(settings.dataset, largest + warm_n, load_tokenizer(plan.inputs.target_dir))
     measured, warm = loaded[:largest], loaded[largest:]
     too_long = [p.id for p in loaded if len(p.token_ids) + settings.max_tokens > settings.max_model_len]
     if too_long:

@@ -23,6 +23,7 @@ from flyspec.models import kernel_check
 from flyspec.models.kernel_check import KernelCheck, Workload, resolve_quantization
 from flyspec.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from flyspec.models.quantization import check_quantization
+from flyspec.models.tokenizer import load_tokenizer
 
 _log = logging.getLogger("flyspec.load")
 DEFAULT_KERNEL_ROWS = (1, 16)
@@ -191,10 +192,7 @@ def load_model(
             hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=target)
             state = hf.state_dict()
             del hf
-        # transformers 4.57.3+ warns about a Mistral regex bug for every local folder it saved itself;
-        # only Mistral tokenizers are concerned, so the others opt out explicitly.
-        extra = {} if config.model_type == "mistral" else {"fix_mistral_regex": False}
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
+        tokenizer = load_tokenizer(path, config.model_type)
     elif path.suffix.lower() == ".gguf":
         # The architecture is checked on the loaded model's config: transformers parses the whole GGUF
         # file for a config alone (about 8 s for a 98 MB file), and refuses architectures it cannot read.
