@@ -352,12 +352,13 @@ def test_several_margins_on_the_same_data_are_flagged_at_the_top(tmp_path: Path)
     assert build_report(_store(tmp_path / "one.sqlite", 50, 2, 2)).warnings == []
 
 
-def test_pilot_at_temperature_zero_is_refused_for_engine_arms(flyspec, tmp_path: Path) -> None:
-    """`gate pilot` of an engine baseline at temperature 0 would measure nothing (greedy decoding repeats
-    itself): one clear error offering `gate pilot --candidate ARM`, and the store is never created."""
+def test_pilot_at_temperature_zero_is_refused_for_batch_invariant_engines(flyspec, tmp_path: Path) -> None:
+    """`gate pilot` of a batch-invariant engine baseline at temperature 0 would measure nothing (greedy
+    decoding repeats itself): one clear error offering `gate pilot --candidate ARM`, and the store is never
+    created."""
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": "q0", "prompt": "hi", "answer": "1", "grader": "exact"}) + "\n")
-    arm = json.dumps({"kind": "engine", "model": str(tmp_path / "some-model")})
+    arm = json.dumps({"kind": "engine", "model": str(tmp_path / "some-model"), "batch_invariant": True})
     store = tmp_path / "p.sqlite"
     done = flyspec(
         "pilot", "--store", str(store), "--dataset", str(data), "--baseline", arm, "--margin", "0.02"

@@ -522,7 +522,7 @@ def test_baseline_noise_is_shown_next_to_the_candidates_flips(
     run_pilot(store, datasets, noisy, 0.05, max_questions=10, seed=4, progress=False)
     pilot = build_report(store, "pilot")
     assert pilot.pilot is not None and pilot.pilot.mode == "noise"
-    assert "only the server's own nondeterminism" in pilot.to_markdown()
+    assert "only the nondeterminism of the engine or server" in pilot.to_markdown()
     run_gate(store, datasets, noisy, {"base_url": urls[1], "model": "cand"}, margin=0.05, progress=False)
     rep = build_report(store, "gate")
     assert rep.noise is not None and rep.noise.run_id == "pilot" and rep.noise.n == 10

@@ -394,3 +394,19 @@ def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
     final = build_report(store, "gate").to_dict()["sequential"]
     for key in ("decision", "reason", "stopped_at", "low", "high"):
         assert final[key] == expected[key], key
+
+
+def test_a_noise_pilot_at_temperature_zero_runs_for_an_engine_arm(setup: Setup, tmp_path: Path) -> None:
+    """Without batch invariance the requests sharing a batch can flip a greedy token, so `gate pilot` of
+    an engine baseline at temperature 0 is not refused: it answers every question twice (two repeats of
+    the baseline in one engine) and reports the flips between the passes, whatever their number."""
+    from flyspec.gate.runs.runner import run_pilot
+
+    base, _ = _arms(setup)
+    store = tmp_path / "pilot.sqlite"
+    run_id = run_pilot(store, str(setup.dataset), base, 0.05, max_tokens=MAX_TOKENS, progress=False)
+    with GateStore(store) as s:
+        repeats = sorted((a.repeat, a.question_id) for a in s.answers(run_id))
+    assert repeats == sorted((r, f"q{i}") for r in (0, 1) for i in range(NUM_QUESTIONS))
+    pilot = build_report(store, run_id).to_dict()["pilot"]
+    assert pilot["n"] == NUM_QUESTIONS and 0 <= pilot["flips"] <= NUM_QUESTIONS

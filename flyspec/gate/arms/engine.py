@@ -58,8 +58,14 @@ class EngineArm:
     engine_config: EngineConfig = field(compare=False, repr=False)
     verification: str | None = None
     kind = KIND
-    greedy_repeats = True  # the engine's greedy decoding is deterministic
     settings_visible = True
+
+    @property
+    def greedy_repeats(self) -> bool:
+        """True only in batch-invariant mode. Otherwise the requests sharing a batch change a request's
+        logits in the last bits and a near-tie can flip a token (docs/performance.md), so the baseline
+        twice at temperature 0 measures that run-to-run noise."""
+        return self.engine_config.batch_invariant
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:

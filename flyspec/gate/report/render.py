@@ -493,8 +493,8 @@ def _pilot_lines(report: ReportData) -> list[str]:
         ]
         if sampling.get("temperature") == 0:
             head.append(
-                "At temperature 0 this measures only the server's own nondeterminism (batching, floating "
-                "point), not sampling noise."
+                "At temperature 0 this measures only the nondeterminism of the engine or server "
+                "(the other requests in a batch, floating point), not sampling noise."
             )
     else:
         head = [

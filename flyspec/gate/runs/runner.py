@@ -105,8 +105,9 @@ def _plan(options: GateOptions) -> _Plan:
         lanes = [("baseline", 0), ("baseline", 1)]
         if options.temperature == 0 and arms["baseline"].greedy_repeats:
             raise ValueError(
-                "gate pilot at temperature 0 would run the baseline twice and measure nothing: this "
-                "engine's greedy decoding gives the same answers both times. To plan a run, pilot the "
+                "gate pilot at temperature 0 would run the baseline twice and measure nothing: in "
+                "batch-invariant mode this engine's greedy decoding gives the same answers both times. "
+                "To plan a run, pilot the "
                 "candidate instead: `flyspec gate pilot --candidate ARM ...` runs both arms once on "
                 "questions that later `gate run`s leave out, and measures the candidate's flip rate. "
                 "(To measure sampling noise, give --temperature > 0.)"
@@ -467,9 +468,9 @@ def run_pilot(
     **settings: Any,
 ) -> str:
     """Run a pilot; returns the run id. Without ``candidate``: the baseline twice (fresh seeds, nothing
-    cached; refused at temperature 0 for engine arms, where it measures nothing). With ``candidate``: both
-    arms once, to measure the candidate's flip rate. Later gate runs in the store leave its questions out.
-    ``build_report`` turns it into a sample-size plan."""
+    cached; refused at temperature 0 for batch-invariant engine arms, where it measures nothing). With
+    ``candidate``: both arms once, to measure the candidate's flip rate. Later gate runs in the store leave
+    its questions out. ``build_report`` turns it into a sample-size plan."""
     options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="pilot", **settings)
     return run(options).run_id
 
