@@ -6,6 +6,7 @@ peers` installed them, else with llama.cpp's rows skipped and the command named)
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from tiny_llm import save_tiny
@@ -96,6 +97,36 @@ def test_the_decode_rate_leaves_out_the_prefill(tmp_path) -> None:
     rate = llama_cpp.decode_rate(llm, prompts, n_gen=6, repeats=2)
     assert rate["tokens_per_s"] == pytest.approx(3 * 5 / rate["decode_seconds"])
     assert 0 < rate["decode_seconds"] < rate["seconds_with_prefill"]
+
+
+class _ScriptedLLM:
+    """Answers generate() with max_tokens tokens per prompt and advances a fake clock by the next of the
+    scripted call durations (warm-up first), so decode_rate's arithmetic is checked without timing."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.durations, self.clock = list(durations), 0.0
+
+    def generate(self, prompts: list, params: Any, use_tqdm: bool = False) -> list:
+        from types import SimpleNamespace
+
+        self.clock += self.durations.pop(0)
+        out = SimpleNamespace(token_ids=[0] * params.max_tokens)
+        return [SimpleNamespace(outputs=[out]) for _ in prompts]
+
+
+def test_a_disturbed_pair_is_measured_again_and_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-token run slowed by another process can take longer than the n-token run after it: that pair
+    is measured again (up to RETRIES more) instead of ending the whole comparison, and its difference is
+    never used; when no pair has a positive difference the error says so."""
+    llm = _ScriptedLLM([0.1, 5.0, 3.0, 1.0, 3.0])  # warm-up, disturbed pair (5.0 > 3.0), clean pair
+    monkeypatch.setattr(llama_cpp.time, "perf_counter", lambda: llm.clock)
+    rate = llama_cpp.decode_rate(llm, [[1, 2]], n_gen=9, repeats=1)
+    assert rate["decode_seconds"] == pytest.approx(2.0) and rate["tokens_per_s"] == pytest.approx(8 / 2.0)
+    llm = _ScriptedLLM([0.1] + [5.0, 3.0] * (1 + llama_cpp.RETRIES))
+    monkeypatch.setattr(llama_cpp.time, "perf_counter", lambda: llm.clock)
+    with pytest.raises(RuntimeError, match="no measurable time"):
+        llama_cpp.decode_rate(llm, [[1, 2]], n_gen=9, repeats=1)
+    assert llm.durations == []
 
 
 @pytest.mark.slow
