@@ -534,13 +534,12 @@ def test_agent_history_renders_through_the_real_qwen_template() -> None:
     result as a <tool_response> block, followed by an open assistant turn."""
     import asyncio
 
-    import transformers
-
+    from flyspec.models.tokenizer import load_tokenizer
     from flyspec.server.prompts import PromptEncoder
     from flyspec.server.protocol import ChatCompletionRequest, parse_body
     from flyspec.server.workers import Workers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(zoo_model(QWEN), fix_mistral_regex=False)
+    tokenizer = load_tokenizer(zoo_model(QWEN))
     messages = [{"role": "user", "content": "add 1 and 2"}, *AGENT_HISTORY[2:]]
     messages[2] = {**messages[2], "content": "3"}
     req = parse_body(ChatCompletionRequest, json.dumps({"messages": messages}).encode())

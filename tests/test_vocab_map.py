@@ -26,6 +26,7 @@ from flyspec.engine.drafters.cross_vocab import CrossVocabDrafter
 from flyspec.engine.drafters.vocab_map import DraftView, VocabMap
 from flyspec.engine.model_runner import ModelRunner
 from flyspec.engine.sequence import Sequence
+from flyspec.models.tokenizer import load_tokenizer
 from flyspec.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # the real Qwen tokenizer (module docstring)
@@ -39,7 +40,7 @@ DATA = Path(_MATH.submodule_search_locations[0]) / "data" if _MATH else None
 
 
 def _tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
-    return transformers.AutoTokenizer.from_pretrained(zoo_model(name))
+    return load_tokenizer(zoo_model(name))
 
 
 @pytest.fixture(scope="module")

@@ -107,9 +107,9 @@ def _plan(options: GateOptions) -> _Plan:
             raise ValueError(
                 "gate pilot at temperature 0 would run the baseline twice and measure nothing: in "
                 "batch-invariant mode this engine's greedy decoding gives the same answers both times. "
-                "To plan a run, pilot the "
-                "candidate instead: `flyspec gate pilot --candidate ARM ...` runs both arms once on "
-                "questions that later `gate run`s leave out, and measures the candidate's flip rate. "
+                "To plan a run, pilot the candidate instead: `flyspec gate pilot --candidate ARM ...` "
+                "runs both arms once on questions that later `gate run`s leave out, and measures the "
+                "candidate's flip rate. "
                 "(To measure sampling noise, give --temperature > 0.)"
             )
     datasets = load_datasets(options.datasets, options.shuffle_seed)
