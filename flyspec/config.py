@@ -19,6 +19,7 @@ from flyspec.checks import is_int
 from flyspec.spec_decode.policies import (
     VerificationPolicy,
     lossy_policy_names,
+    plugin_failures,
     policy_named,
     policy_names,
     policy_owning,
@@ -116,6 +117,11 @@ class SpeculativeConfig:
     target alone (speculation costs more than it saves at large batches on a CPU; docs/performance.md);
     drafting resumes below it.
 
+    Every registered policy's fields read as attributes, as in vLLM: `c.fly_window_size` is the
+    configured policy's resolved value (also in `policy_settings`), and a field of a policy other than the
+    configured one reads None (unset). The config is read-only once built, since its fields were checked
+    together: setting an attribute raises `dataclasses.FrozenInstanceError`.
+
     `to_dict()` is the canonical form: the settings that apply, defaults resolved, the policy's fields
     beside the others, so that `SpeculativeConfig.from_dict(c.to_dict()) == c`. Build a variant from it
     (`from_dict({**c.to_dict(), ...})`).
@@ -173,6 +179,37 @@ class SpeculativeConfig:
             # vLLM's rule: at 1 speculation would be off for every batch, which is no speculation at all.
             _require_int("disable_by_batch_size", self.disable_by_batch_size, 2)
         self.policy_settings = self._check_verification(policy, policy_fields)
+        object.__setattr__(self, "_built", True)
+
+    def __getattr__(self, name: str) -> Any:
+        """A verification policy's field read as an attribute, as vLLM's are (`config.fly_window_size`):
+        the configured policy's resolved value, or None for another registered policy's field (unset, as
+        vLLM's fields that do not apply). AttributeError for any other name."""
+        # Only names the instance lacks come here. Read the settings from __dict__: a half-built object
+        # (while unpickling or copying) has none, and must not recurse through this method.
+        settings = self.__dict__.get("policy_settings")
+        if settings is not None and name in settings:
+            return settings[name]
+        if not name.startswith("_") and policy_owning(name) is not None:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Read-only once built: the constructor checked the fields together (a window against K, a prefix
+        # against the policy), and an engine reads its config once, so a later assignment would either
+        # skip those rules or change nothing that runs.
+        if self.__dict__.get("_built"):
+            raise dataclasses.FrozenInstanceError(
+                f"SpeculativeConfig is read-only once built, so {name} cannot be set: build a variant "
+                f"with SpeculativeConfig.from_dict({{**config.to_dict(), {name!r}: ...}}), which checks it"
+            )
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"SpeculativeConfig is read-only once built: {name} stays")
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *(f for p in registered_policies() for f in p.field_names())})
 
     def _check_verification(
         self, policy: type[VerificationPolicy], policy_fields: dict[str, Any]
@@ -184,6 +221,7 @@ class SpeculativeConfig:
             if owner is None:
                 raise ValueError(
                     f"speculative_config has unknown key {name!r}; allowed keys: {', '.join(_known_keys())}"
+                    + _plugin_note()
                 )
             if owner is not policy and value is not None:
                 raise _invalid(
@@ -244,7 +282,7 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(
                 f"speculative_config has unknown key(s) {', '.join(repr(u) for u in unknown)}; "
-                f"allowed keys: {', '.join(known)}"
+                f"allowed keys: {', '.join(known)}{_plugin_note()}"
             )
         if data.get("num_speculative_tokens") is None:
             raise ValueError("speculative_config needs num_speculative_tokens (an integer >= 1)")
@@ -303,6 +341,12 @@ _OWN_FIELDS = tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.n
 def _known_keys() -> tuple[str, ...]:
     """Every key a speculative config may have: its own fields, then every registered policy's."""
     return (*_OWN_FIELDS, *(f for p in registered_policies() for f in p.field_names()))
+
+
+def _plugin_note() -> str:
+    """For an unknown key: the policy plugins that did not load (the key may be one of theirs)."""
+    failures = plugin_failures()
+    return f" (a verification policy plugin did not load: {'; '.join(failures)})" if failures else ""
 
 
 @dataclass

@@ -1,19 +1,30 @@
 """`flyspec bench --peer llama.cpp` (flyspec/bench/llama_cpp.py): the skip line with the install command
-when llama.cpp is absent, the table's ratios, flyspec's prefill-free decode rate on a real engine, and,
+when llama.cpp is absent, the table's ratios, the typed report that reads and writes the saved
+benchmarks/llama-cpp-*.json unchanged, the comparison as the sweep's arms on the sweep's runner (one
+engine per column, prefix caching off, released before the next), flyspec's prefill-free decode rate on
+a real engine, the command's option checks and a whole command on tiny models without llama.cpp, and,
 marked slow, a whole run on the zoo's smallest model (against llama.cpp's real benches where `make
 peers` installed them, else with llama.cpp's rows skipped and the command named)."""
 
 from __future__ import annotations
 
 import json
+import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_llm import save_tiny
+from tiny_llm import save_perturbed, save_tiny
 
-from flyspec.bench import llama_cpp
+from flyspec.bench import llama_cpp, llama_cpp_tools
+from flyspec.bench.llama_cpp import LlamaCppSettings, column_label, plan
+from flyspec.bench.llama_cpp_report import LlamaCppReport, render
 from flyspec.bench.peers import peers_dir
+from flyspec.bench.runner import BenchRunner, engine_keys
+from flyspec.bench.sweep import Arm
 from flyspec.llm import LLM
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
@@ -23,18 +34,18 @@ def test_a_missing_llama_cpp_is_skipped_with_the_command_that_installs_it(
     """No binaries under the peers folder: one line names what is missing and how to install it; with
     FLYSPEC_CPU_ISA=avx2 it is the AVX2-only build that is looked for and named."""
     monkeypatch.setenv("FLYSPEC_CPU_ISA", isa)
-    line = llama_cpp.missing(tmp_path)
+    line = llama_cpp_tools.missing(tmp_path)
     assert line is not None and line.startswith("llama.cpp: skipped, not installed")
     assert "llama-bench" in line and "llama-batched-bench" in line
     if isa == "avx2":
         assert "llama.cpp-avx2" in line and "LLAMA_CPU_ISA=avx2 bash scripts/peers/llama_cpp.sh" in line
     else:
         assert "make peers" in line
-    folder = llama_cpp.llama_cpp_dir(tmp_path) / "bin"
+    folder = llama_cpp_tools.llama_cpp_dir(tmp_path) / "bin"
     folder.mkdir(parents=True)
     for name in ("llama-bench", "llama-batched-bench"):
         (folder / name).touch()
-    assert llama_cpp.missing(tmp_path) is None
+    assert llama_cpp_tools.missing(tmp_path) is None
 
 
 def test_the_table_names_the_cpu_and_takes_the_best_arms_paired_ratio() -> None:
@@ -45,6 +56,8 @@ def test_the_table_names_the_cpu_and_takes_the_best_arms_paired_ratio() -> None:
     def cell(rate: float, around: list[float]) -> dict:
         return {
             "tokens_per_s": rate,
+            "decode_seconds": 1.0,
+            "seconds_with_prefill": 2.0,
             "llama_cpp_tokens_per_s": around,
             "vs_llama_cpp": rate / (sum(around) / 2),
         }
@@ -59,6 +72,9 @@ def test_the_table_names_the_cpu_and_takes_the_best_arms_paired_ratio() -> None:
 
     report = {
         "cpu": "AMD EPYC 7B13 (avx2, fma; no AMX)",
+        "machine": {},
+        "repeats": 1,
+        "llama_cpp_skipped": None,
         "threads": 2,
         "model": "m",
         "draft": "d",
@@ -78,13 +94,131 @@ def test_the_table_names_the_cpu_and_takes_the_best_arms_paired_ratio() -> None:
         },
     }
     report["llama_cpp"]["runs"][16] = [{"tokens_per_s": t} for t in (20.0, 28.0, 24.0, 24.0, 24.0, 24.0)]
-    text = llama_cpp.render(json.loads(json.dumps(report)))
+    text = render(LlamaCppReport.from_dict(json.loads(json.dumps(report))))
     assert "AMD EPYC 7B13 (avx2, fma; no AMX)" in text
     rows = [line for line in text.splitlines() if line.startswith("| 1 ") or line.startswith("| 16 ")]
     assert "10.00 (llama-bench tg; 8.00-12.00)" in rows[0] and rows[0].endswith("| **1.20x** | **0.50x** |")
     assert "24.00 (batched-bench S_TG; 20.00-28.00)" in rows[1] and rows[1].endswith(
         "| **1.25x** | **0.50x** |"
     )
+
+
+SAVED = ("llama-cpp-native.json", "llama-cpp-zen4.json", "llama-cpp-zen4-avx2.json")
+
+
+@pytest.mark.parametrize("name", SAVED)
+def test_a_saved_report_reads_and_writes_back_unchanged(name: str) -> None:
+    """The typed report reads a saved comparison (benchmarks/, where BENCHMARKS.md's tables come from)
+    with integer numbers of sequences and writes it back byte for byte, keys in the same order: a new
+    run's JSON has the old layout. Its table has one row per number of sequences, each with both ratios."""
+    text = (ROOT / "benchmarks" / name).read_text()
+    report = LlamaCppReport.from_dict(json.loads(text))
+    assert json.dumps(report.to_dict(), indent=2) == json.dumps(json.loads(text), indent=2)
+    assert all(isinstance(b, int) for column in report.flyspec.values() for b in column.by_sequences)
+    rows = [line for line in render(report).splitlines() if line[:3].strip("| ").isdigit()]
+    assert len(rows) == len(report.sequences) and all(row.count("x**") == 2 for row in rows)
+
+
+def test_the_comparison_is_the_sweeps_arms_one_engine_per_column() -> None:
+    """The default comparison is the sweep's arms: per weight format, target-only and SD (the draft at K,
+    standard verification) at 1, 16 and 32 sequences. The sweep's runner puts each column on one engine
+    of 32 slots, and the columns keep the names the saved reports use."""
+    arms = plan(LlamaCppSettings(model="t", draft="d"))
+    labels = list(dict.fromkeys(column_label(a) for a in arms))
+    assert labels == [
+        "flyspec int8 target-only", "flyspec int8 SD", "flyspec int4 target-only", "flyspec int4 SD",
+    ]  # fmt: skip
+    keys = engine_keys(arms)
+    for label in labels:
+        column = [a for a in arms if column_label(a) == label]
+        assert [a.batch_size for a in column] == [1, 16, 32] and len({keys[a.label] for a in column}) == 1
+    assert len(set(keys.values())) == 4
+    runner = BenchRunner("t", arms, dtype="bfloat16", device="cpu", ignore_eos=True, prefix_caching=False)
+    assert set(runner.slots.values()) == {32}
+    sd = next(a for a in arms if a.method == "standard")
+    assert sd.speculative_config() == {"num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
+    unquantized = plan(LlamaCppSettings(model="t", draft="d", formats=(None,), sequences=(1,)))
+    assert [column_label(a) for a in unquantized] == ["flyspec bf16 target-only", "flyspec bf16 SD"]
+
+
+def test_the_runners_engine_prefills_every_call_and_is_released(tmp_path) -> None:
+    """The rate's 1-token run must prefill as its n-token run does: with prefix_caching=False the runner's
+    engine shares no block of a prompt asked twice (the sweep's default shares them). release() frees the
+    engine (nothing holds it any more) before the next is built."""
+    from flyspec.sampling_params import SamplingParams
+
+    target = str(save_tiny(tmp_path / "m", seed=0))
+    arm = Arm("flyspec", "target", 1)
+    prompt, params = [[5, 6, 7, 8] * 12], SamplingParams(temperature=0, max_tokens=2)
+    for caching in (True, False):
+        runner = BenchRunner(
+            target, [arm], dtype="float32", device="cpu", ignore_eos=True, prefix_caching=caching
+        )
+        llm = runner.engine_for(arm)
+        for _ in range(2):
+            llm.generate(prompt, params, use_tqdm=False)
+        assert (llm.stats.prefix_cache_hits > 0) == caching
+    freed = weakref.ref(llm)
+    del llm
+    runner.release()
+    assert freed() is None and runner.engine_for(arm) is not None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--draft", "a", "--draft", "b"], "--peer llama.cpp: give one draft model"),
+        (["--draft", "ngram"], "--peer llama.cpp: give one draft model"),
+        (["--k", "2,4"], "--peer llama.cpp: give one K"),
+        (["--max-tokens", "1"], "--max-tokens: at least 2 with --peer llama.cpp"),
+        (["--quantization", "int2"], "--quantization 'int2': with --peer llama.cpp, a comma list of"),
+        (["--json", "/absent-folder/x.json"], "--json /absent-folder/x.json: folder /absent-folder does not"),
+    ],
+)
+def test_the_commands_options_are_checked_before_anything_loads(options: list[str], message: str) -> None:
+    """An option `--peer llama.cpp` cannot take as given is a ValueError naming it (the command line
+    prints it as one line), before any model loads."""
+    from typer.testing import CliRunner
+
+    from flyspec.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--peer", "llama.cpp", "--model", "absent", *options])
+    assert isinstance(result.exception, ValueError) and message in str(result.exception)
+
+
+def test_the_command_on_tiny_models_without_llama_cpp(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flyspec bench --peer llama.cpp` on tiny models with no llama.cpp installed: the skip line with
+    the install command on stderr, each column's prefill-free rate at 1 and 2 sequences (without
+    llama.cpp's fields), the JSON in the saved reports' layout and the table with "-" for llama.cpp."""
+    from typer.testing import CliRunner
+
+    from flyspec.cli import app
+
+    monkeypatch.setenv("FLYSPEC_PEERS", str(tmp_path / "peers"))
+    target = save_tiny(tmp_path / "target", seed=3)
+    draft = save_perturbed(target, tmp_path / "draft", seed=5, noise=0.003)
+    out_json, out_md = tmp_path / "llama.json", tmp_path / "llama.md"
+    args = [
+        "bench", "--peer", "llama.cpp", "--model", str(target), "--draft", str(draft), "--batch-sizes", "1,2",
+        "--k", "2", "--max-tokens", "8", "--quantization", "none", "--dtype", "float32",
+        "--json", str(out_json), "--markdown", str(out_md),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "llama.cpp: skipped, not installed" in result.stderr and "make peers" in result.stderr
+    data = json.loads(out_json.read_text())
+    assert list(data) == list(json.loads((ROOT / "benchmarks" / SAVED[0]).read_text()))
+    assert data["llama_cpp"] is None and data["sequences"] == [1, 2] and data["k"] == 2
+    assert list(data["flyspec"]) == ["flyspec bf16 target-only", "flyspec bf16 SD"]
+    for column in data["flyspec"].values():
+        assert list(column) == ["quantization", "method", "weights", "by_sequences"]
+        assert list(column["by_sequences"]) == ["1", "2"]
+        for rate in column["by_sequences"].values():
+            assert list(rate) == ["tokens_per_s", "decode_seconds", "seconds_with_prefill"]
+            assert rate["tokens_per_s"] > 0
+    assert "draft" in data["flyspec"]["flyspec bf16 SD"]["weights"]
+    table = out_md.read_text()
+    assert table in result.stdout and "| 1 | - | " in table and "| 2 | - | " in table
 
 
 def test_the_decode_rate_leaves_out_the_prefill(tmp_path) -> None:
@@ -95,8 +229,8 @@ def test_the_decode_rate_leaves_out_the_prefill(tmp_path) -> None:
     )
     prompts = [[5, 6, 7, 8] * (i + 1) for i in range(3)]
     rate = llama_cpp.decode_rate(llm, prompts, n_gen=6, repeats=2)
-    assert rate["tokens_per_s"] == pytest.approx(3 * 5 / rate["decode_seconds"])
-    assert 0 < rate["decode_seconds"] < rate["seconds_with_prefill"]
+    assert rate.tokens_per_s == pytest.approx(3 * 5 / rate.decode_seconds)
+    assert 0 < rate.decode_seconds < rate.seconds_with_prefill
 
 
 class _ScriptedLLM:
@@ -121,7 +255,7 @@ def test_a_disturbed_pair_is_measured_again_and_never_used(monkeypatch: pytest.M
     llm = _ScriptedLLM([0.1, 5.0, 3.0, 1.0, 3.0])  # warm-up, disturbed pair (5.0 > 3.0), clean pair
     monkeypatch.setattr(llama_cpp.time, "perf_counter", lambda: llm.clock)
     rate = llama_cpp.decode_rate(llm, [[1, 2]], n_gen=9, repeats=1)
-    assert rate["decode_seconds"] == pytest.approx(2.0) and rate["tokens_per_s"] == pytest.approx(8 / 2.0)
+    assert rate.decode_seconds == pytest.approx(2.0) and rate.tokens_per_s == pytest.approx(8 / 2.0)
     llm = _ScriptedLLM([0.1] + [5.0, 3.0] * (1 + llama_cpp.RETRIES))
     monkeypatch.setattr(llama_cpp.time, "perf_counter", lambda: llm.clock)
     with pytest.raises(RuntimeError, match="no measurable time"):
@@ -134,28 +268,23 @@ def test_a_whole_run_on_the_smallest_zoo_model(tmp_path) -> None:
     """`run` on SmolLM2-135M (its zoo GGUF for llama.cpp, its safetensors for flyspec, itself as the draft)
     at 1 and 2 sequences: every flyspec arm has a rate at each; llama.cpp has both tools' rates where it is
     installed, else the report carries the skip line with the install command."""
-    report = llama_cpp.run(
+    settings = LlamaCppSettings(
         model="smollm2-135m-instruct",
         draft="smollm2-135m-instruct",
         formats=("int8",),
-        sequences=[1, 2],
+        sequences=(1, 2),
         k=2,
         n_gen=16,  # at 4 the decode time of a 135M model can drown in the noise of the 1-token run
-        repeats=1,
         threads=2,
-        dtype="bfloat16",
-        seed=0,
-        dataset="gsm8k",
-        root=peers_dir(),
-        logs=tmp_path / "logs",
     )
-    assert set(report["flyspec"]) == {"flyspec int8 target-only", "flyspec int8 SD"}
-    for arm in report["flyspec"].values():
-        assert all(arm["by_sequences"][b]["tokens_per_s"] > 0 for b in (1, 2))
-    if report["llama_cpp"] is None:
-        assert "not installed" in report["llama_cpp_skipped"]
+    report = llama_cpp.run(settings, root=peers_dir(), logs=tmp_path / "logs")
+    assert set(report.flyspec) == {"flyspec int8 target-only", "flyspec int8 SD"}
+    for column in report.flyspec.values():
+        assert all(column.by_sequences[b].tokens_per_s > 0 for b in (1, 2))
+    if report.llama_cpp is None:
+        assert "not installed" in report.llama_cpp_skipped
     else:
-        assert all(report["llama_cpp"]["tokens_per_s"][b] > 0 for b in (1, 2))
-        for arm in report["flyspec"].values():  # llama.cpp right before and after each measurement
-            assert all(len(arm["by_sequences"][b]["llama_cpp_tokens_per_s"]) == 2 for b in (1, 2))
-    assert "|" in llama_cpp.render(json.loads(json.dumps(report)))
+        assert all(report.llama_cpp.tokens_per_s[b] > 0 for b in (1, 2))
+        for column in report.flyspec.values():  # llama.cpp right before and after each measurement
+            assert all(len(column.by_sequences[b].llama_cpp_tokens_per_s) == 2 for b in (1, 2))
+    assert "|" in render(LlamaCppReport.from_dict(json.loads(json.dumps(report.to_dict()))))

@@ -110,6 +110,60 @@ def test_typical_and_prefix_rules_raise_value_error_naming_field_value_and_rule(
         SpeculativeConfig.from_dict(data)
 
 
+@pytest.mark.parametrize("k", range(2, 9))
+def test_fly_fields_read_as_attributes_as_in_vllm(k):
+    """Code written against vLLM reads the policy fields as attributes of SpeculativeConfig: FLy's window
+    is min(6, K - 1) when unset, its other fields their defaults or the values given, typical acceptance's
+    fields read None under FLy (unset, as vLLM's fields that do not apply) and the lossless prefix 0."""
+    cfg = SpeculativeConfig(model="d", num_speculative_tokens=k, rejection_sample_method="fly")
+    assert cfg.fly_window_size == min(6, k - 1)
+    assert (cfg.fly_entropy_threshold, cfg.fly_entropy_top_k, cfg.lossless_prefix_tokens) == (0.3, 3, 0)
+    assert getattr(cfg, EPS) is None and getattr(cfg, DELTA) is None
+    given = {"fly_window_size": 1, "fly_entropy_threshold": 2, "fly_entropy_top_k": 7}
+    cfg = SpeculativeConfig.from_dict({**FLY, "num_speculative_tokens": k, **given})
+    assert (cfg.fly_window_size, cfg.fly_entropy_threshold, cfg.fly_entropy_top_k) == (1, 2.0, 7)
+
+
+def test_typical_and_standard_fields_read_as_attributes():
+    """Typical acceptance's fields read as attributes (its defaults, or the values given) and FLy's read
+    None beside them; under standard verification every policy field and the lossless prefix read None;
+    a name that is no field at all is still an AttributeError naming it."""
+    cfg = SpeculativeConfig.from_dict({**TYPICAL, DELTA: 1, "lossless_prefix_tokens": 4})
+    assert (getattr(cfg, EPS), getattr(cfg, DELTA), cfg.lossless_prefix_tokens) == (0.09, 1.0, 4)
+    assert cfg.fly_window_size is None and cfg.fly_entropy_top_k is None
+    std = SpeculativeConfig(model="d", num_speculative_tokens=3)
+    fields = [f for p in registered_policies() for f in p.field_names()]
+    assert fields and all(getattr(std, f) is None for f in fields) and std.lossless_prefix_tokens is None
+    assert set(fields) <= set(dir(std))
+    with pytest.raises(AttributeError, match="has no attribute 'fly_windw_size'"):
+        _ = std.fly_windw_size
+
+
+def test_a_built_config_is_read_only_so_no_rule_is_skipped():
+    """Setting a field after construction would skip the rules checked together (W < K, a prefix only
+    with a lossy policy) and change nothing in an engine already built: it raises, naming the field and
+    the checked way to a variant, and the config is unchanged. Copies and pickles keep their values and
+    stay read-only."""
+    import copy
+    import dataclasses
+    import pickle
+
+    cfg = SpeculativeConfig(model="d", num_speculative_tokens=4, rejection_sample_method="fly")
+    changes = (("fly_window_size", 9), ("num_speculative_tokens", 1), ("lossless_prefix_tokens", -1))
+    for name, value in changes:
+        with pytest.raises(dataclasses.FrozenInstanceError, match=f"so {name} cannot be set: build a"):
+            setattr(cfg, name, value)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del cfg.model
+    assert (cfg.fly_window_size, cfg.num_speculative_tokens, cfg.lossless_prefix_tokens) == (3, 4, 0)
+    with pytest.raises(ValueError, match="fly_window_size=9 is invalid"):
+        SpeculativeConfig.from_dict({**cfg.to_dict(), "fly_window_size": 9})
+    for twin in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert twin == cfg and twin.fly_window_size == 3
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            twin.fly_window_size = 2
+
+
 def test_policy_fields_are_owned_once_and_apart_from_the_configs_own():
     """Registration is consistent: no field belongs to two policies or shadows one of SpeculativeConfig's
     own fields, and standard, the lossless policy, comes first."""

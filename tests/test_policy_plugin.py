@@ -126,11 +126,15 @@ def test_verify_forgives_by_the_ratio_of_both_probabilities_of_the_drafted_token
 
 def test_speculative_config_takes_the_toys_field_by_its_own_rules() -> None:
     """SpeculativeConfig knows the toy by name: its field's default and rule, the canonical form, the
-    verifier object, the lossy flag and warning, and the error for its field under another policy."""
+    verifier object, the lossy flag and warning, and the error for its field under another policy. Its
+    field reads as an attribute (None in a config of another policy), as the built-in policies' do."""
     cfg = SpeculativeConfig.from_dict(
         {"method": "ngram", "num_speculative_tokens": 2, "rejection_sample_method": "toy"}
     )
     assert cfg.policy_settings == {"toy_min_ratio": 0.5} and cfg.is_lossy and cfg.lossless_prefix_tokens == 0
+    assert cfg.toy_min_ratio == 0.5 and cfg.fly_window_size is None
+    fly = SpeculativeConfig(method="ngram", num_speculative_tokens=2, rejection_sample_method="fly")
+    assert fly.toy_min_ratio is None and fly.fly_window_size == 1
     assert cfg.verification_policy(100) == RatioPolicy(0.5)
     again = SpeculativeConfig.from_dict({**cfg.to_dict(), "toy_min_ratio": 1})
     assert again.to_dict()["toy_min_ratio"] == 1.0 and SpeculativeConfig.from_dict(again.to_dict()) == again

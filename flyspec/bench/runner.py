@@ -11,11 +11,14 @@ format, drafter and K when the sweep has one (the first lossy arm's at its polic
 first), as requests with `SamplingParams(verification="standard")` (lossless verification per request).
 Model weights are loaded once per (model, weight format) and handed to every engine through
 `LLM.from_config(config, target=..., draft=...)`; a loaded model holds only weights (KV caches belong to
-each engine), so sharing it is safe.
+each engine), so sharing it is safe. A model of format "auto" is the exception: the fastest format is
+measured for the engine's own workload (its K and slots), so each such engine loads its own. `release()`
+drops every engine and model, for a caller that measures one engine at a time (flyspec/bench/llama_cpp.py).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -121,12 +124,14 @@ class BenchRunner:
         device: str,
         ignore_eos: bool,
         seed: int = 0,
+        prefix_caching: bool = True,
     ) -> None:
         self.model = model
         self.dtype = dtype
         self.device = device
         self.ignore_eos = ignore_eos
         self.seed = seed
+        self.prefix_caching = prefix_caching
         self.keys = engine_keys(arms)
         # The speculative config of each engine: its lossy arm's (standard arms ride on it), else a
         # standard arm's.
@@ -169,6 +174,18 @@ class BenchRunner:
             self._weights[name, quantization] = load_model(name, self.dtype, self.device, quantization)
         return self._weights[name, quantization]
 
+    def _shared(self, name: str, quantization: str | None) -> Any:
+        """The loaded model an engine is given, or None for "auto", which the engine loads itself (the
+        format is chosen for its workload)."""
+        return None if quantization == "auto" else self._loaded(name, quantization)
+
+    def release(self) -> None:
+        """Drop every flyspec engine and loaded model, so that their memory (KV caches, weights) is free
+        before the next engine loads; a later arm builds its engine again."""
+        self._engines.clear()
+        self._weights.clear()
+        gc.collect()
+
     def _speculative_config(self, key: EngineKey) -> dict[str, Any] | None:
         spec = self._specs.get(key)
         if spec is None:
@@ -194,12 +211,13 @@ class BenchRunner:
                 max_num_seqs=self.slots.get(key, 1),
                 seed=self.seed,
                 quantization=split_format(key[0])[0],
+                enable_prefix_caching=self.prefix_caching,
             )
             spec = config.speculative_config
             draft = None
             if spec is not None and spec.model is not None:
-                draft = self._loaded(spec.model, config.draft_quantization)
-            target = self._loaded(self.model, config.quantization)
+                draft = self._shared(spec.model, config.draft_quantization)
+            target = self._shared(self.model, config.quantization)
             self._engines[key] = LLM.from_config(config, target=target, draft=draft)
             self.load_seconds += time.perf_counter() - start
         return self._engines[key]

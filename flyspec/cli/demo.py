@@ -1,4 +1,4 @@
-"""`flyspec demo`: the main job on the embedded default (SPEC 12; the design is
+"""`flyspec demo`: the main job on the embedded default (docs/gate.md, "flyspec demo"; the design is
 flyspec/gate/runs/main_job.py).
 
 Prepares the Qwen2.5-Coder pair of the model zoo, then runs the sequential quality gate (docs/gate.md) with

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
@@ -22,9 +23,24 @@ _UNBOUNDED_WIDTH = 10_000
 def list_models(json_output: JsonFlag = False) -> None:
     """Show each zoo model: role, size, whether its packages are installed and whether it is prepared."""
     from rich.console import Console
-    from rich.table import Table
 
-    from flyspec.assets import ZOO, cache_dir, cache_problems, missing_packages, model_dir
+    from flyspec.assets import cache_dir
+
+    rows = _zoo_rows()
+    if json_output:
+        print(json.dumps({"cache": str(cache_dir()), "models": rows}))
+        return
+    console = Console()
+    if not console.is_terminal:
+        # A pipe or a file has no width: rich would assume 80 columns and squeeze the table. Give each
+        # model one whole line instead, so `flyspec models list | grep NAME` shows all of it.
+        console = Console(width=_UNBOUNDED_WIDTH)
+    console.print(_zoo_table(rows, f"flyspec model zoo (cache: {cache_dir()})"))
+
+
+def _zoo_rows() -> list[dict[str, Any]]:
+    """One JSON object per zoo model: what it is, its packages and whether it is prepared."""
+    from flyspec.assets import ZOO, cache_problems, missing_packages, model_dir
 
     rows = []
     for entry in ZOO.values():
@@ -44,10 +60,14 @@ def list_models(json_output: JsonFlag = False) -> None:
                 "path": str(model_dir(entry.name)),
             }
         )
-    if json_output:
-        print(json.dumps({"cache": str(cache_dir()), "models": rows}))
-        return
-    table = Table(title=f"flyspec model zoo (cache: {cache_dir()})")
+    return rows
+
+
+def _zoo_table(rows: list[dict[str, Any]], title: str) -> Any:
+    """The rows as a rich Table, each unprepared or incomplete model with the command that fixes it."""
+    from rich.table import Table
+
+    table = Table(title=title)
     # Names and commands are what a user types next, so no column is ever cut with an ellipsis: names
     # never wrap, and a narrow terminal folds the long cells instead of truncating them.
     for column in ("name", "role", "size"):
@@ -66,12 +86,7 @@ def list_models(json_output: JsonFlag = False) -> None:
         else:
             prepared = "no: flyspec models prepare " + row["name"]
         table.add_row(row["name"], row["role"], row["size"], packages, prepared)
-    console = Console()
-    if not console.is_terminal:
-        # A pipe or a file has no width: rich would assume 80 columns and squeeze the table. Give each
-        # model one whole line instead, so `flyspec models list | grep NAME` shows all of it.
-        console = Console(width=_UNBOUNDED_WIDTH)
-    console.print(table)
+    return table
 
 
 @models_app.command("prepare")

@@ -218,7 +218,7 @@ def verify(
         generator: torch.Generator for whatever of `uniform` and `sample_uniform` is not given.
         sample_uniform: [B] float64 in [0, 1) used to draw each random row's recovered or bonus token by
             inverse CDF; None draws it from `generator` (after `uniform`).
-        fly: the older spelling of `policy=FlyParams(...)`, kept because SPEC 3.2 promises it; giving
+        fly: the older spelling of `policy=FlyParams(...)`, kept for callers written against it; giving
             both is an error.
 
     Returns:

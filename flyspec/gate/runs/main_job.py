@@ -1,4 +1,4 @@
-"""The main job (``flyspec demo``, SPEC 12): its arms, its registered design and the words around it.
+"""The main job (``flyspec demo``, docs/gate.md): its arms, its registered design and the words around it.
 
 Three arms share one engine and one baseline (flyspec/gate/arms/engine.py):
 

@@ -380,7 +380,7 @@ class Session:
                 if deadline is not None:
                     self._watch_budget(deadline, dispatcher)
             except KeyboardInterrupt:
-                # Ctrl-C stops now (SPEC 13: within 2 s), not after the answers in flight, which can take
+                # Ctrl-C stops now (within 2 s), not after the answers in flight, which can take
                 # minutes in a full batch: they are dropped, and a rerun asks them again. Nothing stored
                 # is lost, and the report shows the run paused at the prefix reached.
                 self._pause(

@@ -68,7 +68,8 @@ CLAIMS = {
         "questions (the set was declared the whole population with --population finite)."
     ),
 }
-"""One plain sentence per population: what a sequential run's decision speaks about (SPEC 11.3)."""
+"""One plain sentence per population: what a sequential run's decision speaks about (docs/gate.md, the
+sequential decision's claim)."""
 DATA_STOPS = ("boundary", "max_questions")
 PAUSES = ("time_budget", "interrupted", "error")
 

@@ -1,4 +1,4 @@
-"""Error spent once (SPEC 11.2): the alpha ledger of one comparison.
+"""Error spent once: the alpha ledger of one comparison (docs/gate.md, "Error spent once").
 
 A **comparison** is one baseline against one candidate (``comparison_key``). Every run that can declare
 PASS on it is a **look**: a fixed run, a sequential run (one look for all its continuations, extensions
