@@ -293,6 +293,7 @@ def _extend(
     run_id = options.name
 
     def amend(guessed: dict[str, Any]) -> dict[str, Any]:
+        _refuse_defective_draw(store, run_id)
         if options.kind == "gate":
             keys = [(q.dataset, q.id) for q in chosen.questions]
             check_alpha_left(store, run_id, options.kind, guessed, keys)
@@ -303,6 +304,21 @@ def _extend(
         return {"extensions": history} if history else {}
 
     return amend
+
+
+def _refuse_defective_draw(store: GateStore, run_id: str) -> None:
+    """A judged run registered with gold-label draw 1 is not continued: its drawn pairs are a prefix of
+    the order, so more answers would only add pairs that the judge decides uncorrected."""
+    existing = store.get_run(run_id)
+    gold = Gold.of(existing.registration) if existing is not None else None
+    if gold is not None and gold.defective:
+        raise ValueError(
+            f"run {run_id!r} in {store.path} was registered with gold-label draw 1, which drew exactly the "
+            "pairs at the start of the question order (it hashed the same string as the order), so its "
+            "decision is not a valid test and it cannot be continued. `flyspec gate report` still shows its "
+            "stored decision, under a warning; start a new judged run (another --run name), which draws its "
+            "gold labels independently of the order."
+        )
 
 
 def _register(store: GateStore, plan: _Plan, chosen: _Chosen, executors: list[Executor]) -> bool:
