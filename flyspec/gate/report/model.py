@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flyspec.gate.data.store import RunRecord
+from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule
 from flyspec.gate.stats.monitor import SUPERPOPULATION, SequentialPlan, SequentialStop, claim
 
@@ -255,6 +256,7 @@ class ReportData:
     family: list[ReportData] = field(default_factory=list)
     family_alpha: float | None = None
     decided_after_minutes: float | None = None
+    ledger: LedgerSummary | None = None
 
     @property
     def comparison(self) -> str:
@@ -341,6 +343,8 @@ class ReportData:
             "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
             "gold_labels": self.gold.labelled if self.gold is not None else None,
             "judge_agreement": self.gold.agreement if self.gold is not None else None,
+            "alpha_budget": self.ledger.budget if self.ledger is not None else None,
+            "earlier_looks": self.ledger.earlier if self.ledger is not None else None,
             "net_difference": pooled.net_difference,
             "low": pooled.ci_low,
             "high": pooled.ci_high,
@@ -386,6 +390,7 @@ class ReportData:
         if self.run.kind == "pilot":
             out["pilot"] = asdict(self.pilot) if self.pilot is not None else None
             return out
+        out["ledger"] = asdict(self.ledger) if self.ledger is not None else None
         out["registered_decision"] = self.decision
         out["exploratory"] = asdict(self.exploratory) if self.exploratory is not None else None
         if self.sequential is not None and self.sequential_plan is not None:

@@ -93,9 +93,9 @@ def explanation(report: ReportData) -> list[str]:
     )
 
 
-def _fresh_run_command(report: ReportData, questions: int | None) -> str:
-    size = f" --max-questions {questions}" if questions else ""
-    return f"`flyspec gate run --sequential{size} --exclude-run {report.run.run_id} --run NEW ...`"
+def _continuation_command(questions: int | None, alpha: float) -> str:
+    size = f" --max-questions {questions}" if questions else " --max-questions N"
+    return f"`flyspec gate run --sequential{size} --alpha {alpha:g} --run NEW ...`, same arms and data"
 
 
 def _plan_sentence(pooled: Comparison, margin: str) -> str:
@@ -180,19 +180,34 @@ def advice(report: ReportData) -> list[str]:
         return _continue_sequential(report)
     m = _m(report)
     why = (
-        "Do not add questions to this run or rerun it on the same questions to decide again: looking at a "
-        "result and then collecting more data until it looks better is optional stopping, and it makes a "
-        "wrong PASS more likely than alpha."
+        "Do not add questions to this run, rerun it, or test again on other questions to decide again: "
+        "looking at a result and then collecting more data until it looks better is optional stopping, and "
+        "every further look at this comparison is another chance of a wrong PASS, on fresh questions too "
+        "(the claim is about the method, the same hypothesis whatever questions test it)."
     )
     plan = _plan_sentence(pooled, m)
-    return [
-        *([plan] if plan else []),
-        f"{why} Instead, start a sequential run on questions this run has not used "
-        f"({_fresh_run_command(report, None if pooled.loss_detected else pooled.questions_needed)}): it is "
-        "valid whenever it stops, so it can end as soon as the evidence is clear, and fresh questions keep "
-        "it independent of what you have seen here. Or register a new fixed run on them with "
-        f"`--exclude-run {report.run.run_id}`.",
-    ]
+    return [*([plan] if plan else []), f"{why} {_next_look(report, pooled)}"]
+
+
+def _next_look(report: ReportData, pooled: Comparison) -> str:
+    """After an INCONCLUSIVE fixed run: the valid way forward the comparison's budget leaves."""
+    ledger = report.ledger
+    left = ledger.budget - ledger.spent_before - ledger.alpha if ledger is not None else 0.0
+    size = None if pooled.loss_detected else pooled.questions_needed
+    if ledger is not None and left > 1e-12:
+        return (
+            f"This comparison's error budget ({ledger.budget:g}) has {left:g} left, so a sequential "
+            f"continuation at that alpha is valid ({_continuation_command(size, left)}): it carries "
+            "this run's answers first, in their order (counted once), and holds whenever it stops."
+        )
+    budget = f" ({ledger.budget:g})" if ledger is not None else ""
+    return (
+        f"This run spent the comparison's whole error budget{budget}, so the alpha ledger refuses another "
+        "look at it: act on this result as it stands. Next time, register a fixed run with room for a "
+        "continuation (for example `--alpha 0.0125 --alpha-budget 0.025`), or run sequentially from the "
+        "start: a sequential run may continue until it decides. A sequential run with `--population finite` "
+        "on questions no look at this comparison used makes only a narrower claim, about those questions."
+    )
 
 
 def compare_advice(report: ReportData) -> list[str]:
@@ -274,6 +289,8 @@ def _gate_lines(report: ReportData) -> list[str]:
         lines += [_noise_line(report, pooled), ""]
     if report.advice:
         lines += [" ".join(report.advice), ""]
+    if report.ledger is not None:
+        lines += [report.ledger.describe(), ""]
     lines += _exploratory_lines(report)
     lines += _judge_lines(report)
     lines += [f"**Rule.** {report.rule()}", ""]

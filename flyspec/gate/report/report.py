@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.checks import is_number
+from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
-from flyspec.gate.report.judged_pairs import Gold, stored_pairs
+from flyspec.gate.report.judged_pairs import stored_pairs
+from flyspec.gate.report.looks import ledger_summary
 from flyspec.gate.report.model import (
     Comparison,
     Exploratory,
@@ -309,6 +311,8 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
     else:
         _fixed(report, store, correct)
     report.noise = _noise(store, run)
+    if run.kind == "gate":
+        report.ledger = ledger_summary(store, run, report.comparison)
     pooled = report.pooled
     if pooled is not None and pooled.decision == PASS and pooled.significant_loss:
         notes.append(
