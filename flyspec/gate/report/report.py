@@ -531,8 +531,8 @@ def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> 
         _without_verdict_accuracy(counted(ds, p, reg, run.alpha), judged, ds)
         for ds, (reg, p, _) in per.items()
     ]
-    report.comparisons = [*rows, _judged_pooled(row, walk.estimate)]
     report.gold = _gold_summary(gold, seen, order, limit, walk)
+    report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], run.alpha)]
     if walk.narrow and walk.low <= walk.high:
         report.warnings.append(_narrow_warning(walk, gold))
 
@@ -545,10 +545,20 @@ def _without_verdict_accuracy(row: Comparison, judged: set[tuple[str, str]], dat
     return replace(row, baseline_accuracy=None, candidate_accuracy=None, net_difference=None)
 
 
-def _judged_pooled(row: Comparison, estimate: float | None) -> Comparison:
+def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha: float) -> Comparison:
     """The pooled row of a judged run: no accuracy from verdicts; the estimate is the prediction-powered
-    one (the mean of the values the interval is built on), not the judge's count."""
-    return replace(row, baseline_accuracy=None, candidate_accuracy=None, net_difference=estimate)
+    one (the mean of the values the interval is built on), not the judge's count; McNemar's test, reported
+    beside the decision, is on the gold labels (``lost``/``gained`` stay the judge's verdicts)."""
+    test = mcnemar(gold.gold_baseline, gold.gold_candidate)
+    return replace(
+        row,
+        baseline_accuracy=None,
+        candidate_accuracy=None,
+        net_difference=estimate,
+        exact_p=test.exact_p,
+        mid_p=test.mid_p,
+        significant_loss=gold.gold_baseline > gold.gold_candidate and test.exact_p < 2 * alpha,
+    )
 
 
 def _gold_summary(
