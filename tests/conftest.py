@@ -13,6 +13,8 @@ whichever test file asks first; tests/tiny_engine.py drives an engine over them.
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The gate's alpha ledger is per user: tests never write the real one (~/.cache/flyspec). Module-scoped
@@ -41,6 +43,23 @@ def gate_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     path = str(tmp_path_factory.mktemp("ledger") / "ledger.sqlite")
     monkeypatch.setenv("FLYSPEC_GATE_LEDGER", path)
     return path
+
+
+@pytest.fixture()
+def own_ledger(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], AbstractContextManager[None]]:
+    """``with own_ledger(): ...``: gate runs inside use a ledger of their own. For a reproduction a test
+    compares with (the same run in another store), which is not a second look a user takes; in one
+    ledger it would be counted as one and refused."""
+
+    @contextmanager
+    def use() -> Iterator[None]:
+        with monkeypatch.context() as patch:
+            patch.setenv("FLYSPEC_GATE_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.sqlite"))
+            yield
+
+    return use
 
 
 @pytest.hookimpl(tryfirst=True)

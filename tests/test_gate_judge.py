@@ -248,7 +248,7 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert "prediction-powered" in report.rule() and "Tango" not in markdown and " acc " not in markdown
     assert report.decision_object()["method"].startswith("prediction-powered betting interval")
     assert "## Judged pairs and gold labels" in markdown and "What is proven, for this run's draw" in markdown
-    assert all(c.baseline_accuracy is None for c in report.comparisons)
+    assert all(c.baseline_accuracy is None for c in report.comparisons) and "<img" in report.to_html()
     pooled_row = report.gold.rows[-1]  # type: ignore[union-attr]
     assert (pooled_row.gold_baseline, pooled_row.gold_equal, pooled_row.gold_candidate) == (3, 8, 1)
     _run(url, tmp_path, gold_rate=1.0)
