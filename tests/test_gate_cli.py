@@ -533,6 +533,9 @@ def test_a_budget_registered_first_keeps_room_and_is_reported(
         head = [q.question_id for q in opened.questions("more")][:10]
         assert head == [q.question_id for q in opened.questions("first")]
         assert opened.get_run("more").registration["carries"] == "first"  # type: ignore[union-attr]
+    first_ledger = _last_json(flyspec("report", "--store", str(budgeted), "--run", "first", "--json").stdout)
+    assert first_ledger["ledger"]["budget"] == 0.025 and first_ledger["ledger"]["alpha"] == 0.0125
+    assert first_ledger["ledger"]["earlier"] == [] and first_ledger["decision"]["alpha_budget"] == 0.025
     report = _last_json(flyspec("report", "--store", str(budgeted), "--run", "more", "--json").stdout)
     ledger = report["ledger"]
     assert ledger["budget"] == 0.025 and ledger["alpha"] == 0.0125 and ledger["spent_before"] == 0.0125
@@ -568,7 +571,11 @@ def test_tune_takes_exclude_run_and_exits_0_when_a_setting_passed(
     assert done.returncode == 2 and "--exclude-run nope: no such run" in done.stderr
     done = flyspec(*args, "--exclude-run", "first", "--json")
     assert done.returncode == 0, done.stderr
-    assert _last_json(done.stdout)["settings"][0]["decision"] == "PASS"
+    tuned = _last_json(done.stdout)
+    assert tuned["settings"][0]["decision"] == "PASS"
+    # The tune is one look at its setting's comparison, another comparison than the first run's arms.
+    (ledger,) = tuned["ledger"]
+    assert ledger["alpha"] == 0.025 and ledger["budget"] == 0.025 and ledger["earlier"] == []
     with GateStore(store) as opened:
         first = {q.question_id for q in opened.questions("first")}
         used = {q.question_id for run in ("tune", "tune/calibration") for q in opened.questions(run)}

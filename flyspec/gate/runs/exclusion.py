@@ -36,7 +36,7 @@ from flyspec.gate.data.ledger import (
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.registration import comparison_plans
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
-from flyspec.gate.stats.spending import Look, NextLook, next_look
+from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 
 
 def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
@@ -99,6 +99,9 @@ def ledger(
                 continue
             earlier = _earlier(key, entries, opened, before, own)
             budget = registration.get("alpha_budget")
+            if existing is not None and budget is not None:
+                # A resume keeps the budget it registered; one above the cap (from before it) reads as it.
+                budget = min(float(budget), max(plan.alpha, MAX_BUDGET))
             verdict = next_look(
                 look_kind(kind, registration), keys, earlier, plan.alpha, look_claim(plan), budget
             )
