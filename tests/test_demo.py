@@ -164,8 +164,11 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     reference.mkdir()
     for name in ("target", "draft", "own.jsonl"):
         (reference / name).symlink_to(tmp_path / name)
+    # The reference is the same run repeated to compare decisions, not a second look a user takes: it
+    # gets a ledger of its own (in one ledger the default claim would count it as a second look, refused).
+    alone = {**env, "FLYSPEC_GATE_LEDGER": str(reference / "ledger.sqlite")}
     clean = subprocess.run(_demo_command(reference, "--until-decided"), capture_output=True, text=True,
-                           timeout=900, env=env)  # fmt: skip
+                           timeout=900, env=alone)  # fmt: skip
     assert clean.returncode == 0, clean.stderr
     expected = json.loads(clean.stdout.strip().splitlines()[-1])
     for got, want in ((report, expected), (control, expected["family"][0])):

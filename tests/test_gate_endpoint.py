@@ -558,7 +558,9 @@ def test_two_gate_runs_on_one_store_at_once(servers: tuple[ServerState, list[str
 
 @pytest.mark.slow
 def test_ctrl_c_stops_a_sequential_run_at_once_and_a_rerun_continues(
-    servers: tuple[ServerState, list[str]], tmp_path: Path
+    servers: tuple[ServerState, list[str]],
+    tmp_path: Path,
+    own_ledger,  # noqa: ANN001
 ) -> None:
     """Ctrl-C (SIGINT) on a real `flyspec gate run --sequential`, while the candidate's server holds two
     requests that would never finish, ends the process within 2 s: the held requests are dropped (not
@@ -603,7 +605,8 @@ def test_ctrl_c_stops_a_sequential_run_at_once_and_a_rerun_continues(
     run_gate(store, [dataset], base, held, margin=0.1, sequential=True, progress=False)
     final = build_report(store, "gate").to_dict()["sequential"]
     reference = tmp_path / "reference.sqlite"
-    run_gate(reference, [dataset], base, held, margin=0.1, sequential=True, progress=False)
+    with own_ledger():  # the run to compare with, not a look
+        run_gate(reference, [dataset], base, held, margin=0.1, sequential=True, progress=False)
     expected = build_report(reference, "gate").to_dict()["sequential"]
     assert final["reason"] in ("boundary", "max_questions")
     assert (final["decision"], final["stopped_at"]) == (expected["decision"], expected["stopped_at"])

@@ -112,11 +112,11 @@ def test_in_process_gate_shares_one_engine_and_matches_target_greedy(setup: Setu
     assert all(a.num_forgiven_tokens == 0 for a in answers if a.arm == "baseline")
 
 
-def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: Path) -> None:
+def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: Path, own_ledger) -> None:  # noqa: ANN001
     """At temperature 1, per-question seeds make outputs reproducible and independent of engine sharing:
     the standard arm gives identical texts whether it rides in the shared FLy engine or runs alone in
     its own engine (paired with a target-only candidate), and a repeated run reproduces them (in another
-    store: a store refuses a second fixed run of the same arms on the same questions)."""
+    store with a ledger of its own: the user's ledger refuses a second look at the same arms)."""
     base, cand = _arms(setup)
     target_only = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 2}
     store = tmp_path / "gate.sqlite"
@@ -124,7 +124,8 @@ def test_sampled_arms_are_paired_by_seed_not_by_engine(setup: Setup, tmp_path: P
     shared = run_gate(store, str(setup.dataset), base, cand, 0.1, run_id="shared", **common)
     alone = run_gate(store, str(setup.dataset), base, target_only, 0.1, run_id="alone", **common)
     repeat = tmp_path / "repeat.sqlite"
-    again = run_gate(repeat, str(setup.dataset), base, cand, 0.1, run_id="again", **common)
+    with own_ledger():
+        again = run_gate(repeat, str(setup.dataset), base, cand, 0.1, run_id="again", **common)
     with GateStore(store) as s:
         assert "shared_engine" not in s.get_run("alone").notes  # type: ignore[union-attr]
     a, b, c = _outputs(store, shared), _outputs(store, alone), _outputs(repeat, again)
@@ -326,7 +327,10 @@ def _seq_command(store: Path, dataset: Path, base: dict, cand: dict) -> list[str
 
 
 def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
-    setup: Setup, exact_dataset: Path, tmp_path: Path
+    setup: Setup,
+    exact_dataset: Path,
+    tmp_path: Path,
+    own_ledger,  # noqa: ANN001
 ) -> None:
     """`flyspec gate run --sequential` (a real subprocess) killed with SIGKILL after a few answers and then
     resumed with the same settings ends with exactly one row per (question, arm) and the same decision,
@@ -340,7 +344,8 @@ def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
         "population": "finite",
     }
     reference = tmp_path / "reference.sqlite"
-    run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, progress=False, **settings)
+    with own_ledger():  # the run to compare with, not a look
+        run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, progress=False, **settings)
     expected = build_report(reference, "gate").to_dict()
 
     store = tmp_path / "killed.sqlite"
@@ -368,7 +373,10 @@ def test_sequential_run_killed_and_resumed_reaches_the_same_stop(
 
 
 def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
-    setup: Setup, exact_dataset: Path, tmp_path: Path
+    setup: Setup,
+    exact_dataset: Path,
+    tmp_path: Path,
+    own_ledger,  # noqa: ANN001
 ) -> None:
     """`max_minutes` stops a sequential run as INCONCLUSIVE at the in-order prefix it had reached (the
     report decides there even though answers in flight completed later, and says a rerun continues);
@@ -377,7 +385,8 @@ def test_a_time_budget_pauses_a_sequential_run_and_a_rerun_continues(
     base, cand = _seq_arms(setup)
     common = SEQ_SETTINGS
     reference = tmp_path / "reference.sqlite"
-    run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
+    with own_ledger():  # the run to compare with, not a look
+        run_gate(reference, str(exact_dataset), base, cand, SEQ_MARGIN, **common)
     expected = build_report(reference, "gate").to_dict()["sequential"]
 
     store = tmp_path / "paused.sqlite"

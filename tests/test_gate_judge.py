@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from flyspec.gate.runs.runner import run_gate
 from flyspec.gate.stats import (
     decide,
     decide_with_undecided,
+    gold_selected,
     sequential_decision,
     sequential_decision_with_undecided,
 )
@@ -210,8 +212,10 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert "No pair has a gold label yet, so the run decides nothing" in markdown
     assert "gold labels (a label rate of" in markdown or "No label rate lets" in markdown
     assert "flyspec gate label --store" in markdown and "## Judge and gold labels" in markdown
+    # Every answer is in: the report says the labels are missing, not that the run is incomplete.
+    assert "incomplete" not in markdown and "all 13 registered questions have both answers" in markdown
     registered = report.run.registration
-    assert registered["gold"] == {"rate": 1.0, "seed": 0, "source": "human", "all": False}
+    assert registered["gold"] == {"rate": 1.0, "seed": 0, "source": "human", "all": False, "draw": 2}
     judge = registered["judge"]
     assert judge["model"] == "judge" and judge["served_model"] == {"id": "judge", "root": "/w/judge"}
     assert judge["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
@@ -237,9 +241,44 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert pooled is not None and pooled.ci_low is not None and pooled.ci_high is not None
     truth = sum(_person(i) for i in range(QUESTIONS)) / QUESTIONS
     assert pooled.ci_low <= truth <= pooled.ci_high
-    assert "The judge agreed with gold on" in report.to_markdown()
+    markdown = report.to_markdown()
+    assert "The judge agreed with gold on" in markdown
+    # The decision is the prediction-powered interval's, described as such, with the gold labels counted;
+    # no accuracy is built from the judge's verdicts and Tango's interval is not named.
+    assert "prediction-powered" in report.rule() and "Tango" not in markdown and " acc " not in markdown
+    assert report.decision_object()["method"].startswith("prediction-powered betting interval")
+    assert "## Judged pairs and gold labels" in markdown and "What is proven, for this run's draw" in markdown
+    assert all(c.baseline_accuracy is None for c in report.comparisons) and "<img" in report.to_html()
+    pooled_row = report.gold.rows[-1]  # type: ignore[union-attr]
+    assert (pooled_row.gold_baseline, pooled_row.gold_equal, pooled_row.gold_candidate) == (3, 8, 1)
     _run(url, tmp_path, gold_rate=1.0)
     assert len(state.judge_prompts) == 2 * JUDGED
+
+
+def test_a_run_stored_with_the_defective_draw_is_recomputed_under_a_warning_and_not_continued(
+    server: tuple[Scripted, str], tmp_path: Path
+) -> None:
+    """A judged run whose registration has no draw version was registered with draw 1 (the draw that hashed
+    the same string as the question order). Its report recomputes its decision with that draw (its stored
+    labels count where that draw selected the pair), puts a loud warning naming the defect at the top and
+    says nothing is proven; rerunning it is refused, naming the defect and the way forward."""
+    _, url = server
+    run_id = _run(url, tmp_path, gold_rate=0.5)
+    path = tmp_path / "judge.db"
+    with GateStore(path) as store:
+        registration = store.get_run(run_id).registration  # type: ignore[union-attr]
+    del registration["gold"]["draw"]
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runs SET registration = ? WHERE run_id = ?", (json.dumps(registration), run_id))
+    report = build_report(path, run_id)
+    assert report.gold is not None and report.gold.draw == 1
+    drawn_v1 = sum(gold_selected(0, "open", f"q{i}", 0.5, draw=1) for i in range(QUESTIONS) if i != 12)
+    assert report.gold.selected == drawn_v1
+    markdown = report.to_markdown()
+    assert markdown.index("DEFECTIVE GOLD-LABEL DRAW (draw 1)") < markdown.index("## Decision")
+    assert "**What is proven: nothing.**" in markdown and "DEFECTIVE: the start of the order" in markdown
+    with pytest.raises(ValueError, match="registered with gold-label draw 1"):
+        _run(url, tmp_path, gold_rate=0.5)
 
 
 def test_a_sequential_judged_run_waits_for_its_labels(server: tuple[Scripted, str], tmp_path: Path) -> None:

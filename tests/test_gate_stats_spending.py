@@ -12,15 +12,19 @@ INCONCLUSIVE fixed run, and a trivial sampling change let a rerun through) excee
 
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import norm
 
+from flyspec.gate.data.store import GateStore, RegisteredQuestion
+from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
 from flyspec.gate.stats import sequential_decisions
 from flyspec.gate.stats.simulation import draw_differences
-from flyspec.gate.stats.spending import Look, alpha_left, comparison_key, next_look
+from flyspec.gate.stats.spending import Look, alpha_left, budget_of, comparison_key, next_look
 
 MARGIN, ALPHA = 0.02, 0.025
 FIXED_N = 1250
@@ -100,9 +104,12 @@ def test_the_route_keeps_alpha_full_grid(flip_rate: float, factor: float) -> Non
     _check(flip_rate, -factor * MARGIN, whole_budget_too=True, routes=4000, pool=4000)
 
 
-def test_the_ledger_counts_overlapping_looks_once_and_names_the_way_forward() -> None:
-    """The budget is the first look's; a sequential run's continuations are one look; looks on other
-    questions do not count; a refusal names the runs and the options."""
+def test_the_ledger_counts_looks_by_claim_and_names_the_way_forward() -> None:
+    """The budget is the first look's; a sequential run's continuations are one look. A look claiming
+    something about the method counts every earlier look at the comparison, on any questions; a look about a
+    finite set counts those linked to its questions. A refusal names the looks and the valid ways forward,
+    and never recommends fresh questions for a claim about the method; a later look cannot change the
+    budget, and no budget above 0.05 is registered (one of 0.45 stored before the cap reads as 0.05)."""
     a = frozenset({("gsm8k", "1"), ("gsm8k", "2")})
     b = frozenset({("gsm8k", "3")})
     fixed = Look("small", "fixed", 0.0125, a, budget=0.025)
@@ -112,13 +119,155 @@ def test_the_ledger_counts_overlapping_looks_once_and_names_the_way_forward() ->
     cont = next_look("sequential", a | b, [fixed], 0.025)
     assert cont.allowed and cont.alpha == pytest.approx(0.0125) and cont.carry == "small"
     assert "carries fixed run 'small'" in cont.message
-    other = next_look("fixed", frozenset({("gsm8k", "9")}), [fixed, seq], 0.025)
-    assert other.allowed and other.alpha == 0.025 and other.message == ""
-    refused = next_look("tune", b, [fixed, seq], 0.025)
-    assert not refused.allowed and refused.alpha == 0.0
-    assert "--exclude-run small --exclude-run seq" in refused.message and "budget" in refused.message
+    fresh = frozenset({("gsm8k", "9")})
+    method = next_look("fixed", fresh, [fixed, seq], 0.025)
+    assert not method.allowed and "do not reset the budget" in method.message
+    assert "continue sequential run 'seq'" in method.message and "--exclude-run" not in method.message
+    finite = next_look("sequential", fresh, [fixed, seq], 0.025, claim="finite")
+    assert finite.allowed and finite.alpha == 0.025 and finite.message == ""
+    refused = next_look("tune", b, [fixed, seq], 0.025, claim="finite")
+    assert not refused.allowed and refused.alpha == 0.0 and "budget" in refused.message
     whole = Look("whole", "fixed", 0.025, a)
     assert not next_look("sequential", a, [whole], 0.025).allowed
+    changed = next_look("sequential", a, [fixed], 0.0125, budget=0.05)
+    assert not changed.allowed and "a later look cannot change it" in changed.message
     assert comparison_key({"model": "x"}, {"model": "y"}) != comparison_key({"model": "y"}, {"model": "x"})
     with pytest.raises(ValueError, match="budget"):
         Look("x", "fixed", 0.025, a, budget=0.01)
+    with pytest.raises(ValueError, match="at most 0.05"):
+        next_look("fixed", a, [], 0.025, budget=0.45)
+    old = Look("abuse", "fixed", 0.025, a, budget=0.45)
+    assert budget_of([old]) == 0.05
+
+
+# ---------------------------------------------------------------- the routes, through the real ledger
+
+
+def _registration(candidate: dict, dataset: str, design: str, alpha: float, budget: float | None) -> dict:
+    served = {"id": "a", "root": "/models/a"}
+    registration = {
+        "margin": MARGIN,
+        "alpha": alpha,
+        "seed": 0,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8},
+        "arms": {
+            "baseline": {"kind": "openai", "model": "a", "extra_body": {}, "served_model": served},
+            "candidate": candidate,
+        },
+        "datasets": {dataset: {"sha256": "ab" * 32}},
+        "design": design,
+    }
+    if budget is not None:
+        registration["alpha_budget"] = budget
+    return registration
+
+
+def _questions(dataset: str, first: int, n: int) -> list[RegisteredQuestion]:
+    """Questions by content: question i is the same prompt and reference whatever the dataset's name."""
+    return [
+        RegisteredQuestion(
+            dataset, f"q{i}", k, hashlib.sha256(f"prompt {i}".encode()).hexdigest(), "7", "exact"
+        )
+        for k, i in enumerate(range(first, first + n))
+    ]
+
+
+CANDIDATE = {
+    "kind": "openai",
+    "model": "b",
+    "extra_body": {},
+    "served_model": {"id": "b", "root": "/models/b"},
+}
+ROUTES = {
+    # route: (the second look's store, dataset name, first question, candidate identity)
+    "second look on fresh questions": ("first", "gsm8k", FIXED_N, CANDIDATE),
+    "rerun of the same questions": ("first", "gsm8k", 0, CANDIDATE),
+    "renamed copy of the dataset": ("first", "gsm8k_copy", 0, CANDIDATE),
+    "separate store": ("other", "gsm8k", 0, CANDIDATE),
+    "inert extra_body and an alias": (
+        "other",
+        "gsm8k",
+        0,
+        {
+            **CANDIDATE,
+            "model": "b-alias",
+            "extra_body": {"user": "x"},
+            "served_model": {"id": "b-alias", "root": "/models/b"},
+        },
+    ),
+}
+
+
+def _second_alpha(
+    tmp_path: Path, route: str, first_alpha: float, budget: float | None, design: str = "fixed"
+) -> float:
+    """The alpha the gate's ledger grants a route's second look (0 when it refuses), with real stores and
+    the per-user ledger file: the first look (a fixed run of FIXED_N questions at ``first_alpha``, with
+    ``budget``) registered and recorded, the second (FIXED_N questions, asking for what the budget left)
+    checked."""
+    where, dataset, start, candidate = ROUTES[route]
+    with GateStore(tmp_path / "first.db") as first:
+        registration = _registration(CANDIDATE, "gsm8k", "fixed", first_alpha, budget)
+        first.register("first", "gate", registration, _questions("gsm8k", 0, FIXED_N))
+        record_looks(first, "first")
+    asked = (budget or first_alpha) - first_alpha or ALPHA
+    with GateStore(tmp_path / f"{where}.db") as second:
+        registration = _registration(candidate, dataset, design, asked, None)
+        try:
+            check_alpha_left(second, "second", "gate", registration, _questions(dataset, start, FIXED_N))
+        except ValueError:
+            return 0.0
+    return asked
+
+
+def _old_second_alpha(route: str) -> float:
+    """What the ledger before per-user records granted: it read only the store's own looks, keyed questions
+    by dataset name and id and arms by their whole registered identity, and counted only looks sharing a
+    question, so only the rerun in the same store, on the same file, was refused."""
+    where, dataset, start, candidate = ROUTES[route]
+    seen = where == "first" and dataset == "gsm8k" and start < FIXED_N and candidate == CANDIDATE
+    return 0.0 if seen else ALPHA
+
+
+def _any_pass(second: float, routes: int, seed: int, first_alpha: float = ALPHA) -> float:
+    """P(a wrong PASS on the route): a fixed run of FIXED_N questions at ``first_alpha`` and, if it did
+    not PASS, a second fixed run of FIXED_N at ``second`` (none at 0) on data of its own (fresh questions,
+    or new outputs), at a true loss of the margin."""
+    rng = np.random.default_rng(seed)
+    passed = _tango_pass(draw_differences(rng, routes, FIXED_N, 0.06, -MARGIN), first_alpha)
+    if second > 0:
+        passed |= _tango_pass(draw_differences(rng, routes, FIXED_N, 0.06, -MARGIN), second)
+    return float(passed.mean())
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_every_route_to_a_second_look_keeps_alpha_under_the_ledger(route: str, tmp_path: Path) -> None:
+    """Seeded simulation, 6% flips, a true loss of the margin, 4,000 routes: the first look is a fixed run
+    at alpha 0.025; the second goes through the gate's real ledger (stores on disk, the per-user ledger
+    file, questions keyed by content, arms by their outputs). Under the ledger the second look is refused
+    and P(any false PASS) stays within alpha; with the ledger before this one, which granted the second
+    look the full alpha on every route but the rerun in the same store, it is about twice alpha."""
+    routes = 4000
+    bound = ALPHA + 2.5 * math.sqrt(ALPHA * (1 - ALPHA) / routes)
+    granted = _second_alpha(tmp_path, route, ALPHA, None)
+    assert granted == 0.0
+    ledger = _any_pass(granted, routes, seed=11)
+    old_alpha = _old_second_alpha(route)
+    old = _any_pass(old_alpha, routes, seed=11)
+    print(
+        f"\n{route}: P(any false PASS) ledger {ledger:.4f}, before {old:.4f} (second look at {old_alpha:g})"
+    )
+    assert ledger <= bound
+    if old_alpha > 0:
+        assert old > bound
+
+
+def test_a_registered_budget_splits_across_looks_on_fresh_questions(tmp_path: Path) -> None:
+    """A first look at 0.0125 of a registered budget of 0.025 leaves 0.0125 for a second look on fresh
+    questions, through the real ledger; P(any false PASS) over both stays within alpha (4,000 routes)."""
+    granted = _second_alpha(tmp_path, "second look on fresh questions", ALPHA / 2, ALPHA)
+    assert granted == pytest.approx(ALPHA / 2)
+    routes = 4000
+    both = _any_pass(granted, routes, seed=12, first_alpha=ALPHA / 2)
+    print(f"\nbudget split: P(any false PASS) {both:.4f}")
+    assert both <= ALPHA + 2.5 * math.sqrt(ALPHA * (1 - ALPHA) / routes)

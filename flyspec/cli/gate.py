@@ -275,7 +275,9 @@ ExcludeRun = Annotated[
     list[str] | None,
     typer.Option(
         "--exclude-run",
-        help="Leave out the questions this run of the store used (repeatable); pilots are always left out.",
+        help="Leave out the questions this run of the store used (repeatable); pilots are always left out. "
+        "Fresh questions are not a new look's budget: under the default claim every look at the same arms "
+        "counts in the alpha ledger.",
     ),
 ]
 Config = Annotated[Path | None, typer.Option("--config", help="JSON file with any of these settings.")]
@@ -301,9 +303,12 @@ AlphaBudget = Annotated[
     float | None,
     typer.Option(
         "--alpha-budget",
-        help="Total alpha these arms may ever spend on these questions, this run and later looks together "
-        "(default: --alpha, leaving nothing for a second look). E.g. --alpha 0.0125 --alpha-budget 0.025 "
-        "keeps 0.0125 for a sequential continuation of an INCONCLUSIVE fixed run.",
+        help="The family-wise error of every look at these arms' comparison, on any questions, this run "
+        "and later looks together: the chance that any of them wrongly PASSes (default: --alpha, leaving "
+        "nothing for a second look; at most 0.05 unless --alpha is larger; set by the first look). E.g. "
+        "--alpha 0.0125 --alpha-budget 0.025 keeps 0.0125 for a sequential continuation of an "
+        "INCONCLUSIVE fixed run. Looks are kept per user in the alpha ledger ($FLYSPEC_GATE_LEDGER, "
+        "default in the flyspec cache) and every report shows the budget and the earlier looks.",
     ),
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
@@ -345,8 +350,10 @@ def run_command(
         typer.Option(
             "--gold-rate",
             help="Judged runs: the share of pairs whose answers differ drawn for a gold label (default "
-            "0.2), registered before the first answer. The decision rests on those labels; the judge's "
-            "verdicts only sharpen it as far as the labels show them right.",
+            "0.2), by a hash independent of the question order, registered before the first answer. The "
+            "decision is the prediction-powered interval: it rests on those labels (P(PASS) <= alpha at a "
+            "true loss of the margin and P(FAIL) <= alpha at no loss, for any judge); the judge's verdicts "
+            "only sharpen it as far as the labels show them right.",
         ),
     ] = None,
     judge_all: Annotated[

@@ -10,50 +10,16 @@ given for (its ``pair_sha256``), and only a pair drawn by the registered rule ca
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
+from flyspec.gate.data.gold import DEFAULT_GOLD_RATE, Gold
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
-from flyspec.gate.grading.judge import JUDGE, lane_label, pair_hash, preferred
-from flyspec.gate.stats.judged import JudgedPair, gold_selected, judge_prediction
+from flyspec.gate.grading.judge import lane_label, pair_hash, preferred
+from flyspec.gate.stats.judged import JudgedPair, judge_prediction
 
 Lane = tuple[str, int]
 QuestionKey = tuple[str, str]
 VOTES = {"second": 1, "first": -1}
 """A judge order's vote: +1 when it prefers the candidate (the second lane), -1 the baseline, else 0."""
-DEFAULT_GOLD_RATE = 0.2
-
-
-@dataclass(frozen=True)
-class Gold:
-    """A judged run's registered gold-label rule: ``rate`` (the share of differing pairs drawn), ``seed``
-    (of the draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person
-    labels it with ``flyspec gate label``) and ``every_question`` (the judge grades every question, not
-    only those with grader ``judge``)."""
-
-    rate: float
-    seed: int
-    source: str
-    every_question: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rate": self.rate, "seed": self.seed, "source": self.source, "all": self.every_question}
-
-    @classmethod
-    def of(cls, registration: Mapping[str, Any]) -> Gold | None:
-        """The rule a run registered (None for a run without one: not judged, or judged before gold
-        labels existed)."""
-        data = registration.get("gold")
-        if not isinstance(data, dict):
-            return None
-        return cls(float(data["rate"]), int(data["seed"]), str(data["source"]), bool(data.get("all")))
-
-    def selected(self, dataset: str, question_id: str) -> bool:
-        return gold_selected(self.seed, dataset, question_id, self.rate)
-
-    def judged(self, grader: str) -> bool:
-        """Whether a question with this grader is graded by the judge."""
-        return self.every_question or grader == JUDGE
 
 
 def make_pair(
@@ -114,3 +80,6 @@ def stored_pairs(
             continue
         out[key] = make_pair(gold, *key, a.output, b.output, prefs, stored_labels.get(key))  # type: ignore[arg-type]
     return out
+
+
+__all__ = ["DEFAULT_GOLD_RATE", "Gold", "exact_pair", "make_pair", "stored_pairs"]

@@ -10,8 +10,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flyspec.gate.data.store import RunRecord
+from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule
 from flyspec.gate.stats.monitor import SUPERPOPULATION, SequentialPlan, SequentialStop, claim
+
+PPI_FIXED_METHOD = (
+    "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and Ramdas: the "
+    "plug-in bet tuned to the registered size), at level 1 - 2 alpha"
+)
+"""The method of a fixed judged run with gold labels (a sequential one records its own)."""
 
 
 @dataclass
@@ -151,15 +158,41 @@ class JudgeSummary:
 
 
 @dataclass
+class GoldRow:
+    """One dataset's (or the pooled) pairs of a judged run with gold labels: ``pairs`` complete pairs,
+    ``identical`` of them; the judge's verdicts in both orders (``judge_baseline``: both preferred the
+    baseline's answer, ``judge_candidate``: both the candidate's, ``judge_other``: anything else);
+    ``selected`` pairs drawn for a gold label and ``labelled`` of them labelled, by what the label said
+    (``gold_baseline``: the baseline's answer is better, ``gold_equal``, ``gold_candidate``)."""
+
+    scope: str
+    pairs: int = 0
+    identical: int = 0
+    judge_baseline: int = 0
+    judge_candidate: int = 0
+    judge_other: int = 0
+    selected: int = 0
+    labelled: int = 0
+    gold_baseline: int = 0
+    gold_equal: int = 0
+    gold_candidate: int = 0
+
+
+@dataclass
 class GoldSummary:
     """A judged run's gold labels beside its decision (prediction-powered inference, docs/gate.md).
 
-    ``rate``/``source``: the registered rule (a share of differing pairs drawn; labelled by the exact
-    grader or by a person); ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``,
-    ``gained`` and ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and
-    ``awaiting`` still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with
-    gold on the labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide
-    (when it has not)."""
+    ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
+    exact grader or by a person; draw 2 independent of the question order, draw 1 the defective prefix
+    draw); ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
+    ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
+    still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
+    labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide (when it
+    has not). ``rows``: the counts per dataset and pooled; ``gold_exact_p``: McNemar's exact test on the
+    labelled pairs (the labels are a random subset of the differing pairs); ``estimate``: the
+    prediction-powered estimate of the difference where the decision stopped; ``normal_width`` and
+    ``narrow``: the interval is less than half as wide as a normal-theory interval from the same values
+    (or the set emptied), a sign that the values' mean changed along the order."""
 
     rate: float
     source: str
@@ -175,6 +208,12 @@ class GoldSummary:
     agreement_low: float | None
     agreement_high: float | None
     advice: str | None = None
+    draw: int = 2
+    rows: list[GoldRow] = field(default_factory=list)
+    gold_exact_p: float | None = None
+    estimate: float | None = None
+    normal_width: float | None = None
+    narrow: bool = False
 
 
 @dataclass
@@ -217,6 +256,7 @@ class ReportData:
     family: list[ReportData] = field(default_factory=list)
     family_alpha: float | None = None
     decided_after_minutes: float | None = None
+    ledger: LedgerSummary | None = None
 
     @property
     def comparison(self) -> str:
@@ -255,20 +295,36 @@ class ReportData:
     def design(self) -> str:
         return "sequential" if self.sequential_plan is not None else "fixed"
 
+    @property
+    def method(self) -> str:
+        """How the decision's interval is computed: the registered sequential method, the
+        prediction-powered interval of a fixed judged run, or Tango's."""
+        if self.sequential_plan is not None:
+            return self.sequential_plan.description
+        if self.gold is not None:
+            return PPI_FIXED_METHOD
+        return "tango"
+
     def rule(self) -> str:
         """The decision rule in plain words."""
-        return decision_rule(self.run.margin, self.level, sequential=self.sequential_plan is not None)
+        return decision_rule(
+            self.run.margin,
+            self.level,
+            sequential=self.sequential_plan is not None,
+            judged=self.gold is not None,
+        )
 
     def decision_object(self) -> dict[str, Any]:
         """The decision object (the last key of ``to_dict``): registered margin, pooled pairs."""
         pooled = self.pooled
         assert pooled is not None
+        judged = self.gold is not None
         return {
             "decision": pooled.decision,
             "registered_decision": pooled.decision,
             "pre_registered": self.run.kind != "compare",
             "design": self.design,
-            "method": self.sequential_plan.description if self.sequential_plan is not None else "tango",
+            "method": self.method,
             "claim": self.claim,
             "scope": "pooled",
             "margin": self.run.margin,
@@ -278,11 +334,17 @@ class ReportData:
             "lost": pooled.lost,
             "gained": pooled.gained,
             "undecided": pooled.undecided,
-            "counts_for_pass": {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
-            "counts_for_fail": {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
+            "counts_for_pass": None
+            if judged
+            else {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
+            "counts_for_fail": None
+            if judged
+            else {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
             "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
             "gold_labels": self.gold.labelled if self.gold is not None else None,
             "judge_agreement": self.gold.agreement if self.gold is not None else None,
+            "alpha_budget": self.ledger.budget if self.ledger is not None else None,
+            "earlier_looks": self.ledger.earlier if self.ledger is not None else None,
             "net_difference": pooled.net_difference,
             "low": pooled.ci_low,
             "high": pooled.ci_high,
@@ -328,6 +390,7 @@ class ReportData:
         if self.run.kind == "pilot":
             out["pilot"] = asdict(self.pilot) if self.pilot is not None else None
             return out
+        out["ledger"] = asdict(self.ledger) if self.ledger is not None else None
         out["registered_decision"] = self.decision
         out["exploratory"] = asdict(self.exploratory) if self.exploratory is not None else None
         if self.sequential is not None and self.sequential_plan is not None:

@@ -23,14 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.checks import is_number
+from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
-from flyspec.gate.report.judged_pairs import Gold, stored_pairs
+from flyspec.gate.report.judged_pairs import stored_pairs
+from flyspec.gate.report.looks import ledger_summary
 from flyspec.gate.report.model import (
     Comparison,
     Exploratory,
+    GoldRow,
     GoldSummary,
     JudgeSummary,
     NoiseReference,
@@ -40,12 +43,22 @@ from flyspec.gate.report.model import (
 from flyspec.gate.report.render import advice, explanation, html_page, markdown
 from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.judged import judge_counts, judged_decision
+from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.monitor import SequentialPlan, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.planning import plan_noninferiority
 
 POWER = 0.80
+DEFECTIVE_DRAW_WARNING = (
+    "THIS JUDGED RUN WAS REGISTERED WITH THE DEFECTIVE GOLD-LABEL DRAW (draw 1): the draw hashed the same "
+    "string as the question order, so the pairs drawn for a gold label were exactly the differing pairs at "
+    "the start of the order and none after. The 1/rate weight of the prediction-powered interval assumes a "
+    "random subset, so it was invalid, and after that prefix the judge's verdicts counted uncorrected: a "
+    "judge whose errors favour the candidate could make this run PASS a harmful candidate (simulated: a "
+    "judge right on the candidate's losses and calling its gains ties PASSed a candidate exactly at the "
+    "margin in about 99% of runs). The decision below is recomputed as it was stored; it is not a valid "
+    "test. Do not act on it: start a new judged run, which draws its labels independently of the order."
+)
 Lane = tuple[str, int]
 COMPARED = "compared"
 """The key of a comparison's view of a run (``_view``) naming the candidate arm it pairs."""
@@ -289,6 +302,8 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
             "answers: the judge'). Rerun it as a judged run with gold labels (--gold-rate) before acting on "
             "it."
         )
+    if gold is not None and gold.defective:
+        report.warnings.append(DEFECTIVE_DRAW_WARNING)
     if gold is not None:
         _judged_run(report, store, correct, gold)
     elif "sequential" in run.registration:
@@ -296,6 +311,8 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
     else:
         _fixed(report, store, correct)
     report.noise = _noise(store, run)
+    if run.kind == "gate":
+        report.ledger = ledger_summary(store, run, report.comparison)
     pooled = report.pooled
     if pooled is not None and pooled.decision == PASS and pooled.significant_loss:
         notes.append(
@@ -474,11 +491,14 @@ def _answering_minutes(
 
 def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> None:
     """A judged run registered with gold labels: the prediction-powered decision (docs/gate.md), fixed
-    (the plug-in bet tuned to the registered size, once every registered pair is in) or sequential (the
-    anytime mixture along the registered order, stopping at its first crossing)."""
+    (the plug-in bet tuned to the registered size, once every registered pair is in and labelled) or
+    sequential (the anytime mixture along the registered order, stopping at its first crossing). The rows
+    count pairs, the judge's verdicts and the gold labels; no accuracy is built from the judge's verdicts
+    (a judge's "the baseline is at least as good" is not "the baseline is right")."""
     run = report.run
     lanes = _lanes(run)
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
+    judged = {(q.dataset, q.question_id) for q in store.questions(run.run_id) if gold.judged(q.grader)}
     pairs = stored_pairs(store, run, lanes, gold)
     seen = in_order_judged(order, pairs)
     if "sequential" in run.registration:
@@ -487,30 +507,72 @@ def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> 
         stop = judged_stop(order, pairs, plan, events)
         report.sequential, report.sequential_plan = stop, plan
         report.decided_after_minutes = _answering_minutes(store, run, order, lanes, stop)
-        per = _by_dataset(store, run, correct, limit=stop.stopped_at)
-        report.comparisons = [counted(ds, p, reg, run.alpha) for ds, (reg, p, _) in per.items()]
+        limit = stop.stopped_at
+        per = _by_dataset(store, run, correct, limit=limit)
         used = [pair for _, p, _ in per.values() for pair in p]
-        report.comparisons.append(sequential_row(stop, used, plan.max_questions, run.alpha))
-        walk = judged_decision(seen[: stop.stopped_at], run.margin, run.alpha, gold.rate, "sequential")
+        row = sequential_row(stop, used, plan.max_questions, run.alpha)
+        walk = judged_decision(seen[:limit], run.margin, run.alpha, gold.rate, "sequential")
     else:
+        limit = len(order)
         per = _by_dataset(store, run, correct)
-        report.comparisons = [counted(ds, p, reg, run.alpha) for ds, (reg, p, _) in per.items()]
         everything = [pair for _, p, _ in per.values() for pair in p]
         walk = judged_decision(seen, run.margin, run.alpha, gold.rate, "fixed", horizon=len(order))
-        pooled = counted("pooled", everything, len(order), run.alpha)
         complete = walk.usable == len(order)
-        pooled = replace(
-            pooled,
+        row = replace(
+            counted("pooled", everything, len(order), run.alpha),
             ci_low=walk.low,
             ci_high=walk.high,
             decision=walk.decision if complete else INCONCLUSIVE,
             interim_decision=None if complete or not walk.usable else walk.decision,
             loss_detected=walk.loss_detected,
         )
-        report.comparisons.append(pooled)
-        _warn_incomplete(report, walk.usable, len(order))
+        _warn_unlabelled(report, len(everything), len(order), walk.usable)
+    rows = [
+        _without_verdict_accuracy(counted(ds, p, reg, run.alpha), judged, ds)
+        for ds, (reg, p, _) in per.items()
+    ]
+    report.gold = _gold_summary(gold, seen, order, limit, walk)
+    report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], run.alpha)]
+    if walk.narrow and walk.low <= walk.high:
+        report.warnings.append(_narrow_warning(walk, gold))
+
+
+def _without_verdict_accuracy(row: Comparison, judged: set[tuple[str, str]], dataset: str) -> Comparison:
+    """A dataset row of a judged run: accuracies only where no question was graded by the judge (its
+    "correct" is a verdict, not a grade); McNemar's test there is on the exact grades."""
+    if not any(ds == dataset for ds, _ in judged):
+        return row
+    return replace(row, baseline_accuracy=None, candidate_accuracy=None, net_difference=None)
+
+
+def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha: float) -> Comparison:
+    """The pooled row of a judged run: no accuracy from verdicts; the estimate is the prediction-powered
+    one (the mean of the values the interval is built on), not the judge's count; McNemar's test, reported
+    beside the decision, is on the gold labels (``lost``/``gained`` stay the judge's verdicts)."""
+    test = mcnemar(gold.gold_baseline, gold.gold_candidate)
+    return replace(
+        row,
+        baseline_accuracy=None,
+        candidate_accuracy=None,
+        net_difference=estimate,
+        exact_p=test.exact_p,
+        mid_p=test.mid_p,
+        significant_loss=gold.gold_baseline > gold.gold_candidate and test.exact_p < 2 * alpha,
+    )
+
+
+def _gold_summary(
+    gold: Gold, seen: list[JudgedPair], order: list[tuple[str, str]], limit: int, walk: JudgedDecision
+) -> GoldSummary:
+    """The gold labels and the judge's counts over the complete pairs along the order, with the rows of
+    the pairs the decision used (per dataset and pooled)."""
     counts = judge_counts(seen)
-    report.gold = GoldSummary(
+    rows: dict[str, GoldRow] = {}
+    pooled = GoldRow("pooled")
+    for (dataset, _), pair in zip(order[:limit], seen[:limit], strict=False):
+        for row in (rows.setdefault(dataset, GoldRow(dataset)), pooled):
+            _count(row, pair)
+    return GoldSummary(
         rate=gold.rate,
         source=gold.source,
         pairs=counts.n,
@@ -525,4 +587,64 @@ def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> 
         agreement_low=counts.agreement_low,
         agreement_high=counts.agreement_high,
         advice=walk.labels_needed.describe() if walk.labels_needed is not None else None,
+        draw=gold.draw,
+        rows=[*rows.values(), pooled],
+        gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p
+        if pooled.labelled
+        else None,
+        estimate=walk.estimate,
+        normal_width=walk.normal_width,
+        narrow=walk.narrow,
+    )
+
+
+def _count(row: GoldRow, pair: JudgedPair) -> None:
+    row.pairs += 1
+    if pair.identical:
+        row.identical += 1
+        return
+    row.judge_baseline += pair.prediction == -1
+    row.judge_candidate += pair.prediction == 1
+    row.judge_other += pair.prediction not in (-1, 1)
+    row.selected += pair.selected
+    if pair.gold is not None:
+        row.labelled += 1
+        row.gold_baseline += pair.gold == -1
+        row.gold_equal += pair.gold == 0
+        row.gold_candidate += pair.gold == 1
+
+
+def _warn_unlabelled(report: Report, answered: int, registered: int, usable: int) -> None:
+    """A fixed judged run decides once every registered question has both answers and every drawn pair
+    its gold label; say which of the two is missing."""
+    if answered < registered:
+        _warn_incomplete(report, answered, registered)
+    elif usable < registered:
+        report.warnings.append(
+            f"all {registered} registered questions have both answers, but the pair at place {usable + 1} of "
+            "the registered order (and maybe later ones) waits for its gold label: the decision stays "
+            "INCONCLUSIVE until every drawn pair is labelled (`flyspec gate label`)."
+        )
+
+
+def _narrow_warning(walk: JudgedDecision, gold: Gold) -> str:
+    """The words for a judged interval much narrower than its values allow (``JudgedDecision.narrow``)."""
+    width = 100 * (walk.high - walk.low)
+    reference = f"{100 * walk.normal_width:.2f}" if walk.normal_width is not None else "?"
+    emptied = (
+        f" After pair {walk.emptied_at} no value of the difference was left in the confidence set."
+        if walk.emptied_at is not None
+        else ""
+    )
+    cause = (
+        " This run uses the defective gold-label draw 1, which is the known cause."
+        if gold.defective
+        else " With the registered draw this happened in no simulated run (docs/gate.md); check that the "
+        "labels were given for the pairs shown, and treat the decision with suspicion."
+    )
+    return (
+        f"THE FINAL INTERVAL IS ONLY {width:.2f} POINTS WIDE, less than half of a normal-theory interval "
+        f"from the same values ({reference} points).{emptied} A valid run's running bounds rarely meet like "
+        "this: the values' mean most likely changed along the order, which the interval assumes it does not."
+        + cause
     )

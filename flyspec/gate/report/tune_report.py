@@ -12,12 +12,13 @@ answered the same questions alone in their own engines, so they compare directly
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.report.looks import LedgerSummary, ledger_summary
 from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.report.wording import points
 from flyspec.gate.stats.decision import INCONCLUSIVE, NOT_TESTED, PASS
@@ -167,6 +168,7 @@ class TuneReport:
     speed_source: str
     answer: str = ""
     notes: list[str] = field(default_factory=list)
+    ledger: list[LedgerSummary] = field(default_factory=list)
 
     @property
     def margin(self) -> float:
@@ -203,6 +205,7 @@ class TuneReport:
             "complete": self.complete,
             "answer": self.answer,
             "notes": self.notes,
+            "ledger": [asdict(summary) for summary in self.ledger],
             "chosen_label": chosen.label if chosen else None,
             "chosen_policy": chosen.policy if chosen else None,
             "settings": [row.to_dict(base_tps) for row in self.rows],
@@ -303,6 +306,7 @@ def _build(store: GateStore, run_id: str | None) -> TuneReport:
         complete=complete,
         speed_source=speed_source,
     )
+    report.ledger = [summary for sid in order if (summary := ledger_summary(store, run, sid)) is not None]
     report.answer = answer(report)
     return report
 
@@ -494,6 +498,7 @@ def _markdown(report: TuneReport) -> str:
         "",
         _design_note(report),
         "",
+        *_ledger_lines(report),
         "## Registration",
         "",
         f"- margin {run.margin:g} ({_m(report)} points), alpha {run.alpha:g} (one-sided), seed {run.seed}, "
@@ -515,6 +520,15 @@ def _markdown(report: TuneReport) -> str:
     lines.append(f"- baseline: `{json.dumps(reg.get('arms', {}).get('baseline'), sort_keys=True)}`")
     lines += [f"- note: {note}" for note in report.notes]
     return "\n".join(lines) + "\n"
+
+
+def _ledger_lines(report: TuneReport) -> list[str]:
+    """Each setting's comparison and its error budget: the tune is one look at each."""
+    lines = []
+    for summary in report.ledger:
+        label = next((row.label for row in report.rows if row.id == summary.comparison), summary.comparison)
+        lines += [f"{label}: {summary.describe()}", ""]
+    return lines
 
 
 def _design_note(report: TuneReport) -> str:

@@ -98,21 +98,42 @@ def explain_decision(
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "explain_decision", "points"]
 
 
-def decision_rule(margin: float, level: float, *, sequential: bool) -> str:
+def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool = False) -> str:
     """The decision rule in plain words, for a run at ``margin`` and confidence ``level`` (sequential: the
-    confidence sequence; else Tango's interval)."""
+    confidence sequence; else Tango's interval; ``judged``: the prediction-powered interval of a judged run
+    with gold labels, fixed or sequential)."""
     m, lvl = f"{100 * margin:g}", f"{100 * level:g}%"
-    interval = (
-        f"a {lvl} betting confidence sequence, updated after every question in the registered random order "
-        "(it holds at every number of questions at once, so the run may stop at the first crossing)"
-        if sequential
-        else f"Tango's {lvl} score interval"
-    )
+    if judged:
+        kind = (
+            "a confidence sequence, updated after every question in the registered random order (it holds at "
+            "every number of questions at once, so the run may stop at the first crossing)"
+            if sequential
+            else "an interval whose bet is tuned to the registered number of questions"
+        )
+        interval = (
+            f"a {lvl} prediction-powered betting interval: per question, the judge's verdict corrected by "
+            "the gold label where the pair was drawn for one (drawn at random, independently of the order), "
+            f"averaged by {kind}"
+        )
+        mcnemar = (
+            "McNemar's exact test on the gold labels is reported beside the decision: it asks whether the "
+            "arms differ at all, not whether a loss exceeds the margin."
+        )
+    else:
+        interval = (
+            f"a {lvl} betting confidence sequence, updated after every question in the registered random "
+            "order (it holds at every number of questions at once, so the run may stop at the first crossing)"
+            if sequential
+            else f"Tango's {lvl} score interval"
+        )
+        mcnemar = (
+            "The exact McNemar test is reported beside the decision: it asks whether the arms differ at all, "
+            "not whether a loss exceeds the margin."
+        )
     return (
         f"We estimate the candidate's accuracy minus the baseline's on the same questions with {interval}. "
         f"PASS if its lower end lies above -{m} points (the candidate loses less than the margin: "
         f"non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the margin). "
         "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
-        "baseline, by how much not yet known). The exact McNemar test is reported beside the decision: it "
-        "asks whether the arms differ at all, not whether a loss exceeds the margin."
+        f"baseline, by how much not yet known). {mcnemar}"
     )

@@ -1,27 +1,42 @@
-"""Questions that earlier runs of a store used, and the alpha each comparison has already spent on them
-(docs/gate.md, "Error spent once"; the accounting is flyspec/gate/stats/spending.py).
+"""Questions that earlier runs of a store used, and the alpha each comparison has already spent
+(docs/gate.md, "Error spent once"; the accounting is flyspec/gate/stats/spending.py, the records
+flyspec/gate/data/ledger.py).
 
-``--exclude-run`` leaves a run's questions out. The ledger keeps every route a user can take on the same
-questions within one alpha: a fixed run and then a sequential continuation, a rerun under another name, a
-tune after a run. Each is another look at the same comparison, identified by its two arms' identities
-(never by incidental sampling settings such as max_tokens), and every look that can say PASS spends
-error: a fixed run at alpha 0.025 and then a sequential run at 0.025 on the same questions say PASS for a
-candidate exactly at the margin about 3.3% of the time. A look is refused unless the budget its
-comparison registered on those questions (``alpha_budget``, default the first look's alpha) has its alpha
-left. A sequential run that continues a fixed run carries that run's answers (``carry``): they lead its
-registered order and are stored in it, so they count once.
+``--exclude-run`` leaves a run's questions out. The ledger keeps every route a user can take within one
+budget per comparison: a fixed run and then a sequential continuation, a rerun under another name, in
+another store or on a renamed copy of the dataset, a tune after a run, and (under the default claim,
+about the method) a look on fresh questions. The looks it counts are the user's (the per-user ledger file)
+and the store's own. Before registering, a run is refused unless its comparisons' budgets have its alpha
+left (``check_alpha_left``); after registering, its looks are recorded in the user's ledger, checked again
+under the ledger's write lock (``record_looks``), and the run's notes keep what the ledger said, for the
+report. A sequential run that continues a fixed run of the same store carries that run's answers
+(``carry``): they lead its registered order and are stored in it, so they count once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from flyspec.gate.data.ledger import (
+    Entry,
+    HasContent,
+    UserLedger,
+    comparison_key_of,
+    look_claim,
+    look_id,
+    look_kind,
+    question_key,
+    run_entries,
+    store_entries,
+)
 from flyspec.gate.data.order import QuestionKey
-from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
+from flyspec.gate.data.registration import comparison_plans
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
-from flyspec.gate.stats.spending import Look, NextLook, comparison_key, next_look
+from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 
 
 def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
@@ -36,53 +51,22 @@ def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
     return {(q.dataset, q.question_id) for n in names for q in store.questions(n)}
 
 
-def _identity(identity: Any) -> dict[str, Any] | None:
-    """An arm as the ledger tells arms apart: its registered identity without the model a server reported
-    (a later look at the same server may word it differently)."""
-    if not isinstance(identity, dict):
-        return None
-    return {k: v for k, v in identity.items() if k != "served_model"}
-
-
-def _key(registration: dict[str, Any], plan: ComparisonPlan) -> str | None:
-    arms = registration.get("arms", {})
-    base, cand = _identity(arms.get(plan.baseline[0])), _identity(arms.get(plan.candidate[0]))
-    return None if base is None or cand is None else comparison_key(base, cand)
-
-
-def _look_kind(kind: str, registration: dict[str, Any]) -> str:
-    return "tune" if kind == "tune" else str(registration.get("design", "fixed"))
-
-
-def _budget(registration: dict[str, Any], plan: ComparisonPlan) -> float | None:
-    budget = registration.get("alpha_budget")
-    return max(float(budget), plan.alpha) if budget is not None else None
-
-
-def store_looks(store: GateStore, before: float) -> dict[str, list[Look]]:
-    """Every look of the store's gate and tune runs registered before ``before``, by comparison key,
-    oldest first (a pilot or calibration run decides nothing and is no look)."""
-    out: dict[str, list[Look]] = {}
-    for run in store.runs():
-        if run.created_at >= before or run.kind not in ("gate", "tune"):
-            continue
-        questions = frozenset((q.dataset, q.question_id) for q in store.questions(run.run_id))
-        for plan in comparison_plans(run.kind, run.registration):
-            key = _key(run.registration, plan)
-            if key is None:
-                continue
-            kind = _look_kind(run.kind, run.registration)
-            carries = run.registration.get("carries")
-            look = Look(run.run_id, kind, plan.alpha, questions, _budget(run.registration, plan), carries)
-            out.setdefault(key, []).append(look)
-    return out
+def _earlier(key: str, store: list[Entry], user: UserLedger, before: float, own: str | None) -> list[Look]:
+    """The looks at comparison ``key`` registered before ``before``, from the store and the user's ledger
+    (a look in both counted once, with the store's current path), oldest first, without ``own``."""
+    found: dict[str, Entry] = {e.look.id: e for e in user.entries(key)}
+    found.update({e.look.id: e for e in store if e.key == key})
+    chosen = [e for e in found.values() if e.created_at < before and e.look.id != own]
+    return [e.look for e in sorted(chosen, key=lambda e: (e.created_at, e.look.id))]
 
 
 @dataclass(frozen=True)
 class Ledger:
-    """What the ledger says about a new run: per comparison name, what its look may do."""
+    """What the ledger says about a new run: per comparison name, what its look may do, and its key."""
 
     looks: dict[str, NextLook]
+    keys: dict[str, str]
+    path: Path
 
     @property
     def carry(self) -> str | None:
@@ -92,21 +76,52 @@ class Ledger:
 
 
 def ledger(
-    store: GateStore, run_id: str, kind: str, registration: dict[str, Any], questions: Iterable[QuestionKey]
+    store: GateStore,
+    run_id: str,
+    kind: str,
+    registration: dict[str, Any],
+    questions: Iterable[HasContent],
+    user: UserLedger | None = None,
 ) -> Ledger:
-    """The ledger's verdict on every comparison a run registers (a resumed run's own looks excluded)."""
+    """The ledger's verdict on every comparison a run registers (a resumed run's own look excluded)."""
     existing = store.get_run(run_id)
-    born = existing.created_at if existing is not None else float("inf")
-    earlier = store_looks(store, born)
-    keys = frozenset(questions)
-    looks: dict[str, NextLook] = {}
-    for plan in comparison_plans(kind, registration):
-        key = _key(registration, plan)
-        if key is None:
-            continue
-        mine = [look for look in earlier.get(key, []) if look.run_id != run_id]
-        looks[plan.name] = next_look(_look_kind(kind, registration), keys, mine, plan.alpha)
-    return Ledger(looks)
+    before = existing.created_at if existing is not None else float("inf")
+    own = look_id(existing) if existing is not None else None
+    keys = frozenset(question_key(q) for q in questions)
+    entries = store_entries(store)
+    here = str(store.path.resolve())
+    with _opened(user) as opened:
+        looks: dict[str, NextLook] = {}
+        names: dict[str, str] = {}
+        for plan in comparison_plans(kind, registration):
+            key = comparison_key_of(registration, plan)
+            if key is None:
+                continue
+            earlier = _earlier(key, entries, opened, before, own)
+            budget = registration.get("alpha_budget")
+            if existing is not None and budget is not None:
+                # A resume keeps the budget it registered; one above the cap (from before it) reads as it.
+                budget = min(float(budget), max(plan.alpha, MAX_BUDGET))
+            verdict = next_look(
+                look_kind(kind, registration), keys, earlier, plan.alpha, look_claim(plan), budget
+            )
+            if verdict.carry is not None and any(
+                look.where != here for look in verdict.earlier if look.run_id == verdict.carry
+            ):
+                # Only a fixed run of this store can be carried: its answers are here.
+                verdict = replace(verdict, carry=None)
+            looks[plan.name], names[plan.name] = verdict, key
+        return Ledger(looks, names, opened.path)
+
+
+@contextmanager
+def _opened(user: UserLedger | None) -> Iterator[UserLedger]:
+    """``user`` as given, or the user's ledger opened (and closed) here."""
+    if user is not None:
+        yield user
+        return
+    with UserLedger() as mine:
+        yield mine
 
 
 def check_alpha_left(
@@ -114,29 +129,61 @@ def check_alpha_left(
     run_id: str,
     kind: str,
     registration: dict[str, Any],
-    questions: Iterable[QuestionKey],
+    questions: Iterable[HasContent],
+    user: UserLedger | None = None,
 ) -> Ledger:
     """Refuse a run (``gate run`` or ``gate tune``) one of whose comparisons would spend more alpha than
-    earlier looks at it on these questions left; returns the ledger's verdict otherwise."""
-    verdict = ledger(store, run_id, kind, registration, questions)
+    the earlier looks it is counted with left; returns the ledger's verdict otherwise."""
+    verdict = ledger(store, run_id, kind, registration, questions, user)
     for name, look in verdict.looks.items():
         plan = next(p for p in comparison_plans(kind, registration) if p.name == name)
         if look.allowed and look.alpha >= plan.alpha - 1e-12:
             continue
-        what = f"run {run_id!r} ({name} against the baseline)"
+        what = f"run {run_id!r} ({name} against the baseline; alpha ledger {verdict.path})"
         if not look.allowed:
             raise ValueError(f"{what}: {look.message}")
         left = look.budget - look.spent
         raise ValueError(
-            f"{what}: earlier look(s) {', '.join(repr(i) for i in look.earlier)} on these questions spent "
-            f"{look.spent:g} of the comparison's error budget {look.budget:g}, so this look may spend at "
-            f"most the {left:g} left: give --alpha at most {left:g}"
-            + (f" (it then carries fixed run {look.carry!r}'s answers, counted once)" if look.carry else "")
-            + ", or test on questions they have not used ("
-            + " ".join(f"--exclude-run {i}" for i in look.earlier)
-            + ")."
+            f"{what}: earlier look(s) at this comparison ("
+            + ", ".join(repr(i) for i in look.earlier_ids)
+            + f") spent {look.spent:g} of its error budget {look.budget:g}, so this look may spend at most "
+            f"the {left:g} left: give --alpha at most {left:g}"
+            + (f" (it then carries fixed run {look.carry!r}'s answers, counted once)." if look.carry else ".")
         )
     return verdict
+
+
+def record_looks(store: GateStore, run_id: str) -> None:
+    """After ``run_id`` is registered: check its looks again under the user ledger's write lock (a run
+    registered meanwhile elsewhere counts), record them and every other look of the store in the user's
+    ledger, and keep in the run's notes what the ledger said (once, at its first registration)."""
+    run = store.get_run(run_id)
+    if run is None or run.kind not in ("gate", "tune"):
+        return
+    questions = store.questions(run_id)
+    with UserLedger() as user, user.exclusive():
+        verdict = check_alpha_left(store, run_id, run.kind, run.registration, questions, user)
+        user.record(store_entries(store))
+    if "ledger" not in run.notes:
+        store.update_notes(run_id, {"ledger": _snapshot(run, verdict, run_entries(store, run))})
+
+
+def _snapshot(run: RunRecord, verdict: Ledger, entries: list[Entry]) -> dict[str, Any]:
+    """What the report shows of the ledger: per comparison, the budget, what this look spends, and the
+    earlier looks it was counted with (as the ledger saw them when the run was registered)."""
+    mine = {e.comparison: e.look for e in entries}
+    comparisons = {}
+    for name, look in verdict.looks.items():
+        own = mine.get(name)
+        comparisons[name] = {
+            "key": verdict.keys[name][:16],
+            "claim": own.claim if own is not None else None,
+            "alpha": own.alpha if own is not None else look.alpha,
+            "budget": look.budget,
+            "spent_before": look.spent,
+            "earlier": [e.describe() for e in {e.id: e for e in look.earlier}.values()],
+        }
+    return {"path": str(verdict.path), "comparisons": comparisons}
 
 
 def carried_answers(store: GateStore, carry: str, lanes: Sequence[tuple[str, int]]) -> list[AnswerRecord]:

@@ -26,11 +26,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.arms.judge import Judge, JudgeClient, Verdict
+from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import GateStore, JudgementRecord, LabelRecord
 from flyspec.gate.grading.graders import Grade, grade
 from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred
-from flyspec.gate.report.judged_pairs import Gold, exact_pair, make_pair
+from flyspec.gate.report.judged_pairs import exact_pair, make_pair
 from flyspec.gate.stats.judged import JudgedPair
 from flyspec.gate.stats.monitor import JudgedMonitor, SequentialPlan, SequentialStop
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.store import GateStore, LabelRecord, RegisteredQuestion, RunRecord
 from flyspec.gate.grading.judge import pair_hash
-from flyspec.gate.report.judged_pairs import Gold
 
 Lane = tuple[str, int]
 FIRST: Lane = ("baseline", 0)

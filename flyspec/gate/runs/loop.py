@@ -96,19 +96,25 @@ def register(
     describe: Callable[[Served], dict[str, Any]],
     ask: Callable[[], Served],
     amend: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    confirm: Callable[[dict[str, Any]], None] | None = None,
 ) -> bool:
     """Register ``run_id`` (or check that a resume has its settings); True when it is new.
 
     ``describe(served)`` is the registration for the given served models; ``ask()`` reads them from the
     servers, after the resume was checked on the recorded ones. ``amend(registration)`` runs on the
     recorded one before that check (a sequential run extends its maximum there) and returns keys added to
-    both (its extensions).
+    both (its extensions). ``confirm(registration)`` checks the final registration, with the served
+    models, before anything is written (the alpha ledger: a server's card may name the model behind an
+    alias).
     """
     guessed = describe(stored_served(store, run_id))
     extra = amend(guessed) if amend is not None else {}
     guessed.update(extra)
     store.check_resumable(run_id, kind, guessed, questions)
-    return store.register(run_id, kind, {**describe(ask()), **extra}, questions)
+    final = {**describe(ask()), **extra}
+    if confirm is not None:
+        confirm(final)
+    return store.register(run_id, kind, final, questions)
 
 
 def population(store: GateStore, run_id: str, requested: str | None) -> str:

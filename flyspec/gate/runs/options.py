@@ -16,6 +16,7 @@ from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import Sampling
 from flyspec.gate.stats.decision import check_margin_alpha
 from flyspec.gate.stats.monitor import FINITE, SUPERPOPULATION
+from flyspec.gate.stats.spending import check_budget
 
 ArmSpec = dict[str, Any] | str | Path
 KINDS = ("gate", "pilot")
@@ -48,9 +49,10 @@ class RunSettings:
     exclude_runs: leave out the questions these runs of the store used. population: what a sequential
     decision claims (flyspec.gate.stats.monitor.CLAIMS): ``superpopulation`` (the method on questions
     like these; the default of a new run) or ``finite`` (exactly the registered questions in this run's
-    outputs); None keeps a resumed run's registered claim. alpha_budget: the total alpha the run's
-    comparisons may ever spend on its questions, this run and later looks together (default: this run's
-    alpha, leaving nothing for a second look; docs/gate.md, "Error spent once").
+    outputs); None keeps a resumed run's registered claim. alpha_budget: the family-wise error of every
+    look at the run's comparisons, this run and later looks together, registered by the first look (default:
+    its alpha, leaving nothing for a second look; at most 0.05 unless the alpha itself is larger;
+    docs/gate.md, "Error spent once").
     """
 
     store: str | Path
@@ -95,14 +97,8 @@ class RunSettings:
             raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
             raise ValueError(f"run={self.run_id!r}: must be a non-empty name")
-        if self.alpha_budget is not None and (
-            not is_number(self.alpha_budget, above=0, below=0.5) or self.alpha_budget < self.alpha
-        ):
-            raise ValueError(
-                f"alpha_budget={self.alpha_budget!r}: the total alpha this comparison may ever spend on "
-                f"these questions, at least this run's alpha={self.alpha} and below 0.5 (a larger budget "
-                "keeps room for a later look, such as a sequential continuation)"
-            )
+        if self.alpha_budget is not None:
+            check_budget(self.alpha, self.alpha_budget)
         if self.population is not None and self.population not in POPULATIONS:
             raise ValueError(
                 f"population={self.population!r}: must be one of {', '.join(POPULATIONS)} (what a sequential "

@@ -26,11 +26,11 @@ from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.judge import Judge, parse_judge
 from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.datasets import Question
+from flyspec.gate.data.gold import DEFAULT_GOLD_RATE, Gold
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.registration import BASELINE, ComparisonPlan
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import JUDGE, sandbox_notes
-from flyspec.gate.report.judged_pairs import DEFAULT_GOLD_RATE, Gold
 from flyspec.gate.runs import loop
 from flyspec.gate.runs.exclusion import (
     carried_answers,
@@ -38,6 +38,7 @@ from flyspec.gate.runs.exclusion import (
     check_alpha_left,
     fixed_run,
     ledger,
+    record_looks,
     used_questions,
 )
 from flyspec.gate.runs.judging import JudgedRunMonitor
@@ -195,9 +196,18 @@ def _carry(store: GateStore, plan: _Plan, pool: list[Question]) -> str | None:
     if o.kind != "gate" or not o.sequential or o.controls:
         return None
     identities = loop.identities(plan.arms, loop.stored_served(store, o.name))
-    guess = {"margin": o.margin, "alpha": o.alpha, "arms": identities, "design": "sequential"}
-    keys = [(q.dataset, q.id) for q in pool[: o.max_questions]]
-    carry = ledger(store, o.name, "gate", guess, keys).carry
+    claim = loop.population(store, o.name, o.population)
+    sequential = SequentialPlan(o.margin, o.alpha, len(pool), len(pool), o.question_order_seed, claim)
+    guess = {
+        "margin": o.margin,
+        "alpha": o.alpha,
+        "arms": identities,
+        "design": "sequential",
+        "sequential": sequential.to_dict(),
+    }
+    if o.alpha_budget is not None:
+        guess["alpha_budget"] = o.alpha_budget
+    carry = ledger(store, o.name, "gate", guess, pool[: o.max_questions]).carry
     return carry if carry is not None and fixed_run(store, carry) is not None else None
 
 
@@ -293,9 +303,9 @@ def _extend(
     run_id = options.name
 
     def amend(guessed: dict[str, Any]) -> dict[str, Any]:
+        _refuse_defective_draw(store, run_id)
         if options.kind == "gate":
-            keys = [(q.dataset, q.id) for q in chosen.questions]
-            check_alpha_left(store, run_id, options.kind, guessed, keys)
+            check_alpha_left(store, run_id, options.kind, guessed, chosen.questions)
         if chosen.sequential is not None and store.extend_sequential(run_id, guessed, questions):
             log(f"gate: run {run_id!r} continues to at most {len(chosen.questions)} questions")
         run = store.get_run(run_id)
@@ -305,17 +315,39 @@ def _extend(
     return amend
 
 
+def _refuse_defective_draw(store: GateStore, run_id: str) -> None:
+    """A judged run registered with gold-label draw 1 is not continued: its drawn pairs are a prefix of
+    the order, so more answers would only add pairs that the judge decides uncorrected."""
+    existing = store.get_run(run_id)
+    gold = Gold.of(existing.registration) if existing is not None else None
+    if gold is not None and gold.defective:
+        raise ValueError(
+            f"run {run_id!r} in {store.path} was registered with gold-label draw 1, which drew exactly the "
+            "pairs at the start of the question order (it hashed the same string as the order), so its "
+            "decision is not a valid test and it cannot be continued. `flyspec gate report` still shows its "
+            "stored decision, under a warning; start a new judged run (another --run name), which draws its "
+            "gold labels independently of the order."
+        )
+
+
 def _register(store: GateStore, plan: _Plan, chosen: _Chosen, executors: list[Executor]) -> bool:
     """Register the run (or check its resume) before its first answer; True when it is new."""
     questions = loop.registered(chosen.questions)
+    o = plan.options
+
+    def confirm(registration: dict[str, Any]) -> None:
+        if o.kind == "gate":
+            check_alpha_left(store, o.name, o.kind, registration, chosen.questions)
+
     return loop.register(
         store,
-        plan.options.name,
-        plan.options.kind,
+        o.name,
+        o.kind,
         questions,
         lambda served: _registration(plan, chosen, served),
         lambda: loop.ask_served(executors, plan.judge),
         _extend(store, plan, chosen, questions),
+        confirm,
     )
 
 
@@ -369,6 +401,7 @@ def run(options: GateOptions) -> RunResult:
         chosen = _Chosen(questions, pool, excluded, comparisons, carry)
         executors = make_executors(list(plan.arms.values()))
         new = _register(store, plan, chosen, executors)
+        record_looks(store, run_id)
         if carry is not None:
             _store_carried(store, run_id, carry, plan.lanes, chosen.questions)
         session = _session(store, plan, chosen)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
 from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.datasets import Question
+from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import JUDGE, Grade, grade, grade_against_baseline, grader_named
-from flyspec.gate.report.judged_pairs import Gold
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.options import GateOptions

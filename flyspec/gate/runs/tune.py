@@ -36,7 +36,7 @@ from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.tune_report import lane_speeds, setting_status
 from flyspec.gate.runs import loop
-from flyspec.gate.runs.exclusion import check_alpha_left, used_questions
+from flyspec.gate.runs.exclusion import check_alpha_left, record_looks, used_questions
 from flyspec.gate.runs.loop import Datasets, load_datasets
 from flyspec.gate.runs.options import TuneOptions
 from flyspec.gate.runs.registration import Registration, question_pool
@@ -162,9 +162,12 @@ def _register(
     at it on these questions spent) before any server is asked, then register with the served models."""
 
     def amend(guessed: dict[str, Any]) -> dict[str, Any]:
-        if kind == "tune":
-            check_alpha_left(store, run_id, kind, guessed, [(q.dataset, q.id) for q in qs])
+        confirm(guessed)
         return {}
+
+    def confirm(registration: dict[str, Any]) -> None:
+        if kind == "tune":
+            check_alpha_left(store, run_id, kind, registration, qs)
 
     loop.register(
         store,
@@ -174,7 +177,10 @@ def _register(
         lambda served: {**_common(plan, loop.identities(plan.arms, served)), **extra},
         lambda: loop.ask_served(make_executors(list(plan.arms.values()))),
         amend,
+        confirm,
     )
+    if kind == "tune":
+        record_looks(store, run_id)
 
 
 # ------------------------------------------------------------------------------------ sessions

@@ -118,6 +118,8 @@ class BoundedMeanSequence:
         self._sum = 0.0
         self.n = 0
         self.low, self.high = -1.0, 1.0
+        self.emptied_at: int | None = None
+        """The observation after which every candidate mean was rejected (None while some survive)."""
 
     def update(self, y: float) -> tuple[float, float]:
         """Add one value (it must lie in ``[lo, hi]``) and return the running bounds of the mean."""
@@ -152,7 +154,11 @@ class BoundedMeanSequence:
     def _refresh(self) -> None:
         live = self.live[self._first : self._last + 1]
         if not live.any():
-            return  # keep the last bounds: after a miss (probability <= alpha) the set can empty
+            # Keep the last bounds: the set empties only after a miss (probability <= alpha) or when the
+            # values' conditional mean was not constant, which the report flags.
+            if self.emptied_at is None:
+                self.emptied_at = self.n
+            return
         first = self._first + int(np.argmax(live))
         last = self._last - int(np.argmax(live[::-1]))
         self._first, self._last = first, last

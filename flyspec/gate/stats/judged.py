@@ -11,8 +11,12 @@ Per question, along the registered order:
   the pair is never labelled.
 - ``prediction`` f in [-1, 1]: the mean over the judge's two orders of +1 (that order prefers the
   candidate), -1 (prefers the baseline) or 0 (a tie, or a verdict that could not be read).
-- ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from the
-  sha256 of ``seed:dataset:question`` (``gold_selected``), among pairs that are not identical.
+- ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from a sha256
+  of the seed, dataset and question of its own (``gold_draw``, draw 2), among pairs that are not
+  identical. Its own: the question order sorts by ``sha256(seed:dataset:question)``, and draw 1 used that
+  same digest, so the drawn pairs were exactly the first ~rate of the order and none after (a prefix,
+  not a random subset: the 1/rate weight was invalid and after the prefix the judge counted uncorrected).
+  Runs registered with draw 1 recompute their decisions with it, under a warning.
 - ``gold``: D in {-1, 0, 1} for a selected pair once labelled (candidate better, equal, baseline better).
 
 The value of question i (inverse-probability-weighted prediction-powered inference: Angelopoulos et al.,
@@ -45,6 +49,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -59,6 +64,9 @@ LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
 """The PPI++ weight starts at 1/2, worth one labelled pair with |f| = 1."""
 ASSUMED_AGREEMENT = 0.95
 """The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
+GOLD_DRAWS = (1, 2)
+GOLD_DRAW = 2
+"""The gold-label draw new runs register (``gold_draw``); 1 is the defective draw of earlier runs."""
 
 
 @dataclass(frozen=True)
@@ -103,13 +111,29 @@ def check_rate(rate: float) -> None:
         raise ValueError(f"rate={rate!r}: the gold-label rate must lie in (0, 1]")
 
 
-def gold_selected(seed: int | str, dataset: str, question_id: str, rate: float) -> bool:
-    """Whether a (non-identical) pair is drawn for a gold label: ``u < rate`` for ``u`` uniform from the
-    sha256 of ``seed:dataset:question_id``. Fixed by the registered seed before any answer, so it cannot
-    depend on the answers or on the judge; nested in the rate (a pair drawn at 0.1 is drawn at 0.2)."""
+def gold_draw(seed: int | str, dataset: str, question_id: str, draw: int = GOLD_DRAW) -> float:
+    """The uniform number in [0, 1) behind a question's gold-label draw (``gold_selected``).
+
+    Draw 2 hashes ``gold-draw-v2:seed:dataset:question_id``: a digest of its own, independent of the
+    question order's key ``sha256(seed:dataset:question_id)`` (flyspec/gate/data/order.py), whose input
+    always starts with the seed's digits. Draw 1, kept only to recompute runs registered with it, took
+    the first 8 bytes of the order's own digest, so sorting by the order sorted by the draw too.
+    """
+    if draw not in GOLD_DRAWS:
+        raise ValueError(f"draw={draw!r}: a gold-label draw version is one of {GOLD_DRAWS}")
+    text = f"{seed}:{dataset}:{question_id}" if draw == 1 else f"gold-draw-v2:{seed}:{dataset}:{question_id}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2.0**64
+
+
+def gold_selected(
+    seed: int | str, dataset: str, question_id: str, rate: float, draw: int = GOLD_DRAW
+) -> bool:
+    """Whether a (non-identical) pair is drawn for a gold label: ``gold_draw(...) < rate``. Fixed by the
+    registered seed before any answer, so it cannot depend on the answers or on the judge; nested in the
+    rate (a pair drawn at 0.1 is drawn at 0.2); with draw 2, independent of the pair's place in the
+    order."""
     check_rate(rate)
-    digest = hashlib.sha256(f"{seed}:{dataset}:{question_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64 < rate
+    return gold_draw(seed, dataset, question_id, draw) < rate
 
 
 def usable_prefix(pairs: Sequence[JudgedPair]) -> int:
@@ -229,6 +253,7 @@ class JudgedSequence:
         self._weight = _Weight()
         self.n = 0
         self.low, self.high = -1.0, 1.0
+        self._sum = self._sum_sq = 0.0
 
     @property
     def lam(self) -> float:
@@ -240,7 +265,32 @@ class JudgedSequence:
         y = self._weight.value(pair, self.rate)
         self.low, self.high = self._sequence.update(y)
         self.n += 1
+        self._sum += y
+        self._sum_sq += y * y
         return self.low, self.high
+
+    @property
+    def estimate(self) -> float | None:
+        """The mean of the values so far: the prediction-powered estimate of the difference (None before
+        the first pair)."""
+        return self._sum / self.n if self.n else None
+
+    @property
+    def emptied_at(self) -> int | None:
+        """The pair after which the confidence set was empty (every difference rejected), else None."""
+        return self._sequence.emptied_at
+
+    def normal_width(self, alpha: float) -> float | None:
+        """The width a normal-theory interval at level ``1 - alpha`` would have at this n, from the values
+        seen (``2 z(1 - alpha/2) sd(Y) / sqrt(n)``); None before two pairs. The betting interval is wider
+        than this at one n, so a running interval much narrower than it means the running bounds met
+        from two sides: the estimate drifted, which the design's values (whose mean is the target at
+        every step) make unlikely."""
+        if self.n < 2:
+            return None
+        mean = self._sum / self.n
+        variance = max(self._sum_sq / self.n - mean * mean, 0.0) * self.n / (self.n - 1)
+        return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
 
 
 @dataclass(frozen=True)
@@ -250,7 +300,10 @@ class JudgedDecision:
     ``low``/``high``: the ``1 - 2 alpha`` bounds where the walk stopped (``stopped_at`` pairs; for a fixed
     run, every usable pair); ``usable``: the pairs before the first one waiting for a label (only those
     count); ``labels_needed``: when INCONCLUSIVE, about how many gold labels a run of this size would need
-    to decide (``LabelAdvice``), else None.
+    to decide (``LabelAdvice``), else None. ``normal_width``: the width of a normal-theory interval at
+    the stop from the values seen, and ``emptied_at``: the pair after which every difference was
+    rejected (None if never); ``narrow`` says the interval is suspect (see there). ``estimate``: the mean
+    of the values up to the stop, the prediction-powered estimate of the difference.
     """
 
     decision: str
@@ -263,6 +316,19 @@ class JudgedDecision:
     usable: int
     counts: JudgeCounts
     labels_needed: LabelAdvice | None
+    normal_width: float | None = None
+    emptied_at: int | None = None
+    estimate: float | None = None
+
+    @property
+    def narrow(self) -> bool:
+        """True when the interval is narrower than half the normal-theory width at the stop, or the set
+        emptied: the running bounds of a valid run rarely cross like that (an emptied set has probability
+        at most 2 alpha), so the values' mean likely changed along the order. Under gold-label draw 1
+        this is what the prefix of labels did."""
+        if self.emptied_at is not None:
+            return True
+        return self.normal_width is not None and self.high - self.low < 0.5 * self.normal_width
 
 
 def judged_decision(
@@ -321,6 +387,9 @@ def judged_decision(
         usable=usable,
         counts=counts,
         labels_needed=advice,
+        normal_width=sequence.normal_width(2.0 * alpha),
+        emptied_at=sequence.emptied_at,
+        estimate=sequence.estimate,
     )
 
 

@@ -7,8 +7,13 @@ outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/gate.m
   share of differing answers, a true difference, a judge and a label rate. The judges: ``"always-A"``
   prefers the answer shown first in both orders (position bias: its two orders always disagree),
   ``"coin"`` flips a fair coin per order, ``"fair"`` names the better answer and errs with probability
-  ``noise`` per order, ``"always-candidate"`` says the candidate is better every time (the adversary a
-  PASS fears most).
+  ``noise`` per order, ``"always-candidate"`` says the candidate is better every time, ``"harsh"`` is
+  right on the candidate's losses and calls its gains ties (its errors make the candidate look worse:
+  the adversary of a draw correlated with the order, which then PASSes a harmful candidate),
+  ``"lenient"`` is its mirror (right on the gains, ties on the losses) and ``"reversed"`` names the wrong
+  winner every time. The draw of the pairs for gold is Bernoulli(rate) from ``rng``, or, given ``draws``
+  (each pair's uniform number along the run's order), ``draws < rate``: the tests pass the gate's own
+  order and draw (``flyspec.gate.data.order``, ``flyspec.gate.stats.judged.gold_draw``) this way.
 - ``JudgedStream`` turns blocks of judged pairs into the prediction-powered values Y of
   flyspec/gate/stats/judged.py (the same predictable PPI++ weight), ``CapitalAtMargin`` tracks the two
   betting capitals of flyspec/gate/stats/betting.py at the margin only: the lower bound passes ``-margin``
@@ -26,7 +31,7 @@ import numpy as np
 from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, PRIOR_MEAN, PRIOR_VARIANCE, TRUNCATION
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
 
-JUDGES = ("always-A", "coin", "fair", "always-candidate")
+JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 
 
 def draw_differences(
@@ -54,6 +59,12 @@ def judge_votes(
         return tuple(np.where(rng.random(shape) < 0.5, 1, -1).astype(np.int8) for _ in range(2))  # type: ignore[return-value]
     if judge == "always-candidate":
         return np.ones(shape, dtype=np.int8), np.ones(shape, dtype=np.int8)
+    if judge in ("harsh", "lenient", "reversed"):
+        # harsh: right when the baseline is better (D = -1), a tie when the candidate is (D = 1); lenient:
+        # the mirror; reversed: the wrong winner. Identical pairs (D = 0) are never asked.
+        kept = {"harsh": d < 0, "lenient": d > 0, "reversed": d != 0}[judge]
+        vote = np.where(kept, -d if judge == "reversed" else d, 0).astype(np.int8)
+        return vote, vote.copy()
     if judge == "fair":
         votes = []
         for _ in range(2):
@@ -99,17 +110,20 @@ def draw_judged(
     noise: float,
     rate: float,
     d: np.ndarray | None = None,
+    draws: np.ndarray | None = None,
 ) -> JudgedBlock:
     """i.i.d. judged pairs: a share ``differing`` of answers differ, each such pair has a better answer
     (D = -1 with probability (differing - delta) / (2 differing), else +1); identical pairs have D = 0.
     ``d`` (optional) gives the differences instead (a finite population's order), with D = 0 meaning
-    identical."""
+    identical. ``draws`` (optional, the block's shape): each pair's uniform number of the gold draw, a
+    pair drawn when it is below ``rate``; else the draw is Bernoulli(rate) from ``rng``."""
     if d is None:
         d = draw_differences(rng, rows, cols, differing, delta)
     identical = d == 0
     first, second = judge_votes(rng, d, judge, noise)
     prediction = np.where(identical, 0.0, (first.astype(float) + second) / 2)
-    selected = (rng.random(d.shape) < rate) & ~identical
+    u = rng.random(d.shape) if draws is None else draws
+    selected = (u < rate) & ~identical
     return JudgedBlock(identical, prediction, selected, d, (first, second))
 
 
@@ -160,8 +174,9 @@ class CapitalAtMargin:
         alpha: float,
         horizon: int | None,
         fail_side: bool = True,
+        pass_side: bool = True,
     ) -> None:
-        self.fail_side = fail_side
+        self.fail_side, self.pass_side = fail_side, pass_side
         self.lo, self.span = lo, hi - lo
         grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
         self.m_plus = (float(grid[grid > -margin][0]) - lo) / self.span
@@ -188,10 +203,11 @@ class CapitalAtMargin:
         if self.horizon is None:
             up = (MIXTURE_FRACTIONS / self.m_plus)[None, None, :]
             down = (MIXTURE_FRACTIONS / (1 - self.m_minus))[None, None, :]
-            plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
-            self.plus = plus[:, -1, :]
-            log_plus = _log_mean_exp(plus)
-            log_minus = np.zeros_like(log_plus)
+            log_plus = log_minus = np.zeros(x.shape)
+            if self.pass_side:
+                plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
+                self.plus = plus[:, -1, :]
+                log_plus = _log_mean_exp(plus)
             if self.fail_side:
                 minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * dev_minus[:, :, None]), axis=1)
                 self.minus = minus[:, -1, :]
@@ -212,6 +228,8 @@ class CapitalAtMargin:
             self.sum_x += x.sum(axis=1)
             self.sum_sq = sq[:, -1]
         self.t += cols
+        if not self.pass_side:
+            log_plus = np.zeros_like(log_minus)
         return log_plus >= self.threshold, log_minus >= self.threshold
 
 
@@ -246,31 +264,36 @@ def judged_runs(
     population: np.ndarray | None = None,
     block: int = 256,
     fail_side: bool = True,
+    pass_side: bool = True,
+    draws: np.ndarray | None = None,
+    orders: np.ndarray | None = None,
 ) -> Outcomes:
     """Simulate judged runs under the rule of ``judged_decision``: a sequential run stops at the first
     crossing once a label exists; a fixed run of ``questions`` decides on its running bounds at the end.
 
-    ``population``: a finite set of gold differences (0: identical answers) visited in a fresh random
-    order per run (``questions`` <= its size) instead of i.i.d. draws. ``fail_side=False`` skips the FAIL
-    side (twice as fast; a run then never stops at a FAIL, so its P(PASS) can only be overstated: enough
-    for a validity check).
+    ``population``: a finite set of gold differences (0: identical answers) visited in a random order per
+    run (``questions`` <= its size) instead of i.i.d. draws; ``orders`` (runs x questions indices into it)
+    gives those orders, else they are drawn from ``rng``. ``draws`` (runs x questions): each pair's uniform
+    number of the gold draw along its run's order (see ``draw_judged``). ``fail_side=False`` skips the
+    FAIL side (twice as fast; a run then never stops at a FAIL, so its P(PASS) can only be overstated:
+    enough for a validity check); ``pass_side=False`` skips the PASS side likewise for P(FAIL).
     """
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
-    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side)
+    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side)
     stream = JudgedStream(runs, rate)
     decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
     stopped_at = np.full(runs, questions, dtype=np.int64)
     passed = np.zeros(runs, dtype=bool)
     failed = np.zeros(runs, dtype=bool)
-    orders = None
-    if population is not None:
+    if population is not None and orders is None:
         orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
     active = np.arange(runs)
     for start in range(0, questions, block):
         cols = min(block, questions - start)
-        d = None if orders is None else population[orders[active, start : start + cols]]
-        pairs = draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d)
+        d = None if population is None or orders is None else population[orders[active, start : start + cols]]
+        u = None if draws is None else draws[active, start : start + cols]
+        pairs = draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
         y, labels = stream.values(pairs)
         plus, minus = capital.step(y)
         labelled = labels >= 1
