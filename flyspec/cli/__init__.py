@@ -7,12 +7,11 @@ surface as one line on stderr and a non-zero exit code, never as a traceback.
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import NoReturn
 
 import typer
 
+from flyspec.cli import interrupt
 from flyspec.cli.bench import bench
 from flyspec.cli.bench_serve import bench_serve
 from flyspec.cli.capacity import capacity_command
@@ -52,30 +51,19 @@ def _caused_by_ctrl_c(exc: BaseException) -> bool:
     return False
 
 
-def _exit_now(code: int) -> NoReturn:
-    """Flush and leave without the interpreter's teardown, which takes 1-3 s once torch and transformers
-    are imported: Ctrl-C must end a command within 2 s. Nothing is lost: results are printed, and the
-    gate commits every answer as it arrives."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def main() -> None:
     """Entry point: run the app and turn user errors into one clear line on stderr."""
     configure_logging()
+    interrupt.arm()
     try:
         app()
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        _exit_now(130)
+        interrupt.leave(130, "interrupted")
     except SystemExit as exc:
         # typer turns Ctrl-C into exit code 130; a command that paused on Ctrl-C exits 130 itself.
         if exc.code == 130:
-            if _caused_by_ctrl_c(exc):
-                print("interrupted", file=sys.stderr)
-            _exit_now(130)
+            interrupt.leave(130, "interrupted" if _caused_by_ctrl_c(exc) else None)
         raise
