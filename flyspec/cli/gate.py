@@ -795,7 +795,7 @@ def _requests(run: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for spec in run.notes.get("dataset_sources", {}).values():
         try:
-            questions = load_dataset(spec, shuffle_seed=run.registration.get("shuffle_seed", 0))
+            questions = load_dataset(spec, shuffle_seed=run.registered.shuffle_seed or 0)
         except (ValueError, OSError):
             continue  # shown as missing; the labels do not depend on it
         for q in questions:
