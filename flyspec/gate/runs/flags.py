@@ -59,7 +59,7 @@ def flag(option: str, help: str, **settings: Any) -> dict[str, Flag]:
     return {"flag": Flag(option, help, **settings)}
 
 
-def required(item: Field[Any]) -> bool:
+def is_required(item: Field[Any]) -> bool:
     """Whether a field has no default (the settings every run needs: store, datasets, baseline, margin)."""
     return item.default is MISSING and item.default_factory is MISSING
 
@@ -70,9 +70,9 @@ def flags(options: type, command: str | None = None) -> list[tuple[str, Flag]]:
     every = [(f, f.metadata["flag"]) for f in fields(options) if "flag" in f.metadata]
     shown = [(f, x) for f, x in every if command is None or command in x.commands]
     own = set(getattr(options, "__annotations__", {}))
-    first = [(f.name, x) for f, x in shown if required(f)]
-    mine = [(f.name, x) for f, x in shown if not required(f) and f.name in own]
-    rest = [(f.name, x) for f, x in shown if not required(f) and f.name not in own]
+    first = [(f.name, x) for f, x in shown if is_required(f)]
+    mine = [(f.name, x) for f, x in shown if not is_required(f) and f.name in own]
+    rest = [(f.name, x) for f, x in shown if not is_required(f) and f.name not in own]
     return first + mine + rest
 
 
@@ -113,11 +113,12 @@ def options_from_flags(
     neither sets keeps the field's default. ``fixed``: fields the command sets itself (a run's kind)."""
     by_key = read_config(options, config) if config is not None else {}
     for name, x in flags(options, command):
-        if given.get(name) not in (None, [], False):
-            by_key[x.key] = given[name]
+        value = given.get(name)
+        if not (value is None or value is False or value == []):  # 0 is given; an unset switch is not
+            by_key[x.key] = value
     for item in fields(options):  # type: ignore[arg-type]
         x = item.metadata.get("flag")
-        needed = x is not None and (required(item) or command in x.required)
+        needed = x is not None and (is_required(item) or command in x.required)
         if needed and by_key.get(x.key) in (None, []):
             raise ValueError(f"{x.option} is required (on the command line or in --config)")
     values = {name: x.value(by_key[x.key]) for name, x in flags(options) if by_key.get(x.key) is not None}
