@@ -25,6 +25,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from loopback import serve_app
+from registrations import assert_registrations_round_trip
 from serve_process import flyspec_serve
 from tiny_llm import TinyModels
 
@@ -221,6 +222,7 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert judge["model"] == "judge" and judge["served_model"] == {"id": "judge", "root": "/w/judge"}
     assert judge["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
     assert "Verdict: tie" in judge["template_text"] and len(judge["template_sha256"]) == 64
+    assert assert_registrations_round_trip(tmp_path / "judge.db") == ["gate"]
 
     with GateStore(tmp_path / "judge.db") as store:
         run, gold = gold_rule(store, run_id)

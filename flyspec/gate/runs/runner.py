@@ -51,11 +51,11 @@ from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, Sequent
 Lane = tuple[str, int]
 GatePlan = Plan[GateOptions]
 Excluded = tuple[set[QuestionKey], list[str]]
+"""The questions left out of a run and the runs that used them."""
 FAMILY_PROCEDURE = (
     "Bonferroni: each comparison is tested at its own share of alpha, and the shares add up to the run's "
     "alpha, so the chance of any wrong PASS or FAIL among them is at most alpha"
 )
-"""The questions left out of a run and the runs that used them."""
 
 __all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
 
