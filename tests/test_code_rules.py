@@ -4,8 +4,14 @@
    at a file a reader of this repository does not have (docs/ pages are the references in code).
 2. No function of the command line (`flyspec/cli/`) has more than 40 lines of body (its docstring left
    out): a command parses its options, calls the package and prints, and whatever is longer belongs in
-   the package. `cli/gate.py` and `cli/demo.py` are not there yet (issue 43's other part): they are
-   expected to fail, strictly, so the change that shortens them must say so here.
+   the package. `cli/demo.py` is not there yet (the demo's own change): it is expected to fail, strictly,
+   so the change that shortens it must say so here.
+3. A run's stored registration is read in one place: ``registration["`` and ``registration.get(`` appear
+   only in `flyspec/gate/data/registration.py` (the typed ``Registration`` and its reader of every stored
+   layout); everything else reads ``RunRecord.registered``.
+4. No code outside `flyspec/gate/grading/` compares a grader's name (``q.grader == "judge"``, ``grader in
+   ("code", ...)``): it asks the grader's record (``model_graded``, ``pairwise``, ``sandboxed``,
+   ``reference``), so a grader registered from outside (a rubric judge) needs no edit elsewhere.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ OUTSIDE_DOCUMENT = re.compile(r"\bSPEC\b")
 `FLYSPEC_CACHE` or `SPECULATION_MODES` are names, not references."""
 
 MAX_CLI_BODY = 40
-NOT_YET_SHORT = {"gate.py", "demo.py"}
-"""CLI modules with longer functions, left to the other part of issue 43: empty this set with it."""
+NOT_YET_SHORT = {"demo.py"}
+"""CLI modules with longer functions, left to the demo's own change (issue 43): empty this set with it."""
 
 
 def outside_references(root: Path) -> list[str]:
@@ -87,7 +93,9 @@ def long_functions(path: Path, limit: int = MAX_CLI_BODY) -> list[str]:
 
 def _cli_module(path: Path) -> object:
     marks = (
-        [pytest.mark.xfail(strict=True, reason="issue 43's other part")] if path.name in NOT_YET_SHORT else []
+        [pytest.mark.xfail(strict=True, reason="the demo's own change (issue 43)")]
+        if path.name in NOT_YET_SHORT
+        else []
     )
     return pytest.param(path, id=path.name, marks=marks)
 
@@ -110,3 +118,103 @@ def test_the_body_length_check_can_fail(tmp_path: Path) -> None:
     path.write_text(f"def outer():\n    def inner():\n{nested}    return inner\n")
     assert long_functions(path) == ["outer (43 lines)", "inner (41 lines)"]
     assert {p.name for p in CLI.glob("*.py")} >= NOT_YET_SHORT
+
+
+# ------------------------------------------------------------------- the registration, read in one place
+
+REGISTRATION_READ = re.compile(r"registration\[\"|registration\.get\(")
+REGISTRATION_MODULE = PACKAGE / "gate" / "data" / "registration.py"
+NOT_YET_TYPED = {PACKAGE / "cli" / "demo.py"}
+"""Files that still read the stored JSON, left to the demo's own change (issue 43): empty it with it."""
+
+
+def registration_reads(root: Path) -> list[str]:
+    """`path:line` of every read of a stored registration by key under `root`."""
+    return [
+        f"{path}:{n}"
+        for path in sorted(root.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if REGISTRATION_READ.search(line)
+    ]
+
+
+def test_the_registration_is_read_in_one_module() -> None:
+    """Only the registration's module reads the stored JSON by key (and the files still listed as not yet
+    typed, each of which must still do so: a file that stopped must leave the list)."""
+    places = registration_reads(PACKAGE)
+    files = {Path(p.rsplit(":", 1)[0]) for p in places}
+    assert files - {REGISTRATION_MODULE} - NOT_YET_TYPED == set(), places
+    assert files >= NOT_YET_TYPED
+
+
+def test_the_registration_read_check_can_fail(tmp_path: Path) -> None:
+    """A key read in either spelling is found; the typed record's attributes are not."""
+    (tmp_path / "a.py").write_text(
+        'x = run.registration["margin"]\ny = run.registration.get("judge")\nz = run.registered.margin\n'
+    )
+    assert [p.split(":", 1)[1] for p in registration_reads(tmp_path)] == ["1", "2"]
+
+
+# ------------------------------------------------------------------------------- grader names, compared
+
+GRADING = PACKAGE / "gate" / "grading"
+
+
+def _grader_names() -> tuple[set[str], set[str]]:
+    """The registered graders' names, and the names of the grading package's constants that hold one."""
+    from flyspec.gate.grading import graders
+
+    names = set(graders.graders())
+    constants = {k for k, v in vars(graders).items() if k.isupper() and isinstance(v, str) and v in names}
+    return names, constants
+
+
+def _names_a_grader(node: ast.expr, names: set[str], constants: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value.partition(":")[0] in names
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_grader(e, names, constants) for e in node.elts)
+    if isinstance(node, ast.Name):
+        return node.id in constants
+    return isinstance(node, ast.Attribute) and node.attr in constants
+
+
+def grader_comparisons(root: Path, skip: Path | None = None) -> list[str]:
+    """`path:line: code` of every comparison (==, !=, in, not in) of something about a grader with a
+    grader's name (a string, a collection of them, or a constant holding one) under `root`."""
+    names, constants = _grader_names()
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if skip is not None and path.is_relative_to(skip):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            about = [o for o in operands if "grader" in ast.unparse(o).lower()]
+            named = [o for o in operands if _names_a_grader(o, names, constants)]
+            if about and named and any(a is not n for a in about for n in named):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_grader_name_is_compared_outside_grading() -> None:
+    """Outside flyspec/gate/grading/ no code compares a grader's name."""
+    assert grader_comparisons(PACKAGE, skip=GRADING) == []
+
+
+def test_the_grader_comparison_check_can_fail(tmp_path: Path) -> None:
+    """Each way the package once compared a grader's name is found (a literal, the constant, a collection,
+    an argument after the colon); comparisons of other things with the same words are not."""
+    (tmp_path / "a.py").write_text(
+        "from flyspec.gate.grading.graders import JUDGE\n"
+        'if q.grader == "judge": pass\n'
+        "if grader != JUDGE: pass\n"
+        'if "code" not in graders: pass\n'
+        'if question.grader in ("math", "gsm8k"): pass\n'
+        'if q.grader == "equivalent_to_baseline:json": pass\n'
+        'if kind == "judge": pass\n'
+        "if q.grader == other.grader: pass\n"
+        "if grader_named(q.grader)[0].model_graded: pass\n"
+    )
+    assert [line.split(":")[1] for line in grader_comparisons(tmp_path)] == ["2", "3", "4", "5", "6"]

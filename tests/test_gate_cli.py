@@ -18,6 +18,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from loopback import serve_app
+from registrations import assert_registrations_round_trip
 
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.report.report import build_report
@@ -640,6 +641,7 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     assert all(after[key] == created for key, created in before.items())
     assert [(e["from"], e["to"]) for e in run.registration["extensions"]] == [(8, 40)]  # type: ignore[union-attr]
     assert run.registration["sequential"]["max_questions"] == 40 and "extend" in events  # type: ignore[union-attr]
+    assert assert_registrations_round_trip(store) == ["gate"]
     shrink = _yes_run(flyspec, yes_server, store, "quarter", "--sequential", "--max-questions", "20")
     assert shrink.returncode == 2 and "registered with different settings" in shrink.stderr
 
@@ -695,6 +697,7 @@ def test_a_control_is_caught_first_and_the_candidate_decides_after(
         registration = opened.get_run("gate").registration  # type: ignore[union-attr]
     assert registration["family"]["alpha"] == 0.025
     assert [c["name"] for c in registration["comparisons"]] == ["candidate", "draft"]
+    assert assert_registrations_round_trip(store) == ["gate"]
     markdown = flyspec("report", "--store", str(store)).stdout
     assert markdown.index("The gate caught a harmful setting") < markdown.index("# The candidate")
     bad = _yes_run(flyspec, yes_server, store, "right", "--run", "x", "--control", "candidate=" + control)

@@ -25,6 +25,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from loopback import serve_app
+from registrations import assert_registrations_round_trip
 from serve_process import flyspec_serve
 from tiny_llm import TinyModels
 
@@ -126,13 +127,14 @@ def server() -> Iterator[tuple[Scripted, str]]:
         yield state, url
 
 
-def _dataset(tmp_path: Path) -> Path:
+def _dataset(tmp_path: Path, grader: str = "judge", answer: str | None = None) -> Path:
     path = tmp_path / "open.jsonl"
     rows = [
         {
             "id": f"q{i}",
             "messages": [{"role": "user", "content": f"Question {i} {MARKS.get(i, '')}: write a line."}],
-            "grader": "judge",
+            "grader": grader,
+            **({"answer": answer} if answer is not None else {}),
         }
         for i in range(QUESTIONS)
     ]
@@ -140,8 +142,8 @@ def _dataset(tmp_path: Path) -> Path:
     return path
 
 
-def _run(url: str, tmp_path: Path, margin: float = 0.5, **settings: Any) -> str:
-    """The scripted run (settings: GateOptions' fields)."""
+def _run(url: str, tmp_path: Path, margin: float = 0.5, dataset: Path | None = None, **settings: Any) -> str:
+    """The scripted run (settings: GateOptions' fields) on ``dataset`` (default: the judge questions)."""
     judge = {
         "base_url": url,
         "model": "judge",
@@ -152,7 +154,7 @@ def _run(url: str, tmp_path: Path, margin: float = 0.5, **settings: Any) -> str:
     }
     return run_gate(
         tmp_path / "judge.db",
-        str(_dataset(tmp_path)),
+        str(dataset or _dataset(tmp_path)),
         {"base_url": url, "model": "base", "max_retries": 0},
         {"base_url": url, "model": "cand", "max_retries": 0},
         margin,
@@ -220,6 +222,7 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert judge["model"] == "judge" and judge["served_model"] == {"id": "judge", "root": "/w/judge"}
     assert judge["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
     assert "Verdict: tie" in judge["template_text"] and len(judge["template_sha256"]) == 64
+    assert assert_registrations_round_trip(tmp_path / "judge.db") == ["gate"]
 
     with GateStore(tmp_path / "judge.db") as store:
         run, gold = gold_rule(store, run_id)
@@ -253,6 +256,62 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert (pooled_row.gold_baseline, pooled_row.gold_equal, pooled_row.gold_candidate) == (3, 8, 1)
     _run(url, tmp_path, gold_rate=1.0)
     assert len(state.judge_prompts) == 2 * JUDGED
+
+
+RUBRIC = "A good line says good; a bad one says bad."
+
+
+def _check_rubric(answer: str) -> None:
+    if "good" not in answer:
+        raise ValueError("a rubric says what a good answer does")
+
+
+def test_a_second_model_graded_grader_runs_through_a_judged_run_with_no_edit_elsewhere(
+    server: tuple[Scripted, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rubric judge registered from outside (a model-graded grader whose reference, the rubric, is
+    required and shown to the judge) is one ``register_grader`` call: its rows load and a row without its
+    rubric, or with one its check refuses, is refused; a run of its questions without --judge is refused
+    naming it; with the loopback judge every differing pair is judged in both orders with the rubric in the
+    prompt, the gold rule is registered, the report counts the judge's rulings and waits for labels, and
+    once a person labelled the drawn pairs it decides on them. Nothing in runs/, report/ or data/ names
+    the grader (tests/test_code_rules.py checks that no code outside grading/ compares a grader's name)."""
+    from flyspec.gate.data.datasets import load_dataset
+    from flyspec.gate.grading import graders
+    from flyspec.gate.runs.labelling import gold_rule, pending, record
+
+    monkeypatch.setattr(graders, "_REGISTRY", dict(graders._REGISTRY))  # registered for this test only
+    graders.register_grader(graders.Grader("rubric", check=_check_rubric, model_graded=True))
+    state, url = server
+    assert len(load_dataset(str(_dataset(tmp_path, "rubric", RUBRIC)))) == QUESTIONS
+    with pytest.raises(ValueError, match="row is missing its answer"):
+        load_dataset(str(_dataset(tmp_path, "rubric")))
+    with pytest.raises(ValueError, match="a rubric says what a good answer does"):
+        load_dataset(str(_dataset(tmp_path, "rubric", "be nice")))
+    dataset = _dataset(tmp_path, "rubric", RUBRIC)
+    arm = {"base_url": url, "model": "base"}
+    with pytest.raises(ValueError, match="grader 'rubric': give the judge endpoint with --judge"):
+        run_gate(tmp_path / "none.db", str(dataset), arm, arm, 0.5, progress=False)
+
+    run_id = _run(url, tmp_path, dataset=dataset, gold_rate=1.0)
+    assert len(state.judge_prompts) == 2 * JUDGED
+    assert all(f"[Reference answer, which may be incomplete]\n{RUBRIC}" in p for p in state.judge_prompts)
+    report = build_report(tmp_path / "judge.db", run_id)
+    assert report.judge is not None and report.judge.questions == QUESTIONS
+    assert (report.judge.baseline_better, report.judge.candidate_better) == (3, 1)
+    assert report.decision == "INCONCLUSIVE" and report.gold is not None and report.gold.selected == JUDGED
+    with GateStore(tmp_path / "judge.db") as store:
+        run, gold = gold_rule(store, run_id)
+        for pair in pending(store, run, gold, {}):
+            truth = _person(int(pair.question.question_id[1:]))
+            a_better = truth == (1 if pair.a_is_candidate else -1)
+            record(store, run, pair, "t" if truth == 0 else "a" if a_better else "b")
+    report = build_report(tmp_path / "judge.db", run_id)
+    assert report.gold is not None and report.gold.labelled == JUDGED and report.gold.agreement == 1.0
+    pooled = report.pooled
+    assert pooled is not None and pooled.ci_low is not None and pooled.ci_high is not None
+    truth = sum(_person(i) for i in range(QUESTIONS)) / QUESTIONS
+    assert pooled.ci_low <= truth <= pooled.ci_high and pooled.decision in ("PASS", "INCONCLUSIVE")
 
 
 def test_a_run_stored_with_the_defective_draw_is_recomputed_under_a_warning_and_not_continued(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flyspec.gate.data.ledger import UserLedger, comparison_key_of, ledger_path, output_identity
-from flyspec.gate.data.registration import comparison_plans
+from flyspec.gate.data.registration import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.report.report import build_report
 from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
@@ -79,9 +79,8 @@ def test_the_comparison_key_ignores_the_run_settings() -> None:
     """Margin, alpha, sampling and datasets are not part of a comparison's key."""
     a = {"arms": {"baseline": _endpoint("a", "/m/a"), "candidate": _endpoint("b", "/m/b")}, "margin": 0.02}
     b = {**a, "margin": 0.05, "alpha": 0.01, "sampling": {"temperature": 1.0}, "datasets": {"math": {}}}
-    plan_a = comparison_plans("gate", {**a, "alpha": 0.025})[0]
-    plan_b = comparison_plans("gate", b)[0]
-    assert comparison_key_of(a, plan_a) == comparison_key_of(b, plan_b)
+    reg_a, reg_b = Registration.read("gate", {**a, "alpha": 0.025}), Registration.read("gate", b)
+    assert comparison_key_of(reg_a, reg_a.comparisons[0]) == comparison_key_of(reg_b, reg_b.comparisons[0])
 
 
 def test_a_moved_store_is_the_same_look_and_a_renamed_dataset_the_same_questions(tmp_path: Path) -> None:
@@ -95,7 +94,9 @@ def test_a_moved_store_is_the_same_look_and_a_renamed_dataset_the_same_questions
     moved = tmp_path / "moved.db"
     (tmp_path / "a.db").rename(moved)
     with GateStore(moved) as store:
-        check_alpha_left(store, "first", "gate", registration, questions)  # its own look: allowed
+        check_alpha_left(
+            store, "first", Registration.read("gate", registration), questions
+        )  # its own look: allowed
         renamed = [_question(i, "copy") for i in range(10)]
         finite = {
             **registration,
@@ -106,9 +107,13 @@ def test_a_moved_store_is_the_same_look_and_a_renamed_dataset_the_same_questions
             },
         }  # fmt: skip
         with pytest.raises(ValueError, match="earlier look.* on these questions at this comparison"):
-            check_alpha_left(store, "second", "gate", finite, renamed)
+            check_alpha_left(store, "second", Registration.read("gate", finite), renamed)
         fresh = [_question(i, "copy") for i in range(10, 20)]
-        assert check_alpha_left(store, "second", "gate", finite, fresh).looks["candidate"].allowed
+        assert (
+            check_alpha_left(store, "second", Registration.read("gate", finite), fresh)
+            .looks["candidate"]
+            .allowed
+        )
 
 
 def test_a_store_written_before_the_ledger_counts_its_looks_and_is_adopted(tmp_path: Path) -> None:
@@ -120,9 +125,13 @@ def test_a_store_written_before_the_ledger_counts_its_looks_and_is_adopted(tmp_p
     with GateStore(tmp_path / "old.db") as old:
         registration = _register(old, "legacy", questions)
         with pytest.raises(ValueError, match="fixed run 'legacy'"):
-            check_alpha_left(old, "again", "gate", registration, questions)
+            check_alpha_left(old, "again", Registration.read("gate", registration), questions)
     with GateStore(tmp_path / "new.db") as new:
-        assert check_alpha_left(new, "gate", "gate", registration, questions).looks["candidate"].allowed
+        assert (
+            check_alpha_left(new, "gate", Registration.read("gate", registration), questions)
+            .looks["candidate"]
+            .allowed
+        )
     report = build_report(tmp_path / "old.db", "legacy")
     assert report.ledger is not None and report.ledger.legacy and report.ledger.path is None
     assert "registered before the per-user ledger" in report.to_markdown()
@@ -132,15 +141,11 @@ def test_a_store_written_before_the_ledger_counts_its_looks_and_is_adopted(tmp_p
         (key,) = _keys(tmp_path / "old.db")
         assert user.path == ledger_path() and [e.look.run_id for e in user.entries(key)] == ["legacy"]
     with GateStore(tmp_path / "new.db") as new, pytest.raises(ValueError, match="fixed run 'legacy' of"):
-        check_alpha_left(new, "gate", "gate", registration, questions)
+        check_alpha_left(new, "gate", Registration.read("gate", registration), questions)
 
 
 def _keys(path: Path) -> set[str]:
     with GateStore(path) as store:
         run = store.get_run("legacy")
         assert run is not None
-        return {
-            k
-            for p in comparison_plans("gate", run.registration)
-            if (k := comparison_key_of(run.registration, p))
-        }
+        return {k for p in run.registered.comparisons if (k := comparison_key_of(run.registered, p))}

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from flyspec.gate.data.registration import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
 from flyspec.gate.stats import sequential_decisions
@@ -214,7 +215,9 @@ def _second_alpha(
     with GateStore(tmp_path / f"{where}.db") as second:
         registration = _registration(candidate, dataset, design, asked, None)
         try:
-            check_alpha_left(second, "second", "gate", registration, _questions(dataset, start, FIXED_N))
+            check_alpha_left(
+                second, "second", Registration.read("gate", registration), _questions(dataset, start, FIXED_N)
+            )
         except ValueError:
             return 0.0
     return asked

@@ -176,3 +176,30 @@ def test_gate_run_refuses_a_busy_store_before_touching_it(tmp_path: Path) -> Non
     assert len(done.stderr.strip().splitlines()) == 1
     with GateStore(store) as opened:
         assert opened.runs() == []
+
+
+def test_registrations_of_older_versions_read_as_they_meant(tmp_path: Path) -> None:
+    """Layouts older flyspec versions stored read back with their meaning: a gate run without comparisons
+    makes one from its margin, alpha and sequential plan; one without a design is sequential when it has a
+    sequential plan, else fixed; a sequential plan without a claim is finite; a gold rule without a draw is
+    draw 1; a run without an alpha budget has none. The sequential plan and the gold rule are written back
+    as they were stored (no claim, no draw key), so such a run's resume compares equal."""
+    sequential = {"margin": 0.03, "alpha": 0.025, "max_questions": 3, "population_size": 3, "order_seed": 0}
+    gold = {"rate": 0.2, "seed": 0, "source": "human", "all": False}
+    old = {**REGISTRATION, "sequential": sequential, "gold": gold, "judge": {"model": "j"}}
+    with GateStore(tmp_path / "s.sqlite") as store:
+        store.register("old", "gate", old, QUESTIONS)
+        store.register("fixed", "gate", REGISTRATION, QUESTIONS)
+        run, fixed = store.get_run("old"), store.get_run("fixed")
+    assert run is not None and fixed is not None
+    reg = run.registered
+    (plan,) = reg.comparisons
+    assert (plan.name, plan.margin, plan.alpha, plan.role) == ("candidate", 0.02, 0.025, "candidate")
+    assert plan.sequential is not None and plan.sequential.population == "finite"
+    assert reg.design == "sequential" and fixed.registered.design == "fixed"
+    assert reg.gold is not None and reg.gold.draw == 1 and reg.gold.defective
+    assert reg.judge is not None and reg.judge.model == "j" and reg.alpha_budget is None
+    assert reg.lanes == (("baseline", 0), ("candidate", 0))
+    written = reg.to_dict()
+    assert written["sequential"] == {**sequential, "level": 0.95, "method": written["sequential"]["method"]}
+    assert written["gold"] == gold and "alpha_budget" not in written and "comparisons" not in written

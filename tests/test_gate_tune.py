@@ -24,13 +24,15 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from registrations import assert_registrations_round_trip
 from test_gate_cli import _last_json, flyspec  # noqa: F401 - flyspec is a fixture
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.gate.arms.engine import engine_groups
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.tune_report import build_tune_report, setting_status
+from flyspec.gate.data.tune_tests import setting_status
+from flyspec.gate.report.tune_report import build_tune_report
 from flyspec.gate.runs.tune import TuneOptions, calibration_speeds, tune
 from flyspec.gate.runs.tune_settings import expand_grid, parse_settings
 from flyspec.gate.stats.decision import NOT_TESTED, PASS
@@ -179,6 +181,7 @@ def test_tune_order_is_fixed_from_calibration_before_any_grade(
     assert order["settings"][0] == "s1"  # theta 2.0 never forgives: the acceptance of standard verification
     assert len(calibration) == 3 and len(tests) == 4 and not calibration & tests
     assert sorted(map(tuple, run.registration["calibration"]["questions"])) == sorted(calibration)
+    assert assert_registrations_round_trip(store) == ["calibration", "tune"]
     assert graded == []
     (last_calibration,) = _rows(
         store, "SELECT MAX(created_at) FROM answers WHERE run_id = 'tune/calibration'"

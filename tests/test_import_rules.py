@@ -25,7 +25,9 @@ TYPE_CHECKING): a lazy import is still a dependency.
 9. The gate is seven subpackages, each importing only the ones below it (``GATE_LAYERS``): ``stats`` and
    ``grading`` nothing else of the gate; ``data`` grading (a dataset checks its reference answers) and
    stats (a registration's sequential plans); ``arms`` data and grading; ``report`` stats, grading and
-   data, never ``runs`` or ``arms``; ``logs`` stats, data and report; ``runs`` all of those but logs.
+   data, never ``runs`` or ``arms``; ``logs`` stats, data and report; ``runs`` stats, grading, data and arms,
+   never ``report`` (what a run needs to decide, a tune setting's test or a judged pair, is data: a run
+   does not read its own report) nor ``logs``.
    ``flyspec.gate`` itself only re-exports. Outside ``gate/arms``, no code tests an arm's class.
 10. Only ``flyspec/llm.py`` touches the engine an ``LLM`` holds (``LLM._engine``): everything else, the
     package, its scripts and the tests, uses ``LLM``'s methods; ``LLM`` has no public ``engine``.
@@ -350,7 +352,7 @@ GATE_LAYERS: dict[str, tuple[str, ...]] = {
     "arms": ("data", "grading"),
     "report": ("stats", "grading", "data"),
     "logs": ("stats", "data", "report"),
-    "runs": ("stats", "grading", "data", "arms", "report"),
+    "runs": ("stats", "grading", "data", "arms"),
 }
 
 
@@ -386,6 +388,8 @@ def test_the_gate_is_seven_layered_subpackages() -> None:
         ("flyspec.gate.grading.judge", "flyspec.gate.arms.endpoint"),
         ("flyspec.gate.logs.compare", "flyspec.gate.runs.options"),
         ("flyspec.gate.runs.runner", "flyspec.gate"),
+        ("flyspec.gate.runs.tune", "flyspec.gate.report.tune_report"),
+        ("flyspec.gate.runs.judging", "flyspec.gate.report.report"),
     ],
 )
 def test_one_layer_violation_is_caught(importer: str, target: str) -> None:

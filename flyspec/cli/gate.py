@@ -14,6 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from flyspec.cli.options import HELP_MARKUP
+from flyspec.cli.settings import settings_command
+from flyspec.gate.runs.options import GateOptions, TuneOptions
 
 gate_app = typer.Typer(
     name="gate",
@@ -101,119 +103,7 @@ def plan(
         _emit_json(result)
 
 
-# What a --config file may set: the command-line settings, by their option names.
-_CONFIG_KEYS = (
-    "store",
-    "dataset",
-    "limit",
-    "max_questions",
-    "baseline",
-    "candidate",
-    "margin",
-    "alpha",
-    "sequential",
-    "max_minutes",
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "seed",
-    "order_seed",
-    "run",
-    "shuffle_seed",
-    "exclude_run",
-    "judge",
-    "gold_rate",
-    "judge_all",
-    "population",
-    "alpha_budget",
-    "control",
-    "control_alpha",
-    "control_margin",
-)
-
-
-def _load_config(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--config {path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: must hold a JSON object")
-    for plural in ("dataset", "exclude_run"):
-        if plural + "s" in data and plural not in data:
-            data[plural] = data.pop(plural + "s")
-        if isinstance(data.get(plural), str):
-            data[plural] = [data[plural]]
-    unknown = sorted(set(data) - set(_CONFIG_KEYS))
-    if unknown:
-        raise ValueError(
-            f"--config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_CONFIG_KEYS)}"
-        )
-    return data
-
-
-# Option names that differ from the GateOptions / TuneOptions field they set.
-_FIELDS = {"dataset": "datasets", "run": "run_id", "exclude_run": "exclude_runs"}
-
-
-def _controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
-    """``--control NAME=ARM`` values (or a config file's object of them) as {name: arm}."""
-    if isinstance(values, dict):
-        return values
-    out: dict[str, Any] = {}
-    for value in values:
-        name, sep, arm = value.partition("=")
-        if not sep or not name.strip() or not arm.strip():
-            raise ValueError(f'--control {value!r}: give NAME=ARM, e.g. draft=\'{{"kind": "engine", ...}}\'')
-        if name in out:
-            raise ValueError(f"--control: two controls are named {name!r}")
-        out[name.strip()] = arm
-    return out
-
-
-def _fields(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings by option name as the options' fields: the unset ones (None) are left out, so the
-    fields' own defaults apply (RunSettings, flyspec/gate/runs/options.py, is their one source)."""
-    settings = dict(settings)
-    if settings.get("control"):
-        settings["controls"] = _controls(settings.pop("control"))
-    settings.pop("control", None)
-    out = {_FIELDS.get(k, k): v for k, v in settings.items() if v is not None}
-    for name in ("datasets", "exclude_runs"):
-        if name in out:
-            out[name] = tuple(out[name])
-    if "sequential" in out:
-        out["sequential"] = bool(out["sequential"])
-    return out
-
-
-def _flags(params: dict[str, Any]) -> dict[str, Any]:
-    """A `gate run` or `gate pilot` call's parameters as the settings by option name (``--run`` is
-    ``run_name`` in Python), without those that are not settings."""
-    flags = {k: v for k, v in params.items() if k not in ("config", "no_progress", "as_json", "strict")}
-    flags["run"] = flags.pop("run_name")
-    return flags
-
-
-def _options(kind: str, config: Path | None, progress: bool, **flags: Any) -> Any:
-    """One GateOptions from the config file and the flags (a flag overrides the file; unset flags, None,
-    fall back to it)."""
-    from flyspec.gate.runs.options import GateOptions
-
-    s = _load_config(config)
-    s.update({k: v for k, v in flags.items() if v is not None and v != [] and v is not False})
-    if kind == "pilot" and s.get("sequential"):
-        raise ValueError("--sequential: a pilot answers a fixed set of questions; use it with `gate run`")
-    required = ("store", "dataset", "baseline", "margin") + (("candidate",) if kind == "gate" else ())
-    for name in required:
-        if s.get(name) in (None, []):
-            raise ValueError(f"--{name.replace('_', '-')} is required (on the command line or in --config)")
-    return GateOptions(kind=kind, progress=progress, **_fields(s))
-
-
-def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
+def _run_and_report(options: GateOptions, as_json: bool, strict: bool = False) -> None:
     """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
     `gate report`'s code for the decision."""
     from flyspec.gate.report.report import build_report
@@ -232,209 +122,27 @@ def _run_and_report(options: Any, as_json: bool, strict: bool = False) -> None:
     _exit_for(report.decision, strict)
 
 
-_STORE_HELP = "SQLite file holding the run (created if missing; a run resumes where it stopped)."
-_DATASET_HELP = (
-    "gsm8k, math500, humaneval, aime:PATH, gpqa:PATH, mbpp:PATH or a JSONL path; repeat for several."
-)
-_ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
-
-Store = Annotated[str | None, typer.Option("--store", help=_STORE_HELP)]
-Datasets = Annotated[list[str] | None, typer.Option("--dataset", help=_DATASET_HELP)]
-Limit = Annotated[
-    int | None, typer.Option("--limit", help="The first N questions of each dataset's seeded random order.")
-]
-MaxQuestions = Annotated[
-    int | None,
-    typer.Option(
-        "--max-questions",
-        help="The first N questions of the seeded order over all datasets (a sequential run's maximum; "
-        "default: every question).",
-    ),
-]
-Baseline = Annotated[str | None, typer.Option("--baseline", help="Baseline arm. " + _ARM_HELP)]
-Margin = Annotated[
-    float | None,
-    typer.Option("--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered before the run."),
-]
-Alpha = Annotated[
-    float | None, typer.Option("--alpha", help="One-sided level (default 0.025: 95% interval).")
-]
-MaxMinutes = Annotated[
-    float | None,
-    typer.Option(
-        "--max-minutes",
-        help="Stop answering after this long (models load first); rerunning the command continues.",
-    ),
-]
-Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature (default 0).")]
-TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling mass (default 1.0).")]
-MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Answer length cap (default 512).")]
-Seed = Annotated[int | None, typer.Option("--seed", help="Run seed; per-question seeds derive from it.")]
-OrderSeed = Annotated[int | None, typer.Option("--order-seed", help="Question-order seed (default: --seed).")]
-ExcludeRun = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--exclude-run",
-        help="Leave out the questions this run of the store used (repeatable); pilots are always left out. "
-        "Fresh questions are not a new look's budget: under the default claim every look at the same arms "
-        "counts in the alpha ledger.",
-    ),
-]
-Config = Annotated[Path | None, typer.Option("--config", help="JSON file with any of these settings.")]
-JudgeOption = Annotated[
-    str | None,
-    typer.Option(
-        "--judge",
-        help="Judge of the questions with grader 'judge', as a JSON object or file: "
-        '{"base_url": "http://HOST:PORT/v1", "model": "NAME", "max_tokens": 512, "seed": 0}. It compares '
-        "both arms' answers in both orders (temperature 0).",
-    ),
-]
-Population = Annotated[
-    str | None,
-    typer.Option(
-        "--population",
-        help="What a sequential decision claims: 'superpopulation' (default: the method on questions like "
-        "these, run-to-run randomness included) or 'finite' (exactly the registered questions in this "
-        "run's outputs, nothing beyond them). A resumed run keeps its registered claim.",
-    ),
-]
-AlphaBudget = Annotated[
-    float | None,
-    typer.Option(
-        "--alpha-budget",
-        help="The family-wise error of every look at these arms' comparison, on any questions, this run "
-        "and later looks together: the chance that any of them wrongly PASSes (default: --alpha, leaving "
-        "nothing for a second look; at most 0.05 unless --alpha is larger; set by the first look). E.g. "
-        "--alpha 0.0125 --alpha-budget 0.025 keeps 0.0125 for a sequential continuation of an "
-        "INCONCLUSIVE fixed run. Looks are kept per user in the alpha ledger ($FLYSPEC_GATE_LEDGER, "
-        "default in the flyspec cache) and every report shows the budget and the earlier looks.",
-    ),
-]
-NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")]
 AsJson = Annotated[bool, typer.Option("--json", help="End stdout with the report as one JSON object.")]
 
 
 @gate_app.command("run")
-def run_command(
-    store: Store = None,
-    dataset: Datasets = None,
-    baseline: Baseline = None,
-    candidate: Annotated[str | None, typer.Option("--candidate", help="Candidate arm. " + _ARM_HELP)] = None,
-    margin: Margin = None,
-    alpha: Alpha = None,
-    sequential: Annotated[
-        bool,
-        typer.Option(
-            "--sequential",
-            help="Stop at the first crossing of an anytime-valid confidence sequence (PASS or FAIL), at "
-            "--max-questions, at --max-minutes or at Ctrl-C.",
-        ),
-    ] = False,
-    max_questions: MaxQuestions = None,
-    max_minutes: MaxMinutes = None,
-    limit: Limit = None,
-    temperature: Temperature = None,
-    top_p: TopP = None,
-    max_tokens: MaxTokens = None,
-    seed: Seed = None,
-    order_seed: OrderSeed = None,
-    run_name: Annotated[
-        str | None, typer.Option("--run", help="Run name in the store (default 'gate').")
-    ] = None,
-    exclude_run: ExcludeRun = None,
-    judge: JudgeOption = None,
-    gold_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--gold-rate",
-            help="Judged runs: the share of pairs whose answers differ drawn for a gold label (default "
-            "0.2), by a hash independent of the question order, registered before the first answer. The "
-            "decision is the prediction-powered interval: it rests on those labels (P(PASS) <= alpha at a "
-            "true loss of the margin and P(FAIL) <= alpha at no loss, for any judge); the judge's verdicts "
-            "only sharpen it as far as the labels show them right.",
-        ),
-    ] = None,
-    judge_all: Annotated[
-        bool,
-        typer.Option(
-            "--judge-all",
-            help="The judge grades every question; each question's own grader labels the drawn pairs (to "
-            "measure a judge against exact grading). Without it, people label with `gate label`.",
-        ),
-    ] = False,
-    population: Population = None,
-    alpha_budget: AlphaBudget = None,
-    control: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--control",
-            help="NAME=ARM: also compare an arm known to be worse (e.g. the draft model alone) with the "
-            "baseline, a positive control the gate must FAIL; repeatable. Each control takes "
-            "--control-alpha of --alpha, so the chance of any wrong decision stays at most --alpha; a "
-            "sequential run answers the controls' pairs first and stops asking a control once it decided.",
-        ),
-    ] = None,
-    control_alpha: Annotated[
-        float | None,
-        typer.Option("--control-alpha", help="Each control's share of --alpha (default: a fifth of it)."),
-    ] = None,
-    control_margin: Annotated[
-        float | None,
-        typer.Option("--control-margin", help="The controls' margin (default: --margin)."),
-    ] = None,
-    config: Config = None,
-    no_progress: NoProgress = False,
-    as_json: AsJson = False,
-    strict: Strict = False,
-) -> None:
+@settings_command(GateOptions, "run", config=True, kind="gate")
+def run_command(options: GateOptions, as_json: AsJson = False, strict: Strict = False) -> None:
     """Run (or resume) the paired gate: both arms answer the same questions with the same seeds.
 
     Exit code (as `gate report`, for the candidate): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0);
     130 after Ctrl-C.
     """
-    _run_and_report(_options("gate", config, not no_progress, **_flags(locals())), as_json, strict)
+    _run_and_report(options, as_json, strict)
 
 
 @gate_app.command("pilot")
-def pilot_command(
-    store: Store = None,
-    dataset: Datasets = None,
-    baseline: Baseline = None,
-    candidate: Annotated[
-        str | None,
-        typer.Option(
-            "--candidate",
-            help="Also run this arm once, to measure its flip rate against the baseline (needed at "
-            "temperature 0, where the baseline twice measures nothing). " + _ARM_HELP,
-        ),
-    ] = None,
-    margin: Annotated[
-        float | None,
-        typer.Option("--margin", help="The margin you plan to register (fraction), to size the real run."),
-    ] = None,
-    alpha: Alpha = None,
-    max_questions: MaxQuestions = None,
-    max_minutes: MaxMinutes = None,
-    limit: Limit = None,
-    temperature: Temperature = None,
-    top_p: TopP = None,
-    max_tokens: MaxTokens = None,
-    seed: Seed = None,
-    order_seed: OrderSeed = None,
-    run_name: Annotated[
-        str | None, typer.Option("--run", help="Run name in the store (default 'pilot').")
-    ] = None,
-    exclude_run: ExcludeRun = None,
-    judge: JudgeOption = None,
-    config: Config = None,
-    no_progress: NoProgress = False,
-    as_json: AsJson = False,
-) -> None:
+@settings_command(GateOptions, "pilot", config=True, kind="pilot")
+def pilot_command(options: GateOptions, as_json: AsJson = False) -> None:
     """Measure the flip rate that plans a gate run: the baseline twice (fresh seeds, nothing cached), or
     with --candidate both arms once. Later gate runs in the store leave the pilot's questions out."""
-    _run_and_report(_options("pilot", config, not no_progress, **_flags(locals())), as_json)
+    _run_and_report(options, as_json)
 
 
 def _exit_for(decision: str | None, strict: bool) -> None:
@@ -551,82 +259,6 @@ def _epochs(values: list[str]) -> int | dict[str, int] | None:
     return sides or both
 
 
-def _numbers(text: str | None, kind: type, flag: str) -> tuple | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: give comma-separated {kind.__name__}s, e.g. 3,2,1") from None
-    if not values:
-        raise ValueError(f"{flag} {text!r}: give at least one value")
-    return values
-
-
-Candidates = Annotated[
-    str | None,
-    typer.Option(
-        "--candidates",
-        help="JSON list (or JSON file) of settings: speculative_config fragments such as "
-        '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
-        '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
-        "x --thresholds.",
-    ),
-]
-Policies = Annotated[
-    str | None,
-    typer.Option(
-        "--policies",
-        help="A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
-        "whose list values are expanded into every combination, e.g. "
-        '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
-        '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
-        '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
-    ),
-]
-Windows = Annotated[
-    str | None,
-    typer.Option("--windows", help="Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1)."),
-]
-Thresholds = Annotated[
-    str | None, typer.Option("--thresholds", help="Grid entropy thresholds (default: 0.6,0.3).")
-]
-Order = Annotated[
-    str | None,
-    typer.Option(
-        "--order",
-        help="speed: slowest first, measured on the calibration questions (default); given: the "
-        "candidates' order.",
-    ),
-]
-OrderBy = Annotated[
-    str | None,
-    typer.Option(
-        "--order-by", help="Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s."
-    ),
-]
-CalibrationQuestions = Annotated[
-    int | None,
-    typer.Option(
-        "--calibration-questions",
-        help="Questions that measure speed (never graded, never test questions; default 8); 0 only with "
-        "--order given.",
-    ),
-]
-Fixed = Annotated[
-    bool,
-    typer.Option(
-        "--fixed", help="Fixed-size tests on every test question instead of sequential tests (default)."
-    ),
-]
-TestQuestions = Annotated[
-    int | None,
-    typer.Option(
-        "--max-questions",
-        help="Test questions: the next N of the seeded order after the calibration ones (default: all).",
-    ),
-]
-TuneRun = Annotated[str | None, typer.Option("--run", help="Tune run name in the store (default 'tune').")]
 TuneJson = Annotated[
     bool,
     typer.Option("--json", help="End stdout with one JSON object (`chosen` and `settings` in test order)."),
@@ -634,46 +266,11 @@ TuneJson = Annotated[
 TuneStrict = Annotated[
     bool, typer.Option("--strict", help="Exit 2 while the tune is unfinished and nothing passed yet.")
 ]
-_ORDER_BY_ALIASES = {"tokens-per-s": "tokens_per_s", "mean-acceptance-length": "mean_acceptance_length"}
 
 
 @gate_app.command("tune")
-def tune_command(
-    store: Annotated[str, typer.Option("--store", help=_STORE_HELP)],
-    dataset: Annotated[list[str], typer.Option("--dataset", help=_DATASET_HELP)],
-    baseline: Annotated[
-        str, typer.Option("--baseline", help="Baseline arm, standard verification. " + _ARM_HELP)
-    ],
-    margin: Annotated[
-        float, typer.Option("--margin", help="Tolerated accuracy loss, fraction in (0, 1), registered.")
-    ],
-    alpha: Annotated[
-        float | None,
-        typer.Option("--alpha", help="One-sided level of each test and of the whole tune (default 0.025)."),
-    ] = None,
-    candidates: Candidates = None,
-    policies: Policies = None,
-    windows: Windows = None,
-    thresholds: Thresholds = None,
-    order: Order = None,
-    order_by: OrderBy = None,
-    calibration_questions: CalibrationQuestions = None,
-    fixed: Fixed = False,
-    max_questions: TestQuestions = None,
-    max_minutes: MaxMinutes = None,
-    temperature: Temperature = None,
-    top_p: TopP = None,
-    max_tokens: MaxTokens = None,
-    seed: Seed = None,
-    order_seed: OrderSeed = None,
-    run_name: TuneRun = None,
-    exclude_run: ExcludeRun = None,
-    population: Population = None,
-    alpha_budget: AlphaBudget = None,
-    no_progress: NoProgress = False,
-    as_json: TuneJson = False,
-    strict: TuneStrict = False,
-) -> None:
+@settings_command(TuneOptions, "tune")
+def tune_command(options: TuneOptions, as_json: TuneJson = False, strict: TuneStrict = False) -> None:
     """The fastest lossy setting (FLy, typical acceptance, lossless prefix) shown non-inferior to standard
     verification, the error rate controlled.
 
@@ -687,22 +284,10 @@ def tune_command(
 
     Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
-    from flyspec.gate.runs.options import TuneOptions
-
-    settings = {
-        "store": store, "dataset": dataset, "baseline": baseline, "margin": margin, "alpha": alpha,
-        "candidates": candidates, "policies": policies, "windows": _numbers(windows, int, "--windows"),
-        "thresholds": _numbers(thresholds, float, "--thresholds"), "order": order,
-        "order_by": _ORDER_BY_ALIASES.get(order_by, order_by) if order_by else None,
-        "calibration_questions": calibration_questions, "sequential": not fixed,
-        "max_questions": max_questions, "max_minutes": max_minutes, "temperature": temperature,
-        "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "order_seed": order_seed, "run": run_name,
-        "exclude_run": exclude_run or (), "population": population, "alpha_budget": alpha_budget,
-    }  # fmt: skip
-    _tune_and_report(TuneOptions(progress=not no_progress, **_fields(settings)), as_json, strict)
+    _tune_and_report(options, as_json, strict)
 
 
-def _tune_and_report(options: Any, as_json: bool, strict: bool) -> None:
+def _tune_and_report(options: TuneOptions, as_json: bool, strict: bool) -> None:
     """Tune, then print the tune's report (JSON with --json); exit as `gate report` does for a tune, 130
     after an interruption."""
     from flyspec.gate.report.tune_report import build_tune_report
@@ -795,7 +380,7 @@ def _requests(run: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for spec in run.notes.get("dataset_sources", {}).values():
         try:
-            questions = load_dataset(spec, shuffle_seed=run.registration.get("shuffle_seed", 0))
+            questions = load_dataset(spec, shuffle_seed=run.registered.shuffle_seed or 0)
         except (ValueError, OSError):
             continue  # shown as missing; the labels do not depend on it
         for q in questions:
@@ -811,6 +396,31 @@ def _requests(run: Any) -> dict[str, str]:
 _LABEL_PROMPT = "Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > "
 
 
+def _show_pair(console: Any, pair: Any, where: str) -> None:
+    """A drawn pair as a person labels it: the request, the reference if any, and answers A and B."""
+    from rich.panel import Panel
+
+    q = pair.question
+    console.rule(f"{where}: {q.dataset}/{q.question_id}")
+    console.print(Panel(pair.request, title="Request"))
+    if pair.reference:
+        console.print(Panel(pair.reference, title="Reference answer (may be incomplete)"))
+    console.print(Panel(pair.answer_a, title="Answer A"))
+    console.print(Panel(pair.answer_b, title="Answer B"))
+
+
+def _ask(console: Any) -> str:
+    """The key a person pressed: a, b, t, s or q (asked again until it is one; end of input quits)."""
+    while True:
+        try:
+            key = input(_LABEL_PROMPT).strip().lower()
+        except EOFError:
+            return "q"
+        if key in ("a", "b", "t", "s", "q"):
+            return key
+        console.print("Press a, b, t, s or q, then Enter.")
+
+
 @gate_app.command("label")
 def label_command(
     store: Path = typer.Option(..., "--store", help="The gate store file of a judged run."),
@@ -822,7 +432,6 @@ def label_command(
     stored as it is given; rerun to continue. `gate report` then decides on the labels given so far.
     """
     from rich.console import Console
-    from rich.panel import Panel
 
     from flyspec.gate.data.store import GateStore
     from flyspec.gate.runs.labelling import gold_rule, pending, record
@@ -840,23 +449,8 @@ def label_command(
         )
         done = 0
         for i, pair in enumerate(todo, 1):
-            q = pair.question
-            console.rule(f"pair {i} of {len(todo)}: {q.dataset}/{q.question_id}")
-            console.print(Panel(pair.request, title="Request"))
-            if pair.reference:
-                console.print(Panel(pair.reference, title="Reference answer (may be incomplete)"))
-            console.print(Panel(pair.answer_a, title="Answer A"))
-            console.print(Panel(pair.answer_b, title="Answer B"))
-            while True:
-                try:
-                    key = (
-                        input("Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > ").strip().lower()
-                    )
-                except EOFError:
-                    key = "q"
-                if key in ("a", "b", "t", "s", "q"):
-                    break
-                console.print("Press a, b, t, s or q, then Enter.")
+            _show_pair(console, pair, f"pair {i} of {len(todo)}")
+            key = _ask(console)
             if key == "q":
                 break
             if key == "s":

@@ -8,8 +8,9 @@ command module, stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flyspec.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from flyspec.gate.data.datasets import Question, load_dataset
@@ -53,7 +54,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'flyspec.gate' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _HOMES)

@@ -20,9 +20,9 @@ from flyspec.gate.arms.base import load_arm_spec
 from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.questions import Question
+from flyspec.gate.data.registration import JudgeRecord
 from flyspec.gate.grading.judge import (
     DEFAULT_TEMPLATE,
-    JUDGE,
     POSITIONS,
     RULE,
     TEMPLATES,
@@ -31,6 +31,8 @@ from flyspec.gate.grading.judge import (
     preferred,
 )
 
+JUDGE_ARM = "judge"
+"""The judge endpoint's name among a run's arms: the model its server reports is recorded under it."""
 _JUDGE_KEYS = (
     "kind",
     "base_url",
@@ -74,22 +76,20 @@ class Judge:
         """The judge's prompt for one position."""
         return judge_prompt(self.template, request_text(question), question.answer, response_a, response_b)
 
-    def identity(self, served: dict[str, Any] | None) -> dict[str, Any]:
+    def identity(self, served: dict[str, Any] | None) -> JudgeRecord:
         """What the registration records: model, served model, sampling and the template (name, sha256,
         text)."""
-        out: dict[str, Any] = {
-            "kind": "openai",
-            "model": self.endpoint.model,
-            "sampling": {"temperature": 0.0, "max_tokens": self.max_tokens, "seed": self.seed},
-            "template": self.template,
-            "template_sha256": hashlib.sha256(self.template_text.encode()).hexdigest(),
-            "template_text": self.template_text,
-            "positions": list(POSITIONS),
-            "rule": RULE,
-        }
-        if served is not None:
-            out["served_model"] = served
-        return out
+        return JudgeRecord(
+            model=self.endpoint.model,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            template=self.template,
+            template_sha256=hashlib.sha256(self.template_text.encode()).hexdigest(),
+            template_text=self.template_text,
+            positions=POSITIONS,
+            rule=RULE,
+            served_model=served,
+        )
 
     def public_dict(self) -> dict[str, Any]:
         """The judge's settings for the run's notes (the API key only as whether one is set)."""
@@ -99,7 +99,7 @@ class Judge:
 def parse_judge(spec: dict[str, Any] | str | Any) -> Judge:
     """A judge given as a dict, a JSON object string or a JSON file: ``{"base_url" | "base_urls", "model",
     "api_key", "max_tokens", "seed", "template", "concurrency", "timeout", "max_retries", "backoff"}``."""
-    data = load_arm_spec(spec, JUDGE)
+    data = load_arm_spec(spec, JUDGE_ARM)
     unknown = sorted(set(data) - set(_JUDGE_KEYS))
     if unknown:
         raise ValueError(
@@ -116,7 +116,7 @@ def parse_judge(spec: dict[str, Any] | str | Any) -> Judge:
         raise ValueError(f"judge: seed={seed!r}: must be an integer >= 0")
     if template not in TEMPLATES:
         raise ValueError(f"judge: template={template!r}: must be one of {', '.join(TEMPLATES)}")
-    endpoint = parse_arm(JUDGE, {**data, "kind": "openai", "concurrency": data.get("concurrency", 2)})
+    endpoint = parse_arm(JUDGE_ARM, {**data, "kind": "openai", "concurrency": data.get("concurrency", 2)})
     assert isinstance(endpoint, OpenAIArm)
     return Judge(endpoint, max_tokens, seed, template)
 

@@ -38,7 +38,6 @@ from flyspec.checks import is_int
 from flyspec.gate.data.code_datasets import read_humaneval, read_mbpp
 from flyspec.gate.data.questions import DatasetInfo, Question
 from flyspec.gate.data.rows import jsonl_rows, table_rows, text_field
-from flyspec.gate.grading.code_grader import CodeTask
 from flyspec.gate.grading.graders import check_grader, check_reference, grader_named
 
 __all__ = [
@@ -208,7 +207,8 @@ def _jsonl_answer(row: dict[str, Any], grader: str, where: str) -> str:
     """The reference as text: a string or number; a code task object as canonical JSON; none for
     equivalence (which compares with the baseline's output)."""
     answer = row.get("answer")
-    reference = grader_named(grader)[0].reference
+    found = grader_named(grader)[0]
+    reference = found.reference
     if reference == "optional":
         # A reference answer a judge is shown beside the two answers, when there is one.
         if answer is None:
@@ -225,11 +225,9 @@ def _jsonl_answer(row: dict[str, Any], grader: str, where: str) -> str:
         return ""
     if answer is None or (isinstance(answer, str) and not answer.strip()):
         raise ValueError(f"{where}: row is missing its answer")
-    if grader == "code":
-        if not isinstance(answer, dict | str):
-            raise ValueError(f"{where}: a code answer must be an object {{'tests', 'entry_point', 'prefix'}}")
+    if found.parse_reference is not None:
         try:
-            return CodeTask.from_answer(answer).to_answer()
+            return found.parse_reference(answer)
         except ValueError as exc:
             raise ValueError(f"{where}: bad reference answer: {exc}") from None
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):

@@ -1,5 +1,5 @@
-"""A judged run's registered gold-label rule, read back from its registration (runs, reports, labelling
-and the alpha ledger read it the same way; flyspec/gate/stats/judged.py has the statistics)."""
+"""A judged run's registered gold-label rule (``Registration.gold``: runs, reports, labelling and the alpha
+ledger read it the same way; flyspec/gate/stats/judged.py has the statistics)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flyspec.gate.grading.judge import JUDGE
+from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.stats.judged import GOLD_DRAW, GOLD_DRAWS, gold_selected
 
 DEFAULT_GOLD_RATE = 0.2
@@ -34,12 +34,8 @@ class Gold:
         return out if self.draw == 1 else {**out, "draw": self.draw}
 
     @classmethod
-    def of(cls, registration: Mapping[str, Any]) -> Gold | None:
-        """The rule a run registered (None for a run without one: not judged, or judged before gold
-        labels existed)."""
-        data = registration.get("gold")
-        if not isinstance(data, dict):
-            return None
+    def from_dict(cls, data: Mapping[str, Any]) -> Gold:
+        """The rule as registered (a registration without the ``draw`` key is draw 1)."""
         draw = int(data.get("draw", 1))
         if draw not in GOLD_DRAWS:
             raise ValueError(f"gold-label draw {draw} is unknown to this flyspec (it knows {GOLD_DRAWS})")
@@ -56,4 +52,4 @@ class Gold:
 
     def judged(self, grader: str) -> bool:
         """Whether a question with this grader is graded by the judge."""
-        return self.every_question or grader == JUDGE
+        return self.every_question or model_graded(grader)

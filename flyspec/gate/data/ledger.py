@@ -41,10 +41,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flyspec.assets import cache_dir
-from flyspec.gate.data.gold import Gold
-from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
+from flyspec.gate.data.registration import ComparisonPlan, Registration
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.stats.monitor import SUPERPOPULATION
+from flyspec.gate.stats.claims import SUPERPOPULATION
 from flyspec.gate.stats.spending import Look, comparison_key
 
 LEDGER_ENV = "FLYSPEC_GATE_LEDGER"
@@ -114,10 +113,10 @@ def output_identity(identity: Mapping[str, Any], declared: Mapping[str, Any] | N
     return {k: v for k, v in identity.items() if k != "served_model"}
 
 
-def comparison_key_of(registration: Mapping[str, Any], plan: ComparisonPlan) -> str | None:
+def comparison_key_of(registration: Registration, plan: ComparisonPlan) -> str | None:
     """The ledger's key of one registered comparison (None when an arm's identity is missing)."""
-    arms = registration.get("arms", {})
-    declared = {s.get("id"): s.get("speculative_config") for s in registration.get("settings", []) or []}
+    arms = registration.arms
+    declared = {s.id: s.speculative_config for s in registration.settings}
     base, cand = arms.get(plan.baseline[0]), arms.get(plan.candidate[0])
     if not isinstance(base, dict) or not isinstance(cand, dict):
         return None
@@ -129,9 +128,9 @@ def look_claim(plan: ComparisonPlan) -> str:
     return plan.sequential.population if plan.sequential is not None else SUPERPOPULATION
 
 
-def look_kind(kind: str, registration: Mapping[str, Any]) -> str:
+def look_kind(registration: Registration) -> str:
     """A run's kind of look: ``tune``, or its registered design."""
-    return "tune" if kind == "tune" else str(registration.get("design", "fixed"))
+    return "tune" if registration.kind == "tune" else registration.design_name
 
 
 def look_id(run: RunRecord) -> str:
@@ -156,7 +155,7 @@ def is_look(run: RunRecord) -> bool:
     gold-label draw 1, whose decision is not a test (its report says not to act on it)."""
     if run.kind not in ("gate", "tune"):
         return False
-    gold = Gold.of(run.registration)
+    gold = run.registered.gold
     return gold is None or not gold.defective
 
 
@@ -166,19 +165,20 @@ def run_entries(store: GateStore, run: RunRecord) -> list[Entry]:
         return []
     questions = frozenset(question_key(q) for q in store.questions(run.run_id))
     where = str(store.path.resolve())
-    budget = run.registration.get("alpha_budget")
+    reg = run.registered
+    budget = reg.alpha_budget
     out = []
-    for plan in comparison_plans(run.kind, run.registration):
-        key = comparison_key_of(run.registration, plan)
+    for plan in reg.comparisons:
+        key = comparison_key_of(reg, plan)
         if key is None:
             continue
         look = Look(
             run.run_id,
-            look_kind(run.kind, run.registration),
+            look_kind(reg),
             plan.alpha,
             questions,
-            budget=max(float(budget), plan.alpha) if budget is not None else None,
-            carries=run.registration.get("carries"),
+            budget=max(budget, plan.alpha) if budget is not None else None,
+            carries=reg.carries,
             claim=look_claim(plan),
             look_id=look_id(run),
             where=where,

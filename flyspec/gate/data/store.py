@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flyspec.gate.data.lock import StoreLock
+from flyspec.gate.data.registration import Registration, only_the_maximum_grew
 
 SCHEMA_VERSION = 3
 # Version 2 added the judgements table, version 3 the labels table; an older store gains them (empty) when
@@ -205,7 +206,10 @@ class RunEvent:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A registered run: kind (``gate`` or ``pilot``), margin, alpha, seed, full registration, notes."""
+    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha, seed, its
+    registration and notes. ``registration`` is the JSON as stored (what a resume is compared with, what a
+    report's JSON shows); ``registered`` is the same, typed (``Registration.read``): read it, not the JSON.
+    A report of one comparison of a run replaces ``registered`` with that comparison's view."""
 
     run_id: str
     kind: str
@@ -215,6 +219,11 @@ class RunRecord:
     seed: int
     registration: dict[str, Any]
     notes: dict[str, Any]
+    registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.registered is None:
+            object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
 
 
 def _describe_difference(old: Any, new: Any, path: str = "") -> list[str]:
@@ -287,6 +296,7 @@ class GateStore:
         existing = self.get_run(run_id)
         if existing is not None and not self.check_resumable(run_id, kind, registration, questions):
             return False
+        typed = Registration.read(kind, registration)
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
                 for table in ("questions", "batches", "events", "judgements", "labels", "runs"):
@@ -297,9 +307,9 @@ class GateStore:
                     run_id,
                     kind,
                     time.time(),
-                    float(registration["margin"]),
-                    float(registration["alpha"]),
-                    int(registration["seed"]),
+                    typed.margin,
+                    typed.alpha,
+                    typed.seed,
                     json.dumps(registration, sort_keys=True),
                     json.dumps(notes or {}, sort_keys=True),
                 ),
@@ -345,35 +355,15 @@ class GateStore:
         kept in its ``extensions`` list (from, to, when) and as an ``extend`` event. False (nothing
         written) otherwise. Valid because the confidence sequence holds at every number of questions."""
         existing = self.get_run(run_id)
-        if existing is None or "sequential" not in existing.registration or "sequential" not in registration:
+        if existing is None or not only_the_maximum_grew(existing.registration, registration):
             return False
         stored = self.questions(run_id)
         if len(questions) <= len(stored) or [asdict(q) for q in questions[: len(stored)]] != [
             asdict(q) for q in stored
         ]:
             return False
-
-        def without_maximum(reg: dict[str, Any]) -> dict[str, Any]:
-            """The registration less what a larger maximum changes (the maximum, each dataset's count)."""
-            sequential = {k: v for k, v in reg["sequential"].items() if k != "max_questions"}
-            comparisons = [
-                {**c, "sequential": {k: v for k, v in c["sequential"].items() if k != "max_questions"}}
-                if isinstance(c, dict) and isinstance(c.get("sequential"), dict)
-                else c
-                for c in reg.get("comparisons", [])
-            ]
-            datasets = {
-                name: {k: v for k, v in info.items() if k != "questions"} if isinstance(info, dict) else info
-                for name, info in reg.get("datasets", {}).items()
-            }
-            dropped = ("max_questions", "extensions", "sequential", "datasets", "comparisons")
-            others = {k: v for k, v in reg.items() if k not in dropped}
-            return {**others, "sequential": sequential, "datasets": datasets, "comparisons": comparisons}
-
-        if without_maximum(existing.registration) != without_maximum(registration):
-            return False
         history = [
-            *existing.registration.get("extensions", []),
+            *(e.to_dict() for e in existing.registered.extensions),
             {"from": len(stored), "to": len(questions), "at": time.time()},
         ]
         extended = {**registration, "extensions": history}

@@ -160,9 +160,10 @@ def grade_code(output: str, answer: str, limits: SandboxLimits | None = None) ->
 
 
 def sandbox_notes(graders: set[str]) -> dict[str, Any] | None:
-    """For a run with code questions: the code sandbox this machine gives (flyspec/gate/grading/code_exec.py),
-    with ``missing``, the protections it lacks in plain words; None without code questions."""
-    if "code" not in graders:
+    """For a run with questions whose grader runs code: the code sandbox this machine gives
+    (flyspec/gate/grading/code_exec.py), with ``missing``, the protections it lacks in plain words; None
+    without such questions."""
+    if not any(grader_named(name)[0].sandboxed for name in graders):
         return None
     sandbox = isolation()
     return {
@@ -238,17 +239,21 @@ def grade_against_baseline(grader: str, baseline_output: str, candidate_output: 
 @dataclass(frozen=True)
 class Grader:
     """A grader as the gate knows it, registered once (``register_grader``), the way Inspect registers its
-    scorers.
+    scorers. Callers ask the record what the grader needs, never its name.
 
     ``grade(output, answer)`` grades one answer against its reference; a **pairwise** grader grades the
     second lane's answer against the first lane's instead (``grade_pair(first, second, argument)``: the two
-    grades), and the run waits for both answers; the **judge** is pairwise and asks a model, which the run's
-    judge machinery does (flyspec/gate/runs/judging.py), so it has neither function. ``reference`` says what
-    a dataset row's ``answer`` must be: ``required``, ``optional`` (shown to a judge) or ``none``.
+    grades), and the run waits for both answers. A **model-graded** grader (``model_graded``: the built-in
+    ``judge``, or a rubric judge registered from outside) is pairwise and asks a model: the run's judge
+    endpoint (``--judge``) compares the two answers in both orders (flyspec/gate/runs/judging.py), so it
+    has neither function and a run with its questions needs a judge. ``reference`` says what a dataset
+    row's ``answer`` must be: ``required``, ``optional`` (shown to a judge) or ``none``; ``parse_reference``
+    turns a structured one (a JSON object) into its text (None: text or a number only).
     ``check_reference(answer)`` refuses a reference the grader cannot use; by default, grading an empty
     output with it. ``argument``: the choices after a colon in the grader's name (``NAME:choice``), with
-    the default first, or None when it takes none. ``exact``: it decides right or wrong by a program (so it
-    can label a judged pair as gold)."""
+    the default first, or None when it takes none. ``sandboxed``: it runs the answer's code in the code
+    sandbox (a run says which protections the sandbox has here). ``exact``: it decides right or wrong by a
+    program (so it can label a judged pair as gold)."""
 
     name: str
     grade: Callable[[str, str], Grade] | None = None
@@ -256,11 +261,13 @@ class Grader:
     reference: str = "required"
     check: Callable[[str], None] | None = None
     argument: tuple[str, ...] | None = None
-    judged: bool = False
+    model_graded: bool = False
+    sandboxed: bool = False
+    parse_reference: Callable[[Any], str] | None = None
 
     @property
     def pairwise(self) -> bool:
-        return self.grade_pair is not None or self.judged
+        return self.grade_pair is not None or self.model_graded
 
     @property
     def exact(self) -> bool:
@@ -276,6 +283,14 @@ class Grader:
 
 def _check_code(answer: str) -> None:
     CodeTask.from_answer(answer)
+
+
+def _code_reference(answer: Any) -> str:
+    """A code task, given as an object ``{"tests", "entry_point", "prefix"}`` or its JSON, as canonical
+    JSON."""
+    if not isinstance(answer, dict | str):
+        raise ValueError("a code answer must be an object {'tests', 'entry_point', 'prefix'}")
+    return CodeTask.from_answer(answer).to_answer()
 
 
 def _check_no_reference(answer: str) -> None:
@@ -309,8 +324,8 @@ for _grader in (
     Grader("math", grade_math),
     Grader("choice", grade_choice),
     Grader("exact", grade_exact),
-    Grader("code", grade_code, check=_check_code),
-    Grader(JUDGE, reference="optional", check=lambda answer: None, judged=True),
+    Grader("code", grade_code, check=_check_code, sandboxed=True, parse_reference=_code_reference),
+    Grader(JUDGE, reference="optional", check=lambda answer: None, model_graded=True),
     Grader(EQUIVALENCE, grade_pair=_grade_against, reference="none", check=_check_no_reference,
            argument=tuple(NORMALISERS)),
 ):  # fmt: skip
@@ -320,6 +335,16 @@ for _grader in (
 def graders() -> tuple[str, ...]:
     """The registered graders' names."""
     return tuple(_REGISTRY)
+
+
+def model_graded(name: str) -> bool:
+    """Whether the named grader asks a model (the run's judge) rather than a program."""
+    return grader_named(name)[0].model_graded
+
+
+def model_graded_names() -> tuple[str, ...]:
+    """The registered model-graded graders' names (for messages that list them)."""
+    return tuple(name for name, grader in _REGISTRY.items() if grader.model_graded)
 
 
 def grader_named(name: str) -> tuple[Grader, str | None]:
@@ -362,6 +387,6 @@ def grade(grader: str, output: str, answer: str) -> Grade:
     """Grade ``output`` against ``answer`` with the named one-answer grader (deterministic)."""
     found, _ = grader_named(grader)
     if found.grade is None:
-        how = "a judge (--judge)" if found.judged else "grade_against_baseline(grader, first, second)"
+        how = "a judge (--judge)" if found.model_graded else "grade_against_baseline(grader, first, second)"
         raise ValueError(f"the {found.name} grader grades a pair of answers, not one: use {how}")
     return found.grade(output, answer)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-JUDGE = "judge"
 POSITIONS = ("AB", "BA")
 OUTCOMES = ("first", "second", "tie", "identical", "disagree", "unreadable")
 UNDECIDED = ("disagree", "unreadable")

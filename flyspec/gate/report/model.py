@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule
-from flyspec.gate.stats.monitor import SUPERPOPULATION, SequentialPlan, SequentialStop, claim
+from flyspec.gate.stats.claims import SUPERPOPULATION, claim
+from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
 
 PPI_FIXED_METHOD = (
     "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and Ramdas: the "
@@ -55,42 +57,6 @@ class Comparison:
     more_questions: int | None = None
     interim_decision: str | None = None
     undecided: int = 0
-
-
-@dataclass
-class ArmSpeed:
-    """Speed of one arm (one repeat) measured in this run.
-
-    ``tokens_per_s``: the arm's tokens over its executor's busy time (None when the arm shared its engine
-    with another arm: see ``Report.shared``). ``request_tokens_per_s``: tokens over the summed request
-    latencies, comparable between arms that ran side by side in the same batches. Acceptance fields are
-    None when the source did not report them (``acceptance_reported``), never zero.
-    """
-
-    arm: str
-    repeat: int
-    answers: int
-    completion_tokens: int
-    wall_s: float
-    tokens_per_s: float | None
-    request_tokens_per_s: float | None
-    mean_latency_s: float | None
-    mean_acceptance_length: float | None
-    acceptance_rate: float | None
-    forgiven_share: float | None
-    acceptance_reported: bool = True
-    forgiven_reported: bool = True
-
-
-@dataclass
-class SharedThroughput:
-    """Tokens/s of an engine that answered several arms' requests in the same batches."""
-
-    lanes: str
-    answers: int
-    completion_tokens: int
-    wall_s: float
-    tokens_per_s: float | None
 
 
 @dataclass
@@ -261,7 +227,8 @@ class ReportData:
     @property
     def comparison(self) -> str:
         """The candidate arm this report pairs with the baseline (``candidate`` unless it is a control's)."""
-        return str(self.run.registration.get("compared", "candidate"))
+        primary = self.run.registered.primary
+        return primary.candidate[0] if primary is not None else "candidate"
 
     @property
     def claim(self) -> str:
@@ -274,7 +241,8 @@ class ReportData:
     @property
     def role(self) -> str:
         """``candidate`` or ``control`` (a comparison the gate must FAIL)."""
-        return str(self.run.registration.get("role", "candidate"))
+        primary = self.run.registered.primary
+        return primary.role if primary is not None else "candidate"
 
     @property
     def registered_margin(self) -> float:

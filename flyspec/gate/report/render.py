@@ -9,6 +9,7 @@ import io
 import json
 from typing import Any
 
+from flyspec.gate.data.registration import SamplingRecord
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
@@ -353,6 +354,11 @@ def _gold_mcnemar_line(g: Any) -> str:
     )
 
 
+def _judge_sampling(report: ReportData) -> dict[str, Any]:
+    judge = report.run.registered.judge
+    return judge.sampling if judge is not None else {}
+
+
 def _judge_lines(report: ReportData) -> list[str]:
     """What lost and gained mean for judged questions, the position-swap counts and the position bias."""
     j = report.judge
@@ -360,7 +366,7 @@ def _judge_lines(report: ReportData) -> list[str]:
         return []
     if report.gold is not None:
         return _ppi_lines(report, j)
-    sampling = report.run.registration.get("judge", {}).get("sampling", {})
+    sampling = _judge_sampling(report)
     lines = [
         "## Judge",
         "",
@@ -415,7 +421,7 @@ def _ppi_lines(report: ReportData, j: Any) -> list[str]:
     """How a judged run with gold labels decides (prediction-powered inference), in words and counts."""
     g = report.gold
     assert g is not None
-    sampling = report.run.registration.get("judge", {}).get("sampling", {})
+    sampling = _judge_sampling(report)
     lines = [
         "## Judge and gold labels",
         "",
@@ -593,7 +599,7 @@ def _pilot_lines(report: ReportData) -> list[str]:
     if p is None:
         return ["## Pilot", "", "No question has both of its answers yet.", ""]
     m = _m(report)
-    sampling = report.run.registration.get("sampling", {})
+    sampling = report.run.registered.sampling
     if p.mode == "noise":
         head = [
             "## Pilot: run-to-run noise of the baseline",
@@ -601,7 +607,7 @@ def _pilot_lines(report: ReportData) -> list[str]:
             f"The baseline answered {p.n} questions twice (the second pass with fresh per-question seeds, "
             f"nothing cached). {p.flips} questions flipped between the passes.",
         ]
-        if sampling.get("temperature") == 0:
+        if sampling is not None and sampling.temperature == 0:
             head.append(
                 "At temperature 0 this measures only the nondeterminism of the engine or server "
                 "(the other requests in a batch, floating point), not sampling noise."
@@ -679,40 +685,39 @@ def _speed_lines(report: ReportData) -> list[str]:
 
 def _registration_lines(report: ReportData) -> list[str]:
     run = report.run
-    reg = run.registration
+    reg = run.registered
     lines = ["## Registration", ""]
     lines.append(
         f"- margin {run.margin:g} ({100 * run.margin:g} points), alpha {run.alpha:g} (one-sided), seed "
-        f"{run.seed}, registered before the first answer; design: {reg.get('design', 'fixed')}"
+        f"{run.seed}, registered before the first answer; design: {reg.design_name}"
     )
-    sampling = reg.get("sampling", {})
+    sampling = reg.sampling or SamplingRecord()
     lines.append(
-        f"- sampling: temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, "
-        f"max_tokens {sampling.get('max_tokens')}; per-question seeds shared by the arms"
+        f"- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, "
+        f"max_tokens {sampling.max_tokens}; per-question seeds shared by the arms"
     )
-    order = reg.get("order")
-    if order:
-        lines.append(f"- question order: {order['rule']} with seed {order['seed']} (pool {order['pool']})")
-    excluded = reg.get("excluded") or {}
-    if excluded.get("runs"):
-        lines.append(f"- left out: {excluded['questions']} questions used by {', '.join(excluded['runs'])}")
-    for name, info in reg.get("datasets", {}).items():
-        lines.append(f"- dataset `{name}`: {info['questions']} questions, sha256 {info['sha256'][:16]}...")
+    order = reg.order
+    if order is not None:
+        lines.append(f"- question order: {order.rule} with seed {order.seed} (pool {order.pool})")
+    if reg.excluded is not None and reg.excluded.runs:
+        lines.append(f"- left out: {reg.excluded.questions} questions used by {', '.join(reg.excluded.runs)}")
+    for name, info in reg.datasets.items():
+        lines.append(f"- dataset `{name}`: {info.questions} questions, sha256 {str(info.sha256)[:16]}...")
     lines += _arm_lines(report)
-    judge = reg.get("judge")
-    if isinstance(judge, dict):
-        served = judge.get("served_model") or {}
+    judge = reg.judge
+    if judge is not None:
+        served = judge.served_model or {}
         lines.append(
-            f"- judge: model `{judge.get('model')}` (served id {served.get('id') or 'not reported'}), prompt "
-            f"template {judge.get('template')} (sha256 {judge.get('template_sha256')}), sampling "
-            f"{json.dumps(judge.get('sampling'), sort_keys=True)}, both positions per question"
+            f"- judge: model `{judge.model}` (served id {served.get('id') or 'not reported'}), prompt "
+            f"template {judge.template} (sha256 {judge.template_sha256}), sampling "
+            f"{json.dumps(judge.sampling, sort_keys=True)}, both positions per question"
         )
     g = report.gold
     if g is not None:
         rule = "independent of the question order" if g.draw != 1 else "DEFECTIVE: the start of the order"
         lines.append(
             f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} ({rule}), "
-            f"seed {run.registration.get('gold', {}).get('seed')}, labelled by "
+            f"seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
             f"{'the exact grader' if g.source == 'exact' else 'a person'}"
         )
     if run.notes.get("shared_engine"):
@@ -725,7 +730,7 @@ def _arm_lines(report: ReportData) -> list[str]:
     run = report.run
     fingerprints = run.notes.get("system_fingerprints", {})
     lines = []
-    for name, arm in run.registration.get("arms", {}).items():
+    for name, arm in run.registered.arms.items():
         lines.append(f"- arm `{name}`: `{json.dumps(arm, sort_keys=True)}`")
         for executor in run.notes.get("executors", []):
             if "models" not in executor or name not in executor.get("arms", []):

@@ -24,11 +24,13 @@ from typing import Any
 
 from flyspec.checks import is_number
 from flyspec.gate.data.gold import Gold
-from flyspec.gate.data.registration import ComparisonPlan, comparison_plans
+from flyspec.gate.data.judged_pairs import stored_pairs
+from flyspec.gate.data.registration import ComparisonPlan
+from flyspec.gate.data.speeds import measure_speeds
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
+from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.report.comparisons import compare_pairs, counted, paired_counts, sequential_row
-from flyspec.gate.report.judged_pairs import stored_pairs
 from flyspec.gate.report.looks import ledger_summary
 from flyspec.gate.report.model import (
     Comparison,
@@ -41,10 +43,9 @@ from flyspec.gate.report.model import (
     ReportData,
 )
 from flyspec.gate.report.render import advice, explanation, html_page, markdown
-from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
-from flyspec.gate.stats.monitor import SequentialPlan, in_order_judged, judged_stop, sequential_stop
+from flyspec.gate.stats.monitor import in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.planning import plan_noninferiority
 
@@ -60,9 +61,6 @@ DEFECTIVE_DRAW_WARNING = (
     "test. Do not act on it: start a new judged run, which draws its labels independently of the order."
 )
 Lane = tuple[str, int]
-COMPARED = "compared"
-"""The key of a comparison's view of a run (``_view``) naming the candidate arm it pairs."""
-ROLE = "role"
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]
 
 
@@ -82,28 +80,11 @@ class Report(ReportData):
 # ----------------------------------------------------------------------------------------- pilot
 
 
-def _lanes(run: RunRecord) -> tuple[Lane, Lane]:
-    """The two lanes being paired: two passes of the baseline in a noise pilot, baseline vs candidate
-    otherwise (in a run with several comparisons, the one this view of the run is for: ``_view``)."""
-    mode = run.registration.get("pilot", {}).get("mode", "noise") if run.kind == "pilot" else None
-    if mode == "noise":
-        return (("baseline", 0), ("baseline", 1))
-    return (("baseline", 0), (run.registration.get(COMPARED, "candidate"), 0))
-
-
 def _view(run: RunRecord, plan: ComparisonPlan) -> RunRecord:
     """The run as the report of one of its comparisons sees it: that comparison's margin, alpha, sequential
     plan and candidate lane in place of the run's."""
-    registration = {
-        **run.registration,
-        "margin": plan.margin,
-        "alpha": plan.alpha,
-        COMPARED: plan.candidate[0],
-        ROLE: plan.role,
-    }
-    if plan.sequential is not None:
-        registration["sequential"] = plan.sequential.to_dict()
-    return replace(run, margin=plan.margin, alpha=plan.alpha, registration=registration)
+    registered = run.registered.for_comparison(plan)
+    return replace(run, margin=plan.margin, alpha=plan.alpha, registered=registered)
 
 
 def _comparison_events(events: list[RunEvent], name: str) -> list[RunEvent]:
@@ -128,7 +109,7 @@ def _pilot(
     low, high = wilson_interval(flips, n)
     plan = plan_noninferiority(flips, n, margin, alpha, POWER)
     return PilotSummary(
-        mode=run.registration.get("pilot", {}).get("mode", "noise"),
+        mode=run.registered.pilot_mode or "noise",
         n=n,
         flips=flips,
         lost=lost,
@@ -146,17 +127,17 @@ def _pilot(
 
 
 def _data_key(run: RunRecord) -> str:
-    datasets = run.registration.get("datasets", {})
-    return json.dumps({name: info.get("sha256") for name, info in datasets.items()}, sort_keys=True)
+    datasets = run.registered.datasets
+    return json.dumps({name: info.sha256 for name, info in datasets.items()}, sort_keys=True)
 
 
 def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
     """The latest noise pilot on the same data with the same sampling, if any."""
     for other in reversed(store.runs()):
-        if other.kind != "pilot" or _lanes(other)[1] != ("baseline", 1):
+        if other.kind != "pilot" or other.registered.lanes[1] != ("baseline", 1):
             continue
         same_data = _data_key(other) == _data_key(run)
-        if not same_data or other.registration.get("sampling") != run.registration.get("sampling"):
+        if not same_data or other.registered.sampling != run.registered.sampling:
             continue
         correct = {
             (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
@@ -186,7 +167,7 @@ def _margin_conflicts(store: GateStore, run: RunRecord) -> str | None:
 
 
 def _pairs(store: GateStore, run: RunRecord, correct: dict[tuple[str, int, str, str], bool]) -> list[Any]:
-    first, second = _lanes(run)
+    first, second = run.registered.lanes
     out = []
     for q in store.questions(run.run_id):
         a = correct.get((*first, q.dataset, q.question_id))
@@ -223,7 +204,7 @@ def _build_family(
 ) -> Report:
     notes: list[str] = []
     run = _pick_run(store, run_id, notes)
-    plans = comparison_plans(run.kind, run.registration) if run.kind == "gate" else []
+    plans = list(run.registered.comparisons) if run.kind == "gate" else []
     if comparison is not None and comparison not in {p.name for p in plans}:
         names = ", ".join(p.name for p in plans) or "none"
         raise ValueError(f"run {run.run_id!r} has no comparison {comparison!r} (comparisons: {names})")
@@ -231,7 +212,8 @@ def _build_family(
         return _build(store, run, margin, notes)
     chosen = next(p for p in plans if p.name == (comparison or plans[0].name))
     report = _build(store, _view(run, chosen), margin, notes)
-    family_alpha = float(run.registration.get("family", {}).get("alpha", run.alpha))
+    family = run.registered.family
+    family_alpha = family.alpha if family is not None else run.alpha
     report.family_alpha = family_alpha
     if comparison is None:
         report.family = [_build(store, _view(run, p), None, []) for p in plans[1:]]
@@ -258,7 +240,7 @@ def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunReco
 
 def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[str]) -> Report:
     if run.kind in ("tune", "calibration"):
-        tune = run.registration.get("calibration", {}).get("tune") or run.run_id
+        tune = run.registered.tune_name or run.run_id
         raise ValueError(
             f"run {run.run_id!r} is part of a gate tune: its report is `flyspec gate report --store "
             f"{store.path} --run {tune}` (a calibration run measures speed only and is never graded)"
@@ -293,8 +275,8 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
         report.pilot = _pilot(run, pairs, run.margin, run.alpha)
         _warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report
-    gold = Gold.of(run.registration)
-    if gold is None and isinstance(run.registration.get("judge"), dict):
+    gold = run.registered.gold
+    if gold is None and run.registered.judge is not None:
         report.warnings.append(
             "THIS JUDGED RUN WAS REGISTERED BEFORE GOLD LABELS: its decision follows the old rule (pairs the "
             "judge could not decide count against the claim), which a judge that cannot tell the answers "
@@ -306,7 +288,7 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
         report.warnings.append(DEFECTIVE_DRAW_WARNING)
     if gold is not None:
         _judged_run(report, store, correct, gold)
-    elif "sequential" in run.registration:
+    elif run.registered.sequential is not None:
         _sequential(report, store, correct)
     else:
         _fixed(report, store, correct)
@@ -327,10 +309,10 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
 def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]) -> JudgeSummary | None:
     """The judge's rulings on the judged questions whose two answers are stored (the verdicts on exactly
     those two outputs)."""
-    judge = run.registration.get("judge")
-    if not isinstance(judge, dict):
+    judge = run.registered.judge
+    if judge is None:
         return None
-    first, second = _lanes(run)
+    first, second = run.registered.lanes
     labels = (lane_label(first), lane_label(second))
     outputs = {(a.arm, a.repeat, a.dataset, a.question_id): a.output for a in answers}
     verdicts: dict[tuple[str, str, str, str], str | None] = {}
@@ -340,7 +322,7 @@ def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]
     counts = {"first": 0, "second": 0, "tie": 0, "identical": 0, "disagree": 0, "unreadable": 0}
     said: list[str | None] = []
     for q in store.questions(run.run_id):
-        if q.grader != "judge":
+        if not model_graded(q.grader):
             continue
         a = outputs.get((*first, q.dataset, q.question_id))
         b = outputs.get((*second, q.dataset, q.question_id))
@@ -361,8 +343,8 @@ def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]
     undecided = sum(counts[k] for k in UNDECIDED)
     asked = sum(counts.values()) - counts["identical"]
     return JudgeSummary(
-        model=str(judge.get("model")),
-        template=f"{judge.get('template')} (sha256 {str(judge.get('template_sha256'))[:12]})",
+        model=str(judge.model),
+        template=f"{judge.template} (sha256 {str(judge.template_sha256)[:12]})",
         questions=sum(counts.values()),
         baseline_better=counts["first"],
         candidate_better=counts["second"],
@@ -391,13 +373,13 @@ def _warn_incomplete(report: Report, complete: int, registered: int) -> None:
 
 def _judged(store: GateStore, run: RunRecord) -> set[tuple[str, str]]:
     """The questions of the run graded by a judge."""
-    return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if q.grader == "judge"}
+    return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if model_graded(q.grader)}
 
 
 def _by_dataset(store: GateStore, run: RunRecord, correct: dict, limit: int | None = None) -> dict[str, Any]:
     """Per dataset: (registered count, complete pairs, undecided pairs among them), over the first
     ``limit`` registered questions."""
-    first, second = _lanes(run)
+    first, second = run.registered.lanes
     registered: dict[str, int] = defaultdict(int)
     pairs: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     undecided: dict[str, int] = defaultdict(int)
@@ -407,7 +389,7 @@ def _by_dataset(store: GateStore, run: RunRecord, correct: dict, limit: int | No
         b = correct.get((*second, q.dataset, q.question_id))
         if a is not None and b is not None and (limit is None or i < limit):
             pairs[q.dataset].append((a, b))
-            undecided[q.dataset] += q.grader == "judge" and not a and not b
+            undecided[q.dataset] += model_graded(q.grader) and not a and not b
     return {ds: (registered[ds], pairs[ds], undecided[ds]) for ds in registered}
 
 
@@ -440,9 +422,10 @@ def _fixed(report: Report, store: GateStore, correct: dict) -> None:
 
 def _sequential(report: Report, store: GateStore, correct: dict) -> None:
     run = report.run
-    plan = SequentialPlan.from_registration(run.registration["sequential"])
+    plan = run.registered.sequential
+    assert plan is not None
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
-    lanes = _lanes(run)
+    lanes = run.registered.lanes
     events = _comparison_events(store.events(run.run_id), lanes[1][0])
     judged = _judged(store, run)
     stop = sequential_stop(order, correct, plan, events, lanes, judged=judged)
@@ -496,13 +479,13 @@ def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> 
     count pairs, the judge's verdicts and the gold labels; no accuracy is built from the judge's verdicts
     (a judge's "the baseline is at least as good" is not "the baseline is right")."""
     run = report.run
-    lanes = _lanes(run)
+    lanes = run.registered.lanes
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     judged = {(q.dataset, q.question_id) for q in store.questions(run.run_id) if gold.judged(q.grader)}
     pairs = stored_pairs(store, run, lanes, gold)
     seen = in_order_judged(order, pairs)
-    if "sequential" in run.registration:
-        plan = SequentialPlan.from_registration(run.registration["sequential"])
+    plan = run.registered.sequential
+    if plan is not None:
         events = _comparison_events(store.events(run.run_id), lanes[1][0])
         stop = judged_stop(order, pairs, plan, events)
         report.sequential, report.sequential_plan = stop, plan

@@ -1,9 +1,8 @@
 """The report of a ``gate tune``: every setting in its registered order with its speed and its test, the
 fixed-sequence answer in plain words, and the chosen ``speculative_config`` to paste.
 
-Each setting's test is recomputed from the stored answers (flyspec/gate/runs/tune.py runs them): a sequential
-test stops where its confidence sequence first crossed (or where a pause was recorded), a fixed test is
-decided once every test question has both answers. ``stats.fixed_sequence`` then walks the registered
+Each setting's test is recomputed from the stored answers (flyspec/gate/runs/tune.py runs them;
+flyspec/gate/data/tune_tests.py recomputes them). ``stats.fixed_sequence`` then walks the registered
 order: the answer is the last PASS before the first setting that did not pass, and every setting after
 that one is NOT TESTED. Speeds come from the calibration questions, where the baseline and each setting
 answered the same questions alone in their own engines, so they compare directly.
@@ -12,95 +11,21 @@ answered the same questions alone in their own engines, so they compare directly
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flyspec.gate.data.registration import titled
+from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.data.tune_tests import SettingStatus, setting_status
 from flyspec.gate.report.looks import LedgerSummary, ledger_summary
-from flyspec.gate.report.speeds import measure_speeds
 from flyspec.gate.report.wording import points
 from flyspec.gate.stats.decision import INCONCLUSIVE, NOT_TESTED, PASS
-from flyspec.gate.stats.monitor import SequentialPlan, sequential_stop
 from flyspec.gate.stats.multiple import fixed_sequence
 
-BASELINE = ("baseline", 0)
 _CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
-
-
-def titled(spec: dict[str, Any], label: str) -> str:
-    """``label`` preceded by the name of the policy ``spec`` verifies with."""
-    from flyspec.config import verification_policy
-
-    return f"{verification_policy(spec.get('rejection_sample_method', 'standard')).title} {label}"
-
-
-@dataclass(frozen=True)
-class SettingStatus:
-    """Where one setting's test stands: its decision, whether it is final (a rerun would not change it),
-    why it stopped, and the pairs and interval it used."""
-
-    setting_id: str
-    decision: str
-    final: bool
-    reason: str
-    n: int
-    lost: int
-    gained: int
-    low: float | None
-    high: float | None
-    loss_detected: bool
-
-
-def _correct(store: GateStore, run_id: str) -> dict[tuple[str, int, str, str], bool]:
-    return {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run_id)}
-
-
-def setting_status(store: GateStore, run: RunRecord, setting_id: str) -> SettingStatus:
-    """One setting's test, recomputed from the stored answers and its session events."""
-    reg = run.registration
-    lane = (setting_id, 0)
-    correct = _correct(store, run.run_id)
-    questions = store.questions(run.run_id)
-    if reg.get("design") == "sequential":
-        plan = SequentialPlan.from_registration(reg["sequential"])
-        order = [(q.dataset, q.question_id) for q in questions]
-        events = [e for e in store.events(run.run_id) if e.detail.get("setting") == setting_id]
-        stop = sequential_stop(order, correct, plan, events, (BASELINE, lane))
-        low, high = (stop.low, stop.high) if stop.stopped_at else (None, None)
-        return SettingStatus(
-            setting_id,
-            stop.decision,
-            stop.final,
-            stop.reason,
-            stop.stopped_at,
-            stop.lost,
-            stop.gained,
-            low,
-            high,
-            stop.loss_detected,
-        )
-    pairs = []
-    for q in questions:
-        base = correct.get((*BASELINE, q.dataset, q.question_id))
-        cand = correct.get((*lane, q.dataset, q.question_id))
-        if base is not None and cand is not None:
-            pairs.append((base, cand))
-    row = compare_pairs(setting_id, pairs, len(questions), run.margin, run.alpha)
-    final = len(pairs) == len(questions)
-    return SettingStatus(
-        setting_id,
-        row.decision if final and row.decision else INCONCLUSIVE,
-        final,
-        "complete" if final else "in_progress",
-        row.n,
-        row.lost,
-        row.gained,
-        row.ci_low,
-        row.ci_high,
-        row.loss_detected,
-    )
 
 
 @dataclass
@@ -180,9 +105,10 @@ class TuneReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready report; ``settings`` (in test order) and ``chosen`` close it."""
-        reg = self.run.registration
+        reg = self.run.registered
         base_tps = self.baseline_speed.get("tokens_per_s")
         chosen = self.chosen_row
+        tune = reg.tune
         return {
             "store": self.store,
             "run_id": self.run.run_id,
@@ -190,18 +116,19 @@ class TuneReport:
             "margin": self.run.margin,
             "alpha": self.run.alpha,
             "level": 1 - 2 * self.run.alpha,
-            "design": reg.get("design"),
-            "method": (
-                SequentialPlan.from_registration(reg["sequential"]).description
-                if reg.get("design") == "sequential"
-                else "tango"
-            ),
-            "procedure": reg.get("procedure"),
-            "order": reg.get("order"),
-            "calibration": reg.get("calibration"),
+            "design": reg.design,
+            "method": reg.sequential.description
+            if reg.design == "sequential" and reg.sequential
+            else "tango",
+            "procedure": tune.procedure if tune is not None else None,
+            "order": tune.order.to_dict() if tune is not None else None,
+            "calibration": tune.to_dict()["calibration"] if tune is not None else None,
             "speed_source": self.speed_source,
-            "registration": reg,
-            "baseline": {"speculative_config": _baseline_spec(self.run), **self.baseline_speed},
+            "registration": self.run.registration,
+            "baseline": {
+                "speculative_config": _baseline_arm(self.run).get("speculative_config"),
+                **self.baseline_speed,
+            },
             "complete": self.complete,
             "answer": self.answer,
             "notes": self.notes,
@@ -217,27 +144,9 @@ class TuneReport:
         return _markdown(self)
 
 
-def _baseline_spec(run: RunRecord) -> dict[str, Any] | None:
-    arm = run.registration.get("arms", {}).get("baseline", {})
-    return arm.get("speculative_config")
-
-
-def lane_speeds(
-    store: GateStore, run_id: str, *, first_repeat_only: bool = True
-) -> dict[str, dict[str, Any]]:
-    """Per arm of a run: tokens/s over its engine's busy time (per request for endpoint arms), mean
-    acceptance length, forgiven share and answers, from the stored answers and batches."""
-    speeds, _ = measure_speeds(store.answers(run_id), store.batches(run_id))
-    return {
-        s.arm: {
-            "tokens_per_s": s.tokens_per_s if s.tokens_per_s is not None else s.request_tokens_per_s,
-            "mean_acceptance_length": s.mean_acceptance_length,
-            "forgiven_share": s.forgiven_share,
-            "answers": s.answers,
-        }
-        for s in speeds
-        if not first_repeat_only or s.repeat == 0
-    }
+def _baseline_arm(run: RunRecord) -> Mapping[str, Any]:
+    """The baseline arm's registered identity."""
+    return run.registered.arms.get("baseline", {})
 
 
 def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, Any]]:
@@ -269,10 +178,10 @@ def _build(store: GateStore, run_id: str | None) -> TuneReport:
             names = ", ".join(r.run_id for r in tunes) or "none"
             raise ValueError(f"no tune run {run_id!r} in {store.path} (tune runs: {names})")
         run = found
-    reg = run.registration
-    settings = {s["id"]: s for s in reg["settings"]}
-    order: list[str] = reg["order"]["settings"]
-    calibration = _lane_speeds(store, reg.get("calibration", {}).get("run"))
+    reg = run.registered
+    assert reg.tune is not None
+    order = reg.tune.order.settings
+    calibration = _lane_speeds(store, reg.tune.calibration_run)
     tested = _lane_speeds(store, run.run_id)
     speed_source = "calibration" if calibration else "test"
     speeds = calibration or tested
@@ -288,8 +197,8 @@ def _build(store: GateStore, run_id: str | None) -> TuneReport:
         TuneRow(
             position=i + 1,
             id=setting_id,
-            label=settings[setting_id]["label"],
-            speculative_config=settings[setting_id]["speculative_config"],
+            label=reg.setting(setting_id).label,
+            speculative_config=dict(reg.setting(setting_id).speculative_config),
             decision=result.labels[i],
             status=statuses[i] if i < len(statuses) else None,
             speed=speeds.get(setting_id, {}),
@@ -376,8 +285,8 @@ def _pct(value: float | None) -> str:
 
 
 def _table(report: TuneReport) -> list[str]:
-    design = report.run.registration.get("design")
-    kind = "confidence sequence at the stop" if design == "sequential" else "Tango interval"
+    sequential = report.run.registered.design == "sequential"
+    kind = "confidence sequence at the stop" if sequential else "Tango interval"
     base = report.baseline_speed
     lines = [
         "## Settings in the registered test order",
@@ -418,10 +327,11 @@ def _forgiven_words(report: TuneReport) -> str:
 
 
 def _speed_note(report: TuneReport) -> str:
-    cal = report.run.registration.get("calibration", {})
+    tune = report.run.registered.tune
+    calibrated = len(tune.calibration_questions) if tune is not None else 0
     if report.speed_source == "calibration":
         return (
-            f"Speed columns: the {len(cal.get('questions', []))} calibration questions (disjoint from the "
+            f"Speed columns: the {calibrated} calibration questions (disjoint from the "
             "test questions), answered by the baseline and by each setting alone in its own engine, "
             "one after another, so the numbers compare directly. Tokens/s = output tokens over the "
             "engine's busy time (an endpoint: the wall time of its requests); mean acceptance length = "
@@ -435,10 +345,11 @@ def _speed_note(report: TuneReport) -> str:
 
 
 def _order_note(report: TuneReport) -> str:
-    order = report.run.registration["order"]
-    if order["method"] == "given":
+    tune = report.run.registered.tune
+    assert tune is not None
+    if tune.order.method == "given":
         return "Test order: as given, registered before the first test answer."
-    by = order["by"].replace("_", " ")
+    by = str(tune.order.by).replace("_", " ")
     return (
         f"Test order: by {by} on the calibration questions, slowest (least aggressive) first, fixed and "
         "registered before any answer was graded (calibration answers are never graded)."
@@ -449,7 +360,7 @@ def _paste_lines(report: TuneReport) -> list[str]:
     chosen = report.chosen_row
     if chosen is None:
         return []
-    model = report.run.registration.get("arms", {}).get("baseline", {}).get("model", "MODEL")
+    model = _baseline_arm(report.run).get("model", "MODEL")
     config = json.dumps(chosen.speculative_config, sort_keys=True)
     return [
         "## The chosen speculative_config",
@@ -469,7 +380,7 @@ def _paste_lines(report: TuneReport) -> list[str]:
 
 def _markdown(report: TuneReport) -> str:
     run = report.run
-    reg = run.registration
+    reg = run.registered
     lines = [f"# flyspec gate tune: run `{run.run_id}`", ""]
     if not report.complete:
         lines += ["> **NOT FINISHED:** rerun the same `gate tune` command to continue.", ""]
@@ -504,20 +415,21 @@ def _markdown(report: TuneReport) -> str:
         f"- margin {run.margin:g} ({_m(report)} points), alpha {run.alpha:g} (one-sided), seed {run.seed}, "
         "registered before the first test answer",
     ]
-    sampling = reg.get("sampling", {})
+    sampling = reg.sampling
     lines.append(
-        f"- sampling: temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, max_tokens "
-        f"{sampling.get('max_tokens')}; per-question seeds shared by the baseline and every setting"
+        f"- sampling: temperature {sampling.temperature if sampling else None}, top_p "
+        f"{sampling.top_p if sampling else None}, max_tokens {sampling.max_tokens if sampling else None}; "
+        "per-question seeds shared by the baseline and every setting"
     )
-    qo = reg.get("question_order", {})
+    qo, tune = reg.order, reg.tune
     lines.append(
-        f"- questions: {qo.get('rule')} with seed {qo.get('seed')} over {qo.get('pool')}; the first "
-        f"{len(reg.get('calibration', {}).get('questions', []))} calibrate, the next "
-        f"{reg.get('test_questions')} are test questions"
+        f"- questions: {qo.rule if qo else None} with seed {qo.seed if qo else None} over "
+        f"{qo.pool if qo else None}; the first {len(tune.calibration_questions) if tune else 0} calibrate, "
+        f"the next {tune.test_questions if tune else None} are test questions"
     )
-    for name, info in reg.get("datasets", {}).items():
-        lines.append(f"- dataset `{name}`: sha256 {info['sha256'][:16]}...")
-    lines.append(f"- baseline: `{json.dumps(reg.get('arms', {}).get('baseline'), sort_keys=True)}`")
+    for name, info in reg.datasets.items():
+        lines.append(f"- dataset `{name}`: sha256 {str(info.sha256)[:16]}...")
+    lines.append(f"- baseline: `{json.dumps(reg.arms.get('baseline'), sort_keys=True)}`")
     lines += [f"- note: {note}" for note in report.notes]
     return "\n".join(lines) + "\n"
 
@@ -532,20 +444,21 @@ def _ledger_lines(report: TuneReport) -> list[str]:
 
 
 def _design_note(report: TuneReport) -> str:
-    reg = report.run.registration
-    if reg.get("design") == "sequential":
-        seq = reg["sequential"]
+    reg = report.run.registered
+    if reg.design == "sequential" and reg.sequential is not None:
+        seq = reg.sequential
         return (
-            f"Each test is sequential: a {100 * seq['level']:g}% betting confidence sequence along the "
-            f"registered question order, stopped at its first crossing of -{_m(report)} points or at "
-            f"{seq['max_questions']} questions. Each sequential test keeps its own error at most alpha "
+            f"Each test is sequential: a {100 * (1 - 2 * seq.alpha):g}% betting confidence sequence along "
+            f"the registered question order, stopped at its first crossing of -{_m(report)} points or at "
+            f"{seq.max_questions} questions. Each sequential test keeps its own error at most alpha "
             "however it stops, which is all the fixed-sequence argument needs; the baseline's answers are "
             "shared, and the argument holds whatever the dependence between the tests."
         )
+    tune = reg.tune
     return (
-        f"Each test is a fixed-size Tango test on all {reg.get('test_questions')} test questions, decided "
-        "once every one has both answers."
+        f"Each test is a fixed-size Tango test on all {tune.test_questions if tune else None} test "
+        "questions, decided once every one has both answers."
     )
 
 
-__all__ = ["SettingStatus", "TuneReport", "TuneRow", "build_tune_report", "setting_status"]
+__all__ = ["TuneReport", "TuneRow", "build_tune_report"]

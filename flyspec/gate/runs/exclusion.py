@@ -34,7 +34,7 @@ from flyspec.gate.data.ledger import (
     store_entries,
 )
 from flyspec.gate.data.order import QuestionKey
-from flyspec.gate.data.registration import comparison_plans
+from flyspec.gate.data.registration import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 
@@ -78,8 +78,7 @@ class Ledger:
 def ledger(
     store: GateStore,
     run_id: str,
-    kind: str,
-    registration: dict[str, Any],
+    registration: Registration,
     questions: Iterable[HasContent],
     user: UserLedger | None = None,
 ) -> Ledger:
@@ -93,18 +92,16 @@ def ledger(
     with _opened(user) as opened:
         looks: dict[str, NextLook] = {}
         names: dict[str, str] = {}
-        for plan in comparison_plans(kind, registration):
+        for plan in registration.comparisons:
             key = comparison_key_of(registration, plan)
             if key is None:
                 continue
             earlier = _earlier(key, entries, opened, before, own)
-            budget = registration.get("alpha_budget")
+            budget = registration.alpha_budget
             if existing is not None and budget is not None:
                 # A resume keeps the budget it registered; one above the cap (from before it) reads as it.
-                budget = min(float(budget), max(plan.alpha, MAX_BUDGET))
-            verdict = next_look(
-                look_kind(kind, registration), keys, earlier, plan.alpha, look_claim(plan), budget
-            )
+                budget = min(budget, max(plan.alpha, MAX_BUDGET))
+            verdict = next_look(look_kind(registration), keys, earlier, plan.alpha, look_claim(plan), budget)
             if verdict.carry is not None and any(
                 look.where != here for look in verdict.earlier if look.run_id == verdict.carry
             ):
@@ -127,16 +124,15 @@ def _opened(user: UserLedger | None) -> Iterator[UserLedger]:
 def check_alpha_left(
     store: GateStore,
     run_id: str,
-    kind: str,
-    registration: dict[str, Any],
+    registration: Registration,
     questions: Iterable[HasContent],
     user: UserLedger | None = None,
 ) -> Ledger:
     """Refuse a run (``gate run`` or ``gate tune``) one of whose comparisons would spend more alpha than
     the earlier looks it is counted with left; returns the ledger's verdict otherwise."""
-    verdict = ledger(store, run_id, kind, registration, questions, user)
+    verdict = ledger(store, run_id, registration, questions, user)
     for name, look in verdict.looks.items():
-        plan = next(p for p in comparison_plans(kind, registration) if p.name == name)
+        plan = next(p for p in registration.comparisons if p.name == name)
         if look.allowed and look.alpha >= plan.alpha - 1e-12:
             continue
         what = f"run {run_id!r} ({name} against the baseline; alpha ledger {verdict.path})"
@@ -162,7 +158,7 @@ def record_looks(store: GateStore, run_id: str) -> None:
         return
     questions = store.questions(run_id)
     with UserLedger() as user, user.exclusive():
-        verdict = check_alpha_left(store, run_id, run.kind, run.registration, questions, user)
+        verdict = check_alpha_left(store, run_id, run.registered, questions, user)
         user.record(store_entries(store))
     if "ledger" not in run.notes:
         store.update_notes(run_id, {"ledger": _snapshot(run, verdict, run_entries(store, run))})
@@ -200,6 +196,6 @@ def carried_order(store: GateStore, carry: str) -> list[QuestionKey]:
 def fixed_run(store: GateStore, run_id: str) -> RunRecord | None:
     """``run_id`` if it is a fixed gate run of the store, else None."""
     run = store.get_run(run_id)
-    if run is None or run.kind != "gate" or run.registration.get("design") != "fixed":
+    if run is None or run.kind != "gate" or run.registered.design != "fixed":
         return None
     return run

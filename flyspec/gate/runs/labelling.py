@@ -60,13 +60,13 @@ def gold_rule(store: GateStore, run_id: str | None) -> tuple[RunRecord, Gold]:
     run = (
         store.get_run(run_id)
         if run_id is not None
-        else next((r for r in reversed(runs) if Gold.of(r.registration) is not None), None)
+        else next((r for r in reversed(runs) if r.registered.gold is not None), None)
     )
     if run is None:
         names = ", ".join(r.run_id for r in runs) or "none"
         what = f"run {run_id!r} is not in {store.path}" if run_id else f"{store.path} holds no judged run"
         raise ValueError(f"{what} (runs: {names})")
-    gold = Gold.of(run.registration)
+    gold = run.registered.gold
     if gold is None:
         raise ValueError(
             f"run {run.run_id!r} is not a judged run with gold labels (it needs questions with grader "

@@ -6,24 +6,25 @@ for its tests).
 2. ``register``, before the first answer: a resume with other settings is refused before any server is
    asked which model it serves (the identities are built first from the served models the store
    recorded), then every endpoint's /v1/models is read and the run is registered with what it reports;
-3. per session, ``start`` the executors (an engine loads and warms up, outside the time budget) and
-   ``answer``: the session answers until done or stopped, and the store records why it stopped, an error
-   included.
+3. per session, ``answer``: the executors start (an engine loads and warms up, outside the time budget),
+   the session answers until done or stopped, and the store records why it stopped, an error included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.endpoint import OpenAIExecutor
-from flyspec.gate.arms.judge import Judge
+from flyspec.gate.arms.judge import JUDGE_ARM, Judge
 from flyspec.gate.data.datasets import Question, load_dataset
+from flyspec.gate.data.registration import Extension, Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
-from flyspec.gate.grading.graders import JUDGE, check_reference, sandbox_notes
+from flyspec.gate.grading.graders import check_reference, sandbox_notes
 from flyspec.gate.runs.session import Session, log
-from flyspec.gate.stats.monitor import FINITE, SUPERPOPULATION
+from flyspec.gate.stats.claims import SUPERPOPULATION
 
 Served = dict[str, dict[str, Any] | None]
 """Per arm name (and ``judge``): the model its server reports serving, None where nothing was asked."""
@@ -70,10 +71,11 @@ def stored_served(store: GateStore, run_id: str) -> Served:
     """The served models a registered run recorded (to check a resume before asking the servers); the
     judge's under the key ``judge``."""
     run = store.get_run(run_id)
-    arms = run.registration.get("arms", {}) if run is not None else {}
-    served: Served = {name: identity.get("served_model") for name, identity in arms.items()}
-    judge = run.registration.get("judge") if run is not None else None
-    served[JUDGE] = judge.get("served_model") if isinstance(judge, dict) else None
+    if run is None:
+        return {JUDGE_ARM: None}
+    reg = run.registered
+    served: Served = {name: identity.get("served_model") for name, identity in reg.arms.items()}
+    served[JUDGE_ARM] = dict(reg.judge.served_model) if reg.judge and reg.judge.served_model else None
     return served
 
 
@@ -84,37 +86,35 @@ def ask_served(executors: Iterable[Executor], judge: Judge | None = None) -> Ser
     for ex in executors:
         served.update(ex.served_models())
     if judge is not None:
-        served[JUDGE] = OpenAIExecutor(judge.endpoint).served_models()[JUDGE]
+        served[JUDGE_ARM] = OpenAIExecutor(judge.endpoint).served_models()[JUDGE_ARM]
     return served
 
 
 def register(
     store: GateStore,
     run_id: str,
-    kind: str,
     questions: list[RegisteredQuestion],
-    describe: Callable[[Served], dict[str, Any]],
+    describe: Callable[[Served], Registration],
     ask: Callable[[], Served],
-    amend: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    confirm: Callable[[dict[str, Any]], None] | None = None,
+    amend: Callable[[Registration], tuple[Extension, ...]] | None = None,
+    confirm: Callable[[Registration], None] | None = None,
 ) -> bool:
     """Register ``run_id`` (or check that a resume has its settings); True when it is new.
 
     ``describe(served)`` is the registration for the given served models; ``ask()`` reads them from the
     servers, after the resume was checked on the recorded ones. ``amend(registration)`` runs on the
-    recorded one before that check (a sequential run extends its maximum there) and returns keys added to
-    both (its extensions). ``confirm(registration)`` checks the final registration, with the served
-    models, before anything is written (the alpha ledger: a server's card may name the model behind an
-    alias).
+    recorded one before that check (a sequential run extends its maximum there) and returns the
+    extensions both carry. ``confirm(registration)`` checks the final registration, with the served models,
+    before anything is written (the alpha ledger: a server's card may name the model behind an alias).
     """
     guessed = describe(stored_served(store, run_id))
-    extra = amend(guessed) if amend is not None else {}
-    guessed.update(extra)
-    store.check_resumable(run_id, kind, guessed, questions)
-    final = {**describe(ask()), **extra}
+    extensions = amend(guessed) if amend is not None else ()
+    guessed = replace(guessed, extensions=extensions)
+    store.check_resumable(run_id, guessed.kind, guessed.to_dict(), questions)
+    final = replace(describe(ask()), extensions=extensions)
     if confirm is not None:
         confirm(final)
-    return store.register(run_id, kind, final, questions)
+    return store.register(run_id, final.kind, final.to_dict(), questions)
 
 
 def population(store: GateStore, run_id: str, requested: str | None) -> str:
@@ -123,10 +123,8 @@ def population(store: GateStore, run_id: str, requested: str | None) -> str:
     if requested is not None:
         return requested
     run = store.get_run(run_id)
-    sequential = run.registration.get("sequential") if run is not None else None
-    if isinstance(sequential, dict):
-        return str(sequential.get("population", FINITE))
-    return SUPERPOPULATION
+    sequential = run.registered.sequential if run is not None else None
+    return sequential.population if sequential is not None else SUPERPOPULATION
 
 
 def announce_sandbox(graders: set[str], who: str) -> None:
@@ -144,10 +142,22 @@ def start(executors: Iterable[Executor], who: str) -> None:
 
 
 def answer(
-    store: GateStore, session: Session, executors: list[Executor], detail: dict[str, Any] | None = None
+    store: GateStore,
+    session: Session,
+    executors: list[Executor],
+    who: str,
+    detail: dict[str, Any] | None = None,
+    notes: Callable[[], dict[str, Any]] | None = None,
 ) -> str:
-    """Answer what ``session`` lacks until done or stopped; the store records why it stopped (``detail``
-    says which part of a tune), an error too. Returns the reason."""
+    """Start ``executors`` (an engine loads and warms up, outside the time budget), record the session's
+    start (and the run's ``notes``, facts the started executors know), then answer what ``session`` lacks
+    until done or stopped; the store records why it stopped (``detail`` says which part of a tune), an
+    error too. Returns the reason."""
+    start(executors, who)
+    # After loading: a session's time from start to stop is answering time.
+    store.add_event(session.run_id, "start", detail=detail)
+    if notes is not None:
+        store.update_notes(session.run_id, notes())
     try:
         reason = session.answer(executors)
     except BaseException:

@@ -3,7 +3,9 @@
 ``gate run``, ``gate pilot``, ``flyspec demo``, ``run_gate`` and ``run_pilot`` all build a ``GateOptions``
 and hand it to ``flyspec.gate.runs.runner.run``; ``gate tune`` builds a ``TuneOptions``
 (flyspec/gate/runs/tune.py). What both take (sampling, seeds, budgets, the run's name) is ``RunSettings``,
-with its defaults and rules written once; every rule about which settings go together lives here.
+with its defaults and rules written once; every rule about which settings go together lives here. Each
+field a command takes says how (its option, help and type: ``flag``, flyspec/gate/runs/flags.py), and the
+command line generates its options from that.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any
 
 from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import Sampling
+from flyspec.gate.runs.flags import RUNS, flag
+from flyspec.gate.stats.claims import FINITE, SUPERPOPULATION
 from flyspec.gate.stats.decision import check_margin_alpha
-from flyspec.gate.stats.monitor import FINITE, SUPERPOPULATION
 from flyspec.gate.stats.spending import check_budget
 
 ArmSpec = dict[str, Any] | str | Path
@@ -24,6 +27,41 @@ POPULATIONS = (SUPERPOPULATION, FINITE)
 RESERVED_ARMS = ("baseline", "candidate", "judge")
 CONTROL_SHARE = 5
 """A control's default share of alpha is alpha / CONTROL_SHARE."""
+
+
+ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
+
+
+def controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
+    """``--control NAME=ARM`` values (or a config file's object of them) as {name: arm}."""
+    if isinstance(values, dict):
+        return values
+    out: dict[str, Any] = {}
+    for value in values:
+        name, sep, arm = value.partition("=")
+        if not sep or not name.strip() or not arm.strip():
+            raise ValueError(f'--control {value!r}: give NAME=ARM, e.g. draft=\'{{"kind": "engine", ...}}\'')
+        if name in out:
+            raise ValueError(f"--control: two controls are named {name!r}")
+        out[name.strip()] = arm
+    return out
+
+
+def numbers(kind: type, option: str) -> Any:
+    """A parser of comma-separated numbers of ``kind`` given to ``option`` (``3,2,1``)."""
+
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            values = tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(
+                f"{option} {text!r}: give comma-separated {kind.__name__}s, e.g. 3,2,1"
+            ) from None
+        if not values:
+            raise ValueError(f"{option} {text!r}: give at least one value")
+        return values
+
+    return parse
 
 
 def check_count(name: str, value: Any) -> None:
@@ -47,7 +85,7 @@ class RunSettings:
     max_minutes: a time budget for answering (a run stopped by it resumes on the next call). order_seed:
     the question order (default: ``seed``, which also derives the per-question sampling seeds).
     exclude_runs: leave out the questions these runs of the store used. population: what a sequential
-    decision claims (flyspec.gate.stats.monitor.CLAIMS): ``superpopulation`` (the method on questions
+    decision claims (flyspec.gate.stats.claims.CLAIMS): ``superpopulation`` (the method on questions
     like these; the default of a new run) or ``finite`` (exactly the registered questions in this run's
     outputs); None keeps a resumed run's registered claim. alpha_budget: the family-wise error of every
     look at the run's comparisons, this run and later looks together, registered by the first look (default:
@@ -55,24 +93,153 @@ class RunSettings:
     docs/gate.md, "Error spent once").
     """
 
-    store: str | Path
-    datasets: tuple[str, ...]
-    baseline: ArmSpec
-    margin: float
-    alpha: float = field(default=0.025, kw_only=True)
-    max_questions: int | None = field(default=None, kw_only=True)
-    max_minutes: float | None = field(default=None, kw_only=True)
-    temperature: float = field(default=0.0, kw_only=True)
-    top_p: float = field(default=1.0, kw_only=True)
-    max_tokens: int = field(default=512, kw_only=True)
-    seed: int = field(default=0, kw_only=True)
-    order_seed: int | None = field(default=None, kw_only=True)
-    run_id: str | None = field(default=None, kw_only=True)
-    shuffle_seed: int = field(default=0, kw_only=True)
-    exclude_runs: tuple[str, ...] = field(default=(), kw_only=True)
-    progress: bool = field(default=True, kw_only=True)
-    population: str | None = field(default=None, kw_only=True)
-    alpha_budget: float | None = field(default=None, kw_only=True)
+    store: str | Path = field(
+        metadata=flag(
+            "--store", "SQLite file holding the run (created if missing; a run resumes where it stopped)."
+        )
+    )
+    datasets: tuple[str, ...] = field(
+        metadata=flag(
+            "--dataset",
+            "gsm8k, math500, humaneval, aime:PATH, gpqa:PATH, mbpp:PATH or a JSONL path; repeat for several.",
+            type=list[str],
+            parse=tuple,
+        )
+    )
+    baseline: ArmSpec = field(
+        metadata=flag(
+            "--baseline",
+            "Baseline arm. " + ARM_HELP,
+            helps={"tune": "Baseline arm, standard verification. " + ARM_HELP},
+        )
+    )
+    margin: float = field(
+        metadata=flag(
+            "--margin",
+            "Tolerated accuracy loss, fraction in (0, 1), registered before the run.",
+            type=float,
+            helps={
+                "pilot": "The margin you plan to register (fraction), to size the real run.",
+                "tune": "Tolerated accuracy loss, fraction in (0, 1), registered.",
+            },
+        )
+    )
+    alpha: float = field(
+        default=0.025,
+        kw_only=True,
+        metadata=flag(
+            "--alpha",
+            "One-sided level (default 0.025: 95% interval).",
+            type=float,
+            helps={"tune": "One-sided level of each test and of the whole tune (default 0.025)."},
+        ),
+    )
+    max_questions: int | None = field(
+        default=None,
+        kw_only=True,
+        metadata=flag(
+            "--max-questions",
+            "The first N questions of the seeded order over all datasets (a sequential run's maximum; "
+            "default: every question).",
+            type=int,
+            helps={
+                "tune": "Test questions: the next N of the seeded order after the calibration ones (default: "
+                "all)."
+            },
+        ),
+    )
+    max_minutes: float | None = field(
+        default=None,
+        kw_only=True,
+        metadata=flag(
+            "--max-minutes",
+            "Stop answering after this long (models load first); rerunning the command continues.",
+            type=float,
+        ),
+    )
+    temperature: float = field(
+        default=0.0,
+        kw_only=True,
+        metadata=flag("--temperature", "Sampling temperature (default 0).", type=float),
+    )
+    top_p: float = field(
+        default=1.0,
+        kw_only=True,
+        metadata=flag("--top-p", "Nucleus sampling mass (default 1.0).", type=float),
+    )
+    max_tokens: int = field(
+        default=512, kw_only=True, metadata=flag("--max-tokens", "Answer length cap (default 512).", type=int)
+    )
+    seed: int = field(
+        default=0,
+        kw_only=True,
+        metadata=flag("--seed", "Run seed; per-question seeds derive from it.", type=int),
+    )
+    order_seed: int | None = field(
+        default=None,
+        kw_only=True,
+        metadata=flag("--order-seed", "Question-order seed (default: --seed).", type=int),
+    )
+    run_id: str | None = field(
+        default=None,
+        kw_only=True,
+        metadata=flag(
+            "--run",
+            "Run name in the store (default 'gate').",
+            helps={
+                "pilot": "Run name in the store (default 'pilot').",
+                "tune": "Tune run name in the store (default 'tune').",
+            },
+        ),
+    )
+    shuffle_seed: int = field(
+        default=0,
+        kw_only=True,
+        metadata=flag("--shuffle-seed", "GPQA's option order.", commands=(), type=int),
+    )
+    exclude_runs: tuple[str, ...] = field(
+        default=(),
+        kw_only=True,
+        metadata=flag(
+            "--exclude-run",
+            "Leave out the questions this run of the store used (repeatable); pilots are always left out. "
+            "Fresh questions are not a new look's budget: under the default claim every look at the same "
+            "arms counts in the alpha ledger.",
+            type=list[str],
+            parse=tuple,
+        ),
+    )
+    population: str | None = field(
+        default=None,
+        kw_only=True,
+        metadata=flag(
+            "--population",
+            "What a sequential decision claims: 'superpopulation' (default: the method on questions like "
+            "these, run-to-run randomness included) or 'finite' (exactly the registered questions in this "
+            "run's outputs, nothing beyond them). A resumed run keeps its registered claim.",
+            commands=("run", "tune"),
+        ),
+    )
+    alpha_budget: float | None = field(
+        default=None,
+        kw_only=True,
+        metadata=flag(
+            "--alpha-budget",
+            "The family-wise error of every look at these arms' comparison, on any questions, this run "
+            "and later looks together: the chance that any of them wrongly PASSes (default: --alpha, leaving "
+            "nothing for a second look; at most 0.05 unless --alpha is larger; set by the first look). E.g. "
+            "--alpha 0.0125 --alpha-budget 0.025 keeps 0.0125 for a sequential continuation of an "
+            "INCONCLUSIVE fixed run. Looks are kept per user in the alpha ledger ($FLYSPEC_GATE_LEDGER, "
+            "default in the flyspec cache) and every report shows the budget and the earlier looks.",
+            commands=("run", "tune"),
+            type=float,
+        ),
+    )
+    progress: bool = field(
+        default=True,
+        kw_only=True,
+        metadata=flag("--no-progress", "No progress bar.", type=bool, negate=True, config=False),
+    )
 
     def __post_init__(self) -> None:
         datasets = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
@@ -134,16 +301,98 @@ class GateOptions(RunSettings):
     margin); the candidate keeps the rest of alpha.
     """
 
-    candidate: ArmSpec | None = None
+    candidate: ArmSpec | None = field(
+        default=None,
+        metadata=flag(
+            "--candidate",
+            "Candidate arm. " + ARM_HELP,
+            commands=RUNS,
+            helps={
+                "pilot": "Also run this arm once, to measure its flip rate against the baseline (needed at "
+                "temperature 0, where the baseline twice measures nothing). " + ARM_HELP
+            },
+            required=("run",),
+        ),
+    )
     kind: str = "gate"
-    sequential: bool = False
-    limit: int | None = None
-    judge: ArmSpec | None = None
-    gold_rate: float | None = None
-    judge_all: bool = False
-    controls: dict[str, ArmSpec] = field(default_factory=dict)
-    control_alpha: float | None = None
-    control_margin: float | None = None
+    sequential: bool = field(
+        default=False,
+        metadata=flag(
+            "--sequential",
+            "Stop at the first crossing of an anytime-valid confidence sequence (PASS or FAIL), at "
+            "--max-questions, at --max-minutes or at Ctrl-C.",
+            commands=("run",),
+            type=bool,
+            parse=bool,
+        ),
+    )
+    limit: int | None = field(
+        default=None,
+        metadata=flag(
+            "--limit", "The first N questions of each dataset's seeded random order.", commands=RUNS, type=int
+        ),
+    )
+    judge: ArmSpec | None = field(
+        default=None,
+        metadata=flag(
+            "--judge",
+            "Judge of the questions with grader 'judge', as a JSON object or file: "
+            '{"base_url": "http://HOST:PORT/v1", "model": "NAME", "max_tokens": 512, "seed": 0}. It compares '
+            "both arms' answers in both orders (temperature 0).",
+            commands=RUNS,
+        ),
+    )
+    gold_rate: float | None = field(
+        default=None,
+        metadata=flag(
+            "--gold-rate",
+            "Judged runs: the share of pairs whose answers differ drawn for a gold label (default "
+            "0.2), by a hash independent of the question order, registered before the first answer. The "
+            "decision is the prediction-powered interval: it rests on those labels (P(PASS) <= alpha at a "
+            "true loss of the margin and P(FAIL) <= alpha at no loss, for any judge); the judge's verdicts "
+            "only sharpen it as far as the labels show them right.",
+            commands=("run",),
+            type=float,
+        ),
+    )
+    judge_all: bool = field(
+        default=False,
+        metadata=flag(
+            "--judge-all",
+            "The judge grades every question; each question's own grader labels the drawn pairs (to "
+            "measure a judge against exact grading). Without it, people label with `gate label`.",
+            commands=("run",),
+            type=bool,
+        ),
+    )
+    controls: dict[str, ArmSpec] = field(
+        default_factory=dict,
+        metadata=flag(
+            "--control",
+            "NAME=ARM: also compare an arm known to be worse (e.g. the draft model alone) with the "
+            "baseline, a positive control the gate must FAIL; repeatable. Each control takes "
+            "--control-alpha of --alpha, so the chance of any wrong decision stays at most --alpha; a "
+            "sequential run answers the controls' pairs first and stops asking a control once it decided.",
+            commands=("run",),
+            type=list[str],
+            parse=controls,
+        ),
+    )
+    control_alpha: float | None = field(
+        default=None,
+        metadata=flag(
+            "--control-alpha",
+            "Each control's share of --alpha (default: a fifth of it).",
+            commands=("run",),
+            type=float,
+        ),
+    )
+    control_margin: float | None = field(
+        default=None,
+        metadata=flag(
+            "--control-margin", "The controls' margin (default: --margin).", commands=("run",), type=float
+        ),
+    )
 
     def _check(self) -> None:
         if self.kind not in KINDS:
@@ -235,14 +484,85 @@ class TuneOptions(RunSettings):
     whose questions are left out before the order is taken.
     """
 
-    candidates: str | list[Any] | None = None
-    policies: str | dict[str, Any] | list[Any] | None = None
-    windows: tuple[int, ...] | None = None
-    thresholds: tuple[float, ...] | None = None
-    order: str = "speed"
-    order_by: str = "mean_acceptance_length"
-    calibration_questions: int = DEFAULT_CALIBRATION
-    sequential: bool = True
+    candidates: str | list[Any] | None = field(
+        default=None,
+        metadata=flag(
+            "--candidates",
+            "JSON list (or JSON file) of settings: speculative_config fragments such as "
+            '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
+            '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
+            "x --thresholds.",
+            commands=("tune",),
+        ),
+    )
+    policies: str | dict[str, Any] | list[Any] | None = field(
+        default=None,
+        metadata=flag(
+            "--policies",
+            "A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
+            "whose list values are expanded into every combination, e.g. "
+            '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
+            '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
+            '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
+            commands=("tune",),
+        ),
+    )
+    windows: tuple[int, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--windows",
+            "Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1).",
+            commands=("tune",),
+            parse=numbers(int, "--windows"),
+        ),
+    )
+    thresholds: tuple[float, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--thresholds",
+            "Grid entropy thresholds (default: 0.6,0.3).",
+            commands=("tune",),
+            parse=numbers(float, "--thresholds"),
+        ),
+    )
+    order: str = field(
+        default="speed",
+        metadata=flag(
+            "--order",
+            "speed: slowest first, measured on the calibration questions (default); given: the "
+            "candidates' order.",
+            commands=("tune",),
+        ),
+    )
+    order_by: str = field(
+        default="mean_acceptance_length",
+        metadata=flag(
+            "--order-by",
+            "Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s.",
+            commands=("tune",),
+            parse=lambda by: by.replace("-", "_"),
+        ),
+    )
+    calibration_questions: int = field(
+        default=DEFAULT_CALIBRATION,
+        metadata=flag(
+            "--calibration-questions",
+            "Questions that measure speed (never graded, never test questions; default 8); 0 only with "
+            "--order given.",
+            commands=("tune",),
+            type=int,
+        ),
+    )
+    sequential: bool = field(
+        default=True,
+        metadata=flag(
+            "--fixed",
+            "Fixed-size tests on every test question instead of sequential tests (default).",
+            commands=("tune",),
+            type=bool,
+            negate=True,
+        ),
+    )
 
     def _check(self) -> None:
         super()._check()

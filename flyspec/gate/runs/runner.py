@@ -18,19 +18,19 @@ The order of work is what makes the numbers trustworthy (docs/gate.md, "Running 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.arms.base import Arm, Executor
-from flyspec.gate.arms.judge import Judge, parse_judge
-from flyspec.gate.arms.registry import make_executors, parse_arm
+from flyspec.gate.arms.base import Executor
+from flyspec.gate.arms.judge import JUDGE_ARM, Judge, parse_judge
+from flyspec.gate.arms.registry import make_executors
 from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.gold import DEFAULT_GOLD_RATE, Gold
 from flyspec.gate.data.order import QuestionKey
-from flyspec.gate.data.registration import BASELINE, ComparisonPlan
+from flyspec.gate.data.registration import BASELINE, ComparisonPlan, Extension, Family, Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
-from flyspec.gate.grading.graders import JUDGE, sandbox_notes
+from flyspec.gate.grading.graders import model_graded_names, sandbox_notes
 from flyspec.gate.runs import loop
 from flyspec.gate.runs.exclusion import (
     carried_answers,
@@ -42,19 +42,20 @@ from flyspec.gate.runs.exclusion import (
     used_questions,
 )
 from flyspec.gate.runs.judging import JudgedRunMonitor
-from flyspec.gate.runs.loop import Datasets, Served, announce_sandbox, load_datasets
+from flyspec.gate.runs.loop import Served, announce_sandbox
 from flyspec.gate.runs.options import ArmSpec, GateOptions
-from flyspec.gate.runs.registration import Registration, question_pool
+from flyspec.gate.runs.plan import ORDER_RULE, Plan, plan
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, SequentialPlan
 
 Lane = tuple[str, int]
+GatePlan = Plan[GateOptions]
 Excluded = tuple[set[QuestionKey], list[str]]
+"""The questions left out of a run and the runs that used them."""
 FAMILY_PROCEDURE = (
     "Bonferroni: each comparison is tested at its own share of alpha, and the shares add up to the run's "
     "alpha, so the chance of any wrong PASS or FAIL among them is at most alpha"
 )
-"""The questions left out of a run and the runs that used them."""
 
 __all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
 
@@ -75,66 +76,66 @@ class RunResult:
 # ------------------------------------------------------------------------------------ planning
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """A validated run, before anything touches the store."""
-
-    options: GateOptions
-    arms: dict[str, Arm]
-    lanes: list[Lane]
-    datasets: Datasets
-    judge: Judge | None = None
-    gold: Gold | None = None
-
-    @property
-    def mode(self) -> str | None:
-        """For a pilot: ``noise`` (the baseline twice) or ``candidate`` (both arms once)."""
-        if self.options.kind != "pilot":
-            return None
-        return "candidate" if "candidate" in self.arms else "noise"
-
-
-def _plan(options: GateOptions) -> _Plan:
-    arms: dict[str, Arm] = {"baseline": parse_arm("baseline", options.baseline)}
+def _plan(options: GateOptions) -> GatePlan:
+    """The run's plan: its arms (the baseline, the candidate, the controls), its datasets, and for a run
+    with model-graded questions (or ``judge_all``) the judge and the gold-label rule."""
+    arms: dict[str, ArmSpec] = {"baseline": options.baseline}
     if options.candidate is not None:
-        arms["candidate"] = parse_arm("candidate", options.candidate)
-    for name, spec in options.controls.items():
-        arms[name] = parse_arm(name, spec)
-    if "candidate" in arms:
-        lanes = [(name, 0) for name in arms]
-    else:
-        lanes = [("baseline", 0), ("baseline", 1)]
-        if options.temperature == 0 and arms["baseline"].greedy_repeats:
-            raise ValueError(
-                "gate pilot at temperature 0 would run the baseline twice and measure nothing: in "
-                "batch-invariant mode this engine's greedy decoding gives the same answers both times. "
-                "To plan a run, pilot the candidate instead: `flyspec gate pilot --candidate ARM ...` "
-                "runs both arms once on questions that later `gate run`s leave out, and measures the "
-                "candidate's flip rate. "
-                "(To measure sampling noise, give --temperature > 0.)"
-            )
-    datasets = load_datasets(options.datasets, options.shuffle_seed)
-    judge = _judge(options, datasets)
-    return _Plan(options, arms, lanes, datasets, judge, _gold(options, judge))
+        arms["candidate"] = options.candidate
+    arms.update(options.controls)
+    planned = plan(options, arms)
+    if (
+        "candidate" not in planned.arms
+        and options.temperature == 0
+        and planned.arms["baseline"].greedy_repeats
+    ):
+        raise ValueError(
+            "gate pilot at temperature 0 would run the baseline twice and measure nothing: in "
+            "batch-invariant mode this engine's greedy decoding gives the same answers both times. "
+            "To plan a run, pilot the candidate instead: `flyspec gate pilot --candidate ARM ...` "
+            "runs both arms once on questions that later `gate run`s leave out, and measures the "
+            "candidate's flip rate. "
+            "(To measure sampling noise, give --temperature > 0.)"
+        )
+    judge = _judge(options, planned)
+    return replace(planned, judge=judge, gold=_gold(options, judge))
 
 
-def _judge(options: GateOptions, datasets: Datasets) -> Judge | None:
-    """The run's judge: given exactly when some question has grader 'judge' (or with judge_all)."""
-    judged = [name for name, (_, qs) in datasets.items() if any(q.grader == JUDGE for q in qs)]
+def _lanes(plan: GatePlan) -> list[Lane]:
+    """Every arm once, or without a candidate (a noise pilot) the baseline twice."""
+    if "candidate" in plan.arms:
+        return [(name, 0) for name in plan.arms]
+    return [("baseline", 0), ("baseline", 1)]
+
+
+def _mode(plan: GatePlan) -> str | None:
+    """For a pilot: ``noise`` (the baseline twice) or ``candidate`` (both arms once)."""
+    if plan.options.kind != "pilot":
+        return None
+    return "candidate" if "candidate" in plan.arms else "noise"
+
+
+def _judge(options: GateOptions, plan: GatePlan) -> Judge | None:
+    """The run's judge: given exactly when some question is graded by a model (or with judge_all)."""
+    judged = plan.model_graded()
     judge = parse_judge(options.judge) if options.judge is not None else None
     if judged and judge is None:
+        name, grader = judged[0]
         raise ValueError(
-            f"dataset {judged[0]!r} has questions with grader 'judge': give the judge endpoint with --judge "
+            f"dataset {name!r} has questions with grader {grader!r}: give the judge endpoint with --judge "
             '\'{"base_url": "http://HOST:PORT/v1", "model": "NAME"}\''
         )
     if judge is not None and not judged and not options.judge_all:
+        graders = " or ".join(repr(name) for name in model_graded_names())
         raise ValueError(
-            "--judge: no question of the run has grader 'judge', so there is nothing to judge (--judge-all "
-            "has the judge grade every question, each question's own grader labelling the drawn pairs)"
+            f"--judge: no question of the run has grader {graders}, so there is nothing to judge "
+            "(--judge-all has the judge grade every question, each question's own grader labelling the drawn "
+            "pairs)"
         )
     if options.judge_all and judged:
+        name, grader = judged[0]
         raise ValueError(
-            f"--judge-all: dataset {judged[0]!r} has questions with grader 'judge', which have no exact "
+            f"--judge-all: dataset {name!r} has questions with grader {grader!r}, which have no exact "
             "grader to label the drawn pairs; run them in a judged run of their own (labelled with `flyspec "
             "gate label`)"
         )
@@ -149,7 +150,7 @@ def _gold(options: GateOptions, judge: Judge | None) -> Gold | None:
     return Gold(rate, options.seed, "exact" if options.judge_all else "human", options.judge_all)
 
 
-def _excluded(store: GateStore, plan: _Plan) -> Excluded:
+def _excluded(store: GateStore, plan: GatePlan) -> Excluded:
     """Questions left out of this run: every earlier pilot's (for a gate run) and --exclude-run's."""
     options = plan.options
     existing = store.get_run(options.name)
@@ -162,12 +163,12 @@ def _excluded(store: GateStore, plan: _Plan) -> Excluded:
     return used_questions(store, names), names
 
 
-def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Excluded, str | None]:
+def _choose(plan: GatePlan, store: GateStore) -> tuple[list[Question], int, Excluded, str | None]:
     """The questions in their registered order, the pool size, what was left out, and the fixed run a
     sequential continuation carries (its questions lead the order; docs/gate.md, "Error spent once")."""
     o = plan.options
     excluded = _excluded(store, plan)
-    pool = question_pool(plan.datasets, o, excluded[0], o.limit)
+    pool = plan.pool(excluded[0], o.limit)
     carry = _carry(store, plan, pool)
     if carry is not None:
         first = {key: i for i, key in enumerate(carried_order(store, carry))}
@@ -186,28 +187,29 @@ def _choose(plan: _Plan, store: GateStore) -> tuple[list[Question], int, Exclude
     return questions, len(pool), excluded, carry
 
 
-def _carry(store: GateStore, plan: _Plan, pool: list[Question]) -> str | None:
+def _carry(store: GateStore, plan: GatePlan, pool: list[Question]) -> str | None:
     """The fixed run whose answers a new sequential run (one candidate, no controls) carries: the ledger
     names one when that run is the only earlier look at the comparison on these questions."""
     o = plan.options
     existing = store.get_run(o.name)
     if existing is not None:
-        return existing.registration.get("carries")
+        return existing.registered.carries
     if o.kind != "gate" or not o.sequential or o.controls:
         return None
-    identities = loop.identities(plan.arms, loop.stored_served(store, o.name))
     claim = loop.population(store, o.name, o.population)
     sequential = SequentialPlan(o.margin, o.alpha, len(pool), len(pool), o.question_order_seed, claim)
-    guess = {
-        "margin": o.margin,
-        "alpha": o.alpha,
-        "arms": identities,
-        "design": "sequential",
-        "sequential": sequential.to_dict(),
-    }
-    if o.alpha_budget is not None:
-        guess["alpha_budget"] = o.alpha_budget
-    carry = ledger(store, o.name, "gate", guess, pool[: o.max_questions]).carry
+    identities = loop.identities(plan.arms, loop.stored_served(store, o.name))
+    budget = float(o.alpha_budget) if o.alpha_budget is not None else None
+    guess = Registration(
+        "gate",
+        o.margin,
+        o.alpha,
+        arms=identities,
+        alpha_budget=budget,
+        design="sequential",
+        sequential=sequential,
+    )
+    carry = ledger(store, o.name, guess, pool[: o.max_questions]).carry
     return carry if carry is not None and fixed_run(store, carry) is not None else None
 
 
@@ -220,7 +222,7 @@ def _comparisons(
         return []
     judged = {"method": JUDGED_METHOD, "label_rate": gold.rate} if gold is not None else {}
 
-    def plan(name: str, margin: float, alpha: float, role: str) -> ComparisonPlan:
+    def comparison(name: str, margin: float, alpha: float, role: str) -> ComparisonPlan:
         order_seed = options.question_order_seed
         sequential = (
             SequentialPlan(margin, alpha, len(questions), pool, order_seed, population, **judged)
@@ -231,8 +233,11 @@ def _comparisons(
 
     control_margin = options.control_margin if options.control_margin is not None else options.margin
     return [
-        plan("candidate", options.margin, options.candidate_alpha, "candidate"),
-        *(plan(name, control_margin, options.control_alpha_each, "control") for name in options.controls),
+        comparison("candidate", options.margin, options.candidate_alpha, "candidate"),
+        *(
+            comparison(name, control_margin, options.control_alpha_each, "control")
+            for name in options.controls
+        ),
     ]
 
 
@@ -256,61 +261,56 @@ class _Chosen:
         return self.comparisons[0].sequential if self.comparisons else None
 
 
-def _registration(plan: _Plan, chosen: _Chosen, served: Served) -> dict[str, Any]:
+def _registration(plan: GatePlan, chosen: _Chosen, served: Served) -> Registration:
     """What the run registers before its first answer, with the served models ``served``."""
     o = plan.options
-    shared = Registration(o, loop.identities(plan.arms, served), plan.datasets)
-    registration: dict[str, Any] = {
-        **shared.common(),
-        "repeats": sorted({r for _, r in plan.lanes}),
-        "datasets": shared.dataset_hashes(chosen.questions),
-        "limit": o.limit,
-        "max_questions": o.max_questions,
-        "order": shared.order(chosen.pool),
-        "excluded": shared.excluded(chosen.excluded[1], len(chosen.excluded[0])),
-        "design": "sequential" if chosen.sequential is not None else "fixed",
-    }
+    registration = plan.registration(o.kind, served, chosen.questions)
+    rule = ORDER_RULE
     if chosen.carry is not None:
-        registration["carries"] = chosen.carry
-        registration["order"]["rule"] = (
+        rule = (
             f"the questions of fixed run {chosen.carry!r} first, in its order (their answers carried), then "
-            "sha256(seed:dataset:id) ascending"
+            f"{ORDER_RULE}"
         )
-    if chosen.sequential is not None:
-        registration["sequential"] = chosen.sequential.to_dict()
-    if len(chosen.comparisons) > 1:
+    several = len(chosen.comparisons) > 1
+    primary = chosen.comparisons[0] if several else None
+    return replace(
+        registration,
         # The candidate's margin and alpha stay the run's top-level ones for readers that know one
-        # comparison; "family" says how the run's alpha was split.
-        registration["margin"] = chosen.comparisons[0].margin
-        registration["alpha"] = chosen.comparisons[0].alpha
-        registration["comparisons"] = [c.to_dict() for c in chosen.comparisons]
-        registration["family"] = {"alpha": float(o.alpha), "procedure": FAMILY_PROCEDURE}
-    if plan.mode is not None:
-        registration["pilot"] = {"mode": plan.mode}
-    if plan.judge is not None:
-        registration["judge"] = plan.judge.identity(served.get(JUDGE))
-    if plan.gold is not None:
-        registration["gold"] = plan.gold.to_dict()
-    return registration
+        # comparison; the family says how the run's alpha was split.
+        margin=primary.margin if primary is not None else registration.margin,
+        alpha=primary.alpha if primary is not None else registration.alpha,
+        repeats=tuple(sorted({r for _, r in _lanes(plan)})),
+        limit=o.limit,
+        max_questions=o.max_questions,
+        order=plan.order(chosen.pool, rule),
+        excluded=plan.excluded(chosen.excluded[1], len(chosen.excluded[0])),
+        design="sequential" if chosen.sequential is not None else "fixed",
+        carries=chosen.carry,
+        sequential=chosen.sequential,
+        listed=tuple(chosen.comparisons) if several else (),
+        family=Family(float(o.alpha), FAMILY_PROCEDURE) if several else None,
+        pilot_mode=_mode(plan),
+        judge=plan.judge.identity(served.get(JUDGE_ARM)) if plan.judge is not None else None,
+        gold=plan.gold,
+    )
 
 
 def _extend(
-    store: GateStore, plan: _Plan, chosen: _Chosen, questions: list[RegisteredQuestion]
-) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    store: GateStore, plan: GatePlan, chosen: _Chosen, questions: list[RegisteredQuestion]
+) -> Callable[[Registration], tuple[Extension, ...]]:
     """The check a resume makes first: a fixed gate run may not grow, a sequential run may (it records
     the extension); returns ``amend`` for ``loop.register``."""
     options = plan.options
     run_id = options.name
 
-    def amend(guessed: dict[str, Any]) -> dict[str, Any]:
+    def amend(guessed: Registration) -> tuple[Extension, ...]:
         _refuse_defective_draw(store, run_id)
         if options.kind == "gate":
-            check_alpha_left(store, run_id, options.kind, guessed, chosen.questions)
-        if chosen.sequential is not None and store.extend_sequential(run_id, guessed, questions):
+            check_alpha_left(store, run_id, guessed, chosen.questions)
+        if chosen.sequential is not None and store.extend_sequential(run_id, guessed.to_dict(), questions):
             log(f"gate: run {run_id!r} continues to at most {len(chosen.questions)} questions")
         run = store.get_run(run_id)
-        history = run.registration.get("extensions") if run is not None else None
-        return {"extensions": history} if history else {}
+        return run.registered.extensions if run is not None else ()
 
     return amend
 
@@ -319,7 +319,7 @@ def _refuse_defective_draw(store: GateStore, run_id: str) -> None:
     """A judged run registered with gold-label draw 1 is not continued: its drawn pairs are a prefix of
     the order, so more answers would only add pairs that the judge decides uncorrected."""
     existing = store.get_run(run_id)
-    gold = Gold.of(existing.registration) if existing is not None else None
+    gold = existing.registered.gold if existing is not None else None
     if gold is not None and gold.defective:
         raise ValueError(
             f"run {run_id!r} in {store.path} was registered with gold-label draw 1, which drew exactly the "
@@ -330,22 +330,21 @@ def _refuse_defective_draw(store: GateStore, run_id: str) -> None:
         )
 
 
-def _register(store: GateStore, plan: _Plan, chosen: _Chosen, executors: list[Executor]) -> bool:
+def _register(store: GateStore, plan: GatePlan, chosen: _Chosen, executors: list[Executor]) -> bool:
     """Register the run (or check its resume) before its first answer; True when it is new."""
     questions = loop.registered(chosen.questions)
     o = plan.options
 
-    def confirm(registration: dict[str, Any]) -> None:
+    def confirm(registration: Registration) -> None:
         if o.kind == "gate":
-            check_alpha_left(store, o.name, o.kind, registration, chosen.questions)
+            check_alpha_left(store, o.name, registration, chosen.questions)
 
-    return loop.register(
+    return plan.register(
         store,
         o.name,
-        o.kind,
-        questions,
+        chosen.questions,
         lambda served: _registration(plan, chosen, served),
-        lambda: loop.ask_served(executors, plan.judge),
+        executors,
         _extend(store, plan, chosen, questions),
         confirm,
     )
@@ -354,7 +353,7 @@ def _register(store: GateStore, plan: _Plan, chosen: _Chosen, executors: list[Ex
 # ----------------------------------------------------------------------------------------- run
 
 
-def _notes(plan: _Plan, executors: list[Executor]) -> dict[str, Any]:
+def _notes(plan: GatePlan, executors: list[Executor]) -> dict[str, Any]:
     notes: dict[str, Any] = {
         "arm_settings": {name: arm.public_dict() for name, arm in plan.arms.items()},
         "dataset_sources": {name: spec for name, (spec, _) in plan.datasets.items()},
@@ -403,7 +402,7 @@ def run(options: GateOptions) -> RunResult:
         new = _register(store, plan, chosen, executors)
         record_looks(store, run_id)
         if carry is not None:
-            _store_carried(store, run_id, carry, plan.lanes, chosen.questions)
+            _store_carried(store, run_id, carry, _lanes(plan), chosen.questions)
         session = _session(store, plan, chosen)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
@@ -431,7 +430,7 @@ def _store_carried(
         log(f"gate: run {run_id!r} carries {len(records)} answers of fixed run {carry!r} (counted once)")
 
 
-def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
+def _session(store: GateStore, plan: GatePlan, chosen: _Chosen) -> Session:
     questions = chosen.questions
     order = [(q.dataset, q.id) for q in questions]
     monitors: dict[str, Any] = {}
@@ -446,10 +445,10 @@ def _session(store: GateStore, plan: _Plan, chosen: _Chosen) -> Session:
     # A control is answered first: the gate's catching it is the first thing a run with controls shows.
     first = [c.name for c in chosen.comparisons if c.role == "control"]
     settings = SessionSettings.of(plan.options, plan.judge, plan.gold)
-    return Session(store, settings, plan.lanes, questions, monitors, first=first)
+    return Session(store, settings, _lanes(plan), questions, monitors, first=first)
 
 
-def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Executor]) -> str:
+def _answer(store: GateStore, plan: GatePlan, session: Session, executors: list[Executor]) -> str:
     run_id = plan.options.name
     monitor = session.monitor
     if session.stopped and monitor is not None and monitor.stop is not None:
@@ -459,11 +458,7 @@ def _answer(store: GateStore, plan: _Plan, session: Session, executors: list[Exe
     if not any(session.jobs(ex) for ex in executors):
         store.add_event(run_id, "stop", "complete")
         return "complete"
-    loop.start(executors, "gate")
-    # After loading: a session's time from start to stop is answering time.
-    store.add_event(run_id, "start")
-    store.update_notes(run_id, _notes(plan, executors))
-    return loop.answer(store, session, executors)
+    return loop.answer(store, session, executors, "gate", notes=lambda: _notes(plan, executors))
 
 
 # ----------------------------------------------------------------------------------- public API

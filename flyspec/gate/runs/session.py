@@ -16,7 +16,7 @@ from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.order import QuestionKey
 from flyspec.gate.data.store import AnswerRecord, GateStore
-from flyspec.gate.grading.graders import JUDGE, Grade, grade, grade_against_baseline, grader_named
+from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.options import GateOptions
@@ -113,6 +113,8 @@ class Session:
         self.reason: str | None = None
         self.stopped_at: int | None = None
         self._latencies: list[float] = []
+        # Seconds spent answering in this session (what a tune's time budget counts).
+        self.answering_s = 0.0
         self._dropped = False
         self.stored = [r for r in store.answers(self.run_id) if (r.arm, r.repeat) in lanes]
         # Reference outputs (the first lane's) for equivalent_to_baseline questions, and answers waiting
@@ -216,11 +218,14 @@ class Session:
         if not self.settings.graded:
             return [(job, completion, Grade(None, False, NOT_GRADED))]
         gold = self.settings.gold
-        if q.grader == JUDGE or (gold is not None and gold.every_question):
+        grader = grader_named(q.grader)[0]
+        if grader.model_graded or (gold is not None and gold.every_question):
             if self.judged is None:
-                raise ValueError(f"question {q.dataset}/{q.id} has grader 'judge' but the run has no judge")
+                raise ValueError(
+                    f"question {q.dataset}/{q.id} has grader {q.grader!r} but the run has no judge"
+                )
             return self.judged.add(job, completion)
-        if not grader_named(q.grader)[0].pairwise:
+        if not grader.pairwise:
             return [(job, completion, grade(q.grader, completion.text, q.answer))]
         key = (q.dataset, q.id)
         if (job.arm, job.repeat) == self.lanes[0]:
@@ -298,6 +303,16 @@ class Session:
         )
         for record in self.stored:
             progress.add((record.arm, record.repeat), record.correct, new=False)
+        started = time.monotonic()
+        try:
+            self._answer(executors, jobs, progress, deadline)
+        finally:
+            self.answering_s += time.monotonic() - started
+        return self.reason or "complete"
+
+    def _answer(
+        self, executors: list[Executor], jobs: list[list[Job]], progress: GateProgress, deadline: float | None
+    ) -> None:
         with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
             aborted = True
             try:
@@ -311,7 +326,6 @@ class Session:
             dispatcher.raise_error()
             if self.judged is not None and self.judged.error is not None:
                 raise self.judged.error
-        return self.reason or "complete"
 
     @property
     def _judging(self) -> bool:

@@ -25,21 +25,30 @@ The order of work is what keeps the procedure valid:
 from __future__ import annotations
 
 import gc
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from flyspec.gate.arms.base import Arm
-from flyspec.gate.arms.registry import make_executors, parse_arm
+from flyspec.gate.arms.registry import make_executors
 from flyspec.gate.data.datasets import Question
+from flyspec.gate.data.order import QuestionKey
+from flyspec.gate.data.registration import (
+    CalibrationRecord,
+    Extension,
+    Registration,
+    TestOrder,
+    TuneRecord,
+)
+from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.tune_report import lane_speeds, setting_status
+from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.runs import loop
 from flyspec.gate.runs.exclusion import check_alpha_left, record_looks, used_questions
-from flyspec.gate.runs.loop import Datasets, load_datasets
+from flyspec.gate.runs.loop import Served
 from flyspec.gate.runs.options import TuneOptions
-from flyspec.gate.runs.registration import Registration, question_pool
+from flyspec.gate.runs.plan import Plan, plan
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.runs.tune_settings import (
     TuneSetting,
@@ -48,8 +57,9 @@ from flyspec.gate.runs.tune_settings import (
     load_candidates,
     parse_settings,
 )
+from flyspec.gate.stats.claims import SUPERPOPULATION
 from flyspec.gate.stats.decision import PASS
-from flyspec.gate.stats.monitor import PAUSES, SUPERPOPULATION, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
 
 BASELINE = ("baseline", 0)
 PROCEDURE = (
@@ -71,28 +81,30 @@ class TuneResult:
         return self.reason == "interrupted"
 
 
-@dataclass
-class _Plan:
-    options: TuneOptions
-    baseline: Arm
-    settings: list[TuneSetting]
-    datasets: Datasets
-    calibration: list[Question] = field(default_factory=list)
-    tests: list[Question] = field(default_factory=list)
-    pool: int = 0
+@dataclass(frozen=True)
+class TunePlan(Plan[TuneOptions]):
+    """A tune's plan: the run's (the baseline and every setting's arm, the datasets), its settings in the
+    order given, the calibration and test questions, the size of the pool the tests are drawn from, the
+    questions left out (``--exclude-run``) and the claim of its sequential tests."""
+
+    settings: tuple[TuneSetting, ...] = ()
+    calibration: tuple[Question, ...] = ()
+    tests: tuple[Question, ...] = ()
+    test_pool: int = 0
+    left_out: frozenset[QuestionKey] = frozenset()
     population: str = SUPERPOPULATION
-    excluded: set[tuple[str, str]] = field(default_factory=set)
 
     @property
-    def arms(self) -> dict[str, Arm]:
-        return {"baseline": self.baseline, **{s.id: s.arm for s in self.settings}}
+    def baseline(self) -> Arm:
+        return self.arms["baseline"]
 
     def setting(self, setting_id: str) -> TuneSetting:
         return next(s for s in self.settings if s.id == setting_id)
 
 
-def _plan(options: TuneOptions) -> _Plan:
-    baseline = parse_arm("baseline", options.baseline)
+def _plan(options: TuneOptions) -> TunePlan:
+    planned = plan(options, {"baseline": options.baseline})
+    baseline = planned.arms["baseline"]
     candidates = load_candidates(options.candidates)
     if options.policies is not None:
         candidates = expand_grid(options.policies)
@@ -104,78 +116,78 @@ def _plan(options: TuneOptions) -> _Plan:
             )
         k = baseline.speculative_config["num_speculative_tokens"]
         candidates = default_grid(k, options.windows, options.thresholds)
-    settings = parse_settings(baseline, candidates)
-    datasets = load_datasets(options.datasets, options.shuffle_seed)
-    judged = [name for name, (_, qs) in datasets.items() if any(q.grader == "judge" for q in qs)]
+    settings = tuple(parse_settings(baseline, candidates))
+    judged = planned.model_graded()
     if judged:
         raise ValueError(
-            f"dataset {judged[0]!r}: gate tune cannot use judge questions: a judged baseline answer is "
+            f"dataset {judged[0][0]!r}: gate tune cannot use judge questions: a judged baseline answer is "
             "right or wrong only against one candidate, so it cannot be shared by several settings"
         )
-    plan = _Plan(options, baseline, settings, datasets)
-    _choose(plan, set())
-    return plan
+    arms = {**planned.arms, **{s.id: s.arm for s in settings}}
+    return _choose(TunePlan(options, arms, planned.datasets, settings=settings), frozenset())
 
 
-def _choose(plan: _Plan, excluded: set[tuple[str, str]]) -> None:
+def _choose(plan: TunePlan, excluded: frozenset[QuestionKey]) -> TunePlan:
     """The calibration and test questions: the seeded order without the ``excluded`` questions (those of
     --exclude-run)."""
     options = plan.options
-    plan.excluded = excluded
-    ordered = question_pool(plan.datasets, options, excluded)
+    ordered = plan.pool(excluded)
     c = options.calibration_questions
     if len(ordered) <= c:
         raise ValueError(
             f"calibration_questions={c}: the datasets hold {len(ordered)} questions, which leaves none "
             "to test"
         )
-    plan.calibration, rest = ordered[:c], ordered[c:]
+    calibration, rest = ordered[:c], ordered[c:]
     if options.max_questions is not None and options.max_questions > len(rest):
         raise ValueError(
             f"max_questions={options.max_questions}: {len(rest)} questions remain once the {c} calibration "
             "questions are set aside"
         )
-    plan.tests = rest[: options.max_questions] if options.max_questions is not None else rest
-    plan.pool = len(rest)
+    tests = rest[: options.max_questions] if options.max_questions is not None else rest
+    return replace(
+        plan, calibration=tuple(calibration), tests=tuple(tests), test_pool=len(rest), left_out=excluded
+    )
 
 
 # ---------------------------------------------------------------------------------- registration
 
 
-def _common(plan: _Plan, identities: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _common(plan: TunePlan, kind: str, served: Served) -> Registration:
+    """What the calibration run and the tune run both register: the run's keys and the settings."""
     o = plan.options
-    shared = Registration(o, identities, plan.datasets)
-    out = {
-        **shared.common(),
-        "settings": [s.to_dict() for s in plan.settings],
-        "datasets": shared.dataset_hashes(),
-    }
-    if o.exclude_runs:
-        out["excluded"] = shared.excluded(o.exclude_runs, len(plan.excluded))
-    return out
+    excluded = plan.excluded(o.exclude_runs, len(plan.left_out)) if o.exclude_runs else None
+    registration = plan.registration(kind, served)
+    return replace(registration, settings=tuple(s.record for s in plan.settings), excluded=excluded)
 
 
 def _register(
-    store: GateStore, plan: _Plan, run_id: str, kind: str, extra: dict[str, Any], qs: list[Question]
+    store: GateStore,
+    plan: TunePlan,
+    kind: str,
+    describe: Callable[[Registration], Registration],
+    questions: Sequence[Question],
 ) -> None:
     """Check a resume (and, for the tune run, that no setting's comparison spends alpha an earlier look
     at it on these questions spent) before any server is asked, then register with the served models."""
+    o = plan.options
+    run_id = o.name if kind == "tune" else o.calibration_run
 
-    def amend(guessed: dict[str, Any]) -> dict[str, Any]:
-        confirm(guessed)
-        return {}
-
-    def confirm(registration: dict[str, Any]) -> None:
+    def confirm(registration: Registration) -> None:
         if kind == "tune":
-            check_alpha_left(store, run_id, kind, registration, qs)
+            check_alpha_left(store, run_id, registration, questions)
 
-    loop.register(
+    def amend(guessed: Registration) -> tuple[Extension, ...]:
+        confirm(guessed)
+        return ()
+
+    executors = make_executors(list(plan.arms.values()))
+    plan.register(
         store,
         run_id,
-        kind,
-        loop.registered(qs),
-        lambda served: {**_common(plan, loop.identities(plan.arms, served)), **extra},
-        lambda: loop.ask_served(make_executors(list(plan.arms.values()))),
+        questions,
+        lambda served: describe(_common(plan, kind, served)),
+        executors,
         amend,
         confirm,
     )
@@ -217,31 +229,27 @@ def _answer(
         return "time_budget"
     what = f"calibrating {detail['lane']} (speed only, not graded)" if "lane" in detail else "testing"
     try:
-        loop.start(executors, f"gate tune: {what}")
-        store.add_event(session.run_id, "start", detail=detail)
-        started = time.monotonic()
-        try:
-            return loop.answer(store, session, executors, detail)
-        finally:
-            clock.spend(time.monotonic() - started)
+        reason = loop.answer(store, session, executors, f"gate tune: {what}", detail)
+        clock.spend(session.answering_s)
+        return reason
     finally:
         executors.clear()
         gc.collect()
 
 
-def _settings(plan: _Plan, run_id: str, budget: float | None, graded: bool = True) -> SessionSettings:
+def _settings(plan: TunePlan, run_id: str, budget: float | None, graded: bool = True) -> SessionSettings:
     o = plan.options
     return SessionSettings(run_id, o.seed, o.sampling, o.progress, budget, graded)
 
 
-def _calibrate(store: GateStore, plan: _Plan, clock: _Clock) -> str:
+def _calibrate(store: GateStore, plan: TunePlan, clock: _Clock) -> str:
     """Each arm answers the calibration questions alone, one arm after another; answers not graded."""
     run_id = plan.options.calibration_run
-    extra = {"calibration": {"questions": len(plan.calibration), "graded": False, "tune": plan.options.name}}
-    _register(store, plan, run_id, "calibration", extra, plan.calibration)
+    calibration = CalibrationRecord(len(plan.calibration), plan.options.name)
+    _register(store, plan, "calibration", lambda r: replace(r, calibration=calibration), plan.calibration)
     for name, arm in plan.arms.items():
         settings = _settings(plan, run_id, clock.left, graded=False)
-        session = Session(store, settings, [(name, 0)], plan.calibration, None)
+        session = Session(store, settings, [(name, 0)], list(plan.calibration), None)
         reason = _answer(store, session, [arm], clock, {"lane": name})
         if reason != "complete":
             return reason
@@ -254,13 +262,13 @@ def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, flo
     return lane_speeds(store, run_id, first_repeat_only=False)
 
 
-def _order(store: GateStore, plan: _Plan) -> dict[str, Any]:
+def _order(store: GateStore, plan: TunePlan) -> TestOrder:
     """The registered test order: by calibration speed, slowest first (ties keep the given order), or as
     given."""
     o = plan.options
     given = [s.id for s in plan.settings]
     if o.order == "given":
-        return {"method": "given", "settings": given}
+        return TestOrder("given", tuple(given))
     speeds = calibration_speeds(store, o.calibration_run)
     by, fallback = o.order_by, None
 
@@ -289,46 +297,38 @@ def _order(store: GateStore, plan: _Plan) -> dict[str, Any]:
         )
     values = {s.id: float(speeds[s.id][by]) for s in plan.settings}  # type: ignore[arg-type]
     ordered = sorted(given, key=lambda sid: (values[sid], given.index(sid)))
-    out: dict[str, Any] = {
-        "method": "speed",
-        "by": by,
-        "direction": "ascending: slowest (least aggressive) first",
-        "calibration_run": o.calibration_run,
-        "values": values,
-        "settings": ordered,
-    }
-    if fallback is not None:
-        out["fallback"] = fallback
-    return out
+    direction = "ascending: slowest (least aggressive) first"
+    return TestOrder("speed", tuple(ordered), by, direction, o.calibration_run, values, fallback)
 
 
-def _tune_extra(plan: _Plan, order: dict[str, Any]) -> dict[str, Any]:
+def _tune_keys(plan: TunePlan, order: TestOrder) -> Callable[[Registration], Registration]:
+    """What the tune run registers besides the keys it shares with its calibration run."""
     o = plan.options
-    extra: dict[str, Any] = {
-        "procedure": PROCEDURE,
-        "order": order,
-        "question_order": Registration(o, {}, plan.datasets).order(plan.pool + len(plan.calibration)),
-        "calibration": {
-            "run": o.calibration_run if plan.calibration else None,
-            "questions": [[q.dataset, q.id] for q in plan.calibration],
-        },
-        "max_questions": o.max_questions,
-        "test_questions": len(plan.tests),
-        "design": "sequential" if o.sequential else "fixed",
-    }
-    if o.sequential:
-        extra["sequential"] = _sequential_plan(plan).to_dict()
-    return extra
-
-
-def _sequential_plan(plan: _Plan) -> SequentialPlan:
-    o = plan.options
-    return SequentialPlan(
-        o.margin, o.alpha, len(plan.tests), plan.pool, o.question_order_seed, plan.population
+    tune = TuneRecord(
+        PROCEDURE,
+        order,
+        o.calibration_run if plan.calibration else None,
+        tuple((q.dataset, q.id) for q in plan.calibration),
+        len(plan.tests),
+    )
+    return lambda registration: replace(
+        registration,
+        tune=tune,
+        order=plan.order(plan.test_pool + len(plan.calibration)),
+        max_questions=o.max_questions,
+        design="sequential" if o.sequential else "fixed",
+        sequential=_sequential_plan(plan) if o.sequential else None,
     )
 
 
-def _test(store: GateStore, plan: _Plan, setting: TuneSetting, clock: _Clock) -> str:
+def _sequential_plan(plan: TunePlan) -> SequentialPlan:
+    o = plan.options
+    return SequentialPlan(
+        o.margin, o.alpha, len(plan.tests), plan.test_pool, o.question_order_seed, plan.population
+    )
+
+
+def _test(store: GateStore, plan: TunePlan, setting: TuneSetting, clock: _Clock) -> str:
     """Test one setting against the stored (and, where missing, new) baseline answers."""
     o = plan.options
     lanes = [BASELINE, (setting.id, 0)]
@@ -336,7 +336,7 @@ def _test(store: GateStore, plan: _Plan, setting: TuneSetting, clock: _Clock) ->
     if o.sequential:
         order = [(q.dataset, q.id) for q in plan.tests]
         monitor = SequentialMonitor(order, _sequential_plan(plan), (BASELINE, (setting.id, 0)))
-    session = Session(store, _settings(plan, o.name, clock.left), lanes, plan.tests, monitor)
+    session = Session(store, _settings(plan, o.name, clock.left), lanes, list(plan.tests), monitor)
     if monitor is not None and monitor.stop is not None:
         return monitor.stop.reason
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
@@ -349,25 +349,25 @@ def tune(options: TuneOptions) -> TuneResult:
     name = options.name
     clock = _Clock(options.max_minutes)
     with GateStore(options.store) as store, store.lock(name):
-        plan.population = loop.population(store, name, options.population)
+        plan = replace(plan, population=loop.population(store, name, options.population))
         if options.exclude_runs:
             names = [n for n in options.exclude_runs if n not in (name, options.calibration_run)]
-            _choose(plan, used_questions(store, names))
+            plan = _choose(plan, frozenset(used_questions(store, names)))
         loop.announce_sandbox({q.grader for q in plan.tests}, "gate tune")
         if plan.calibration:
             reason = _calibrate(store, plan, clock)
             if reason != "complete":
                 return TuneResult(name, reason)
         order = _order(store, plan)
-        _register(store, plan, name, "tune", _tune_extra(plan, order), plan.tests)
+        _register(store, plan, "tune", _tune_keys(plan, order), plan.tests)
         labels = {s.id: s.title for s in plan.settings}
         log(
             f"gate tune: run {name!r} in {store.path}; test order: "
-            + ", ".join(labels[i] for i in order["settings"])
+            + ", ".join(labels[i] for i in order.settings)
         )
         run = store.get_run(name)
         assert run is not None
-        for setting_id in order["settings"]:
+        for setting_id in order.settings:
             status = setting_status(store, run, setting_id)
             if not status.final:
                 reason = _test(store, plan, plan.setting(setting_id), clock)

@@ -29,7 +29,7 @@ from typing import Any
 from flyspec.checks import load_json
 from flyspec.gate.arms.base import Arm, load_arm_spec
 from flyspec.gate.arms.registry import parse_arm
-from flyspec.gate.report.tune_report import titled
+from flyspec.gate.data.registration import SettingRecord
 from flyspec.policy_grid import expand_grid as expand_grid  # re-exported: the tune's grid is this one
 from flyspec.policy_grid import policy_of
 
@@ -51,12 +51,14 @@ class TuneSetting:
     arm: Arm
 
     @property
+    def record(self) -> SettingRecord:
+        """The setting as the tune registers it."""
+        return SettingRecord(self.id, self.label, self.speculative_config)
+
+    @property
     def title(self) -> str:
         """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
-        return titled(self.speculative_config, self.label)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "label": self.label, "speculative_config": self.speculative_config}
+        return self.record.title
 
 
 def baseline_spec(baseline: Arm) -> dict[str, Any] | None:

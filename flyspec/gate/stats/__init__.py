@@ -5,55 +5,65 @@ labels (prediction-powered inference), the alpha ledger of a comparison, and the
 design.
 
 Every statistic is re-exported here: ``from flyspec.gate.stats import decide, mcnemar, ...``.
+
+The names load on first use (PEP 562), so that importing one statistic (the settings' checks, the
+command line building its options) does not load them all, nor scipy.
 """
 
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, NOT_TESTED, PASS
-from flyspec.gate.stats.designs import Design, DesignOutcome, design_outcome, judged_questions_needed
-from flyspec.gate.stats.judged import (
-    JudgedDecision,
-    JudgedPair,
-    JudgedSequence,
-    LabelAdvice,
-    gold_draw,
-    gold_selected,
-    judge_prediction,
-    judged_decision,
-    judged_values,
-    labels_needed,
-    usable_prefix,
-)
-from flyspec.gate.stats.multiple import FixedSequenceResult, fixed_sequence
-from flyspec.gate.stats.paired import (
-    CI_METHODS,
-    Decision,
-    McNemarResult,
-    NonInferiorityResult,
-    PairedCounts,
-    decide,
-    decide_with_undecided,
-    mcnemar,
-    net_difference_ci,
-    noninferiority,
-    paired_counts,
-    tango_statistic,
-    wilson_interval,
-)
-from flyspec.gate.stats.planning import (
-    SampleSizePlan,
-    flip_rate_upper_bound,
-    plan_noninferiority,
-    questions_needed,
-    questions_needed_noninferiority,
-)
-from flyspec.gate.stats.sequential import (
-    ConfidenceSequence,
-    SequentialDecision,
-    confidence_sequence,
-    sequential_decision,
-    sequential_decision_with_undecided,
-    sequential_decisions,
-)
-from flyspec.gate.stats.spending import Look, NextLook, alpha_left, comparison_key, next_look
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flyspec.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, NOT_TESTED, PASS
+    from flyspec.gate.stats.designs import Design, DesignOutcome, design_outcome, judged_questions_needed
+    from flyspec.gate.stats.judged import (
+        JudgedDecision,
+        JudgedPair,
+        JudgedSequence,
+        LabelAdvice,
+        gold_draw,
+        gold_selected,
+        judge_prediction,
+        judged_decision,
+        judged_values,
+        labels_needed,
+        usable_prefix,
+    )
+    from flyspec.gate.stats.multiple import FixedSequenceResult, fixed_sequence
+    from flyspec.gate.stats.paired import (
+        CI_METHODS,
+        Decision,
+        McNemarResult,
+        NonInferiorityResult,
+        PairedCounts,
+        decide,
+        decide_with_undecided,
+        mcnemar,
+        net_difference_ci,
+        noninferiority,
+        paired_counts,
+        tango_statistic,
+        wilson_interval,
+    )
+    from flyspec.gate.stats.planning import (
+        SampleSizePlan,
+        flip_rate_upper_bound,
+        plan_noninferiority,
+        questions_needed,
+        questions_needed_noninferiority,
+    )
+    from flyspec.gate.stats.sequential import (
+        ConfidenceSequence,
+        SequentialDecision,
+        confidence_sequence,
+        sequential_decision,
+        sequential_decision_with_undecided,
+        sequential_decisions,
+    )
+    from flyspec.gate.stats.spending import Look, NextLook, alpha_left, comparison_key, next_look
 
 __all__ = [
     "CI_METHODS",
@@ -107,3 +117,59 @@ __all__ = [
     "tango_statistic",
     "wilson_interval",
 ]
+
+_HOMES = {
+    "FAIL": "flyspec.gate.stats.decision",
+    "INCONCLUSIVE": "flyspec.gate.stats.decision",
+    "NOT_TESTED": "flyspec.gate.stats.decision",
+    "PASS": "flyspec.gate.stats.decision",
+    "Design": "flyspec.gate.stats.designs",
+    "DesignOutcome": "flyspec.gate.stats.designs",
+    "design_outcome": "flyspec.gate.stats.designs",
+    "judged_questions_needed": "flyspec.gate.stats.designs",
+    "JudgedDecision": "flyspec.gate.stats.judged",
+    "JudgedPair": "flyspec.gate.stats.judged",
+    "JudgedSequence": "flyspec.gate.stats.judged",
+    "LabelAdvice": "flyspec.gate.stats.judged",
+    "gold_draw": "flyspec.gate.stats.judged",
+    "gold_selected": "flyspec.gate.stats.judged",
+    "judge_prediction": "flyspec.gate.stats.judged",
+    "judged_decision": "flyspec.gate.stats.judged",
+    "judged_values": "flyspec.gate.stats.judged",
+    "labels_needed": "flyspec.gate.stats.judged",
+    "usable_prefix": "flyspec.gate.stats.judged",
+    "FixedSequenceResult": "flyspec.gate.stats.multiple",
+    "fixed_sequence": "flyspec.gate.stats.multiple",
+    "CI_METHODS": "flyspec.gate.stats.paired",
+    "Decision": "flyspec.gate.stats.paired",
+    "McNemarResult": "flyspec.gate.stats.paired",
+    "NonInferiorityResult": "flyspec.gate.stats.paired",
+    "PairedCounts": "flyspec.gate.stats.paired",
+    "decide": "flyspec.gate.stats.paired",
+    "decide_with_undecided": "flyspec.gate.stats.paired",
+    "mcnemar": "flyspec.gate.stats.paired",
+    "net_difference_ci": "flyspec.gate.stats.paired",
+    "noninferiority": "flyspec.gate.stats.paired",
+    "paired_counts": "flyspec.gate.stats.paired",
+    "tango_statistic": "flyspec.gate.stats.paired",
+    "wilson_interval": "flyspec.gate.stats.paired",
+    "SampleSizePlan": "flyspec.gate.stats.planning",
+    "flip_rate_upper_bound": "flyspec.gate.stats.planning",
+    "plan_noninferiority": "flyspec.gate.stats.planning",
+    "questions_needed": "flyspec.gate.stats.planning",
+    "questions_needed_noninferiority": "flyspec.gate.stats.planning",
+    "ConfidenceSequence": "flyspec.gate.stats.sequential",
+    "SequentialDecision": "flyspec.gate.stats.sequential",
+    "confidence_sequence": "flyspec.gate.stats.sequential",
+    "sequential_decision": "flyspec.gate.stats.sequential",
+    "sequential_decision_with_undecided": "flyspec.gate.stats.sequential",
+    "sequential_decisions": "flyspec.gate.stats.sequential",
+    "Look": "flyspec.gate.stats.spending",
+    "NextLook": "flyspec.gate.stats.spending",
+    "alpha_left": "flyspec.gate.stats.spending",
+    "comparison_key": "flyspec.gate.stats.spending",
+    "next_look": "flyspec.gate.stats.spending",
+}
+
+
+__getattr__ = lazy_attributes(__name__, _HOMES)

@@ -35,6 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from flyspec.gate.stats.claims import POPULATIONS, claim
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.judged import JudgedPair, JudgedSequence, judge_counts, judged_decision, usable_prefix
 from flyspec.gate.stats.sequential import ConfidenceSequence, sequential_decision_with_undecided
@@ -44,9 +45,6 @@ CS_METHOD = (
     "without replacement over the question pool, at level 1 - 2 alpha"
 )
 """The method text of registrations made before ``population`` and ``method_key`` were recorded."""
-SUPERPOPULATION = "superpopulation"
-FINITE = "finite"
-POPULATIONS = (SUPERPOPULATION, FINITE)
 METHODS = {
     "wsr-mixture": "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of "
     "constant bets)",
@@ -56,20 +54,6 @@ METHODS = {
 """Method keys a plan may record: how its confidence sequence is computed (docs/gate.md)."""
 DEFAULT_METHOD = "wsr-mixture"
 JUDGED_METHOD = "ppi-mixture"
-CLAIMS = {
-    "superpopulation": (
-        "The claim is about the method on questions like these: the per-question differences are treated "
-        "as a random sample, so the verdict covers other questions drawn the same way and another run of "
-        "these (run-to-run variation in the outputs included)."
-    ),
-    "finite": (
-        "The claim is about these {n} questions as answered in this run: it holds for the mean over exactly "
-        "this set with these outputs, and says nothing about other questions or another run of the same "
-        "questions (the set was declared the whole population with --population finite)."
-    ),
-}
-"""One plain sentence per population: what a sequential run's decision speaks about (docs/gate.md, the
-sequential decision's claim)."""
 DATA_STOPS = ("boundary", "max_questions")
 PAUSES = ("time_budget", "interrupted", "error")
 
@@ -91,13 +75,6 @@ class SessionEvent(Protocol):
 
     @property
     def stopped_at(self) -> int | None: ...
-
-
-def claim(population: str, population_size: int | None = None) -> str:
-    """The plain-words claim of a sequential run over this population (``CLAIMS``)."""
-    if population not in POPULATIONS:
-        raise ValueError(f"population={population!r}: one of {', '.join(POPULATIONS)}")
-    return CLAIMS[population].format(n=population_size if population_size is not None else "N")
 
 
 @dataclass(frozen=True)

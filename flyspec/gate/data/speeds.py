@@ -1,12 +1,50 @@
 """Each lane's speed in a run, from its stored answers (counters, latencies) and the executors' recorded
-busy time: output tokens/s, tokens/s per request, acceptance length and rate, the forgiven share."""
+busy time: output tokens/s, tokens/s per request, acceptance length and rate, the forgiven share (what a
+report shows, and what orders a tune's settings by speed)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
 
-from flyspec.gate.data.store import AnswerRecord
-from flyspec.gate.report.model import ArmSpeed, SharedThroughput
+from flyspec.gate.data.store import AnswerRecord, GateStore
+
+
+@dataclass
+class ArmSpeed:
+    """Speed of one arm (one repeat) measured in this run.
+
+    ``tokens_per_s``: the arm's tokens over its executor's busy time (None when the arm shared its engine
+    with another arm: see ``Report.shared``). ``request_tokens_per_s``: tokens over the summed request
+    latencies, comparable between arms that ran side by side in the same batches. Acceptance fields are
+    None when the source did not report them (``acceptance_reported``), never zero.
+    """
+
+    arm: str
+    repeat: int
+    answers: int
+    completion_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+    request_tokens_per_s: float | None
+    mean_latency_s: float | None
+    mean_acceptance_length: float | None
+    acceptance_rate: float | None
+    forgiven_share: float | None
+    acceptance_reported: bool = True
+    forgiven_reported: bool = True
+
+
+@dataclass
+class SharedThroughput:
+    """Tokens/s of an engine that answered several arms' requests in the same batches."""
+
+    lanes: str
+    answers: int
+    completion_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
 
 
 def measure_speeds(
@@ -69,3 +107,21 @@ def _arm_speed(
         acceptance_reported=bool(counted),
         forgiven_reported=forgiven_ok,
     )
+
+
+def lane_speeds(
+    store: GateStore, run_id: str, *, first_repeat_only: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Per arm of a run: tokens/s over its engine's busy time (per request for endpoint arms), mean
+    acceptance length, forgiven share and answers, from the stored answers and batches."""
+    speeds, _ = measure_speeds(store.answers(run_id), store.batches(run_id))
+    return {
+        s.arm: {
+            "tokens_per_s": s.tokens_per_s if s.tokens_per_s is not None else s.request_tokens_per_s,
+            "mean_acceptance_length": s.mean_acceptance_length,
+            "forgiven_share": s.forgiven_share,
+            "answers": s.answers,
+        }
+        for s in speeds
+        if not first_repeat_only or s.repeat == 0
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flyspec.gate.data.gold import DEFAULT_GOLD_RATE, Gold
+from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
 from flyspec.gate.grading.judge import lane_label, pair_hash, preferred
 from flyspec.gate.stats.judged import JudgedPair, judge_prediction
@@ -80,6 +80,3 @@ def stored_pairs(
             continue
         out[key] = make_pair(gold, *key, a.output, b.output, prefs, stored_labels.get(key))  # type: ignore[arg-type]
     return out
-
-
-__all__ = ["DEFAULT_GOLD_RATE", "Gold", "exact_pair", "make_pair", "stored_pairs"]
