@@ -31,8 +31,6 @@ OUTSIDE_DOCUMENT = re.compile(r"\bSPEC\b")
 `FLYSPEC_CACHE` or `SPECULATION_MODES` are names, not references."""
 
 MAX_CLI_BODY = 40
-NOT_YET_SHORT = {"demo.py"}
-"""CLI modules with longer functions, left to the demo's own change (issue 43): empty this set with it."""
 
 
 def outside_references(root: Path) -> list[str]:
@@ -91,16 +89,7 @@ def long_functions(path: Path, limit: int = MAX_CLI_BODY) -> list[str]:
     ]
 
 
-def _cli_module(path: Path) -> object:
-    marks = (
-        [pytest.mark.xfail(strict=True, reason="the demo's own change (issue 43)")]
-        if path.name in NOT_YET_SHORT
-        else []
-    )
-    return pytest.param(path, id=path.name, marks=marks)
-
-
-@pytest.mark.parametrize("path", [_cli_module(p) for p in sorted(CLI.glob("*.py"))])
+@pytest.mark.parametrize("path", sorted(CLI.glob("*.py")), ids=lambda p: p.name)
 def test_no_cli_function_has_more_than_40_lines_of_body(path: Path) -> None:
     """Each module of the command line: no function body over 40 lines."""
     assert long_functions(path) == []
@@ -117,15 +106,12 @@ def test_the_body_length_check_can_fail(tmp_path: Path) -> None:
     nested = "".join(f"        y{i} = {i}\n" for i in range(41))
     path.write_text(f"def outer():\n    def inner():\n{nested}    return inner\n")
     assert long_functions(path) == ["outer (43 lines)", "inner (41 lines)"]
-    assert {p.name for p in CLI.glob("*.py")} >= NOT_YET_SHORT
 
 
 # ------------------------------------------------------------------- the registration, read in one place
 
 REGISTRATION_READ = re.compile(r"registration\[\"|registration\.get\(")
 REGISTRATION_MODULE = PACKAGE / "gate" / "data" / "registration.py"
-NOT_YET_TYPED = {PACKAGE / "cli" / "demo.py"}
-"""Files that still read the stored JSON, left to the demo's own change (issue 43): empty it with it."""
 
 
 def registration_reads(root: Path) -> list[str]:
@@ -139,12 +125,9 @@ def registration_reads(root: Path) -> list[str]:
 
 
 def test_the_registration_is_read_in_one_module() -> None:
-    """Only the registration's module reads the stored JSON by key (and the files still listed as not yet
-    typed, each of which must still do so: a file that stopped must leave the list)."""
+    """Only the registration's module reads the stored JSON by key."""
     places = registration_reads(PACKAGE)
-    files = {Path(p.rsplit(":", 1)[0]) for p in places}
-    assert files - {REGISTRATION_MODULE} - NOT_YET_TYPED == set(), places
-    assert files >= NOT_YET_TYPED
+    assert {Path(p.rsplit(":", 1)[0]) for p in places} - {REGISTRATION_MODULE} == set(), places
 
 
 def test_the_registration_read_check_can_fail(tmp_path: Path) -> None:

@@ -1,30 +1,35 @@
-"""The main job (``flyspec demo``, docs/gate.md): its arms, its registered design and the words around it.
+"""The main job (``flyspec demo``, docs/gate.md "The demo"): its arms, its registered design, its run and the
+words around it.
 
 Three arms share one engine and one baseline (flyspec/gate/arms/engine.py):
 
-- the **baseline**, lossless: standard speculative decoding (the same draft model, drafts verified
-  exactly: the target's own distribution), in the same batches as the others. Target-only requests
-  (``verification="target_only"``) follow the same distribution too, but in the demo's mixed batch they
-  cost more per token: a target-only request needs about three times the steps of a speculating one and
-  holds its slot longer (0.74-0.91x the tokens per CPU second, measured on an AMX Xeon and with AVX2
-  emulated; docs/performance.md), so the baseline speculates;
+- the **baseline**, lossless: the target's own distribution, decoded in the same batches as the others
+  either by standard speculative decoding (drafts verified exactly) or by the target alone
+  (``verification="target_only"``). Which one is faster depends on the CPU: where the batch's matmuls are
+  compute-bound (2 AVX2 cores), verifying K + 1 positions per request costs more than the drafts save, and
+  the target alone answers a pair about 1.2x faster; where matmuls are cheap (AMX), speculation wins. So
+  the demo measures both arrangements side by side on the loaded engine before the first answer
+  (``choose_baseline``) and registers the faster one; a resumed run keeps the one it registered;
 - a **control** the gate must catch: the draft model's own answers (``verification="draft_only"``), the
   limit of lossy verification where every draft token is accepted. It is cheap (only the small model
   runs) and clearly worse, so the gate should FAIL it within minutes: the demo shows that the gate
   decides, and which way, before it speaks of FLy;
-- **FLy** (K=4, vLLM's defaults): the comparison the user came for.
+- **FLy**, the comparison the user came for, at the setting chosen from measurements on this pair
+  (docs/verification.md, "FLy on the demo's pair"): FLY_SETTING.
 
 Both comparisons share alpha (Bonferroni: the control gets CONTROL_ALPHA, FLy the rest, so the chance of
-any wrong decision stays at most ALPHA). FLy's margin is registered before the first answer, chosen by
-simulating the registered design (docs/gate.md, "Questions to a decision") at the flip rate FLy showed
-in earlier demo runs and no true effect: the narrowest margin that GSM8K and MATH-500 together can decide
-in nine runs of ten. A 2-point margin needs thousands of questions more than the two sets hold; the demo
-says so at its start, with what would reach it.
+any wrong decision stays at most ALPHA). FLy's margin and question pool are registered before the first
+answer, chosen by simulating the registered design (docs/gate.md, "Questions to a decision") at the flip
+rate FLy's setting showed on this pair and no true loss: the narrowest margin that GSM8K decides in nine
+runs of ten, with MATH-500 added only where GSM8K alone is too small for it (its answers are longer, so
+each of its questions costs more). A 2-point margin needs thousands of questions more than the two sets
+hold; the demo says so at its start, with what would reach it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from flyspec.gate.stats.designs import Design, DesignOutcome, design_outcome
@@ -32,6 +37,7 @@ from flyspec.gate.stats.designs import Design, DesignOutcome, design_outcome
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DATASETS = ("gsm8k", "math500")
+"""The default pool, in the order the design takes them: GSM8K, then MATH-500 where the design needs it."""
 ALPHA = 0.025
 CONTROL_ALPHA = 0.005
 """The control's share of alpha: a fifth. It is expected to lose far more than the margin, where a
@@ -39,9 +45,6 @@ smaller alpha costs few questions (the betting sequence's threshold grows like l
 CONTROL_MARGIN = 0.02
 """The control is tested at the 2-point margin users ask about: catching a loss beyond 2 points is the
 claim the demo shows the gate making."""
-PRIOR_FLIP_RATE = 0.16
-"""FLy against standard speculative decoding, questions flipped per question in earlier demo runs of this
-setting (11 of 69 on an Ice Lake Xeon, 2026-12-03). It fixes the margin before any answer of this run."""
 CONTROL_PRIOR = (0.35, -0.25)
 """The control's expected flip rate and net difference (the 0.5B against the 1.5B on GSM8K), for its
 forecast only; the decision never uses it."""
@@ -49,10 +52,46 @@ MARGINS = (0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.10)
 DECIDE_SHARE = 0.9
 """A margin is reachable when this share of simulated runs decides within the pool."""
 TOKENS_PER_ANSWER = 300
-"""Mean answer length of the 1.5B target on GSM8K at max_tokens 512 (about 290 in earlier demo runs)."""
+"""Mean answer length of the 1.5B target on GSM8K at max_tokens 512 (295 in the measurements behind
+FLY_SETTING)."""
 GPU_TOKENS_PER_S = 3000.0
 """An assumed serving rate for a GPU endpoint running FLy (vLLM) on a model of this size; not measured
 here (no GPU on the machines this project runs on), used only for the 'what it takes' arithmetic."""
+BASELINES = ("standard", "target_only")
+"""How the lossless baseline's requests are decoded: standard speculative decoding or the target alone."""
+
+
+@dataclass(frozen=True)
+class FlySetting:
+    """The FLy candidate: K draft tokens, the window (None: vLLM's default min(6, K - 1)) and the entropy
+    threshold, with the share of questions it flipped against the lossless baseline on this pair (the
+    prior that sizes the margin before any answer of a run)."""
+
+    num_speculative_tokens: int
+    window_size: int | None
+    entropy_threshold: float
+    flip_rate: float
+
+    def fields(self) -> dict[str, Any]:
+        """Its speculative_config fields besides the method and the draft model."""
+        out: dict[str, Any] = {"num_speculative_tokens": self.num_speculative_tokens}
+        if self.window_size is not None:
+            out["fly_window_size"] = self.window_size
+        if self.entropy_threshold != 0.3:
+            out["fly_entropy_threshold"] = self.entropy_threshold
+        return out
+
+    def label(self) -> str:
+        """E.g. 'K=8, W=6, theta 0.6'."""
+        w = self.window_size if self.window_size is not None else min(6, self.num_speculative_tokens - 1)
+        return f"K={self.num_speculative_tokens}, W={w}, theta {self.entropy_threshold:g}"
+
+
+FLY_SETTING = FlySetting(num_speculative_tokens=8, window_size=6, entropy_threshold=0.6, flip_rate=0.15)
+"""FLy's setting in the demo, from the measured table in docs/verification.md ("FLy on the demo's pair"):
+of the four settings measured on 150 GSM8K questions, the fewest flips (23 of 150) with one of the two
+largest speed gains over standard speculative decoding in the same batches; the authors' K and window."""
+PRIOR_FLIP_RATE = FLY_SETTING.flip_rate
 
 
 def demo_arms(
@@ -64,22 +103,25 @@ def demo_arms(
     quantization: str | None = "auto",
     *,
     batch_invariant: bool = False,
+    baseline: str = "standard",
+    window_size: int | None = None,
+    entropy_threshold: float = 0.3,
 ) -> dict[str, dict[str, Any]]:
-    """The baseline (standard speculative decoding), the control (the draft model alone) and FLy: one engine
-    configuration (same models, K, dtype, weights) so that all three share one engine and its batches;
-    only who decodes and how drafts are verified differ."""
+    """The baseline (lossless: ``baseline`` says how it decodes), the control (the draft model alone) and
+    FLy: one engine configuration (same models, K, dtype, weights) so that all three share one engine and
+    its batches; only who decodes and how drafts are verified differ."""
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline={baseline!r}: must be one of {', '.join(BASELINES)}")
+    fly = FlySetting(num_speculative_tokens, window_size, entropy_threshold, PRIOR_FLIP_RATE)
 
     def arm(method: str, mode: str | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"method": "draft_model", "model": draft, "rejection_sample_method": method}
+        spec.update(fly.fields() if method == "fly" else {"num_speculative_tokens": num_speculative_tokens})
         out: dict[str, Any] = {
             "quantization": quantization,
             "kind": "engine",
             "model": target,
-            "speculative_config": {
-                "method": "draft_model",
-                "model": draft,
-                "num_speculative_tokens": num_speculative_tokens,
-                "rejection_sample_method": method,
-            },
+            "speculative_config": spec,
             "dtype": dtype,
             "max_num_seqs": max_num_seqs,
         }
@@ -90,7 +132,7 @@ def demo_arms(
         return out
 
     return {
-        "baseline": arm("standard", None),
+        "baseline": arm("standard", "target_only" if baseline == "target_only" else None),
         "control": arm("standard", "draft_only"),
         "candidate": arm("fly", None),
     }
@@ -98,8 +140,9 @@ def demo_arms(
 
 @dataclass(frozen=True)
 class MarginChoice:
-    """FLy's registered margin, the pool, and what the simulated design expects (no true effect, at
-    ``flip_rate``); ``two_points``: the same design at a 2-point margin without a question limit."""
+    """FLy's registered margin, the pool (its datasets and size), and what the simulated design expects
+    (no true effect, at ``flip_rate``); ``two_points``: the same design at a 2-point margin without a
+    question limit."""
 
     margin: float
     pool: int
@@ -107,27 +150,35 @@ class MarginChoice:
     outcome: DesignOutcome
     two_points: DesignOutcome
     two_points_questions: int
+    datasets: tuple[str, ...] = field(default=DATASETS)
 
 
 def choose_margin(
-    pool: int,
+    pool: int | list[tuple[tuple[str, ...], int]],
     flip_rate: float = PRIOR_FLIP_RATE,
     alpha: float = ALPHA - CONTROL_ALPHA,
     margin: float | None = None,
 ) -> MarginChoice:
-    """The narrowest margin of MARGINS whose sequential design over ``pool`` questions decides in at least
-    DECIDE_SHARE of simulated runs at ``flip_rate`` with no true effect (the widest margin when none does),
-    or ``margin`` when the user gave one; with the design's simulated outlook either way."""
-    outcome = None
+    """The narrowest margin of MARGINS whose sequential design decides in at least DECIDE_SHARE of
+    simulated runs at ``flip_rate`` with no true effect (the widest margin when none does), or ``margin``
+    when the user gave one; with the design's simulated outlook either way. ``pool`` is a number of
+    questions, or growing pools [(datasets, size), ...] tried in order for each margin: the first pool
+    that decides it is registered (MATH-500 joins GSM8K only when GSM8K alone cannot decide that margin)."""
+    pools = [((), pool)] if isinstance(pool, int) else pool
+    outcome, chosen = None, pools[-1]
     for m in (margin,) if margin is not None else MARGINS:
-        outcome = design_outcome(Design("sequential", pool), flip_rate, m, alpha)
+        for datasets, size in pools:
+            outcome = design_outcome(Design("sequential", size), flip_rate, m, alpha)
+            chosen = (datasets, size)
+            if 1.0 - outcome.undecided >= DECIDE_SHARE:
+                break
         if 1.0 - outcome.undecided >= DECIDE_SHARE:
             break
     assert outcome is not None and m is not None
-    margin = m
     unlimited = 100_000
     two = design_outcome(Design("sequential", unlimited), flip_rate, 0.02, alpha, runs=200)
-    return MarginChoice(margin, pool, flip_rate, outcome, two, unlimited)
+    datasets = chosen[0] or DATASETS
+    return MarginChoice(m, chosen[1], flip_rate, outcome, two, unlimited, datasets)
 
 
 def control_outlook(pool: int) -> DesignOutcome:
@@ -160,17 +211,20 @@ def _hours(questions: int | None, per_minute: float | None) -> str:
 
 
 def opening_lines(
-    choice: MarginChoice, control: DesignOutcome, datasets: tuple[str, ...] = DATASETS
+    choice: MarginChoice, control: DesignOutcome, datasets: tuple[str, ...] | None = None, fly: str = ""
 ) -> list[str]:
     """What the demo says before anything loads: the registered design of both comparisons, the simulated
     questions to each decision and what a 2-point margin would take (``timing_line`` adds the time on
-    this machine once the engine is up)."""
+    this machine once the engine is up). ``datasets``: the pool's (default: the choice's); ``fly``: the
+    setting's label."""
+    datasets = datasets or choice.datasets
     m = f"{100 * choice.margin:g}"
     o, two = choice.outcome, choice.two_points
     gpu_per_minute = GPU_TOKENS_PER_S * 60 / (2 * TOKENS_PER_ANSWER)
+    setting = f" ({fly})" if fly else ""
     lines = [
-        f"flyspec demo: FLy (lossy) against standard speculative decoding (lossless), on {_names(datasets)} "
-        f"({choice.pool:,} questions in one seeded random order).",
+        f"flyspec demo: FLy{setting}, which is lossy, against lossless decoding of the same target, on "
+        f"{_names(datasets)} ({choice.pool:,} questions in one seeded random order).",
         f"Registered before the first answer: FLy's margin {m} points at alpha {ALPHA - CONTROL_ALPHA:g}; a "
         f"control, the draft model's own answers, at a {100 * CONTROL_MARGIN:g}-point margin and alpha "
         f"{CONTROL_ALPHA:g} (together at most {ALPHA:g}). The claim is about the method on questions like "
@@ -178,16 +232,17 @@ def opening_lines(
         f"Control: the gate must FAIL it. Simulated at {100 * CONTROL_PRIOR[0]:.0f}% flips and a "
         f"{-100 * CONTROL_PRIOR[1]:.0f}-point loss, it FAILs after {_count(control.median)} questions in "
         f"half the runs, {_count(control.q90)} in 90%.",
-        f"FLy: simulated at {100 * choice.flip_rate:.0f}% of questions flipping (--flip-rate; earlier demo "
-        f"runs saw {100 * PRIOR_FLIP_RATE:.0f}%) and no true loss, the {m}-point design decides after a "
-        f"median of {_count(o.median)} questions (90% of runs by {_by(o.q90)}). "
+        f"FLy: simulated at {100 * choice.flip_rate:.0f}% of questions flipping (--flip-rate; this setting "
+        f"flipped {100 * PRIOR_FLIP_RATE:.0f}% on this pair when measured) and no true loss, the {m}-point "
+        f"design decides after a median of {_count(o.median)} questions (90% of runs by {_by(o.q90)}). "
         "`flyspec demo --until-decided` runs on until then (it survives a kill: rerun to continue).",
     ]
     if choice.margin > 0.02:
+        hold = "holds" if len(datasets) == 1 else "hold"
         lines.append(
             f"A 2-point margin is out of reach here: it needs a median of {_count(two.median)} questions "
-            f"(90% by {_count(two.q90)}), more than {_names(datasets)} hold ({choice.pool:,}). It would take "
-            "more questions (your own traffic), or a GPU endpoint serving FLy: at an assumed "
+            f"(90% by {_count(two.q90)}), more than {_names(datasets)} {hold} ({choice.pool:,}). It would "
+            "take more questions (your own traffic), or a GPU endpoint serving FLy: at an assumed "
             f"{GPU_TOKENS_PER_S:,.0f} output tokens/s (vLLM on one GPU; not measured here) that is about "
             f"{_hours(two.median, gpu_per_minute)}."
         )
@@ -232,3 +287,148 @@ def probe_rate(llm: Any, modes: dict[str, str | None]) -> float:
     seconds = time.perf_counter() - started
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return tokens / seconds * 60 / (TOKENS_PER_ANSWER * len(modes))
+
+
+def choose_baseline(llm: Any, arms: dict[str, dict[str, Any]]) -> tuple[str, dict[str, float]]:
+    """Probe the demo's three arms with the baseline decoded both ways (standard speculative decoding, the
+    target alone) in the loaded engine, side by side, and return the faster way with both rates
+    (questions a minute, all three arms together). Both decode the target's own distribution, so the
+    choice changes the time to a decision, never what is decided."""
+    modes = {name: arm.get("verification") for name, arm in arms.items()}
+    rates = {}
+    for way in BASELINES:
+        rates[way] = probe_rate(llm, {**modes, "baseline": "target_only" if way == "target_only" else None})
+    return max(rates, key=lambda w: rates[w]), rates
+
+
+def baseline_line(way: str, rates: dict[str, float]) -> str:
+    """What the demo says about its baseline: which way it decodes and why."""
+    words = {"standard": "standard speculative decoding", "target_only": "the target alone"}
+    if way not in rates or len(rates) < 2:
+        return (
+            f"Baseline: {words[way]}, as this run registered it (both ways decode the target's own answers)."
+        )
+    other = next(w for w in BASELINES if w != way)
+    return (
+        f"Baseline: {words[way]}, measured just now as the faster lossless way on this machine "
+        f"({rates[way]:.1f} questions a minute for the three arms, against {rates[other]:.1f} with "
+        f"{words[other]}); both follow the target's own distribution, so the choice changes the time to a "
+        "decision, not what is decided."
+    )
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What `flyspec demo` was asked for (docs/gate.md, "The demo")."""
+
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
+    fly: FlySetting = FLY_SETTING
+    datasets: tuple[str, ...] | None = None
+    """None: GSM8K, then MATH-500 where the design needs it; else exactly these."""
+    max_questions: int | None = None
+    margin: float | None = None
+    flip_rate: float | None = None
+    max_tokens: int = 512
+    max_num_seqs: int = 32
+    dtype: str = "bfloat16"
+    quantization: str | None = "auto"
+    batch_invariant: bool = False
+    baseline: str | None = None
+    """None: measured (``choose_baseline``); else one of BASELINES."""
+    seed: int = 0
+    store: Path = Path("flyspec-demo.db")
+
+    def arms(self, baseline: str) -> dict[str, dict[str, Any]]:
+        """The three arms with the baseline decoded ``baseline``'s way."""
+        return demo_arms(
+            self.target, self.draft, self.fly.num_speculative_tokens, self.dtype, self.max_num_seqs,
+            self.quantization, batch_invariant=self.batch_invariant, baseline=baseline,
+            window_size=self.fly.window_size, entropy_threshold=self.fly.entropy_threshold,
+        )  # fmt: skip
+
+    def run_id(self, choice: MarginChoice, baseline: str) -> str:
+        """The run's name in the store: every registered setting is part of it, so the same command resumes
+        and another one starts a new run. Runs of earlier versions (standard baseline, FLy at vLLM's
+        defaults, both datasets) keep their names."""
+        size = self.max_questions if self.max_questions is not None else "all"
+        k = self.fly.num_speculative_tokens
+        settings = f"n{size}-k{k}-t{self.max_tokens}-m{choice.margin:g}-s{self.seed}"
+        if self.fly.window_size is not None:
+            settings += f"-w{self.fly.window_size}"
+        if self.fly.entropy_threshold != 0.3:
+            settings += f"-th{self.fly.entropy_threshold:g}"
+        if self.quantization is not None:
+            settings += f"-{self.quantization}"
+        if self.batch_invariant:
+            settings += "-bi"
+        if baseline == "target_only":
+            settings += "-to"
+        if choice.datasets != DATASETS:
+            settings += "-" + "+".join(Path(d).stem for d in choice.datasets)
+        return f"demo-3arm-seq-{settings}-{Path(self.target).name}"
+
+    def pools(self) -> list[tuple[tuple[str, ...], int]]:
+        """The pools the margin is chosen over: GSM8K, then GSM8K and MATH-500; or the given datasets."""
+        from flyspec.gate.data.datasets import load_dataset
+
+        if self.datasets:
+            return [(self.datasets, sum(len(load_dataset(d)) for d in self.datasets))]
+        sizes = [len(load_dataset(d)) for d in DATASETS]
+        return [(DATASETS[:1], sizes[0]), (DATASETS, sum(sizes))]
+
+    def choose(self) -> MarginChoice:
+        """FLy's registered margin and pool (before anything loads)."""
+        return choose_margin(self.pools(), self.flip_rate or self.fly.flip_rate, margin=self.margin)
+
+
+def registered_baseline(settings: DemoSettings, choice: MarginChoice) -> str | None:
+    """The baseline way of a run these settings already registered in the store (so a resume keeps it),
+    or None when there is none yet."""
+    from flyspec.gate.data.store import GateStore
+
+    if settings.baseline is not None:
+        return settings.baseline
+    if not settings.store.is_file():
+        return None
+    with GateStore(settings.store) as store:
+        for way in BASELINES:
+            if store.get_run(settings.run_id(choice, way)) is not None:
+                return way
+    return None
+
+
+def start(settings: DemoSettings, registered: str | None) -> tuple[str, dict[str, float]]:
+    """Load the engine the three arms share (the run takes it over) and measure this machine: with the
+    baseline's way ``registered`` by an earlier call, the three arms' questions a minute that way; else
+    both ways (``choose_baseline``). Returns the way and the probed rates by way."""
+    from flyspec.gate.arms.engine import preload
+    from flyspec.gate.arms.registry import parse_arm
+
+    arms = settings.arms(registered or "standard")
+    llm = preload([parse_arm(name, arm) for name, arm in arms.items()])
+    if registered is not None:
+        modes = {name: arm.get("verification") for name, arm in arms.items()}
+        return registered, {registered: probe_rate(llm, modes)}
+    return choose_baseline(llm, arms)
+
+
+def gate_options(
+    settings: DemoSettings,
+    choice: MarginChoice,
+    baseline: str,
+    max_minutes: float | None,
+    progress: bool,
+) -> Any:
+    """The gate run of the demo: the three arms, FLy's margin and alpha, the control's, sequential over the
+    chosen pool in one seeded order."""
+    from flyspec.gate.runs.options import GateOptions
+
+    arms = settings.arms(baseline)
+    return GateOptions(
+        settings.store, choice.datasets, arms["baseline"], choice.margin, arms["candidate"], alpha=ALPHA,
+        controls={"control": arms["control"]}, control_alpha=CONTROL_ALPHA, control_margin=CONTROL_MARGIN,
+        sequential=True, max_questions=settings.max_questions, max_minutes=max_minutes,
+        max_tokens=settings.max_tokens, seed=settings.seed, run_id=settings.run_id(choice, baseline),
+        progress=progress,
+    )  # fmt: skip
