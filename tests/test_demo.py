@@ -66,6 +66,50 @@ def test_the_margin_is_the_narrowest_the_pool_can_decide() -> None:
     assert "2.5 questions a minute" in timing and "hours" in timing
 
 
+def test_every_registered_setting_names_its_own_run_and_old_runs_keep_their_names() -> None:
+    """The run id carries every registered setting, so the same command resumes and another starts a new
+    run: the earlier demo's setting (K=4, vLLM's default window, threshold 0.3, standard baseline, both
+    datasets) keeps its old name; the window, the threshold, a target-alone baseline and a GSM8K-only pool
+    each change it."""
+    choice = main_job.choose_margin([(main_job.DATASETS, 1819)], 0.16)
+    old = main_job.DemoSettings(fly=main_job.FlySetting(4, None, 0.3, 0.16))
+    assert old.run_id(choice, "standard") == (
+        "demo-3arm-seq-nall-k4-t512-m0.05-s0-auto-qwen2.5-coder-1.5b-instruct"
+    )
+    gsm8k = main_job.choose_margin([(main_job.DATASETS[:1], 1319)], main_job.PRIOR_FLIP_RATE)
+    new = main_job.DemoSettings()
+    assert new.run_id(gsm8k, "target_only") == (
+        "demo-3arm-seq-nall-k8-t512-m0.05-s0-w6-th0.6-auto-to-gsm8k-qwen2.5-coder-1.5b-instruct"
+    )
+    ids = {new.run_id(c, way) for c in (choice, gsm8k) for way in main_job.BASELINES}
+    assert len(ids) == 4
+
+
+def test_a_resumed_demo_keeps_the_baseline_it_registered(tmp_path: Path) -> None:
+    """With no --baseline, a store holding the run of one way (here the target alone) resumes that way,
+    without a new probe choosing again; an empty store, or none, leaves the choice to the probe; --baseline
+    wins over both."""
+    from flyspec.gate.data.store import GateStore, RegisteredQuestion
+
+    settings = main_job.DemoSettings(store=tmp_path / "demo.db")
+    choice = settings.choose()
+    assert main_job.registered_baseline(settings, choice) is None  # no store yet
+    arms = settings.arms("target_only")
+    registration = {
+        "margin": choice.margin, "alpha": main_job.ALPHA, "seed": 0,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 512},
+        "arms": {"baseline": arms["baseline"], "candidate": arms["candidate"]},
+        "datasets": {"gsm8k": {"sha256": "ab" * 32, "questions": 1}},
+    }  # fmt: skip
+    with GateStore(settings.store) as store:
+        assert main_job.registered_baseline(settings, choice) is None  # a store without the run
+        question = RegisteredQuestion("gsm8k", "q0", 0, "h0", "1", "gsm8k")
+        store.register(settings.run_id(choice, "target_only"), "gate", registration, [question])
+    assert main_job.registered_baseline(settings, choice) == "target_only"
+    forced = main_job.DemoSettings(store=settings.store, baseline="standard")
+    assert main_job.registered_baseline(forced, choice) == "standard"
+
+
 def _exact_dataset(target: Path, path: Path, questions: int) -> Path:
     """Questions whose reference answer is the target's own greedy output (float32, 8 tokens): the
     baseline (the target alone) is right on every one, the control (an unrelated random draft model
@@ -152,6 +196,8 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     assert "Control: the gate must FAIL it" in text and "FAILs after" in text
     timing = next(i for i, line in enumerate(said) if line.startswith("On this machine: about"))
     assert "questions a minute" in said[timing] and not any("gate:" in line for line in said[:timing])
+    # The killed run registered its baseline's way: the resume keeps it without probing both ways again.
+    assert any(line.startswith("Baseline: ") and "as this run registered it" in line for line in said)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     (control,) = report["family"]
     assert control["role"] == "control" and control["decision"]["decision"] == "FAIL"

@@ -1,4 +1,4 @@
-"""Ctrl-C ends a command within 2 s, also while one long operation holds the main thread (SPEC 13).
+"""Ctrl-C ends a command within 2 s, also while one long operation holds the main thread.
 
 Python runs its SIGINT handler only between bytecodes, so one long C++ operation delays
 KeyboardInterrupt until it returns: a bf16 matmul over a 2,000-token prefill chunk, emulated on an AVX2

@@ -95,13 +95,14 @@ def _what_it_takes(report: Report, choice: Any, gpu_tokens_per_s: float, tokens_
         return []
     two = choice.two_points
     gpu = gpu_tokens_per_s * 60 / (2 * tokens_per_answer)
+    hold = "holds" if len(choice.datasets) == 1 else "hold"
     return [
         "Deciding about FLy: at no true loss the simulation expects a median of "
         f"{choice.outcome.median or '-'} questions at the {100 * choice.margin:g}-point margin, and "
-        f"{two.median or '-'} at 2 points ({_datasets(choice.datasets)} hold {choice.pool:,}). `flyspec demo "
-        "--until-decided` continues this run to its decision on this machine; a GPU endpoint serving FLy at "
-        f"an assumed {gpu_tokens_per_s:,.0f} output tokens/s (not measured here) would answer about "
-        f"{gpu:,.0f} questions a minute."
+        f"{two.median or '-'} at 2 points ({_datasets(choice.datasets)} {hold} {choice.pool:,}). "
+        "`flyspec demo --until-decided` continues this run to its decision on this machine; a GPU "
+        f"endpoint serving FLy at an assumed {gpu_tokens_per_s:,.0f} output tokens/s (not measured here) "
+        f"would answer about {gpu:,.0f} questions a minute."
     ]
 
 
