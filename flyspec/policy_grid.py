@@ -1,5 +1,6 @@
 """Grids of verification-policy settings: the JSON syntax `flyspec gate tune --policies` and
-`flyspec bench --policies` share (docs/gate.md, "gate tune"; docs/performance.md).
+`flyspec bench --policies` share (docs/gate.md, "Choosing a lossy setting: `gate tune`";
+docs/performance.md).
 
 A grid is a JSON object, or a list of them, whose list values are expanded into every combination (keys
 in the order given, the last varying fastest): each combination is a fragment of a `speculative_config`,

@@ -15,7 +15,7 @@ For flip rates 6%, 16% and 30% with no true loss: mean, median and 90th percenti
 PASS (runs capped at 25,000); at delta = -margin: the share of runs that PASS within 4,000 questions
 (the error, which must stay at most alpha).
 
-    python scripts/bet_comparison.py                 # the table in docs/gate.md
+    python scripts/bet_comparison.py                 # the table in docs/statistics.md
     python scripts/bet_comparison.py --runs 200      # a quick look
 """
 

@@ -1,4 +1,4 @@
-"""Power of judged runs anchored on gold labels against exact grading, by simulation (docs/gate.md).
+"""Power of judged runs anchored on gold labels against exact grading, by simulation (docs/statistics.md).
 
 Margin 2 points, alpha 0.025, no true loss, a share of differing answers (16% by default). Prints:
 
@@ -11,7 +11,7 @@ Margin 2 points, alpha 0.025, no true loss, a share of differing answers (16% by
 3. the sequential judged design's questions to a decision (median, 90th percentile) for the same judges
    at 100 labels per 3,163 questions' worth of differing pairs, against the exact-graded sequence.
 
-    python scripts/judged_power.py                 # the tables in docs/gate.md (about 2 minutes)
+    python scripts/judged_power.py                 # the tables in docs/statistics.md (about 2 minutes)
     python scripts/judged_power.py --runs 200      # a quick look
 """
 

@@ -1,11 +1,11 @@
-"""Questions to a decision: the sequential gate against the fixed design, by simulation (docs/gate.md).
+"""Questions to a decision: the sequential gate against the fixed design, by simulation (docs/statistics.md).
 
 For each flip rate psi and true difference delta, simulate paired differences D in {-1, 0, 1} with
 P(D = -1) = (psi - delta) / 2 and P(D = 1) = (psi + delta) / 2, run the sequential test (stop at the first
 boundary crossing, or at the cap), and run the fixed design at the size planned for delta = 0 with 80%
 power (questions_needed_noninferiority). Prints a Markdown table and the demo-sized effect.
 
-    python scripts/sequential_table.py                     # the table in docs/gate.md (a few minutes)
+    python scripts/sequential_table.py                     # the table in docs/statistics.md (a few minutes)
     python scripts/sequential_table.py --replicates 200    # a quick look
 """
 

@@ -594,7 +594,7 @@ def test_the_advice_simulates_the_registered_design() -> None:
     wide = sequential_questions(0.06, 0.05)
     assert wide is not None and 490 <= wide <= 580
     table = sequential_questions(0.2, 0.02)
-    assert table is not None and 8_500 <= table <= 10_500  # docs/gate.md's table: 9,519
+    assert table is not None and 8_500 <= table <= 10_500  # docs/statistics.md's table: 9,519
     finite = sequential_questions(0.16, 0.02, population_size=1319)
     assert finite is not None and finite <= 1319 < table
 

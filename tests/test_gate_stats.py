@@ -1,4 +1,4 @@
-"""Statistics of the paired gate (docs/gate.md): reference values, scipy as an oracle, simulations."""
+"""Statistics of the paired gate (docs/statistics.md): reference values, scipy as an oracle, simulations."""
 
 from __future__ import annotations
 

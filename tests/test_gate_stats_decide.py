@@ -1,4 +1,5 @@
-"""The decision rule on fixed-size runs, sample-size planning, and fixed-sequence testing (docs/gate.md).
+"""The decision rule on fixed-size runs, sample-size planning, and fixed-sequence testing
+(docs/statistics.md).
 
 The simulations behind these rules are in tests/test_gate_stats_validity.py.
 """

@@ -15,7 +15,8 @@ anytime mixture, looked at after every question), 2,000 questions each; a margin
 
 Monte Carlo error: R runs give a rate's standard error sqrt(p (1 - p) / R): 0.0049 at alpha with 1,000
 runs, 0.0078 with 400; each bound allows 2.5 of them. The fast tier runs a few cells with 400 runs; the
-full grid (1,000 runs per cell) is marked slow. ``pytest -s`` prints the rates; docs/gate.md quotes them.
+full grid (1,000 runs per cell) is marked slow. ``pytest -s`` prints the rates; docs/statistics.md quotes
+them.
 """
 
 from __future__ import annotations

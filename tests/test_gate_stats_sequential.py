@@ -1,7 +1,7 @@
 """The betting confidence sequence and the sequential decision: behaviour and an independent reference.
 
 The simulations that prove validity are in tests/test_gate_stats_validity.py; the method is in
-docs/gate.md.
+docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_bad_inputs_are_named() -> None:
 
 
 def _log_capitals(x: np.ndarray, m: float, population: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """log K+_s(m) and log K-_s(m) for s = 1..len(x), straight from the formulas in docs/gate.md."""
+    """log K+_s(m) and log K-_s(m) for s = 1..len(x), straight from the formulas in docs/statistics.md."""
     if population is None:
         centre = np.full(len(x), m)
     else:

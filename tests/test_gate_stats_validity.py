@@ -1,9 +1,9 @@
-"""Seeded simulations proving the gate's error rates (docs/gate.md), each beside a naive procedure that the
-same simulation shows to be wrong, so the test could fail.
+"""Seeded simulations proving the gate's error rates (docs/statistics.md), each beside a naive procedure
+that the same simulation shows to be wrong, so the test could fail.
 
 Monte-Carlo error: with R runs an estimated rate p has standard error sqrt(p (1 - p) / R); at alpha =
 0.025 and R = 2,000 that is 0.0035, and the bounds below allow 2.5 of them. Each test prints the rates it
-measured (``pytest -s``); docs/gate.md quotes them.
+measured (``pytest -s``); docs/statistics.md quotes them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _differences(rng: np.random.Generator, runs: int, length: int, psi: float, d
 
 
 def _tango(n: np.ndarray, lost: np.ndarray, gained: np.ndarray, delta0: float) -> np.ndarray:
-    """Tango's score statistic, vectorised (the closed form of docs/gate.md)."""
+    """Tango's score statistic, vectorised (the closed form of docs/statistics.md)."""
     a = 2.0 * n
     b = -gained - lost + (2.0 * n - gained + lost) * delta0
     c = -lost * delta0 * (1.0 - delta0)

@@ -5,7 +5,7 @@ Every run answers its questions in a seeded random order: question ``q`` of data
 uniformly random interleave of each dataset's own random order, so:
 
 - any prefix of the order is a simple random sample of the registered questions, which is what a
-  confidence sequence monitored along the order needs (docs/gate.md, "Running the gate");
+  confidence sequence monitored along the order needs (docs/gate.md, "Which questions, in which order");
 - ``--limit N`` takes the first N of each dataset's random order and ``--max-questions N`` the first N of
   the interleave, never the first N lines of a file (files are often sorted by source or difficulty);
 - the order is the same on every machine and Python version (a hash, not a library's shuffle), and a

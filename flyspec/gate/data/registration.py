@@ -14,7 +14,7 @@ alpha, with a fixed or a sequential design. A plain gate run makes one (``candid
 controls (``flyspec demo``) makes one more per control, each with its own share of the run's alpha
 (Bonferroni: the shares add up to the run's alpha, so the chance of any wrong decision in the family
 stays at most alpha whatever the dependence between the comparisons, which share the baseline's answers);
-a tune makes one per setting, each at the full alpha, tested in a fixed sequence (docs/gate.md).
+a tune makes one per setting, each at the full alpha, tested in a fixed sequence (docs/statistics.md).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ protocol fails; so does one whose call was blocked, even when the tests catch th
 Every process gets hard resource limits (address space, CPU seconds, file size, open files, processes,
 no core dumps), ``PR_SET_NO_NEW_PRIVS``, an environment of four variables, and a wall-clock timeout after
 which the parent kills them all. ``isolation().missing`` says in plain words which protections this
-machine lacks; the gate prints them once at the start of a run with code questions (docs/gate.md).
+machine lacks; the gate prints them once at the start of a run with code questions (docs/code-sandbox.md).
 """
 
 from __future__ import annotations

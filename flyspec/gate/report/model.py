@@ -146,7 +146,7 @@ class GoldRow:
 
 @dataclass
 class GoldSummary:
-    """A judged run's gold labels beside its decision (prediction-powered inference, docs/gate.md).
+    """A judged run's gold labels beside its decision (prediction-powered inference, docs/statistics.md).
 
     ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
     exact grader or by a person; draw 2 independent of the question order, draw 1 the defective prefix

@@ -162,7 +162,7 @@ def _continue_sequential(report: ReportData) -> list[str]:
         f"{head} Continue this run: rerun the same command with `--max-questions {total}`{reach}. At a "
         f"flip rate of {_pct(upper)} (the one-sided 95% upper bound of the {_pct(flips / pooled.n)} "
         f"observed), 90% of simulated runs of this design with a candidate that loses nothing decide within "
-        f'about {target:,} questions at a {_m(report)}-point margin (docs/gate.md, "Questions to a '
+        f'about {target:,} questions at a {_m(report)}-point margin (docs/statistics.md, "Questions to a '
         'decision"); a candidate that loses part of the margin needs more.'
     ]
 
@@ -432,9 +432,9 @@ def _ppi_lines(report: ReportData, j: Any) -> list[str]:
         "agrees with itself on the wrong winner a quarter of the time). So the decision rests on gold "
         f"labels for a random subset of the pairs ({100 * g.rate:g}% of the pairs whose answers differ, "
         "drawn by a rule registered before the first answer), combined with the judge's verdicts on every "
-        "pair by prediction-powered inference (docs/gate.md): per question, the judge's verdict, corrected "
-        "by the gold label (weighted by 1 / rate) where the pair was drawn; the verdicts narrow the interval "
-        "as far as the labels show them to be right.",
+        "pair by prediction-powered inference (docs/statistics.md): per question, the judge's verdict, "
+        "corrected by the gold label (weighted by 1 / rate) where the pair was drawn; the verdicts narrow "
+        "the interval as far as the labels show them to be right.",
         "",
         _proven(report, g),
         "",
@@ -476,7 +476,7 @@ def _proven(report: ReportData, g: Any) -> str:
         "order and of every answer): given the pairs before it, each question's value has the true "
         "difference as its mean whatever the judge says, so the betting interval holds "
         f"{design} (Ville's inequality): P(PASS) <= alpha when the candidate truly loses the margin and "
-        "P(FAIL) <= alpha when it loses nothing, for any judge. The seeded simulations of docs/gate.md "
+        "P(FAIL) <= alpha when it loses nothing, for any judge. The seeded simulations of docs/statistics.md "
         "check it for seven judges (a coin, position bias, always the candidate, harsh, lenient, reversed, "
         "fair) through the gate's own order and draw. The truth is the gold source's: with human labels, "
         "what the person would say on every pair."

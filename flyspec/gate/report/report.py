@@ -1,6 +1,7 @@
 """The gate report: paired counts, exact tests, the interval against the margin, the decision, and speed.
 
-The decision (docs/gate.md) is taken on the registered margin, on the pooled complete pairs:
+The decision (docs/statistics.md, "The decision rule") is taken on the registered margin, on the pooled
+complete pairs:
 
 - a fixed run: ``stats.decide`` on Tango's ``1 - 2 alpha`` interval, once every registered question has
   both answers (deciding on part of a run would be optional stopping);
@@ -473,7 +474,7 @@ def _answering_minutes(
 
 
 def _judged_run(report: Report, store: GateStore, correct: dict, gold: Gold) -> None:
-    """A judged run registered with gold labels: the prediction-powered decision (docs/gate.md), fixed
+    """A judged run registered with gold labels: the prediction-powered decision (docs/statistics.md), fixed
     (the plug-in bet tuned to the registered size, once every registered pair is in and labelled) or
     sequential (the anytime mixture along the registered order, stopping at its first crossing). The rows
     count pairs, the judge's verdicts and the gold labels; no accuracy is built from the judge's verdicts
@@ -622,8 +623,8 @@ def _narrow_warning(walk: JudgedDecision, gold: Gold) -> str:
     cause = (
         " This run uses the defective gold-label draw 1, which is the known cause."
         if gold.defective
-        else " With the registered draw this happened in no simulated run (docs/gate.md); check that the "
-        "labels were given for the pairs shown, and treat the decision with suspicion."
+        else " With the registered draw this happened in no simulated run (docs/statistics.md); check that "
+        "the labels were given for the pairs shown, and treat the decision with suspicion."
     )
     return (
         f"THE FINAL INTERVAL IS ONLY {width:.2f} POINTS WIDE, less than half of a normal-theory interval "

@@ -401,8 +401,9 @@ def _markdown(report: TuneReport) -> str:
         "stops at the first setting that does not PASS; the answer is the last setting that passed. "
         "Choosing a setting that is truly worse than the margin needs the first such setting in the order "
         "to PASS, which happens with probability at most alpha, so the chance of choosing any harmful "
-        "setting stays at most alpha with no splitting of alpha (docs/gate.md, 'gate tune'; the "
-        "simulation is test_fixed_sequence_controls_choosing_a_harmful_setting in "
+        "setting stays at most alpha with no splitting of alpha (docs/statistics.md, 'Choosing among "
+        "settings: fixed-sequence testing'; the simulation is "
+        "test_fixed_sequence_controls_choosing_a_harmful_setting in "
         "tests/test_gate_stats_validity.py).",
         "",
         _order_note(report),

@@ -1,6 +1,6 @@
 """``gate tune``: the most aggressive lossy setting (any verification policy: FLy, typical acceptance, with
 or without a lossless prefix) that is shown non-inferior, with the chance of choosing a harmful one kept at
-most alpha (docs/gate.md, "gate tune").
+most alpha (docs/gate.md, "Choosing a lossy setting: `gate tune`").
 
 The order of work is what keeps the procedure valid:
 

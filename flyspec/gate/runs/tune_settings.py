@@ -1,7 +1,7 @@
 """The settings ``gate tune`` chooses among: lossy speculative configs (any verification policy: FLy,
 typical acceptance, each with or without a lossless prefix) tried against one standard baseline.
 
-A candidate is given in one of two forms (docs/gate.md, "gate tune"):
+A candidate is given in one of two forms (docs/gate.md, "Choosing a lossy setting: `gate tune`"):
 
 - a fragment of a ``speculative_config``, e.g. ``{"fly_window_size": 2, "fly_entropy_threshold": 0.3}`` or
   ``{"rejection_sample_method": "typical", "lossless_prefix_tokens": 8}``: the baseline engine arm with

@@ -1,7 +1,8 @@
 """What a sequential decision claims: about the method on questions like these (``superpopulation``, the
 default) or about exactly the registered questions in this run's outputs (``finite``), in plain words
-(docs/gate.md, the sequential decision's claim). Kept apart from the monitor (flyspec/gate/stats/monitor.py)
-so that the settings that choose a claim read it without loading the statistics."""
+(docs/statistics.md, "Which target to use: what a PASS claims"). Kept apart from the monitor
+(flyspec/gate/stats/monitor.py) so that the settings that choose a claim read it without loading the
+statistics."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ CLAIMS = {
         "questions (the set was declared the whole population with --population finite)."
     ),
 }
-"""One plain sentence per population: what a sequential run's decision speaks about (docs/gate.md, the
-sequential decision's claim)."""
+"""One plain sentence per population: what a sequential run's decision speaks about (docs/statistics.md,
+"Which target to use: what a PASS claims")."""
 
 
 def claim(population: str, population_size: int | None = None) -> str:

@@ -1,7 +1,7 @@
 """The gate's decision rule on an interval for delta = candidate accuracy - baseline accuracy.
 
 One rule for the fixed-size test (Tango's interval) and for the sequential test (the confidence sequence at
-its stopping point), explained in docs/gate.md:
+its stopping point), explained in docs/statistics.md:
 
 - PASS: the lower bound lies above ``-margin``: the candidate loses less than the margin (non-inferior);
 - FAIL: the upper bound lies below ``-margin``: the candidate loses more than the margin;

@@ -39,7 +39,7 @@ plug-in bet tuned to the registered size for fixed runs.
 A selected pair whose label has not arrived blocks the in-order prefix (``usable_prefix``): skipping it
 would make which pairs count depend on which labels came first. A judged run with no gold label decides
 nothing. Judged runs use the i.i.d. sequence even over a finite question set (the without-replacement
-centring needs the D of past questions, which unlabelled pairs do not give); docs/gate.md has the
+centring needs the D of past questions, which unlabelled pairs do not give); docs/statistics.md has the
 simulation showing this keeps its error for the finite set's mean too.
 """
 

@@ -51,7 +51,7 @@ METHODS = {
     "ppi-mixture": "prediction-powered betting confidence sequence on gold labels (Angelopoulos et al.; "
     "Waudby-Smith and Ramdas: a mixture of constant bets on the bounded values)",
 }
-"""Method keys a plan may record: how its confidence sequence is computed (docs/gate.md)."""
+"""Method keys a plan may record: how its confidence sequence is computed (docs/statistics.md)."""
 DEFAULT_METHOD = "wsr-mixture"
 JUDGED_METHOD = "ppi-mixture"
 DATA_STOPS = ("boundary", "max_questions")

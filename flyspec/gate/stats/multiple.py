@@ -5,7 +5,7 @@ least aggressive first. Each test is the ordinary non-inferiority test at the fu
 the first setting that does not PASS, and the answer is the last one that did. Because a later hypothesis
 is only tested when every earlier one was rejected, the chance of choosing any setting that is truly worse
 than the margin stays at most alpha, with no alpha splitting (the fixed-sequence or hierarchical
-procedure: Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001). See docs/gate.md.
+procedure: Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001). See docs/statistics.md.
 """
 
 from __future__ import annotations

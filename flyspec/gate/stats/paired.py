@@ -1,6 +1,6 @@
 """The fixed-size statistics of the paired quality gate: McNemar's test, Tango's score statistic and
-interval, the non-inferiority test, Wilson's interval, and the decision on Tango's interval (docs/gate.md
-explains each test and the decision rule).
+interval, the non-inferiority test, Wilson's interval, and the decision on Tango's interval
+(docs/statistics.md explains each test and the decision rule).
 
 Notation: ``n`` paired questions; ``lost`` = baseline right and candidate wrong; ``gained`` = the reverse;
 ``delta = (gained - lost) / n`` (the candidate's accuracy minus the baseline's); flip rate

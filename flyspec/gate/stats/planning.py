@@ -1,6 +1,6 @@
 """Planning a fixed-size run: how many paired questions a test needs for a given power (McNemar: Connor
 1987; the non-inferiority score test: Nam 1997, Liu et al. 2002), and the plan a pilot's flips imply, made
-at the flip rate's exact upper confidence bound (docs/gate.md, "Planning a fixed-size run")."""
+at the flip rate's exact upper confidence bound (docs/statistics.md, "Planning a fixed-size run")."""
 
 from __future__ import annotations
 

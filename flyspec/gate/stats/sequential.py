@@ -35,7 +35,7 @@ bets are a factor 2 apart, so one is always within a factor sqrt(2) of the best 
 
 Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital process
 from the start on a grid for each call, needs a C++ build and pulls pandas and pytest at run time, while
-the gate updates after every answer. See docs/gate.md.
+the gate updates after every answer. See docs/statistics.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Seeded simulations of gate runs, vectorised over runs: the engine behind the validity tests, the design
-outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/gate.md's tables.
+outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/statistics.md's tables.
 
 - ``draw_differences``: exact-graded paired differences D in {-1, 0, 1} at a flip rate and a true
   difference.

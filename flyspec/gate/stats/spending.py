@@ -1,4 +1,5 @@
-"""Error spent once: the alpha ledger of one comparison (docs/gate.md, "Error spent once").
+"""Error spent once: the alpha ledger of one comparison (docs/statistics.md, "Error spent once: the
+alpha ledger").
 
 A **comparison** is one baseline against one candidate (``comparison_key`` of what makes their outputs:
 flyspec/gate/data/ledger.py decides which fields count). Every run that can declare PASS on it is a
