@@ -202,7 +202,8 @@ def test_the_first_screen_says_both_verdicts_fly_against_standard_sd_and_what_de
     interval, FLy's speed against standard speculative decoding (the registered baseline) and the forecast
     (here beyond the used-up pool, so no command to continue). The three lanes advance side by side: when
     the control stopped, FLy had at least as many pairs in order as the control's stop, and the control's
-    requests still in flight were cancelled (at most one that finished in the same engine step is stored beyond its stop)."""
+    requests still in flight were cancelled (at most one that finished in the same engine step is stored
+    beyond its stop)."""
     from flyspec.demo.report import FIRST_SCREEN_LINES
     from flyspec.gate.data.store import GateStore
 

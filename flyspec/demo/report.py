@@ -86,8 +86,8 @@ def speed_line(report: Report) -> str | None:
         return None
     fly_s, base_s = fly.request_tokens_per_s, base.request_tokens_per_s
     return (
-        f"Speed: a FLy request ran {fly_s / base_s:.2f}x as fast as a standard speculative decoding request in "
-        f"the same batches ({fly_s:.1f} against {base_s:.1f} output tokens/s)."
+        f"Speed: a FLy request ran {fly_s / base_s:.2f}x as fast as a standard speculative decoding request "
+        f"in the same batches ({fly_s:.1f} against {base_s:.1f} output tokens/s)."
     )
 
 
