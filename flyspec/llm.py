@@ -9,6 +9,7 @@ and aborting over HTTP.
 from __future__ import annotations
 
 import itertools
+import queue
 import time
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
@@ -102,6 +103,9 @@ class LLM:
         # Private: the one LLM API is its methods; only the server drives an engine itself.
         self._engine = engine
         self._ids = itertools.count()
+        # Aborts asked for from other threads; the stream that owns the request applies them between
+        # steps, since the engine itself is driven by one thread.
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
 
     @property
     def max_running(self) -> int:
@@ -118,6 +122,12 @@ class LLM:
         """True while the engine holds a request, waiting or running: False once every generate / chat /
         stream call has returned or been closed (a closed stream aborts what it had in flight)."""
         return self._engine.has_unfinished_requests()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request that a `stream` call has in flight, from any thread: before its next step that
+        stream frees the request's slot and KV blocks and yields nothing for it (like vLLM's
+        `abort_request`). An id that is not in flight is ignored."""
+        self._aborts.put(request_id)
 
     def warm_up(self, max_tokens: int = WARMUP_TOKENS, time_limit_s: float = WARMUP_TIME_LIMIT_S) -> float:
         """Generate a few tokens so that one-time costs are paid before real work, and return the seconds
@@ -260,6 +270,13 @@ class LLM:
                         in_flight.add(self._add(request))
                     if not in_flight:
                         return
+                    while not self._aborts.empty():
+                        request_id = self._aborts.get()
+                        if request_id in in_flight:
+                            engine.abort_request(request_id)
+                            in_flight.discard(request_id)
+                    if not in_flight:
+                        continue
                     for out in engine.step():
                         if out.request_id not in in_flight:
                             continue

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tiny_llm import save_tiny
 
-from flyspec.gate.runs import main_job
-from flyspec.gate.runs.main_job import demo_arms
+from flyspec.demo import design as main_job
+from flyspec.demo.design import demo_arms
 
 
 def test_demo_arms_share_one_engine_and_differ_only_in_who_decodes() -> None:
@@ -68,52 +68,24 @@ def test_the_margin_is_the_narrowest_the_pool_can_decide() -> None:
 
 def test_every_registered_setting_names_its_own_run_and_old_runs_keep_their_names() -> None:
     """The run id carries every registered setting, so the same command resumes and another starts a new
-    run: the earlier demo's setting (K=4, vLLM's default window, threshold 0.3, standard baseline, both
-    datasets) keeps its old name; the window, the threshold, a target-alone baseline and a GSM8K-only pool
-    each change it."""
+    run: the earlier demo's setting (K=4, vLLM's default window, threshold 0.3, both datasets) keeps its
+    old name; the window, the threshold and a GSM8K-only pool each change it."""
     choice = main_job.choose_margin([(main_job.DATASETS, 1819)], 0.16)
     old = main_job.DemoSettings(fly=main_job.FlySetting(4, None, 0.3, 0.16))
-    assert old.run_id(choice, "standard") == (
-        "demo-3arm-seq-nall-k4-t512-m0.05-s0-auto-qwen2.5-coder-1.5b-instruct"
-    )
+    assert old.run_id(choice) == "demo-3arm-seq-nall-k4-t512-m0.05-s0-auto-qwen2.5-coder-1.5b-instruct"
     gsm8k = main_job.choose_margin([(main_job.DATASETS[:1], 1319)], main_job.PRIOR_FLIP_RATE)
     new = main_job.DemoSettings()
-    assert new.run_id(gsm8k, "target_only") == (
-        "demo-3arm-seq-nall-k8-t512-m0.05-s0-w6-th0.6-auto-to-gsm8k-qwen2.5-coder-1.5b-instruct"
+    assert new.run_id(gsm8k) == (
+        "demo-3arm-seq-nall-k8-t512-m0.05-s0-w6-th0.6-auto-gsm8k-qwen2.5-coder-1.5b-instruct"
     )
-    ids = {new.run_id(c, way) for c in (choice, gsm8k) for way in main_job.BASELINES}
-    assert len(ids) == 4
-
-
-def test_a_resumed_demo_keeps_the_baseline_it_registered(tmp_path: Path) -> None:
-    """With no --baseline, a store holding the run of one way (here the target alone) resumes that way,
-    without a new probe choosing again; an empty store, or none, leaves the choice to the probe; --baseline
-    wins over both."""
-    from flyspec.gate.data.store import GateStore, RegisteredQuestion
-
-    settings = main_job.DemoSettings(store=tmp_path / "demo.db")
-    choice = settings.choose()
-    assert main_job.registered_baseline(settings, choice) is None  # no store yet
-    arms = settings.arms("target_only")
-    registration = {
-        "margin": choice.margin, "alpha": main_job.ALPHA, "seed": 0,
-        "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 512},
-        "arms": {"baseline": arms["baseline"], "candidate": arms["candidate"]},
-        "datasets": {"gsm8k": {"sha256": "ab" * 32, "questions": 1}},
-    }  # fmt: skip
-    with GateStore(settings.store) as store:
-        assert main_job.registered_baseline(settings, choice) is None  # a store without the run
-        question = RegisteredQuestion("gsm8k", "q0", 0, "h0", "1", "gsm8k")
-        store.register(settings.run_id(choice, "target_only"), "gate", registration, [question])
-    assert main_job.registered_baseline(settings, choice) == "target_only"
-    forced = main_job.DemoSettings(store=settings.store, baseline="standard")
-    assert main_job.registered_baseline(forced, choice) == "standard"
+    assert len({new.run_id(c) for c in (choice, gsm8k)} | {old.run_id(choice)}) == 3
 
 
 def _exact_dataset(target: Path, path: Path, questions: int) -> Path:
     """Questions whose reference answer is the target's own greedy output (float32, 8 tokens): the
-    baseline (the target alone) is right on every one, the control (an unrelated random draft model
-    alone) almost never, and FLy as often as it keeps the target's tokens."""
+    baseline (standard speculative decoding, greedy: the target's own tokens) is right on every one, the
+    control (an unrelated random draft model alone) almost never, and FLy as often as it keeps the
+    target's tokens."""
     from flyspec import LLM, SamplingParams
 
     prompts = [
@@ -196,8 +168,6 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     assert "Control: the gate must FAIL it" in text and "FAILs after" in text
     timing = next(i for i, line in enumerate(said) if line.startswith("On this machine: about"))
     assert "questions a minute" in said[timing] and not any("gate:" in line for line in said[:timing])
-    # The killed run registered its baseline's way: the resume keeps it without probing both ways again.
-    assert any(line.startswith("Baseline: ") and "as this run registered it" in line for line in said)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     (control,) = report["family"]
     assert control["role"] == "control" and control["decision"]["decision"] == "FAIL"
@@ -222,6 +192,45 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     for got, want in ((report, expected), (control, expected["family"][0])):
         for key in ("decision", "n", "lost", "gained", "low", "high"):
             assert got["decision"][key] == want["decision"][key], key
+
+
+def test_the_first_screen_says_both_verdicts_fly_against_standard_sd_and_what_deciding_takes(
+    tmp_path: Path,
+) -> None:
+    """`flyspec demo` on tiny models with a margin its 40 questions cannot decide for FLy: the report opens
+    with at most 12 lines that give the control's FAIL, FLy's verdict with its pairs in order and its
+    interval, FLy's speed against standard speculative decoding (the registered baseline) and the forecast
+    (here beyond the used-up pool, so no command to continue). The three lanes advance side by side: when
+    the control stopped, FLy had at least as many pairs in order as the control's stop, and the control's
+    requests still in flight were cancelled (at most one that finished in the same engine step is stored
+    beyond its stop)."""
+    from flyspec.demo.report import FIRST_SCREEN_LINES
+    from flyspec.gate.data.store import GateStore
+
+    command = _demo_command(tmp_path, "--margin", "0.02", "--max-questions", "40", "--max-num-seqs", "6")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    head = done.stdout[: done.stdout.index("# flyspec quality gate")].strip().splitlines()
+    assert len(head) <= FIRST_SCREEN_LINES, head
+    text = "\n".join(head)
+    assert "Control (the draft model alone): FAIL after" in text
+    assert "FLy (K=8, W=6, theta 0.6): INCONCLUSIVE after" in text and "FLy minus lossless in [" in text
+    assert "as fast as a standard speculative decoding request in the same batches" in text
+    # The pool is used up: the forecast says what more questions would give, and no rerun is offered.
+    assert "Forecast: " in text and "more questions (simulated median, beyond the pool's 40" in text
+    assert "Continue:" not in text
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    (control,) = report["family"]
+    control_stop = control["sequential"]["stopped_at"]
+    assert report["sequential"]["stopped_at"] >= control_stop
+    with GateStore(tmp_path / "demo.db") as opened:
+        run_id = opened.runs()[0].run_id
+        order = {q.question_id: q.position for q in opened.questions(run_id)}
+        late = [
+            a for a in opened.answers(run_id) if a.arm == "control" and order[a.question_id] >= control_stop
+        ]
+    assert len(late) <= 1
 
 
 def _opening_args() -> tuple:

@@ -419,3 +419,29 @@ def test_a_noise_pilot_at_temperature_zero_runs_for_an_engine_arm(setup: Setup, 
     assert repeats == sorted((r, f"q{i}") for r in (0, 1) for i in range(NUM_QUESTIONS))
     pilot = build_report(store, run_id).to_dict()["pilot"]
     assert pilot["n"] == NUM_QUESTIONS and 0 <= pilot["flips"] <= NUM_QUESTIONS
+
+
+def test_cancelling_an_arm_in_a_shared_engine_frees_its_slots(setup: Setup) -> None:
+    """EngineExecutor.cancel (what the session asks once a control has decided) aborts that arm's requests
+    in flight: none of them is answered afterwards, the slots they held take the other arm's next jobs at
+    once, and every job of the arm still deciding is answered with its full greedy output."""
+    from flyspec.gate.arms.base import Job, Sampling
+    from flyspec.gate.arms.engine import EngineExecutor
+    from flyspec.gate.arms.registry import parse_arm
+    from flyspec.gate.data.questions import Question
+
+    spec = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 4}
+    arms = [parse_arm(name, spec) for name in ("baseline", "control")]
+    executor = EngineExecutor(arms)
+    questions = [Question(f"q{i}", "", "exact", "own", prompt=f"w{i + 5} w7") for i in range(6)]
+    jobs = [Job(arm, 0, q, 0, p) for p, q in enumerate(questions) for arm in ("baseline", "control")]
+    answered, cancelled = [], []
+    for job, completion in executor.answers(iter(jobs), Sampling(0.0, 1.0, MAX_TOKENS)):
+        answered.append((job, completion))
+        if len(answered) == 1:
+            cancelled = executor.cancel(lambda j: j.arm == "control")
+    assert cancelled and all(j.arm == "control" for j in cancelled)
+    after = [j for j, _ in answered[1:]]
+    assert not set(j.request_id for j in after) & set(j.request_id for j in cancelled)
+    baseline = [j.question.id for j in after + [answered[0][0]] if j.arm == "baseline"]
+    assert sorted(baseline) == sorted(q.id for q in questions)

@@ -4,7 +4,8 @@ Every `import` in every module of `flyspec` counts, wherever it sits (top level,
 TYPE_CHECKING): a lazy import is still a dependency.
 
 1. The leaves know nothing of who drives them: `flyspec.models` and `flyspec.spec_decode` import nothing
-   of `flyspec.engine`, `flyspec.llm`, `flyspec.server`, `flyspec.gate`, `flyspec.bench`, `flyspec.cli`.
+   of `flyspec.engine`, `flyspec.llm`, `flyspec.server`, `flyspec.gate`, `flyspec.demo`, `flyspec.bench`,
+   `flyspec.cli`.
 2. The verifier, its policies and the sampling kernels are pure: `flyspec.spec_decode.verify`,
    `flyspec.spec_decode.policies` and `flyspec.spec_decode.sampling` import only torch, the standard
    library, each other and `flyspec.checks` (the value checks, standard library only, held to the same rule).
@@ -13,7 +14,7 @@ TYPE_CHECKING): a lazy import is still a dependency.
 4. Only the command line uses typer: no module outside `flyspec.cli` imports it.
 5. Nobody imports the command line: no module outside `flyspec.cli` imports `flyspec.cli`; its one user is
    the `flyspec` entry point (`flyspec.cli:main` in pyproject.toml).
-6. The gate, the benchmarks and the command line reach the engine only through `flyspec.llm` (`LLM`) and
+6. The gate, the demo, the benchmarks and the command line reach the engine only through `flyspec.llm` (`LLM`) and
    `flyspec.config`: they import nothing of `flyspec.engine` or `flyspec.spec_decode`, and of
    `flyspec.models` only `flyspec.models.loader` (to load weights once and hand them to
    `LLM.from_config`). The server is the exception: its engine thread drives `LLMEngine` step by step
@@ -49,14 +50,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "flyspec"
 
 LEAVES = ("flyspec.models", "flyspec.spec_decode")
-FACES = ("flyspec.llm", "flyspec.server", "flyspec.gate", "flyspec.bench", "flyspec.cli")
+FACES = ("flyspec.llm", "flyspec.server", "flyspec.gate", "flyspec.demo", "flyspec.bench", "flyspec.cli")
 PURE = (
     "flyspec.spec_decode.verify",
     "flyspec.spec_decode.policies",
     "flyspec.spec_decode.sampling",
     "flyspec.checks",
 )
-ENGINE_USERS = ("flyspec.gate", "flyspec.bench", "flyspec.cli")
+ENGINE_USERS = ("flyspec.gate", "flyspec.demo", "flyspec.bench", "flyspec.cli")
 SERVER_SIDE = ("flyspec.server", "flyspec.cli.serve")
 
 # Imports allowed to break a rule (like import-linter's ignore_imports), each with its reason. None today.

@@ -64,6 +64,33 @@ def test_closing_the_stream_aborts_what_is_in_flight(llm: LLM) -> None:
     assert not llm.has_unfinished_requests()
 
 
+def test_abort_frees_a_request_in_flight_and_its_slot_goes_to_the_next(llm: LLM) -> None:
+    """LLM.abort (asked here from another thread, as the gate asks it while its engine thread streams)
+    removes a request in flight: the stream yields nothing for it, the slot it held pulls the next
+    request, every other request still finishes with its full output, and the engine ends empty."""
+    import threading
+
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    def feed() -> Iterator[GenerationRequest]:
+        yield GenerationRequest(prompt="w1 w2", params=long, request_id="slow")
+        for i in range(4):
+            yield GenerationRequest(prompt=f"w{i + 3} w4", params=GREEDY, request_id=f"f{i}")
+
+    outs = []
+    for out in llm.stream(feed(), max_in_flight=2):
+        outs.append(out)
+        if len(outs) == 1:  # "slow" is in flight with 40 tokens to go
+            aborter = threading.Thread(target=llm.abort, args=("slow",))
+            aborter.start()
+            aborter.join()
+    assert sorted(o.request_id for o in outs) == ["f0", "f1", "f2", "f3"]
+    assert all(len(o.outputs[0].token_ids) == 5 for o in outs)
+    assert not llm.has_unfinished_requests()
+    llm.abort("never-added")  # an id that is not in flight is ignored
+    assert [o.request_id for o in llm.stream(feed(), max_in_flight=2)][-1] == "slow"
+
+
 def test_a_refused_request_names_itself_and_leaves_the_engine_clean(llm: LLM) -> None:
     """A request the engine refuses raises ValueError with its id; the others are aborted."""
     items = [

@@ -1,14 +1,14 @@
 """`flyspec demo`: the main job on the embedded default (docs/gate.md, "flyspec demo"; the design is
-flyspec/gate/runs/main_job.py).
+flyspec/demo/design.py, the words at the end flyspec/demo/report.py).
 
 Prepares the Qwen2.5-Coder pair of the model zoo, then runs the sequential quality gate (docs/gate.md)
-with three arms in one engine: the lossless baseline (standard speculative decoding or the target alone,
-whichever this machine runs faster), the draft model alone (a control the gate must FAIL) and FLy (the
-candidate), on GSM8K test questions (MATH-500 too where the design needs them) in a seeded random order.
-The control's pairs are answered first; once the gate has caught it, FLy's comparison goes on until its
+with three arms in one engine: the lossless baseline (standard speculative decoding), the draft model
+alone (a control the gate must FAIL) and FLy (the candidate), on GSM8K test questions (MATH-500 too where
+the design needs them) in a seeded random order, the three answers of a question side by side. Once the
+gate has caught the control, its requests in flight are cancelled and FLy's comparison goes on until its
 own decision, the question pool's end, the time budget (30 minutes of answering by default) or, with
-``--until-decided``, until it decides. Then it says in plain words what was decided, after how many
-questions and minutes, how fast each arm was and what deciding about FLy takes here and on a GPU.
+``--until-decided``, until it decides. Then a first screen says each verdict, FLy's speed against standard
+speculative decoding and what deciding about FLy takes, above the full report.
 """
 
 from __future__ import annotations
@@ -85,13 +85,6 @@ Threshold = Annotated[
         help="FLy's entropy threshold in nats (default: the demo's setting).",
     ),
 ]
-Baseline = Annotated[
-    str,
-    typer.Option(
-        help="How the lossless baseline decodes: auto (measure both ways on this machine before the first "
-        "answer and take the faster), standard (speculative decoding) or target_only (the target alone)."
-    ),
-]
 Margin = Annotated[
     float | None,
     typer.Option(
@@ -135,46 +128,45 @@ NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar
 AsJson = Annotated[bool, typer.Option("--json", help="End with the report as one JSON line.")]
 
 
-def _settings(k: int | None, window: int | None, threshold: float | None, baseline: str, **given: Any) -> Any:
+def _settings(k: int | None, window: int | None, threshold: float | None, **given: Any) -> Any:
     """The demo's settings from its options (ValueError names a bad one): FLy's setting is the demo's,
     changed where --k, --fly-window-size or --fly-entropy-threshold say (a new K takes vLLM's default
     window unless one is given)."""
     from dataclasses import replace
 
-    from flyspec.gate.runs import main_job
+    from flyspec.demo import design
 
-    fly = main_job.FLY_SETTING
+    fly = design.FLY_SETTING
     if k is not None and k != fly.num_speculative_tokens:
         fly = replace(fly, num_speculative_tokens=k, window_size=None)
     if window is not None:
         fly = replace(fly, window_size=window)
     if threshold is not None:
         fly = replace(fly, entropy_threshold=threshold)
-    if baseline not in ("auto", *main_job.BASELINES):
-        raise ValueError(f"--baseline {baseline!r}: give auto, standard or target_only")
     given["datasets"] = tuple(given["datasets"] or ()) or None
     given["quantization"] = parse_quantization(given["quantization"])
-    return main_job.DemoSettings(fly=fly, baseline=None if baseline == "auto" else baseline, **given)
+    return design.DemoSettings(fly=fly, **given)
 
 
-def _report(settings: Any, choice: Any, way: str, html: Path | None, as_json: bool) -> None:
-    """Print the run's report, the newcomer's summary and, when asked, the HTML file and the JSON line."""
-    from flyspec.gate import build_report
-    from flyspec.gate.report.demo import explain
-    from flyspec.gate.runs import main_job
+def _report(settings: Any, choice: Any, html: Path | None, as_json: bool) -> None:
+    """Print the first screen, the run's report and the newcomer's words; when asked, the HTML file and
+    the JSON line."""
+    from flyspec.demo import design, report
 
-    report = build_report(settings.store, settings.run_id(choice, way))
-    print(report.to_markdown())
-    words = explain(
-        report, choice, baseline=way, gpu_tokens_per_s=main_job.GPU_TOKENS_PER_S,
-        tokens_per_answer=main_job.TOKENS_PER_ANSWER,
-    )  # fmt: skip
-    print(words)
+    run_id = settings.run_id(choice)
+    built = report.build_report(settings.store, run_id)
+    minutes = report.answering_minutes(settings.store, run_id)
+    first = report.first_screen(
+        built, settings.fly.label(), minutes, design.GPU_TOKENS_PER_S, design.TOKENS_PER_ANSWER
+    )
+    print("\n".join(first) + "\n")
+    print(built.to_markdown())
+    print(report.explain(built, design.pool_words(choice.datasets)))
     if html is not None:
-        html.write_text(report.to_html(), encoding="utf-8")
+        html.write_text(built.to_html(), encoding="utf-8")
         print(f"\nHTML report: {html}")
     if as_json:
-        print(json.dumps(report.to_dict(), default=str))
+        print(json.dumps(built.to_dict(), default=str))
 
 
 def _say(line: str) -> None:
@@ -191,7 +183,6 @@ def demo(
     num_speculative_tokens: K = None,
     window: Window = None,
     threshold: Threshold = None,
-    baseline: Baseline = "auto",
     margin: Margin = None,
     flip_rate: FlipRate = None,
     # 256 cut 8 of 10 GSM8K answers of this model short, which makes accuracy meaningless.
@@ -209,19 +200,20 @@ def demo(
     """Run the main job: does the gate catch a harmful setting, and is FLy within a margin of lossless
     decoding on GSM8K (and MATH-500 where the design needs it)?
 
-    Arms, in one engine: the lossless baseline (standard speculative decoding or the target alone, whichever
-    this machine runs faster), the draft model alone (a control that must FAIL) and FLy. The margin and the
-    question pool are chosen by simulation before the first answer, and said first.
+    Arms, in one engine: the lossless baseline (standard speculative decoding), the draft model alone (a
+    control that must FAIL) and FLy, the three answers of a question side by side. The margin and the
+    question pool are chosen by simulation before the first answer, and said first; the report opens with
+    each verdict, FLy's speed against standard speculative decoding and what deciding about FLy takes.
 
     Each answer is stored as it arrives; rerunning the same command resumes (or continues) where it stopped.
     """
     from flyspec import assets
+    from flyspec.demo import design
+    from flyspec.demo.report import decided
     from flyspec.gate import run
-    from flyspec.gate.report.demo import decided
-    from flyspec.gate.runs import main_job
 
     settings = _settings(
-        num_speculative_tokens, window, threshold, baseline, target=target, draft=draft, datasets=dataset,
+        num_speculative_tokens, window, threshold, target=target, draft=draft, datasets=dataset,
         max_questions=max_questions, margin=margin, flip_rate=flip_rate, max_tokens=max_tokens,
         max_num_seqs=max_num_seqs, dtype=dtype, quantization=quantization, batch_invariant=batch_invariant,
         seed=seed, store=store,
@@ -230,16 +222,13 @@ def demo(
         if name in assets.ZOO:
             assets.prepare(name)
     choice = settings.choose()
-    control = main_job.control_outlook(choice.pool)
-    for line in main_job.opening_lines(choice, control, fly=settings.fly.label()):
+    control = design.control_outlook(choice.pool)
+    for line in design.opening_lines(choice, control, fly=settings.fly.label()):
         _say(line)
-    way = main_job.registered_baseline(settings, choice)
-    if way is None or not decided(settings.store, settings.run_id(choice, way)):
-        way, rates = main_job.start(settings, way)
-        _say(main_job.baseline_line(way, rates))
-        _say(main_job.timing_line(choice, control, rates[way]))
+    if not decided(settings.store, settings.run_id(choice)):
+        _say(design.timing_line(choice, control, design.start(settings)))
     budget = None if until_decided else max_minutes
-    result = run(main_job.gate_options(settings, choice, way, budget, not no_progress))
-    _report(settings, choice, way, html, as_json)
+    result = run(design.gate_options(settings, choice, budget, not no_progress))
+    _report(settings, choice, html, as_json)
     if result.interrupted:
         raise typer.Exit(130)

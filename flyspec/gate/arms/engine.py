@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +213,10 @@ class EngineExecutor:
         }
         self._llm: Any = None
         self._prefix_seen = (0, 0)
+        # The jobs in flight by request id: `answers` adds and removes them in the driving thread,
+        # `cancel` removes them from the caller's, hence the lock.
+        self._pending: dict[str, Job] = {}
+        self._lock = threading.Lock()
 
     @property
     def shared(self) -> bool:
@@ -273,11 +278,11 @@ class EngineExecutor:
         from flyspec.sampling_params import SamplingParams
 
         self.start()
-        pending: dict[str, Job] = {}
 
         def requests() -> Iterator[GenerationRequest]:
             for job in jobs:
-                pending[job.request_id] = job
+                with self._lock:
+                    self._pending[job.request_id] = job
                 params = SamplingParams(
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
@@ -292,13 +297,27 @@ class EngineExecutor:
 
         try:
             for out in self._llm.stream(requests()):
-                yield pending.pop(out.request_id), _completion(out)
+                with self._lock:
+                    job = self._pending.pop(out.request_id, None)
+                if job is not None:  # None: cancelled as it finished; the caller counts it cancelled
+                    yield job, _completion(out)
         except RequestRejected as exc:
-            job = pending[exc.request_id]
+            job = self._pending[exc.request_id]
             raise ValueError(
                 f"arm {job.arm!r} (model {self.lead.config['model']}), question "
                 f"{job.question.dataset}/{job.question.id}: {exc.reason}"
             ) from None
+
+    def cancel(self, drop: Callable[[Job], bool]) -> list[Job]:
+        """Abort the jobs in flight for which ``drop`` is true (a comparison that has decided needs no more
+        answers from its arm: their slots go to the arms still deciding); returns them. Safe from another
+        thread than the one driving ``answers``, which yields nothing for them."""
+        with self._lock:
+            dropped = [job for job in self._pending.values() if drop(job)]
+            for job in dropped:
+                del self._pending[job.request_id]
+                self._llm.abort(job.request_id)
+        return dropped
 
 
 def _completion(out: Any) -> Completion:

@@ -111,14 +111,19 @@ class Dispatcher:
         self._stopped.set()
         self._aborted.set()
 
-    def reorder(self, keep: Callable[[Job], bool], key: Callable[[Job], Any]) -> None:
-        """Drop the jobs not yet started for which ``keep`` is false and order the rest by ``key`` (a
-        comparison that stopped needs no more answers from its candidate, and its lanes lose their
-        priority)."""
+    def drop(self, keep: Callable[[Job], bool]) -> None:
+        """Drop the jobs for which ``keep`` is false: those not yet started, and those in flight on an
+        executor that can cancel them (an engine; an endpoint's requests finish and are delivered). A
+        comparison that stopped needs no more answers from its candidate, and the slots go to the others."""
         with self._lock:
             for feed in self.feeds:
-                rest = sorted((j for j in feed.jobs[feed.index :] if keep(j)), key=key)
-                feed.jobs = feed.jobs[: feed.index] + rest
+                feed.jobs = feed.jobs[: feed.index] + [j for j in feed.jobs[feed.index :] if keep(j)]
+        for index, executor in enumerate(self.executors):
+            cancel = getattr(executor, "cancel", None)
+            if cancel is None:
+                continue
+            for job in cancel(lambda j: not keep(j)):
+                self._release(index, job)
 
     @property
     def stopped(self) -> bool:
@@ -193,13 +198,16 @@ class Dispatcher:
             return job
 
     def _finished(self, index: int, answer: Answer) -> None:
+        self._release(index, answer.job)
+        self._queue.put(answer)
+
+    def _release(self, index: int, job: Job) -> None:
+        """Job ``job`` of feed ``index`` is no longer in flight (answered or cancelled)."""
         with self._lock:
             unfinished = self.feeds[index].unfinished
-            position = answer.job.position
-            unfinished[position] -= 1
-            if not unfinished[position]:
-                del unfinished[position]
-        self._queue.put(answer)
+            unfinished[job.position] -= 1
+            if not unfinished[job.position]:
+                del unfinished[job.position]
 
     def _jobs(self, index: int) -> Iterator[Job]:
         while isinstance(job := self._take(index, paced=False), Job):

@@ -442,10 +442,8 @@ def _session(store: GateStore, plan: GatePlan, chosen: _Chosen) -> Session:
             monitors[c.name] = JudgedRunMonitor(order, c.sequential, c.lanes, plan.gold, graders)
         else:
             monitors[c.name] = SequentialMonitor(order, c.sequential, c.lanes)
-    # A control is answered first: the gate's catching it is the first thing a run with controls shows.
-    first = [c.name for c in chosen.comparisons if c.role == "control"]
     settings = SessionSettings.of(plan.options, plan.judge, plan.gold)
-    return Session(store, settings, _lanes(plan), questions, monitors, first=first)
+    return Session(store, settings, _lanes(plan), questions, monitors)
 
 
 def _answer(store: GateStore, plan: GatePlan, session: Session, executors: list[Executor]) -> str:

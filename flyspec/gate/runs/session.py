@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 
 from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
@@ -93,7 +92,6 @@ class Session:
         lanes: list[Lane],
         questions: list[Question],
         monitors: SequentialMonitor | dict[str, SequentialMonitor] | None,
-        first: Collection[str] = (),
     ) -> None:
         self.store = store
         self.settings = settings
@@ -104,8 +102,6 @@ class Session:
             monitors = {"candidate": monitors}
         # One sequential monitor per comparison (the candidate's first); a run stops once all have.
         self.monitors: dict[str, SequentialMonitor] = monitors or {}
-        # Comparisons whose pairs are answered before the others' (a control's), until they stop.
-        self.first = tuple(first)
         # Only this session's lanes: a tune run stores every setting's answers in one run.
         self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}
@@ -148,15 +144,6 @@ class Session:
         """True when the run is sequential and every comparison has stopped."""
         return bool(self.monitors) and all(m.stop is not None for m in self.monitors.values())
 
-    def priority_lanes(self) -> set[Lane]:
-        """The lanes of the ``first`` comparisons that have not stopped: their jobs go ahead of the rest."""
-        return {
-            lane
-            for name in self.first
-            if name in self.monitors and self.monitors[name].stop is None
-            for lane in self.monitors[name].lanes
-        }
-
     def live_lanes(self) -> set[Lane]:
         """The lanes still needed: every lane of a fixed run; in a sequential run, those of a comparison
         that has not stopped."""
@@ -165,8 +152,9 @@ class Session:
         return {lane for m in self.monitors.values() if m.stop is None for lane in m.lanes}
 
     def jobs(self, executor: Executor) -> list[Job]:
-        """The executor's unanswered jobs in the registered order, its lanes side by side per question
-        (the ``first`` lanes' jobs ahead of the others while their comparison runs)."""
+        """The executor's unanswered jobs in the registered order, its lanes side by side per question: every
+        comparison's in-order prefix advances together (a control's decision and the candidate's pairs
+        come in the same minutes, and no comparison waits for another to finish)."""
         live = self.live_lanes()
         seed = self.settings.seed
         lanes = [lane for lane in self.lanes if lane[0] in executor.arms and lane in live]
@@ -176,8 +164,7 @@ class Session:
             for arm, repeat in lanes
             if (arm, repeat, q.dataset, q.id) not in self.done
         ]
-        first = self.priority_lanes()
-        return sorted(jobs, key=lambda j: (j.lane not in first, j.position)) if first else jobs
+        return jobs
 
     def record(self, answer: Answer, bar: GateProgress) -> dict[str, SequentialStop]:
         """Grade and commit one answer (and any answers that waited for it); returns the comparisons'
@@ -340,10 +327,10 @@ class Session:
             if several:
                 log(f"gate: {name}: {stop.decision} after {stop.stopped_at} questions ({stop.reason})")
         if not self.stopped:
-            # Another comparison goes on: its candidate's lane no longer needs answers from this one.
+            # Another comparison goes on: the stopped one's candidate needs no more answers, so its jobs
+            # (also those in flight) give their slots to the comparisons still deciding.
             live = self.live_lanes()
-            first = self.priority_lanes()
-            dispatcher.reorder(lambda j: j.lane in live, lambda j: (j.lane not in first, j.position))
+            dispatcher.drop(lambda j: j.lane in live)
             return
         primary = self.monitor
         assert primary is not None and primary.stop is not None

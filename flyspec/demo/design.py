@@ -1,19 +1,16 @@
-"""The main job (``flyspec demo``, docs/gate.md "The demo"): its arms, its registered design, its run and the
-words around it.
+"""The main job's design (``flyspec demo``, docs/gate.md "The demo"): its arms, its registered design and
+the words said before the first answer.
 
-Three arms share one engine and one baseline (flyspec/gate/arms/engine.py):
+Three arms share one engine and one baseline (flyspec/gate/arms/engine.py), their requests in the same
+batches, the three answers of a question side by side:
 
-- the **baseline**, lossless: the target's own distribution, decoded in the same batches as the others
-  either by standard speculative decoding (drafts verified exactly) or by the target alone
-  (``verification="target_only"``). Which one is faster depends on the CPU: where the batch's matmuls are
-  compute-bound (2 AVX2 cores), verifying K + 1 positions per request costs more than the drafts save, and
-  the target alone answers a pair about 1.2x faster; where matmuls are cheap (AMX), speculation wins. So
-  the demo measures both arrangements side by side on the loaded engine before the first answer
-  (``choose_baseline``) and registers the faster one; a resumed run keeps the one it registered;
+- the **baseline**, lossless: standard speculative decoding (drafts verified exactly: the target's own
+  distribution, greedy outputs identical to the target alone's) at FLy's K, so that FLy's speed is
+  measured against the method it replaces, in the same batches;
 - a **control** the gate must catch: the draft model's own answers (``verification="draft_only"``), the
   limit of lossy verification where every draft token is accepted. It is cheap (only the small model
-  runs) and clearly worse, so the gate should FAIL it within minutes: the demo shows that the gate
-  decides, and which way, before it speaks of FLy;
+  runs) and clearly worse, so the gate should FAIL it within minutes; once it has, its requests in
+  flight are cancelled and their slots go to FLy;
 - **FLy**, the comparison the user came for, at the setting chosen from measurements on this pair
   (docs/verification.md, "FLy on the demo's pair"): FLY_SETTING.
 
@@ -57,8 +54,6 @@ FLY_SETTING)."""
 GPU_TOKENS_PER_S = 3000.0
 """An assumed serving rate for a GPU endpoint running FLy (vLLM) on a model of this size; not measured
 here (no GPU on the machines this project runs on), used only for the 'what it takes' arithmetic."""
-BASELINES = ("standard", "target_only")
-"""How the lossless baseline's requests are decoded: standard speculative decoding or the target alone."""
 
 
 @dataclass(frozen=True)
@@ -103,15 +98,12 @@ def demo_arms(
     quantization: str | None = "auto",
     *,
     batch_invariant: bool = False,
-    baseline: str = "standard",
     window_size: int | None = None,
     entropy_threshold: float = 0.3,
 ) -> dict[str, dict[str, Any]]:
-    """The baseline (lossless: ``baseline`` says how it decodes), the control (the draft model alone) and
-    FLy: one engine configuration (same models, K, dtype, weights) so that all three share one engine and
-    its batches; only who decodes and how drafts are verified differ."""
-    if baseline not in BASELINES:
-        raise ValueError(f"baseline={baseline!r}: must be one of {', '.join(BASELINES)}")
+    """The baseline (standard speculative decoding), the control (the draft model alone) and FLy: one
+    engine configuration (same models, K, dtype, weights) so that all three share one engine and its
+    batches; only who decodes and how drafts are verified differ."""
     fly = FlySetting(num_speculative_tokens, window_size, entropy_threshold, PRIOR_FLIP_RATE)
 
     def arm(method: str, mode: str | None) -> dict[str, Any]:
@@ -132,7 +124,7 @@ def demo_arms(
         return out
 
     return {
-        "baseline": arm("standard", "target_only" if baseline == "target_only" else None),
+        "baseline": arm("standard", None),
         "control": arm("standard", "draft_only"),
         "candidate": arm("fly", None),
     }
@@ -187,9 +179,10 @@ def control_outlook(pool: int) -> DesignOutcome:
     return design_outcome(Design("sequential", pool), flip_rate, CONTROL_MARGIN, CONTROL_ALPHA, delta)
 
 
-def _names(datasets: tuple[str, ...]) -> str:
+def pool_words(datasets: tuple[str, ...]) -> str:
+    """The question sets in words, e.g. 'GSM8K and MATH-500' (a file by its name without the suffix)."""
     known = {"gsm8k": "GSM8K", "math500": "MATH-500"}
-    names = [known.get(d, d) for d in datasets]
+    names = [known.get(d, Path(d).stem) for d in datasets]
     return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -224,7 +217,7 @@ def opening_lines(
     setting = f" ({fly})" if fly else ""
     lines = [
         f"flyspec demo: FLy{setting}, which is lossy, against lossless decoding of the same target, on "
-        f"{_names(datasets)} ({choice.pool:,} questions in one seeded random order).",
+        f"{pool_words(datasets)} ({choice.pool:,} questions in one seeded random order).",
         f"Registered before the first answer: FLy's margin {m} points at alpha {ALPHA - CONTROL_ALPHA:g}; a "
         f"control, the draft model's own answers, at a {100 * CONTROL_MARGIN:g}-point margin and alpha "
         f"{CONTROL_ALPHA:g} (together at most {ALPHA:g}). The claim is about the method on questions like "
@@ -241,8 +234,8 @@ def opening_lines(
         hold = "holds" if len(datasets) == 1 else "hold"
         lines.append(
             f"A 2-point margin is out of reach here: it needs a median of {_count(two.median)} questions "
-            f"(90% by {_count(two.q90)}), more than {_names(datasets)} {hold} ({choice.pool:,}). It would "
-            "take more questions (your own traffic), or a GPU endpoint serving FLy: at an assumed "
+            f"(90% by {_count(two.q90)}), more than {pool_words(datasets)} {hold} ({choice.pool:,}). It "
+            "would take more questions (your own traffic), or a GPU endpoint serving FLy: at an assumed "
             f"{GPU_TOKENS_PER_S:,.0f} output tokens/s (vLLM on one GPU; not measured here) that is about "
             f"{_hours(two.median, gpu_per_minute)}."
         )
@@ -289,34 +282,6 @@ def probe_rate(llm: Any, modes: dict[str, str | None]) -> float:
     return tokens / seconds * 60 / (TOKENS_PER_ANSWER * len(modes))
 
 
-def choose_baseline(llm: Any, arms: dict[str, dict[str, Any]]) -> tuple[str, dict[str, float]]:
-    """Probe the demo's three arms with the baseline decoded both ways (standard speculative decoding, the
-    target alone) in the loaded engine, side by side, and return the faster way with both rates
-    (questions a minute, all three arms together). Both decode the target's own distribution, so the
-    choice changes the time to a decision, never what is decided."""
-    modes = {name: arm.get("verification") for name, arm in arms.items()}
-    rates = {}
-    for way in BASELINES:
-        rates[way] = probe_rate(llm, {**modes, "baseline": "target_only" if way == "target_only" else None})
-    return max(rates, key=lambda w: rates[w]), rates
-
-
-def baseline_line(way: str, rates: dict[str, float]) -> str:
-    """What the demo says about its baseline: which way it decodes and why."""
-    words = {"standard": "standard speculative decoding", "target_only": "the target alone"}
-    if way not in rates or len(rates) < 2:
-        return (
-            f"Baseline: {words[way]}, as this run registered it (both ways decode the target's own answers)."
-        )
-    other = next(w for w in BASELINES if w != way)
-    return (
-        f"Baseline: {words[way]}, measured just now as the faster lossless way on this machine "
-        f"({rates[way]:.1f} questions a minute for the three arms, against {rates[other]:.1f} with "
-        f"{words[other]}); both follow the target's own distribution, so the choice changes the time to a "
-        "decision, not what is decided."
-    )
-
-
 @dataclass(frozen=True)
 class DemoSettings:
     """What `flyspec demo` was asked for (docs/gate.md, "The demo")."""
@@ -334,23 +299,21 @@ class DemoSettings:
     dtype: str = "bfloat16"
     quantization: str | None = "auto"
     batch_invariant: bool = False
-    baseline: str | None = None
-    """None: measured (``choose_baseline``); else one of BASELINES."""
     seed: int = 0
     store: Path = Path("flyspec-demo.db")
 
-    def arms(self, baseline: str) -> dict[str, dict[str, Any]]:
-        """The three arms with the baseline decoded ``baseline``'s way."""
+    def arms(self) -> dict[str, dict[str, Any]]:
+        """The three arms."""
         return demo_arms(
             self.target, self.draft, self.fly.num_speculative_tokens, self.dtype, self.max_num_seqs,
-            self.quantization, batch_invariant=self.batch_invariant, baseline=baseline,
+            self.quantization, batch_invariant=self.batch_invariant,
             window_size=self.fly.window_size, entropy_threshold=self.fly.entropy_threshold,
         )  # fmt: skip
 
-    def run_id(self, choice: MarginChoice, baseline: str) -> str:
+    def run_id(self, choice: MarginChoice) -> str:
         """The run's name in the store: every registered setting is part of it, so the same command resumes
-        and another one starts a new run. Runs of earlier versions (standard baseline, FLy at vLLM's
-        defaults, both datasets) keep their names."""
+        and another one starts a new run. Runs of earlier versions (FLy at vLLM's defaults, both datasets)
+        keep their names."""
         size = self.max_questions if self.max_questions is not None else "all"
         k = self.fly.num_speculative_tokens
         settings = f"n{size}-k{k}-t{self.max_tokens}-m{choice.margin:g}-s{self.seed}"
@@ -362,8 +325,6 @@ class DemoSettings:
             settings += f"-{self.quantization}"
         if self.batch_invariant:
             settings += "-bi"
-        if baseline == "target_only":
-            settings += "-to"
         if choice.datasets != DATASETS:
             settings += "-" + "+".join(Path(d).stem for d in choice.datasets)
         return f"demo-3arm-seq-{settings}-{Path(self.target).name}"
@@ -382,53 +343,32 @@ class DemoSettings:
         return choose_margin(self.pools(), self.flip_rate or self.fly.flip_rate, margin=self.margin)
 
 
-def registered_baseline(settings: DemoSettings, choice: MarginChoice) -> str | None:
-    """The baseline way of a run these settings already registered in the store (so a resume keeps it),
-    or None when there is none yet."""
-    from flyspec.gate.data.store import GateStore
-
-    if settings.baseline is not None:
-        return settings.baseline
-    if not settings.store.is_file():
-        return None
-    with GateStore(settings.store) as store:
-        for way in BASELINES:
-            if store.get_run(settings.run_id(choice, way)) is not None:
-                return way
-    return None
-
-
-def start(settings: DemoSettings, registered: str | None) -> tuple[str, dict[str, float]]:
-    """Load the engine the three arms share (the run takes it over) and measure this machine: with the
-    baseline's way ``registered`` by an earlier call, the three arms' questions a minute that way; else
-    both ways (``choose_baseline``). Returns the way and the probed rates by way."""
+def start(settings: DemoSettings) -> float:
+    """Load the engine the three arms share (the run takes it over) and return the questions a minute it
+    answers here, all three arms together (``probe_rate``)."""
     from flyspec.gate.arms.engine import preload
     from flyspec.gate.arms.registry import parse_arm
 
-    arms = settings.arms(registered or "standard")
+    arms = settings.arms()
     llm = preload([parse_arm(name, arm) for name, arm in arms.items()])
-    if registered is not None:
-        modes = {name: arm.get("verification") for name, arm in arms.items()}
-        return registered, {registered: probe_rate(llm, modes)}
-    return choose_baseline(llm, arms)
+    return probe_rate(llm, {name: arm.get("verification") for name, arm in arms.items()})
 
 
 def gate_options(
     settings: DemoSettings,
     choice: MarginChoice,
-    baseline: str,
     max_minutes: float | None,
     progress: bool,
 ) -> Any:
     """The gate run of the demo: the three arms, FLy's margin and alpha, the control's, sequential over the
     chosen pool in one seeded order."""
-    from flyspec.gate.runs.options import GateOptions
+    from flyspec.gate import GateOptions
 
-    arms = settings.arms(baseline)
+    arms = settings.arms()
     return GateOptions(
         settings.store, choice.datasets, arms["baseline"], choice.margin, arms["candidate"], alpha=ALPHA,
         controls={"control": arms["control"]}, control_alpha=CONTROL_ALPHA, control_margin=CONTROL_MARGIN,
         sequential=True, max_questions=settings.max_questions, max_minutes=max_minutes,
-        max_tokens=settings.max_tokens, seed=settings.seed, run_id=settings.run_id(choice, baseline),
+        max_tokens=settings.max_tokens, seed=settings.seed, run_id=settings.run_id(choice),
         progress=progress,
     )  # fmt: skip
