@@ -1,5 +1,5 @@
-"""`flyspec demo`: the main job on the embedded default (docs/gate.md, "flyspec demo"; the design is
-flyspec/demo/design.py, the words at the end flyspec/demo/report.py).
+"""`flyspec demo`: the main job on the embedded default (docs/gate.md, "The demo: `flyspec demo`"; the
+design is flyspec/demo/design.py, the words at the end flyspec/demo/report.py).
 
 Prepares the Qwen2.5-Coder pair of the model zoo, then runs the sequential quality gate (docs/gate.md)
 with three arms in one engine: the lossless baseline (standard speculative decoding), the draft model

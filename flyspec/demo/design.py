@@ -1,5 +1,5 @@
-"""The main job's design (``flyspec demo``, docs/gate.md "The demo"): its arms, its registered design and
-the words said before the first answer.
+"""The main job's design (``flyspec demo``; docs/gate.md, "The demo: `flyspec demo`"): its arms, its
+registered design and the words said before the first answer.
 
 Three arms share one engine and one baseline (flyspec/gate/arms/engine.py), their requests in the same
 batches, the three answers of a question side by side:
@@ -16,7 +16,7 @@ batches, the three answers of a question side by side:
 
 Both comparisons share alpha (Bonferroni: the control gets CONTROL_ALPHA, FLy the rest, so the chance of
 any wrong decision stays at most ALPHA). FLy's margin and question pool are registered before the first
-answer, chosen by simulating the registered design (docs/gate.md, "Questions to a decision") at the flip
+answer, chosen by simulating the registered design (docs/statistics.md, "Questions to a decision") at the flip
 rate FLy's setting showed on this pair and no true loss: the narrowest margin that GSM8K decides in nine
 runs of ten, with MATH-500 added only where GSM8K alone is too small for it (its answers are longer, so
 each of its questions costs more). A 2-point margin needs thousands of questions more than the two sets
@@ -284,7 +284,7 @@ def probe_rate(llm: Any, modes: dict[str, str | None]) -> float:
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """What `flyspec demo` was asked for (docs/gate.md, "The demo")."""
+    """What `flyspec demo` was asked for (docs/gate.md, "The demo: `flyspec demo`")."""
 
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
