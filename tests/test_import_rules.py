@@ -14,8 +14,8 @@ TYPE_CHECKING): a lazy import is still a dependency.
 4. Only the command line uses typer: no module outside `flyspec.cli` imports it.
 5. Nobody imports the command line: no module outside `flyspec.cli` imports `flyspec.cli`; its one user is
    the `flyspec` entry point (`flyspec.cli:main` in pyproject.toml).
-6. The gate, the demo, the benchmarks and the command line reach the engine only through `flyspec.llm` (`LLM`) and
-   `flyspec.config`: they import nothing of `flyspec.engine` or `flyspec.spec_decode`, and of
+6. The gate, the demo, the benchmarks and the command line reach the engine only through `flyspec.llm`
+   (`LLM`) and `flyspec.config`: they import nothing of `flyspec.engine` or `flyspec.spec_decode`, and of
    `flyspec.models` only `flyspec.models.loader` (to load weights once and hand them to
    `LLM.from_config`). The server is the exception: its engine thread drives `LLMEngine` step by step
    because it interleaves steps with requests that arrive and abort over HTTP, so `flyspec.server`, and
