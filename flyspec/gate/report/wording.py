@@ -1,13 +1,14 @@
 """The gate's decision in plain words, written from the numbers so that the words cannot contradict them.
 
 ``explain_decision`` checks that the decision it is given is the one the interval implies (the rule of
-flyspec/gate/stats/decision.py) and raises ValueError otherwise, then says what the interval shows: where it
+flyspec/gate/stats/decide.py) and raises ValueError otherwise, then says what the interval shows: where it
 lies against zero and against the margin, which is everything the decision rests on.
 """
 
 from __future__ import annotations
 
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, classify
+from flyspec.gate.stats.decide import classify
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 
 
 def points(value: float, *references: float) -> str:

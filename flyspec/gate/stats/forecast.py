@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flyspec.gate.stats.decide import sequential_decisions
 from flyspec.gate.stats.decision import INCONCLUSIVE
 from flyspec.gate.stats.designs import Design, design_outcome, rounded_rate, sequential_iid
-from flyspec.gate.stats.sequential import sequential_decisions
 
 MIN_PAIRS = 20
 """Pairs before the observed effect may be used at all."""

@@ -55,7 +55,8 @@ import numpy as np
 
 from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.betting import BoundedMeanSequence
-from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha, classify
+from flyspec.gate.stats.decide import verdict
+from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha
 from flyspec.gate.stats.growth import JudgeModel, smallest_rate
 from flyspec.gate.stats.paired import wilson_interval
 
@@ -367,21 +368,19 @@ def judged_decision(
         low, high = sequence.update(pair)
         stopped += 1
         labelled += pair.gold is not None
-        if design == "sequential" and labelled and (low > -margin or high < -margin):
+        if design == "sequential" and verdict(low, high, margin, labelled > 0).decision != INCONCLUSIVE:
             break
     counts = judge_counts(used[:stopped])
-    decision, loss_detected = classify(low, high, margin)
-    if counts.labelled == 0:
-        decision, loss_detected = INCONCLUSIVE, False
+    end = verdict(low, high, margin, counts.labelled > 0)
     advice = None
-    if decision == INCONCLUSIVE:
+    if end.decision == INCONCLUSIVE:
         advice = labels_needed(counts, margin, alpha, design, max(horizon or 0, len(pairs)), used[:stopped])
     return JudgedDecision(
-        decision=decision,
+        decision=end.decision,
         stopped_at=stopped,
         low=low,
         high=high,
-        loss_detected=loss_detected,
+        loss_detected=end.loss_detected,
         design=design,
         rate=rate,
         usable=usable,

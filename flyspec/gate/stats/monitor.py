@@ -30,15 +30,14 @@ declared) and the method key. Judged runs registered with the prediction-powered
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from flyspec.gate.stats.claims import POPULATIONS, claim
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.decide import SequentialWalk, sequential_decision_with_undecided, verdict
+from flyspec.gate.stats.decision import INCONCLUSIVE
 from flyspec.gate.stats.judged import JudgedPair, JudgedSequence, judge_counts, judged_decision, usable_prefix
-from flyspec.gate.stats.sequential import ConfidenceSequence, sequential_decision_with_undecided
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -238,7 +237,7 @@ def _stop(
     walk = sequential_decision_with_undecided(
         used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.sequence_population
     )
-    if walk.decision in (PASS, FAIL):
+    if walk.decision != INCONCLUSIVE:
         reason, upto = "boundary", walk.stopped_at
     counted = used[:upto]
     return SequentialStop(
@@ -304,12 +303,18 @@ class SequentialMonitor:
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.prefix = 0
         self.lost = self.gained = self.undecided = 0
-        self.low, self.high = -1.0, 1.0
         self.stop: SequentialStop | None = None
-        # The lower bounds count an undecided pair as lost, the upper bounds as gained; the two sequences
-        # are one until the first undecided pair, when the upper one starts as a copy of the lower.
-        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.sequence_population)
-        self._upper: ConfidenceSequence | None = None
+        self._walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
+
+    @property
+    def low(self) -> float:
+        """The running lower bound (-1 before the first pair)."""
+        return self._walk.low
+
+    @property
+    def high(self) -> float:
+        """The running upper bound (1 before the first pair)."""
+        return self._walk.high
 
     def add(
         self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
@@ -331,21 +336,16 @@ class SequentialMonitor:
             self.lost += d == -1
             self.gained += d == 1
             self.undecided += undecided
-            if undecided and self._upper is None:
-                self._upper = copy.deepcopy(self._lower)
-            self.low, self.high = self._lower.update(-1 if undecided else d)
-            if self._upper is not None:
-                self.high = self._upper.update(1 if undecided else d)[1]
-            crossed = self.low > -self.plan.margin or self.high < -self.plan.margin
+            crossed = self._walk.add(d, undecided) is not None
             if crossed or self.prefix >= self.plan.max_questions:
-                decision = PASS if self.low > -self.plan.margin else FAIL if crossed else INCONCLUSIVE
+                end = self._walk.decision()
                 self.stop = SequentialStop(
-                    decision=decision,
+                    decision=end.decision,
                     reason="boundary" if crossed else "max_questions",
                     stopped_at=self.prefix,
-                    low=self.low,
-                    high=self.high,
-                    loss_detected=self.high < 0,
+                    low=end.low,
+                    high=end.high,
+                    loss_detected=end.loss_detected,
                     lost=self.lost,
                     gained=self.gained,
                     complete_prefix=self.prefix,
@@ -374,7 +374,7 @@ def _judged_walk(
             INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, usable, awaiting_label=awaiting
         )
     walk = judged_decision(used, plan.margin, plan.alpha, rate, "sequential")
-    if walk.decision in (PASS, FAIL):
+    if walk.decision != INCONCLUSIVE:
         reason, upto = "boundary", walk.stopped_at
     counts = walk.counts
     return SequentialStop(
@@ -471,18 +471,16 @@ class JudgedMonitor:
             self.gained += counts.gained
             self.undecided += counts.undecided
             self.labelled += counts.labelled
-            crossed = self.labelled > 0 and (self.low > -self.plan.margin or self.high < -self.plan.margin)
+            now = verdict(self.low, self.high, self.plan.margin, self.labelled > 0)
+            crossed = now.decision != INCONCLUSIVE
             if crossed or self.prefix >= self.plan.max_questions:
-                decision = (
-                    PASS if crossed and self.low > -self.plan.margin else FAIL if crossed else INCONCLUSIVE
-                )
                 self.stop = SequentialStop(
-                    decision=decision,
+                    decision=now.decision,
                     reason="boundary" if crossed else "max_questions",
                     stopped_at=self.prefix,
                     low=self.low,
                     high=self.high,
-                    loss_detected=self.high < 0 and self.labelled > 0,
+                    loss_detected=now.loss_detected,
                     lost=self.lost,
                     gained=self.gained,
                     complete_prefix=self.prefix,

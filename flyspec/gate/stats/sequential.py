@@ -1,4 +1,4 @@
-"""Anytime-valid inference for the paired gate: a betting confidence sequence and the sequential decision.
+"""Anytime-valid inference for the paired gate: a betting confidence sequence and where it crosses a margin.
 
 Each question gives a paired difference ``D = candidate correct - baseline correct`` in {-1, 0, 1}; the
 gate wants the mean ``delta = E[D]`` and looks after every question. We map ``X = (D + 1) / 2`` into [0, 1]
@@ -42,13 +42,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, check_margin
 
 BETS = 2.0 ** -np.arange(8)
 _BET_SIZES = BETS.tolist()
@@ -59,14 +57,14 @@ _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroin
 _ROOT_TOLERANCE = 1e-13
 
 
-def _check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
+def check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
     if not is_number(alpha):
         raise ValueError(f"{name}={alpha!r}: must be a number")
     if not 0 < alpha < upper:
         raise ValueError(f"{name}={alpha!r}: must lie in (0, {upper:g})")
 
 
-def _check_population(population_size: int | None, observations: int) -> None:
+def check_population(population_size: int | None, observations: int) -> None:
     if population_size is None:
         return
     if not is_int(population_size, 1):
@@ -78,7 +76,7 @@ def _check_population(population_size: int | None, observations: int) -> None:
         )
 
 
-def _as_diffs(diffs: Sequence[int] | np.ndarray, ndim: int) -> np.ndarray:
+def as_diffs(diffs: Sequence[int] | np.ndarray, ndim: int) -> np.ndarray:
     values = np.asarray(diffs)
     if values.ndim != ndim:
         need = "one flat sequence" if ndim == 1 else "a 2-D array, one sequence per row"
@@ -300,8 +298,8 @@ class ConfidenceSequence:
     """
 
     def __init__(self, alpha: float = 0.05, population_size: int | None = None) -> None:
-        _check_alpha(alpha)
-        _check_population(population_size, 0)
+        check_alpha(alpha)
+        check_population(population_size, 0)
         self.alpha = alpha
         self.population_size = population_size
         self._exact = _ExactSequence(alpha) if population_size is None else None
@@ -313,7 +311,7 @@ class ConfidenceSequence:
         """Add one paired difference and return the running bounds for delta, each in [-1, 1]."""
         if isinstance(d, bool) or d not in (-1, 0, 1):
             raise ValueError(f"d={d!r}: each paired difference must be -1, 0 or 1")
-        _check_population(self.population_size, self.n + 1)
+        check_population(self.population_size, self.n + 1)
         self.n += 1
         if self._exact is not None:
             low_x, high_x = self._exact.update(int(d) + 1)
@@ -335,9 +333,9 @@ def confidence_sequence(
     (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). With
     ``population_size`` it uses their without-replacement version for a finite question set of that size.
     """
-    values = _as_diffs(diffs, ndim=1)
-    _check_alpha(alpha)
-    _check_population(population_size, len(values))
+    values = as_diffs(diffs, ndim=1)
+    check_alpha(alpha)
+    check_population(population_size, len(values))
     sequence = ConfidenceSequence(alpha, population_size)
     lows: list[float] = []
     highs: list[float] = []
@@ -348,117 +346,30 @@ def confidence_sequence(
     return lows, highs
 
 
-@dataclass(frozen=True)
-class SequentialDecision:
-    """Outcome of walking the confidence sequence: the decision, where it stopped and the bounds there."""
-
-    decision: str
-    stopped_at: int
-    low: float
-    high: float
-    loss_detected: bool
-
-
-def sequential_decision(
-    diffs: Sequence[int], margin: float, alpha: float = 0.025, population_size: int | None = None
-) -> SequentialDecision:
-    """Walk the ``1 - 2 alpha`` confidence sequence and stop at the first boundary crossing.
-
-    PASS at the first n with ``low_n > -margin``; FAIL at the first n with ``high_n < -margin``;
-    INCONCLUSIVE when neither happens within ``diffs`` (``stopped_at = len(diffs)``). Because the
-    sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
-    and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
+def crossing_stops(
+    values: np.ndarray, margin: float, alpha: float, population_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each row's ``1 - 2 alpha`` sequence first crosses ``-margin``, for many sequences at once:
+    ``(passed, failed, stopped_at)``, ``passed`` where the lower bound passed it, ``failed`` where the upper
+    bound dropped below it (only), ``stopped_at`` the questions used (the row's length when neither). The
+    lower bound first exceeds -margin exactly when K+ at -margin first exceeds the threshold, and the upper
+    bound first drops below it when K- there does, so two capital processes per row replace the bounds:
+    closed forms of the running counts in the i.i.d. case (computed a block of columns at a time), the
+    grid's two neighbours of -margin without replacement. ``values``: checked differences, one row each;
+    ``flyspec.gate.stats.decide.sequential_decisions`` names the verdicts.
     """
-    values = _as_diffs(diffs, ndim=1)
-    check_margin(margin)
-    _check_alpha(alpha, upper=0.5)
-    _check_population(population_size, len(values))
-    sequence = ConfidenceSequence(2.0 * alpha, population_size)
-    decision, low, high = INCONCLUSIVE, -1.0, 1.0
-    for d in values.tolist():
-        low, high = sequence.update(d)
-        if low > -margin:
-            decision = PASS
-            break
-        if high < -margin:
-            decision = FAIL
-            break
-    return SequentialDecision(
-        decision=decision, stopped_at=sequence.n, low=low, high=high, loss_detected=high < 0
-    )
-
-
-def sequential_decision_with_undecided(
-    diffs: Sequence[int],
-    undecided: Sequence[bool],
-    margin: float,
-    alpha: float = 0.025,
-    population_size: int | None = None,
-) -> SequentialDecision:
-    """``sequential_decision`` when some pairs are undecided (a judge whose two orders disagree): each
-    undecided pair counts against the claim being tested.
-
-    ``diffs[i]`` is the pair's difference (0 where ``undecided[i]``). The lower bounds come from the
-    sequence in which every undecided pair is -1 (lost), the upper bounds from the one in which it is +1
-    (gained): PASS at the first n with ``low_n > -margin``, FAIL at the first n with ``high_n < -margin``.
-    Each sequence lies on the side of the truth that makes its claim harder, so P(PASS) <= alpha when
-    delta <= -margin and P(FAIL) <= alpha when delta >= -margin, as in ``sequential_decision``, whatever
-    the undecided pairs truly were. Without undecided pairs it is ``sequential_decision``.
-    """
-    values = _as_diffs(diffs, ndim=1)
-    flags = [bool(u) for u in undecided]
-    if len(flags) != len(values):
-        raise ValueError(f"undecided has {len(flags)} entries for {len(values)} differences")
-    if any(f and d != 0 for f, d in zip(flags, values.tolist(), strict=True)):
-        raise ValueError("an undecided pair's difference must be 0")
-    if not any(flags):
-        return sequential_decision(values, margin, alpha, population_size)
-    check_margin(margin)
-    _check_alpha(alpha, upper=0.5)
-    _check_population(population_size, len(values))
-    lower = ConfidenceSequence(2.0 * alpha, population_size)
-    upper = ConfidenceSequence(2.0 * alpha, population_size)
-    decision, low, high = INCONCLUSIVE, -1.0, 1.0
-    for d, flag in zip(values.tolist(), flags, strict=True):
-        low = lower.update(-1 if flag else d)[0]
-        high = upper.update(1 if flag else d)[1]
-        if low > -margin:
-            decision = PASS
-            break
-        if high < -margin:
-            decision = FAIL
-            break
-    return SequentialDecision(
-        decision=decision, stopped_at=lower.n, low=low, high=high, loss_detected=high < 0
-    )
-
-
-def sequential_decisions(
-    diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
-
-    Returns ``(decision, stopped_at)`` arrays. The lower bound first exceeds -margin exactly when K+ at
-    -margin first exceeds the threshold, and the upper bound first drops below it when K- there does, so
-    two capital processes per row replace the bounds: closed forms of the running counts in the i.i.d.
-    case (computed a block of columns at a time), the grid's two neighbours of -margin without
-    replacement. The answers equal ``sequential_decision``'s except after a miss that empties the set.
-    """
-    values = _as_diffs(diffs, ndim=2)
-    check_margin(margin)
-    _check_alpha(alpha, upper=0.5)
-    _check_population(population_size, values.shape[1])
     if population_size is None:
-        return _iid_decisions(values, margin, alpha)
-    return _without_replacement_decisions(values, margin, alpha, population_size)
+        return _iid_stops(values, margin, alpha)
+    return _without_replacement_stops(values, margin, alpha, population_size)
 
 
-def _iid_decisions(values: np.ndarray, margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def _iid_stops(values: np.ndarray, margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows, length = values.shape
     m = (1.0 - margin) / 2.0
     threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
     terms = {side: np.array(_bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
-    decisions = np.full(rows, INCONCLUSIVE, dtype=object)
+    passed = np.zeros(rows, dtype=bool)
+    failed = np.zeros(rows, dtype=bool)
     stopped_at = np.full(rows, length, dtype=np.int64)
     active = np.arange(rows)
     counts = np.zeros((3, rows))
@@ -475,19 +386,20 @@ def _iid_decisions(values: np.ndarray, margin: float, alpha: float) -> tuple[np.
         hit = either.any(axis=1)
         first = np.argmax(either, axis=1)
         rows_hit = np.flatnonzero(hit)
-        passed = crossed[1][rows_hit, first[rows_hit]]
-        decisions[active[rows_hit]] = np.where(passed, PASS, FAIL)
+        lower = crossed[1][rows_hit, first[rows_hit]]
+        passed[active[rows_hit]] = lower
+        failed[active[rows_hit]] = ~lower
         stopped_at[active[rows_hit]] = start + first[rows_hit] + 1
         active = active[~hit]
         if active.size == 0:
             break
-    return decisions, stopped_at
+    return passed, failed, stopped_at
 
 
 def iid_crossings(running: list[np.ndarray], margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """Where the i.i.d. ``1 - 2 alpha`` sequence's lower bound lies above -margin (PASS) and its upper
     bound below it (FAIL), from running counts ``[lost, tied, gained]`` (arrays of one shape): the
-    closed form ``sequential_decisions`` uses, for simulations that draw their runs block by block."""
+    closed form ``crossing_stops`` uses, for simulations that draw their runs block by block."""
     m = (1.0 - margin) / 2.0
     threshold = math.log(1.0 / alpha)
     return tuple(_iid_crossed(running, np.array(_bet_terms(m, side)), threshold) for side in (1, -1))  # type: ignore[return-value]
@@ -509,15 +421,16 @@ def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float)
     return hit
 
 
-def _without_replacement_decisions(
+def _without_replacement_stops(
     values: np.ndarray, margin: float, alpha: float, population_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows, length = values.shape
     grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
     above = int(np.flatnonzero(grid > -margin)[0])
     below = int(np.flatnonzero(grid < -margin)[-1])
     capital = _Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
-    decisions = np.full(rows, INCONCLUSIVE, dtype=object)
+    passed_at = np.zeros(rows, dtype=bool)
+    failed_at = np.zeros(rows, dtype=bool)
     stopped_at = np.full(rows, length, dtype=np.int64)
     active = np.arange(rows)
     for step in range(length):
@@ -529,23 +442,21 @@ def _without_replacement_decisions(
         failed |= logical_high < -margin
         done = passed | failed
         if done.any():
-            decisions[active[passed]] = PASS
-            decisions[active[failed & ~passed]] = FAIL
+            passed_at[active[passed]] = True
+            failed_at[active[failed & ~passed]] = True
             stopped_at[active[done]] = step + 1
             active = active[~done]
             capital.keep_rows(~done)
             if active.size == 0:
                 break
-    return decisions, stopped_at
+    return passed_at, failed_at, stopped_at
 
 
 __all__ = [
     "BETS",
     "GRID_STEPS",
     "ConfidenceSequence",
-    "SequentialDecision",
     "confidence_sequence",
+    "crossing_stops",
     "iid_crossings",
-    "sequential_decision",
-    "sequential_decisions",
 ]

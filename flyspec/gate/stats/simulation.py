@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, PRIOR_MEAN, PRIOR_VARIANCE, TRUNCATION
+from flyspec.gate.stats.decide import crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
@@ -282,7 +283,6 @@ def judged_runs(
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side)
     stream = JudgedStream(runs, rate)
-    decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
     stopped_at = np.full(runs, questions, dtype=np.int64)
     passed = np.zeros(runs, dtype=bool)
     failed = np.zeros(runs, dtype=bool)
@@ -305,8 +305,8 @@ def judged_runs(
         hit = crossed.any(axis=1)
         first = np.argmax(crossed, axis=1)
         rows = np.flatnonzero(hit)
-        is_pass = plus[rows, first[rows]]
-        decisions[active[rows]] = np.where(is_pass, "PASS", "FAIL")
+        passed[active[rows]] = plus[rows, first[rows]]
+        failed[active[rows]] = ~plus[rows, first[rows]]
         stopped_at[active[rows]] = start + first[rows] + 1
         keep = ~hit
         active = active[keep]
@@ -317,7 +317,7 @@ def judged_runs(
     if design == "fixed":
         # The running bounds: PASS if the lower bound ever passed -margin (checked first, as classify);
         # without a label a run decides nothing.
-        mute = stream.labelled == 0
-        decisions[failed & ~mute] = "FAIL"
-        decisions[passed & ~mute] = "PASS"
-    return Outcomes(decisions, stopped_at)
+        labelled = stream.labelled > 0
+        passed &= labelled
+        failed &= labelled
+    return Outcomes(crossing_verdicts(passed, failed), stopped_at)
