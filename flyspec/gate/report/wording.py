@@ -39,7 +39,7 @@ def explain_decision(
     """
     if n == 0:
         return ["No question has been answered by both arms yet, so there is nothing to decide."]
-    expected, _ = classify(low, high, margin)
+    expected = classify(low, high, margin).decision
     if decision != expected:
         raise ValueError(
             f"decision={decision!r} does not follow from the interval [{low}, {high}] and margin {margin} "

@@ -12,7 +12,7 @@ accuracy against the non-inferiority ``margin``:
 Every verdict of the gate comes from here: a fixed run's on Tango's ``1 - 2 alpha`` interval (``decide``,
 ``decide_with_undecided``), a sequential run's at the first crossing of its confidence sequence
 (``SequentialWalk``: ``sequential_decision``, the run's monitor and the report's replay of it all walk
-with it), a judged run's on its prediction-powered sequence (``verdict``), and the simulations' many runs
+with it), a judged run's on its prediction-powered sequence, and the simulations' many runs
 at once (``crossing_verdicts``, the rule on arrays; tests/test_gate_stats_decide.py pins each simulated
 design to the rule on the same draws). tests/test_gate_stats_decide.py also fails if a verdict is
 assigned anywhere else in the gate.
@@ -38,17 +38,6 @@ from flyspec.gate.stats.sequential import (
 )
 
 
-def classify(low: float, high: float, margin: float) -> tuple[str, bool]:
-    """``(decision, loss_detected)`` for an interval ``[low, high]`` of delta against ``margin``."""
-    if low > -margin:
-        decision = PASS
-    elif high < -margin:
-        decision = FAIL
-    else:
-        decision = INCONCLUSIVE
-    return decision, high < 0
-
-
 def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
     """``classify`` for many runs at once, from where each run's bounds stand against ``-margin``:
     ``passed`` (the lower bound above it), ``failed`` (the upper bound below it). PASS wins where both
@@ -71,11 +60,19 @@ class Decision:
     high: float
 
 
-def verdict(low: float, high: float, margin: float, can_decide: bool = True) -> Decision:
-    """``classify`` as a ``Decision``; ``can_decide=False`` (a judged run without a gold label yet) gives
-    INCONCLUSIVE with no loss shown, whatever the interval."""
-    decision, loss_detected = classify(low, high, margin) if can_decide else (INCONCLUSIVE, False)
-    return Decision(decision=decision, loss_detected=loss_detected, low=low, high=high)
+def classify(low: float, high: float, margin: float, can_decide: bool = True) -> Decision:
+    """The rule on an interval ``[low, high]`` of delta against ``margin`` (the module docstring).
+    ``can_decide=False`` (a judged run without a gold label yet) gives INCONCLUSIVE with no loss shown,
+    whatever the interval."""
+    if not can_decide:
+        return Decision(INCONCLUSIVE, False, low, high)
+    if low > -margin:
+        decision = PASS
+    elif high < -margin:
+        decision = FAIL
+    else:
+        decision = INCONCLUSIVE
+    return Decision(decision=decision, loss_detected=high < 0, low=low, high=high)
 
 
 def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
@@ -91,7 +88,7 @@ def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) 
     if alpha >= 0.5:
         raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5) (the interval has level 1 - 2 alpha)")
     low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
-    return verdict(low, high, margin)
+    return classify(low, high, margin)
 
 
 def decide_with_undecided(
@@ -113,8 +110,8 @@ def decide_with_undecided(
     against_pass = decide(n, lost + undecided, gained, margin, alpha)
     if undecided == 0:
         return against_pass
-    against_fail = decide(n, lost, gained + undecided, margin, alpha)
-    return verdict(against_pass.low, against_fail.high, margin)
+    high = net_difference_ci(n, lost, gained + undecided, level=1 - 2 * alpha)[1]
+    return classify(against_pass.low, high, margin)
 
 
 @dataclass(frozen=True)
@@ -163,7 +160,7 @@ class SequentialWalk:
 
     def decision(self) -> Decision:
         """The rule on the bounds reached so far."""
-        return verdict(self.low, self.high, self.margin)
+        return classify(self.low, self.high, self.margin)
 
 
 def _walk(
@@ -252,5 +249,4 @@ __all__ = [
     "sequential_decision",
     "sequential_decision_with_undecided",
     "sequential_decisions",
-    "verdict",
 ]

@@ -55,7 +55,7 @@ import numpy as np
 
 from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.betting import BoundedMeanSequence
-from flyspec.gate.stats.decide import verdict
+from flyspec.gate.stats.decide import classify
 from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha
 from flyspec.gate.stats.growth import JudgeModel, smallest_rate
 from flyspec.gate.stats.paired import wilson_interval
@@ -368,10 +368,10 @@ def judged_decision(
         low, high = sequence.update(pair)
         stopped += 1
         labelled += pair.gold is not None
-        if design == "sequential" and verdict(low, high, margin, labelled > 0).decision != INCONCLUSIVE:
+        if design == "sequential" and classify(low, high, margin, labelled > 0).decision != INCONCLUSIVE:
             break
     counts = judge_counts(used[:stopped])
-    end = verdict(low, high, margin, counts.labelled > 0)
+    end = classify(low, high, margin, counts.labelled > 0)
     advice = None
     if end.decision == INCONCLUSIVE:
         advice = labels_needed(counts, margin, alpha, design, max(horizon or 0, len(pairs)), used[:stopped])

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flyspec.gate.stats.claims import POPULATIONS, claim
-from flyspec.gate.stats.decide import SequentialWalk, sequential_decision_with_undecided, verdict
+from flyspec.gate.stats.decide import SequentialWalk, classify
 from flyspec.gate.stats.decision import INCONCLUSIVE
 from flyspec.gate.stats.judged import JudgedPair, JudgedSequence, judge_counts, judged_decision, usable_prefix
 
@@ -231,22 +231,21 @@ def is_undecided(key: QuestionKey, base: bool, cand: bool, judged: Collection[Qu
 def _stop(
     diffs: list[int], undecided: list[bool], plan: SequentialPlan, reason: str, upto: int
 ) -> SequentialStop:
-    used = diffs[:upto]
-    if not used:
-        return SequentialStop(INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, len(diffs))
-    walk = sequential_decision_with_undecided(
-        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.sequence_population
-    )
-    if walk.decision != INCONCLUSIVE:
-        reason, upto = "boundary", walk.stopped_at
-    counted = used[:upto]
+    """The run's walk (the monitor's ``SequentialWalk``) replayed over the first ``upto`` pairs."""
+    walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
+    for d, flag in zip(diffs[:upto], undecided[:upto], strict=True):
+        if walk.add(d, flag) is not None:
+            reason, upto = "boundary", walk.n
+            break
+    end = walk.decision()
+    counted = diffs[:upto]
     return SequentialStop(
-        decision=walk.decision,
+        decision=end.decision,
         reason=reason,
         stopped_at=upto,
-        low=walk.low,
-        high=walk.high,
-        loss_detected=walk.loss_detected,
+        low=end.low,
+        high=end.high,
+        loss_detected=end.loss_detected,
         lost=counted.count(-1),
         gained=counted.count(1),
         complete_prefix=len(diffs),
@@ -471,7 +470,7 @@ class JudgedMonitor:
             self.gained += counts.gained
             self.undecided += counts.undecided
             self.labelled += counts.labelled
-            now = verdict(self.low, self.high, self.plan.margin, self.labelled > 0)
+            now = classify(self.low, self.high, self.plan.margin, self.labelled > 0)
             crossed = now.decision != INCONCLUSIVE
             if crossed or self.prefix >= self.plan.max_questions:
                 self.stop = SequentialStop(
