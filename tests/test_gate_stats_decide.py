@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -258,3 +260,18 @@ def test_the_simulated_sequential_design_is_the_walk_on_the_same_draws(seed: int
     ]
     walk = sequential_decision(np.concatenate(blocks, axis=1)[0], margin, alpha)
     assert (out.decisions[0], int(out.stops[0])) == (walk.decision, walk.stopped_at)
+
+
+def test_the_public_decide_survives_its_module() -> None:
+    """``flyspec.gate.stats.decide`` stays the function of the spec once its module, of the same name,
+    is loaded (the import system would bind the module onto the package), in a fresh interpreter."""
+    script = (
+        "import flyspec.gate.stats.decide, flyspec.gate.stats as s; "
+        "from flyspec.gate.stats import decide; "
+        "assert s.decide is decide is sys.modules['flyspec.gate.stats.decide'].decide; "
+        "print(decide(58, 14, 1, 0.02).decision)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; " + script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "FAIL"

@@ -177,7 +177,7 @@ __getattr__ = lazy_attributes(__name__, _HOMES)
 
 
 class _Statistics(ModuleType):
-    """The package, keeping ``decide`` for the function (SPEC 11.1) when its module of the same name loads:
+    """The package, keeping ``decide`` for the public function when its module of the same name loads:
     the import system binds a submodule onto its package, which would hide the function behind the module
     ``flyspec.gate.stats.decide``; the function then comes from ``__getattr__``."""
 
