@@ -127,7 +127,8 @@ class SequentialDecision:
 
 class SequentialWalk:
     """The sequential rule along the registered order: the ``1 - 2 alpha`` confidence sequence after each
-    pair, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there).
+    pair, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there); ``n`` pairs
+    seen, ``lost``/``gained``/``undecided`` among them.
 
     An undecided pair (a judge whose two orders disagree) counts against the claim being tested: as lost
     (-1) in the sequence of the lower bounds, as gained (+1) in that of the upper bounds. The two
@@ -138,7 +139,7 @@ class SequentialWalk:
 
     def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
         self.margin = margin
-        self.n = 0
+        self.n = self.lost = self.gained = self.undecided = 0
         self.low, self.high = -1.0, 1.0
         self.stop: Decision | None = None
         self._lower = ConfidenceSequence(2.0 * alpha, population_size)
@@ -152,7 +153,10 @@ class SequentialWalk:
         if self._upper is not None:
             self.high = self._upper.update(1 if undecided else d)[1]
         self.n += 1
-        now = self.decision()
+        self.lost += d == -1
+        self.gained += d == 1
+        self.undecided += undecided
+        now = classify(self.low, self.high, self.margin)
         if now.decision != INCONCLUSIVE:
             self.stop = now
             return now

@@ -228,6 +228,23 @@ def is_undecided(key: QuestionKey, base: bool, cand: bool, judged: Collection[Qu
     return not base and not cand and key in judged
 
 
+def _stopped(walk: SequentialWalk, reason: str, complete_prefix: int) -> SequentialStop:
+    """The stop of a walk: at its crossing (``boundary``) or where it ended for ``reason``."""
+    end = walk.decision()
+    return SequentialStop(
+        decision=end.decision,
+        reason="boundary" if walk.stop is not None else reason,
+        stopped_at=walk.n,
+        low=end.low,
+        high=end.high,
+        loss_detected=end.loss_detected,
+        lost=walk.lost,
+        gained=walk.gained,
+        complete_prefix=complete_prefix,
+        undecided=walk.undecided,
+    )
+
+
 def _stop(
     diffs: list[int], undecided: list[bool], plan: SequentialPlan, reason: str, upto: int
 ) -> SequentialStop:
@@ -235,22 +252,8 @@ def _stop(
     walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
     for d, flag in zip(diffs[:upto], undecided[:upto], strict=True):
         if walk.add(d, flag) is not None:
-            reason, upto = "boundary", walk.n
             break
-    end = walk.decision()
-    counted = diffs[:upto]
-    return SequentialStop(
-        decision=end.decision,
-        reason=reason,
-        stopped_at=upto,
-        low=end.low,
-        high=end.high,
-        loss_detected=end.loss_detected,
-        lost=counted.count(-1),
-        gained=counted.count(1),
-        complete_prefix=len(diffs),
-        undecided=sum(undecided[:upto]),
-    )
+    return _stopped(walk, reason, len(diffs))
 
 
 def sequential_stop(
@@ -301,19 +304,14 @@ class SequentialMonitor:
         self.judged = frozenset(judged)
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.prefix = 0
-        self.lost = self.gained = self.undecided = 0
         self.stop: SequentialStop | None = None
-        self._walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
+        self.walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
 
-    @property
-    def low(self) -> float:
-        """The running lower bound (-1 before the first pair)."""
-        return self._walk.low
-
-    @property
-    def high(self) -> float:
-        """The running upper bound (1 before the first pair)."""
-        return self._walk.high
+    # The progress bar reads the walk's bounds and counts from the monitor.
+    low = property(lambda self: self.walk.low)
+    high = property(lambda self: self.walk.high)
+    lost = property(lambda self: self.walk.lost)
+    gained = property(lambda self: self.walk.gained)
 
     def add(
         self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
@@ -329,27 +327,11 @@ class SequentialMonitor:
             cand = self.correct.get((*self.lanes[1], dataset_i, qid))
             if base is None or cand is None:
                 return None
-            d = int(cand) - int(base)
             undecided = is_undecided((dataset_i, qid), base, cand, self.judged)
             self.prefix += 1
-            self.lost += d == -1
-            self.gained += d == 1
-            self.undecided += undecided
-            crossed = self._walk.add(d, undecided) is not None
+            crossed = self.walk.add(int(cand) - int(base), undecided) is not None
             if crossed or self.prefix >= self.plan.max_questions:
-                end = self._walk.decision()
-                self.stop = SequentialStop(
-                    decision=end.decision,
-                    reason="boundary" if crossed else "max_questions",
-                    stopped_at=self.prefix,
-                    low=end.low,
-                    high=end.high,
-                    loss_detected=end.loss_detected,
-                    lost=self.lost,
-                    gained=self.gained,
-                    complete_prefix=self.prefix,
-                    undecided=self.undecided,
-                )
+                self.stop = _stopped(self.walk, "max_questions", self.prefix)
                 return self.stop
         return None
 
