@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flyspec.gate.stats.claims import POPULATIONS, claim
-from flyspec.gate.stats.decide import SequentialWalk, classify
+from flyspec.gate.stats.decide import SequentialWalk
 from flyspec.gate.stats.decision import INCONCLUSIVE
-from flyspec.gate.stats.judged import JudgedPair, JudgedSequence, judge_counts, judged_decision, usable_prefix
+from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, judge_counts, judged_decision, usable_prefix
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -421,10 +421,14 @@ class JudgedMonitor:
         self.rate = _judged_plan(plan)
         self.pairs: dict[QuestionKey, JudgedPair] = {}
         self.prefix = 0
-        self.lost = self.gained = self.undecided = self.labelled = 0
-        self.low, self.high = -1.0, 1.0
+        self.lost = self.gained = self.undecided = 0
         self.stop: SequentialStop | None = None
-        self._sequence = JudgedSequence(self.rate, alpha=2 * plan.alpha)
+        self.walk = JudgedWalk(self.rate, plan.margin, plan.alpha)
+
+    # The progress bar reads the walk's bounds from the monitor.
+    low = property(lambda self: self.walk.low)
+    high = property(lambda self: self.walk.high)
+    labelled = property(lambda self: self.walk.labelled)
 
     @property
     def awaiting_label(self) -> bool:
@@ -445,23 +449,21 @@ class JudgedMonitor:
             nxt = self.pairs.get(self.order[self.prefix])
             if nxt is None or nxt.waiting:
                 return None
-            self.low, self.high = self._sequence.update(nxt)
+            crossed = self.walk.add(nxt) is not None
             self.prefix += 1
             counts = judge_counts([nxt])
             self.lost += counts.lost
             self.gained += counts.gained
             self.undecided += counts.undecided
-            self.labelled += counts.labelled
-            now = classify(self.low, self.high, self.plan.margin, self.labelled > 0)
-            crossed = now.decision != INCONCLUSIVE
             if crossed or self.prefix >= self.plan.max_questions:
+                end = self.walk.decision()
                 self.stop = SequentialStop(
-                    decision=now.decision,
+                    decision=end.decision,
                     reason="boundary" if crossed else "max_questions",
                     stopped_at=self.prefix,
-                    low=self.low,
-                    high=self.high,
-                    loss_detected=now.loss_detected,
+                    low=end.low,
+                    high=end.high,
+                    loss_detected=end.loss_detected,
                     lost=self.lost,
                     gained=self.gained,
                     complete_prefix=self.prefix,
