@@ -26,7 +26,7 @@ from scipy.stats import norm
 
 from flyspec.gate.stats.decide import crossing_verdicts, sequential_decisions
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.sequential import iid_crossings
+from flyspec.gate.stats.sequential import iid_stops
 from flyspec.gate.stats.simulation import Outcomes, draw_differences, judged_runs
 
 KINDS = ("fixed", "sequential")
@@ -148,30 +148,12 @@ def sequential_iid(
     """Runs of the exact-graded i.i.d. sequential rule, drawn a block at a time (rows that decided stop
     drawing). ``start``: counts (lost, tied, gained) already observed, which every run continues from (the
     i.i.d. capital depends on the counts only); stops count from the first question."""
-    lower = np.zeros(runs, dtype=bool)
-    upper = np.zeros(runs, dtype=bool)
-    stopped = np.full(runs, questions, dtype=np.int64)
-    counts = np.repeat(np.array(start, dtype=float)[:, None], runs, axis=1)
-    offset = sum(start)
-    active = np.arange(runs)
-    for begin in range(offset, questions, _BLOCK):
-        cols = min(_BLOCK, questions - begin)
-        d = draw_differences(rng, active.size, cols, flip_rate, delta)
-        running = [counts[k, active][:, None] + np.cumsum(d == v, axis=1) for k, v in enumerate((-1, 0, 1))]
-        for k in range(3):
-            counts[k, active] = running[k][:, -1]
-        passed, failed = iid_crossings(running, margin, alpha)
-        either = passed | failed
-        hit = either.any(axis=1)
-        first = np.argmax(either, axis=1)
-        rows = np.flatnonzero(hit)
-        lower[active[rows]] = passed[rows, first[rows]]
-        upper[active[rows]] = ~passed[rows, first[rows]]
-        stopped[active[rows]] = begin + first[rows] + 1
-        active = active[~hit]
-        if active.size == 0:
-            break
-    return Outcomes(crossing_verdicts(lower, upper), stopped)
+
+    def draw(active: np.ndarray, _begin: int, cols: int) -> np.ndarray:
+        return draw_differences(rng, active.size, cols, flip_rate, delta)
+
+    passed, failed, stopped = iid_stops(runs, questions, draw, margin, alpha, start, block=_BLOCK)
+    return Outcomes(crossing_verdicts(passed, failed), stopped)
 
 
 def finite_pool(size: int, flip_rate: float, delta: float) -> np.ndarray:

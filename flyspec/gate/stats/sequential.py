@@ -41,7 +41,7 @@ the gate updates after every answer. See docs/gate.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import optimize
@@ -359,23 +359,37 @@ def crossing_stops(
     ``flyspec.gate.stats.decide.sequential_decisions`` names the verdicts.
     """
     if population_size is None:
-        return _iid_stops(values, margin, alpha)
+        rows, length = values.shape
+        return iid_stops(
+            rows, length, lambda active, begin, cols: values[active, begin : begin + cols], margin, alpha
+        )
     return _without_replacement_stops(values, margin, alpha, population_size)
 
 
-def _iid_stops(values: np.ndarray, margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows, length = values.shape
+def iid_stops(
+    rows: int,
+    length: int,
+    block_of: Callable[[np.ndarray, int, int], np.ndarray],
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+    block: int = 512,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``crossing_stops`` for the i.i.d. sequence, its ``rows`` sequences of ``length`` differences read a
+    block at a time: ``block_of(active, begin, cols)`` gives the differences of the rows still undecided
+    from column ``begin`` on (a simulation draws them there, so rows that decided stop drawing).
+    ``start``: counts (lost, tied, gained) already observed, which every row continues from (the i.i.d.
+    capital depends on the counts only); stops count from the first question."""
     m = (1.0 - margin) / 2.0
     threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
     terms = {side: np.array(_bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
     passed = np.zeros(rows, dtype=bool)
     failed = np.zeros(rows, dtype=bool)
     stopped_at = np.full(rows, length, dtype=np.int64)
+    counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
     active = np.arange(rows)
-    counts = np.zeros((3, rows))
-    block = 512
-    for start in range(0, length, block):
-        chunk = values[active, start : start + block]
+    for begin in range(sum(start), length, block):
+        chunk = block_of(active, begin, min(block, length - begin))
         running = [
             counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
         ]
@@ -389,20 +403,11 @@ def _iid_stops(values: np.ndarray, margin: float, alpha: float) -> tuple[np.ndar
         lower = crossed[1][rows_hit, first[rows_hit]]
         passed[active[rows_hit]] = lower
         failed[active[rows_hit]] = ~lower
-        stopped_at[active[rows_hit]] = start + first[rows_hit] + 1
+        stopped_at[active[rows_hit]] = begin + first[rows_hit] + 1
         active = active[~hit]
         if active.size == 0:
             break
     return passed, failed, stopped_at
-
-
-def iid_crossings(running: list[np.ndarray], margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Where the i.i.d. ``1 - 2 alpha`` sequence's lower bound lies above -margin (PASS) and its upper
-    bound below it (FAIL), from running counts ``[lost, tied, gained]`` (arrays of one shape): the
-    closed form ``crossing_stops`` uses, for simulations that draw their runs block by block."""
-    m = (1.0 - margin) / 2.0
-    threshold = math.log(1.0 / alpha)
-    return tuple(_iid_crossed(running, np.array(_bet_terms(m, side)), threshold) for side in (1, -1))  # type: ignore[return-value]
 
 
 def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
@@ -458,5 +463,5 @@ __all__ = [
     "ConfidenceSequence",
     "confidence_sequence",
     "crossing_stops",
-    "iid_crossings",
+    "iid_stops",
 ]
