@@ -30,7 +30,7 @@ declared) and the method key. Judged runs registered with the prediction-powered
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -275,13 +275,27 @@ def sequential_stop(
     pairs count against the claim being tested.
     """
     diffs, undecided = in_order_pairs(order, correct, lanes, judged)
+    return _replayed(
+        lambda reason, upto: _stop(diffs, undecided, plan, reason, upto), len(diffs), plan, events
+    )
+
+
+def _replayed(
+    walk: Callable[[str, int], SequentialStop],
+    complete: int,
+    plan: SequentialPlan,
+    events: Sequence[SessionEvent],
+) -> SequentialStop:
+    """Where a run stopped, from ``walk(reason, upto)`` over its ``complete`` in-order pairs: at a pause
+    recorded last (answers that completed after it wait for a resume), else at the first crossing, else at
+    ``max_questions`` once every registered pair is in, else ``in_progress``."""
     last = events[-1] if events else None
     if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return _stop(diffs, undecided, plan, last.reason, min(last.stopped_at, len(diffs)))
-    walk = _stop(diffs, undecided, plan, "in_progress", len(diffs))
-    if walk.reason == "in_progress" and len(diffs) >= plan.max_questions:
-        return _stop(diffs, undecided, plan, "max_questions", plan.max_questions)
-    return walk
+        return walk(last.reason, min(last.stopped_at, complete))
+    stop = walk("in_progress", complete)
+    if stop.reason == "in_progress" and complete >= plan.max_questions:
+        return walk("max_questions", plan.max_questions)
+    return stop
 
 
 class SequentialMonitor:
@@ -401,13 +415,9 @@ def judged_stop(
     """
     seen = in_order_judged(order, pairs)
     usable = usable_prefix(seen)
-    last = events[-1] if events else None
-    if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return _judged_walk(seen, plan, last.reason, min(last.stopped_at, usable), usable)
-    walk = _judged_walk(seen, plan, "in_progress", usable, usable)
-    if walk.reason == "in_progress" and usable >= plan.max_questions:
-        return _judged_walk(seen, plan, "max_questions", plan.max_questions, usable)
-    return walk
+    return _replayed(
+        lambda reason, upto: _judged_walk(seen, plan, reason, upto, usable), usable, plan, events
+    )
 
 
 class JudgedMonitor:
