@@ -9,13 +9,12 @@ accuracy against the non-inferiority ``margin``:
 - INCONCLUSIVE otherwise. ``loss_detected`` (upper bound below 0) says the candidate is shown to be worse,
   whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
 
-Every verdict of the gate comes from here: a fixed run's on Tango's ``1 - 2 alpha`` interval (``decide``,
-``decide_with_undecided``), a sequential run's at the first crossing of its confidence sequence
-(``SequentialWalk``: ``sequential_decision``, the run's monitor and the report's replay of it all walk
-with it), a judged run's on its prediction-powered sequence, and the simulations' many runs
-at once (``crossing_verdicts``, the rule on arrays; tests/test_gate_stats_decide.py pins each simulated
-design to the rule on the same draws). tests/test_gate_stats_decide.py also fails if a verdict is
-assigned anywhere else in the gate.
+Every verdict of the gate comes from ``classify``: a fixed run's on Tango's ``1 - 2 alpha`` interval
+(``decide``, ``decide_with_undecided``), a sequential run's at the first crossing of its confidence
+sequence (``SequentialWalk``: ``sequential_decision``, the run's monitor and the report's replay all walk
+with it), a judged run's on its prediction-powered sequence (``JudgedWalk``, flyspec/gate/stats/judged.py),
+and the simulations' many runs at once (``crossing_verdicts``, pinned to the rule on the same draws by
+tests/test_gate_stats_decide.py, which also fails if a verdict is assigned anywhere else in the gate).
 """
 
 from __future__ import annotations
@@ -36,13 +35,6 @@ from flyspec.gate.stats.sequential import (
     check_population,
     crossing_stops,
 )
-
-
-def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
-    """``classify`` for many runs at once, from where each run's bounds stand against ``-margin``:
-    ``passed`` (the lower bound above it), ``failed`` (the upper bound below it). PASS wins where both
-    hold, as in ``classify``; an object array of "PASS", "FAIL" and "INCONCLUSIVE"."""
-    return np.select([passed, failed], [PASS, FAIL], INCONCLUSIVE).astype(object)
 
 
 @dataclass(frozen=True)
@@ -73,6 +65,13 @@ def classify(low: float, high: float, margin: float, can_decide: bool = True) ->
     else:
         decision = INCONCLUSIVE
     return Decision(decision=decision, loss_detected=high < 0, low=low, high=high)
+
+
+def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
+    """``classify`` for many runs at once, from where each run's bounds stand against ``-margin``:
+    ``passed`` (the lower bound above it), ``failed`` (the upper bound below it). PASS wins where both
+    hold, as in ``classify``; an object array of "PASS", "FAIL" and "INCONCLUSIVE"."""
+    return np.select([passed, failed], [PASS, FAIL], INCONCLUSIVE).astype(object)
 
 
 def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
@@ -167,17 +166,6 @@ class SequentialWalk:
         return classify(self.low, self.high, self.margin)
 
 
-def _walk(
-    values: Sequence[int], flags: Sequence[bool], margin: float, alpha: float, population_size: int | None
-) -> SequentialDecision:
-    walk = SequentialWalk(margin, alpha, population_size)
-    for d, flag in zip(values, flags, strict=True):
-        if walk.add(d, flag) is not None:
-            break
-    end = walk.decision()
-    return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
-
-
 def sequential_decision(
     diffs: Sequence[int], margin: float, alpha: float = 0.025, population_size: int | None = None
 ) -> SequentialDecision:
@@ -188,11 +176,7 @@ def sequential_decision(
     sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
     and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
     """
-    values = as_diffs(diffs, ndim=1)
-    check_margin(margin)
-    check_alpha(alpha, upper=0.5)
-    check_population(population_size, len(values))
-    return _walk(values.tolist(), [False] * len(values), margin, alpha, population_size)
+    return sequential_decision_with_undecided(diffs, [False] * len(diffs), margin, alpha, population_size)
 
 
 def sequential_decision_with_undecided(
@@ -221,7 +205,12 @@ def sequential_decision_with_undecided(
     check_margin(margin)
     check_alpha(alpha, upper=0.5)
     check_population(population_size, len(values))
-    return _walk(values.tolist(), flags, margin, alpha, population_size)
+    walk = SequentialWalk(margin, alpha, population_size)
+    for d, flag in zip(values.tolist(), flags, strict=True):
+        if walk.add(d, flag) is not None:
+            break
+    end = walk.decision()
+    return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
 
 
 def sequential_decisions(
@@ -229,10 +218,9 @@ def sequential_decisions(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
 
-    Returns ``(decision, stopped_at)`` arrays. The lower bound first exceeds -margin exactly when K+ at
-    -margin first exceeds the threshold, and the upper bound first drops below it when K- there does, so
-    two capital processes per row replace the bounds (``sequential.crossing_stops``). The answers equal
-    ``sequential_decision``'s except after a miss that empties the set.
+    Returns ``(decision, stopped_at)`` arrays, from the capital processes at the margin
+    (``sequential.crossing_stops``): the answers equal ``sequential_decision``'s except after a miss that
+    empties the set.
     """
     values = as_diffs(diffs, ndim=2)
     check_margin(margin)
