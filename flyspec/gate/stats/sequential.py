@@ -346,6 +346,36 @@ def confidence_sequence(
     return lows, highs
 
 
+class Stops:
+    """Where many runs first cross: ``passed`` (the lower bound passed -margin), ``failed`` (only the upper
+    bound dropped below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed).
+    The vectorised kernels (here and in flyspec/gate/stats/simulation.py) record into it block by block;
+    ``flyspec.gate.stats.decide.crossing_verdicts`` names the verdicts."""
+
+    def __init__(self, rows: int, length: int) -> None:
+        self.passed = np.zeros(rows, dtype=bool)
+        self.failed = np.zeros(rows, dtype=bool)
+        self.stopped_at = np.full(rows, length, dtype=np.int64)
+
+    def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+        """Record the first crossing in a block of the runs ``active``: ``up``/``down`` (runs x columns from
+        question ``begin``) mark where the lower bound lies above -margin / the upper bound below it, the
+        lower bound's crossing counted first where both hold. Returns the mask of runs still undecided."""
+        either = up | down
+        hit = either.any(axis=1)
+        rows = np.flatnonzero(hit)
+        first = np.argmax(either, axis=1)[rows]
+        lower = up[rows, first]
+        self.passed[active[rows]] = lower
+        self.failed[active[rows]] = ~lower
+        self.stopped_at[active[rows]] = begin + first + 1
+        return ~hit
+
+    def outcome(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(passed, failed, stopped_at)``."""
+        return self.passed, self.failed, self.stopped_at
+
+
 def crossing_stops(
     values: np.ndarray, margin: float, alpha: float, population_size: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -383,9 +413,7 @@ def iid_stops(
     m = (1.0 - margin) / 2.0
     threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
     terms = {side: np.array(_bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
-    passed = np.zeros(rows, dtype=bool)
-    failed = np.zeros(rows, dtype=bool)
-    stopped_at = np.full(rows, length, dtype=np.int64)
+    stops = Stops(rows, length)
     counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
     active = np.arange(rows)
     for begin in range(sum(start), length, block):
@@ -395,19 +423,12 @@ def iid_stops(
         ]
         for k in range(3):
             counts[k, active] = running[k][:, -1]
-        crossed = {side: _iid_crossed(running, terms[side], threshold) for side in (1, -1)}
-        either = crossed[1] | crossed[-1]
-        hit = either.any(axis=1)
-        first = np.argmax(either, axis=1)
-        rows_hit = np.flatnonzero(hit)
-        lower = crossed[1][rows_hit, first[rows_hit]]
-        passed[active[rows_hit]] = lower
-        failed[active[rows_hit]] = ~lower
-        stopped_at[active[rows_hit]] = begin + first[rows_hit] + 1
-        active = active[~hit]
+        active = active[
+            stops.record(active, begin, *(_iid_crossed(running, terms[side], threshold) for side in (1, -1)))
+        ]
         if active.size == 0:
             break
-    return passed, failed, stopped_at
+    return stops.outcome()
 
 
 def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
@@ -434,33 +455,27 @@ def _without_replacement_stops(
     above = int(np.flatnonzero(grid > -margin)[0])
     below = int(np.flatnonzero(grid < -margin)[-1])
     capital = _Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
-    passed_at = np.zeros(rows, dtype=bool)
-    failed_at = np.zeros(rows, dtype=bool)
-    stopped_at = np.full(rows, length, dtype=np.int64)
+    stops = Stops(rows, length)
     active = np.arange(rows)
     for step in range(length):
         capital.step((values[active, step] + 1.0) / 2.0)
-        passed = capital.rejected_plus()[:, 0]
-        failed = capital.rejected_minus()[:, 1]
         logical_low, logical_high = capital.logical_bounds()
-        passed |= logical_low > -margin
-        failed |= logical_high < -margin
-        done = passed | failed
-        if done.any():
-            passed_at[active[passed]] = True
-            failed_at[active[failed & ~passed]] = True
-            stopped_at[active[done]] = step + 1
-            active = active[~done]
-            capital.keep_rows(~done)
+        passed = capital.rejected_plus()[:, 0] | (logical_low > -margin)
+        failed = capital.rejected_minus()[:, 1] | (logical_high < -margin)
+        keep = stops.record(active, step, passed[:, None], failed[:, None])
+        if not keep.all():
+            active = active[keep]
+            capital.keep_rows(keep)
             if active.size == 0:
                 break
-    return passed_at, failed_at, stopped_at
+    return stops.outcome()
 
 
 __all__ = [
     "BETS",
     "GRID_STEPS",
     "ConfidenceSequence",
+    "Stops",
     "confidence_sequence",
     "crossing_stops",
     "iid_stops",
