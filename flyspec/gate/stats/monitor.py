@@ -302,7 +302,8 @@ class SequentialMonitor:
     """Updates the confidence sequence as pairs complete along the registered order; stops once.
 
     ``add`` takes every graded answer (in any order) and returns the stop when this answer causes it.
-    The same data give the same stop as ``sequential_stop`` (both follow the registered order).
+    The same data give the same stop as ``sequential_stop``: both walk the registered order with one
+    ``SequentialWalk`` (flyspec/gate/stats/decide.py), the report replaying what the run walked.
     """
 
     def __init__(
