@@ -268,8 +268,8 @@ def test_sequential_run_stops_at_the_first_crossing_in_registered_order(
     (not file order), stops where `sequential_decision` over the stored pairs in registered order first
     crosses, stores the answers that were in flight at the stop without changing the decision, and a
     second call answers nothing and reports the same stop."""
+    from flyspec.gate.stats.decide import sequential_decision
     from flyspec.gate.stats.monitor import in_order_diffs
-    from flyspec.gate.stats.sequential import sequential_decision
 
     base, cand = _seq_arms(setup)
     store = tmp_path / "seq.sqlite"

@@ -1,13 +1,20 @@
 """The decision rule on fixed-size runs, sample-size planning, and fixed-sequence testing
-(docs/statistics.md).
+(docs/statistics.md); the rule lives in flyspec/gate/stats/decide.py only, and the simulations' vectorised
+rule is pinned to it.
 
 The simulations behind these rules are in tests/test_gate_stats_validity.py.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy.stats import binom
 
@@ -24,6 +31,17 @@ from flyspec.gate.stats import (
     sequential_decision,
     sequential_decision_with_undecided,
 )
+from flyspec.gate.stats.designs import Design, simulate
+from flyspec.gate.stats.simulation import draw_differences
+
+GATE = Path(__file__).resolve().parent.parent / "flyspec" / "gate"
+RULE_HOMES = {
+    GATE / "stats" / "decide.py": "the rule and every route that applies it",
+    GATE / "stats" / "decision.py": "the verdicts' names, defined once",
+}
+VERDICTS = {"PASS", "FAIL"}
+READERS = {"share", "count", "index"}
+"""Methods that only look a verdict up (``Outcomes.share(PASS)``): passing it to them assigns nothing."""
 
 
 def test_decide_fields_and_interval() -> None:
@@ -157,3 +175,104 @@ def test_sequential_undecided_pairs_walk_two_sequences() -> None:
         sequential_decision_with_undecided([1], [True], 0.2)
     with pytest.raises(ValueError, match="1 entries for 2"):
         sequential_decision_with_undecided([0, 0], [False], 0.2)
+
+
+def _assigned_verdicts(tree: ast.AST) -> Iterator[int]:
+    """Lines where PASS or FAIL (the name or the string) is given as a value: anything but a comparison
+    with it, a membership test, a dict key, ``__all__`` or a look-up (``READERS``)."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        named = isinstance(node, ast.Name) and node.id in VERDICTS and isinstance(node.ctx, ast.Load)
+        if not (named or (isinstance(node, ast.Constant) and node.value in VERDICTS)):
+            continue
+        parent = parents[node]
+        if isinstance(parent, (ast.Tuple, ast.Set, ast.List)):
+            holder = parents[parent]
+            if isinstance(holder, ast.Compare):
+                continue
+            if isinstance(holder, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in holder.targets
+            ):
+                continue
+        if isinstance(parent, ast.Compare) or (isinstance(parent, ast.Dict) and node in parent.keys):
+            continue
+        called = parent.func if isinstance(parent, ast.Call) else None
+        if isinstance(called, ast.Attribute) and called.attr in READERS:
+            continue
+        yield node.lineno
+
+
+def test_verdicts_are_assigned_only_in_decide() -> None:
+    """No module of the gate but stats/decide.py gives a run PASS or FAIL (and stats/decision.py, which
+    names them): the rule is written once, and every route (the fixed and sequential decisions, the
+    running monitor, the report's replay, tune, compare, the simulations) reaches it there."""
+    found = [
+        f"{path.relative_to(GATE)}:{line}"
+        for path in sorted(GATE.rglob("*.py"))
+        if path not in RULE_HOMES
+        for line in _assigned_verdicts(ast.parse(path.read_text(), str(path)))
+    ]
+    assert found == [], f"PASS/FAIL assigned outside flyspec/gate/stats/decide.py: {found}"
+
+
+def test_the_verdict_check_can_fail() -> None:
+    """The check finds a verdict assigned by a conditional, an array rule and a keyword, and passes
+    comparisons, membership tests, dict keys, ``__all__`` and look-ups."""
+    caught = """
+decision = PASS if low > -margin else FAIL
+decisions = np.where(passed, "PASS", "FAIL")
+stop = Stop(decision=FAIL)
+"""
+    assert list(_assigned_verdicts(ast.parse(caught))) == [2, 2, 3, 3, 4]
+    allowed = """
+__all__ = ["PASS", "FAIL"]
+if decision == PASS or decision in (FAIL, "PASS"):
+    colours = {PASS: "green", "FAIL": "red"}
+    rate = out.share(PASS)
+"""
+    assert list(_assigned_verdicts(ast.parse(allowed))) == []
+
+
+@pytest.mark.parametrize("true_diff", [0.0, -0.03, -0.08])
+def test_the_simulated_fixed_design_is_decide_on_the_same_draws(true_diff: float) -> None:
+    """The sizing's vectorised fixed design (Tango's statistic at -margin against z) gives, run by run,
+    the verdict ``decide`` gives on the same seeded tables."""
+    n, flips, margin, alpha, runs = 400, 0.2, 0.05, 0.025, 60
+    out = simulate(Design("fixed", n), flips, margin, alpha, true_diff, runs=runs, seed=11)
+    tables = np.random.default_rng(11).multinomial(
+        n, [(flips - true_diff) / 2, (flips + true_diff) / 2, 1 - flips], size=runs
+    )
+    expected = [decide(n, int(lost), int(gained), margin, alpha).decision for lost, gained, _ in tables]
+    assert out.decisions.tolist() == expected
+    assert len(set(expected)) > 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_simulated_sequential_design_is_the_walk_on_the_same_draws(seed: int) -> None:
+    """The sizing's vectorised sequential design (closed-form capital at the margin) stops where
+    ``sequential_decision`` stops on the same seeded differences, with the same verdict."""
+    questions, flips, margin, alpha = 2500, 0.3, 0.05, 0.025
+    true_diff = (-0.1, -0.05, 0.0)[seed % 3]
+    out = simulate(Design("sequential", questions), flips, margin, alpha, true_diff, runs=1, seed=seed)
+    rng = np.random.default_rng(seed)
+    blocks = [
+        draw_differences(rng, 1, min(1024, questions - b), flips, true_diff)
+        for b in range(0, questions, 1024)
+    ]
+    walk = sequential_decision(np.concatenate(blocks, axis=1)[0], margin, alpha)
+    assert (out.decisions[0], int(out.stops[0])) == (walk.decision, walk.stopped_at)
+
+
+def test_the_public_decide_survives_its_module() -> None:
+    """``flyspec.gate.stats.decide`` stays the function of the spec once its module, of the same name,
+    is loaded (the import system would bind the module onto the package), in a fresh interpreter."""
+    script = (
+        "import flyspec.gate.stats.decide, flyspec.gate.stats as s; "
+        "from flyspec.gate.stats import decide; "
+        "assert s.decide is decide is sys.modules['flyspec.gate.stats.decide'].decide; "
+        "print(decide(58, 14, 1, 0.02).decision)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; " + script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "FAIL"

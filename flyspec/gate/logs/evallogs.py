@@ -318,6 +318,22 @@ def _inspect_files(path: Path) -> list[str]:
     return files
 
 
+def _refuse_errored(file: str, task: str, samples: list[Any]) -> None:
+    """ValueError naming the samples of an Inspect log that errored (they have no score)."""
+    errored = [s for s in samples if s.error is not None]
+    if errored:
+        shown = "; ".join(
+            f"sample {s.id!r} epoch {s.epoch}: {' '.join(str(s.error.message).split())[:120]}"
+            for s in errored[:_SHOWN_ERRORS]
+        )
+        more = f"; and {len(errored) - _SHOWN_ERRORS} more" if len(errored) > _SHOWN_ERRORS else ""
+        raise ValueError(
+            f"{file}: {len(errored)} sample(s) of task {task!r} errored in Inspect and have no score "
+            f"({shown}{more}). An errored sample is neither right nor wrong, so the log cannot be "
+            "paired: retry them (`inspect eval-retry`) and compare the completed log"
+        )
+
+
 def read_inspect_log(path: str | Path, scorer: str | None = None) -> EvalLog:
     """An Inspect AI log file (``.eval``/``.json``) or a folder of them (one task each), scored by
     ``scorer`` (required when the samples carry several scores)."""
@@ -344,18 +360,7 @@ def read_inspect_log(path: str | Path, scorer: str | None = None) -> EvalLog:
         tasks[task] = file
         if log.status != "success":
             raise ValueError(f"{file}: the Inspect run did not finish (status {log.status!r})")
-        errored = [s for s in log.samples or [] if s.error is not None]
-        if errored:
-            shown = "; ".join(
-                f"sample {s.id!r} epoch {s.epoch}: {' '.join(str(s.error.message).split())[:120]}"
-                for s in errored[:_SHOWN_ERRORS]
-            )
-            more = f"; and {len(errored) - _SHOWN_ERRORS} more" if len(errored) > _SHOWN_ERRORS else ""
-            raise ValueError(
-                f"{file}: {len(errored)} sample(s) of task {task!r} errored in Inspect and have no score "
-                f"({shown}{more}). An errored sample is neither right nor wrong, so the log cannot be "
-                "paired: retry them (`inspect eval-retry`) and compare the completed log"
-            )
+        _refuse_errored(file, task, log.samples or [])
         for sample in log.samples or []:
             where = f"{file} (task {task!r}, sample {sample.id!r}, epoch {sample.epoch})"
             scores = sample.scores or {}

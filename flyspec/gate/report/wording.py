@@ -1,13 +1,14 @@
 """The gate's decision in plain words, written from the numbers so that the words cannot contradict them.
 
 ``explain_decision`` checks that the decision it is given is the one the interval implies (the rule of
-flyspec/gate/stats/decision.py) and raises ValueError otherwise, then says what the interval shows: where it
+flyspec/gate/stats/decide.py) and raises ValueError otherwise, then says what the interval shows: where it
 lies against zero and against the margin, which is everything the decision rests on.
 """
 
 from __future__ import annotations
 
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, classify
+from flyspec.gate.stats.decide import classify
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 
 
 def points(value: float, *references: float) -> str:
@@ -38,15 +39,13 @@ def explain_decision(
     """
     if n == 0:
         return ["No question has been answered by both arms yet, so there is nothing to decide."]
-    expected, _ = classify(low, high, margin)
+    expected = classify(low, high, margin).decision
     if decision != expected:
         raise ValueError(
             f"decision={decision!r} does not follow from the interval [{low}, {high}] and margin {margin} "
             f"(the rule gives {expected})"
         )
-    m = f"{100 * margin:g}"
     lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
-    lost_lo, lost_hi = points(-high, 0.0, margin).lstrip("+"), points(-low, 0.0, margin).lstrip("+")
     pct = f"{100 * level:g}%"
     where = (
         " (a confidence sequence: it holds at every number of questions at once, so stopping where it "
@@ -54,45 +53,50 @@ def explain_decision(
         if sequential
         else ""
     )
-    lines = [
+    return [
         f"After {n} questions, with {pct} confidence the candidate's accuracy minus the baseline's lies "
-        f"between {lo} and {hi} points{where}."
+        f"between {lo} and {hi} points{where}.",
+        _what_it_shows(decision, low, high, margin),
     ]
+
+
+def _what_it_shows(decision: str, low: float, high: float, margin: float) -> str:
+    """The sentence on where the interval lies against zero and the margin, ending with the decision."""
+    m = f"{100 * margin:g}"
+    lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
+    lost_lo, lost_hi = points(-high, 0.0, margin).lstrip("+"), points(-low, 0.0, margin).lstrip("+")
     if decision == PASS:
         if low > 0:
-            lines.append(
+            return (
                 "The whole interval lies above zero: the candidate is more accurate than the baseline, so "
                 f"it is within the margin of {m} points. PASS."
             )
-        elif high < 0:
-            lines.append(
+        if high < 0:
+            return (
                 "The whole interval lies below zero: the candidate is less accurate than the baseline, but "
                 f"by less than the margin of {m} points (a loss between {lost_lo} and {lost_hi} points). "
                 "PASS: non-inferior within the margin; make sure a loss of that size is acceptable."
             )
-        else:
-            lines.append(
-                f"The whole interval lies above -{m} points: the candidate loses less than the margin of {m} "
-                "points (it may be a little worse or a little better than the baseline). PASS: non-inferior."
-            )
-    elif decision == FAIL:
-        lines.append(
+        return (
+            f"The whole interval lies above -{m} points: the candidate loses less than the margin of {m} "
+            "points (it may be a little worse or a little better than the baseline). PASS: non-inferior."
+        )
+    if decision == FAIL:
+        return (
             f"The whole interval lies below -{m} points: the candidate loses more than the margin, at least "
             f"{lost_lo} points of accuracy. FAIL."
         )
-    elif high < 0:
-        lines.append(
+    if high < 0:
+        return (
             "The whole interval lies below zero: the candidate is worse than the baseline; whether by more "
             f"than the margin of {m} points is not yet known (the loss lies between {lost_lo} and {lost_hi} "
             "points). INCONCLUSIVE (loss detected)."
         )
-    else:
-        gain = "no loss at all" if high == 0 else f"a gain of {hi.lstrip('+')} points"
-        lines.append(
-            f"The interval reaches from {lo} points, a loss not smaller than the margin of {m}, to {gain}: "
-            f"the data cannot tell yet whether the candidate stays within {m} points. INCONCLUSIVE."
-        )
-    return lines
+    gain = "no loss at all" if high == 0 else f"a gain of {hi.lstrip('+')} points"
+    return (
+        f"The interval reaches from {lo} points, a loss not smaller than the margin of {m}, to {gain}: "
+        f"the data cannot tell yet whether the candidate stays within {m} points. INCONCLUSIVE."
+    )
 
 
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "explain_decision", "points"]

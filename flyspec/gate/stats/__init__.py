@@ -12,11 +12,22 @@ command line building its options) does not load them all, nor scipy.
 
 from __future__ import annotations
 
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from flyspec.lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from flyspec.gate.stats.decide import (
+        Decision,
+        SequentialDecision,
+        decide,
+        decide_with_undecided,
+        sequential_decision,
+        sequential_decision_with_undecided,
+        sequential_decisions,
+    )
     from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, NOT_TESTED, PASS
     from flyspec.gate.stats.designs import Design, DesignOutcome, design_outcome, judged_questions_needed
     from flyspec.gate.stats.judged import (
@@ -35,12 +46,9 @@ if TYPE_CHECKING:
     from flyspec.gate.stats.multiple import FixedSequenceResult, fixed_sequence
     from flyspec.gate.stats.paired import (
         CI_METHODS,
-        Decision,
         McNemarResult,
         NonInferiorityResult,
         PairedCounts,
-        decide,
-        decide_with_undecided,
         mcnemar,
         net_difference_ci,
         noninferiority,
@@ -55,14 +63,7 @@ if TYPE_CHECKING:
         questions_needed,
         questions_needed_noninferiority,
     )
-    from flyspec.gate.stats.sequential import (
-        ConfidenceSequence,
-        SequentialDecision,
-        confidence_sequence,
-        sequential_decision,
-        sequential_decision_with_undecided,
-        sequential_decisions,
-    )
+    from flyspec.gate.stats.sequential import ConfidenceSequence, confidence_sequence
     from flyspec.gate.stats.spending import Look, NextLook, alpha_left, comparison_key, next_look
 
 __all__ = [
@@ -141,12 +142,12 @@ _HOMES = {
     "FixedSequenceResult": "flyspec.gate.stats.multiple",
     "fixed_sequence": "flyspec.gate.stats.multiple",
     "CI_METHODS": "flyspec.gate.stats.paired",
-    "Decision": "flyspec.gate.stats.paired",
+    "Decision": "flyspec.gate.stats.decide",
     "McNemarResult": "flyspec.gate.stats.paired",
     "NonInferiorityResult": "flyspec.gate.stats.paired",
     "PairedCounts": "flyspec.gate.stats.paired",
-    "decide": "flyspec.gate.stats.paired",
-    "decide_with_undecided": "flyspec.gate.stats.paired",
+    "decide": "flyspec.gate.stats.decide",
+    "decide_with_undecided": "flyspec.gate.stats.decide",
     "mcnemar": "flyspec.gate.stats.paired",
     "net_difference_ci": "flyspec.gate.stats.paired",
     "noninferiority": "flyspec.gate.stats.paired",
@@ -159,11 +160,11 @@ _HOMES = {
     "questions_needed": "flyspec.gate.stats.planning",
     "questions_needed_noninferiority": "flyspec.gate.stats.planning",
     "ConfidenceSequence": "flyspec.gate.stats.sequential",
-    "SequentialDecision": "flyspec.gate.stats.sequential",
+    "SequentialDecision": "flyspec.gate.stats.decide",
     "confidence_sequence": "flyspec.gate.stats.sequential",
-    "sequential_decision": "flyspec.gate.stats.sequential",
-    "sequential_decision_with_undecided": "flyspec.gate.stats.sequential",
-    "sequential_decisions": "flyspec.gate.stats.sequential",
+    "sequential_decision": "flyspec.gate.stats.decide",
+    "sequential_decision_with_undecided": "flyspec.gate.stats.decide",
+    "sequential_decisions": "flyspec.gate.stats.decide",
     "Look": "flyspec.gate.stats.spending",
     "NextLook": "flyspec.gate.stats.spending",
     "alpha_left": "flyspec.gate.stats.spending",
@@ -173,3 +174,17 @@ _HOMES = {
 
 
 __getattr__ = lazy_attributes(__name__, _HOMES)
+
+
+class _Statistics(ModuleType):
+    """The package, keeping ``decide`` for the public function when its module of the same name loads:
+    the import system binds a submodule onto its package, which would hide the function behind the module
+    ``flyspec.gate.stats.decide``; the function then comes from ``__getattr__``."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "decide" and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Statistics

@@ -1,13 +1,6 @@
-"""The gate's decision rule on an interval for delta = candidate accuracy - baseline accuracy.
-
-One rule for the fixed-size test (Tango's interval) and for the sequential test (the confidence sequence at
-its stopping point), explained in docs/statistics.md:
-
-- PASS: the lower bound lies above ``-margin``: the candidate loses less than the margin (non-inferior);
-- FAIL: the upper bound lies below ``-margin``: the candidate loses more than the margin;
-- INCONCLUSIVE otherwise. ``loss_detected`` (upper bound below 0) says the candidate is shown to be worse,
-  whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
-"""
+"""The names of the gate's verdicts and the checks of a margin and alpha, standard library only, so that
+the settings' checks and the command line read them without loading the statistics. The rule that picks
+a verdict, and every route that applies it, is flyspec/gate/stats/decide.py."""
 
 from __future__ import annotations
 
@@ -35,14 +28,3 @@ def check_margin_alpha(margin: float, alpha: float) -> None:
         )
     if not is_number(alpha, above=0, below=0.5):
         raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5); it is the one-sided level (0.025 usual)")
-
-
-def classify(low: float, high: float, margin: float) -> tuple[str, bool]:
-    """``(decision, loss_detected)`` for an interval ``[low, high]`` of delta against ``margin``."""
-    if low > -margin:
-        decision = PASS
-    elif high < -margin:
-        decision = FAIL
-    else:
-        decision = INCONCLUSIVE
-    return decision, high < 0

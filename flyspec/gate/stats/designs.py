@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
-from flyspec.gate.stats.sequential import iid_crossings, sequential_decisions
+from flyspec.gate.stats.decide import crossing_verdicts, sequential_decisions
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.sequential import iid_stops
 from flyspec.gate.stats.simulation import Outcomes, draw_differences, judged_runs
 
 KINDS = ("fixed", "sequential")
@@ -102,13 +104,13 @@ def _quantile(stops: np.ndarray, decided: np.ndarray, share: float) -> int | Non
 
 
 def _outcome(out: Outcomes) -> DesignOutcome:
-    decided = out.decisions != "INCONCLUSIVE"
+    decided = out.decisions != INCONCLUSIVE
     return DesignOutcome(
         median=_quantile(out.stopped_at, decided, 0.5),
         q90=_quantile(out.stopped_at, decided, 0.9),
-        pass_rate=out.share("PASS"),
-        fail_rate=out.share("FAIL"),
-        undecided=out.share("INCONCLUSIVE"),
+        pass_rate=out.share(PASS),
+        fail_rate=out.share(FAIL),
+        undecided=out.share(INCONCLUSIVE),
         runs=out.decisions.size,
         stops=out.stopped_at,
         decisions=out.decisions,
@@ -128,9 +130,9 @@ def _fixed_exact(
 ) -> Outcomes:
     tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
     t = _tango(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
+    # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
     z = float(norm.ppf(1 - alpha))
-    decisions = np.where(t > z, "PASS", np.where(t < -z, "FAIL", "INCONCLUSIVE")).astype(object)
-    return Outcomes(decisions, np.full(runs, n, dtype=np.int64))
+    return Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
 
 
 def sequential_iid(
@@ -146,28 +148,12 @@ def sequential_iid(
     """Runs of the exact-graded i.i.d. sequential rule, drawn a block at a time (rows that decided stop
     drawing). ``start``: counts (lost, tied, gained) already observed, which every run continues from (the
     i.i.d. capital depends on the counts only); stops count from the first question."""
-    decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
-    stopped = np.full(runs, questions, dtype=np.int64)
-    counts = np.repeat(np.array(start, dtype=float)[:, None], runs, axis=1)
-    offset = sum(start)
-    active = np.arange(runs)
-    for begin in range(offset, questions, _BLOCK):
-        cols = min(_BLOCK, questions - begin)
-        d = draw_differences(rng, active.size, cols, flip_rate, delta)
-        running = [counts[k, active][:, None] + np.cumsum(d == v, axis=1) for k, v in enumerate((-1, 0, 1))]
-        for k in range(3):
-            counts[k, active] = running[k][:, -1]
-        passed, failed = iid_crossings(running, margin, alpha)
-        either = passed | failed
-        hit = either.any(axis=1)
-        first = np.argmax(either, axis=1)
-        rows = np.flatnonzero(hit)
-        decisions[active[rows]] = np.where(passed[rows, first[rows]], "PASS", "FAIL")
-        stopped[active[rows]] = begin + first[rows] + 1
-        active = active[~hit]
-        if active.size == 0:
-            break
-    return Outcomes(decisions, stopped)
+
+    def draw(active: np.ndarray, _begin: int, cols: int) -> np.ndarray:
+        return draw_differences(rng, active.size, cols, flip_rate, delta)
+
+    passed, failed, stopped = iid_stops(runs, questions, draw, margin, alpha, start, block=_BLOCK)
+    return Outcomes(crossing_verdicts(passed, failed), stopped)
 
 
 def finite_pool(size: int, flip_rate: float, delta: float) -> np.ndarray:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flyspec.gate.stats.decide import sequential_decisions
 from flyspec.gate.stats.decision import INCONCLUSIVE
 from flyspec.gate.stats.designs import Design, design_outcome, rounded_rate, sequential_iid
-from flyspec.gate.stats.sequential import sequential_decisions
 
 MIN_PAIRS = 20
 """Pairs before the observed effect may be used at all."""
@@ -190,6 +190,23 @@ def forecast(
             paths=paths,
             seed=seed,
         )
+    decisions, stopped_at = _continued(observed, margin, alpha, max_questions, population_size, paths, seed)
+    return _summarise(decisions, stopped_at, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
+
+
+def _continued(
+    observed: np.ndarray,
+    margin: float,
+    alpha: float,
+    max_questions: int,
+    population_size: int | None,
+    paths: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``paths`` continuations of the observed run up to ``max_questions`` at the effect seen (each count
+    smoothed by half a pair), decided as the run would be: ``(decisions, stopped_at)``."""
+    n = len(observed)
+    lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
     rng = np.random.default_rng(seed)
     p_lost, p_gained = (lost + 0.5) / (n + 1.5), (gained + 0.5) / (n + 1.5)
     if population_size is None:
@@ -204,13 +221,11 @@ def forecast(
             alpha,
             start=(lost, n - lost - gained, gained),
         )
-        decisions, stopped_at = out.decisions, out.stopped_at
-    else:
-        probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
-        future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
-        walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
-        decisions, stopped_at = sequential_decisions(walks, margin, alpha, population_size)
-    return _summarise(decisions, stopped_at, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
+        return out.decisions, out.stopped_at
+    probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
+    future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
+    walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
+    return sequential_decisions(walks, margin, alpha, population_size)
 
 
 __all__ = ["EFFECT", "MIN_PAIRS", "PRIOR", "Forecast", "forecast", "forecast_from_rate"]

@@ -55,7 +55,8 @@ import numpy as np
 
 from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.betting import BoundedMeanSequence
-from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha, classify
+from flyspec.gate.stats.decide import Decision, classify
+from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha
 from flyspec.gate.stats.growth import JudgeModel, smallest_rate
 from flyspec.gate.stats.paired import wilson_interval
 
@@ -293,6 +294,32 @@ class JudgedSequence:
         return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
 
 
+class JudgedWalk:
+    """A judged run's walk along the registered order: the prediction-powered ``1 - 2 alpha`` sequence
+    after each pair and the rule on its bounds, which decides nothing before the first gold label.
+    ``judged_decision`` walks a list with it and the run's monitor (flyspec/gate/stats/monitor.py) the
+    pairs as they complete; ``add`` returns the decision once the bounds cross (a sequential run stops
+    there), else None."""
+
+    def __init__(self, rate: float, margin: float, alpha: float, horizon: int | None = None) -> None:
+        self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon)
+        self.margin = margin
+        self.n = self.labelled = 0
+        self.low, self.high = -1.0, 1.0
+
+    def add(self, pair: JudgedPair) -> Decision | None:
+        """Observe the next pair (not one waiting for its label)."""
+        self.low, self.high = self.sequence.update(pair)
+        self.n += 1
+        self.labelled += pair.gold is not None
+        now = self.decision()
+        return None if now.decision == INCONCLUSIVE else now
+
+    def decision(self) -> Decision:
+        """The rule on the bounds reached so far."""
+        return classify(self.low, self.high, self.margin, self.labelled > 0)
+
+
 @dataclass(frozen=True)
 class JudgedDecision:
     """A judged run's decision: the fields of ``SequentialDecision`` plus the judge's counts.
@@ -360,28 +387,21 @@ def judged_decision(
             raise ValueError(f"horizon={horizon!r}: a fixed run's registered size, a positive integer")
     elif horizon is not None:
         raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
-    sequence = JudgedSequence(rate, 2.0 * alpha, horizon if design == "fixed" else None)
-    low, high, stopped = -1.0, 1.0, 0
-    labelled = 0
+    walk = JudgedWalk(rate, margin, alpha, horizon if design == "fixed" else None)
     for pair in used:
-        low, high = sequence.update(pair)
-        stopped += 1
-        labelled += pair.gold is not None
-        if design == "sequential" and labelled and (low > -margin or high < -margin):
+        if walk.add(pair) is not None and design == "sequential":
             break
+    sequence, stopped, end = walk.sequence, walk.n, walk.decision()
     counts = judge_counts(used[:stopped])
-    decision, loss_detected = classify(low, high, margin)
-    if counts.labelled == 0:
-        decision, loss_detected = INCONCLUSIVE, False
     advice = None
-    if decision == INCONCLUSIVE:
+    if end.decision == INCONCLUSIVE:
         advice = labels_needed(counts, margin, alpha, design, max(horizon or 0, len(pairs)), used[:stopped])
     return JudgedDecision(
-        decision=decision,
+        decision=end.decision,
         stopped_at=stopped,
-        low=low,
-        high=high,
-        loss_detected=loss_detected,
+        low=end.low,
+        high=end.high,
+        loss_detected=end.loss_detected,
         design=design,
         rate=rate,
         usable=usable,

@@ -30,15 +30,14 @@ declared) and the method key. Judged runs registered with the prediction-powered
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from flyspec.gate.stats.claims import POPULATIONS, claim
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.judged import JudgedPair, JudgedSequence, judge_counts, judged_decision, usable_prefix
-from flyspec.gate.stats.sequential import ConfidenceSequence, sequential_decision_with_undecided
+from flyspec.gate.stats.decide import SequentialWalk
+from flyspec.gate.stats.decision import INCONCLUSIVE
+from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, judge_counts, judged_decision, usable_prefix
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -229,30 +228,32 @@ def is_undecided(key: QuestionKey, base: bool, cand: bool, judged: Collection[Qu
     return not base and not cand and key in judged
 
 
+def _stopped(walk: SequentialWalk, reason: str, complete_prefix: int) -> SequentialStop:
+    """The stop of a walk: at its crossing (``boundary``) or where it ended for ``reason``."""
+    end = walk.decision()
+    return SequentialStop(
+        decision=end.decision,
+        reason="boundary" if walk.stop is not None else reason,
+        stopped_at=walk.n,
+        low=end.low,
+        high=end.high,
+        loss_detected=end.loss_detected,
+        lost=walk.lost,
+        gained=walk.gained,
+        complete_prefix=complete_prefix,
+        undecided=walk.undecided,
+    )
+
+
 def _stop(
     diffs: list[int], undecided: list[bool], plan: SequentialPlan, reason: str, upto: int
 ) -> SequentialStop:
-    used = diffs[:upto]
-    if not used:
-        return SequentialStop(INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, len(diffs))
-    walk = sequential_decision_with_undecided(
-        used, undecided[:upto], plan.margin, plan.alpha, population_size=plan.sequence_population
-    )
-    if walk.decision in (PASS, FAIL):
-        reason, upto = "boundary", walk.stopped_at
-    counted = used[:upto]
-    return SequentialStop(
-        decision=walk.decision,
-        reason=reason,
-        stopped_at=upto,
-        low=walk.low,
-        high=walk.high,
-        loss_detected=walk.loss_detected,
-        lost=counted.count(-1),
-        gained=counted.count(1),
-        complete_prefix=len(diffs),
-        undecided=sum(undecided[:upto]),
-    )
+    """The run's walk (the monitor's ``SequentialWalk``) replayed over the first ``upto`` pairs."""
+    walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
+    for d, flag in zip(diffs[:upto], undecided[:upto], strict=True):
+        if walk.add(d, flag) is not None:
+            break
+    return _stopped(walk, reason, len(diffs))
 
 
 def sequential_stop(
@@ -274,20 +275,35 @@ def sequential_stop(
     pairs count against the claim being tested.
     """
     diffs, undecided = in_order_pairs(order, correct, lanes, judged)
+    return _replayed(
+        lambda reason, upto: _stop(diffs, undecided, plan, reason, upto), len(diffs), plan, events
+    )
+
+
+def _replayed(
+    walk: Callable[[str, int], SequentialStop],
+    complete: int,
+    plan: SequentialPlan,
+    events: Sequence[SessionEvent],
+) -> SequentialStop:
+    """Where a run stopped, from ``walk(reason, upto)`` over its ``complete`` in-order pairs: at a pause
+    recorded last (answers that completed after it wait for a resume), else at the first crossing, else at
+    ``max_questions`` once every registered pair is in, else ``in_progress``."""
     last = events[-1] if events else None
     if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return _stop(diffs, undecided, plan, last.reason, min(last.stopped_at, len(diffs)))
-    walk = _stop(diffs, undecided, plan, "in_progress", len(diffs))
-    if walk.reason == "in_progress" and len(diffs) >= plan.max_questions:
-        return _stop(diffs, undecided, plan, "max_questions", plan.max_questions)
-    return walk
+        return walk(last.reason, min(last.stopped_at, complete))
+    stop = walk("in_progress", complete)
+    if stop.reason == "in_progress" and complete >= plan.max_questions:
+        return walk("max_questions", plan.max_questions)
+    return stop
 
 
 class SequentialMonitor:
     """Updates the confidence sequence as pairs complete along the registered order; stops once.
 
     ``add`` takes every graded answer (in any order) and returns the stop when this answer causes it.
-    The same data give the same stop as ``sequential_stop`` (both follow the registered order).
+    The same data give the same stop as ``sequential_stop``: both walk the registered order with one
+    ``SequentialWalk`` (flyspec/gate/stats/decide.py), the report replaying what the run walked.
     """
 
     def __init__(
@@ -303,13 +319,14 @@ class SequentialMonitor:
         self.judged = frozenset(judged)
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.prefix = 0
-        self.lost = self.gained = self.undecided = 0
-        self.low, self.high = -1.0, 1.0
         self.stop: SequentialStop | None = None
-        # The lower bounds count an undecided pair as lost, the upper bounds as gained; the two sequences
-        # are one until the first undecided pair, when the upper one starts as a copy of the lower.
-        self._lower = ConfidenceSequence(alpha=2 * plan.alpha, population_size=plan.sequence_population)
-        self._upper: ConfidenceSequence | None = None
+        self.walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
+
+    # The progress bar reads the walk's bounds and counts from the monitor.
+    low = property(lambda self: self.walk.low)
+    high = property(lambda self: self.walk.high)
+    lost = property(lambda self: self.walk.lost)
+    gained = property(lambda self: self.walk.gained)
 
     def add(
         self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
@@ -325,32 +342,11 @@ class SequentialMonitor:
             cand = self.correct.get((*self.lanes[1], dataset_i, qid))
             if base is None or cand is None:
                 return None
-            d = int(cand) - int(base)
             undecided = is_undecided((dataset_i, qid), base, cand, self.judged)
             self.prefix += 1
-            self.lost += d == -1
-            self.gained += d == 1
-            self.undecided += undecided
-            if undecided and self._upper is None:
-                self._upper = copy.deepcopy(self._lower)
-            self.low, self.high = self._lower.update(-1 if undecided else d)
-            if self._upper is not None:
-                self.high = self._upper.update(1 if undecided else d)[1]
-            crossed = self.low > -self.plan.margin or self.high < -self.plan.margin
+            crossed = self.walk.add(int(cand) - int(base), undecided) is not None
             if crossed or self.prefix >= self.plan.max_questions:
-                decision = PASS if self.low > -self.plan.margin else FAIL if crossed else INCONCLUSIVE
-                self.stop = SequentialStop(
-                    decision=decision,
-                    reason="boundary" if crossed else "max_questions",
-                    stopped_at=self.prefix,
-                    low=self.low,
-                    high=self.high,
-                    loss_detected=self.high < 0,
-                    lost=self.lost,
-                    gained=self.gained,
-                    complete_prefix=self.prefix,
-                    undecided=self.undecided,
-                )
+                self.stop = _stopped(self.walk, "max_questions", self.prefix)
                 return self.stop
         return None
 
@@ -374,7 +370,7 @@ def _judged_walk(
             INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, usable, awaiting_label=awaiting
         )
     walk = judged_decision(used, plan.margin, plan.alpha, rate, "sequential")
-    if walk.decision in (PASS, FAIL):
+    if walk.decision != INCONCLUSIVE:
         reason, upto = "boundary", walk.stopped_at
     counts = walk.counts
     return SequentialStop(
@@ -420,13 +416,9 @@ def judged_stop(
     """
     seen = in_order_judged(order, pairs)
     usable = usable_prefix(seen)
-    last = events[-1] if events else None
-    if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return _judged_walk(seen, plan, last.reason, min(last.stopped_at, usable), usable)
-    walk = _judged_walk(seen, plan, "in_progress", usable, usable)
-    if walk.reason == "in_progress" and usable >= plan.max_questions:
-        return _judged_walk(seen, plan, "max_questions", plan.max_questions, usable)
-    return walk
+    return _replayed(
+        lambda reason, upto: _judged_walk(seen, plan, reason, upto, usable), usable, plan, events
+    )
 
 
 class JudgedMonitor:
@@ -440,10 +432,14 @@ class JudgedMonitor:
         self.rate = _judged_plan(plan)
         self.pairs: dict[QuestionKey, JudgedPair] = {}
         self.prefix = 0
-        self.lost = self.gained = self.undecided = self.labelled = 0
-        self.low, self.high = -1.0, 1.0
+        self.lost = self.gained = self.undecided = 0
         self.stop: SequentialStop | None = None
-        self._sequence = JudgedSequence(self.rate, alpha=2 * plan.alpha)
+        self.walk = JudgedWalk(self.rate, plan.margin, plan.alpha)
+
+    # The progress bar reads the walk's bounds from the monitor.
+    low = property(lambda self: self.walk.low)
+    high = property(lambda self: self.walk.high)
+    labelled = property(lambda self: self.walk.labelled)
 
     @property
     def awaiting_label(self) -> bool:
@@ -464,25 +460,21 @@ class JudgedMonitor:
             nxt = self.pairs.get(self.order[self.prefix])
             if nxt is None or nxt.waiting:
                 return None
-            self.low, self.high = self._sequence.update(nxt)
+            crossed = self.walk.add(nxt) is not None
             self.prefix += 1
             counts = judge_counts([nxt])
             self.lost += counts.lost
             self.gained += counts.gained
             self.undecided += counts.undecided
-            self.labelled += counts.labelled
-            crossed = self.labelled > 0 and (self.low > -self.plan.margin or self.high < -self.plan.margin)
             if crossed or self.prefix >= self.plan.max_questions:
-                decision = (
-                    PASS if crossed and self.low > -self.plan.margin else FAIL if crossed else INCONCLUSIVE
-                )
+                end = self.walk.decision()
                 self.stop = SequentialStop(
-                    decision=decision,
+                    decision=end.decision,
                     reason="boundary" if crossed else "max_questions",
                     stopped_at=self.prefix,
-                    low=self.low,
-                    high=self.high,
-                    loss_detected=self.high < 0 and self.labelled > 0,
+                    low=end.low,
+                    high=end.high,
+                    loss_detected=end.loss_detected,
                     lost=self.lost,
                     gained=self.gained,
                     complete_prefix=self.prefix,

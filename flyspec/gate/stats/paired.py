@@ -1,6 +1,6 @@
 """The fixed-size statistics of the paired quality gate: McNemar's test, Tango's score statistic and
-interval, the non-inferiority test, Wilson's interval, and the decision on Tango's interval
-(docs/statistics.md explains each test and the decision rule).
+interval, the non-inferiority test and Wilson's interval (docs/statistics.md explains each test; the
+decision on Tango's interval is ``flyspec.gate.stats.decide``).
 
 Notation: ``n`` paired questions; ``lost`` = baseline right and candidate wrong; ``gained`` = the reverse;
 ``delta = (gained - lost) / n`` (the candidate's accuracy minus the baseline's); flip rate
@@ -23,7 +23,6 @@ from scipy import optimize
 from scipy.stats import binom, norm
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decision import check_margin, classify
 
 CI_METHODS = ("tango", "newcombe", "wald")
 
@@ -48,20 +47,6 @@ class NonInferiorityResult:
     non_inferior: bool
     margin: float
     alpha: float
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The gate's decision on a fixed-size run: the outcome, whether a loss is shown, and the interval.
-
-    ``low, high``: Tango's ``1 - 2 alpha`` interval of delta. ``loss_detected``: ``high < 0`` (the
-    candidate is shown worse than the baseline; with INCONCLUSIVE, not shown worse than the margin).
-    """
-
-    decision: str
-    loss_detected: bool
-    low: float
-    high: float
 
 
 class PairedCounts(NamedTuple):
@@ -232,45 +217,3 @@ def noninferiority(
     return NonInferiorityResult(
         statistic=statistic, p_value=p_value, non_inferior=p_value < alpha, margin=margin, alpha=alpha
     )
-
-
-def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
-    """The gate's rule on Tango's ``1 - 2 alpha`` interval ``[low, high]`` of delta.
-
-    PASS when ``low > -margin`` (non-inferior); FAIL when ``high < -margin`` (worse than the margin);
-    INCONCLUSIVE otherwise. ``loss_detected = high < 0``. A significant McNemar test alone never makes a
-    FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside this.
-    """
-    check_counts(n, lost, gained)
-    check_margin(margin)
-    check_probability("alpha", alpha)
-    if alpha >= 0.5:
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5) (the interval has level 1 - 2 alpha)")
-    low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
-    decision, loss_detected = classify(low, high, margin)
-    return Decision(decision=decision, loss_detected=loss_detected, low=low, high=high)
-
-
-def decide_with_undecided(
-    n: int, lost: int, gained: int, undecided: int, margin: float, alpha: float = 0.025
-) -> Decision:
-    """``decide`` when ``undecided`` of the ``n`` pairs could not be called (a judge whose two orders
-    disagree, or a verdict that could not be read): each counts against the claim being tested.
-
-    ``lost`` and ``gained`` are the decided discordant pairs. PASS needs the lower end of Tango's interval
-    on ``(n, lost + undecided, gained)`` above ``-margin``; FAIL needs the upper end of the interval on
-    ``(n, lost, gained + undecided)`` below it. Each interval is computed from counts at least as
-    unfavourable to its claim as the truth, so each claim keeps its error at most alpha; ``low``/``high``
-    are those two ends. With ``undecided = 0`` it is ``decide``.
-    """
-    if not is_int(undecided, 0):
-        raise ValueError(f"undecided={undecided!r}: must be an integer >= 0")
-    check_counts(n, lost, gained)
-    check_counts(n, lost + undecided, gained)
-    against_pass = decide(n, lost + undecided, gained, margin, alpha)
-    if undecided == 0:
-        return against_pass
-    against_fail = decide(n, lost, gained + undecided, margin, alpha)
-    low, high = against_pass.low, against_fail.high
-    decision, loss_detected = classify(low, high, margin)
-    return Decision(decision=decision, loss_detected=loss_detected, low=low, high=high)

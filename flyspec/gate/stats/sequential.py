@@ -1,4 +1,4 @@
-"""Anytime-valid inference for the paired gate: a betting confidence sequence and the sequential decision.
+"""Anytime-valid inference for the paired gate: a betting confidence sequence and where it crosses a margin.
 
 Each question gives a paired difference ``D = candidate correct - baseline correct`` in {-1, 0, 1}; the
 gate wants the mean ``delta = E[D]`` and looks after every question. We map ``X = (D + 1) / 2`` into [0, 1]
@@ -41,14 +41,12 @@ the gate updates after every answer. See docs/statistics.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import optimize
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, check_margin
 
 BETS = 2.0 ** -np.arange(8)
 _BET_SIZES = BETS.tolist()
@@ -59,14 +57,14 @@ _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroin
 _ROOT_TOLERANCE = 1e-13
 
 
-def _check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
+def check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
     if not is_number(alpha):
         raise ValueError(f"{name}={alpha!r}: must be a number")
     if not 0 < alpha < upper:
         raise ValueError(f"{name}={alpha!r}: must lie in (0, {upper:g})")
 
 
-def _check_population(population_size: int | None, observations: int) -> None:
+def check_population(population_size: int | None, observations: int) -> None:
     if population_size is None:
         return
     if not is_int(population_size, 1):
@@ -78,7 +76,7 @@ def _check_population(population_size: int | None, observations: int) -> None:
         )
 
 
-def _as_diffs(diffs: Sequence[int] | np.ndarray, ndim: int) -> np.ndarray:
+def as_diffs(diffs: Sequence[int] | np.ndarray, ndim: int) -> np.ndarray:
     values = np.asarray(diffs)
     if values.ndim != ndim:
         need = "one flat sequence" if ndim == 1 else "a 2-D array, one sequence per row"
@@ -300,8 +298,8 @@ class ConfidenceSequence:
     """
 
     def __init__(self, alpha: float = 0.05, population_size: int | None = None) -> None:
-        _check_alpha(alpha)
-        _check_population(population_size, 0)
+        check_alpha(alpha)
+        check_population(population_size, 0)
         self.alpha = alpha
         self.population_size = population_size
         self._exact = _ExactSequence(alpha) if population_size is None else None
@@ -313,7 +311,7 @@ class ConfidenceSequence:
         """Add one paired difference and return the running bounds for delta, each in [-1, 1]."""
         if isinstance(d, bool) or d not in (-1, 0, 1):
             raise ValueError(f"d={d!r}: each paired difference must be -1, 0 or 1")
-        _check_population(self.population_size, self.n + 1)
+        check_population(self.population_size, self.n + 1)
         self.n += 1
         if self._exact is not None:
             low_x, high_x = self._exact.update(int(d) + 1)
@@ -335,9 +333,9 @@ def confidence_sequence(
     (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). With
     ``population_size`` it uses their without-replacement version for a finite question set of that size.
     """
-    values = _as_diffs(diffs, ndim=1)
-    _check_alpha(alpha)
-    _check_population(population_size, len(values))
+    values = as_diffs(diffs, ndim=1)
+    check_alpha(alpha)
+    check_population(population_size, len(values))
     sequence = ConfidenceSequence(alpha, population_size)
     lows: list[float] = []
     highs: list[float] = []
@@ -348,149 +346,89 @@ def confidence_sequence(
     return lows, highs
 
 
-@dataclass(frozen=True)
-class SequentialDecision:
-    """Outcome of walking the confidence sequence: the decision, where it stopped and the bounds there."""
+class Stops:
+    """Where many runs first cross: ``passed`` (the lower bound passed -margin), ``failed`` (only the upper
+    bound dropped below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed).
+    The vectorised kernels (here and in flyspec/gate/stats/simulation.py) record into it block by block;
+    ``flyspec.gate.stats.decide.crossing_verdicts`` names the verdicts."""
 
-    decision: str
-    stopped_at: int
-    low: float
-    high: float
-    loss_detected: bool
+    def __init__(self, rows: int, length: int) -> None:
+        self.passed = np.zeros(rows, dtype=bool)
+        self.failed = np.zeros(rows, dtype=bool)
+        self.stopped_at = np.full(rows, length, dtype=np.int64)
+
+    def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+        """Record the first crossing in a block of the runs ``active``: ``up``/``down`` (runs x columns from
+        question ``begin``) mark where the lower bound lies above -margin / the upper bound below it, the
+        lower bound's crossing counted first where both hold. Returns the mask of runs still undecided."""
+        either = up | down
+        hit = either.any(axis=1)
+        rows = np.flatnonzero(hit)
+        first = np.argmax(either, axis=1)[rows]
+        lower = up[rows, first]
+        self.passed[active[rows]] = lower
+        self.failed[active[rows]] = ~lower
+        self.stopped_at[active[rows]] = begin + first + 1
+        return ~hit
+
+    def outcome(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(passed, failed, stopped_at)``."""
+        return self.passed, self.failed, self.stopped_at
 
 
-def sequential_decision(
-    diffs: Sequence[int], margin: float, alpha: float = 0.025, population_size: int | None = None
-) -> SequentialDecision:
-    """Walk the ``1 - 2 alpha`` confidence sequence and stop at the first boundary crossing.
-
-    PASS at the first n with ``low_n > -margin``; FAIL at the first n with ``high_n < -margin``;
-    INCONCLUSIVE when neither happens within ``diffs`` (``stopped_at = len(diffs)``). Because the
-    sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
-    and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
+def crossing_stops(
+    values: np.ndarray, margin: float, alpha: float, population_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each row's ``1 - 2 alpha`` sequence first crosses ``-margin``, for many sequences at once:
+    ``(passed, failed, stopped_at)``, ``passed`` where the lower bound passed it, ``failed`` where the upper
+    bound dropped below it (only), ``stopped_at`` the questions used (the row's length when neither). The
+    lower bound first exceeds -margin exactly when K+ at -margin first exceeds the threshold, and the upper
+    bound first drops below it when K- there does, so two capital processes per row replace the bounds:
+    closed forms of the running counts in the i.i.d. case (computed a block of columns at a time), the
+    grid's two neighbours of -margin without replacement. ``values``: checked differences, one row each;
+    ``flyspec.gate.stats.decide.sequential_decisions`` names the verdicts.
     """
-    values = _as_diffs(diffs, ndim=1)
-    check_margin(margin)
-    _check_alpha(alpha, upper=0.5)
-    _check_population(population_size, len(values))
-    sequence = ConfidenceSequence(2.0 * alpha, population_size)
-    decision, low, high = INCONCLUSIVE, -1.0, 1.0
-    for d in values.tolist():
-        low, high = sequence.update(d)
-        if low > -margin:
-            decision = PASS
-            break
-        if high < -margin:
-            decision = FAIL
-            break
-    return SequentialDecision(
-        decision=decision, stopped_at=sequence.n, low=low, high=high, loss_detected=high < 0
-    )
-
-
-def sequential_decision_with_undecided(
-    diffs: Sequence[int],
-    undecided: Sequence[bool],
-    margin: float,
-    alpha: float = 0.025,
-    population_size: int | None = None,
-) -> SequentialDecision:
-    """``sequential_decision`` when some pairs are undecided (a judge whose two orders disagree): each
-    undecided pair counts against the claim being tested.
-
-    ``diffs[i]`` is the pair's difference (0 where ``undecided[i]``). The lower bounds come from the
-    sequence in which every undecided pair is -1 (lost), the upper bounds from the one in which it is +1
-    (gained): PASS at the first n with ``low_n > -margin``, FAIL at the first n with ``high_n < -margin``.
-    Each sequence lies on the side of the truth that makes its claim harder, so P(PASS) <= alpha when
-    delta <= -margin and P(FAIL) <= alpha when delta >= -margin, as in ``sequential_decision``, whatever
-    the undecided pairs truly were. Without undecided pairs it is ``sequential_decision``.
-    """
-    values = _as_diffs(diffs, ndim=1)
-    flags = [bool(u) for u in undecided]
-    if len(flags) != len(values):
-        raise ValueError(f"undecided has {len(flags)} entries for {len(values)} differences")
-    if any(f and d != 0 for f, d in zip(flags, values.tolist(), strict=True)):
-        raise ValueError("an undecided pair's difference must be 0")
-    if not any(flags):
-        return sequential_decision(values, margin, alpha, population_size)
-    check_margin(margin)
-    _check_alpha(alpha, upper=0.5)
-    _check_population(population_size, len(values))
-    lower = ConfidenceSequence(2.0 * alpha, population_size)
-    upper = ConfidenceSequence(2.0 * alpha, population_size)
-    decision, low, high = INCONCLUSIVE, -1.0, 1.0
-    for d, flag in zip(values.tolist(), flags, strict=True):
-        low = lower.update(-1 if flag else d)[0]
-        high = upper.update(1 if flag else d)[1]
-        if low > -margin:
-            decision = PASS
-            break
-        if high < -margin:
-            decision = FAIL
-            break
-    return SequentialDecision(
-        decision=decision, stopped_at=lower.n, low=low, high=high, loss_detected=high < 0
-    )
-
-
-def sequential_decisions(
-    diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
-
-    Returns ``(decision, stopped_at)`` arrays. The lower bound first exceeds -margin exactly when K+ at
-    -margin first exceeds the threshold, and the upper bound first drops below it when K- there does, so
-    two capital processes per row replace the bounds: closed forms of the running counts in the i.i.d.
-    case (computed a block of columns at a time), the grid's two neighbours of -margin without
-    replacement. The answers equal ``sequential_decision``'s except after a miss that empties the set.
-    """
-    values = _as_diffs(diffs, ndim=2)
-    check_margin(margin)
-    _check_alpha(alpha, upper=0.5)
-    _check_population(population_size, values.shape[1])
     if population_size is None:
-        return _iid_decisions(values, margin, alpha)
-    return _without_replacement_decisions(values, margin, alpha, population_size)
+        rows, length = values.shape
+        return iid_stops(
+            rows, length, lambda active, begin, cols: values[active, begin : begin + cols], margin, alpha
+        )
+    return _without_replacement_stops(values, margin, alpha, population_size)
 
 
-def _iid_decisions(values: np.ndarray, margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    rows, length = values.shape
+def iid_stops(
+    rows: int,
+    length: int,
+    block_of: Callable[[np.ndarray, int, int], np.ndarray],
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+    block: int = 512,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``crossing_stops`` for the i.i.d. sequence, its ``rows`` sequences of ``length`` differences read a
+    block at a time: ``block_of(active, begin, cols)`` gives the differences of the rows still undecided
+    from column ``begin`` on (a simulation draws them there, so rows that decided stop drawing).
+    ``start``: counts (lost, tied, gained) already observed, which every row continues from (the i.i.d.
+    capital depends on the counts only); stops count from the first question."""
     m = (1.0 - margin) / 2.0
     threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
     terms = {side: np.array(_bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
-    decisions = np.full(rows, INCONCLUSIVE, dtype=object)
-    stopped_at = np.full(rows, length, dtype=np.int64)
+    stops = Stops(rows, length)
+    counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
     active = np.arange(rows)
-    counts = np.zeros((3, rows))
-    block = 512
-    for start in range(0, length, block):
-        chunk = values[active, start : start + block]
+    for begin in range(sum(start), length, block):
+        chunk = block_of(active, begin, min(block, length - begin))
         running = [
             counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
         ]
         for k in range(3):
             counts[k, active] = running[k][:, -1]
-        crossed = {side: _iid_crossed(running, terms[side], threshold) for side in (1, -1)}
-        either = crossed[1] | crossed[-1]
-        hit = either.any(axis=1)
-        first = np.argmax(either, axis=1)
-        rows_hit = np.flatnonzero(hit)
-        passed = crossed[1][rows_hit, first[rows_hit]]
-        decisions[active[rows_hit]] = np.where(passed, PASS, FAIL)
-        stopped_at[active[rows_hit]] = start + first[rows_hit] + 1
-        active = active[~hit]
+        active = active[
+            stops.record(active, begin, *(_iid_crossed(running, terms[side], threshold) for side in (1, -1)))
+        ]
         if active.size == 0:
             break
-    return decisions, stopped_at
-
-
-def iid_crossings(running: list[np.ndarray], margin: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Where the i.i.d. ``1 - 2 alpha`` sequence's lower bound lies above -margin (PASS) and its upper
-    bound below it (FAIL), from running counts ``[lost, tied, gained]`` (arrays of one shape): the
-    closed form ``sequential_decisions`` uses, for simulations that draw their runs block by block."""
-    m = (1.0 - margin) / 2.0
-    threshold = math.log(1.0 / alpha)
-    return tuple(_iid_crossed(running, np.array(_bet_terms(m, side)), threshold) for side in (1, -1))  # type: ignore[return-value]
+    return stops.outcome()
 
 
 def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
@@ -509,43 +447,36 @@ def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float)
     return hit
 
 
-def _without_replacement_decisions(
+def _without_replacement_stops(
     values: np.ndarray, margin: float, alpha: float, population_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows, length = values.shape
     grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
     above = int(np.flatnonzero(grid > -margin)[0])
     below = int(np.flatnonzero(grid < -margin)[-1])
     capital = _Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
-    decisions = np.full(rows, INCONCLUSIVE, dtype=object)
-    stopped_at = np.full(rows, length, dtype=np.int64)
+    stops = Stops(rows, length)
     active = np.arange(rows)
     for step in range(length):
         capital.step((values[active, step] + 1.0) / 2.0)
-        passed = capital.rejected_plus()[:, 0]
-        failed = capital.rejected_minus()[:, 1]
         logical_low, logical_high = capital.logical_bounds()
-        passed |= logical_low > -margin
-        failed |= logical_high < -margin
-        done = passed | failed
-        if done.any():
-            decisions[active[passed]] = PASS
-            decisions[active[failed & ~passed]] = FAIL
-            stopped_at[active[done]] = step + 1
-            active = active[~done]
-            capital.keep_rows(~done)
+        passed = capital.rejected_plus()[:, 0] | (logical_low > -margin)
+        failed = capital.rejected_minus()[:, 1] | (logical_high < -margin)
+        keep = stops.record(active, step, passed[:, None], failed[:, None])
+        if not keep.all():
+            active = active[keep]
+            capital.keep_rows(keep)
             if active.size == 0:
                 break
-    return decisions, stopped_at
+    return stops.outcome()
 
 
 __all__ = [
     "BETS",
     "GRID_STEPS",
     "ConfidenceSequence",
-    "SequentialDecision",
+    "Stops",
     "confidence_sequence",
-    "iid_crossings",
-    "sequential_decision",
-    "sequential_decisions",
+    "crossing_stops",
+    "iid_stops",
 ]

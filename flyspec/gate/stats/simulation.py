@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, PRIOR_MEAN, PRIOR_VARIANCE, TRUNCATION
+from flyspec.gate.stats.decide import crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
+from flyspec.gate.stats.sequential import Stops
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 
@@ -282,10 +284,7 @@ def judged_runs(
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side)
     stream = JudgedStream(runs, rate)
-    decisions = np.full(runs, "INCONCLUSIVE", dtype=object)
-    stopped_at = np.full(runs, questions, dtype=np.int64)
-    passed = np.zeros(runs, dtype=bool)
-    failed = np.zeros(runs, dtype=bool)
+    stops = Stops(runs, questions)
     if population is not None and orders is None:
         orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
     active = np.arange(runs)
@@ -296,28 +295,19 @@ def judged_runs(
         pairs = draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
         y, labels = stream.values(pairs)
         plus, minus = capital.step(y)
-        labelled = labels >= 1
         if design == "fixed":
-            passed[active] |= plus.any(axis=1)
-            failed[active] |= minus.any(axis=1)
+            stops.passed |= plus.any(axis=1)
+            stops.failed |= minus.any(axis=1)
             continue
-        crossed = (plus | minus) & labelled
-        hit = crossed.any(axis=1)
-        first = np.argmax(crossed, axis=1)
-        rows = np.flatnonzero(hit)
-        is_pass = plus[rows, first[rows]]
-        decisions[active[rows]] = np.where(is_pass, "PASS", "FAIL")
-        stopped_at[active[rows]] = start + first[rows] + 1
-        keep = ~hit
+        keep = stops.record(active, start, plus & (labels >= 1), minus & (labels >= 1))
         active = active[keep]
         capital.keep(keep)
         stream.keep(keep)
         if active.size == 0:
             break
     if design == "fixed":
-        # The running bounds: PASS if the lower bound ever passed -margin (checked first, as classify);
-        # without a label a run decides nothing.
-        mute = stream.labelled == 0
-        decisions[failed & ~mute] = "FAIL"
-        decisions[passed & ~mute] = "PASS"
-    return Outcomes(decisions, stopped_at)
+        # A fixed run decides on its running bounds at the end: PASS if the lower bound ever passed
+        # -margin (checked first, as classify); without a label a run decides nothing.
+        stops.passed &= stream.labelled > 0
+        stops.failed &= stream.labelled > 0
+    return Outcomes(crossing_verdicts(stops.passed, stops.failed), stops.stopped_at)

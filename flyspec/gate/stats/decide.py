@@ -1,0 +1,244 @@
+"""The gate's decision: the one rule that turns an interval into PASS, FAIL or INCONCLUSIVE, and the
+routes that apply it to a run (docs/statistics.md, "The decision rule").
+
+The rule (``classify``), for an interval ``[low, high]`` of delta = candidate accuracy - baseline
+accuracy against the non-inferiority ``margin``:
+
+- PASS: the lower bound lies above ``-margin``: the candidate loses less than the margin (non-inferior);
+- FAIL: the upper bound lies below ``-margin``: the candidate loses more than the margin;
+- INCONCLUSIVE otherwise. ``loss_detected`` (upper bound below 0) says the candidate is shown to be worse,
+  whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
+
+Every verdict of the gate comes from ``classify``: a fixed run's on Tango's ``1 - 2 alpha`` interval
+(``decide``, ``decide_with_undecided``), a sequential run's at the first crossing of its confidence
+sequence (``SequentialWalk``: ``sequential_decision``, the run's monitor and the report's replay all walk
+with it), a judged run's on its prediction-powered sequence (``JudgedWalk``, flyspec/gate/stats/judged.py),
+and the simulations' many runs at once (``crossing_verdicts``, pinned to the rule on the same draws by
+tests/test_gate_stats_decide.py, which also fails if a verdict is assigned anywhere else in the gate).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from flyspec.checks import is_int
+from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, check_margin
+from flyspec.gate.stats.paired import check_counts, check_probability, net_difference_ci
+from flyspec.gate.stats.sequential import (
+    ConfidenceSequence,
+    as_diffs,
+    check_alpha,
+    check_population,
+    crossing_stops,
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's decision on an interval: the outcome, whether a loss is shown, and the interval.
+
+    ``low, high``: the ``1 - 2 alpha`` interval of delta (Tango's for a fixed-size run). ``loss_detected``:
+    ``high < 0`` (the candidate is shown worse than the baseline; with INCONCLUSIVE, not shown worse than
+    the margin).
+    """
+
+    decision: str
+    loss_detected: bool
+    low: float
+    high: float
+
+
+def classify(low: float, high: float, margin: float, can_decide: bool = True) -> Decision:
+    """The rule on an interval ``[low, high]`` of delta against ``margin`` (the module docstring).
+    ``can_decide=False`` (a judged run without a gold label yet) gives INCONCLUSIVE with no loss shown,
+    whatever the interval."""
+    if not can_decide:
+        return Decision(INCONCLUSIVE, False, low, high)
+    if low > -margin:
+        decision = PASS
+    elif high < -margin:
+        decision = FAIL
+    else:
+        decision = INCONCLUSIVE
+    return Decision(decision=decision, loss_detected=high < 0, low=low, high=high)
+
+
+def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
+    """``classify`` for many runs at once, from where each run's bounds stand against ``-margin``:
+    ``passed`` (the lower bound above it), ``failed`` (the upper bound below it). PASS wins where both
+    hold, as in ``classify``; an object array of "PASS", "FAIL" and "INCONCLUSIVE"."""
+    return np.select([passed, failed], [PASS, FAIL], INCONCLUSIVE).astype(object)
+
+
+def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
+    """The gate's rule on Tango's ``1 - 2 alpha`` interval ``[low, high]`` of delta.
+
+    PASS when ``low > -margin`` (non-inferior); FAIL when ``high < -margin`` (worse than the margin);
+    INCONCLUSIVE otherwise. ``loss_detected = high < 0``. A significant McNemar test alone never makes a
+    FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside this.
+    """
+    check_counts(n, lost, gained)
+    check_margin(margin)
+    check_probability("alpha", alpha)
+    if alpha >= 0.5:
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5) (the interval has level 1 - 2 alpha)")
+    low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
+    return classify(low, high, margin)
+
+
+def decide_with_undecided(
+    n: int, lost: int, gained: int, undecided: int, margin: float, alpha: float = 0.025
+) -> Decision:
+    """``decide`` when ``undecided`` of the ``n`` pairs could not be called (a judge whose two orders
+    disagree, or a verdict that could not be read): each counts against the claim being tested.
+
+    ``lost`` and ``gained`` are the decided discordant pairs. PASS needs the lower end of Tango's interval
+    on ``(n, lost + undecided, gained)`` above ``-margin``; FAIL needs the upper end of the interval on
+    ``(n, lost, gained + undecided)`` below it. Each interval is computed from counts at least as
+    unfavourable to its claim as the truth, so each claim keeps its error at most alpha; ``low``/``high``
+    are those two ends. With ``undecided = 0`` it is ``decide``.
+    """
+    if not is_int(undecided, 0):
+        raise ValueError(f"undecided={undecided!r}: must be an integer >= 0")
+    check_counts(n, lost, gained)
+    check_counts(n, lost + undecided, gained)
+    against_pass = decide(n, lost + undecided, gained, margin, alpha)
+    if undecided == 0:
+        return against_pass
+    high = net_difference_ci(n, lost, gained + undecided, level=1 - 2 * alpha)[1]
+    return classify(against_pass.low, high, margin)
+
+
+@dataclass(frozen=True)
+class SequentialDecision:
+    """Outcome of walking the confidence sequence: the decision, where it stopped and the bounds there."""
+
+    decision: str
+    stopped_at: int
+    low: float
+    high: float
+    loss_detected: bool
+
+
+class SequentialWalk:
+    """The sequential rule along the registered order: the ``1 - 2 alpha`` confidence sequence after each
+    pair, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there); ``n`` pairs
+    seen, ``lost``/``gained``/``undecided`` among them.
+
+    An undecided pair (a judge whose two orders disagree) counts against the claim being tested: as lost
+    (-1) in the sequence of the lower bounds, as gained (+1) in that of the upper bounds. The two
+    sequences are one until the first undecided pair, when the upper one starts as a copy of the lower.
+    ``sequential_decision`` walks a list with it, and the run's monitor (flyspec/gate/stats/monitor.py)
+    walks the pairs as they complete, so both reach the same stop on the same data.
+    """
+
+    def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
+        self.margin = margin
+        self.n = self.lost = self.gained = self.undecided = 0
+        self.low, self.high = -1.0, 1.0
+        self.stop: Decision | None = None
+        self._lower = ConfidenceSequence(2.0 * alpha, population_size)
+        self._upper: ConfidenceSequence | None = None
+
+    def add(self, d: int, undecided: bool = False) -> Decision | None:
+        """Observe the next pair's difference; returns the decision if the bounds now cross, else None."""
+        if undecided and self._upper is None:
+            self._upper = copy.deepcopy(self._lower)
+        self.low, self.high = self._lower.update(-1 if undecided else d)
+        if self._upper is not None:
+            self.high = self._upper.update(1 if undecided else d)[1]
+        self.n += 1
+        self.lost += d == -1
+        self.gained += d == 1
+        self.undecided += undecided
+        now = classify(self.low, self.high, self.margin)
+        if now.decision != INCONCLUSIVE:
+            self.stop = now
+            return now
+        return None
+
+    def decision(self) -> Decision:
+        """The rule on the bounds reached so far."""
+        return classify(self.low, self.high, self.margin)
+
+
+def sequential_decision(
+    diffs: Sequence[int], margin: float, alpha: float = 0.025, population_size: int | None = None
+) -> SequentialDecision:
+    """Walk the ``1 - 2 alpha`` confidence sequence and stop at the first boundary crossing.
+
+    PASS at the first n with ``low_n > -margin``; FAIL at the first n with ``high_n < -margin``;
+    INCONCLUSIVE when neither happens within ``diffs`` (``stopped_at = len(diffs)``). Because the
+    sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
+    and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
+    """
+    return sequential_decision_with_undecided(diffs, [False] * len(diffs), margin, alpha, population_size)
+
+
+def sequential_decision_with_undecided(
+    diffs: Sequence[int],
+    undecided: Sequence[bool],
+    margin: float,
+    alpha: float = 0.025,
+    population_size: int | None = None,
+) -> SequentialDecision:
+    """``sequential_decision`` when some pairs are undecided (a judge whose two orders disagree): each
+    undecided pair counts against the claim being tested.
+
+    ``diffs[i]`` is the pair's difference (0 where ``undecided[i]``). The lower bounds come from the
+    sequence in which every undecided pair is -1 (lost), the upper bounds from the one in which it is +1
+    (gained): PASS at the first n with ``low_n > -margin``, FAIL at the first n with ``high_n < -margin``.
+    Each sequence lies on the side of the truth that makes its claim harder, so P(PASS) <= alpha when
+    delta <= -margin and P(FAIL) <= alpha when delta >= -margin, as in ``sequential_decision``, whatever
+    the undecided pairs truly were. Without undecided pairs it is ``sequential_decision``.
+    """
+    values = as_diffs(diffs, ndim=1)
+    flags = [bool(u) for u in undecided]
+    if len(flags) != len(values):
+        raise ValueError(f"undecided has {len(flags)} entries for {len(values)} differences")
+    if any(f and d != 0 for f, d in zip(flags, values.tolist(), strict=True)):
+        raise ValueError("an undecided pair's difference must be 0")
+    check_margin(margin)
+    check_alpha(alpha, upper=0.5)
+    check_population(population_size, len(values))
+    walk = SequentialWalk(margin, alpha, population_size)
+    for d, flag in zip(values.tolist(), flags, strict=True):
+        if walk.add(d, flag) is not None:
+            break
+    end = walk.decision()
+    return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
+
+
+def sequential_decisions(
+    diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
+
+    Returns ``(decision, stopped_at)`` arrays, from the capital processes at the margin
+    (``sequential.crossing_stops``): the answers equal ``sequential_decision``'s except after a miss that
+    empties the set.
+    """
+    values = as_diffs(diffs, ndim=2)
+    check_margin(margin)
+    check_alpha(alpha, upper=0.5)
+    check_population(population_size, values.shape[1])
+    passed, failed, stopped_at = crossing_stops(values, margin, alpha, population_size)
+    return crossing_verdicts(passed, failed), stopped_at
+
+
+__all__ = [
+    "Decision",
+    "SequentialDecision",
+    "SequentialWalk",
+    "classify",
+    "crossing_verdicts",
+    "decide",
+    "decide_with_undecided",
+    "sequential_decision",
+    "sequential_decision_with_undecided",
+    "sequential_decisions",
+]
