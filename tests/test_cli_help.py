@@ -5,7 +5,11 @@ log goes to stderr as it is when a record is emitted."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from flyspec.cli import app
@@ -42,6 +46,45 @@ def _help(command: list[str], columns: int) -> str:
 def test_every_command_has_help(command: list[str]) -> None:
     out = _help(command, 100)
     assert "Usage:" in out and "Traceback" not in out
+
+
+def _walk(command: typer.core.TyperCommand, path: list[str]) -> list[tuple[list[str], Any]]:
+    """This command and each of its subcommands, at any depth: (the words that name it, its command)."""
+    found = [(path, command)]
+    for name, sub in getattr(command, "commands", {}).items():
+        found += _walk(sub, [*path, name])
+    return found
+
+
+EVERY_COMMAND = _walk(typer.main.get_command(app), [])
+
+
+def test_the_walk_reaches_every_listed_command() -> None:
+    assert {tuple(c) for c in COMMANDS} <= {tuple(path) for path, _ in EVERY_COMMAND}
+
+
+def _type_shown(out: str, opts: list[str]) -> str | None:
+    """The `<type>` that the help row of the option named ``opts`` shows after its names, or None."""
+    names = ",".join(o for o in opts if o.startswith("--")) or opts[0]
+    row = re.compile(rf"^│\s{{1,4}}(?:\*\s{{1,4}})?{re.escape(names)}(?:\s+-[\w-]+)*\s+(<[^>]*>)?")
+    shown = [m.group(1) for m in map(row.match, out.splitlines()) if m]
+    assert len(shown) == 1, (names, out)
+    return shown[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "cli"), EVERY_COMMAND, ids=[" ".join(p) or "flyspec" for p, _ in EVERY_COMMAND]
+)
+def test_flags_are_shown_as_flags(command: list[str], cli: typer.core.TyperCommand) -> None:
+    """A boolean flag (`--json`, `--strict`, `--help`, `--enable-prefix-caching/--no-...`) takes no value,
+    so its help row shows no type (typer 0.29 showed `--json <bool>` for each); an option that takes a
+    value still shows its type (`--store <str>`)."""
+    out = _help(command, 250)
+    options = [p for p in cli.get_params(typer.Context(cli)) if isinstance(p, typer.core.TyperOption)]
+    assert any(o.opts == ["--help"] for o in options)
+    for option in options:
+        shown = _type_shown(out, option.opts)
+        assert (shown is None) == option.is_flag, (option.opts, shown)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
 from flyspec.cli import interrupt
 from flyspec.cli.bench import bench
 from flyspec.cli.bench_serve import bench_serve
@@ -20,15 +18,14 @@ from flyspec.cli.gate import gate_app
 from flyspec.cli.generate import generate
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.models import models_app
-from flyspec.cli.options import HELP_MARKUP
+from flyspec.cli.options import App
 from flyspec.cli.serve import serve
 
-app = typer.Typer(
+app = App(
     name="flyspec",
     help="Fast and safe speculative decoding: an engine with standard and FLy verification, "
     "an OpenAI-compatible server, and a paired quality gate that decides whether lossy decoding is safe.",
     no_args_is_help=True,
-    rich_markup_mode=HELP_MARKUP,
     pretty_exceptions_enable=False,
     add_completion=False,
 )

@@ -13,17 +13,16 @@ from typing import Annotated, Any
 
 import typer
 
-from flyspec.cli.options import HELP_MARKUP
+from flyspec.cli.options import App
 from flyspec.cli.settings import settings_command
 from flyspec.gate.runs.options import GateOptions, TuneOptions
 
-gate_app = typer.Typer(
+gate_app = App(
     name="gate",
     help="Paired quality gate: does a candidate decoding configuration (e.g. FLy) keep the baseline's "
     "accuracy within a pre-registered margin? plan -> pilot -> run -> report; compare existing eval logs; "
     "tune: the fastest lossy setting proven safe.",
     no_args_is_help=True,
-    rich_markup_mode=HELP_MARKUP,
     add_completion=False,
 )
 

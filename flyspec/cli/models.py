@@ -7,13 +7,12 @@ from typing import Any
 
 import typer
 
-from flyspec.cli.options import HELP_MARKUP, JsonFlag
+from flyspec.cli.options import App, JsonFlag
 
-models_app = typer.Typer(
+models_app = App(
     help="The offline model zoo: list its models and prepare them (assemble, verify sha256, convert to "
     "bfloat16 safetensors) into the local cache ($FLYSPEC_CACHE, default ~/.cache/flyspec).",
     no_args_is_help=True,
-    rich_markup_mode=HELP_MARKUP,
 )
 
 _UNBOUNDED_WIDTH = 10_000

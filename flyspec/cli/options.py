@@ -7,11 +7,44 @@ import re
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 HELP_MARKUP = "markdown"
 """How `--help` renders docstrings and option help. Typer's "rich" mode keeps every line break after a
 command's first paragraph, so source-wrapped docstrings broke mid-sentence at any terminal width; markdown
 joins the lines of a paragraph and wraps them to the terminal."""
+
+
+class _FlagsTakeNoValue:
+    """A flag takes no value, so `--help` shows none for it. Typer 0.29's rich help panel prints each
+    option's type, flags included (`--json <bool>`, even `--help <bool>`), unless the option has a
+    metavar; a flag's metavar is therefore empty. Set on every parameter the command has, `--help` too."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class _Command(_FlagsTakeNoValue, TyperCommand):
+    pass
+
+
+class _Group(_FlagsTakeNoValue, TyperGroup):
+    pass
+
+
+class App(typer.Typer):
+    """Every `flyspec` command group: typer's, with the help rendering above (HELP_MARKUP, flags shown
+    as flags) for the group and for each command it declares."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(cls=_Group, rich_markup_mode=HELP_MARKUP, **settings)
+
+    def command(self, *args: Any, **settings: Any) -> Any:
+        return super().command(*args, cls=_Command, **settings)
 
 
 def opt(help_text: str) -> Any:
