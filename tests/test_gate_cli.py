@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse
 from loopback import serve_app
 from registrations import assert_registrations_round_trip
 
+from flyspec.gate.data.registration import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.report.report import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci
@@ -69,7 +71,7 @@ def _store(path: Path, n: int, lost: int, gained: int, margin: float = 0.05, una
     }
     questions = [RegisteredQuestion("ds", f"q{i}", i, f"h{i}", "1", "exact") for i in range(n + unanswered)]
     with GateStore(path) as store:
-        store.register("gate", "gate", registration, questions)
+        store.register("gate", Registration.read("gate", registration), questions)
         for i in range(n):
             base_right = not (lost <= i < lost + gained) and not (i >= lost + gained and i % 5 == 0)
             cand_right = i >= lost and not (i >= lost + gained and i % 5 == 0)
@@ -347,7 +349,7 @@ def test_several_margins_on_the_same_data_are_flagged_at_the_top(tmp_path: Path)
     with GateStore(store) as s:
         original = s.get_run("gate")
         assert original is not None
-        s.register("strict", "gate", {**original.registration, "margin": 0.01}, s.questions("gate"))
+        s.register("strict", replace(original.registered, margin=0.01), s.questions("gate"))
     for run in ("gate", "strict"):
         report = build_report(store, run)
         assert "SAME DATA WITH DIFFERENT MARGINS" in report.warnings[0]

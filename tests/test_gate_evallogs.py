@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flyspec.gate.data.registration import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.logs.evallogs import read_eval_log, read_lm_eval_samples
 from flyspec.gate.logs.pairing import pair_logs
@@ -206,7 +207,7 @@ def _store(path: Path) -> Path:
     with GateStore(path) as store:
         questions = [RegisteredQuestion("gsm8k", str(i), i, _sha(f"p{i}"), "1", "gsm8k") for i in range(4)]
         registration = {"margin": 0.02, "alpha": 0.025, "seed": 0}
-        store.register("r1", "gate", registration, questions)
+        store.register("r1", Registration.read("gate", registration), questions)
         for arm, right in (("baseline", [1, 1, 0, 1]), ("candidate", [1, 0, 1, 1])):
             for i, ok in enumerate(right):
                 record = AnswerRecord(arm, 0, "gsm8k", str(i), i, "out", "1", bool(ok), "stop", 5, 5, 0.1)

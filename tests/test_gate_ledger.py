@@ -71,7 +71,7 @@ def _register(store: GateStore, run_id: str, questions: list[RegisteredQuestion]
         "design": "fixed",
         **extra,
     }
-    store.register(run_id, "gate", registration, questions)
+    store.register(run_id, Registration.read("gate", registration), questions)
     return registration
 
 

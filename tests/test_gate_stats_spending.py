@@ -209,7 +209,7 @@ def _second_alpha(
     where, dataset, start, candidate = ROUTES[route]
     with GateStore(tmp_path / "first.db") as first:
         registration = _registration(CANDIDATE, "gsm8k", "fixed", first_alpha, budget)
-        first.register("first", "gate", registration, _questions("gsm8k", 0, FIXED_N))
+        first.register("first", Registration.read("gate", registration), _questions("gsm8k", 0, FIXED_N))
         record_looks(first, "first")
     asked = (budget or first_alpha) - first_alpha or ALPHA
     with GateStore(tmp_path / f"{where}.db") as second:

@@ -7,20 +7,23 @@ import json
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from flyspec.gate.data.lock import StoreBusyError, StoreLock, lock_path, read_holder
+from flyspec.gate.data.registration import Registration, SamplingRecord
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 
-REGISTRATION = {
-    "margin": 0.02,
-    "alpha": 0.025,
-    "seed": 0,
-    "arms": {"baseline": {"kind": "engine", "model": "m"}, "candidate": {"kind": "engine", "model": "m2"}},
-    "sampling": {"temperature": 0.0},
-}
+REGISTRATION = Registration(
+    "gate",
+    margin=0.02,
+    alpha=0.025,
+    seed=0,
+    arms={"baseline": {"kind": "engine", "model": "m"}, "candidate": {"kind": "engine", "model": "m2"}},
+    sampling=SamplingRecord(temperature=0.0),
+)
 QUESTIONS = [RegisteredQuestion("ds", f"q{i}", i, f"hash{i}", str(i), "gsm8k") for i in range(3)]
 
 
@@ -33,14 +36,14 @@ def test_register_answer_reopen(tmp_path: Path) -> None:
     (as after a crash) sees every committed answer; the journal is WAL."""
     path = tmp_path / "s.sqlite"
     with GateStore(path) as store:
-        assert store.register("r", "gate", REGISTRATION, QUESTIONS) is True
+        assert store.register("r", REGISTRATION, QUESTIONS) is True
         assert store.add_answer("r", _answer("baseline", "q0"))
         assert store.add_answer("r", _answer("candidate", "q0", correct=False))
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with GateStore(path) as store:
         run = store.get_run("r")
-        assert run is not None and run.margin == 0.02 and run.registration == REGISTRATION
+        assert run is not None and run.margin == 0.02 and run.registration == REGISTRATION.to_dict()
         assert store.questions("r") == QUESTIONS
         answers = store.answers("r")
         assert [(a.arm, a.correct) for a in answers] == [("baseline", True), ("candidate", False)]
@@ -52,7 +55,7 @@ def test_duplicate_answer_is_ignored_not_overwritten(tmp_path: Path) -> None:
     """The UNIQUE key makes a second answer for the same (run, arm, repeat, question) a no-op: the first
     stored answer stays exactly as it was."""
     with GateStore(tmp_path / "s.sqlite") as store:
-        store.register("r", "gate", REGISTRATION, QUESTIONS)
+        store.register("r", REGISTRATION, QUESTIONS)
         assert store.add_answer("r", _answer("baseline", "q1", output="first"))
         assert not store.add_answer("r", _answer("baseline", "q1", correct=False, output="second"))
         (only,) = store.answers("r")
@@ -64,36 +67,36 @@ def test_duplicate_answer_is_ignored_not_overwritten(tmp_path: Path) -> None:
     [
         ({"margin": 0.03}, "margin (registered 0.02, now 0.03)"),
         (
-            {"arms": {**REGISTRATION["arms"], "candidate": {"kind": "engine", "model": "other"}}},
+            {"arms": {**REGISTRATION.arms, "candidate": {"kind": "engine", "model": "other"}}},
             "arms.candidate.model",
         ),
-        ({"sampling": {"temperature": 0.7}}, "sampling.temperature"),
+        ({"sampling": SamplingRecord(temperature=0.7)}, "sampling.temperature"),
     ],
 )
 def test_resume_with_different_settings_is_refused(tmp_path: Path, change: dict, named: str) -> None:
     """Resuming a run with another margin, arm or sampling is refused with the changed field named, and
     the stored answers are untouched."""
     with GateStore(tmp_path / "s.sqlite") as store:
-        store.register("r", "gate", REGISTRATION, QUESTIONS)
+        store.register("r", REGISTRATION, QUESTIONS)
         store.add_answer("r", _answer("baseline", "q0"))
         with pytest.raises(ValueError, match="cannot be resumed") as info:
-            store.register("r", "gate", {**REGISTRATION, **change}, QUESTIONS)
+            store.register("r", replace(REGISTRATION, **change), QUESTIONS)
         assert named in str(info.value)
-        assert store.get_run("r").registration == REGISTRATION  # type: ignore[union-attr]
+        assert store.get_run("r").registration == REGISTRATION.to_dict()  # type: ignore[union-attr]
         assert len(store.answers("r")) == 1
-        assert store.register("r", "gate", dict(REGISTRATION), list(QUESTIONS)) is False  # identical: resume
+        assert store.register("r", replace(REGISTRATION), list(QUESTIONS)) is False  # identical: resume
 
 
 def test_resume_with_different_questions_is_refused(tmp_path: Path) -> None:
     """A changed prompt (hash) or a different question count is refused, naming the question."""
     with GateStore(tmp_path / "s.sqlite") as store:
-        store.register("r", "gate", REGISTRATION, QUESTIONS)
+        store.register("r", REGISTRATION, QUESTIONS)
         store.add_answer("r", _answer("baseline", "q0"))
         changed = [*QUESTIONS[:2], RegisteredQuestion("ds", "q2", 2, "other", "2", "gsm8k")]
         with pytest.raises(ValueError, match=r"question ds/q2 \(prompt_hash changed\)"):
-            store.register("r", "gate", REGISTRATION, changed)
+            store.register("r", REGISTRATION, changed)
         with pytest.raises(ValueError, match="questions \\(registered 3, now 2\\)"):
-            store.register("r", "gate", REGISTRATION, QUESTIONS[:2])
+            store.register("r", REGISTRATION, QUESTIONS[:2])
 
 
 def test_not_a_store_and_missing_folder(tmp_path: Path) -> None:
@@ -112,13 +115,13 @@ def test_a_run_without_answers_can_be_registered_again(tmp_path: Path) -> None:
     """A run that never stored an answer (e.g. its model failed to load) may be registered again with
     fixed settings, since nothing has been seen; once one answer exists, changes are refused."""
     with GateStore(tmp_path / "s.sqlite") as store:
-        store.register("r", "gate", REGISTRATION, QUESTIONS)
-        fixed = {**REGISTRATION, "margin": 0.03}
-        assert store.register("r", "gate", fixed, QUESTIONS[:2]) is True
+        store.register("r", REGISTRATION, QUESTIONS)
+        fixed = replace(REGISTRATION, margin=0.03)
+        assert store.register("r", fixed, QUESTIONS[:2]) is True
         assert store.get_run("r").margin == 0.03 and len(store.questions("r")) == 2  # type: ignore[union-attr]
         store.add_answer("r", _answer("baseline", "q0"))
         with pytest.raises(ValueError, match="cannot be resumed"):
-            store.register("r", "gate", REGISTRATION, QUESTIONS)
+            store.register("r", REGISTRATION, QUESTIONS)
 
 
 HOLD_LOCK = (
@@ -186,10 +189,10 @@ def test_registrations_of_older_versions_read_as_they_meant(tmp_path: Path) -> N
     as they were stored (no claim, no draw key), so such a run's resume compares equal."""
     sequential = {"margin": 0.03, "alpha": 0.025, "max_questions": 3, "population_size": 3, "order_seed": 0}
     gold = {"rate": 0.2, "seed": 0, "source": "human", "all": False}
-    old = {**REGISTRATION, "sequential": sequential, "gold": gold, "judge": {"model": "j"}}
+    old = {**REGISTRATION.to_dict(), "sequential": sequential, "gold": gold, "judge": {"model": "j"}}
     with GateStore(tmp_path / "s.sqlite") as store:
-        store.register("old", "gate", old, QUESTIONS)
-        store.register("fixed", "gate", REGISTRATION, QUESTIONS)
+        store.register("old", Registration.read("gate", old), QUESTIONS)
+        store.register("fixed", REGISTRATION, QUESTIONS)
         run, fixed = store.get_run("old"), store.get_run("fixed")
     assert run is not None and fixed is not None
     reg = run.registered

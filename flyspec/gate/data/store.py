@@ -282,8 +282,7 @@ class GateStore:
     def register(
         self,
         run_id: str,
-        kind: str,
-        registration: dict[str, Any],
+        registration: Registration,
         questions: list[RegisteredQuestion],
         notes: dict[str, Any] | None = None,
     ) -> bool:
@@ -294,37 +293,29 @@ class GateStore:
         all (e.g. its model failed to load): nothing has been seen yet, so its registration is replaced.
         """
         existing = self.get_run(run_id)
-        if existing is not None and not self.check_resumable(run_id, kind, registration, questions):
+        if existing is not None and not self.check_resumable(run_id, registration, questions):
             return False
-        typed = Registration.read(kind, registration)
+        r = registration
+        row = (
+            run_id,
+            r.kind,
+            time.time(),
+            r.margin,
+            r.alpha,
+            r.seed,
+            json.dumps(r.to_dict(), sort_keys=True),
+        )
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
                 for table in ("questions", "batches", "events", "judgements", "labels", "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            self._db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    kind,
-                    time.time(),
-                    typed.margin,
-                    typed.alpha,
-                    typed.seed,
-                    json.dumps(registration, sort_keys=True),
-                    json.dumps(notes or {}, sort_keys=True),
-                ),
-            )
-            self._db.executemany(
-                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
-                    for q in questions
-                ],
-            )
+            notes_json = json.dumps(notes or {}, sort_keys=True)
+            self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, notes_json))
+            self._add_questions(run_id, questions)
         return True
 
     def check_resumable(
-        self, run_id: str, kind: str, registration: dict[str, Any], questions: list[RegisteredQuestion]
+        self, run_id: str, registration: Registration, questions: list[RegisteredQuestion]
     ) -> bool:
         """True when ``run_id`` is registered with other settings but holds no answer (it may be replaced),
         False when it is registered identically (or not at all); ValueError listing what changed when it
@@ -333,7 +324,8 @@ class GateStore:
         if existing is None:
             return False
         changes = _describe_difference(
-            {"kind": existing.kind, **existing.registration}, {"kind": kind, **registration}
+            {"kind": existing.kind, **existing.registration},
+            {"kind": registration.kind, **registration.to_dict()},
         )
         stored = self.questions(run_id)
         if [asdict(q) for q in stored] != [asdict(q) for q in questions]:
@@ -347,7 +339,7 @@ class GateStore:
         return bool(changes)
 
     def extend_sequential(
-        self, run_id: str, registration: dict[str, Any], questions: list[RegisteredQuestion]
+        self, run_id: str, registration: Registration, questions: list[RegisteredQuestion]
     ) -> bool:
         """Continue a sequential run past its registered maximum: True when ``run_id`` is a sequential run
         registered as ``registration`` except for a smaller maximum, and its questions are the start of
@@ -355,7 +347,8 @@ class GateStore:
         kept in its ``extensions`` list (from, to, when) and as an ``extend`` event. False (nothing
         written) otherwise. Valid because the confidence sequence holds at every number of questions."""
         existing = self.get_run(run_id)
-        if existing is None or not only_the_maximum_grew(existing.registration, registration):
+        wanted = registration.to_dict()
+        if existing is None or not only_the_maximum_grew(existing.registration, wanted):
             return False
         stored = self.questions(run_id)
         if len(questions) <= len(stored) or [asdict(q) for q in questions[: len(stored)]] != [
@@ -366,31 +359,28 @@ class GateStore:
             *(e.to_dict() for e in existing.registered.extensions),
             {"from": len(stored), "to": len(questions), "at": time.time()},
         ]
-        extended = {**registration, "extensions": history}
+        extended = {**wanted, "extensions": history}
         with self._db:
             self._db.execute(
                 "UPDATE runs SET registration = ? WHERE run_id = ?",
                 (json.dumps(extended, sort_keys=True), run_id),
             )
-            self._db.executemany(
-                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
-                    for q in questions[len(stored) :]
-                ],
-            )
+            self._add_questions(run_id, questions[len(stored) :])
+            grown = json.dumps({"from": len(stored), "to": len(questions)})
             self._db.execute(
                 "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    "extend",
-                    None,
-                    None,
-                    json.dumps({"from": len(stored), "to": len(questions)}),
-                    time.time(),
-                ),
+                (run_id, "extend", None, None, grown, time.time()),
             )
         return True
+
+    def _add_questions(self, run_id: str, questions: list[RegisteredQuestion]) -> None:
+        self._db.executemany(
+            "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
+                for q in questions
+            ],
+        )
 
     def _has_answers(self, run_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM answers WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()

@@ -110,11 +110,11 @@ def register(
     guessed = describe(stored_served(store, run_id))
     extensions = amend(guessed) if amend is not None else ()
     guessed = replace(guessed, extensions=extensions)
-    store.check_resumable(run_id, guessed.kind, guessed.to_dict(), questions)
+    store.check_resumable(run_id, guessed, questions)
     final = replace(describe(ask()), extensions=extensions)
     if confirm is not None:
         confirm(final)
-    return store.register(run_id, final.kind, final.to_dict(), questions)
+    return store.register(run_id, final, questions)
 
 
 def population(store: GateStore, run_id: str, requested: str | None) -> str:

@@ -307,7 +307,7 @@ def _extend(
         _refuse_defective_draw(store, run_id)
         if options.kind == "gate":
             check_alpha_left(store, run_id, guessed, chosen.questions)
-        if chosen.sequential is not None and store.extend_sequential(run_id, guessed.to_dict(), questions):
+        if chosen.sequential is not None and store.extend_sequential(run_id, guessed, questions):
             log(f"gate: run {run_id!r} continues to at most {len(chosen.questions)} questions")
         run = store.get_run(run_id)
         return run.registered.extensions if run is not None else ()
