@@ -36,7 +36,7 @@ from gate_answers import wait_for_answers
 from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.report import build_report
-from flyspec.gate.runs.runner import run_gate
+from flyspec.gate.runs.run import run_gate
 from flyspec.gate.runs.session import question_seed
 from flyspec.gate.stats import questions_needed_noninferiority, wilson_interval
 
@@ -480,7 +480,7 @@ def test_candidate_pilot_plans_and_its_questions_are_left_out(
     """`run_pilot` with a candidate runs both arms once on a seeded set of questions and reports the
     candidate's flips with a plan from the flip rate's upper bound; a later gate run in the same store
     leaves exactly those questions out (recorded in its registration), so its questions are disjoint."""
-    from flyspec.gate.runs.runner import run_pilot
+    from flyspec.gate.runs.run import run_pilot
     from flyspec.gate.stats import plan_noninferiority
 
     _, urls = servers
@@ -513,7 +513,7 @@ def test_baseline_noise_is_shown_next_to_the_candidates_flips(
     """A noise pilot of an endpoint baseline at temperature 0 runs (a server can be nondeterministic even
     when greedy; the report says what it measures), and the later gate report on the same data puts the
     baseline's own flip rate next to the candidate's flips."""
-    from flyspec.gate.runs.runner import run_pilot
+    from flyspec.gate.runs.run import run_pilot
 
     _, urls = servers
     store = tmp_path / "gate.sqlite"

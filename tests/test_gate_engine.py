@@ -26,7 +26,7 @@ from tiny_llm import save_perturbed, save_tiny
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.graders import extract_gsm8k
 from flyspec.gate.report.report import build_report
-from flyspec.gate.runs.runner import run_gate
+from flyspec.gate.runs.run import run_gate
 
 NUM_QUESTIONS = 12
 MAX_TOKENS = 12
@@ -409,7 +409,7 @@ def test_a_noise_pilot_at_temperature_zero_runs_for_an_engine_arm(setup: Setup, 
     """Without batch invariance the requests sharing a batch can flip a greedy token, so `gate pilot` of
     an engine baseline at temperature 0 is not refused: it answers every question twice (two repeats of
     the baseline in one engine) and reports the flips between the passes, whatever their number."""
-    from flyspec.gate.runs.runner import run_pilot
+    from flyspec.gate.runs.run import run_pilot
 
     base, _ = _arms(setup)
     store = tmp_path / "pilot.sqlite"

@@ -33,7 +33,7 @@ from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
 from flyspec.gate.report.report import build_report
-from flyspec.gate.runs.runner import run_gate
+from flyspec.gate.runs.run import run_gate
 from flyspec.gate.stats import (
     decide,
     decide_with_undecided,

@@ -28,7 +28,7 @@ from loopback import serve_app
 
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.report import build_report
-from flyspec.gate.runs.runner import run_gate
+from flyspec.gate.runs.run import run_gate
 
 
 def _question(text: str) -> int:

@@ -240,7 +240,7 @@ def test_parts_form_no_cycle() -> None:
         (leaves_violations, "flyspec.models.llama", "flyspec.engine.sequence"),
         (engine_violations, "flyspec.engine.engine", "flyspec.server.app"),
         (face_violations, "flyspec.bench.runner", "flyspec.engine.engine"),
-        (face_violations, "flyspec.gate.runs.runner", "flyspec.spec_decode.verify"),
+        (face_violations, "flyspec.gate.runs.run", "flyspec.spec_decode.verify"),
         (cycle_of, "flyspec.sampling_params", "flyspec.llm"),
     ],
 )
@@ -388,7 +388,7 @@ def test_the_gate_is_seven_layered_subpackages() -> None:
         ("flyspec.gate.report.tune_report", "flyspec.gate.runs.tune_settings"),
         ("flyspec.gate.grading.judge", "flyspec.gate.arms.endpoint"),
         ("flyspec.gate.logs.compare", "flyspec.gate.runs.options"),
-        ("flyspec.gate.runs.runner", "flyspec.gate"),
+        ("flyspec.gate.runs.run", "flyspec.gate"),
         ("flyspec.gate.runs.tune", "flyspec.gate.report.tune_report"),
         ("flyspec.gate.runs.judging", "flyspec.gate.report.report"),
     ],

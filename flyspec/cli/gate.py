@@ -106,7 +106,7 @@ def _run_and_report(options: GateOptions, as_json: bool, strict: bool = False) -
     """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
     `gate report`'s code for the decision."""
     from flyspec.gate.report.report import build_report
-    from flyspec.gate.runs.runner import describe_interrupt, run
+    from flyspec.gate.runs.run import describe_interrupt, run
 
     try:
         result = run(options)

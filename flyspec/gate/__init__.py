@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from flyspec.gate.report.report import Report, build_report
     from flyspec.gate.report.tune_report import build_tune_report
     from flyspec.gate.runs.options import GateOptions, TuneOptions
-    from flyspec.gate.runs.runner import RunResult, run, run_gate, run_pilot
+    from flyspec.gate.runs.run import RunResult, run, run_gate, run_pilot
     from flyspec.gate.runs.tune import tune
 
 __all__ = [
@@ -43,10 +43,10 @@ _HOMES = {
     "load_dataset": "flyspec.gate.data.datasets",
     "Report": "flyspec.gate.report.report",
     "build_report": "flyspec.gate.report.report",
-    "RunResult": "flyspec.gate.runs.runner",
-    "run": "flyspec.gate.runs.runner",
-    "run_gate": "flyspec.gate.runs.runner",
-    "run_pilot": "flyspec.gate.runs.runner",
+    "RunResult": "flyspec.gate.runs.run",
+    "run": "flyspec.gate.runs.run",
+    "run_gate": "flyspec.gate.runs.run",
+    "run_pilot": "flyspec.gate.runs.run",
     "compare_logs": "flyspec.gate.logs.compare",
     "TuneOptions": "flyspec.gate.runs.options",
     "tune": "flyspec.gate.runs.tune",

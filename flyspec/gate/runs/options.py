@@ -1,7 +1,7 @@
 """The settings of a gate run, pilot or tune: one type per command for the CLI and the Python API.
 
 ``gate run``, ``gate pilot``, ``flyspec demo``, ``run_gate`` and ``run_pilot`` all build a ``GateOptions``
-and hand it to ``flyspec.gate.runs.runner.run``; ``gate tune`` builds a ``TuneOptions``
+and hand it to ``flyspec.gate.runs.run.run``; ``gate tune`` builds a ``TuneOptions``
 (flyspec/gate/runs/tune.py). What both take (sampling, seeds, budgets, the run's name) is ``RunSettings``,
 with its defaults and rules written once; every rule about which settings go together lives here. Each
 field a command takes says how (its option, help and type: ``flag``, flyspec/gate/runs/flags.py), and the

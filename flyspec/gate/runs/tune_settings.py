@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyspec.checks import load_json
 from flyspec.gate.arms.base import Arm, load_arm_spec
@@ -32,6 +32,9 @@ from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.registration import SettingRecord
 from flyspec.policy_grid import expand_grid as expand_grid  # re-exported: the tune's grid is this one
 from flyspec.policy_grid import policy_of
+
+if TYPE_CHECKING:
+    from flyspec.gate.runs.options import TuneOptions
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)
 MAX_DEFAULT_WINDOW = 6
@@ -167,6 +170,23 @@ def parse_settings(baseline: Arm, candidates: list[Any]) -> list[TuneSetting]:
             )
         seen[key] = s.id
     return settings
+
+
+def tune_settings(options: TuneOptions, baseline: Arm) -> list[TuneSetting]:
+    """The settings a tune chooses among, in the order given: its candidates, its grid over policies, or
+    the default FLy grid for the baseline's K."""
+    candidates = load_candidates(options.candidates)
+    if options.policies is not None:
+        candidates = expand_grid(options.policies)
+    if candidates is None:
+        if baseline.speculative_config is None:
+            raise ValueError(
+                "candidates: the default grid needs an engine baseline with a speculative_config (it varies "
+                "fly_window_size and fly_entropy_threshold for its K); with endpoint arms give --candidates"
+            )
+        k = baseline.speculative_config["num_speculative_tokens"]
+        candidates = default_grid(k, options.windows, options.thresholds)
+    return parse_settings(baseline, candidates)
 
 
 def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
