@@ -91,7 +91,7 @@ def test_flags_are_shown_as_flags(command: list[str], cli: typer.core.TyperComma
     ("command", "sentence"),
     [
         ([], "forgiven share and peak RSS for target-only, standard and lossy"),
-        (["demo"], "the target alone, whichever this machine runs faster), the draft model alone"),
+        (["demo"], "the lossless baseline (standard speculative decoding), the draft model alone (a control"),
         (["gate", "run"], "0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0); 130 after Ctrl-C"),
     ],
 )
