@@ -138,7 +138,8 @@ def plan(options: Options) -> Plan[Options]:
     settings; and too few questions refused. Nothing touches the store."""
     specs: dict[str, ArmSpec] = {"baseline": options.baseline}
     if isinstance(options, GateOptions):
-        specs.update({"candidate": options.candidate} if options.candidate is not None else {})
+        if options.candidate is not None:
+            specs["candidate"] = options.candidate
         specs.update(options.controls)
     arms = {name: parse_arm(name, spec) for name, spec in specs.items()}
     planned = Plan(options, arms, load_datasets(options.datasets, options.shuffle_seed))

@@ -155,14 +155,12 @@ def answer(
     warms up, outside the time budget), the store records the session's start (and the run's ``notes``,
     facts the started executors know), then the session answers until done or stopped, and the store
     records why it stopped (``detail`` says which part of a tune), an error too."""
-    run_id, monitor = session.run_id, session.monitor
+    run_id, monitor, detail = session.run_id, session.monitor, detail or {}
     try:
         if session.stopped and monitor is not None and monitor.stop is not None:
             stop = monitor.stop
             log(f"{who}: run {run_id!r} already stopped after {stop.stopped_at} questions; nothing to do")
-            store.add_event(
-                run_id, "stop", stop.reason, stop.stopped_at, {**(detail or {}), **session.stop_detail}
-            )
+            store.add_event(run_id, "stop", stop.reason, stop.stopped_at, {**detail, **session.stop_detail})
             return stop.reason
         if not any(session.jobs(ex) for ex in executors):
             store.add_event(run_id, "stop", "complete", detail=detail)
@@ -176,13 +174,12 @@ def answer(
         store.add_event(run_id, "start", detail=detail)
         if notes is not None:
             store.update_notes(run_id, notes())
+        reason = "error"
         try:
             reason = session.answer(executors)
-        except BaseException:
-            stopped = {**(detail or {}), **session.stop_detail}
-            store.add_event(run_id, "stop", session.reason or "error", session.stopped_at, stopped)
-            raise
-        store.add_event(run_id, "stop", reason, session.stopped_at, {**(detail or {}), **session.stop_detail})
+        finally:
+            why = session.reason or reason
+            store.add_event(run_id, "stop", why, session.stopped_at, {**detail, **session.stop_detail})
         clock.spend(session.answering_s)
         return reason
     finally:
