@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tiny_llm import save_tiny
 
-from flyspec.demo import design as main_job
+from flyspec.demo import design
 from flyspec.demo.design import demo_arms
 
 
@@ -52,17 +52,17 @@ def test_the_margin_is_the_narrowest_the_pool_can_decide() -> None:
     """Before the first answer the demo registers the narrowest margin whose design decides in 9 of 10
     simulated runs within GSM8K and MATH-500 at FLy's usual flip rate and no true loss: 2 points needs a
     median of thousands of questions more than the 1,819 the two sets hold, so it is not that one."""
-    choice = main_job.choose_margin(1819, 0.16)
+    choice = design.choose_margin(1819, 0.16)
     assert 0.02 < choice.margin <= 0.06
-    assert 1 - choice.outcome.undecided >= main_job.DECIDE_SHARE
-    narrower = main_job.choose_margin(1819, 0.16, margin=choice.margin - 0.01)
-    assert 1 - narrower.outcome.undecided < main_job.DECIDE_SHARE
+    assert 1 - choice.outcome.undecided >= design.DECIDE_SHARE
+    narrower = design.choose_margin(1819, 0.16, margin=choice.margin - 0.01)
+    assert 1 - narrower.outcome.undecided < design.DECIDE_SHARE
     assert choice.two_points.median is not None and choice.two_points.median > 1819
-    lines = main_job.opening_lines(choice, main_job.control_outlook(1819))
+    lines = design.opening_lines(choice, design.control_outlook(1819))
     text = " ".join(lines)
     assert f"FLy's margin {100 * choice.margin:g} points" in text and "1,819 questions" in text
     assert "A 2-point margin is out of reach here" in text and "GPU endpoint" in text
-    timing = main_job.timing_line(choice, main_job.control_outlook(1819), 2.5)
+    timing = design.timing_line(choice, design.control_outlook(1819), 2.5)
     assert "2.5 questions a minute" in timing and "hours" in timing
 
 
@@ -70,11 +70,11 @@ def test_every_registered_setting_names_its_own_run_and_old_runs_keep_their_name
     """The run id carries every registered setting, so the same command resumes and another starts a new
     run: the earlier demo's setting (K=4, vLLM's default window, threshold 0.3, both datasets) keeps its
     old name; the window, the threshold and a GSM8K-only pool each change it."""
-    choice = main_job.choose_margin([(main_job.DATASETS, 1819)], 0.16)
-    old = main_job.DemoSettings(fly=main_job.FlySetting(4, None, 0.3, 0.16))
+    choice = design.choose_margin([(design.DATASETS, 1819)], 0.16)
+    old = design.DemoSettings(fly=design.FlySetting(4, None, 0.3, 0.16))
     assert old.run_id(choice) == "demo-3arm-seq-nall-k4-t512-m0.05-s0-auto-qwen2.5-coder-1.5b-instruct"
-    gsm8k = main_job.choose_margin([(main_job.DATASETS[:1], 1319)], main_job.PRIOR_FLIP_RATE)
-    new = main_job.DemoSettings()
+    gsm8k = design.choose_margin([(design.DATASETS[:1], 1319)], design.PRIOR_FLIP_RATE)
+    new = design.DemoSettings()
     assert new.run_id(gsm8k) == (
         "demo-3arm-seq-nall-k8-t512-m0.05-s0-w6-th0.6-auto-gsm8k-qwen2.5-coder-1.5b-instruct"
     )
@@ -162,7 +162,7 @@ def test_the_demo_catches_its_control_first_and_resumes_to_a_decision(tmp_path: 
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr
     said = done.stderr.splitlines()
-    opening = len(main_job.opening_lines(*_opening_args()))
+    opening = len(design.opening_lines(*_opening_args()))
     text = "\n".join(said[:opening])
     assert "FLy's margin 30 points" in text and "60 questions in one seeded random order" in text
     assert "Control: the gate must FAIL it" in text and "FAILs after" in text
@@ -234,8 +234,8 @@ def test_the_first_screen_says_both_verdicts_fly_against_standard_sd_and_what_de
 
 
 def _opening_args() -> tuple:
-    choice = main_job.choose_margin(60, margin=0.3)
-    return choice, main_job.control_outlook(60), ("own",)
+    choice = design.choose_margin(60, margin=0.3)
+    return choice, design.control_outlook(60), ("own",)
 
 
 def _interrupt(proc: subprocess.Popen) -> tuple[str, float]:
