@@ -6,8 +6,8 @@ as code, with one checked exception: the Qwen part packages expose `get_part_pat
 SmolLM2 package's `__init__` imports llama-cpp and llm, so its folder is located with
 `importlib.util.find_spec`, which does not execute it.
 
-`prepare(name)` checks the sha256 of the (assembled) GGUF file, dequantises it once through transformers
-and saves a dense bfloat16 safetensors folder with config and tokenizer under
+`prepare(name)` checks the sha256 of the (assembled) GGUF file, dequantises it once, tensor by tensor
+(flyspec/gguf_convert.py), and saves a dense bfloat16 safetensors folder with config and tokenizer under
 `$FLYSPEC_CACHE/models/NAME` (default `~/.cache/flyspec`). Loads then come from that folder in seconds.
 This module imports neither torch nor transformers at import time, so `flyspec --help` stays fast.
 
@@ -284,16 +284,12 @@ def _concatenate(parts: Sequence[Path], dest: Path, on_bytes: Callable[[int], No
 
 
 def _convert(gguf: Path, out: Path) -> None:
-    """Dequantise `gguf` through transformers and save dense bfloat16 safetensors, config, tokenizer."""
-    import torch
-    import transformers
+    """Save `gguf` as dense bfloat16 safetensors with config and tokenizer, one tensor at a time
+    (flyspec/gguf_convert.py), so memory stays far below the model's size."""
+    from flyspec.gguf_convert import convert_weights
 
     # Every zoo entry is a supported architecture; loading checks it again (models/loader.py).
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-    )
-    model.save_pretrained(out, safe_serialization=True)
-    del model
+    convert_weights(gguf, out)
     _save_tokenizer(gguf, out)
 
 

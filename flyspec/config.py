@@ -361,11 +361,16 @@ class EngineConfig:
     int4 are CPU kernels, "auto" picks the fastest format for this CPU and `max_num_seqs` (none off the
     CPU).
 
-    `kv_cache_memory_bytes` caps the KV cache of the target and the draft model together (None: what
-    max_running requests of max_model_len need, at most a quarter of the machine's memory; it must hold
-    one request of max_model_len). `enable_prefix_caching` shares the KV blocks of identical prompt
-    prefixes between requests. `batch_invariant` computes every token the same way whatever else is in
-    the batch, so a request's output does not depend on the other requests (docs/performance.md).
+    `kv_cache_request_len` sizes the KV cache for the work: the positions (prompt plus max_tokens) of the
+    longest request the caller will send (more than max_model_len counts as max_model_len). The cache
+    then holds max_running such requests (and always one of max_model_len, so a longer request still
+    runs, alone if it must) instead of max_running requests of max_model_len. `kv_cache_memory_bytes`
+    caps the KV cache of the target and the draft model together instead (it must hold one request of
+    max_model_len). With neither: max_running requests of max_model_len, at most a quarter of the
+    machine's memory. `enable_prefix_caching` shares the KV blocks of identical prompt prefixes between
+    requests. `batch_invariant` computes every token the same way whatever else is in the batch, so a
+    request's output does not depend on the other requests
+    (docs/performance.md).
     """
 
     model: str
@@ -378,6 +383,7 @@ class EngineConfig:
     seed: int = 0
     quantization: str | None = None
     kv_cache_memory_bytes: int | None = None
+    kv_cache_request_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = False
 
@@ -415,6 +421,8 @@ class EngineConfig:
             raise _invalid("seed", self.seed, "it must be an integer in [0, 2**63)")
         if self.kv_cache_memory_bytes is not None:
             _require_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        if self.kv_cache_request_len is not None:
+            self._check_kv_cache_request_len()
         for field in ("enable_prefix_caching", "batch_invariant"):
             if not isinstance(getattr(self, field), bool):
                 raise _invalid(field, getattr(self, field), "it must be True or False")
@@ -425,6 +433,15 @@ class EngineConfig:
                 self.max_num_batched_tokens,
                 f"each decode step of a request charges 1 + K = {per_request} tokens; "
                 f"raise max_num_batched_tokens to at least 1 + K = {per_request}",
+            )
+
+    def _check_kv_cache_request_len(self) -> None:
+        _require_int("kv_cache_request_len", self.kv_cache_request_len, 1)
+        if self.kv_cache_memory_bytes is not None:
+            raise _invalid(
+                "kv_cache_request_len",
+                self.kv_cache_request_len,
+                "kv_cache_memory_bytes also sizes the KV cache; set one of the two",
             )
 
     @property

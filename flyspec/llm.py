@@ -34,7 +34,15 @@ from flyspec.spec_decode.metrics import SpecDecodeStats
 
 Prompt = str | list[int]
 
-__all__ = ["LLM", "GenerationRequest", "Prompt", "RequestRejected", "StepProfile", "TooSlowError"]
+__all__ = [
+    "LLM",
+    "GenerationRequest",
+    "Prompt",
+    "RequestRejected",
+    "StepProfile",
+    "TooSlowError",
+    "prompt_lengths",
+]
 
 
 @dataclass(frozen=True)
@@ -80,9 +88,11 @@ class LLM:
     SpeculativeConfig; None = no speculation), dtype, device, max_num_seqs, max_num_batched_tokens,
     max_model_len (None = min(the model's max_position_embeddings, 4096)), seed, quantization (None,
     "int8", "int4" or "auto": weights quantized at load time, CPU only; "auto" takes the format the
-    load-time kernel check finds fastest on this CPU; docs/performance.md), kv_cache_memory_bytes (a cap
-    on the KV cache of target and draft; None = what max_running requests of max_model_len need, at most
-    a quarter of the machine's memory), enable_prefix_caching (share the KV blocks of identical prompt
+    load-time kernel check finds fastest on this CPU; docs/performance.md), kv_cache_request_len (the
+    longest prompt plus max_tokens the caller will send: the KV cache holds max_running such requests;
+    `prompt_lengths` counts prompts), kv_cache_memory_bytes (a cap on the KV cache of target and draft
+    instead; with neither, what max_running requests of max_model_len need, at most a quarter of the
+    machine's memory), enable_prefix_caching (share the KV blocks of identical prompt
     prefixes), batch_invariant (a request's output does not depend on the other requests in the batch).
     """
 
@@ -147,6 +157,12 @@ class LLM:
         `prefix_cache_hits` (prompt tokens whose KV was shared, so their prefill was saved) of
         `prefix_cache_queries`, `num_preemptions`, and the `kv_cache_usage` gauge."""
         return self._engine.stats
+
+    @property
+    def kv_cache_capacity_bytes(self) -> int:
+        """Bytes of KV cache the engine may use, target and draft together (on the CPU only the blocks
+        ever written are resident)."""
+        return self._engine.kv_cache_capacity_bytes
 
     def get_tokenizer(self) -> Any:
         """The target model's tokenizer."""
@@ -325,6 +341,32 @@ class LLM:
         except RequestRejected as exc:
             raise ValueError(f"prompt {ids.index(exc.request_id)}: {exc.reason}") from None
         return [done[request_id] for request_id in ids]
+
+
+def prompt_lengths(model: str, requests: Iterable[GenerationRequest]) -> list[int]:
+    """The token count of each request's prompt as an engine over `model` (a folder, .gguf file or zoo
+    name) will see it: chat messages through the chat template, text through the tokenizer. Loads only
+    the tokenizer, so that a caller can size an engine's KV cache for its work (kv_cache_request_len)
+    before the weights load. Raises ValueError as `LLM.stream` rejects a request (no chat template)."""
+    import transformers
+
+    from flyspec.assets import resolve_model
+    from flyspec.models.tokenizer import load_tokenizer
+
+    path = resolve_model(model)
+    if path.is_dir():
+        tokenizer = load_tokenizer(path)
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    lengths = []
+    for request in requests:
+        if request.messages is not None:
+            lengths.append(len(render_chat(tokenizer, request.messages)[0]))
+        elif isinstance(request.prompt, str):
+            lengths.append(len(tokenizer(request.prompt).input_ids))
+        else:
+            lengths.append(len(request.prompt or ()))
+    return lengths
 
 
 def _is_prompts(value: object) -> bool:

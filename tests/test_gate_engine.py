@@ -445,3 +445,35 @@ def test_cancelling_an_arm_in_a_shared_engine_frees_its_slots(setup: Setup) -> N
     assert not set(j.request_id for j in after) & set(j.request_id for j in cancelled)
     baseline = [j.question.id for j in after + [answered[0][0]] if j.arm == "baseline"]
     assert sorted(baseline) == sorted(q.id for q in questions)
+
+
+def test_an_engine_arm_sizes_its_kv_cache_for_the_run(setup: Setup) -> None:
+    """Given the run's questions and registered max_tokens (``size_for_work``), an engine arm's KV cache
+    holds max_running requests of the longest prompt plus max_tokens (in the tokens the model sees
+    through its chat template), not max_running requests of max_model_len; the run's notes record the
+    size. An arm that sets kv_cache_request_len itself keeps it."""
+    from flyspec.gate.arms.engine import executors, parse, size_for_work
+    from flyspec.gate.data.questions import Question
+    from flyspec.llm import GenerationRequest, prompt_lengths
+
+    settings = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 16}
+    questions = [
+        Question(
+            id=str(i), answer="1", grader="gsm8k", dataset="d", messages=[{"role": "user", "content": c}]
+        )
+        for i, c in enumerate(["w1 w2", "w3 " * 30, "w4"])
+    ]
+    longest = max(
+        prompt_lengths(str(setup.target), [GenerationRequest(messages=q.messages) for q in questions])
+    )
+    (default,) = executors([parse("default", settings)])
+    (sized,) = executors([parse("sized", settings)])
+    (own,) = executors([parse("own", {**settings, "kv_cache_request_len": 100})])
+    size_for_work([sized, own], questions, MAX_TOKENS)
+    assert sized.request_len == longest + MAX_TOKENS
+    for ex in (default, sized, own):
+        ex.start()
+    per_request = -(-(512 + 1) // 16)  # max_model_len: the tiny model's max_position_embeddings
+    block_bytes = default.facts()["kv_cache_bytes"] // (16 * per_request)
+    assert sized.facts()["kv_cache_bytes"] == 16 * -(-(longest + MAX_TOKENS + 1) // 16) * block_bytes
+    assert own.facts()["kv_cache_bytes"] == 16 * -(-(100 + 1) // 16) * block_bytes

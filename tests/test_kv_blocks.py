@@ -23,7 +23,8 @@ def _prefilled(blocks: BlockManager, seq: Sequence) -> None:
 
 def test_tables_grow_block_by_block_all_or_nothing_and_lowest_ids_first() -> None:
     """allocate covers the positions asked for with whole blocks, takes the lowest free ids, and when the
-    blocks are not there leaves the table as it was; free returns them (tail first) for reuse."""
+    blocks are not there leaves the table as it was; free returns them for reuse. Their memory is handed
+    back only once no request holds a block (a block reused before that keeps its pages)."""
     released: list[list[int]] = []
     blocks = BlockManager(5, 4)
     blocks.add_release_hook(released.append)
@@ -35,8 +36,10 @@ def test_tables_grow_block_by_block_all_or_nothing_and_lowest_ids_first() -> Non
     assert not blocks.allocate(b, 9) and b == [3, 4]
     assert blocks.num_free_blocks == 0 and blocks.num_used_blocks == 5
     blocks.free(a)
-    assert a == [] and released == [[2, 1, 0]] and blocks.num_free_blocks == 3
+    assert a == [] and released == [] and blocks.num_free_blocks == 3
     assert blocks.allocate(b, 12) and b == [3, 4, 0]
+    blocks.free(b)
+    assert released == [[0, 1, 2, 3, 4]] and blocks.num_free_blocks == 5
 
 
 def test_identical_prompt_prefixes_share_blocks_and_the_last_token_is_always_computed() -> None:

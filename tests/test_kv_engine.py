@@ -228,3 +228,39 @@ def test_smollm2_batch_invariant_outputs_do_not_depend_on_the_batch() -> None:
     spec_out = [o.outputs[0].token_ids for o in spec.generate(prompts[:16:2], params[0], use_tqdm=False)]
     assert spec.stats.num_accepted_tokens > 0
     assert spec_out == batched[:16:2]
+
+
+def test_the_cache_is_sized_for_the_configured_work(models, caplog) -> None:  # noqa: ANN001
+    """kv_cache_request_len sizes the KV cache for the work: max_running requests of that many positions
+    (plus the K + 1 verification writes), never less than one request of max_model_len, instead of
+    max_running requests of max_model_len; the log line says the size in MB and why. A request longer
+    than kv_cache_request_len still runs (alone if it must) with the same greedy tokens."""
+    per_request = -(-(256 + 1) // BLOCK_SIZE)
+    default = engine(models["target"], max_num_seqs=8, max_model_len=256)
+    assert default.blocks.num_blocks == 8 * per_request
+    with caplog.at_level("INFO", logger="flyspec.engine"):
+        sized = engine(models["target"], max_num_seqs=8, max_model_len=256, kv_cache_request_len=40)
+    assert sized.blocks.num_blocks == 8 * -(-(40 + 1) // BLOCK_SIZE)
+    block_bytes = sized.kv_cache_capacity_bytes // sized.blocks.num_blocks
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:")]
+    assert f"KV cache: {sized.kv_cache_capacity_bytes / 1e6:.1f} MB" in line
+    assert "8 running requests of kv_cache_request_len=40 positions" in line
+    assert block_bytes == default.kv_cache_capacity_bytes // default.blocks.num_blocks
+    longer = engine(models["target"], max_num_seqs=8, max_model_len=256, kv_cache_request_len=1000)
+    assert longer.blocks.num_blocks == default.blocks.num_blocks
+    few = engine(models["target"], max_num_seqs=2, max_model_len=256, kv_cache_request_len=40)
+    assert few.blocks.num_blocks == per_request  # one request of max_model_len always fits
+    draft = {"method": "draft_model", "model": models["draft"], "num_speculative_tokens": 3}
+    spec = engine(models["target"], draft, max_num_seqs=4, max_model_len=256, kv_cache_request_len=100)
+    assert spec.blocks.num_blocks == 4 * -(-(100 + 3 + 1) // BLOCK_SIZE)
+    long_prompts = [" ".join(f"w{(5 * i + j) % 240}" for j in range(150)) for i in range(3)]
+    assert ids(run(sized, long_prompts, GREEDY)) == ids(run(default, long_prompts, GREEDY))
+
+
+def test_kv_cache_request_len_is_checked() -> None:
+    """kv_cache_request_len must be a positive integer, and not set beside kv_cache_memory_bytes (both
+    would size the cache); a length past max_model_len counts as max_model_len."""
+    with pytest.raises(ValueError, match="kv_cache_request_len=0 is invalid"):
+        EngineConfig(model="m", kv_cache_request_len=0)
+    with pytest.raises(ValueError, match="kv_cache_request_len=64 .*kv_cache_memory_bytes also sizes"):
+        EngineConfig(model="m", kv_cache_request_len=64, kv_cache_memory_bytes=1 << 20)

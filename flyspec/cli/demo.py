@@ -226,7 +226,7 @@ def demo(
     for line in design.opening_lines(choice, control, fly=settings.fly.label()):
         _say(line)
     if not decided(settings.store, settings.run_id(choice)):
-        _say(design.timing_line(choice, control, design.start(settings)))
+        _say(design.timing_line(choice, control, design.start(settings, choice)))
     budget = None if until_decided else max_minutes
     result = run(design.gate_options(settings, choice, budget, not no_progress))
     _report(settings, choice, html, as_json)

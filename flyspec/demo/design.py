@@ -343,14 +343,17 @@ class DemoSettings:
         return choose_margin(self.pools(), self.flip_rate or self.fly.flip_rate, margin=self.margin)
 
 
-def start(settings: DemoSettings) -> float:
-    """Load the engine the three arms share (the run takes it over) and return the questions a minute it
-    answers here, all three arms together (``probe_rate``)."""
+def start(settings: DemoSettings, choice: MarginChoice) -> float:
+    """Load the engine the three arms share (the run takes it over), its KV cache sized for the pool's
+    longest prompt plus max_tokens, and return the questions a minute it answers here, all three arms
+    together (``probe_rate``)."""
+    from flyspec.gate import load_dataset
     from flyspec.gate.arms.engine import preload
     from flyspec.gate.arms.registry import parse_arm
 
     arms = settings.arms()
-    llm = preload([parse_arm(name, arm) for name, arm in arms.items()])
+    questions = [q for name in choice.datasets for q in load_dataset(name)]
+    llm = preload([parse_arm(n, arm) for n, arm in arms.items()], questions, settings.max_tokens)
     return probe_rate(llm, {name: arm.get("verification") for name, arm in arms.items()})
 
 

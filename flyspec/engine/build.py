@@ -32,8 +32,9 @@ logger = logging.getLogger("flyspec.engine")
 DEFAULT_MAX_MODEL_LEN = 4096
 """max_model_len when unset: min(the model's max_position_embeddings, 4096), to bound cache growth."""
 DEFAULT_KV_CACHE_SHARE = 0.25
-"""kv_cache_memory_bytes when unset: what max_running requests of max_model_len need, but at most this
-share of the machine's memory (of the GPU's free memory on CUDA), and at least one such request."""
+"""kv_cache_memory_bytes when unset: what max_running requests of kv_cache_request_len (default
+max_model_len) need, but at most this share of the machine's memory (of the GPU's free memory on CUDA),
+and at least one request of max_model_len."""
 
 
 @dataclass
@@ -81,9 +82,8 @@ def build_parts(
     # One block table per request serves the target and a draft model: a block holds both.
     per_token = target.model.kv_bytes_per_token() + (draft.model.kv_bytes_per_token() if draft else 0)
     # Verification writes up to K positions past the last kept token.
-    num_blocks = _kv_cache_blocks(
-        config.kv_cache_memory_bytes, per_token, max_model_len + k + 1, cap.max_running, target.model.device
-    )
+    sizing = _kv_cache_sizing(config, per_token, max_model_len, k + 1, cap.max_running, target.model.device)
+    num_blocks = sizing.num_blocks
     blocks = BlockManager(num_blocks, prefix_caching=config.enable_prefix_caching, stats=stats)
     runner = ModelRunner(target.model, num_blocks, BLOCK_SIZE, timer=clock.part("target_forward_s"))
     blocks.add_release_hook(runner.cache.release)
@@ -107,7 +107,13 @@ def build_parts(
         policy=spec.verification_policy(target.model.vocab_size) if spec is not None else None,
         lossless_prefix_tokens=(spec.lossless_prefix_tokens or 0) if spec is not None else 0,
     )
-    _log_kv_cache(parts, per_token, with_draft=draft is not None, prefix_caching=config.enable_prefix_caching)
+    _log_kv_cache(
+        parts,
+        per_token,
+        sizing.why,
+        with_draft=draft is not None,
+        prefix_caching=config.enable_prefix_caching,
+    )
     logger.info(cap.describe())
     if parts.policy is not None:
         logger.warning(parts.policy.lossy_warning())
@@ -144,48 +150,95 @@ def _load_draft(config: EngineConfig, draft: LoadedModel | None, slots: int) -> 
     return draft
 
 
-def _log_kv_cache(parts: EngineParts, per_token: int, *, with_draft: bool, prefix_caching: bool) -> None:
-    """Log the KV cache's size and layout."""
+def _log_kv_cache(
+    parts: EngineParts, per_token: int, why: str, *, with_draft: bool, prefix_caching: bool
+) -> None:
+    """Log the KV cache's size, layout and what decided its size."""
     num_blocks = parts.blocks.num_blocks
     logger.info(
-        "KV cache: %d blocks of %d positions, %.1f MiB for %d positions (%d bytes per position%s); "
+        "KV cache: %.1f MB, %d blocks of %d positions (%d positions, %d bytes per position%s): %s; "
         "prefix caching %s",
+        num_blocks * parts.kv_block_bytes / 1e6,
         num_blocks,
         BLOCK_SIZE,
-        num_blocks * parts.kv_block_bytes / 2**20,
         num_blocks * BLOCK_SIZE,
         per_token,
         ", target and draft" if with_draft else "",
+        why,
         "on" if prefix_caching else "off",
     )
 
 
-def _kv_cache_blocks(
-    requested: int | None, bytes_per_token: int, max_len: int, max_running: int, device: torch.device
-) -> int:
-    """KV cache blocks for kv_cache_memory_bytes=requested (None: DEFAULT_KV_CACHE_SHARE's rule); at
-    least one request of max_len positions must fit."""
+@dataclass(frozen=True)
+class KVCacheSizing:
+    """How many KV cache blocks an engine gets, and why (the log line says it)."""
+
+    num_blocks: int
+    why: str
+
+
+def _kv_cache_sizing(
+    config: EngineConfig,
+    bytes_per_token: int,
+    max_model_len: int,
+    extra: int,
+    max_running: int,
+    device: torch.device,
+) -> KVCacheSizing:
+    """KV cache blocks for the config: kv_cache_memory_bytes as given; else max_running requests of
+    kv_cache_request_len (default max_model_len) positions, at most DEFAULT_KV_CACHE_SHARE of the memory;
+    always at least one request of max_model_len. `extra`: positions a request may write past its
+    length (verification's K + 1)."""
     block_bytes = BLOCK_SIZE * bytes_per_token
-    per_request = -(-max_len // BLOCK_SIZE)
-    if requested is None:
-        if device.type == "cuda":
-            available = torch.cuda.mem_get_info(device)[0]
-        else:
-            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        share = int(available * DEFAULT_KV_CACHE_SHARE) // block_bytes
-        return max(per_request, min(max_running * per_request, share))
+    longest = -(-(max_model_len + extra) // BLOCK_SIZE)
+    requested = config.kv_cache_memory_bytes
+    if requested is not None:
+        num_blocks = _capped_blocks(requested, block_bytes, longest, max_model_len + extra, device)
+        return KVCacheSizing(num_blocks, f"kv_cache_memory_bytes={requested}")
+    if config.kv_cache_request_len is not None:
+        # No request is longer than max_model_len, whatever the caller expects.
+        request_len = min(config.kv_cache_request_len, max_model_len)
+        why = f"{max_running} running requests of kv_cache_request_len={config.kv_cache_request_len}"
+        if request_len < config.kv_cache_request_len:
+            why += f" (no longer than max_model_len={max_model_len})"
+        why += " positions"
+    else:
+        request_len = max_model_len
+        why = (
+            f"{max_running} running requests of max_model_len={max_model_len} positions (set "
+            "kv_cache_request_len to the longest prompt plus max_tokens to size it for the work)"
+        )
+    per_request = -(-(request_len + extra) // BLOCK_SIZE)
+    if device.type == "cuda":
+        available = torch.cuda.mem_get_info(device)[0]
+    else:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    share = int(available * DEFAULT_KV_CACHE_SHARE) // block_bytes
+    num_blocks = max_running * per_request
+    if num_blocks > share:
+        num_blocks = share
+        memory = "free GPU memory" if device.type == "cuda" else "memory"
+        why += f", capped at {DEFAULT_KV_CACHE_SHARE:.0%} of the {memory}"
+    if num_blocks < longest:
+        num_blocks = longest
+        why += f", raised to hold one request of max_model_len={max_model_len}"
+    return KVCacheSizing(num_blocks, why)
+
+
+def _capped_blocks(requested: int, block_bytes: int, longest: int, max_len: int, device: torch.device) -> int:
+    """Blocks in kv_cache_memory_bytes=requested; ValueError when one request of max_len does not fit."""
     if device.type == "cpu" and requested > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
         logger.warning(
             "kv_cache_memory_bytes=%d is more than this machine's memory: requests may exhaust it before "
             "the cap stops them",
             requested,
         )
-    if requested // block_bytes < per_request:
+    if requested // block_bytes < longest:
         raise ValueError(
             f"kv_cache_memory_bytes={requested} holds {requested // block_bytes * BLOCK_SIZE} positions, but "
-            f"one request of max_model_len needs {max_len} ({bytes_per_token} bytes per position, in blocks "
-            f"of {BLOCK_SIZE}); raise kv_cache_memory_bytes to at least {per_request * block_bytes} or lower "
-            "max_model_len"
+            f"one request of max_model_len needs {max_len} ({block_bytes // BLOCK_SIZE} bytes per position, "
+            f"in blocks of {BLOCK_SIZE}); raise kv_cache_memory_bytes to at least {longest * block_bytes} or "
+            "lower max_model_len"
         )
     return requested // block_bytes
 

@@ -119,8 +119,8 @@ class LLMEngine:
 
     @property
     def kv_cache_capacity_bytes(self) -> int:
-        """Bytes of KV cache the engine may use (target and draft together): kv_cache_memory_bytes
-        rounded down to whole blocks. On the CPU only the blocks ever written are resident."""
+        """Bytes of KV cache the engine may use (target and draft together), in whole blocks, as the
+        config sized it (engine/build.py). On the CPU only the blocks ever written are resident."""
         return self.blocks.num_blocks * self._kv_block_bytes
 
     @property

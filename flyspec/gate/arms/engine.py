@@ -15,6 +15,12 @@ up, so the batch stays full and no answer waits for the longest answer of a chun
 engine, the jobs of both arms for one question arrive side by side, so a pair completes at about the same
 time. The number in flight is the engine's admission cap (min(max_num_seqs, max_num_batched_tokens //
 (1 + K))): more would only wait in the scheduler's queue.
+
+The KV cache is sized for the run's work (``size_for_work``, before the engine starts): the admission
+cap times the longest prompt of the run's questions plus the registered max_tokens
+(``kv_cache_request_len``), not times max_model_len. An arm that sets ``kv_cache_request_len`` or
+``kv_cache_memory_bytes`` itself keeps its own. The size is not part of an arm's identity: it decides
+no answer's tokens, only how much memory the engine may hold.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 from flyspec.config import EngineConfig, verification_fields, verification_policy
 from flyspec.gate.arms.base import Completion, Job, Sampling, unknown_keys
+from flyspec.gate.data.questions import Question
 
 KIND = "engine"
 KEYS = ("kind", "verification", *(f.name for f in dataclasses.fields(EngineConfig)))
@@ -166,24 +173,56 @@ def _config_key(arm: EngineArm) -> str:
     return json.dumps(arm.config, sort_keys=True)
 
 
-def load_engine(lead: EngineArm) -> Any:
-    """A warmed-up ``LLM`` for ``lead``'s engine configuration. The first steps of a fresh engine pay
-    one-time costs (allocations, lazy initialisation) that would be charged to whichever arm answers first
-    and skew its tokens/s; a configuration too slow for this CPU stops here with the faster options, not
-    after minutes of silence."""
+def load_engine(lead: EngineArm, request_len: int | None = None) -> Any:
+    """A warmed-up ``LLM`` for ``lead``'s engine configuration, its KV cache sized for requests of
+    ``request_len`` positions (``work_request_len``) unless the arm sizes it itself. The first steps of a
+    fresh engine pay one-time costs (allocations, lazy initialisation) that would be charged to whichever
+    arm answers first and skew its tokens/s; a configuration too slow for this CPU stops here with the
+    faster options, not after minutes of silence."""
     from flyspec.llm import LLM
 
-    llm = LLM.from_config(lead.engine_config)
+    config = lead.engine_config
+    if (
+        request_len is not None
+        and config.kv_cache_request_len is None
+        and config.kv_cache_memory_bytes is None
+    ):
+        config = dataclasses.replace(config, kv_cache_request_len=request_len)
+    llm = LLM.from_config(config)
     llm.warm_up()
     return llm
 
 
-def preload(arms: list[EngineArm]) -> Any:
+def work_request_len(lead: EngineArm, questions: Iterable[Question], max_tokens: int) -> int:
+    """The longest request of a run: its longest prompt (in the tokens ``lead``'s model sees) plus the
+    registered max_tokens. Loads only the tokenizer."""
+    from flyspec.llm import GenerationRequest, prompt_lengths
+
+    requests = [GenerationRequest(prompt=q.prompt, messages=q.messages) for q in questions]
+    return max(prompt_lengths(lead.config["model"], requests), default=0) + max_tokens
+
+
+def size_for_work(executors: Iterable[Any], questions: Iterable[Question], max_tokens: int) -> None:
+    """Size the KV cache of each engine among ``executors`` (not started yet) for a run of ``questions``
+    answered with at most ``max_tokens`` tokens; other executors are left as they are."""
+    questions = list(questions)
+    for ex in executors:
+        if isinstance(ex, EngineExecutor):
+            ex.request_len = work_request_len(ex.lead, questions, max_tokens)
+
+
+def preload(
+    arms: list[EngineArm], questions: Iterable[Question] | None = None, max_tokens: int | None = None
+) -> Any:
     """Load the engine that ``arms`` will share in a run (the one ``engine_groups`` makes of them) before
     the run starts, so that a caller can measure it first (``flyspec demo``'s speed probe); the run's
-    executor takes it over instead of loading again. Returns the ``LLM``."""
+    executor takes it over instead of loading again. With the run's ``questions`` and ``max_tokens``,
+    its KV cache is sized for them (``size_for_work``). Returns the ``LLM``."""
     (group,) = engine_groups(arms)
-    llm = load_engine(group[0])
+    request_len = None
+    if questions is not None and max_tokens is not None:
+        request_len = work_request_len(group[0], questions, max_tokens)
+    llm = load_engine(group[0], request_len)
     _PRELOADED[_config_key(group[0])] = llm
     return llm
 
@@ -217,6 +256,8 @@ class EngineExecutor:
         # `cancel` removes them from the caller's, hence the lock.
         self._pending: dict[str, Job] = {}
         self._lock = threading.Lock()
+        self.request_len: int | None = None
+        """The longest request the run sends (``size_for_work``), or None: the engine's default cache."""
 
     @property
     def shared(self) -> bool:
@@ -234,7 +275,9 @@ class EngineExecutor:
     def start(self) -> None:
         """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
         if self._llm is None:
-            self._llm = _PRELOADED.pop(_config_key(self.lead), None) or load_engine(self.lead)
+            self._llm = _PRELOADED.pop(_config_key(self.lead), None) or load_engine(
+                self.lead, self.request_len
+            )
             self._prefix_seen = self._prefix_counts()  # the warm-up's own prompt is not the run's
 
     @property
@@ -265,6 +308,7 @@ class EngineExecutor:
             "model": self.lead.config["model"],
             "max_in_flight": self.max_in_flight,
             "weights": self._llm.weight_formats,
+            "kv_cache_bytes": self._llm.kv_cache_capacity_bytes,
             "verification": {name: v or "engine" for name, v in self.verification.items()},
         }
 

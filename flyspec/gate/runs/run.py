@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.gate.arms.base import Executor
+from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.registry import make_executors
 from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.gold import Gold
@@ -234,6 +235,8 @@ def run(options: GateOptions) -> RunResult:
         claim = population(store, run_id, options.population)
         comparisons = _comparisons(options, chosen, claim, planned.gold)
         executors = make_executors(list(planned.arms.values()))
+        # An engine's KV cache holds what this run can use, not max_num_seqs requests of max_model_len.
+        size_for_work(executors, chosen.questions, options.max_tokens)
         registration = _registration(planned, chosen, comparisons)
         new = register(store, planned, run_id, registration, chosen.questions, executors)
         if chosen.carry is not None:
