@@ -169,6 +169,22 @@ def _report(settings: Any, choice: Any, html: Path | None, as_json: bool) -> Non
         print(json.dumps(built.to_dict(), default=str))
 
 
+def _prepare(name: str) -> None:
+    """Convert a zoo model not yet prepared in a child process (`flyspec models prepare`), so that whatever
+    the conversion touched goes back to the OS before the engine loads: a first demo peaks no higher than
+    a later one. The child prints its own progress and errors; its exit code ends the demo."""
+    import subprocess
+
+    from flyspec import assets
+
+    if name not in assets.ZOO or assets.is_prepared(name):
+        return
+    command = [sys.executable, "-c", "from flyspec.cli import main; main()", "models", "prepare", name]
+    code = subprocess.run(command, check=False).returncode
+    if code:
+        raise typer.Exit(code)
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -207,7 +223,6 @@ def demo(
 
     Each answer is stored as it arrives; rerunning the same command resumes (or continues) where it stopped.
     """
-    from flyspec import assets
     from flyspec.demo import design
     from flyspec.demo.report import decided
     from flyspec.gate import run
@@ -219,8 +234,7 @@ def demo(
         seed=seed, store=store,
     )  # fmt: skip
     for name in (target, draft):
-        if name in assets.ZOO:
-            assets.prepare(name)
+        _prepare(name)
     choice = settings.choose()
     control = design.control_outlook(choice.pool)
     for line in design.opening_lines(choice, control, fly=settings.fly.label()):
