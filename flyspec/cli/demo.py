@@ -153,11 +153,9 @@ def _report(settings: Any, choice: Any, html: Path | None, as_json: bool) -> Non
     the JSON line."""
     from flyspec.demo import design, report
 
-    run_id = settings.run_id(choice)
-    built = report.build_report(settings.store, run_id)
-    minutes = report.answering_minutes(settings.store, run_id)
+    built = report.build_report(settings.store, settings.run_id(choice))
     first = report.first_screen(
-        built, settings.fly.label(), minutes, design.GPU_TOKENS_PER_S, design.TOKENS_PER_ANSWER
+        built, settings.fly.label(), design.GPU_TOKENS_PER_S, design.TOKENS_PER_ANSWER
     )
     print("\n".join(first) + "\n")
     print(built.to_markdown())

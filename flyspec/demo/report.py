@@ -10,6 +10,7 @@ from typing import Any
 
 from flyspec.gate import Report, build_report
 from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.decisions import answering_minutes
 from flyspec.gate.report.render import control_sentence
 from flyspec.gate.stats.designs import Design
 from flyspec.gate.stats.forecast import forecast_from_rate
@@ -27,23 +28,6 @@ def decided(store: Path, run_id: str) -> bool:
             return False
     report = build_report(store, run_id)
     return all(r.sequential is not None and r.sequential.final for r in (report, *report.family))
-
-
-def answering_minutes(store: Path, run_id: str) -> float:
-    """Minutes the run spent answering, over all its sessions (loading the models excluded): from each
-    session's start to its stop, or to the last stored answer for a session that never recorded one."""
-    with GateStore(store) as opened:
-        events = opened.events(run_id)
-        last = max(opened.answer_times(run_id).values(), default=None)
-    total, began = 0.0, None
-    for e in events:
-        if e.event == "start":
-            began = e.created_at
-        elif e.event == "stop" and began is not None:
-            total, began = total + e.created_at - began, None
-    if began is not None and last is not None:
-        total += max(0.0, last - began)
-    return total / 60
 
 
 def _pts(value: float | None) -> str:
@@ -95,12 +79,10 @@ UNLIMITED = 100_000
 """The question limit of the design simulated once the pool is used up (what more questions would give)."""
 
 
-def forecast_line(
-    report: Report, minutes: float, gpu_tokens_per_s: float, tokens_per_answer: int
-) -> str | None:
+def forecast_line(report: Report, gpu_tokens_per_s: float, tokens_per_answer: int) -> str | None:
     """Until FLy is decided: how many more questions its decision needs (the registered design simulated at
     the flip rate seen, among runs not decided yet; without the pool's limit once the pool is used up), in
-    hours at this run's pace and in minutes on a GPU endpoint."""
+    hours at this run's pace (its pairs over its answering minutes) and in minutes on a GPU endpoint."""
     stop, plan = report.sequential, report.sequential_plan
     if stop is None or plan is None or stop.decision in ("PASS", "FAIL") or stop.stopped_at < 1:
         return None
@@ -117,6 +99,8 @@ def forecast_line(
     if outlook.median_pairs is None:
         return f"Forecast: {seen}, most simulated runs do not decide within {design.questions:,} questions."
     more = max(outlook.median_pairs - n, 1)
+    with GateStore(Path(report.store)) as store:
+        minutes = answering_minutes(store, report.run.run_id)
     here = f"{more / (n / minutes) / 60:.1f} hours here" if minutes > 0 else "unknown time here"
     gpu = more / (gpu_tokens_per_s * 60 / (2 * tokens_per_answer))
     beyond = (
@@ -129,18 +113,16 @@ def forecast_line(
     )
 
 
-def first_screen(
-    report: Report, setting: str, minutes: float, gpu_tokens_per_s: float, tokens_per_answer: int
-) -> list[str]:
+def first_screen(report: Report, setting: str, gpu_tokens_per_s: float, tokens_per_answer: int) -> list[str]:
     """The report's opening, at most FIRST_SCREEN_LINES lines: each verdict, the speed, the forecast and
-    the command that continues. ``minutes``: the run's answering time so far."""
+    the command that continues."""
     stop = report.sequential
     lines = [
         "flyspec demo: the result",
         *(_control_line(control) for control in report.family),
         _fly_line(report, setting),
         speed_line(report),
-        forecast_line(report, minutes, gpu_tokens_per_s, tokens_per_answer),
+        forecast_line(report, gpu_tokens_per_s, tokens_per_answer),
         f"Continue: `{CONTINUE}` (rerun; it resumes from the store)." if stop and not stop.final else None,
     ]
     return [line for line in lines if line is not None][:FIRST_SCREEN_LINES]

@@ -204,10 +204,11 @@ def work_request_len(lead: EngineArm, questions: Iterable[Question], max_tokens:
 
 def size_for_work(executors: Iterable[Any], questions: Iterable[Question], max_tokens: int) -> None:
     """Size the KV cache of each engine among ``executors`` (not started yet) for a run of ``questions``
-    answered with at most ``max_tokens`` tokens; other executors are left as they are."""
+    answered with at most ``max_tokens`` tokens; other executors, and an engine ``preload`` already loaded
+    (and sized), are left as they are."""
     questions = list(questions)
     for ex in executors:
-        if isinstance(ex, EngineExecutor):
+        if isinstance(ex, EngineExecutor) and _config_key(ex.lead) not in _PRELOADED:
             ex.request_len = work_request_len(ex.lead, questions, max_tokens)
 
 

@@ -160,8 +160,8 @@ def _sequential(report: ReportData, store: GateStore, correct: dict) -> None:
 def _answering_minutes(
     store: GateStore, run: RunRecord, order: list[tuple[str, str]], lanes: tuple[Lane, Lane], stop: Any
 ) -> float | None:
-    """Minutes of answering (summed over the run's sessions, models' loading excluded) until the pair that
-    decided a sequential comparison was stored; None when it has not decided."""
+    """Minutes of answering until the pair that decided a sequential comparison was stored; None when it
+    has not decided."""
     if stop.reason != "boundary" or stop.stopped_at < 1:
         return None
     times = store.answer_times(run.run_id)
@@ -169,18 +169,26 @@ def _answering_minutes(
     stamps = [times[k] for k in wanted if k in times]
     if len(stamps) < len(wanted):
         return None
-    decided = max(stamps)
+    return answering_minutes(store, run.run_id, max(stamps))
+
+
+def answering_minutes(store: GateStore, run_id: str, until: float | None = None) -> float:
+    """Minutes a run spent answering up to ``until`` (seconds since the epoch; default: its last stored
+    answer), summed over its sessions from each start event to its stop (models' loading excluded); a
+    session without a stop (running, or killed) counts up to ``until``."""
+    if until is None:
+        until = max(store.answer_times(run_id).values(), default=0.0)
     sessions: list[tuple[float, float]] = []
     began: float | None = None
-    for e in store.events(run.run_id):
+    for e in store.events(run_id):
         if e.event == "start":
             began = e.created_at
         elif e.event == "stop" and began is not None:
             sessions.append((began, e.created_at))
             began = None
     if began is not None:
-        sessions.append((began, decided))
-    return sum(max(0.0, min(end, decided) - start) for start, end in sessions) / 60
+        sessions.append((began, until))
+    return sum(max(0.0, min(end, until) - start) for start, end in sessions) / 60
 
 
 def _judged_run(report: ReportData, store: GateStore, correct: dict, gold: Gold) -> None:
