@@ -2,7 +2,7 @@
 
 A simulated run r gets seed ``r`` for its question order and its gold draw (a gate run's default: the
 order seed is the run's seed), over questions ``q0, q1, ...`` of one dataset. Its order is
-``flyspec.gate.data.order.in_order`` and each question's draw number is
+``flyspec.gate.data.questions.in_order`` and each question's draw number is
 ``flyspec.gate.stats.judged.gold_draw``: exactly what a registered run uses, so a draw that depends on the
 order (draw 1 hashed the same string) shows up in the simulation instead of being replaced by an
 independent random generator. ``flyspec.gate.stats.simulation.judged_runs`` takes both (``orders``,
@@ -15,8 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from flyspec.gate.data.order import in_order
-from flyspec.gate.data.questions import Question
+from flyspec.gate.data.questions import Question, in_order
 from flyspec.gate.stats.judged import gold_draw
 
 DATASET = "sim"

@@ -1,4 +1,4 @@
-"""A store's runs read back through the typed registration (flyspec/gate/data/registration.py): for every
+"""A store's runs read back through the typed registration (flyspec/gate/data/spec.py): for every
 run a version of flyspec registered, the typed record writes exactly what was stored, so a resume, which
 compares the two key for key, sees no change."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flyspec.gate.data.registration import Registration
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore
 
 

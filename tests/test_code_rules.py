@@ -7,7 +7,7 @@
    the package. `cli/demo.py` is not there yet (the demo's own change): it is expected to fail, strictly,
    so the change that shortens it must say so here.
 3. A run's stored registration is read in one place: ``registration["`` and ``registration.get(`` appear
-   only in `flyspec/gate/data/registration.py` (the typed ``Registration`` and its reader of every stored
+   only in `flyspec/gate/data/spec.py` (the typed ``Registration`` and its reader of every stored
    layout); everything else reads ``RunRecord.registered``.
 4. No code outside `flyspec/gate/grading/` compares a grader's name (``q.grader == "judge"``, ``grader in
    ("code", ...)``): it asks the grader's record (``model_graded``, ``pairwise``, ``sandboxed``,
@@ -111,7 +111,7 @@ def test_the_body_length_check_can_fail(tmp_path: Path) -> None:
 # ------------------------------------------------------------------- the registration, read in one place
 
 REGISTRATION_READ = re.compile(r"registration\[\"|registration\.get\(")
-REGISTRATION_MODULE = PACKAGE / "gate" / "data" / "registration.py"
+REGISTRATION_MODULE = PACKAGE / "gate" / "data" / "spec.py"
 
 
 def registration_reads(root: Path) -> list[str]:

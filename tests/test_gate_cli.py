@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from loopback import serve_app
 from registrations import assert_registrations_round_trip
 
-from flyspec.gate.data.registration import Registration
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.report.report import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci

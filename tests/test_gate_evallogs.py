@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.data.registration import Registration
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.logs.evallogs import read_eval_log, read_lm_eval_samples
 from flyspec.gate.logs.pairing import pair_logs

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flyspec.gate.data.ledger import UserLedger, comparison_key_of, ledger_path, output_identity
-from flyspec.gate.data.registration import Registration
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.report.report import build_report
 from flyspec.gate.runs.exclusion import check_alpha_left, record_looks

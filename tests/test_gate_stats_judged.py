@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from judged_draws import run_draws
 
-from flyspec.gate.data.gold import Gold
-from flyspec.gate.data.order import select_questions
-from flyspec.gate.data.questions import Question
+from flyspec.gate.data.questions import Question, select_questions
+from flyspec.gate.data.spec import Gold
 from flyspec.gate.stats.betting import BoundedMeanSequence, log_capital
 from flyspec.gate.stats.growth import JudgeModel, fixed_power, sequential_median, value_distribution
 from flyspec.gate.stats.judged import (

@@ -3,7 +3,7 @@
 the draw that hashed the same string as the order (draw 1) and the rule before gold labels do not.
 
 Every simulated run draws its order and its gold labels with the functions a registered run uses
-(tests/judged_draws.py: ``flyspec.gate.data.order.in_order`` and
+(tests/judged_draws.py: ``flyspec.gate.data.questions.in_order`` and
 ``flyspec.gate.stats.judged.gold_draw``, seed r for run r), not with an independent random generator:
 the earlier version of this file did, and could not see that draw 1 labelled exactly the first ~rate of
 the order. The judges: a coin, always "A" (position bias), always the candidate, harsh (right on the

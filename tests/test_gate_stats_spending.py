@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from flyspec.gate.data.registration import Registration
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
 from flyspec.gate.stats import sequential_decisions

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flyspec.gate.data.lock import StoreBusyError, StoreLock, lock_path, read_holder
-from flyspec.gate.data.registration import Registration, SamplingRecord
+from flyspec.gate.data.spec import Registration, SamplingRecord
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 
 REGISTRATION = Registration(

@@ -20,7 +20,7 @@ from flyspec.gate.arms.base import load_arm_spec
 from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.questions import Question
-from flyspec.gate.data.registration import JudgeRecord
+from flyspec.gate.data.spec import JudgeRecord
 from flyspec.gate.grading.judge import (
     DEFAULT_TEMPLATE,
     POSITIONS,

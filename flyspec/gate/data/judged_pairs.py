@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flyspec.gate.data.gold import Gold
+from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
 from flyspec.gate.grading.judge import lane_label, pair_hash, preferred
 from flyspec.gate.stats.judged import JudgedPair, judge_prediction

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flyspec.assets import cache_dir
-from flyspec.gate.data.registration import ComparisonPlan, Registration
+from flyspec.gate.data.spec import ComparisonPlan, Registration
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.stats.claims import SUPERPOPULATION
 from flyspec.gate.stats.spending import Look, comparison_key

@@ -14,108 +14,14 @@ One process writes a store at a time (``GateStore.lock``, see flyspec/gate/data/
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from flyspec.gate.data.lock import StoreLock
-from flyspec.gate.data.registration import Registration, only_the_maximum_grew
-
-SCHEMA_VERSION = 3
-# Version 2 added the judgements table, version 3 the labels table; an older store gains them (empty) when
-# opened.
-_READABLE_VERSIONS = (0, 1, 2, SCHEMA_VERSION)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    margin REAL NOT NULL,
-    alpha REAL NOT NULL,
-    seed INTEGER NOT NULL,
-    registration TEXT NOT NULL,
-    notes TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS questions (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    prompt_hash TEXT NOT NULL,
-    answer TEXT NOT NULL,
-    grader TEXT NOT NULL,
-    PRIMARY KEY (run_id, dataset, question_id)
-);
-CREATE TABLE IF NOT EXISTS answers (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    arm TEXT NOT NULL,
-    repeat INTEGER NOT NULL,
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    seed INTEGER NOT NULL,
-    output TEXT NOT NULL,
-    extracted TEXT,
-    correct INTEGER NOT NULL,
-    finish_reason TEXT,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    latency_s REAL NOT NULL,
-    num_drafts INTEGER,
-    num_draft_tokens INTEGER,
-    num_accepted_tokens INTEGER,
-    num_forgiven_tokens INTEGER,
-    source TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, arm, repeat, dataset, question_id)
-);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    event TEXT NOT NULL,
-    reason TEXT,
-    stopped_at INTEGER,
-    detail TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS judgements (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    first_lane TEXT NOT NULL,
-    second_lane TEXT NOT NULL,
-    position TEXT NOT NULL,
-    pair_sha256 TEXT NOT NULL,
-    verdict TEXT,
-    preferred TEXT NOT NULL,
-    output TEXT NOT NULL,
-    latency_s REAL NOT NULL,
-    source TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)
-);
-CREATE TABLE IF NOT EXISTS labels (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    pair_sha256 TEXT NOT NULL,
-    value INTEGER NOT NULL,
-    source TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, dataset, question_id)
-);
-CREATE TABLE IF NOT EXISTS batches (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    arm TEXT NOT NULL,
-    repeat INTEGER NOT NULL,
-    num_answers INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    wall_s REAL NOT NULL,
-    created_at REAL NOT NULL
-);
-"""
+from flyspec.gate.data.schema import connect
+from flyspec.gate.data.spec import Extension, Registration, only_the_maximum_grew
 
 
 @dataclass(frozen=True)
@@ -247,23 +153,7 @@ class GateStore:
         self.path = Path(path)
         if not self.path.parent.exists():
             raise FileNotFoundError(f"store {self.path}: folder {self.path.parent} does not exist")
-        try:
-            self._db = sqlite3.connect(self.path, timeout=30.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed answer survives a power cut, not only a process kill; one fsync per
-            # answer is negligible next to generating it.
-            self._db.execute("PRAGMA synchronous=FULL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in _READABLE_VERSIONS:
-                raise ValueError(
-                    f"store {self.path}: schema version {version}, this flyspec reads versions up to "
-                    f"{SCHEMA_VERSION}"
-                )
-            with self._db:
-                self._db.executescript(_SCHEMA)
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except sqlite3.DatabaseError as exc:
-            raise ValueError(f"store {self.path} is not a gate store (SQLite says: {exc})") from None
+        self._db = connect(self.path)
 
     def __enter__(self) -> GateStore:
         return self
@@ -355,21 +245,18 @@ class GateStore:
             asdict(q) for q in stored
         ]:
             return False
-        history = [
-            *(e.to_dict() for e in existing.registered.extensions),
-            {"from": len(stored), "to": len(questions), "at": time.time()},
-        ]
-        extended = {**wanted, "extensions": history}
+        grown = Extension(len(stored), len(questions), time.time())
+        extended = replace(registration, extensions=(*existing.registered.extensions, grown)).to_dict()
         with self._db:
             self._db.execute(
                 "UPDATE runs SET registration = ? WHERE run_id = ?",
                 (json.dumps(extended, sort_keys=True), run_id),
             )
             self._add_questions(run_id, questions[len(stored) :])
-            grown = json.dumps({"from": len(stored), "to": len(questions)})
+            detail = json.dumps({"from": grown.start, "to": grown.to})
             self._db.execute(
                 "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, "extend", None, None, grown, time.time()),
+                (run_id, "extend", None, None, detail, time.time()),
             )
         return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flyspec.gate.data.registration import BASELINE
+from flyspec.gate.data.spec import BASELINE
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.stats.decide import decide
 from flyspec.gate.stats.decision import INCONCLUSIVE

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.data.rows import jsonl_rows
+from flyspec.gate.data.questions import jsonl_rows
 
 _LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<stamp>[^_]+)\.jsonl$")
 _LM_EVAL_HASHES = ("doc_hash", "prompt_hash", "target_hash")

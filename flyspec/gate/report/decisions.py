@@ -10,8 +10,8 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.judged_pairs import stored_pairs
+from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.report.comparisons import compare_pairs, counted, sequential_row

@@ -9,7 +9,7 @@ import io
 import json
 from typing import Any
 
-from flyspec.gate.data.registration import SamplingRecord
+from flyspec.gate.data.spec import SamplingRecord
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
 from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.checks import is_number
-from flyspec.gate.data.registration import ComparisonPlan
+from flyspec.gate.data.spec import ComparisonPlan
 from flyspec.gate.data.speeds import measure_speeds
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.grading.graders import model_graded

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.data.registration import titled
+from flyspec.gate.data.codec import to_json
+from flyspec.gate.data.spec import titled
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.data.tune_tests import SettingStatus, setting_status
@@ -121,8 +122,8 @@ class TuneReport:
             if reg.design == "sequential" and reg.sequential
             else "tango",
             "procedure": tune.procedure if tune is not None else None,
-            "order": tune.order.to_dict() if tune is not None else None,
-            "calibration": tune.to_dict()["calibration"] if tune is not None else None,
+            "order": to_json(tune.order) if tune is not None else None,
+            "calibration": to_json(tune)["calibration"] if tune is not None else None,
             "speed_source": self.speed_source,
             "registration": self.run.registration,
             "baseline": {

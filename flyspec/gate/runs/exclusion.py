@@ -33,8 +33,8 @@ from flyspec.gate.data.ledger import (
     run_entries,
     store_entries,
 )
-from flyspec.gate.data.order import QuestionKey
-from flyspec.gate.data.registration import Registration
+from flyspec.gate.data.questions import QuestionKey
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 

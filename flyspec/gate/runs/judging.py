@@ -26,9 +26,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.arms.judge import Judge, JudgeClient, Verdict
-from flyspec.gate.data.gold import Gold
 from flyspec.gate.data.judged_pairs import exact_pair, make_pair
-from flyspec.gate.data.order import QuestionKey
+from flyspec.gate.data.questions import QuestionKey
+from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, JudgementRecord, LabelRecord
 from flyspec.gate.grading.graders import Grade, grade
 from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from flyspec.gate.data.gold import Gold
+from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, LabelRecord, RegisteredQuestion, RunRecord
 from flyspec.gate.grading.judge import pair_hash
 

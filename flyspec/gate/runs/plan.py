@@ -16,11 +16,12 @@ from flyspec.gate.arms.endpoint import OpenAIExecutor
 from flyspec.gate.arms.judge import JUDGE_ARM, Judge, parse_judge
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.datasets import Question, dataset_info, load_dataset
-from flyspec.gate.data.gold import DEFAULT_GOLD_RATE, Gold
-from flyspec.gate.data.order import QuestionKey, select_questions
-from flyspec.gate.data.registration import (
+from flyspec.gate.data.questions import QuestionKey, select_questions
+from flyspec.gate.data.spec import (
+    DEFAULT_GOLD_RATE,
     DatasetEntry,
     Excluded,
+    Gold,
     QuestionOrder,
     Registration,
     SamplingRecord,

@@ -7,7 +7,7 @@ The order of work is what makes the numbers trustworthy (docs/gate.md, "Running 
 1. ``plan`` (flyspec/gate/runs/plan.py): every setting, arm, dataset row and reference answer is
    validated before the store is touched;
 2. the store is locked (one writer process at a time) and the questions are chosen: the seeded order of
-   flyspec/gate/data/order.py, without the questions that pilots (and ``--exclude-run`` runs) used;
+   flyspec/gate/data/questions.py, without the questions that pilots (and ``--exclude-run`` runs) used;
 3. ``register``, before the first answer: margin, alpha, arms (an endpoint with the model its server
    reports), sampling, seeds, dataset and prompt hashes, and for a sequential run the method, the maximum
    number of questions and the order seed. A resume with other settings, or a comparison whose alpha the
@@ -34,8 +34,7 @@ from flyspec.gate.arms.base import Executor
 from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.registry import make_executors
 from flyspec.gate.data.datasets import Question
-from flyspec.gate.data.gold import Gold
-from flyspec.gate.data.registration import BASELINE, ComparisonPlan, Family, Registration
+from flyspec.gate.data.spec import BASELINE, ComparisonPlan, Family, Gold, Registration
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.graders import sandbox_notes
 from flyspec.gate.runs.exclusion import (

@@ -5,7 +5,8 @@ most alpha (docs/gate.md, "Choosing a lossy setting: `gate tune`").
 The order of work is what keeps the procedure valid:
 
 1. every setting, arm and dataset is validated; the questions are put in the seeded random order of
-   flyspec/gate/data/order.py, and the first ``calibration_questions`` of it are set aside for calibration;
+   flyspec/gate/data/questions.py, and the first ``calibration_questions`` of it are set aside for
+   calibration;
 2. calibration (run ``NAME/calibration``): the baseline and every setting answer the calibration
    questions, each alone in its own engine, one after another. The answers are stored but never graded:
    they measure speed only, so no quality data exists when the order is fixed;
@@ -28,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from flyspec.gate.arms.registry import make_executors
-from flyspec.gate.data.registration import CalibrationRecord, Registration, TestOrder, TuneRecord
+from flyspec.gate.data.spec import CalibrationRecord, Registration, TestOrder, TuneRecord
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.tune_tests import setting_status

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from flyspec.checks import load_json
 from flyspec.gate.arms.base import Arm, load_arm_spec
 from flyspec.gate.arms.registry import parse_arm
-from flyspec.gate.data.registration import SettingRecord
+from flyspec.gate.data.spec import SettingRecord
 from flyspec.policy_grid import expand_grid as expand_grid  # re-exported: the tune's grid is this one
 from flyspec.policy_grid import policy_of
 

@@ -116,7 +116,7 @@ def gold_draw(seed: int | str, dataset: str, question_id: str, draw: int = GOLD_
     """The uniform number in [0, 1) behind a question's gold-label draw (``gold_selected``).
 
     Draw 2 hashes ``gold-draw-v2:seed:dataset:question_id``: a digest of its own, independent of the
-    question order's key ``sha256(seed:dataset:question_id)`` (flyspec/gate/data/order.py), whose input
+    question order's key ``sha256(seed:dataset:question_id)`` (flyspec/gate/data/questions.py), whose input
     always starts with the seed's digits. Draw 1, kept only to recompute runs registered with it, took
     the first 8 bytes of the order's own digest, so sorting by the order sorted by the draw too.
     """

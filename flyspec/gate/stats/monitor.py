@@ -1,6 +1,6 @@
 """The sequential run's stopping rule, applied while answers arrive out of order.
 
-A sequential run registers its questions in a seeded random order (flyspec/gate/data/order.py) and the
+A sequential run registers its questions in a seeded random order (flyspec/gate/data/questions.py) and the
 confidence sequence is defined on the paired differences ``D_i = candidate correct - baseline correct``
 *in that order*. Answers complete out of order (many are in flight at once, and long answers take longer),
 so the run monitors the longest prefix of the registered order in which every question has both answers:

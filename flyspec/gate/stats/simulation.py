@@ -13,7 +13,7 @@ outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/statis
   ``"lenient"`` is its mirror (right on the gains, ties on the losses) and ``"reversed"`` names the wrong
   winner every time. The draw of the pairs for gold is Bernoulli(rate) from ``rng``, or, given ``draws``
   (each pair's uniform number along the run's order), ``draws < rate``: the tests pass the gate's own
-  order and draw (``flyspec.gate.data.order``, ``flyspec.gate.stats.judged.gold_draw``) this way.
+  order and draw (``flyspec.gate.data.questions``, ``flyspec.gate.stats.judged.gold_draw``) this way.
 - ``JudgedStream`` turns blocks of judged pairs into the prediction-powered values Y of
   flyspec/gate/stats/judged.py (the same predictable PPI++ weight), ``CapitalAtMargin`` tracks the two
   betting capitals of flyspec/gate/stats/betting.py at the margin only: the lower bound passes ``-margin``
