@@ -206,3 +206,38 @@ def test_registrations_of_older_versions_read_as_they_meant(tmp_path: Path) -> N
     written = reg.to_dict()
     assert written["sequential"] == {**sequential, "level": 0.95, "method": written["sequential"]["method"]}
     assert written["gold"] == gold and "alpha_budget" not in written and "comparisons" not in written
+
+
+# The runs table as version 3 wrote it (margin, alpha and seed copied beside the registration), with the
+# rest of that version's tables left out (opening adds them).
+VERSION_3_RUNS = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, created_at REAL NOT NULL, margin REAL NOT NULL,
+    alpha REAL NOT NULL, seed INTEGER NOT NULL, registration TEXT NOT NULL, notes TEXT NOT NULL
+);
+PRAGMA user_version=3;
+"""
+
+
+def test_a_version_3_store_is_migrated_when_opened(tmp_path: Path) -> None:
+    """A store a version-3 flyspec wrote opens: its runs read as registered, the copies of margin, alpha
+    and seed in the runs table are dropped (the registration holds them), and a new run registers in it.
+    A store from a newer flyspec is refused, naming its version."""
+    path = tmp_path / "v3.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(VERSION_3_RUNS)
+        stored = json.dumps(REGISTRATION.to_dict(), sort_keys=True)
+        db.execute("INSERT INTO runs VALUES ('old', 'gate', 1.0, 0.02, 0.025, 0, ?, '{}')", (stored,))
+    with GateStore(path) as store:
+        old = store.get_run("old")
+        assert old is not None and (old.margin, old.alpha, old.seed) == (0.02, 0.025, 0)
+        assert old.registered == replace(REGISTRATION, design="fixed")
+        assert store.register("new", replace(REGISTRATION, margin=0.03), QUESTIONS) is True
+        assert store.get_run("new").margin == 0.03  # type: ignore[union-attr]
+    with sqlite3.connect(path) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+        assert columns == {"run_id", "kind", "created_at", "registration", "notes"}
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        db.execute("PRAGMA user_version=5")
+    with pytest.raises(ValueError, match="schema version 5, this flyspec reads versions up to 4"):
+        GateStore(path)

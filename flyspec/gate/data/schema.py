@@ -1,24 +1,24 @@
-"""The gate store's SQLite tables and opening a store file: the schema version, the tables an older store
-gains when opened, and the journal settings that make each committed answer durable."""
+"""The gate store's SQLite tables and opening a store file: the schema version, the one migration that
+brings an older store to it when opened, and the journal settings that make each committed answer
+durable."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 3
-# Version 2 added the judgements table, version 3 the labels table; an older store gains them (empty) when
-# opened.
-_READABLE_VERSIONS = (0, 1, 2, SCHEMA_VERSION)
+SCHEMA_VERSION = 4
+# Version 2 added the judgements table, version 3 the labels table (an older store gains them, empty, when
+# opened); version 4 keeps a run's margin, alpha and seed in its registration only (an older store's
+# copies in the runs table are dropped when opened: they were written from the registration).
+_READABLE_VERSIONS = (0, 1, 2, 3, SCHEMA_VERSION)
+_DROPPED_COLUMNS = ("margin", "alpha", "seed")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
     created_at REAL NOT NULL,
-    margin REAL NOT NULL,
-    alpha REAL NOT NULL,
-    seed INTEGER NOT NULL,
     registration TEXT NOT NULL,
     notes TEXT NOT NULL
 );
@@ -117,7 +117,16 @@ def connect(path: Path) -> sqlite3.Connection:
             )
         with db:
             db.executescript(_SCHEMA)
+            _migrate(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     except sqlite3.DatabaseError as exc:
         raise ValueError(f"store {path} is not a gate store (SQLite says: {exc})") from None
     return db
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a store of any readable version to ``SCHEMA_VERSION`` (the tables it lacks are already made)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    for column in _DROPPED_COLUMNS:
+        if column in columns:
+            db.execute(f"ALTER TABLE runs DROP COLUMN {column}")

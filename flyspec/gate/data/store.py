@@ -112,10 +112,11 @@ class RunEvent:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha, seed, its
-    registration and notes. ``registration`` is the JSON as stored (what a resume is compared with, what a
-    report's JSON shows); ``registered`` is the same, typed (``Registration.read``): read it, not the JSON.
-    A report of one comparison of a run replaces ``registered`` with that comparison's view."""
+    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha and seed (the
+    registration's: the store keeps them there only), its registration and notes. ``registration`` is the
+    JSON as stored (what a resume is compared with, what a report's JSON shows); ``registered`` is the
+    same, typed (``Registration.read``): read it, not the JSON. A report of one comparison of a run
+    replaces ``registered`` with that comparison's view."""
 
     run_id: str
     kind: str
@@ -185,22 +186,16 @@ class GateStore:
         existing = self.get_run(run_id)
         if existing is not None and not self.check_resumable(run_id, registration, questions):
             return False
-        r = registration
-        row = (
-            run_id,
-            r.kind,
-            time.time(),
-            r.margin,
-            r.alpha,
-            r.seed,
-            json.dumps(r.to_dict(), sort_keys=True),
-        )
+        row = (run_id, registration.kind, time.time(), json.dumps(registration.to_dict(), sort_keys=True))
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
                 for table in ("questions", "batches", "events", "judgements", "labels", "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             notes_json = json.dumps(notes or {}, sort_keys=True)
-            self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, notes_json))
+            self._db.execute(
+                "INSERT INTO runs (run_id, kind, created_at, registration, notes) VALUES (?, ?, ?, ?, ?)",
+                (*row, notes_json),
+            )
             self._add_questions(run_id, questions)
         return True
 
@@ -402,13 +397,13 @@ class GateStore:
     def get_run(self, run_id: str) -> RunRecord | None:
         """The registered run, or None."""
         row = self._db.execute(
-            "SELECT run_id, kind, created_at, margin, alpha, seed, registration, notes "
-            "FROM runs WHERE run_id = ?",
-            (run_id,),
+            "SELECT kind, created_at, registration, notes FROM runs WHERE run_id = ?", (run_id,)
         ).fetchone()
         if row is None:
             return None
-        return RunRecord(*row[:6], registration=json.loads(row[6]), notes=json.loads(row[7]))
+        kind, created_at, stored, notes = row[0], row[1], json.loads(row[2]), json.loads(row[3])
+        r = Registration.read(kind, stored)
+        return RunRecord(run_id, kind, created_at, r.margin, r.alpha, r.seed, stored, notes, r)
 
     def runs(self) -> list[RunRecord]:
         """Every run in the store, oldest first."""
