@@ -24,10 +24,10 @@ _NOTHING = object()
 def stored(
     key: str | None = None,
     *,
-    default: Any = MISSING,
-    absent: Any = _NOTHING,
-    encode: Callable[[Any], Any] | None = None,
-    decode: Callable[[Any], Any] | None = None,
+    default: object = MISSING,
+    absent: object = _NOTHING,
+    encode: Callable[[Any], object] | None = None,
+    decode: Callable[[Any], object] | None = None,
     written: bool = True,
 ) -> Any:
     """A record field whose stored layout differs from its name and type: ``key`` (``a/b``: key ``b`` of
@@ -40,7 +40,7 @@ def stored(
 
 def to_json(record: object) -> dict[str, Any]:
     """The stored JSON of a record (a dataclass), by its fields and their ``stored`` metadata."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for f in fields(record):  # type: ignore[arg-type]
         value, meta = getattr(record, f.name), f.metadata
         absent = meta.get("absent", _NOTHING)
@@ -51,10 +51,10 @@ def to_json(record: object) -> dict[str, Any]:
     return out
 
 
-def from_json(cls: type[Record], data: Mapping[str, Any]) -> Record:
+def from_json(cls: type[Record], data: Mapping[str, object]) -> Record:
     """The record of type ``cls`` stored as ``data`` (ValueError naming a required key that is missing)."""
     hints = _hints(cls)
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for f in fields(cls):  # type: ignore[arg-type]
         meta = f.metadata
         value = _get(data, _key(f)) if meta.get("written", True) else _NOTHING
@@ -72,19 +72,19 @@ def from_json(cls: type[Record], data: Mapping[str, Any]) -> Record:
     return cls(**values)
 
 
-def _key(f: Field[Any]) -> str:
+def _key(f: Field[object]) -> str:
     return f.metadata.get("key") or f.name
 
 
-def _put(out: dict[str, Any], key: str, value: Any) -> None:
+def _put(out: dict[str, object], key: str, value: object) -> None:
     *parents, last = key.split("/")
     for parent in parents:
         out = out.setdefault(parent, {})
     out[last] = value
 
 
-def _get(data: Mapping[str, Any], key: str) -> Any:
-    value: Any = data
+def _get(data: Mapping[str, object], key: str) -> object:
+    value: object = data
     for part in key.split("/"):
         if not isinstance(value, Mapping) or part not in value:
             return _NOTHING
@@ -92,7 +92,7 @@ def _get(data: Mapping[str, Any], key: str) -> Any:
     return value
 
 
-def _encode(value: Any) -> Any:
+def _encode(value: object) -> object:
     if is_dataclass(value) and not isinstance(value, type):
         return to_json(value)
     if isinstance(value, tuple | list):
@@ -103,11 +103,11 @@ def _encode(value: Any) -> Any:
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
-def _decode(hint: Any, value: Any) -> Any:
+def _decode(hint: Any, value: Any) -> object:
     """``value`` as the type ``hint`` names: records, optionals, tuples, mappings and plain scalars."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if value is None:

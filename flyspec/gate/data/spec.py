@@ -345,7 +345,7 @@ class Registration:
         )
 
     @classmethod
-    def read(cls, kind: str, stored: Mapping[str, Any]) -> Registration:
+    def read(cls, kind: str, stored: Mapping[str, object]) -> Registration:
         """The registration of a run of ``kind`` from its stored JSON, in any layout flyspec has written."""
         if kind not in _KEYS:
             raise ValueError(f"run kind {kind!r}: one of {', '.join(_KEYS)}")
@@ -370,7 +370,7 @@ class Registration:
         return {key: value for key, value in out.items() if key in _KEYS[self.kind]}
 
 
-def upgrade(kind: str, stored: Mapping[str, Any]) -> dict[str, Any]:
+def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, Any]:
     """A registration stored by any version of flyspec, in the current layout (what ``read`` decodes)."""
     data = dict(stored)
     if kind in ("gate", "pilot") and "design" not in data:

@@ -83,7 +83,7 @@ class LabelRecord:
     pair_sha256: str
     value: int
     source: str
-    detail: dict[str, Any]
+    detail: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class RunEvent:
     event: str
     reason: str | None
     stopped_at: int | None
-    detail: dict[str, Any]
+    detail: dict[str, object]
     created_at: float
 
 
@@ -133,7 +133,7 @@ class RunRecord:
             object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
 
 
-def _describe_difference(old: Any, new: Any, path: str = "") -> list[str]:
+def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
     """Human-readable paths where two JSON-like values differ (for refusing a changed resume)."""
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[str] = []
@@ -365,7 +365,7 @@ class GateStore:
         event: str,
         reason: str | None = None,
         stopped_at: int | None = None,
-        detail: dict[str, Any] | None = None,
+        detail: dict[str, object] | None = None,
     ) -> None:
         """Append a session event (``start`` or ``stop``) to the run's history."""
         with self._db:
