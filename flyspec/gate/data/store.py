@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from flyspec.gate.data.lock import StoreLock
 from flyspec.gate.data.schema import connect
@@ -110,6 +110,27 @@ class RunEvent:
     created_at: float
 
 
+class RunNotes(TypedDict, total=False):
+    """What a run notes while it runs, beside its registration (facts learned, not choices made):
+    ``arm_settings`` and ``judge_settings`` (each one's full settings, never a secret),
+    ``dataset_sources`` (the spec each dataset was read from), ``executors`` (what each executor reports
+    of itself), ``code_sandbox`` (the sandbox this machine gives code questions), ``shared_engine`` and
+    ``shared_engine_note`` (arms that ran in one engine, and how each was verified), ``system_fingerprints``
+    (each endpoint's, per arm and URL), ``prefix_cache`` (the engine's queries and hits) and ``ledger``
+    (what the alpha ledger said when the run was registered)."""
+
+    arm_settings: dict[str, dict[str, object]]
+    judge_settings: dict[str, object]
+    dataset_sources: dict[str, str]
+    executors: list[dict[str, Any]]
+    code_sandbox: dict[str, Any]
+    shared_engine: list[list[str]]
+    shared_engine_note: str
+    system_fingerprints: dict[str, dict[str, list[str]]]
+    prefix_cache: dict[str, int]
+    ledger: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha and seed (the
@@ -125,7 +146,7 @@ class RunRecord:
     alpha: float
     seed: int
     registration: dict[str, Any]
-    notes: dict[str, Any]
+    notes: RunNotes
     registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -175,7 +196,7 @@ class GateStore:
         run_id: str,
         registration: Registration,
         questions: list[RegisteredQuestion],
-        notes: dict[str, Any] | None = None,
+        notes: RunNotes | None = None,
     ) -> bool:
         """Record a run before its first answer; True if (re)registered, False if an identical run resumes.
 
@@ -383,7 +404,7 @@ class GateStore:
         )
         return [RunEvent(e, r, s, json.loads(d), t) for e, r, s, d, t in rows]
 
-    def update_notes(self, run_id: str, notes: dict[str, Any]) -> None:
+    def update_notes(self, run_id: str, notes: RunNotes) -> None:
         """Merge ``notes`` (facts learned while running, e.g. a shared engine) into the run's notes."""
         run = self.get_run(run_id)
         if run is None:
