@@ -59,6 +59,7 @@ class ComparisonPlan:
 
     @property
     def lanes(self) -> tuple[Lane, Lane]:
+        """The baseline's lane and the candidate's, in that order."""
         return (self.baseline, self.candidate)
 
 
@@ -149,6 +150,7 @@ class Gold:
         return self.draw == 1
 
     def selected(self, dataset: str, question_id: str) -> bool:
+        """Whether this rule draws the question's pair for a gold label."""
         return gold_selected(self.seed, dataset, question_id, self.rate, self.draw)
 
     def judged(self, grader: str) -> bool:
@@ -334,6 +336,7 @@ class Registration:
         return self.calibration.tune if self.calibration is not None else None
 
     def setting(self, setting_id: str) -> SettingRecord:
+        """The registered setting with id ``setting_id`` (a tune's or its calibration run's)."""
         return next(s for s in self.settings if s.id == setting_id)
 
     def for_comparison(self, plan: ComparisonPlan) -> Registration:
