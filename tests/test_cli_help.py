@@ -30,6 +30,7 @@ COMMANDS = [
     ["gate", "compare"],
     ["gate", "tune"],
     ["gate", "label"],
+    ["gate", "shadow"],
     ["models"],
     ["models", "list"],
     ["models", "prepare"],

@@ -15,6 +15,7 @@ from flyspec.cli.bench_serve import bench_serve
 from flyspec.cli.capacity import capacity_command
 from flyspec.cli.demo import demo
 from flyspec.cli.gate import gate_app
+from flyspec.cli.gate_shadow import shadow_command
 from flyspec.cli.generate import generate
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.models import models_app
@@ -34,6 +35,7 @@ app.command("serve")(serve)
 app.command("bench")(bench)
 app.command("bench-serve")(bench_serve)
 app.command("capacity")(capacity_command)
+gate_app.command("shadow")(shadow_command)
 app.add_typer(gate_app, name="gate")
 app.add_typer(models_app, name="models")
 app.command("demo")(demo)
