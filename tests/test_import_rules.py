@@ -354,7 +354,7 @@ GATE_LAYERS: dict[str, tuple[str, ...]] = {
     "report": ("stats", "grading", "data"),
     "logs": ("stats", "data", "report"),
     "runs": ("stats", "grading", "data", "arms"),
-    # Live traffic (SPEC 11.6) sits beside runs: it uses the lower layers; no gate part uses it (the CLI does).
+    # Live traffic (SPEC 11.6) sits beside runs: it uses the lower layers; no gate part uses it (the CLI may).
     "shadow": ("stats", "grading", "data", "arms"),
 }
 

@@ -223,3 +223,33 @@ def test_redaction_and_a_private_store(tmp_path) -> None:
         shadow(open_store, arm(base, "base"), arm(base, "base")),
     ):
         pass
+
+
+def _read_until(response: httpx.Response, marker: bytes) -> None:
+    seen = b""
+    for chunk in response.iter_raw():
+        seen += chunk
+        if marker in seen:
+            return
+    raise AssertionError(f"{marker!r} never came")
+
+
+def test_a_client_that_hangs_up_at_done_is_paired_one_that_leaves_early_is_counted(tmp_path) -> None:
+    """The official openai client closes its connection at `data: [DONE]`, before the stream's end: that
+    answer is whole and is paired. A client that leaves before [DONE] is counted as client_disconnected."""
+    body = {**CHAT, "stream": True}
+    with (
+        upstream(Script("base", gap_s=0.1, linger_s=1.0)) as base,
+        upstream(Script("cand")) as cand,
+        shadow(tmp_path / "s.db", arm(base, "base"), arm(cand, "cand")) as (root, pairs),
+    ):
+        with httpx.stream("POST", root + "/v1/chat/completions", json=body) as response:
+            _read_until(response, b"data: [DONE]")
+        wait_pairs(pairs, 1)
+        with httpx.stream("POST", root + "/v1/chat/completions", json={**body, "seed": 1}) as response:
+            _read_until(response, b"base:")
+        deadline = time.monotonic() + 10
+        while skipped(root, "client_disconnected") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert stored(tmp_path / "s.db")[0]["baseline"]["text"] == Script("base").text()

@@ -26,11 +26,14 @@ PIECES = 8
 @dataclass
 class Script:
     """What the server does: its name (model id and answer prefix), a delay before answering, an optional
-    event it waits for before answering, and the request bodies it received (kept when ``record``)."""
+    event it waits for before answering, the pause between a stream's events, how long a stream stays open
+    after its `[DONE]`, and the request bodies it received (kept when ``record``)."""
 
     name: str
     delay_s: float = 0.0
     hold: threading.Event | None = None
+    gap_s: float = 0.0
+    linger_s: float = 0.0
     record: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
@@ -81,6 +84,7 @@ async def _events(route: str, script: Script) -> AsyncIterator[bytes]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": None}
         choice.update({"delta": {"content": piece}} if route == "chat" else {"text": piece})
         yield f"data: {json.dumps({'id': 'cmpl-1', 'model': script.name, 'choices': [choice]})}\n\n".encode()
+        await asyncio.sleep(script.gap_s)
     last = {
         "id": "cmpl-1",
         "model": script.name,
@@ -90,6 +94,7 @@ async def _events(route: str, script: Script) -> AsyncIterator[bytes]:
     }
     yield f"data: {json.dumps(last)}\n\n".encode()
     yield b"data: [DONE]\n\n"
+    await asyncio.sleep(script.linger_s)
 
 
 def scripted_app(script: Script) -> FastAPI:

@@ -10,7 +10,7 @@ appended to the Host header. Both are answered 202 at once.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -92,42 +92,72 @@ class _Proxy:
         start: float,
         mirrored: bool,
     ) -> StreamingResponse:
-        kept: list[bytes] = []
-        state = {"first": None, "size": 0, "complete": False}
+        relay = _Relay(upstream, start)
 
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    if state["first"] is None:
-                        state["first"] = time.monotonic() - start
-                    state["size"] += len(chunk)
-                    if state["size"] <= MAX_KEPT_ANSWER_BYTES:
-                        kept.append(chunk)
-                    yield chunk
-                state["complete"] = True
-            finally:
-                await upstream.aclose()
+        def offer() -> None:
+            if mirrored and not relay.offered:
+                relay.offered = True
+                reason = relay.not_kept()
+                if reason is not None:
+                    self.mirror.metrics.skip(reason)
+                else:
+                    self.mirror.offer(route, raw, PROXY, relay.capture())
 
-        def after() -> None:
-            if not mirrored:
-                return
-            if not state["complete"]:
-                self.mirror.metrics.skip(admission.CLIENT_GONE)
-            elif state["size"] > MAX_KEPT_ANSWER_BYTES:
-                self.mirror.metrics.skip(admission.TOO_LONG)
-            else:
-                latency = time.monotonic() - start
-                capture = BaselineCapture(upstream.status_code, b"".join(kept), True, latency, state["first"])
-                self.mirror.offer(route, raw, PROXY, capture)
-
+        # The copy is offered after the last chunk: by the background task when the response ends, or when
+        # the client hangs up (the official openai client closes the connection at `data: [DONE]`).
         return StreamingResponse(
-            chunks(), status_code=upstream.status_code, headers=headers, background=BackgroundTask(after)
+            relay.chunks(offer),
+            status_code=upstream.status_code,
+            headers=headers,
+            background=BackgroundTask(offer),
         )
 
     def accept_copy(self, route: str, raw: bytes) -> Response:
         """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
         self.mirror.offer(route, raw, MIRROR, None)
         return JSONResponse({"status": "accepted"}, status_code=202)
+
+
+class _Relay:
+    """One streamed answer passed on chunk by chunk and kept (up to ``MAX_KEPT_ANSWER_BYTES``) for the
+    mirror."""
+
+    def __init__(self, upstream: httpx.Response, start: float) -> None:
+        self.upstream, self.start = upstream, start
+        self.kept: list[bytes] = []
+        self.size = 0
+        self.first: float | None = None
+        self.finished = False
+        self.offered = False
+
+    async def chunks(self, on_hang_up: Callable[[], None]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                if self.first is None:
+                    self.first = time.monotonic() - self.start
+                self.size += len(chunk)
+                if self.size <= MAX_KEPT_ANSWER_BYTES:
+                    self.kept.append(chunk)
+                yield chunk
+            self.finished = True
+        finally:
+            if not self.finished:
+                on_hang_up()
+            await self.upstream.aclose()
+
+    def not_kept(self) -> str | None:
+        """Why this answer cannot be paired (the client left before its end, or it was too long), or None."""
+        if self.size > MAX_KEPT_ANSWER_BYTES:
+            return admission.TOO_LONG
+        # A client that leaves after the stream's terminator has had the whole answer.
+        if not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
+            return admission.CLIENT_GONE
+        return None
+
+    def capture(self) -> BaselineCapture:
+        """The answer as the client received it."""
+        latency = time.monotonic() - self.start
+        return BaselineCapture(self.upstream.status_code, b"".join(self.kept), True, latency, self.first)
 
 
 def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
