@@ -20,6 +20,7 @@ COMMANDS = [
     ["serve"],
     ["bench"],
     ["bench-serve"],
+    ["bench-shadow"],
     ["capacity"],
     ["demo"],
     ["gate"],

@@ -12,6 +12,7 @@ import sys
 from flyspec.cli import interrupt
 from flyspec.cli.bench import bench
 from flyspec.cli.bench_serve import bench_serve
+from flyspec.cli.bench_shadow import bench_shadow
 from flyspec.cli.capacity import capacity_command
 from flyspec.cli.demo import demo
 from flyspec.cli.gate import gate_app
@@ -34,6 +35,7 @@ app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("bench")(bench)
 app.command("bench-serve")(bench_serve)
+app.command("bench-shadow")(bench_shadow)
 app.command("capacity")(capacity_command)
 gate_app.command("shadow")(shadow_command)
 app.add_typer(gate_app, name="gate")
