@@ -354,7 +354,7 @@ GATE_LAYERS: dict[str, tuple[str, ...]] = {
     "report": ("stats", "grading", "data"),
     "logs": ("stats", "data", "report"),
     "runs": ("stats", "grading", "data", "arms"),
-    # Live traffic (SPEC 11.6) sits beside runs: it uses the lower layers; no gate part uses it (the CLI may).
+    # Live traffic (docs/shadow.md) sits beside runs: it uses lower layers; no gate part uses it.
     "shadow": ("stats", "grading", "data", "arms"),
 }
 

@@ -1,4 +1,4 @@
-"""`flyspec gate shadow`: the traffic layer of gating live traffic (SPEC 11.6, docs/shadow.md).
+"""`flyspec gate shadow`: the traffic layer of gating live traffic (docs/shadow.md).
 
 The options are checked (flyspec/gate/shadow/settings.py) before anything is started; the server runs on
 uvicorn until Ctrl-C.

@@ -1,4 +1,4 @@
-"""Live traffic for the gate (SPEC 11.6, `flyspec gate shadow`): the traffic layer.
+"""Live traffic for the gate (`flyspec gate shadow`, docs/shadow.md): the traffic layer.
 
 An OpenAI-compatible proxy in front of production (proxy.py) and a mirror sink for copies sent by nginx,
 Envoy or Istio; a registered sampling rule, eligibility and spend caps (admission.py, spend.py); a bounded

@@ -1,4 +1,4 @@
-"""Prometheus series of the shadow process (SPEC 11.6), in the app's own registry (several apps may live
+"""Prometheus series of the shadow process, in the app's own registry (several apps may live
 in one process: tests, benchmarks). The interval and decision series join when judging does."""
 
 from __future__ import annotations
