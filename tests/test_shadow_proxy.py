@@ -48,6 +48,12 @@ def test_answers_pass_through_unchanged_and_pairs_are_stored(tmp_path) -> None:
         for path, body in bodies:
             _same(httpx.post(root + path, json=body), httpx.post(base + path, json=body))
         _same(httpx.get(root + "/v1/models"), httpx.get(base + "/v1/models"))
+        # Routes the proxy does not pair go to the baseline as they are (here: one it does not serve).
+        embeddings = {"model": "base", "input": "hi"}
+        _same(
+            httpx.post(root + "/v1/embeddings", json=embeddings),
+            httpx.post(base + "/v1/embeddings", json=embeddings),
+        )
         wait_pairs(pairs, 4)
         assert metric(root, "flyspec_shadow_pairs_total") == 4
     rows = stored(tmp_path / "s.db")

@@ -50,13 +50,13 @@ class _Proxy:
 
     async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
         raw = await request.body()
-        if mirrored and _is_shadow_copy(request):
-            return self.accept_copy(route, raw)
+        if _is_shadow_copy(request):  # a copy of a route that is not paired is dropped, not forwarded
+            return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
         start = time.monotonic()
         outgoing = self.baseline.client.build_request(
             request.method,
             self.baseline.url(route),
-            content=raw if request.method == "POST" else None,
+            content=raw or None,
             headers=request_headers(request.headers),
             params=request.query_params,
         )
@@ -80,7 +80,7 @@ class _Proxy:
         background = None
         if mirrored:
             capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
-            background = BackgroundTask(self.mirror.offer, route, raw, PROXY, capture)
+            background = BackgroundTask(self._offer, route, raw, capture)
         return Response(body, status_code=upstream.status_code, headers=headers, background=background)
 
     def _relay(
@@ -103,14 +103,22 @@ class _Proxy:
                 else:
                     self.mirror.offer(route, raw, PROXY, relay.capture())
 
+        async def offer_after() -> None:
+            offer()
+
         # The copy is offered after the last chunk: by the background task when the response ends, or when
         # the client hangs up (the official openai client closes the connection at `data: [DONE]`).
         return StreamingResponse(
             relay.chunks(offer),
             status_code=upstream.status_code,
             headers=headers,
-            background=BackgroundTask(offer),
+            background=BackgroundTask(offer_after),
         )
+
+    async def _offer(self, route: str, raw: bytes, capture: BaselineCapture) -> None:
+        # A coroutine, so Starlette runs it on the event loop: a plain function would run in a worker
+        # thread, and the mirror's asyncio queue is not thread-safe.
+        self.mirror.offer(route, raw, PROXY, capture)
 
     def accept_copy(self, route: str, raw: bytes) -> Response:
         """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
@@ -188,7 +196,9 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
             await baseline.aclose()
             await candidate.aclose()
 
-    app = FastAPI(title="flyspec gate shadow", lifespan=lifespan)
+    app = FastAPI(
+        title="flyspec gate shadow", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.mirror = mirror
 
     @app.post("/v1/chat/completions")
@@ -202,6 +212,12 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return await proxy.forward(request, "/models", mirrored=False)
+
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def other(request: Request, rest: str) -> Response:
+        """Every other /v1 route (embeddings, tokenize, ...) is the baseline's business: passed through,
+        never mirrored, so production behind the proxy loses nothing."""
+        return await proxy.forward(request, "/" + rest, mirrored=False)
 
     @app.post("/mirror/v1/chat/completions", status_code=202)
     async def mirror_chat(request: Request) -> Response:
