@@ -12,7 +12,7 @@ from flyspec.gate.shadow.admission import PairBudget, SamplingRule, ineligible
 from flyspec.gate.shadow.answers import from_stream
 from flyspec.gate.shadow.redact import Redactor
 from flyspec.gate.shadow.settings import ShadowSettings, endpoint_arm
-from flyspec.gate.shadow.spend import SpendCaps
+from flyspec.gate.shadow.spend import Booking, SpendCaps
 
 ARM = {"base_urls": ["http://127.0.0.1:9/v1"], "model": "m"}
 
@@ -47,15 +47,15 @@ def test_eligibility() -> None:
 def test_spend_caps_slide_over_a_minute() -> None:
     now = [0.0]
     caps = SpendCaps(requests_per_minute=3, tokens_per_minute=100, clock=lambda: now[0])
-    reason, booking = caps.admit(60)
-    assert reason is None and booking is not None
-    assert caps.admit(60) == ("over_token_cap", None)
+    booking = caps.admit(60)
+    assert isinstance(booking, Booking)
+    assert caps.admit(60) == "over_token_cap"
     caps.settle(booking, 30)  # the candidate used fewer tokens than estimated
-    assert caps.admit(60)[0] is None
-    assert caps.admit(5)[0] is None
-    assert caps.admit(1) == ("over_request_cap", None)
+    assert isinstance(caps.admit(60), Booking)
+    assert isinstance(caps.admit(5), Booking)
+    assert caps.admit(1) == "over_request_cap"
     now[0] = 60.5
-    assert caps.admit(100)[0] is None
+    assert isinstance(caps.admit(100), Booking)
 
 
 def test_redaction_masks_every_string_but_keys() -> None:

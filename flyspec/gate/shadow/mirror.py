@@ -22,7 +22,7 @@ from flyspec.gate.shadow import admission
 from flyspec.gate.shadow.admission import PairBudget, SamplingRule
 from flyspec.gate.shadow.answers import from_json, from_stream
 from flyspec.gate.shadow.metrics import ShadowMetrics
-from flyspec.gate.shadow.pairs import MIRROR, ArmAnswer, MirroredPair, failed
+from flyspec.gate.shadow.pairs import ArmAnswer, MirroredPair, failed
 from flyspec.gate.shadow.redact import Redactor
 from flyspec.gate.shadow.spend import SpendCaps
 from flyspec.gate.shadow.upstream import Upstream
@@ -177,23 +177,22 @@ class Mirror:
         if baseline is not None and not baseline.ok:  # a 200 that is not an OpenAI completion
             self.metrics.skip(admission.BASELINE_ERROR)
             return
-        reason, booking = self.caps.admit(self._estimate(job, baseline))
-        if reason is not None:
-            self.metrics.skip(reason)
+        booking = self.caps.admit(self._estimate(job, baseline))
+        if isinstance(booking, str):  # over a cap: the reason
+            self.metrics.skip(booking)
             return
         if baseline is None:  # a mirror-sink copy: production's answer is asked for here
             baseline = await self._ask(self.baseline, job)
             if not baseline.ok:
-                self.caps.settle(booking, 0)  # type: ignore[arg-type]
+                self.caps.settle(booking, 0)
                 self.metrics.skip(admission.BASELINE_ERROR)
                 return
         candidate = await self._ask(self.candidate, job)
-        assert booking is not None
         used = candidate.prompt_tokens
         self.caps.settle(booking, None if used is None else used + (candidate.completion_tokens or 0))
         pair = MirroredPair(
             received_at=job.received_at,
-            source=job.source if job.baseline is not None else MIRROR,
+            source=job.source,
             route=job.route,
             request=job.request,
             baseline=self._redacted(baseline),
@@ -208,6 +207,9 @@ class Mirror:
         self.metrics.pairs.inc()
 
     def _redacted(self, answer: ArmAnswer) -> ArmAnswer:
-        if answer.text is None or not self.redactor.patterns:
+        """The answer with its text and error (which may quote a response body) redacted."""
+        if not self.redactor.patterns:
             return answer
-        return replace(answer, text=self.redactor.text(answer.text))
+        text = None if answer.text is None else self.redactor.text(answer.text)
+        error = None if answer.error is None else self.redactor.text(answer.error)
+        return replace(answer, text=text, error=error)

@@ -6,11 +6,20 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flyspec.checks import is_int
 from flyspec.gate.shadow.admission import OVER_REQUEST_CAP, OVER_TOKEN_CAP
 
 WINDOW_S = 60.0
+
+
+@dataclass
+class Booking:
+    """One admitted candidate request: when, and its tokens (estimated, then as reported)."""
+
+    at: float
+    tokens: float
 
 
 class SpendCaps:
@@ -33,28 +42,28 @@ class SpendCaps:
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self._clock = clock
-        self._booked: deque[list[float]] = deque()  # [time, tokens], oldest first
+        self._booked: deque[Booking] = deque()  # oldest first
 
     def _recent(self) -> tuple[int, float]:
         cutoff = self._clock() - WINDOW_S
-        while self._booked and self._booked[0][0] <= cutoff:
+        while self._booked and self._booked[0].at <= cutoff:
             self._booked.popleft()
-        return len(self._booked), sum(tokens for _, tokens in self._booked)
+        return len(self._booked), sum(b.tokens for b in self._booked)
 
-    def admit(self, estimated_tokens: int) -> tuple[str | None, list[float] | None]:
-        """(None, booking) when the request fits, with the booking to ``settle`` later; otherwise the
-        reason it does not (``OVER_REQUEST_CAP`` or ``OVER_TOKEN_CAP``) and None."""
+    def admit(self, estimated_tokens: int) -> Booking | str:
+        """A booking when the request fits (``settle`` it once the candidate answers); otherwise the
+        reason it does not (``OVER_REQUEST_CAP`` or ``OVER_TOKEN_CAP``)."""
         count, tokens = self._recent()
         if self.requests_per_minute is not None and count + 1 > self.requests_per_minute:
-            return OVER_REQUEST_CAP, None
+            return OVER_REQUEST_CAP
         if self.tokens_per_minute is not None and tokens + estimated_tokens > self.tokens_per_minute:
-            return OVER_TOKEN_CAP, None
-        booking = [self._clock(), float(estimated_tokens)]
+            return OVER_TOKEN_CAP
+        booking = Booking(self._clock(), float(estimated_tokens))
         self._booked.append(booking)
-        return None, booking
+        return booking
 
     @staticmethod
-    def settle(booking: list[float], used_tokens: int | None) -> None:
+    def settle(booking: Booking, used_tokens: int | None) -> None:
         """Replace a booking's estimate with the tokens the candidate reported (kept when unreported)."""
         if used_tokens is not None:
-            booking[1] = float(used_tokens)
+            booking.tokens = float(used_tokens)
