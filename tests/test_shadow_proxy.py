@@ -259,3 +259,38 @@ def test_a_client_that_hangs_up_at_done_is_paired_one_that_leaves_early_is_count
             assert time.monotonic() < deadline
             time.sleep(0.05)
     assert stored(tmp_path / "s.db")[0]["baseline"]["text"] == Script("base").text()
+
+
+def test_an_unreachable_baseline_is_a_502_in_openai_form(tmp_path) -> None:
+    """With production down the proxy can pass nothing on: it answers 502 with an OpenAI-style error
+    naming the cause, mirrors nothing, and counts it."""
+    with (
+        upstream(Script("cand")) as cand,
+        shadow(tmp_path / "s.db", arm(f"http://127.0.0.1:{free_port()}", "base"), arm(cand, "cand")) as (
+            root,
+            _,
+        ),
+    ):
+        response = httpx.post(root + "/v1/chat/completions", json=CHAT)
+        assert response.status_code == 502
+        assert "the baseline did not answer (ConnectError" in response.json()["error"]["message"]
+        assert skipped(root, "baseline_error") == 1
+
+
+def test_stream_chunks_pass_as_they_arrive(tmp_path) -> None:
+    """The baseline pauses 0.3 s between events (about 1.8 s in all): the client reads the first piece
+    through the proxy long before the stream ends, so nothing is buffered on the way."""
+    with (
+        upstream(Script("base", gap_s=0.3)) as base,
+        upstream(Script("cand")) as cand,
+        shadow(tmp_path / "s.db", arm(base, "base"), arm(cand, "cand")) as (root, pairs),
+    ):
+        start = time.monotonic()
+        with httpx.stream("POST", root + "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            chunks = response.iter_raw()
+            assert b"base:" in next(chunks)
+            first = time.monotonic() - start
+            assert b"[DONE]" in b"".join(chunks)
+        total = time.monotonic() - start
+        assert first < 0.6 < 1.5 < total, (first, total)
+        wait_pairs(pairs, 1)
