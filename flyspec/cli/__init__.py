@@ -12,9 +12,11 @@ import sys
 from flyspec.cli import interrupt
 from flyspec.cli.bench import bench
 from flyspec.cli.bench_serve import bench_serve
+from flyspec.cli.bench_shadow import bench_shadow
 from flyspec.cli.capacity import capacity_command
 from flyspec.cli.demo import demo
 from flyspec.cli.gate import gate_app
+from flyspec.cli.gate_shadow import shadow_command
 from flyspec.cli.generate import generate
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.models import models_app
@@ -33,7 +35,9 @@ app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("bench")(bench)
 app.command("bench-serve")(bench_serve)
+app.command("bench-shadow")(bench_shadow)
 app.command("capacity")(capacity_command)
+gate_app.command("shadow")(shadow_command)
 app.add_typer(gate_app, name="gate")
 app.add_typer(models_app, name="models")
 app.command("demo")(demo)

@@ -1,0 +1,238 @@
+"""The shadow app: an OpenAI-compatible proxy to the baseline, a mirror sink, and /metrics.
+
+Every /v1 request goes to the baseline and its answer goes back unchanged (status, body, content-type;
+server-sent events passed on chunk by chunk as they arrive). Only after the client has the whole answer is
+a copy offered to the mirror (flyspec/gate/shadow/mirror.py), which never waits. Copies from nginx's
+``mirror`` arrive at /mirror/v1/...; Envoy and Istio send theirs to the same /v1 path with ``-shadow``
+appended to the Host header. Both are answered 202 at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+
+from flyspec.gate.shadow import admission
+from flyspec.gate.shadow.answers import CHAT, COMPLETIONS
+from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink
+from flyspec.gate.shadow.pairs import MIRROR, PROXY
+from flyspec.gate.shadow.settings import ShadowSettings
+from flyspec.gate.shadow.upstream import Upstream, request_headers, response_headers
+
+MAX_KEPT_ANSWER_BYTES = 8 << 20
+"""A streamed answer longer than this is passed on but not kept for the mirror (``too_long``)."""
+SHADOW_HOST_SUFFIX = "-shadow"
+
+
+def _is_shadow_copy(request: Request) -> bool:
+    """True for a copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow)."""
+    host = request.headers.get("host", "").rsplit(":", 1)[0]
+    return host.endswith(SHADOW_HOST_SUFFIX)
+
+
+def _bad_gateway(exc: Exception) -> JSONResponse:
+    message = f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
+    return JSONResponse({"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502)
+
+
+class _Proxy:
+    """The request path: forwards to the baseline, passes its answer on, then offers the copy."""
+
+    def __init__(self, baseline: Upstream, mirror: Mirror) -> None:
+        self.baseline, self.mirror = baseline, mirror
+
+    async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
+        raw = await request.body()
+        if _is_shadow_copy(request):  # a copy of a route that is not paired is dropped, not forwarded
+            return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
+        start = time.monotonic()
+        outgoing = self.baseline.client.build_request(
+            request.method,
+            self.baseline.url(route),
+            content=raw or None,
+            headers=request_headers(request.headers),
+            params=request.query_params,
+        )
+        try:
+            upstream = await self.baseline.client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            if mirrored:
+                self.mirror.metrics.skip(admission.BASELINE_ERROR)
+            return _bad_gateway(exc)
+        headers = response_headers(upstream.headers)
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            return self._relay(upstream, headers, route, raw, start, mirrored)
+        try:
+            body = await upstream.aread()
+        except httpx.HTTPError as exc:
+            if mirrored:
+                self.mirror.metrics.skip(admission.BASELINE_ERROR)
+            return _bad_gateway(exc)
+        finally:
+            await upstream.aclose()
+        background = None
+        if mirrored:
+            capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
+            background = BackgroundTask(self._offer, route, raw, capture)
+        return Response(body, status_code=upstream.status_code, headers=headers, background=background)
+
+    def _relay(
+        self,
+        upstream: httpx.Response,
+        headers: dict[str, str],
+        route: str,
+        raw: bytes,
+        start: float,
+        mirrored: bool,
+    ) -> StreamingResponse:
+        relay = _Relay(upstream, start)
+
+        def offer() -> None:
+            if mirrored and not relay.offered:
+                relay.offered = True
+                reason = relay.not_kept()
+                if reason is not None:
+                    self.mirror.metrics.skip(reason)
+                else:
+                    self.mirror.offer(route, raw, PROXY, relay.capture())
+
+        async def offer_after() -> None:
+            offer()
+
+        # The copy is offered after the last chunk: by the background task when the response ends, or when
+        # the client hangs up (the official openai client closes the connection at `data: [DONE]`).
+        return StreamingResponse(
+            relay.chunks(offer),
+            status_code=upstream.status_code,
+            headers=headers,
+            background=BackgroundTask(offer_after),
+        )
+
+    async def _offer(self, route: str, raw: bytes, capture: BaselineCapture) -> None:
+        # A coroutine, so Starlette runs it on the event loop: a plain function would run in a worker
+        # thread, and the mirror's asyncio queue is not thread-safe.
+        self.mirror.offer(route, raw, PROXY, capture)
+
+    def accept_copy(self, route: str, raw: bytes) -> Response:
+        """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
+        self.mirror.offer(route, raw, MIRROR, None)
+        return JSONResponse({"status": "accepted"}, status_code=202)
+
+
+class _Relay:
+    """One streamed answer passed on chunk by chunk and kept (up to ``MAX_KEPT_ANSWER_BYTES``) for the
+    mirror."""
+
+    def __init__(self, upstream: httpx.Response, start: float) -> None:
+        self.upstream, self.start = upstream, start
+        self.kept: list[bytes] = []
+        self.size = 0
+        self.first: float | None = None
+        self.finished = False
+        self.offered = False
+
+    async def chunks(self, on_hang_up: Callable[[], None]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                if self.first is None:
+                    self.first = time.monotonic() - self.start
+                self.size += len(chunk)
+                if self.size <= MAX_KEPT_ANSWER_BYTES:
+                    self.kept.append(chunk)
+                yield chunk
+            self.finished = True
+        finally:
+            if not self.finished:
+                on_hang_up()
+            await self.upstream.aclose()
+
+    def not_kept(self) -> str | None:
+        """Why this answer cannot be paired (the client left before its end, or it was too long), or None."""
+        if self.size > MAX_KEPT_ANSWER_BYTES:
+            return admission.TOO_LONG
+        # A client that leaves after the stream's terminator has had the whole answer.
+        if not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
+            return admission.CLIENT_GONE
+        return None
+
+    def capture(self) -> BaselineCapture:
+        """The answer as the client received it."""
+        latency = time.monotonic() - self.start
+        return BaselineCapture(self.upstream.status_code, b"".join(self.kept), True, latency, self.first)
+
+
+def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
+    """The shadow process's app for ``settings``, handing every mirrored pair to ``sink``."""
+    baseline = Upstream(settings.baseline, connections=None)
+    candidate = Upstream(settings.candidate, connections=settings.candidate_concurrency)
+    mirror = Mirror(
+        baseline=baseline,
+        candidate=candidate,
+        sink=sink,
+        rule=settings.rule(),
+        budget=settings.budget(),
+        caps=settings.caps(),
+        redactor=settings.redactor(),
+        workers=settings.candidate_concurrency,
+        queue_size=settings.queue_size,
+        max_request_bytes=settings.max_request_bytes,
+    )
+    proxy = _Proxy(baseline, mirror)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        mirror.start()
+        try:
+            yield
+        finally:
+            await mirror.stop()
+            await baseline.aclose()
+            await candidate.aclose()
+
+    app = FastAPI(
+        title="flyspec gate shadow", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.mirror = mirror
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await proxy.forward(request, CHAT, mirrored=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy.forward(request, COMPLETIONS, mirrored=True)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await proxy.forward(request, "/models", mirrored=False)
+
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def other(request: Request, rest: str) -> Response:
+        """Every other /v1 route (embeddings, tokenize, ...) is the baseline's business: passed through,
+        never mirrored, so production behind the proxy loses nothing."""
+        return await proxy.forward(request, "/" + rest, mirrored=False)
+
+    @app.post("/mirror/v1/chat/completions", status_code=202)
+    async def mirror_chat(request: Request) -> Response:
+        return proxy.accept_copy(CHAT, await request.body())
+
+    @app.post("/mirror/v1/completions", status_code=202)
+    async def mirror_completions(request: Request) -> Response:
+        return proxy.accept_copy(COMPLETIONS, await request.body())
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(mirror.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
