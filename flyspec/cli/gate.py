@@ -15,7 +15,8 @@ import typer
 
 from flyspec.cli.options import App
 from flyspec.cli.settings import settings_command
-from flyspec.gate.runs.options import GateOptions, TuneOptions
+from flyspec.gate.runs.settings import GateOptions
+from flyspec.gate.runs.tune_settings import TuneOptions
 
 gate_app = App(
     name="gate",

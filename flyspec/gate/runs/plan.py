@@ -27,8 +27,8 @@ from flyspec.gate.data.registration import (
 )
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names
-from flyspec.gate.runs.options import ArmSpec, GateOptions, RunSettings, TuneOptions
-from flyspec.gate.runs.tune_settings import TuneSetting, tune_settings
+from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
+from flyspec.gate.runs.tune_settings import TuneOptions, TuneSetting, tune_settings
 
 ORDER_RULE = "sha256(seed:dataset:id) ascending"
 Options = TypeVar("Options", bound=RunSettings)

@@ -48,7 +48,6 @@ from flyspec.gate.runs.exclusion import (
     used_questions,
 )
 from flyspec.gate.runs.judging import JudgedRunMonitor
-from flyspec.gate.runs.options import ArmSpec, GateOptions
 from flyspec.gate.runs.plan import (
     ORDER_RULE,
     Chosen,
@@ -60,6 +59,7 @@ from flyspec.gate.runs.plan import (
     stored_served,
 )
 from flyspec.gate.runs.session import Session, SessionSettings, log
+from flyspec.gate.runs.settings import ArmSpec, GateOptions
 from flyspec.gate.stats.claims import SUPERPOPULATION
 from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, SequentialPlan
 

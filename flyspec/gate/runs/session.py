@@ -18,8 +18,8 @@ from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
-from flyspec.gate.runs.options import GateOptions
 from flyspec.gate.runs.progress import GateProgress
+from flyspec.gate.runs.settings import GateOptions
 from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
 
 Lane = tuple[str, int]

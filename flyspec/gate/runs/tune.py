@@ -33,11 +33,10 @@ from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.runs.exclusion import used_questions
-from flyspec.gate.runs.options import TuneOptions
 from flyspec.gate.runs.plan import Chosen, Plan, choose, plan
 from flyspec.gate.runs.run import Clock, RunResult, announce_sandbox, answer, population, register
 from flyspec.gate.runs.session import Session, SessionSettings, log
-from flyspec.gate.runs.tune_settings import TuneSetting
+from flyspec.gate.runs.tune_settings import TuneOptions, TuneSetting
 from flyspec.gate.stats.decision import PASS
 from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
 
