@@ -148,7 +148,7 @@ def plan(options: Options) -> Plan[Options]:
     return planned
 
 
-def _with_settings(planned: Plan[Any]) -> Plan[Any]:
+def _with_settings(planned: Plan[Options]) -> Plan[Options]:
     """A tune's plan: its settings, each one's arm beside the baseline; judged questions refused."""
     settings = tuple(tune_settings(planned.options, planned.baseline))
     judged = planned.model_graded()
@@ -160,7 +160,7 @@ def _with_settings(planned: Plan[Any]) -> Plan[Any]:
     return replace(planned, arms={**planned.arms, **{s.id: s.arm for s in settings}}, settings=settings)
 
 
-def _with_judge(planned: Plan[Any]) -> Plan[Any]:
+def _with_judge(planned: Plan[Options]) -> Plan[Options]:
     """A gate run's or pilot's plan: a pilot that would measure nothing refused; for a run with
     model-graded questions (or ``judge_all``) the judge and the gold-label rule."""
     options = planned.options
@@ -210,7 +210,7 @@ def _judge(planned: Plan[GateOptions]) -> Judge | None:
 
 
 def choose(
-    planned: Plan[Any],
+    planned: Plan[Options],
     left_out: Collection[QuestionKey] = frozenset(),
     by: Sequence[str] = (),
     first: Sequence[QuestionKey] = (),

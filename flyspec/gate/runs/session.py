@@ -19,7 +19,7 @@ from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, g
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.progress import GateProgress
-from flyspec.gate.runs.settings import GateOptions
+from flyspec.gate.runs.settings import RunSettings
 from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
 
 Lane = tuple[str, int]
@@ -52,19 +52,17 @@ class SessionSettings:
 
     @classmethod
     def of(
-        cls, options: GateOptions, judge: Judge | None = None, gold: Gold | None = None
+        cls,
+        options: RunSettings,
+        run_id: str,
+        max_seconds: float | None,
+        graded: bool = True,
+        judge: Judge | None = None,
+        gold: Gold | None = None,
     ) -> SessionSettings:
-        """The settings of a gate run or pilot."""
-        minutes = options.max_minutes
-        return cls(
-            options.name,
-            options.seed,
-            options.sampling,
-            options.progress,
-            60 * minutes if minutes is not None else None,
-            judge=judge,
-            gold=gold,
-        )
+        """The settings of one session of run ``run_id`` (a gate run, a pilot, a tune or its calibration),
+        with ``max_seconds`` left of the call's answering budget."""
+        return cls(run_id, options.seed, options.sampling, options.progress, max_seconds, graded, judge, gold)
 
 
 def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
@@ -291,28 +289,23 @@ class Session:
         for record in self.stored:
             progress.add((record.arm, record.repeat), record.correct, new=False)
         started = time.monotonic()
+        aborted = True
         try:
-            self._answer(executors, jobs, progress, deadline)
+            with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
+                try:
+                    self._loop(dispatcher, bar, deadline)
+                    aborted = False
+                finally:
+                    self._record_times(executors, jobs, dispatcher)
+                    self._record_prefix_cache(executors)
+                    if self.judged is not None:
+                        self.judged.close(wait_for_calls=not aborted)
+                dispatcher.raise_error()
+                if self.judged is not None and self.judged.error is not None:
+                    raise self.judged.error
         finally:
             self.answering_s += time.monotonic() - started
         return self.reason or "complete"
-
-    def _answer(
-        self, executors: list[Executor], jobs: list[list[Job]], progress: GateProgress, deadline: float | None
-    ) -> None:
-        with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
-            aborted = True
-            try:
-                self._loop(dispatcher, bar, deadline)
-                aborted = False
-            finally:
-                self._record_times(executors, jobs, dispatcher)
-                self._record_prefix_cache(executors)
-                if self.judged is not None:
-                    self.judged.close(wait_for_calls=not aborted)
-            dispatcher.raise_error()
-            if self.judged is not None and self.judged.error is not None:
-                raise self.judged.error
 
     @property
     def _judging(self) -> bool:

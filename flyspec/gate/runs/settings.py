@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.arms.base import Sampling
+from flyspec.gate.arms.base import ArmSpec, Sampling
 from flyspec.gate.runs.flags import RUNS, flag
 from flyspec.gate.stats.claims import FINITE, POPULATIONS
 from flyspec.gate.stats.decision import check_margin_alpha
 from flyspec.gate.stats.spending import check_budget
 
-ArmSpec = dict[str, Any] | str | Path
 KINDS = ("gate", "pilot")
 RESERVED_ARMS = ("baseline", "candidate", "judge")
 CONTROL_SHARE = 5
@@ -31,11 +29,11 @@ CONTROL_SHARE = 5
 ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
 
 
-def controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
+def controls(values: list[str] | dict[str, ArmSpec]) -> dict[str, ArmSpec]:
     """``--control NAME=ARM`` values (or a config file's object of them) as {name: arm}."""
     if isinstance(values, dict):
         return values
-    out: dict[str, Any] = {}
+    out: dict[str, ArmSpec] = {}
     for value in values:
         name, sep, arm = value.partition("=")
         if not sep or not name.strip() or not arm.strip():
@@ -46,13 +44,13 @@ def controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_count(name: str, value: Any) -> None:
+def check_count(name: str, value: object) -> None:
     """None, or a positive integer (a number of questions)."""
     if value is not None and not is_int(value, 1):
         raise ValueError(f"{name}={value!r}: must be a positive integer")
 
 
-def check_seed(name: str, value: Any) -> None:
+def check_seed(name: str, value: object) -> None:
     """A seed: an integer >= 0."""
     if not is_int(value, 0):
         raise ValueError(f"{name}={value!r}: must be an integer >= 0")

@@ -120,10 +120,6 @@ def _sequential_plan(o: TuneOptions, chosen: Chosen, claim: str) -> SequentialPl
     return SequentialPlan(o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim)
 
 
-def _settings(o: TuneOptions, run_id: str, clock: Clock, graded: bool = True) -> SessionSettings:
-    return SessionSettings(run_id, o.seed, o.sampling, o.progress, clock.left, graded)
-
-
 def _calibrate(store: GateStore, planned: TunePlan, chosen: Chosen, clock: Clock) -> str:
     """Each arm answers the calibration questions alone, one arm after another; answers not graded."""
     o = planned.options
@@ -134,7 +130,7 @@ def _calibrate(store: GateStore, planned: TunePlan, chosen: Chosen, clock: Clock
     )
     register(store, planned, o.calibration_run, calibration, chosen.calibration, executors)
     for name, arm in planned.arms.items():
-        settings = _settings(o, o.calibration_run, clock, graded=False)
+        settings = SessionSettings.of(o, o.calibration_run, clock.left, graded=False)
         session = Session(store, settings, [(name, 0)], list(chosen.calibration), None)
         who = f"gate tune: calibrating {name} (speed only, not graded)"
         reason = answer(store, session, make_executors([arm]), who, clock, {"lane": name})
@@ -198,7 +194,8 @@ def _test(
     if o.sequential:
         order = [(q.dataset, q.id) for q in chosen.questions]
         monitor = SequentialMonitor(order, _sequential_plan(o, chosen, claim), (BASELINE, (setting.id, 0)))
-    session = Session(store, _settings(o, o.name, clock), lanes, list(chosen.questions), monitor)
+    settings = SessionSettings.of(o, o.name, clock.left)
+    session = Session(store, settings, lanes, list(chosen.questions), monitor)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     executors = make_executors([planned.baseline, setting.arm])
     return answer(store, session, executors, "gate tune: testing", clock, {"setting": setting.id})

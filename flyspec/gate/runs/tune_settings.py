@@ -261,7 +261,7 @@ def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
+def _lossy_spec(data: object, where: str) -> dict[str, Any]:
     from flyspec.config import SpeculativeConfig, lossy_policy_names
 
     if not isinstance(data, dict):
@@ -279,7 +279,7 @@ def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
     return {key: value for key, value in spec.to_dict().items() if value is not None}
 
 
-def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
+def _setting(index: int, entry: object, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
     setting_id = f"s{index + 1}"
     where = f"candidate {index + 1}"
     if not isinstance(entry, dict) or not entry:
