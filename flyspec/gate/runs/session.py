@@ -89,17 +89,16 @@ class Session:
         settings: SessionSettings,
         lanes: list[Lane],
         questions: list[Question],
-        monitors: SequentialMonitor | dict[str, SequentialMonitor] | None,
+        monitors: dict[str, SequentialMonitor],
     ) -> None:
         self.store = store
         self.settings = settings
         self.lanes = lanes
         self.run_id = settings.run_id
         self.questions = questions
-        if isinstance(monitors, SequentialMonitor):
-            monitors = {"candidate": monitors}
-        # One sequential monitor per comparison (the candidate's first); a run stops once all have.
-        self.monitors: dict[str, SequentialMonitor] = monitors or {}
+        # One sequential monitor per comparison (the candidate's first; none for a fixed run); a run stops
+        # once all have.
+        self.monitors = monitors
         # Only this session's lanes: a tune run stores every setting's answers in one run.
         self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}

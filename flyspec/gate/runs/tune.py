@@ -131,7 +131,7 @@ def _calibrate(store: GateStore, planned: TunePlan, chosen: Chosen, clock: Clock
     register(store, planned, o.calibration_run, calibration, chosen.calibration, executors)
     for name, arm in planned.arms.items():
         settings = SessionSettings.of(o, o.calibration_run, clock.left, graded=False)
-        session = Session(store, settings, [(name, 0)], list(chosen.calibration), None)
+        session = Session(store, settings, [(name, 0)], list(chosen.calibration), {})
         who = f"gate tune: calibrating {name} (speed only, not graded)"
         reason = answer(store, session, make_executors([arm]), who, clock, {"lane": name})
         if reason != "complete":
@@ -189,13 +189,13 @@ def _test(
 ) -> str:
     """Test one setting against the stored (and, where missing, new) baseline answers."""
     o = planned.options
-    lanes = [BASELINE, (setting.id, 0)]
-    monitor = None
+    lanes = (BASELINE, (setting.id, 0))
+    monitors: dict[str, SequentialMonitor] = {}
     if o.sequential:
         order = [(q.dataset, q.id) for q in chosen.questions]
-        monitor = SequentialMonitor(order, _sequential_plan(o, chosen, claim), (BASELINE, (setting.id, 0)))
+        monitors["candidate"] = SequentialMonitor(order, _sequential_plan(o, chosen, claim), lanes)
     settings = SessionSettings.of(o, o.name, clock.left)
-    session = Session(store, settings, lanes, list(chosen.questions), monitor)
+    session = Session(store, settings, list(lanes), list(chosen.questions), monitors)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     executors = make_executors([planned.baseline, setting.arm])
     return answer(store, session, executors, "gate tune: testing", clock, {"setting": setting.id})
