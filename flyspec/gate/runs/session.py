@@ -163,12 +163,6 @@ class Session:
         ]
         return jobs
 
-    def record(self, answer: Answer, bar: GateProgress) -> dict[str, SequentialStop]:
-        """Grade and commit one answer (and any answers that waited for it); returns the comparisons'
-        sequential stops that one of them caused."""
-        self._latencies.append(answer.completion.latency_s)
-        return self._store(self._graded(answer), bar)
-
     def _store(self, items: list[Item], bar: GateProgress) -> dict[str, SequentialStop]:
         """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
         update the monitors and the bar; returns the comparisons' sequential stops they caused."""
@@ -358,7 +352,9 @@ class Session:
             try:
                 answer = dispatcher.next(timeout=0.25) if not dispatcher.finished else None
                 if answer is not None:
-                    self._stopped_by(self.record(answer, bar), dispatcher, in_flight)
+                    # Grade and commit it (and any answers that waited for it).
+                    self._latencies.append(answer.completion.latency_s)
+                    self._stopped_by(self._store(self._graded(answer), bar), dispatcher, in_flight)
                 else:
                     bar.refresh()
                 if self.judged is not None:
