@@ -12,7 +12,8 @@ import typer.main
 
 from flyspec.cli.gate import gate_app
 from flyspec.gate.runs.flags import config_keys, flags, options_from_flags
-from flyspec.gate.runs.options import GateOptions, TuneOptions
+from flyspec.gate.runs.settings import GateOptions
+from flyspec.gate.runs.tune_settings import TuneOptions
 
 CONFIG_KEYS = {
     "store", "dataset", "limit", "max_questions", "baseline", "candidate", "margin", "alpha", "sequential",

@@ -15,7 +15,8 @@ import typer
 
 from flyspec.cli.options import App
 from flyspec.cli.settings import settings_command
-from flyspec.gate.runs.options import GateOptions, TuneOptions
+from flyspec.gate.runs.settings import GateOptions
+from flyspec.gate.runs.tune_settings import TuneOptions
 
 gate_app = App(
     name="gate",
@@ -283,12 +284,6 @@ def tune_command(options: TuneOptions, as_json: TuneJson = False, strict: TuneSt
 
     Exit code: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished with none passed.
     """
-    _tune_and_report(options, as_json, strict)
-
-
-def _tune_and_report(options: TuneOptions, as_json: bool, strict: bool) -> None:
-    """Tune, then print the tune's report (JSON with --json); exit as `gate report` does for a tune, 130
-    after an interruption."""
     from flyspec.gate.report.tune_report import build_tune_report
     from flyspec.gate.runs.tune import describe_pause, tune
 

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from flyspec.gate.logs.compare import compare_logs
     from flyspec.gate.report.report import Report, build_report
     from flyspec.gate.report.tune_report import build_tune_report
-    from flyspec.gate.runs.options import GateOptions, TuneOptions
     from flyspec.gate.runs.run import RunResult, run, run_gate, run_pilot
+    from flyspec.gate.runs.settings import GateOptions
     from flyspec.gate.runs.tune import tune
+    from flyspec.gate.runs.tune_settings import TuneOptions
 
 __all__ = [
     "GateOptions",
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 _HOMES = {
-    "GateOptions": "flyspec.gate.runs.options",
+    "GateOptions": "flyspec.gate.runs.settings",
     "Question": "flyspec.gate.data.datasets",
     "load_dataset": "flyspec.gate.data.datasets",
     "Report": "flyspec.gate.report.report",
@@ -48,7 +49,7 @@ _HOMES = {
     "run_gate": "flyspec.gate.runs.run",
     "run_pilot": "flyspec.gate.runs.run",
     "compare_logs": "flyspec.gate.logs.compare",
-    "TuneOptions": "flyspec.gate.runs.options",
+    "TuneOptions": "flyspec.gate.runs.tune_settings",
     "tune": "flyspec.gate.runs.tune",
     "build_tune_report": "flyspec.gate.report.tune_report",
 }

@@ -106,7 +106,7 @@ class OpenAIArm:
         }
 
 
-def _normalise_url(url: Any, name: str) -> str:
+def _normalise_url(url: object, name: str) -> str:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"arm {name!r}: base_url={url!r}: must be an http:// or https:// URL")
     url = url.rstrip("/")

@@ -30,11 +30,15 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyspec.config import EngineConfig, verification_fields, verification_policy
-from flyspec.gate.arms.base import Completion, Job, Sampling, unknown_keys
+from flyspec.gate.arms.base import Completion, Executor, Job, Sampling, unknown_keys
 from flyspec.gate.data.questions import Question
+
+if TYPE_CHECKING:
+    from flyspec.llm import LLM
+    from flyspec.outputs import RequestOutput
 
 KIND = "engine"
 KEYS = ("kind", "verification", *(f.name for f in dataclasses.fields(EngineConfig)))
@@ -94,7 +98,7 @@ class EngineArm:
         return self.public_dict()
 
 
-def _default(f: dataclasses.Field) -> Any:
+def _default(f: dataclasses.Field[object]) -> object:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
@@ -165,7 +169,7 @@ def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
     return out
 
 
-_PRELOADED: dict[str, Any] = {}
+_PRELOADED: dict[str, LLM] = {}
 """Engines loaded ahead of a run (``preload``), taken over by the executor that runs their arms."""
 
 
@@ -173,7 +177,7 @@ def _config_key(arm: EngineArm) -> str:
     return json.dumps(arm.config, sort_keys=True)
 
 
-def load_engine(lead: EngineArm, request_len: int | None = None) -> Any:
+def load_engine(lead: EngineArm, request_len: int | None = None) -> LLM:
     """A warmed-up ``LLM`` for ``lead``'s engine configuration, its KV cache sized for requests of
     ``request_len`` positions (``work_request_len``) unless the arm sizes it itself. The first steps of a
     fresh engine pay one-time costs (allocations, lazy initialisation) that would be charged to whichever
@@ -202,7 +206,7 @@ def work_request_len(lead: EngineArm, questions: Iterable[Question], max_tokens:
     return max(prompt_lengths(lead.config["model"], requests), default=0) + max_tokens
 
 
-def size_for_work(executors: Iterable[Any], questions: Iterable[Question], max_tokens: int) -> None:
+def size_for_work(executors: Iterable[Executor], questions: Iterable[Question], max_tokens: int) -> None:
     """Size the KV cache of each engine among ``executors`` (not started yet) for a run of ``questions``
     answered with at most ``max_tokens`` tokens; other executors, and an engine ``preload`` already loaded
     (and sized), are left as they are."""
@@ -214,7 +218,7 @@ def size_for_work(executors: Iterable[Any], questions: Iterable[Question], max_t
 
 def preload(
     arms: list[EngineArm], questions: Iterable[Question] | None = None, max_tokens: int | None = None
-) -> Any:
+) -> LLM:
     """Load the engine that ``arms`` will share in a run (the one ``engine_groups`` makes of them) before
     the run starts, so that a caller can measure it first (``flyspec demo``'s speed probe); the run's
     executor takes it over instead of loading again. With the run's ``questions`` and ``max_tokens``,
@@ -251,7 +255,7 @@ class EngineExecutor:
             arm.name: arm.verification or ("standard" if lossy_engine and not is_lossy(arm.config) else None)
             for arm in arms
         }
-        self._llm: Any = None
+        self._llm: LLM | None = None
         self._prefix_seen = (0, 0)
         # The jobs in flight by request id: `answers` adds and removes them in the driving thread,
         # `cancel` removes them from the caller's, hence the lock.
@@ -365,7 +369,7 @@ class EngineExecutor:
         return dropped
 
 
-def _completion(out: Any) -> Completion:
+def _completion(out: RequestOutput) -> Completion:
     metrics = out.metrics
     finished = metrics.finished_time if metrics.finished_time is not None else metrics.arrival_time
     first = out.outputs[0]

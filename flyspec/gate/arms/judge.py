@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from flyspec.checks import is_int
-from flyspec.gate.arms.base import load_arm_spec
+from flyspec.gate.arms.base import ArmSpec, load_arm_spec
 from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.questions import Question
@@ -96,7 +96,7 @@ class Judge:
         return {**self.endpoint.public_dict(), "max_tokens": self.max_tokens, "seed": self.seed}
 
 
-def parse_judge(spec: dict[str, Any] | str | Any) -> Judge:
+def parse_judge(spec: ArmSpec) -> Judge:
     """A judge given as a dict, a JSON object string or a JSON file: ``{"base_url" | "base_urls", "model",
     "api_key", "max_tokens", "seed", "template", "concurrency", "timeout", "max_retries", "backoff"}``."""
     data = load_arm_spec(spec, JUDGE_ARM)

@@ -14,6 +14,7 @@ This process writes the verdict line, ``{"status", "detail"}`` as JSON, to STATU
 never holds STATUS_FD, the verdict pipe or the tests: it cannot reach them, so it cannot forge a pass.
 """
 
+import builtins
 import contextlib
 import ctypes
 import ctypes.util
@@ -187,13 +188,7 @@ def start_program(config, job, fds):
     report, request, reply = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (2, *fds))
     try:
         null = os.open("/dev/null", os.O_RDWR)
-        for target, fd in (
-            (0, null),
-            (1, null),
-            (2, null),
-            (PROGRAM_FDS[0], request),
-            (PROGRAM_FDS[1], reply),
-        ):
+        for target, fd in zip((0, 1, 2, *PROGRAM_FDS), (null, null, null, request, reply), strict=True):
             os.dup2(fd, target)
         # Nothing else of this process survives the exec (``report`` is close-on-exec).
         os.closerange(PROGRAM_FDS[1] + 1, report)
@@ -240,9 +235,13 @@ class Channel:
             self.failure = RemoteAbort("killed", "the program's process ended before its tests finished")
             raise self.failure from None
         except self.codec.ProtocolError as exc:
-            self.failure = RemoteAbort("error", f"the program broke the sandbox protocol ({exc})")
-            raise self.failure from None
+            raise self._broken(str(exc)) from None
         return self.answer(reply)
+
+    def _broken(self, what):
+        """Keep (and return, to raise) the failure of a program that broke the sandbox protocol."""
+        self.failure = RemoteAbort("error", f"the program broke the sandbox protocol ({what})")
+        return self.failure
 
     def answer(self, reply):
         """The value of an ``ok`` reply; the program's exception, the end of an iteration, or its abort
@@ -258,17 +257,13 @@ class Channel:
         if kind == "abort" and shape == ["str", "str", "str"] and reply[1] in ABORTS:
             self.failure = RemoteAbort(reply[1], reply[2])
             raise self.failure
-        self.failure = RemoteAbort(
-            "error", f"the program broke the sandbox protocol (a reply {str(reply)[:80]})"
-        )
-        raise self.failure
+        raise self._broken(f"a reply {str(reply)[:80]}")
 
     def value(self, tagged):
         try:
             return self.codec.decode(tagged, self._resolve)
         except self.codec.ProtocolError as exc:
-            self.failure = RemoteAbort("error", f"the program broke the sandbox protocol ({exc})")
-            raise self.failure from None
+            raise self._broken(str(exc)) from None
 
     def _resolve(self, tag, args):
         if tag != "r" or len(args) != 2 or type(args[0]) is not int or not isinstance(args[1], str):
@@ -294,8 +289,6 @@ ABORTS = ("blocked", "exit", "memory", "timeout", "killed", "error")
 def _exception(names, message):
     """The exception the tests see for one the program raised: Python's own type of that name (the first
     of its classes that is one), else ProgramError."""
-    import builtins
-
     for name in names:
         found = getattr(builtins, str(name), None)
         if isinstance(found, type) and issubclass(found, Exception):
@@ -331,7 +324,7 @@ class Remote:
         return self._ask("getattr", name)
 
     def __iter__(self):
-        return _RemoteIterator(self._ask("iter"))
+        return _items(self._ask("iter"))
 
     def __len__(self):
         return self._ask("len")
@@ -349,23 +342,19 @@ class Remote:
         return f"<{object.__getattribute__(self, '_type')} of the program>"
 
 
-class _RemoteIterator:
-    def __init__(self, remote):
-        self.remote = remote
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.remote._ask("next")
+def _items(iterator):
+    """The items of the program's ``iterator`` (a Remote), asked one by one."""
+    while True:
+        try:
+            yield iterator._ask("next")
+        except StopIteration:  # the program's iterator ended (in a generator it must not escape)
+            return
 
 
 def _bind_names(namespace, names, channel, entry_point):
     """Bind the program's names for the tests: the entry point always; any other name only where neither
     Python's builtins nor the prefix (the dataset's own code) define it, so the program cannot replace
     what the tests rely on (``abs``, ``all``, a helper such as HumanEval's ``poly``)."""
-    import builtins
-
     if not isinstance(names, dict):
         raise RemoteAbort("error", "the program broke the sandbox protocol (its names)")
     for name, described in names.items():
@@ -387,7 +376,6 @@ def _bind_names(namespace, names, channel, entry_point):
 
 def harness(job, codec, request_fd, reply_fd):
     """Run the tests against the program; returns ``(status, detail)``."""
-    import builtins
     import random
 
     random.seed(0)

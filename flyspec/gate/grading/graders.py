@@ -263,7 +263,7 @@ class Grader:
     argument: tuple[str, ...] | None = None
     model_graded: bool = False
     sandboxed: bool = False
-    parse_reference: Callable[[Any], str] | None = None
+    parse_reference: Callable[[object], str] | None = None
 
     @property
     def pairwise(self) -> bool:
@@ -285,7 +285,7 @@ def _check_code(answer: str) -> None:
     CodeTask.from_answer(answer)
 
 
-def _code_reference(answer: Any) -> str:
+def _code_reference(answer: object) -> str:
     """A code task, given as an object ``{"tests", "entry_point", "prefix"}`` or its JSON, as canonical
     JSON."""
     if not isinstance(answer, dict | str):

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from flyspec.gate.arms.base import Completion, ConcurrentExecutor, Executor, Job, Sampling, TurnExecutor
 
@@ -170,7 +169,7 @@ class Dispatcher:
         self.start()
         return self
 
-    def __exit__(self, exc_type: Any, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None:
             self.abort()
         self.stop()

@@ -1,9 +1,9 @@
 """The settings of a run as the command line and ``--config`` files give them, stated once: each field of
-``RunSettings``, ``GateOptions`` and ``TuneOptions`` (flyspec/gate/runs/options.py) that a command takes
-carries a ``Flag`` in its metadata (its option, its help, the commands that show it, its type there and
-how its value becomes the field's), the way vLLM's ``EngineArgs`` fields make their own command-line
-arguments. The command line (flyspec/cli/gate.py) generates its options from them; ``options_from_flags``
-turns what was given into the typed settings.
+``RunSettings``, ``GateOptions`` (flyspec/gate/runs/settings.py) and ``TuneOptions``
+(flyspec/gate/runs/tune_settings.py) that a command takes carries a ``Flag`` in its metadata (its option,
+its help, the commands that show it, its type there and how its value becomes the field's), the way vLLM's
+``EngineArgs`` fields make their own command-line arguments. The command line (flyspec/cli/settings.py)
+generates its options from them; ``options_from_flags`` turns what was given into the typed settings.
 """
 
 from __future__ import annotations

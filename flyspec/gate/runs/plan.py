@@ -28,8 +28,8 @@ from flyspec.gate.data.spec import (
 )
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names
-from flyspec.gate.runs.options import ArmSpec, GateOptions, RunSettings, TuneOptions
-from flyspec.gate.runs.tune_settings import TuneSetting, tune_settings
+from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
+from flyspec.gate.runs.tune_settings import TuneOptions, TuneSetting, tune_settings
 
 ORDER_RULE = "sha256(seed:dataset:id) ascending"
 Options = TypeVar("Options", bound=RunSettings)
@@ -149,7 +149,7 @@ def plan(options: Options) -> Plan[Options]:
     return planned
 
 
-def _with_settings(planned: Plan[Any]) -> Plan[Any]:
+def _with_settings(planned: Plan[Options]) -> Plan[Options]:
     """A tune's plan: its settings, each one's arm beside the baseline; judged questions refused."""
     settings = tuple(tune_settings(planned.options, planned.baseline))
     judged = planned.model_graded()
@@ -161,7 +161,7 @@ def _with_settings(planned: Plan[Any]) -> Plan[Any]:
     return replace(planned, arms={**planned.arms, **{s.id: s.arm for s in settings}}, settings=settings)
 
 
-def _with_judge(planned: Plan[Any]) -> Plan[Any]:
+def _with_judge(planned: Plan[Options]) -> Plan[Options]:
     """A gate run's or pilot's plan: a pilot that would measure nothing refused; for a run with
     model-graded questions (or ``judge_all``) the judge and the gold-label rule."""
     options = planned.options
@@ -211,7 +211,7 @@ def _judge(planned: Plan[GateOptions]) -> Judge | None:
 
 
 def choose(
-    planned: Plan[Any],
+    planned: Plan[Options],
     left_out: Collection[QuestionKey] = frozenset(),
     by: Sequence[str] = (),
     first: Sequence[QuestionKey] = (),

@@ -47,10 +47,10 @@ from flyspec.gate.runs.exclusion import (
     used_questions,
 )
 from flyspec.gate.runs.judging import JudgedRunMonitor
-from flyspec.gate.runs.options import ArmSpec, GateOptions
 from flyspec.gate.runs.plan import (
     ORDER_RULE,
     Chosen,
+    Options,
     Plan,
     ask_served,
     choose,
@@ -59,6 +59,7 @@ from flyspec.gate.runs.plan import (
     stored_served,
 )
 from flyspec.gate.runs.session import Session, SessionSettings, log
+from flyspec.gate.runs.settings import ArmSpec, GateOptions
 from flyspec.gate.stats.claims import SUPERPOPULATION
 from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, SequentialPlan
 
@@ -106,7 +107,7 @@ class Clock:
 
 def register(
     store: GateStore,
-    planned: Plan[Any],
+    planned: Plan[Options],
     run_id: str,
     registration: Registration,
     questions: Sequence[Question],
@@ -147,7 +148,7 @@ def answer(
     executors: list[Executor],
     who: str,
     clock: Clock,
-    detail: dict[str, Any] | None = None,
+    detail: dict[str, str] | None = None,
     notes: Callable[[], dict[str, Any]] | None = None,
 ) -> str:
     """Answer what ``session`` lacks with ``executors``, which are freed afterwards (so one engine is gone
@@ -240,7 +241,8 @@ def run(options: GateOptions) -> RunResult:
         new = register(store, planned, run_id, registration, chosen.questions, executors)
         if chosen.carry is not None:
             _store_carried(store, run_id, chosen.carry, _lanes(planned), chosen.questions)
-        session = _session(store, planned, chosen, comparisons)
+        clock = Clock(options.max_minutes)
+        session = _session(store, planned, chosen, comparisons, clock)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
@@ -248,7 +250,7 @@ def run(options: GateOptions) -> RunResult:
         )
         announce_sandbox({q.grader for q in chosen.questions}, "gate")
         notes = partial(_notes, planned, executors)  # read once the executors started
-        reason = answer(store, session, executors, "gate", Clock(options.max_minutes), notes=notes)
+        reason = answer(store, session, executors, "gate", clock, notes=notes)
     return RunResult(run_id, reason)
 
 
@@ -379,7 +381,7 @@ def _store_carried(
 
 
 def _session(
-    store: GateStore, planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan]
+    store: GateStore, planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan], clock: Clock
 ) -> Session:
     questions = list(chosen.questions)
     order = [(q.dataset, q.id) for q in questions]
@@ -392,7 +394,8 @@ def _session(
             monitors[c.name] = JudgedRunMonitor(order, c.sequential, c.lanes, planned.gold, graders)
         else:
             monitors[c.name] = SequentialMonitor(order, c.sequential, c.lanes)
-    settings = SessionSettings.of(planned.options, planned.judge, planned.gold)
+    o = planned.options
+    settings = SessionSettings.of(o, o.name, clock.left, judge=planned.judge, gold=planned.gold)
     return Session(store, settings, _lanes(planned), questions, monitors)
 
 

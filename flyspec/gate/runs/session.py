@@ -18,8 +18,8 @@ from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
-from flyspec.gate.runs.options import GateOptions
 from flyspec.gate.runs.progress import GateProgress
+from flyspec.gate.runs.settings import RunSettings
 from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
 
 Lane = tuple[str, int]
@@ -52,19 +52,17 @@ class SessionSettings:
 
     @classmethod
     def of(
-        cls, options: GateOptions, judge: Judge | None = None, gold: Gold | None = None
+        cls,
+        options: RunSettings,
+        run_id: str,
+        max_seconds: float | None,
+        graded: bool = True,
+        judge: Judge | None = None,
+        gold: Gold | None = None,
     ) -> SessionSettings:
-        """The settings of a gate run or pilot."""
-        minutes = options.max_minutes
-        return cls(
-            options.name,
-            options.seed,
-            options.sampling,
-            options.progress,
-            60 * minutes if minutes is not None else None,
-            judge=judge,
-            gold=gold,
-        )
+        """The settings of one session of run ``run_id`` (a gate run, a pilot, a tune or its calibration),
+        with ``max_seconds`` left of the call's answering budget."""
+        return cls(run_id, options.seed, options.sampling, options.progress, max_seconds, graded, judge, gold)
 
 
 def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
@@ -91,17 +89,16 @@ class Session:
         settings: SessionSettings,
         lanes: list[Lane],
         questions: list[Question],
-        monitors: SequentialMonitor | dict[str, SequentialMonitor] | None,
+        monitors: dict[str, SequentialMonitor],
     ) -> None:
         self.store = store
         self.settings = settings
         self.lanes = lanes
         self.run_id = settings.run_id
         self.questions = questions
-        if isinstance(monitors, SequentialMonitor):
-            monitors = {"candidate": monitors}
-        # One sequential monitor per comparison (the candidate's first); a run stops once all have.
-        self.monitors: dict[str, SequentialMonitor] = monitors or {}
+        # One sequential monitor per comparison (the candidate's first; none for a fixed run); a run stops
+        # once all have.
+        self.monitors = monitors
         # Only this session's lanes: a tune run stores every setting's answers in one run.
         self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}
@@ -165,12 +162,6 @@ class Session:
             if (arm, repeat, q.dataset, q.id) not in self.done
         ]
         return jobs
-
-    def record(self, answer: Answer, bar: GateProgress) -> dict[str, SequentialStop]:
-        """Grade and commit one answer (and any answers that waited for it); returns the comparisons'
-        sequential stops that one of them caused."""
-        self._latencies.append(answer.completion.latency_s)
-        return self._store(self._graded(answer), bar)
 
     def _store(self, items: list[Item], bar: GateProgress) -> dict[str, SequentialStop]:
         """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
@@ -291,28 +282,23 @@ class Session:
         for record in self.stored:
             progress.add((record.arm, record.repeat), record.correct, new=False)
         started = time.monotonic()
+        aborted = True
         try:
-            self._answer(executors, jobs, progress, deadline)
+            with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
+                try:
+                    self._loop(dispatcher, bar, deadline)
+                    aborted = False
+                finally:
+                    self._record_times(executors, jobs, dispatcher)
+                    self._record_prefix_cache(executors)
+                    if self.judged is not None:
+                        self.judged.close(wait_for_calls=not aborted)
+                dispatcher.raise_error()
+                if self.judged is not None and self.judged.error is not None:
+                    raise self.judged.error
         finally:
             self.answering_s += time.monotonic() - started
         return self.reason or "complete"
-
-    def _answer(
-        self, executors: list[Executor], jobs: list[list[Job]], progress: GateProgress, deadline: float | None
-    ) -> None:
-        with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
-            aborted = True
-            try:
-                self._loop(dispatcher, bar, deadline)
-                aborted = False
-            finally:
-                self._record_times(executors, jobs, dispatcher)
-                self._record_prefix_cache(executors)
-                if self.judged is not None:
-                    self.judged.close(wait_for_calls=not aborted)
-            dispatcher.raise_error()
-            if self.judged is not None and self.judged.error is not None:
-                raise self.judged.error
 
     @property
     def _judging(self) -> bool:
@@ -366,7 +352,9 @@ class Session:
             try:
                 answer = dispatcher.next(timeout=0.25) if not dispatcher.finished else None
                 if answer is not None:
-                    self._stopped_by(self.record(answer, bar), dispatcher, in_flight)
+                    # Grade and commit it (and any answers that waited for it).
+                    self._latencies.append(answer.completion.latency_s)
+                    self._stopped_by(self._store(self._graded(answer), bar), dispatcher, in_flight)
                 else:
                     bar.refresh()
                 if self.judged is not None:

@@ -34,11 +34,10 @@ from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.runs.exclusion import used_questions
-from flyspec.gate.runs.options import TuneOptions
 from flyspec.gate.runs.plan import Chosen, Plan, choose, plan
 from flyspec.gate.runs.run import Clock, RunResult, announce_sandbox, answer, population, register
 from flyspec.gate.runs.session import Session, SessionSettings, log
-from flyspec.gate.runs.tune_settings import TuneSetting
+from flyspec.gate.runs.tune_settings import TuneOptions, TuneSetting
 from flyspec.gate.stats.decision import PASS
 from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
 
@@ -122,10 +121,6 @@ def _sequential_plan(o: TuneOptions, chosen: Chosen, claim: str) -> SequentialPl
     return SequentialPlan(o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim)
 
 
-def _settings(o: TuneOptions, run_id: str, clock: Clock, graded: bool = True) -> SessionSettings:
-    return SessionSettings(run_id, o.seed, o.sampling, o.progress, clock.left, graded)
-
-
 def _calibrate(store: GateStore, planned: TunePlan, chosen: Chosen, clock: Clock) -> str:
     """Each arm answers the calibration questions alone, one arm after another; answers not graded."""
     o = planned.options
@@ -136,8 +131,8 @@ def _calibrate(store: GateStore, planned: TunePlan, chosen: Chosen, clock: Clock
     )
     register(store, planned, o.calibration_run, calibration, chosen.calibration, executors)
     for name, arm in planned.arms.items():
-        settings = _settings(o, o.calibration_run, clock, graded=False)
-        session = Session(store, settings, [(name, 0)], list(chosen.calibration), None)
+        settings = SessionSettings.of(o, o.calibration_run, clock.left, graded=False)
+        session = Session(store, settings, [(name, 0)], list(chosen.calibration), {})
         who = f"gate tune: calibrating {name} (speed only, not graded)"
         reason = answer(store, session, make_executors([arm]), who, clock, {"lane": name})
         if reason != "complete":
@@ -195,12 +190,13 @@ def _test(
 ) -> str:
     """Test one setting against the stored (and, where missing, new) baseline answers."""
     o = planned.options
-    lanes = [BASELINE, (setting.id, 0)]
-    monitor = None
+    lanes = (BASELINE, (setting.id, 0))
+    monitors: dict[str, SequentialMonitor] = {}
     if o.sequential:
         order = [(q.dataset, q.id) for q in chosen.questions]
-        monitor = SequentialMonitor(order, _sequential_plan(o, chosen, claim), (BASELINE, (setting.id, 0)))
-    session = Session(store, _settings(o, o.name, clock), lanes, list(chosen.questions), monitor)
+        monitors["candidate"] = SequentialMonitor(order, _sequential_plan(o, chosen, claim), lanes)
+    settings = SessionSettings.of(o, o.name, clock.left)
+    session = Session(store, settings, list(lanes), list(chosen.questions), monitors)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     executors = make_executors([planned.baseline, setting.arm])
     return answer(store, session, executors, "gate tune: testing", clock, {"setting": setting.id})

@@ -1,5 +1,6 @@
-"""The settings ``gate tune`` chooses among: lossy speculative configs (any verification policy: FLy,
-typical acceptance, each with or without a lossless prefix) tried against one standard baseline.
+"""The options of ``gate tune`` (``TuneOptions``) and the settings it chooses among: lossy speculative
+configs (any verification policy: FLy, typical acceptance, each with or without a lossless prefix) tried
+against one standard baseline.
 
 A candidate is given in one of two forms (docs/gate.md, "Choosing a lossy setting: `gate tune`"):
 
@@ -23,24 +24,176 @@ times the entropy thresholds 0.6 and 0.3, for the baseline's K.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from flyspec.checks import load_json
+from flyspec.checks import is_int, load_json
 from flyspec.gate.arms.base import Arm, load_arm_spec
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.spec import SettingRecord
+from flyspec.gate.runs.flags import flag
+from flyspec.gate.runs.settings import RunSettings
 from flyspec.policy_grid import expand_grid as expand_grid  # re-exported: the tune's grid is this one
 from flyspec.policy_grid import policy_of
-
-if TYPE_CHECKING:
-    from flyspec.gate.runs.options import TuneOptions
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)
 MAX_DEFAULT_WINDOW = 6
 DEFAULT_POLICY = "fly"
 """The policy of a fragment that names none and sets no policy's fields (and of the default grid)."""
 _ENTRY_KEYS = ("arm", "speculative_config")
+
+
+def numbers(kind: type[int] | type[float], option: str) -> Callable[[str], tuple[float, ...]]:
+    """A parser of comma-separated numbers of ``kind`` given to ``option`` (``3,2,1``)."""
+
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            values = tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(
+                f"{option} {text!r}: give comma-separated {kind.__name__}s, e.g. 3,2,1"
+            ) from None
+        if not values:
+            raise ValueError(f"{option} {text!r}: give at least one value")
+        return values
+
+    return parse
+
+
+ORDERS = ("speed", "given")
+ORDER_BY = ("mean_acceptance_length", "tokens_per_s")
+DEFAULT_CALIBRATION = 8
+
+
+@dataclass(frozen=True)
+class TuneOptions(RunSettings):
+    """One ``gate tune``; the shared settings are RunSettings'.
+
+    baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
+    (above). policies: a grid over policies and their parameters (a JSON object
+    or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
+    thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
+    the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
+    ``given`` (the candidates' order). calibration_questions: how many questions of the seeded order
+    measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
+    stops at the first crossing of its confidence sequence (else a fixed test on every test question).
+    max_questions: the test questions (default: all that remain). max_minutes: the answering time budget
+    of this call (calibration and tests together; a rerun continues). exclude_runs: runs of the store
+    whose questions are left out before the order is taken.
+    """
+
+    candidates: str | list[Any] | None = field(
+        default=None,
+        metadata=flag(
+            "--candidates",
+            "JSON list (or JSON file) of settings: speculative_config fragments such as "
+            '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
+            '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
+            "x --thresholds.",
+            commands=("tune",),
+        ),
+    )
+    policies: str | dict[str, Any] | list[Any] | None = field(
+        default=None,
+        metadata=flag(
+            "--policies",
+            "A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
+            "whose list values are expanded into every combination, e.g. "
+            '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
+            '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
+            '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
+            commands=("tune",),
+        ),
+    )
+    windows: tuple[int, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--windows",
+            "Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1).",
+            commands=("tune",),
+            parse=numbers(int, "--windows"),
+        ),
+    )
+    thresholds: tuple[float, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--thresholds",
+            "Grid entropy thresholds (default: 0.6,0.3).",
+            commands=("tune",),
+            parse=numbers(float, "--thresholds"),
+        ),
+    )
+    order: str = field(
+        default="speed",
+        metadata=flag(
+            "--order",
+            "speed: slowest first, measured on the calibration questions (default); given: the "
+            "candidates' order.",
+            commands=("tune",),
+        ),
+    )
+    order_by: str = field(
+        default="mean_acceptance_length",
+        metadata=flag(
+            "--order-by",
+            "Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s.",
+            commands=("tune",),
+            parse=lambda by: by.replace("-", "_"),
+        ),
+    )
+    calibration_questions: int = field(
+        default=DEFAULT_CALIBRATION,
+        metadata=flag(
+            "--calibration-questions",
+            "Questions that measure speed (never graded, never test questions; default 8); 0 only with "
+            "--order given.",
+            commands=("tune",),
+            type=int,
+        ),
+    )
+    sequential: bool = field(
+        default=True,
+        metadata=flag(
+            "--fixed",
+            "Fixed-size tests on every test question instead of sequential tests (default).",
+            commands=("tune",),
+            type=bool,
+            negate=True,
+        ),
+    )
+
+    def _check(self) -> None:
+        super()._check()
+        if self.order not in ORDERS:
+            raise ValueError(f"order={self.order!r}: must be one of {', '.join(ORDERS)}")
+        if self.order_by not in ORDER_BY:
+            raise ValueError(f"order_by={self.order_by!r}: must be one of {', '.join(ORDER_BY)}")
+        c = self.calibration_questions
+        if not is_int(c, 0):
+            raise ValueError(f"calibration_questions={c!r}: must be an integer >= 0")
+        if c == 0 and self.order == "speed":
+            raise ValueError(
+                "calibration_questions=0: the order by speed is measured on calibration questions; give "
+                "at least 1, or --order given"
+            )
+        grid = self.windows is not None or self.thresholds is not None
+        given = [
+            name
+            for name, value in (("candidates", self.candidates), ("policies", self.policies))
+            if value is not None
+        ] + (["windows/thresholds"] if grid else [])
+        if len(given) > 1:
+            raise ValueError(f"give one of candidates, policies or a grid (windows, thresholds), not {given}")
+
+    @property
+    def name(self) -> str:
+        """The tune run's name in the store (its calibration run is ``NAME/calibration``)."""
+        return self.run_id or "tune"
+
+    @property
+    def calibration_run(self) -> str:
+        return f"{self.name}/calibration"
 
 
 @dataclass(frozen=True)
@@ -108,7 +261,7 @@ def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
+def _lossy_spec(data: object, where: str) -> dict[str, Any]:
     from flyspec.config import SpeculativeConfig, lossy_policy_names
 
     if not isinstance(data, dict):
@@ -126,7 +279,7 @@ def _lossy_spec(data: Any, where: str) -> dict[str, Any]:
     return {key: value for key, value in spec.to_dict().items() if value is not None}
 
 
-def _setting(index: int, entry: Any, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
+def _setting(index: int, entry: object, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
     setting_id = f"s{index + 1}"
     where = f"candidate {index + 1}"
     if not isinstance(entry, dict) or not entry:

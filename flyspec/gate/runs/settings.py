@@ -1,29 +1,26 @@
-"""The settings of a gate run, pilot or tune: one type per command for the CLI and the Python API.
+"""The settings of a gate run or pilot: one type for the CLI and the Python API.
 
 ``gate run``, ``gate pilot``, ``flyspec demo``, ``run_gate`` and ``run_pilot`` all build a ``GateOptions``
 and hand it to ``flyspec.gate.runs.run.run``; ``gate tune`` builds a ``TuneOptions``
-(flyspec/gate/runs/tune.py). What both take (sampling, seeds, budgets, the run's name) is ``RunSettings``,
-with its defaults and rules written once; every rule about which settings go together lives here. Each
-field a command takes says how (its option, help and type: ``flag``, flyspec/gate/runs/flags.py), and the
-command line generates its options from that.
+(flyspec/gate/runs/tune_settings.py). What both take (sampling, seeds, budgets, the run's name) is
+``RunSettings``, with its defaults and rules written once; every rule about which settings go together lives
+here or, for a tune, beside its candidates. Each field a command takes says how (its option, help and type:
+``flag``, flyspec/gate/runs/flags.py), and the command line generates its options from that.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.arms.base import Sampling
+from flyspec.gate.arms.base import ArmSpec, Sampling
 from flyspec.gate.runs.flags import RUNS, flag
-from flyspec.gate.stats.claims import FINITE, SUPERPOPULATION
+from flyspec.gate.stats.claims import FINITE, POPULATIONS
 from flyspec.gate.stats.decision import check_margin_alpha
 from flyspec.gate.stats.spending import check_budget
 
-ArmSpec = dict[str, Any] | str | Path
 KINDS = ("gate", "pilot")
-POPULATIONS = (SUPERPOPULATION, FINITE)
 RESERVED_ARMS = ("baseline", "candidate", "judge")
 CONTROL_SHARE = 5
 """A control's default share of alpha is alpha / CONTROL_SHARE."""
@@ -32,11 +29,11 @@ CONTROL_SHARE = 5
 ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
 
 
-def controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
+def controls(values: list[str] | dict[str, ArmSpec]) -> dict[str, ArmSpec]:
     """``--control NAME=ARM`` values (or a config file's object of them) as {name: arm}."""
     if isinstance(values, dict):
         return values
-    out: dict[str, Any] = {}
+    out: dict[str, ArmSpec] = {}
     for value in values:
         name, sep, arm = value.partition("=")
         if not sep or not name.strip() or not arm.strip():
@@ -47,30 +44,13 @@ def controls(values: list[str] | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def numbers(kind: type, option: str) -> Any:
-    """A parser of comma-separated numbers of ``kind`` given to ``option`` (``3,2,1``)."""
-
-    def parse(text: str) -> tuple[Any, ...]:
-        try:
-            values = tuple(kind(v) for v in text.split(",") if v.strip())
-        except ValueError:
-            raise ValueError(
-                f"{option} {text!r}: give comma-separated {kind.__name__}s, e.g. 3,2,1"
-            ) from None
-        if not values:
-            raise ValueError(f"{option} {text!r}: give at least one value")
-        return values
-
-    return parse
-
-
-def check_count(name: str, value: Any) -> None:
+def check_count(name: str, value: object) -> None:
     """None, or a positive integer (a number of questions)."""
     if value is not None and not is_int(value, 1):
         raise ValueError(f"{name}={value!r}: must be a positive integer")
 
 
-def check_seed(name: str, value: Any) -> None:
+def check_seed(name: str, value: object) -> None:
     """A seed: an integer >= 0."""
     if not is_int(value, 0):
         raise ValueError(f"{name}={value!r}: must be an integer >= 0")
@@ -80,17 +60,7 @@ def check_seed(name: str, value: Any) -> None:
 class RunSettings:
     """What every kind of run takes: the store, the datasets, the baseline arm and the margin (positional,
     in that order), and, by keyword, the sampling every arm uses, the seeds, the budgets and the run's name.
-
-    alpha: the one-sided level. max_questions: at most this many questions of the seeded order.
-    max_minutes: a time budget for answering (a run stopped by it resumes on the next call). order_seed:
-    the question order (default: ``seed``, which also derives the per-question sampling seeds).
-    exclude_runs: leave out the questions these runs of the store used. population: what a sequential
-    decision claims (flyspec.gate.stats.claims.CLAIMS): ``superpopulation`` (the method on questions
-    like these; the default of a new run) or ``finite`` (exactly the registered questions in this run's
-    outputs); None keeps a resumed run's registered claim. alpha_budget: the family-wise error of every
-    look at the run's comparisons, this run and later looks together, registered by the first look (default:
-    its alpha, leaving nothing for a second look; at most 0.05 unless the alpha itself is larger;
-    docs/gate.md, "Error spent once").
+    Each field's meaning is its flag's help; ``population=None`` keeps a resumed run's registered claim.
     """
 
     store: str | Path = field(
@@ -286,19 +256,9 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class GateOptions(RunSettings):
-    """One gate run (``kind="gate"``) or pilot (``kind="pilot"``); the shared settings are RunSettings'.
-
-    candidate: the other arm (dict, JSON string or JSON file; a pilot without one runs the baseline
-    twice). margin: tolerated accuracy loss (0.02 = 2 points). sequential: stop at
-    the first crossing of an anytime-valid confidence sequence (gate runs only), over at most
-    ``max_questions`` questions. limit: the first N questions of each dataset's seeded order (max_questions:
-    the first N of the interleaved order). Pilots are always left out of gate runs. judge: the judge
-    endpoint of ``judge`` questions (flyspec/gate/arms/judge.py), as a dict, JSON string or JSON file.
-    gold_rate: the share of differing judged pairs drawn for a gold label (default 0.2); judge_all: the
-    judge grades every question and each question's own grader labels the drawn pairs (docs/gate.md,
-    "Open-ended answers: the judge"). controls: extra arms compared with the baseline, each a comparison
-    the gate is expected to FAIL, at control_alpha each (default alpha / 5) and control_margin (default
-    margin); the candidate keeps the rest of alpha.
+    """One gate run (``kind="gate"``) or pilot (``kind="pilot"``; without a candidate it runs the baseline
+    twice); the shared settings are RunSettings'. Arms and the judge are dicts, JSON strings or JSON files;
+    each field's meaning is its flag's help.
     """
 
     candidate: ArmSpec | None = field(
@@ -460,138 +420,3 @@ class GateOptions(RunSettings):
     def name(self) -> str:
         """The run's name in the store."""
         return self.run_id or self.kind
-
-
-ORDERS = ("speed", "given")
-ORDER_BY = ("mean_acceptance_length", "tokens_per_s")
-DEFAULT_CALIBRATION = 8
-
-
-@dataclass(frozen=True)
-class TuneOptions(RunSettings):
-    """One ``gate tune``; the shared settings are RunSettings'.
-
-    baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
-    (flyspec/gate/runs/tune_settings.py). policies: a grid over policies and their parameters (a JSON object
-    or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
-    thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
-    the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
-    ``given`` (the candidates' order). calibration_questions: how many questions of the seeded order
-    measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
-    stops at the first crossing of its confidence sequence (else a fixed test on every test question).
-    max_questions: the test questions (default: all that remain). max_minutes: the answering time budget
-    of this call (calibration and tests together; a rerun continues). exclude_runs: runs of the store
-    whose questions are left out before the order is taken.
-    """
-
-    candidates: str | list[Any] | None = field(
-        default=None,
-        metadata=flag(
-            "--candidates",
-            "JSON list (or JSON file) of settings: speculative_config fragments such as "
-            '{"fly_window_size": 2, "fly_entropy_threshold": 0.3} applied to the baseline engine arm, or '
-            '{"arm": ARM, "speculative_config": {...}} for endpoint arms. Default: the grid of --windows '
-            "x --thresholds.",
-            commands=("tune",),
-        ),
-    )
-    policies: str | dict[str, Any] | list[Any] | None = field(
-        default=None,
-        metadata=flag(
-            "--policies",
-            "A grid over verification policies (JSON or a JSON file): an object, or a list of them, "
-            "whose list values are expanded into every combination, e.g. "
-            '[{"rejection_sample_method": "fly", "fly_window_size": [3, 1], '
-            '"lossless_prefix_tokens": [0, 32]}, {"rejection_sample_method": "typical", '
-            '"typical_acceptance_sampler_posterior_threshold": [0.09, 0.3]}] (see docs/gate.md).',
-            commands=("tune",),
-        ),
-    )
-    windows: tuple[int, ...] | None = field(
-        default=None,
-        metadata=flag(
-            "--windows",
-            "Grid windows, e.g. 3,2,1 (default: min(6, K-1) down to 1).",
-            commands=("tune",),
-            parse=numbers(int, "--windows"),
-        ),
-    )
-    thresholds: tuple[float, ...] | None = field(
-        default=None,
-        metadata=flag(
-            "--thresholds",
-            "Grid entropy thresholds (default: 0.6,0.3).",
-            commands=("tune",),
-            parse=numbers(float, "--thresholds"),
-        ),
-    )
-    order: str = field(
-        default="speed",
-        metadata=flag(
-            "--order",
-            "speed: slowest first, measured on the calibration questions (default); given: the "
-            "candidates' order.",
-            commands=("tune",),
-        ),
-    )
-    order_by: str = field(
-        default="mean_acceptance_length",
-        metadata=flag(
-            "--order-by",
-            "Speed measure of --order speed: mean_acceptance_length (default) or tokens_per_s.",
-            commands=("tune",),
-            parse=lambda by: by.replace("-", "_"),
-        ),
-    )
-    calibration_questions: int = field(
-        default=DEFAULT_CALIBRATION,
-        metadata=flag(
-            "--calibration-questions",
-            "Questions that measure speed (never graded, never test questions; default 8); 0 only with "
-            "--order given.",
-            commands=("tune",),
-            type=int,
-        ),
-    )
-    sequential: bool = field(
-        default=True,
-        metadata=flag(
-            "--fixed",
-            "Fixed-size tests on every test question instead of sequential tests (default).",
-            commands=("tune",),
-            type=bool,
-            negate=True,
-        ),
-    )
-
-    def _check(self) -> None:
-        super()._check()
-        if self.order not in ORDERS:
-            raise ValueError(f"order={self.order!r}: must be one of {', '.join(ORDERS)}")
-        if self.order_by not in ORDER_BY:
-            raise ValueError(f"order_by={self.order_by!r}: must be one of {', '.join(ORDER_BY)}")
-        c = self.calibration_questions
-        if not is_int(c, 0):
-            raise ValueError(f"calibration_questions={c!r}: must be an integer >= 0")
-        if c == 0 and self.order == "speed":
-            raise ValueError(
-                "calibration_questions=0: the order by speed is measured on calibration questions; give "
-                "at least 1, or --order given"
-            )
-        grid = self.windows is not None or self.thresholds is not None
-        given = [
-            name
-            for name, value in (("candidates", self.candidates), ("policies", self.policies))
-            if value is not None
-        ] + (["windows/thresholds"] if grid else [])
-        if len(given) > 1:
-            raise ValueError(f"give one of candidates, policies or a grid (windows, thresholds), not {given}")
-
-    @property
-    def name(self) -> str:
-        """The tune run's name in the store (its calibration run is ``NAME/calibration``)."""
-        return self.run_id or "tune"
-
-    @property
-    def calibration_run(self) -> str:
-        return f"{self.name}/calibration"
