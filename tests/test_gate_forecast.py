@@ -12,10 +12,18 @@ import numpy as np
 import pytest
 
 from flyspec.gate.runs.progress import GateProgress
-from flyspec.gate.stats.decide import sequential_decisions
-from flyspec.gate.stats.designs import Design, design_outcome
-from flyspec.gate.stats.forecast import EFFECT, MIN_PAIRS, PRIOR, forecast, forecast_from_rate
-from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.forecast import (
+    EFFECT,
+    MIN_PAIRS,
+    PRIOR,
+    Design,
+    design_outcome,
+    forecast,
+    forecast_from_rate,
+)
+from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, SequentialPlan
+from flyspec.gate.stats.monitor import Monitor as SequentialMonitor
+from flyspec.gate.stats.simulation import sequential_decisions
 
 RUN = {"margin": 0.02, "alpha": 0.025, "max_questions": 1319, "population_size": 1319}
 

@@ -31,13 +31,12 @@ from flyspec.gate.stats import (
     sequential_decision,
     sequential_decision_with_undecided,
 )
-from flyspec.gate.stats.designs import Design, simulate
+from flyspec.gate.stats.forecast import Design, simulate
 from flyspec.gate.stats.simulation import draw_differences
 
 GATE = Path(__file__).resolve().parent.parent / "flyspec" / "gate"
 RULE_HOMES = {
-    GATE / "stats" / "decide.py": "the rule and every route that applies it",
-    GATE / "stats" / "decision.py": "the verdicts' names, defined once",
+    GATE / "stats" / "decide.py": "the rule, the verdicts' names and every route that applies it",
 }
 VERDICTS = {"PASS", "FAIL"}
 READERS = {"share", "count", "index"}

@@ -17,8 +17,7 @@ from typing import Any
 from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import Sampling
 from flyspec.gate.runs.flags import RUNS, flag
-from flyspec.gate.stats.claims import FINITE, SUPERPOPULATION
-from flyspec.gate.stats.decision import check_margin_alpha
+from flyspec.gate.stats.decide import FINITE, SUPERPOPULATION, check_margin_alpha
 from flyspec.gate.stats.spending import check_budget
 
 ArmSpec = dict[str, Any] | str | Path
@@ -85,7 +84,7 @@ class RunSettings:
     max_minutes: a time budget for answering (a run stopped by it resumes on the next call). order_seed:
     the question order (default: ``seed``, which also derives the per-question sampling seeds).
     exclude_runs: leave out the questions these runs of the store used. population: what a sequential
-    decision claims (flyspec.gate.stats.claims.CLAIMS): ``superpopulation`` (the method on questions
+    decision claims (flyspec.gate.stats.decide.CLAIMS): ``superpopulation`` (the method on questions
     like these; the default of a new run) or ``finite`` (exactly the registered questions in this run's
     outputs); None keeps a resumed run's registered claim. alpha_budget: the family-wise error of every
     look at the run's comparisons, this run and later looks together, registered by the first look (default:

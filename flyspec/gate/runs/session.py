@@ -20,7 +20,7 @@ from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.options import GateOptions
 from flyspec.gate.runs.progress import GateProgress
-from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
+from flyspec.gate.stats.monitor import Monitor, SequentialStop
 
 Lane = tuple[str, int]
 NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
@@ -91,17 +91,17 @@ class Session:
         settings: SessionSettings,
         lanes: list[Lane],
         questions: list[Question],
-        monitors: SequentialMonitor | dict[str, SequentialMonitor] | None,
+        monitors: Monitor | dict[str, Monitor] | None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.lanes = lanes
         self.run_id = settings.run_id
         self.questions = questions
-        if isinstance(monitors, SequentialMonitor):
+        if isinstance(monitors, Monitor):
             monitors = {"candidate": monitors}
         # One sequential monitor per comparison (the candidate's first); a run stops once all have.
-        self.monitors: dict[str, SequentialMonitor] = monitors or {}
+        self.monitors: dict[str, Monitor] = monitors or {}
         # Only this session's lanes: a tune run stores every setting's answers in one run.
         self.done = {key for key in store.answered_keys(self.run_id) if (key[0], key[1]) in lanes}
         self.fingerprints: dict[str, dict[str, list[str]]] = {}
@@ -135,7 +135,7 @@ class Session:
         return len(self.lanes) * len(self.questions)
 
     @property
-    def monitor(self) -> SequentialMonitor | None:
+    def monitor(self) -> Monitor | None:
         """The candidate's sequential monitor (None for a fixed run)."""
         return next(iter(self.monitors.values()), None)
 

@@ -38,8 +38,8 @@ from flyspec.gate.runs.plan import Chosen, Plan, choose, plan
 from flyspec.gate.runs.run import Clock, RunResult, announce_sandbox, answer, population, register
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.runs.tune_settings import TuneSetting
-from flyspec.gate.stats.decision import PASS
-from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.decide import PASS
+from flyspec.gate.stats.monitor import PAUSES, Monitor, SequentialPlan
 
 BASELINE = ("baseline", 0)
 PROCEDURE = (
@@ -198,7 +198,7 @@ def _test(
     monitor = None
     if o.sequential:
         order = [(q.dataset, q.id) for q in chosen.questions]
-        monitor = SequentialMonitor(order, _sequential_plan(o, chosen, claim), (BASELINE, (setting.id, 0)))
+        monitor = Monitor(order, _sequential_plan(o, chosen, claim), (BASELINE, (setting.id, 0)))
     session = Session(store, _settings(o, o.name, clock), lanes, list(chosen.questions), monitor)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     executors = make_executors([planned.baseline, setting.arm])
