@@ -177,26 +177,60 @@ class SequentialDecision:
     loss_detected: bool
 
 
-class SequentialWalk:
-    """The sequential rule along the registered order: the ``1 - 2 alpha`` confidence sequence after each
-    pair, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there); ``n`` pairs
-    seen, ``lost``/``gained``/``undecided`` among them.
+class Walk:
+    """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each pair and
+    the rule on them, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there);
+    ``n`` pairs seen, the ``lost``/``gained``/``undecided`` ones among them and the ``labelled`` ones.
 
-    An undecided pair (a judge whose two orders disagree) counts against the claim being tested: as lost
-    (-1) in the sequence of the lower bounds, as gained (+1) in that of the upper bounds. The two
-    sequences are one until the first undecided pair, when the upper one starts as a copy of the lower.
-    ``sequential_decision`` walks a list with it, and the run's ``Monitor`` (flyspec/gate/stats/monitor.py)
-    walks the pairs as they complete, so both reach the same stop on the same data.
+    ``SequentialWalk`` walks exact-graded differences, ``JudgedWalk`` (flyspec/gate/stats/judged.py)
+    judged pairs. ``sequential_decision`` and ``judged_decision`` walk a list with them, the run's
+    ``Monitor`` (flyspec/gate/stats/monitor.py) the pairs as they complete and the report the stored
+    pairs, so every route reaches the same stop on the same data.
+    """
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+        self.n = self.lost = self.gained = self.undecided = self.labelled = 0
+        self.low, self.high = -1.0, 1.0
+        self.stop: Decision | None = None
+
+    @property
+    def can_decide(self) -> bool:
+        """Whether the bounds may decide yet (a judged walk waits for its first gold label)."""
+        return True
+
+    def _moved(self, bounds: tuple[float, float], d: int, undecided: bool, labelled: bool) -> Decision | None:
+        """Count the pair just observed and apply the rule to the new bounds: the decision if they cross."""
+        self.low, self.high = bounds
+        self.n += 1
+        self.lost += d == -1
+        self.gained += d == 1
+        self.undecided += undecided
+        self.labelled += labelled
+        now = self.decision()
+        if now.decision == INCONCLUSIVE:
+            return None
+        self.stop = now
+        return now
+
+    def decision(self) -> Decision:
+        """The rule on the bounds reached so far."""
+        return classify(self.low, self.high, self.margin, self.can_decide)
+
+
+class SequentialWalk(Walk):
+    """The exact-graded walk: the confidence sequence of the paired differences.
+
+    An undecided pair (a judge whose two orders disagree, in a judged run registered before gold labels)
+    counts against the claim being tested: as lost (-1) in the sequence of the lower bounds, as gained
+    (+1) in that of the upper bounds. The two sequences are one until the first undecided pair, when the
+    upper one starts as a copy of the lower.
     """
 
     def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
         from flyspec.gate.stats.sequence import ConfidenceSequence
 
-        self.margin = margin
-        # labelled: no gold labels in an exact-graded walk (the monitor reads the same counts of either).
-        self.n = self.lost = self.gained = self.undecided = self.labelled = 0
-        self.low, self.high = -1.0, 1.0
-        self.stop: Decision | None = None
+        super().__init__(margin)
         self._lower = ConfidenceSequence(2.0 * alpha, population_size)
         self._upper: ConfidenceSequence | None = None
 
@@ -204,22 +238,10 @@ class SequentialWalk:
         """Observe the next pair's difference; returns the decision if the bounds now cross, else None."""
         if undecided and self._upper is None:
             self._upper = copy.deepcopy(self._lower)
-        self.low, self.high = self._lower.update(-1 if undecided else d)
+        low, high = self._lower.update(-1 if undecided else d)
         if self._upper is not None:
-            self.high = self._upper.update(1 if undecided else d)[1]
-        self.n += 1
-        self.lost += d == -1
-        self.gained += d == 1
-        self.undecided += undecided
-        now = classify(self.low, self.high, self.margin)
-        if now.decision != INCONCLUSIVE:
-            self.stop = now
-            return now
-        return None
-
-    def decision(self) -> Decision:
-        """The rule on the bounds reached so far."""
-        return classify(self.low, self.high, self.margin)
+            high = self._upper.update(1 if undecided else d)[1]
+        return self._moved((low, high), d, undecided, False)
 
 
 def sequential_decision(

@@ -54,7 +54,7 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, check_margin_alpha, classify
+from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
 from flyspec.gate.stats.sequence import BoundedMeanSequence
 
@@ -292,39 +292,23 @@ class JudgedSequence:
         return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
 
 
-class JudgedWalk:
-    """A judged run's walk along the registered order: the prediction-powered ``1 - 2 alpha`` sequence
-    after each pair and the rule on its bounds, which decides nothing before the first gold label.
-    ``judged_decision`` walks a list with it and the run's ``Monitor`` (flyspec/gate/stats/monitor.py) the
-    pairs as they complete; ``add`` returns the decision once the bounds cross (a sequential run stops
-    there), else None."""
+class JudgedWalk(Walk):
+    """A judged run's walk (``Walk``): the prediction-powered sequence, which decides nothing before the
+    first gold label. The judge's verdicts count as ``judge_counts`` counts them."""
 
     def __init__(self, rate: float, margin: float, alpha: float, horizon: int | None = None) -> None:
+        super().__init__(margin)
         self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon)
-        self.margin = margin
-        self.n = self.labelled = self.lost = self.gained = self.undecided = 0
-        self.low, self.high = -1.0, 1.0
-        self.stop: Decision | None = None
+
+    @property
+    def can_decide(self) -> bool:
+        return self.labelled > 0
 
     def add(self, pair: JudgedPair) -> Decision | None:
-        """Observe the next pair (not one waiting for its label); counts the judge's verdicts as
-        ``judge_counts`` does."""
-        self.low, self.high = self.sequence.update(pair)
-        self.n += 1
-        self.labelled += pair.gold is not None
-        if not pair.identical:
-            self.lost += pair.prediction == -1
-            self.gained += pair.prediction == 1
-            self.undecided += abs(pair.prediction) != 1
-        now = self.decision()
-        if now.decision == INCONCLUSIVE:
-            return None
-        self.stop = now
-        return now
-
-    def decision(self) -> Decision:
-        """The rule on the bounds reached so far."""
-        return classify(self.low, self.high, self.margin, self.labelled > 0)
+        """Observe the next pair (not one waiting for its label)."""
+        verdict = int(pair.prediction) if abs(pair.prediction) == 1 else 0
+        undecided = not pair.identical and verdict == 0
+        return self._moved(self.sequence.update(pair), verdict, undecided, pair.gold is not None)
 
 
 @dataclass(frozen=True)
