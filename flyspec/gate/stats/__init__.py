@@ -48,7 +48,6 @@ if TYPE_CHECKING:
         usable_prefix,
     )
     from flyspec.gate.stats.paired import (
-        CI_METHODS,
         McNemarResult,
         NonInferiorityResult,
         PairedCounts,
@@ -71,7 +70,6 @@ if TYPE_CHECKING:
     from flyspec.gate.stats.spending import Look, NextLook, alpha_left, comparison_key, next_look
 
 __all__ = [
-    "CI_METHODS",
     "ConfidenceSequence",
     "Decision",
     "Design",
@@ -151,7 +149,6 @@ _HOMES = {
     "judged_values": "flyspec.gate.stats.judged",
     "labels_needed": "flyspec.gate.stats.judged",
     "usable_prefix": "flyspec.gate.stats.judged",
-    "CI_METHODS": "flyspec.gate.stats.paired",
     "McNemarResult": "flyspec.gate.stats.paired",
     "NonInferiorityResult": "flyspec.gate.stats.paired",
     "PairedCounts": "flyspec.gate.stats.paired",

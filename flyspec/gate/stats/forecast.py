@@ -172,11 +172,11 @@ def simulate(
             design.kind,
         )
     elif design.kind == "fixed":
-        out = fixed_exact(rng, runs, n, flip_rate, true_diff, margin, alpha)
+        out = _fixed_exact(rng, runs, n, flip_rate, true_diff, margin, alpha)
     elif design.population_size is None:
-        out = sequential_iid(rng, runs, n, flip_rate, true_diff, margin, alpha)
+        out = _sequential_iid(rng, runs, n, flip_rate, true_diff, margin, alpha)
     else:
-        out = sequential_finite(rng, runs, n, design.population_size, flip_rate, true_diff, margin, alpha)
+        out = _sequential_finite(rng, runs, n, design.population_size, flip_rate, true_diff, margin, alpha)
     return _outcome(out)
 
 
@@ -258,7 +258,7 @@ def _bisect(power_at: Callable[[int], float], low: int, high: int, power: float)
     return high
 
 
-def fixed_exact(
+def _fixed_exact(
     rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
 ) -> Outcomes:
     """Fixed-size exact-graded runs of ``n`` questions: ``decide`` on seeded multinomial tables."""
@@ -269,7 +269,7 @@ def fixed_exact(
     return Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
 
 
-def sequential_iid(
+def _sequential_iid(
     rng: np.random.Generator,
     runs: int,
     questions: int,
@@ -290,7 +290,7 @@ def sequential_iid(
     return Outcomes(crossing_verdicts(passed, failed), stopped)
 
 
-def sequential_finite(
+def _sequential_finite(
     rng: np.random.Generator,
     runs: int,
     questions: int,
@@ -476,7 +476,7 @@ def _continued(
     p_lost, p_gained = (lost + 0.5) / (n + 1.5), (gained + 0.5) / (n + 1.5)
     if population_size is None:
         # The i.i.d. capital depends on the counts only: continue from them, drawing as far as needed.
-        out = sequential_iid(
+        out = _sequential_iid(
             rng,
             paths,
             max_questions,

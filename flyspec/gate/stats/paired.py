@@ -26,7 +26,8 @@ from scipy.stats import binom, norm
 from flyspec.checks import is_int, is_number
 
 CI_METHODS = ("tango", "newcombe", "wald")
-ArrayLike = TypeVar("ArrayLike", float, np.ndarray)
+Numbers = TypeVar("Numbers", float, np.ndarray)
+"""One table's counts, or arrays of many tables' (the simulations')."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def paired_counts(base: Sequence[int | bool], cand: Sequence[int | bool]) -> Pai
     return PairedCounts(n=len(base), lost=lost, gained=gained)
 
 
-def restricted_lost_rate(n: float, lost: ArrayLike, gained: ArrayLike, delta0: float) -> ArrayLike:
+def restricted_lost_rate(n: float, lost: Numbers, gained: Numbers, delta0: float) -> Numbers:
     """Maximum-likelihood lost-cell probability under the constraint delta = delta0 (Tango 1998); counts
     may be arrays (many tables at once)."""
     a = 2.0 * n
@@ -126,7 +127,7 @@ def restricted_lost_rate(n: float, lost: ArrayLike, gained: ArrayLike, delta0: f
     return (np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a)
 
 
-def tango_statistic(n: int, lost: ArrayLike, gained: ArrayLike, delta0: float) -> ArrayLike:
+def tango_statistic(n: int, lost: Numbers, gained: Numbers, delta0: float) -> Numbers:
     """Tango's score statistic ``T(delta0)`` for the paired difference of proportions; ``lost`` and
     ``gained`` may be arrays (the simulations' many tables).
 
