@@ -11,12 +11,12 @@ accuracy against the non-inferiority ``margin``:
   whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
 
 Every verdict of the gate comes from ``classify``: a fixed run's on Tango's ``1 - 2 alpha`` interval
-(``decide``, ``decide_with_undecided``), a sequential run's at the first crossing of its confidence
-sequence (``SequentialWalk``: ``sequential_decision``, the run's monitor and the report's replay all walk
-with it, flyspec/gate/stats/monitor.py), a judged run's on its prediction-powered sequence (``JudgedWalk``,
-flyspec/gate/stats/judged.py), and the simulations' many runs at once (``crossing_verdicts``, pinned to the
-rule on the same draws by tests/test_gate_stats_decide.py, which also fails if a verdict is assigned
-anywhere else in the gate).
+(``decide``, ``decide_with_undecided``); a sequential or judged run's at the first crossing of its
+confidence sequence (``Walk``: ``SequentialWalk`` here, ``JudgedWalk`` in flyspec/gate/stats/judged.py;
+``sequential_decision``, ``judged_decision``, the run's ``Monitor`` and the report's replay,
+flyspec/gate/stats/monitor.py, all walk with them); and the simulations' many runs at once
+(``crossing_verdicts``, pinned to the rule on the same draws by tests/test_gate_stats_decide.py, which
+also fails if a verdict is assigned anywhere else in the gate).
 
 The settings' checks and the command line read the verdicts' names, the checks of a margin and alpha and
 the claims from here without loading numpy or scipy: the routes import the statistics they apply inside
