@@ -78,11 +78,11 @@ _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroin
 _ROOT_TOLERANCE = 1e-13
 
 
-def check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
+def check_alpha(alpha: float, upper: float = 1.0) -> None:
     if not is_number(alpha):
-        raise ValueError(f"{name}={alpha!r}: must be a number")
+        raise ValueError(f"alpha={alpha!r}: must be a number")
     if not 0 < alpha < upper:
-        raise ValueError(f"{name}={alpha!r}: must lie in (0, {upper:g})")
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, {upper:g})")
 
 
 def check_population(population_size: int | None, observations: int) -> None:
@@ -377,15 +377,6 @@ PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
 """The paper's start for the plug-in's running mean and variance in [0, 1]."""
 
 
-def _check(lo: float, hi: float, alpha: float, horizon: int | None) -> None:
-    if not (is_number(lo) and is_number(hi) and lo < hi):
-        raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
-    if not is_number(alpha, above=0, below=1):
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, 1)")
-    if horizon is not None and not is_int(horizon, 1):
-        raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
-
-
 class BoundedMeanSequence:
     """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
 
@@ -396,7 +387,12 @@ class BoundedMeanSequence:
     """
 
     def __init__(self, lo: float, hi: float, alpha: float, horizon: int | None = None) -> None:
-        _check(lo, hi, alpha, horizon)
+        if not (is_number(lo) and is_number(hi) and lo < hi):
+            raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
+        if not is_number(alpha, above=0, below=1):
+            raise ValueError(f"alpha={alpha!r}: must lie in (0, 1)")
+        if horizon is not None and not is_int(horizon, 1):
+            raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
         if lo > -1.0 or hi < 1.0:
             raise ValueError(f"range [{lo}, {hi}] must contain the target's range [-1, 1]")
         self.lo, self.hi, self.alpha, self.horizon = lo, hi, alpha, horizon
