@@ -133,7 +133,7 @@ def sequential_questions(
 ) -> int | None:
     """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
     design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
-    it (flyspec/gate/stats/sizing.py); None when fewer than 90% decide even at the design's limit."""
+    it (flyspec/gate/stats/forecast.py); None when fewer than 90% decide even at the design's limit."""
     limit = population_size if population_size is not None else UNLIMITED
     return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 
