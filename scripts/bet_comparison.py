@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from flyspec.gate.stats.sequential import BETS
+from flyspec.gate.stats.sequence import BETS
 from flyspec.gate.stats.simulation import draw_differences
 
 MARGIN, ALPHA, CAP = 0.02, 0.025, 25_000

@@ -12,10 +12,17 @@ import numpy as np
 import pytest
 
 from flyspec.gate.runs.progress import GateProgress
-from flyspec.gate.stats.decide import sequential_decisions
-from flyspec.gate.stats.designs import Design, design_outcome
-from flyspec.gate.stats.forecast import EFFECT, MIN_PAIRS, PRIOR, forecast, forecast_from_rate
-from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.forecast import (
+    EFFECT,
+    MIN_PAIRS,
+    PRIOR,
+    Design,
+    design_outcome,
+    forecast,
+    forecast_from_rate,
+)
+from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, Monitor, SequentialPlan
+from flyspec.gate.stats.simulation import sequential_decisions
 
 RUN = {"margin": 0.02, "alpha": 0.025, "max_questions": 1319, "population_size": 1319}
 
@@ -113,7 +120,7 @@ def test_the_progress_bar_shows_answers_per_minute_and_the_forecast_after_min_pa
     MIN_PAIRS pairs are complete, and not before."""
     order = [("gsm8k", str(i)) for i in range(200)]
     plan = SequentialPlan(margin=0.02, alpha=0.025, max_questions=200, population_size=200, order_seed=0)
-    monitor = SequentialMonitor(order, plan)
+    monitor = Monitor(order, plan)
     bar = GateProgress([BASELINE, CANDIDATE], 400, 0, monitor=monitor, deadline=None, enabled=False)
     rng = np.random.default_rng(0)
     for i, (dataset, qid) in enumerate(order[: MIN_PAIRS + 10]):
@@ -136,7 +143,7 @@ def test_a_budget_the_forecast_says_is_too_short_is_said_once_on_its_own_line(ca
     for minutes, said in ((1.0, 1), (10_000.0, 0)):
         order = [("gsm8k", str(i)) for i in range(400)]
         plan = SequentialPlan(0.02, 0.025, 400, population_size=400, order_seed=0, population="finite")
-        monitor = SequentialMonitor(order, plan)
+        monitor = Monitor(order, plan)
         deadline = time.monotonic() + 60 * minutes
         bar = GateProgress([BASELINE, CANDIDATE], 800, 0, monitor=monitor, deadline=deadline, enabled=False)
         bar.started -= 600  # ten minutes for these pairs: about 4 pairs a minute

@@ -16,15 +16,9 @@ import numpy as np
 import pytest
 
 from flyspec.gate.stats import sequential_decisions
+from flyspec.gate.stats.decide import claim
 from flyspec.gate.stats.judged import JudgedPair
-from flyspec.gate.stats.monitor import (
-    CS_METHOD,
-    JUDGED_METHOD,
-    JudgedMonitor,
-    SequentialPlan,
-    claim,
-    judged_stop,
-)
+from flyspec.gate.stats.monitor import CS_METHOD, JUDGED_METHOD, Monitor, SequentialPlan, judged_stop
 from flyspec.gate.stats.simulation import draw_differences, draw_judged
 
 MARGIN, ALPHA = 0.02, 0.025
@@ -89,7 +83,7 @@ def test_the_judged_monitor_stops_where_the_stored_pairs_say_and_waits_for_label
     plan = SequentialPlan(MARGIN, ALPHA, 900, 900, 0, method=JUDGED_METHOD, label_rate=0.3)
     pairs = _judged_pairs(4, 900, delta, 0.3)
     order = [("chat", str(i)) for i in range(900)]
-    monitor = JudgedMonitor(order, plan)
+    monitor = Monitor(order, plan)
     rng = np.random.default_rng(1)
     arrival = rng.permutation(900)
     late: list[int] = []
@@ -97,16 +91,16 @@ def test_the_judged_monitor_stops_where_the_stored_pairs_say_and_waits_for_label
     for step, i in enumerate(arrival):
         pair = pairs[i]
         if pair.selected:
-            monitor.add(*order[i], dataclasses.replace(pair, gold=None))
+            monitor.add_pair(order[i], dataclasses.replace(pair, gold=None))
             late.append(int(i))
         else:
-            stop = monitor.add(*order[i], pair) or stop
+            stop = monitor.add_pair(order[i], pair) or stop
         if step % 5 == 4:
             for j in late:
-                stop = monitor.add(*order[j], pairs[j]) or stop
+                stop = monitor.add_pair(order[j], pairs[j]) or stop
             late = []
     for j in late:
-        stop = monitor.add(*order[j], pairs[j]) or stop
+        stop = monitor.add_pair(order[j], pairs[j]) or stop
     expected = judged_stop(order, dict(zip(order, pairs, strict=True)), plan)
     # complete_prefix: the monitor's is where it stopped, the stored pairs' reach further.
     assert stop is not None and dataclasses.replace(stop, complete_prefix=900) == expected

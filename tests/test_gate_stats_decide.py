@@ -31,13 +31,12 @@ from flyspec.gate.stats import (
     sequential_decision,
     sequential_decision_with_undecided,
 )
-from flyspec.gate.stats.designs import Design, simulate
+from flyspec.gate.stats.forecast import Design, simulate
 from flyspec.gate.stats.simulation import draw_differences
 
 GATE = Path(__file__).resolve().parent.parent / "flyspec" / "gate"
 RULE_HOMES = {
-    GATE / "stats" / "decide.py": "the rule and every route that applies it",
-    GATE / "stats" / "decision.py": "the verdicts' names, defined once",
+    GATE / "stats" / "decide.py": "the rule, the verdicts' names and every route that applies it",
 }
 VERDICTS = {"PASS", "FAIL"}
 READERS = {"share", "count", "index"}
@@ -203,8 +202,7 @@ def _assigned_verdicts(tree: ast.AST) -> Iterator[int]:
 
 
 def test_verdicts_are_assigned_only_in_decide() -> None:
-    """No module of the gate but stats/decide.py gives a run PASS or FAIL (and stats/decision.py, which
-    names them): the rule is written once, and every route (the fixed and sequential decisions, the
+    """No module of the gate but stats/decide.py (which also names them) gives a run PASS or FAIL: the rule is written once, and every route (the fixed and sequential decisions, the
     running monitor, the report's replay, tune, compare, the simulations) reaches it there."""
     found = [
         f"{path.relative_to(GATE)}:{line}"

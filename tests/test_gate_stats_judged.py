@@ -16,8 +16,6 @@ from judged_draws import run_draws
 
 from flyspec.gate.data.questions import Question, select_questions
 from flyspec.gate.data.spec import Gold
-from flyspec.gate.stats.betting import BoundedMeanSequence, log_capital
-from flyspec.gate.stats.growth import JudgeModel, fixed_power, sequential_median, value_distribution
 from flyspec.gate.stats.judged import (
     GOLD_DRAW,
     JudgedPair,
@@ -29,7 +27,9 @@ from flyspec.gate.stats.judged import (
     usable_prefix,
     value_range,
 )
+from flyspec.gate.stats.sequence import BoundedMeanSequence, log_capital
 from flyspec.gate.stats.simulation import draw_judged, judged_runs
+from flyspec.gate.stats.sizing import JudgeModel, fixed_power, sequential_median, value_distribution
 
 MARGIN, ALPHA = 0.02, 0.025
 

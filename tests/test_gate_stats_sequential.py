@@ -17,7 +17,7 @@ from flyspec.gate.stats import (
     sequential_decision,
     sequential_decisions,
 )
-from flyspec.gate.stats.sequential import BETS, GRID_STEPS
+from flyspec.gate.stats.sequence import BETS, GRID_STEPS
 
 
 def _draw(seed: int, p_lost: float, p_gained: float, size: int | tuple[int, int]) -> np.ndarray:

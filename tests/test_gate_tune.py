@@ -35,8 +35,7 @@ from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.report.tune_report import build_tune_report
 from flyspec.gate.runs.tune import TuneOptions, calibration_speeds, tune
 from flyspec.gate.runs.tune_settings import expand_grid, parse_settings
-from flyspec.gate.stats.decision import NOT_TESTED, PASS
-from flyspec.gate.stats.multiple import fixed_sequence
+from flyspec.gate.stats.decide import NOT_TESTED, PASS, fixed_sequence
 
 MAX_TOKENS = 10
 QUESTIONS = 16

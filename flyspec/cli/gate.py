@@ -61,7 +61,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="End stdout with one JSON object (key `questions`)."),
 ) -> None:
     """How many paired questions a gate needs (Connor 1987 for McNemar; score test for non-inferiority)."""
-    from flyspec.gate.stats.planning import questions_needed, questions_needed_noninferiority
+    from flyspec.gate.stats.sizing import questions_needed, questions_needed_noninferiority
 
     questions = questions_needed(net_loss, flip_rate, alpha, power)
     result: dict[str, Any] = {
@@ -148,7 +148,7 @@ def pilot_command(options: GateOptions, as_json: AsJson = False) -> None:
 def _exit_for(decision: str | None, strict: bool) -> None:
     """The exit code of a decision: 0 PASS (or no decision: a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0)."""
-    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE
+    from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE
 
     if decision == FAIL:
         raise typer.Exit(1)
@@ -159,7 +159,7 @@ def _exit_for(decision: str | None, strict: bool) -> None:
 def _exit_for_tune(report: Any, strict: bool) -> None:
     """A tune's exit code: 0 when a setting passed, 1 when the tune is finished and none passed, and while
     it is unfinished with none passed yet 2 with --strict (else 0)."""
-    from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+    from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 
     decision = PASS if report.chosen is not None else FAIL if report.complete else INCONCLUSIVE
     _exit_for(decision, strict)

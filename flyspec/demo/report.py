@@ -12,8 +12,7 @@ from flyspec.gate import Report, build_report
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.decisions import answering_minutes
 from flyspec.gate.report.render import control_sentence
-from flyspec.gate.stats.designs import Design
-from flyspec.gate.stats.forecast import forecast_from_rate
+from flyspec.gate.stats.forecast import Design, forecast_from_rate
 
 FIRST_SCREEN_LINES = 12
 CONTINUE = "flyspec demo --until-decided"

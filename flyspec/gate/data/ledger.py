@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from flyspec.assets import cache_dir
 from flyspec.gate.data.spec import ComparisonPlan, Registration
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.stats.claims import SUPERPOPULATION
+from flyspec.gate.stats.decide import SUPERPOPULATION
 from flyspec.gate.stats.spending import Look, comparison_key
 
 LEDGER_ENV = "FLYSPEC_GATE_LEDGER"

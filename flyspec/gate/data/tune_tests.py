@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from flyspec.gate.data.spec import BASELINE
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.stats.decide import decide
-from flyspec.gate.stats.decision import INCONCLUSIVE
+from flyspec.gate.stats.decide import INCONCLUSIVE, decide
 from flyspec.gate.stats.monitor import sequential_stop
 
 

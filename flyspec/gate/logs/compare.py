@@ -29,7 +29,7 @@ from flyspec.gate.report.comparisons import compare_pairs
 from flyspec.gate.report.model import Comparison
 from flyspec.gate.report.render import compare_advice, explanation
 from flyspec.gate.report.report import Report
-from flyspec.gate.stats.decision import check_margin_alpha
+from flyspec.gate.stats.decide import check_margin_alpha
 
 KIND = "compare"
 

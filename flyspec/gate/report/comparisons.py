@@ -8,11 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 from flyspec.gate.report.model import Comparison
-from flyspec.gate.stats.decide import decide_with_undecided
-from flyspec.gate.stats.decision import INCONCLUSIVE
+from flyspec.gate.stats.decide import INCONCLUSIVE, decide_with_undecided
 from flyspec.gate.stats.monitor import SequentialStop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
-from flyspec.gate.stats.planning import plan_noninferiority
+from flyspec.gate.stats.sizing import plan_noninferiority
 
 POWER = 0.80
 

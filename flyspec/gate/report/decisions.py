@@ -16,7 +16,7 @@ from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.report.comparisons import compare_pairs, counted, sequential_row
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decision import INCONCLUSIVE
+from flyspec.gate.stats.decide import INCONCLUSIVE
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.monitor import in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar

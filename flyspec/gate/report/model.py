@@ -13,7 +13,7 @@ from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule
-from flyspec.gate.stats.claims import SUPERPOPULATION, claim
+from flyspec.gate.stats.decide import SUPERPOPULATION, claim
 from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
 
 PPI_FIXED_METHOD = (

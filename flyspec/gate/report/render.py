@@ -12,9 +12,9 @@ from typing import Any
 from flyspec.gate.data.spec import SamplingRecord
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import explain_decision, points
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.designs import Design, design_outcome
-from flyspec.gate.stats.planning import flip_rate_upper_bound
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.forecast import Design, design_outcome
+from flyspec.gate.stats.sizing import flip_rate_upper_bound
 
 POWER_PCT = "80%"
 _STOP_REASONS = {
@@ -133,7 +133,7 @@ def sequential_questions(
 ) -> int | None:
     """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
     design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
-    it (flyspec/gate/stats/designs.py); None when fewer than 90% decide even at the design's limit."""
+    it (flyspec/gate/stats/forecast.py); None when fewer than 90% decide even at the design's limit."""
     limit = population_size if population_size is not None else UNLIMITED
     return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 

@@ -43,9 +43,9 @@ from flyspec.gate.report.model import (
     ReportData,
 )
 from flyspec.gate.report.render import advice, explanation, html_page, markdown
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
-from flyspec.gate.stats.planning import plan_noninferiority
+from flyspec.gate.stats.sizing import plan_noninferiority
 
 POWER = 0.80
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]

@@ -23,8 +23,7 @@ from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.data.tune_tests import SettingStatus, setting_status
 from flyspec.gate.report.looks import LedgerSummary, ledger_summary
 from flyspec.gate.report.wording import points
-from flyspec.gate.stats.decision import INCONCLUSIVE, NOT_TESTED, PASS
-from flyspec.gate.stats.multiple import fixed_sequence
+from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequence
 
 _CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
 

@@ -7,8 +7,7 @@ lies against zero and against the margin, which is everything the decision rests
 
 from __future__ import annotations
 
-from flyspec.gate.stats.decide import classify
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, classify
 
 
 def points(value: float, *references: float) -> str:

@@ -33,7 +33,7 @@ from flyspec.gate.data.store import GateStore, JudgementRecord, LabelRecord
 from flyspec.gate.grading.graders import Grade, grade
 from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.stats.judged import JudgedPair
-from flyspec.gate.stats.monitor import JudgedMonitor, SequentialPlan, SequentialStop
+from flyspec.gate.stats.monitor import Monitor, SequentialPlan, SequentialStop
 
 Lane = tuple[str, int]
 Item = tuple[Job, Completion, Grade]
@@ -189,7 +189,7 @@ class JudgedPairs:
 class JudgedRunMonitor:
     """The sequential monitor of a judged run registered with gold labels: judged pairs arrive through
     ``add_pair``; a question graded by its own exact grader arrives answer by answer through ``add`` (as
-    for ``SequentialMonitor``) and enters as an exactly predicted pair. Exposes what the progress bar reads
+    for ``Monitor``) and enters as an exactly predicted pair. Exposes what the progress bar reads
     (``prefix``, ``plan``, ``low``, ``high``, ``lost``, ``gained``, ``stop``, ``lanes``)."""
 
     def __init__(
@@ -200,7 +200,7 @@ class JudgedRunMonitor:
         gold: Gold,
         graders: dict[QuestionKey, str],
     ) -> None:
-        self.inner = JudgedMonitor(order, plan)
+        self.inner = Monitor(order, plan)
         self.order = order
         self.plan = plan
         self.lanes = lanes
@@ -224,10 +224,8 @@ class JudgedRunMonitor:
         second = self.correct.get((*self.lanes[1], *key))
         if first is None or second is None:
             return None
-        return self.inner.add(
-            dataset, question_id, exact_pair(self.gold, dataset, question_id, first, second)
-        )
+        return self.inner.add_pair(key, exact_pair(self.gold, dataset, question_id, first, second))
 
     def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
         """A judged question's pair (or the same pair again with its gold label)."""
-        return self.inner.add(*key, pair)
+        return self.inner.add_pair(key, pair)

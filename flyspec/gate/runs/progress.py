@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flyspec.gate.stats.forecast import MIN_PAIRS, Forecast, forecast
-from flyspec.gate.stats.monitor import SequentialMonitor, in_order_diffs
+from flyspec.gate.stats.monitor import Monitor, in_order_diffs
 
 Lane = tuple[str, int]
 FORECAST_EVERY = 10
@@ -37,8 +37,8 @@ class GateProgress:
         total: int,
         done: int,
         *,
-        monitors: dict[str, SequentialMonitor] | None = None,
-        monitor: SequentialMonitor | None = None,
+        monitors: dict[str, Monitor] | None = None,
+        monitor: Monitor | None = None,
         deadline: float | None,
         enabled: bool,
         interactive: bool | None = None,
@@ -138,7 +138,7 @@ class GateProgress:
             print(line, file=sys.stderr, flush=True)
 
     @staticmethod
-    def _interval(name: str, m: SequentialMonitor, with_name: bool) -> str:
+    def _interval(name: str, m: Monitor, with_name: bool) -> str:
         head = f"{name} " if with_name else ""
         if m.stop is not None and m.stop.final:
             return f"{head}{m.stop.decision} at {m.stop.stopped_at}"

@@ -60,8 +60,8 @@ from flyspec.gate.runs.plan import (
 )
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.runs.settings import ArmSpec, GateOptions
-from flyspec.gate.stats.claims import SUPERPOPULATION
-from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.decide import SUPERPOPULATION
+from flyspec.gate.stats.monitor import JUDGED_METHOD, Monitor, SequentialPlan
 
 Lane = tuple[str, int]
 GatePlan = Plan[GateOptions]
@@ -393,7 +393,7 @@ def _session(
             graders = {(q.dataset, q.id): q.grader for q in questions}
             monitors[c.name] = JudgedRunMonitor(order, c.sequential, c.lanes, planned.gold, graders)
         else:
-            monitors[c.name] = SequentialMonitor(order, c.sequential, c.lanes)
+            monitors[c.name] = Monitor(order, c.sequential, c.lanes)
     o = planned.options
     settings = SessionSettings.of(o, o.name, clock.left, judge=planned.judge, gold=planned.gold)
     return Session(store, settings, _lanes(planned), questions, monitors)

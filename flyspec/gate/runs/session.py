@@ -20,7 +20,7 @@ from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.progress import GateProgress
 from flyspec.gate.runs.settings import RunSettings
-from flyspec.gate.stats.monitor import SequentialMonitor, SequentialStop
+from flyspec.gate.stats.monitor import Monitor, SequentialStop
 
 Lane = tuple[str, int]
 NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
@@ -89,7 +89,7 @@ class Session:
         settings: SessionSettings,
         lanes: list[Lane],
         questions: list[Question],
-        monitors: dict[str, SequentialMonitor],
+        monitors: dict[str, Monitor],
     ) -> None:
         self.store = store
         self.settings = settings
@@ -132,7 +132,7 @@ class Session:
         return len(self.lanes) * len(self.questions)
 
     @property
-    def monitor(self) -> SequentialMonitor | None:
+    def monitor(self) -> Monitor | None:
         """The candidate's sequential monitor (None for a fixed run)."""
         return next(iter(self.monitors.values()), None)
 

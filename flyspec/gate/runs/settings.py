@@ -16,8 +16,7 @@ from pathlib import Path
 from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import ArmSpec, Sampling
 from flyspec.gate.runs.flags import RUNS, flag
-from flyspec.gate.stats.claims import FINITE, POPULATIONS
-from flyspec.gate.stats.decision import check_margin_alpha
+from flyspec.gate.stats.decide import FINITE, POPULATIONS, check_margin_alpha
 from flyspec.gate.stats.spending import check_budget
 
 KINDS = ("gate", "pilot")

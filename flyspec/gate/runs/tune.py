@@ -38,8 +38,8 @@ from flyspec.gate.runs.plan import Chosen, Plan, choose, plan
 from flyspec.gate.runs.run import Clock, RunResult, announce_sandbox, answer, population, register
 from flyspec.gate.runs.session import Session, SessionSettings, log
 from flyspec.gate.runs.tune_settings import TuneOptions, TuneSetting
-from flyspec.gate.stats.decision import PASS
-from flyspec.gate.stats.monitor import PAUSES, SequentialMonitor, SequentialPlan
+from flyspec.gate.stats.decide import PASS
+from flyspec.gate.stats.monitor import PAUSES, Monitor, SequentialPlan
 
 BASELINE = ("baseline", 0)
 PROCEDURE = (
@@ -191,10 +191,10 @@ def _test(
     """Test one setting against the stored (and, where missing, new) baseline answers."""
     o = planned.options
     lanes = (BASELINE, (setting.id, 0))
-    monitors: dict[str, SequentialMonitor] = {}
+    monitors: dict[str, Monitor] = {}
     if o.sequential:
         order = [(q.dataset, q.id) for q in chosen.questions]
-        monitors["candidate"] = SequentialMonitor(order, _sequential_plan(o, chosen, claim), lanes)
+        monitors["candidate"] = Monitor(order, _sequential_plan(o, chosen, claim), lanes)
     settings = SessionSettings.of(o, o.name, clock.left)
     session = Session(store, settings, list(lanes), list(chosen.questions), monitors)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")

@@ -1,5 +1,6 @@
-"""The gate's decision: the one rule that turns an interval into PASS, FAIL or INCONCLUSIVE, and the
-routes that apply it to a run (docs/statistics.md, "The decision rule").
+"""The gate's decision: the names of its verdicts, the one rule that turns an interval into PASS, FAIL or
+INCONCLUSIVE, the routes that apply it to a run, the family rule of ``gate tune`` and what a sequential
+decision claims (docs/statistics.md, "The decision rule").
 
 The rule (``classify``), for an interval ``[low, high]`` of delta = candidate accuracy - baseline
 accuracy against the non-inferiority ``margin``:
@@ -10,11 +11,16 @@ accuracy against the non-inferiority ``margin``:
   whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
 
 Every verdict of the gate comes from ``classify``: a fixed run's on Tango's ``1 - 2 alpha`` interval
-(``decide``, ``decide_with_undecided``), a sequential run's at the first crossing of its confidence
-sequence (``SequentialWalk``: ``sequential_decision``, the run's monitor and the report's replay all walk
-with it), a judged run's on its prediction-powered sequence (``JudgedWalk``, flyspec/gate/stats/judged.py),
-and the simulations' many runs at once (``crossing_verdicts``, pinned to the rule on the same draws by
-tests/test_gate_stats_decide.py, which also fails if a verdict is assigned anywhere else in the gate).
+(``decide``, ``decide_with_undecided``); a sequential or judged run's at the first crossing of its
+confidence sequence (``Walk``: ``SequentialWalk`` here, ``JudgedWalk`` in flyspec/gate/stats/judged.py;
+``sequential_decision``, ``judged_decision``, the run's ``Monitor`` and the report's replay,
+flyspec/gate/stats/monitor.py, all walk with them); and the simulations' many runs at once
+(``crossing_verdicts``, pinned to the rule on the same draws by tests/test_gate_stats_decide.py, which
+also fails if a verdict is assigned anywhere else in the gate).
+
+The settings' checks and the command line read the verdicts' names, the checks of a margin and alpha and
+the claims from here without loading numpy or scipy: the routes import the statistics they apply inside
+their functions.
 """
 
 from __future__ import annotations
@@ -22,19 +28,60 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
+from flyspec.checks import is_int, is_number
 
-from flyspec.checks import is_int
-from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS, check_margin
-from flyspec.gate.stats.paired import check_counts, check_probability, net_difference_ci
-from flyspec.gate.stats.sequential import (
-    ConfidenceSequence,
-    as_diffs,
-    check_alpha,
-    check_population,
-    crossing_stops,
-)
+if TYPE_CHECKING:
+    import numpy as np
+
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+NOT_TESTED = "NOT TESTED"
+DECISIONS = (PASS, FAIL, INCONCLUSIVE)
+
+SUPERPOPULATION = "superpopulation"
+FINITE = "finite"
+POPULATIONS = (SUPERPOPULATION, FINITE)
+CLAIMS = {
+    "superpopulation": (
+        "The claim is about the method on questions like these: the per-question differences are treated "
+        "as a random sample, so the verdict covers other questions drawn the same way and another run of "
+        "these (run-to-run variation in the outputs included)."
+    ),
+    "finite": (
+        "The claim is about these {n} questions as answered in this run: it holds for the mean over exactly "
+        "this set with these outputs, and says nothing about other questions or another run of the same "
+        "questions (the set was declared the whole population with --population finite)."
+    ),
+}
+"""One plain sentence per population: what a sequential run's decision speaks about (docs/statistics.md,
+"Which target to use: what a PASS claims")."""
+
+
+def claim(population: str, population_size: int | None = None) -> str:
+    """The plain-words claim of a sequential run over this population (``CLAIMS``)."""
+    if population not in POPULATIONS:
+        raise ValueError(f"population={population!r}: one of {', '.join(POPULATIONS)}")
+    return CLAIMS[population].format(n=population_size if population_size is not None else "N")
+
+
+def check_margin(margin: float) -> None:
+    """Raise ValueError unless ``margin`` is a number in (0, 1)."""
+    if not is_number(margin):
+        raise ValueError(f"margin={margin!r}: must be a number")
+    if not 0 < margin < 1:
+        raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
+
+
+def check_margin_alpha(margin: float, alpha: float) -> None:
+    """Validate a run's non-inferiority margin and one-sided alpha (set before its first answer)."""
+    if not is_number(margin, above=0, below=1):
+        raise ValueError(
+            f"margin={margin!r}: must lie in (0, 1); it is the tolerated accuracy loss as a fraction "
+            "(0.02 = 2 points)"
+        )
+    if not is_number(alpha, above=0, below=0.5):
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5); it is the one-sided level (0.025 usual)")
 
 
 @dataclass(frozen=True)
@@ -71,6 +118,8 @@ def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
     """``classify`` for many runs at once, from where each run's bounds stand against ``-margin``:
     ``passed`` (the lower bound above it), ``failed`` (the upper bound below it). PASS wins where both
     hold, as in ``classify``; an object array of "PASS", "FAIL" and "INCONCLUSIVE"."""
+    import numpy as np
+
     return np.select([passed, failed], [PASS, FAIL], INCONCLUSIVE).astype(object)
 
 
@@ -81,6 +130,8 @@ def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) 
     INCONCLUSIVE otherwise. ``loss_detected = high < 0``. A significant McNemar test alone never makes a
     FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside this.
     """
+    from flyspec.gate.stats.paired import check_counts, check_probability, net_difference_ci
+
     check_counts(n, lost, gained)
     check_margin(margin)
     check_probability("alpha", alpha)
@@ -102,6 +153,8 @@ def decide_with_undecided(
     unfavourable to its claim as the truth, so each claim keeps its error at most alpha; ``low``/``high``
     are those two ends. With ``undecided = 0`` it is ``decide``.
     """
+    from flyspec.gate.stats.paired import check_counts, net_difference_ci
+
     if not is_int(undecided, 0):
         raise ValueError(f"undecided={undecided!r}: must be an integer >= 0")
     check_counts(n, lost, gained)
@@ -124,23 +177,60 @@ class SequentialDecision:
     loss_detected: bool
 
 
-class SequentialWalk:
-    """The sequential rule along the registered order: the ``1 - 2 alpha`` confidence sequence after each
-    pair, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there); ``n`` pairs
-    seen, ``lost``/``gained``/``undecided`` among them.
+class Walk:
+    """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each pair and
+    the rule on them, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there);
+    ``n`` pairs seen, the ``lost``/``gained``/``undecided`` ones among them and the ``labelled`` ones.
 
-    An undecided pair (a judge whose two orders disagree) counts against the claim being tested: as lost
-    (-1) in the sequence of the lower bounds, as gained (+1) in that of the upper bounds. The two
-    sequences are one until the first undecided pair, when the upper one starts as a copy of the lower.
-    ``sequential_decision`` walks a list with it, and the run's monitor (flyspec/gate/stats/monitor.py)
-    walks the pairs as they complete, so both reach the same stop on the same data.
+    ``SequentialWalk`` walks exact-graded differences, ``JudgedWalk`` (flyspec/gate/stats/judged.py)
+    judged pairs. ``sequential_decision`` and ``judged_decision`` walk a list with them, the run's
+    ``Monitor`` (flyspec/gate/stats/monitor.py) the pairs as they complete and the report the stored
+    pairs, so every route reaches the same stop on the same data.
+    """
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+        self.n = self.lost = self.gained = self.undecided = self.labelled = 0
+        self.low, self.high = -1.0, 1.0
+        self.stop: Decision | None = None
+
+    @property
+    def can_decide(self) -> bool:
+        """Whether the bounds may decide yet (a judged walk waits for its first gold label)."""
+        return True
+
+    def _moved(self, bounds: tuple[float, float], d: int, undecided: bool, labelled: bool) -> Decision | None:
+        """Count the pair just observed and apply the rule to the new bounds: the decision if they cross."""
+        self.low, self.high = bounds
+        self.n += 1
+        self.lost += d == -1
+        self.gained += d == 1
+        self.undecided += undecided
+        self.labelled += labelled
+        now = self.decision()
+        if now.decision == INCONCLUSIVE:
+            return None
+        self.stop = now
+        return now
+
+    def decision(self) -> Decision:
+        """The rule on the bounds reached so far."""
+        return classify(self.low, self.high, self.margin, self.can_decide)
+
+
+class SequentialWalk(Walk):
+    """The exact-graded walk: the confidence sequence of the paired differences.
+
+    An undecided pair (a judge whose two orders disagree, in a judged run registered before gold labels)
+    counts against the claim being tested: as lost (-1) in the sequence of the lower bounds, as gained
+    (+1) in that of the upper bounds. The two sequences are one until the first undecided pair, when the
+    upper one starts as a copy of the lower.
     """
 
     def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
-        self.margin = margin
-        self.n = self.lost = self.gained = self.undecided = 0
-        self.low, self.high = -1.0, 1.0
-        self.stop: Decision | None = None
+        from flyspec.gate.stats.sequence import ConfidenceSequence
+
+        super().__init__(margin)
         self._lower = ConfidenceSequence(2.0 * alpha, population_size)
         self._upper: ConfidenceSequence | None = None
 
@@ -148,22 +238,10 @@ class SequentialWalk:
         """Observe the next pair's difference; returns the decision if the bounds now cross, else None."""
         if undecided and self._upper is None:
             self._upper = copy.deepcopy(self._lower)
-        self.low, self.high = self._lower.update(-1 if undecided else d)
+        low, high = self._lower.update(-1 if undecided else d)
         if self._upper is not None:
-            self.high = self._upper.update(1 if undecided else d)[1]
-        self.n += 1
-        self.lost += d == -1
-        self.gained += d == 1
-        self.undecided += undecided
-        now = classify(self.low, self.high, self.margin)
-        if now.decision != INCONCLUSIVE:
-            self.stop = now
-            return now
-        return None
-
-    def decision(self) -> Decision:
-        """The rule on the bounds reached so far."""
-        return classify(self.low, self.high, self.margin)
+            high = self._upper.update(1 if undecided else d)[1]
+        return self._moved((low, high), d, undecided, False)
 
 
 def sequential_decision(
@@ -196,6 +274,8 @@ def sequential_decision_with_undecided(
     delta <= -margin and P(FAIL) <= alpha when delta >= -margin, as in ``sequential_decision``, whatever
     the undecided pairs truly were. Without undecided pairs it is ``sequential_decision``.
     """
+    from flyspec.gate.stats.sequence import as_diffs, check_alpha, check_population
+
     values = as_diffs(diffs, ndim=1)
     flags = [bool(u) for u in undecided]
     if len(flags) != len(values):
@@ -213,32 +293,42 @@ def sequential_decision_with_undecided(
     return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
 
 
-def sequential_decisions(
-    diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
+# The family rule of ``gate tune``: fixed-sequence testing. Settings are tested against one baseline in an
+# order registered before any quality data is seen, least aggressive first, each at the full alpha;
+# testing stops at the first setting that does not PASS. A later hypothesis is tested only when every
+# earlier one was rejected, so the chance of choosing a setting truly worse than the margin stays at most
+# alpha with no alpha splitting (Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001).
 
-    Returns ``(decision, stopped_at)`` arrays, from the capital processes at the margin
-    (``sequential.crossing_stops``): the answers equal ``sequential_decision``'s except after a miss that
-    empties the set.
+
+class FixedSequenceResult(NamedTuple):
+    """``chosen``: index of the last PASS before the first non-PASS (None if the first did not pass);
+    ``labels``: each setting's decision, "NOT TESTED" after the first non-PASS."""
+
+    chosen: int | None
+    labels: list[str]
+
+
+def fixed_sequence(decisions: Sequence[str | None]) -> FixedSequenceResult:
+    """Apply the fixed-sequence procedure to decisions listed in the registered test order.
+
+    Entries after the first non-PASS are never looked at (they may be None for settings that were not
+    run) and are labelled "NOT TESTED"; an entry up to and including that point must be a decision.
     """
-    values = as_diffs(diffs, ndim=2)
-    check_margin(margin)
-    check_alpha(alpha, upper=0.5)
-    check_population(population_size, values.shape[1])
-    passed, failed, stopped_at = crossing_stops(values, margin, alpha, population_size)
-    return crossing_verdicts(passed, failed), stopped_at
-
-
-__all__ = [
-    "Decision",
-    "SequentialDecision",
-    "SequentialWalk",
-    "classify",
-    "crossing_verdicts",
-    "decide",
-    "decide_with_undecided",
-    "sequential_decision",
-    "sequential_decision_with_undecided",
-    "sequential_decisions",
-]
+    labels: list[str] = []
+    chosen: int | None = None
+    stopped = False
+    for index, decision in enumerate(decisions):
+        if stopped:
+            labels.append(NOT_TESTED)
+            continue
+        if decision not in DECISIONS:
+            raise ValueError(
+                f"decisions[{index}]={decision!r}: a setting reached in the sequence needs a decision, "
+                f"one of {', '.join(DECISIONS)}"
+            )
+        labels.append(decision)
+        if decision == PASS:
+            chosen = index
+        else:
+            stopped = True
+    return FixedSequenceResult(chosen=chosen, labels=labels)

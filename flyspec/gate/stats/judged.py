@@ -33,7 +33,7 @@ is drawn independently of everything the judge and the answers do, and lam_i is 
 ``Var(Y) = Var(D) + (1/rate - 1) E[(D - lam f)^2]``: a judge that always agrees with gold loses nothing
 against labelling every pair; a coin leaves only the labelled pairs' information (and the extra noise).
 Y lies in ``[1 - 2/rate, 2/rate - 1]`` for lam in [0, 1], so the betting confidence sequences for bounded
-means (flyspec/gate/stats/betting.py) apply: the anytime mixture for sequential runs, the predictable
+means (flyspec/gate/stats/sequence.py) apply: the anytime mixture for sequential runs, the predictable
 plug-in bet tuned to the registered size for fixed runs.
 
 A selected pair whose label has not arrived blocks the in-order prefix (``usable_prefix``): skipping it
@@ -54,11 +54,9 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.betting import BoundedMeanSequence
-from flyspec.gate.stats.decide import Decision, classify
-from flyspec.gate.stats.decision import INCONCLUSIVE, check_margin_alpha
-from flyspec.gate.stats.growth import JudgeModel, smallest_rate
+from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
+from flyspec.gate.stats.sequence import BoundedMeanSequence
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
@@ -294,30 +292,23 @@ class JudgedSequence:
         return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
 
 
-class JudgedWalk:
-    """A judged run's walk along the registered order: the prediction-powered ``1 - 2 alpha`` sequence
-    after each pair and the rule on its bounds, which decides nothing before the first gold label.
-    ``judged_decision`` walks a list with it and the run's monitor (flyspec/gate/stats/monitor.py) the
-    pairs as they complete; ``add`` returns the decision once the bounds cross (a sequential run stops
-    there), else None."""
+class JudgedWalk(Walk):
+    """A judged run's walk (``Walk``): the prediction-powered sequence, which decides nothing before the
+    first gold label. The judge's verdicts count as ``judge_counts`` counts them."""
 
     def __init__(self, rate: float, margin: float, alpha: float, horizon: int | None = None) -> None:
+        super().__init__(margin)
         self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon)
-        self.margin = margin
-        self.n = self.labelled = 0
-        self.low, self.high = -1.0, 1.0
+
+    @property
+    def can_decide(self) -> bool:
+        return self.labelled > 0
 
     def add(self, pair: JudgedPair) -> Decision | None:
         """Observe the next pair (not one waiting for its label)."""
-        self.low, self.high = self.sequence.update(pair)
-        self.n += 1
-        self.labelled += pair.gold is not None
-        now = self.decision()
-        return None if now.decision == INCONCLUSIVE else now
-
-    def decision(self) -> Decision:
-        """The rule on the bounds reached so far."""
-        return classify(self.low, self.high, self.margin, self.labelled > 0)
+        verdict = int(pair.prediction) if abs(pair.prediction) == 1 else 0
+        undecided = not pair.identical and verdict == 0
+        return self._moved(self.sequence.update(pair), verdict, undecided, pair.gold is not None)
 
 
 @dataclass(frozen=True)
@@ -459,9 +450,12 @@ def labels_needed(
 
     Assumes the true difference is the judge's own estimate (its mean prediction over the pairs) and a
     judge agreeing with gold as often as seen (ASSUMED_AGREEMENT before any label); the share of pairs
-    that differ is the one seen. Uses ``flyspec.gate.stats.growth`` (the expected growth of the betting
+    that differ is the one seen. Uses ``flyspec.gate.stats.sizing`` (the expected growth of the betting
     capital at the margin), searching the smallest label rate whose median run decides.
     """
+    # Imported here: the sizing module simulates judged runs with this module's values.
+    from flyspec.gate.stats.sizing import JudgeModel, smallest_rate
+
     differing = (counts.n - counts.identical) / counts.n if counts.n else 0.0
     effect = float(np.mean([p.prediction for p in pairs])) if pairs else 0.0
     assumed = counts.agreement is None

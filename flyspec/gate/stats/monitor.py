@@ -23,21 +23,24 @@ allows (it holds at every stopping time at once, however the time was chosen).
 The plan (``SequentialPlan``) records what a PASS claims (``population``: about the method, the i.i.d.
 sequence, by default; about the pool's questions in this run, the without-replacement sequence, only when
 declared) and the method key. Judged runs registered with the prediction-powered method stop by
-``judged_stop`` / ``JudgedMonitor``: the prefix also waits for the gold label of every pair drawn for one
+``judged_stop``: the prefix also waits for the gold label of every pair drawn for one
 (flyspec/gate/stats/judged.py). Judged runs registered before keep the undecided rule of
 ``sequential_stop``.
+
+One ``Monitor`` walks a run as its answers (or judged pairs) arrive, with the walk of
+flyspec/gate/stats/decide.py (``SequentialWalk``) or of judged.py (``JudgedWalk``) that its plan names;
+the report replays the stored pairs through the same walk (``sequential_stop``, ``judged_stop``), so both
+reach the same stop on the same data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from flyspec.gate.stats.claims import POPULATIONS, claim
-from flyspec.gate.stats.decide import SequentialWalk
-from flyspec.gate.stats.decision import INCONCLUSIVE
-from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, judge_counts, judged_decision, usable_prefix
+from flyspec.gate.stats.decide import POPULATIONS, SequentialWalk, claim
+from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, usable_prefix
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -58,6 +61,10 @@ PAUSES = ("time_budget", "interrupted", "error")
 
 QuestionKey = tuple[str, str]
 Lane = tuple[str, int]
+Item = tuple[int, bool] | tuple[JudgedPair]
+"""One question's entry in a walk, the arguments of its ``add``: ``(difference, undecided)`` of an
+exact-graded pair, ``(pair,)`` of a judged one."""
+Walk = SequentialWalk | JudgedWalk
 BASELINE: Lane = ("baseline", 0)
 CANDIDATE: Lane = ("candidate", 0)
 
@@ -199,41 +206,60 @@ def in_order_diffs(
 ) -> list[int]:
     """Paired differences (second lane minus first) along the registered order, up to the first question
     missing an answer."""
-    return in_order_pairs(order, correct, lanes)[0]
+    return [d for d, _ in _exact_items(order, correct, lanes, ())]
 
 
-def in_order_pairs(
+def _exact_items(
     order: Sequence[QuestionKey],
     correct: Mapping[tuple[str, int, str, str], bool],
-    lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
-    judged: Collection[QuestionKey] = (),
-) -> tuple[list[int], list[bool]]:
-    """``in_order_diffs`` and, for each pair, whether it is undecided: a judged question whose two
-    answers were both graded wrong (the judge's two orders disagreed or a verdict was unreadable)."""
-    first, second = lanes
-    diffs: list[int] = []
-    undecided: list[bool] = []
-    for dataset, qid in order:
-        base = correct.get((*first, dataset, qid))
-        cand = correct.get((*second, dataset, qid))
-        if base is None or cand is None:
+    lanes: tuple[Lane, Lane],
+    judged: Collection[QuestionKey],
+) -> list[tuple[int, bool]]:
+    """The exact-graded walk's items along the registered order, up to the first question missing an
+    answer."""
+    items = []
+    for key in order:
+        item = _exact_item(key, correct, lanes, judged)
+        if item is None:
             break
-        diffs.append(int(cand) - int(base))
-        undecided.append(is_undecided((dataset, qid), base, cand, judged))
-    return diffs, undecided
+        items.append(item)
+    return items
 
 
-def is_undecided(key: QuestionKey, base: bool, cand: bool, judged: Collection[QuestionKey]) -> bool:
-    """A judged pair graded wrong on both sides is undecided (flyspec/gate/runs/judging.py grades it so)."""
-    return not base and not cand and key in judged
+def _exact_item(
+    key: QuestionKey,
+    correct: Mapping[tuple[str, int, str, str], bool],
+    lanes: tuple[Lane, Lane],
+    judged: Collection[QuestionKey],
+) -> tuple[int, bool] | None:
+    """A question's difference and whether it is undecided: a judged question whose two answers were both
+    graded wrong (the judge's two orders disagreed or a verdict was unreadable; flyspec/gate/runs/judging.py
+    grades it so). None until both answers are in."""
+    base = correct.get((*lanes[0], *key))
+    cand = correct.get((*lanes[1], *key))
+    if base is None or cand is None:
+        return None
+    return int(cand) - int(base), not base and not cand and key in judged
 
 
-def _stopped(walk: SequentialWalk, reason: str, complete_prefix: int) -> SequentialStop:
+def _walk(plan: SequentialPlan) -> Walk:
+    """The walk the plan registered: the prediction-powered one for a judged run, else the exact one."""
+    if plan.method != JUDGED_METHOD:
+        return SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
+    if plan.label_rate is None:
+        raise ValueError(
+            f"a judged walk needs a plan registered with method {JUDGED_METHOD!r} and a label rate"
+        )
+    return JudgedWalk(plan.label_rate, plan.margin, plan.alpha)
+
+
+def _stopped(walk: Walk, reason: str, complete_prefix: int, awaiting: bool = False) -> SequentialStop:
     """The stop of a walk: at its crossing (``boundary``) or where it ended for ``reason``."""
     end = walk.decision()
+    reason = "boundary" if walk.stop is not None else reason
     return SequentialStop(
         decision=end.decision,
-        reason="boundary" if walk.stop is not None else reason,
+        reason=reason,
         stopped_at=walk.n,
         low=end.low,
         high=end.high,
@@ -242,18 +268,33 @@ def _stopped(walk: SequentialWalk, reason: str, complete_prefix: int) -> Sequent
         gained=walk.gained,
         complete_prefix=complete_prefix,
         undecided=walk.undecided,
+        labelled=walk.labelled,
+        awaiting_label=awaiting and reason != "boundary",
     )
 
 
-def _stop(
-    diffs: list[int], undecided: list[bool], plan: SequentialPlan, reason: str, upto: int
+def _replayed(
+    items: Sequence[Item], plan: SequentialPlan, events: Sequence[SessionEvent], awaiting: bool = False
 ) -> SequentialStop:
-    """The run's walk (the monitor's ``SequentialWalk``) replayed over the first ``upto`` pairs."""
-    walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
-    for d, flag in zip(diffs[:upto], undecided[:upto], strict=True):
-        if walk.add(d, flag) is not None:
-            break
-    return _stopped(walk, reason, len(diffs))
+    """Where a run stopped, replaying its walk over its ``items`` (its complete in-order pairs): at a pause
+    recorded last (answers that completed after it wait for a resume), else at the first crossing, else at
+    ``max_questions`` once every registered pair is in, else ``in_progress``. ``awaiting``: the items end
+    at a pair waiting for its gold label."""
+
+    def walked(reason: str, upto: int) -> SequentialStop:
+        walk = _walk(plan)
+        for item in items[:upto]:
+            if walk.add(*item) is not None:
+                break
+        return _stopped(walk, reason, len(items), awaiting)
+
+    last = events[-1] if events else None
+    if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
+        return walked(last.reason, min(last.stopped_at, len(items)))
+    stop = walked("in_progress", len(items))
+    if stop.reason == "in_progress" and len(items) >= plan.max_questions:
+        return walked("max_questions", plan.max_questions)
+    return stop
 
 
 def sequential_stop(
@@ -274,119 +315,7 @@ def sequential_stop(
     ``events`` that pair's session events; ``judged`` the questions graded by a judge, whose undecided
     pairs count against the claim being tested.
     """
-    diffs, undecided = in_order_pairs(order, correct, lanes, judged)
-    return _replayed(
-        lambda reason, upto: _stop(diffs, undecided, plan, reason, upto), len(diffs), plan, events
-    )
-
-
-def _replayed(
-    walk: Callable[[str, int], SequentialStop],
-    complete: int,
-    plan: SequentialPlan,
-    events: Sequence[SessionEvent],
-) -> SequentialStop:
-    """Where a run stopped, from ``walk(reason, upto)`` over its ``complete`` in-order pairs: at a pause
-    recorded last (answers that completed after it wait for a resume), else at the first crossing, else at
-    ``max_questions`` once every registered pair is in, else ``in_progress``."""
-    last = events[-1] if events else None
-    if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return walk(last.reason, min(last.stopped_at, complete))
-    stop = walk("in_progress", complete)
-    if stop.reason == "in_progress" and complete >= plan.max_questions:
-        return walk("max_questions", plan.max_questions)
-    return stop
-
-
-class SequentialMonitor:
-    """Updates the confidence sequence as pairs complete along the registered order; stops once.
-
-    ``add`` takes every graded answer (in any order) and returns the stop when this answer causes it.
-    The same data give the same stop as ``sequential_stop``: both walk the registered order with one
-    ``SequentialWalk`` (flyspec/gate/stats/decide.py), the report replaying what the run walked.
-    """
-
-    def __init__(
-        self,
-        order: Sequence[QuestionKey],
-        plan: SequentialPlan,
-        lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
-        judged: Collection[QuestionKey] = (),
-    ) -> None:
-        self.order = list(order)
-        self.plan = plan
-        self.lanes = lanes
-        self.judged = frozenset(judged)
-        self.correct: dict[tuple[str, int, str, str], bool] = {}
-        self.prefix = 0
-        self.stop: SequentialStop | None = None
-        self.walk = SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
-
-    # The progress bar reads the walk's bounds and counts from the monitor.
-    low = property(lambda self: self.walk.low)
-    high = property(lambda self: self.walk.high)
-    lost = property(lambda self: self.walk.lost)
-    gained = property(lambda self: self.walk.gained)
-
-    def add(
-        self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
-    ) -> SequentialStop | None:
-        """Record one answer; returns the stop if this answer completed the pair that crossed (or the
-        last registered pair), else None. After the stop, answers are recorded but change nothing."""
-        self.correct[(arm, repeat, dataset, question_id)] = correct
-        if self.stop is not None:
-            return None
-        while self.prefix < len(self.order):
-            dataset_i, qid = self.order[self.prefix]
-            base = self.correct.get((*self.lanes[0], dataset_i, qid))
-            cand = self.correct.get((*self.lanes[1], dataset_i, qid))
-            if base is None or cand is None:
-                return None
-            undecided = is_undecided((dataset_i, qid), base, cand, self.judged)
-            self.prefix += 1
-            crossed = self.walk.add(int(cand) - int(base), undecided) is not None
-            if crossed or self.prefix >= self.plan.max_questions:
-                self.stop = _stopped(self.walk, "max_questions", self.prefix)
-                return self.stop
-        return None
-
-
-def _judged_plan(plan: SequentialPlan) -> float:
-    if plan.method != JUDGED_METHOD or plan.label_rate is None:
-        raise ValueError(
-            f"a judged stop needs a plan registered with method {JUDGED_METHOD!r} and a label rate"
-        )
-    return plan.label_rate
-
-
-def _judged_walk(
-    pairs: list[JudgedPair], plan: SequentialPlan, reason: str, upto: int, usable: int
-) -> SequentialStop:
-    rate = _judged_plan(plan)
-    used = pairs[:upto]
-    awaiting = usable < len(pairs)
-    if not used:
-        return SequentialStop(
-            INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, usable, awaiting_label=awaiting
-        )
-    walk = judged_decision(used, plan.margin, plan.alpha, rate, "sequential")
-    if walk.decision != INCONCLUSIVE:
-        reason, upto = "boundary", walk.stopped_at
-    counts = walk.counts
-    return SequentialStop(
-        decision=walk.decision,
-        reason=reason,
-        stopped_at=upto,
-        low=walk.low,
-        high=walk.high,
-        loss_detected=walk.loss_detected,
-        lost=counts.lost,
-        gained=counts.gained,
-        complete_prefix=usable,
-        undecided=counts.undecided,
-        labelled=counts.labelled,
-        awaiting_label=awaiting and reason != "boundary",
-    )
+    return _replayed(_exact_items(order, correct, lanes, judged), plan, events)
 
 
 def in_order_judged(
@@ -411,75 +340,90 @@ def judged_stop(
     """``sequential_stop`` for a judged run registered with the prediction-powered method.
 
     The prefix ends at the first question without a pair or at the first pair waiting for its gold label
-    (``usable_prefix``); the walk is ``judged_decision(..., design="sequential")`` (no decision before the
-    first gold label). A recorded pause stops where it was recorded, as in ``sequential_stop``.
+    (``usable_prefix``); the walk is ``JudgedWalk`` (no decision before the first gold label), the one
+    ``judged_decision(..., design="sequential")`` takes. A recorded pause stops where it was recorded, as
+    in ``sequential_stop``.
     """
+    if plan.method != JUDGED_METHOD:
+        raise ValueError(f"a judged stop needs a plan registered with method {JUDGED_METHOD!r}")
     seen = in_order_judged(order, pairs)
     usable = usable_prefix(seen)
-    return _replayed(
-        lambda reason, upto: _judged_walk(seen, plan, reason, upto, usable), usable, plan, events
-    )
+    return _replayed([(pair,) for pair in seen[:usable]], plan, events, awaiting=usable < len(seen))
 
 
-class JudgedMonitor:
-    """The online form of ``judged_stop``: pairs arrive in any order (a gold label may arrive later than
-    its pair: ``add`` the pair again with it), the sequence advances along the registered order and stops
-    once. Same attributes as ``SequentialMonitor`` for the progress bar."""
+class Monitor:
+    """A sequential run's stopping rule while answers arrive in any order: the walk its plan names advances
+    along the registered order as pairs complete, and stops once.
 
-    def __init__(self, order: Sequence[QuestionKey], plan: SequentialPlan) -> None:
+    Exact-graded answers arrive through ``add``, judged pairs through ``add_pair`` (a gold label may arrive
+    later than its pair: add the pair again with it). The same data give the same stop as
+    ``sequential_stop`` / ``judged_stop``, which replay the stored pairs through the same walk. The
+    progress bar reads ``low``, ``high``, ``lost``, ``gained``, ``labelled`` and ``prefix``.
+    """
+
+    def __init__(
+        self,
+        order: Sequence[QuestionKey],
+        plan: SequentialPlan,
+        lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
+        judged: Collection[QuestionKey] = (),
+    ) -> None:
         self.order = list(order)
         self.plan = plan
-        self.rate = _judged_plan(plan)
-        self.pairs: dict[QuestionKey, JudgedPair] = {}
+        self.lanes = lanes
+        self.judged = frozenset(judged)
+        self.correct: dict[tuple[str, int, str, str], bool] = {}
+        self.items: dict[QuestionKey, Item] = {}
         self.prefix = 0
-        self.lost = self.gained = self.undecided = 0
         self.stop: SequentialStop | None = None
-        self.walk = JudgedWalk(self.rate, plan.margin, plan.alpha)
+        self.walk = _walk(plan)
 
-    # The progress bar reads the walk's bounds from the monitor.
     low = property(lambda self: self.walk.low)
     high = property(lambda self: self.walk.high)
+    lost = property(lambda self: self.walk.lost)
+    gained = property(lambda self: self.walk.gained)
     labelled = property(lambda self: self.walk.labelled)
 
     @property
     def awaiting_label(self) -> bool:
         """True when the next pair in order is in but waits for its gold label."""
-        nxt = self.pairs.get(self.order[self.prefix]) if self.prefix < len(self.order) else None
-        return nxt is not None and nxt.waiting
+        nxt = self.items.get(self.order[self.prefix]) if self.prefix < len(self.order) else None
+        return nxt is not None and _waiting(nxt)
 
-    def add(self, dataset: str, question_id: str, pair: JudgedPair) -> SequentialStop | None:
-        """Record a pair (or its gold label); returns the stop if this completed it, else None."""
+    def add(
+        self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
+    ) -> SequentialStop | None:
+        """Record one exact-graded answer; returns the stop if this answer completed the pair that crossed
+        (or the last registered pair), else None. After the stop, answers are recorded but change nothing."""
+        self.correct[(arm, repeat, dataset, question_id)] = correct
         key = (dataset, question_id)
-        known = self.pairs.get(key)
-        if known is not None and self.order.index(key) < self.prefix and known != pair:
-            raise ValueError(f"question {key}: already counted with {known}; a counted pair cannot change")
-        self.pairs[key] = pair
+        item = _exact_item(key, self.correct, self.lanes, self.judged)
+        if item is not None:
+            self.items[key] = item
+        return self._advance()
+
+    def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
+        """Record a judged pair (or its gold label); returns the stop if this completed it, else None."""
+        known = self.items.get(key)
+        if known is not None and self.order.index(key) < self.prefix and known != (pair,):
+            raise ValueError(f"question {key}: already counted with {known[0]}; a counted pair cannot change")
+        self.items[key] = (pair,)
+        return self._advance()
+
+    def _advance(self) -> SequentialStop | None:
         if self.stop is not None:
             return None
         while self.prefix < len(self.order):
-            nxt = self.pairs.get(self.order[self.prefix])
-            if nxt is None or nxt.waiting:
+            item = self.items.get(self.order[self.prefix])
+            if item is None or _waiting(item):
                 return None
-            crossed = self.walk.add(nxt) is not None
             self.prefix += 1
-            counts = judge_counts([nxt])
-            self.lost += counts.lost
-            self.gained += counts.gained
-            self.undecided += counts.undecided
+            crossed = self.walk.add(*item) is not None
             if crossed or self.prefix >= self.plan.max_questions:
-                end = self.walk.decision()
-                self.stop = SequentialStop(
-                    decision=end.decision,
-                    reason="boundary" if crossed else "max_questions",
-                    stopped_at=self.prefix,
-                    low=end.low,
-                    high=end.high,
-                    loss_detected=end.loss_detected,
-                    lost=self.lost,
-                    gained=self.gained,
-                    complete_prefix=self.prefix,
-                    undecided=self.undecided,
-                    labelled=self.labelled,
-                )
+                self.stop = _stopped(self.walk, "max_questions", self.prefix)
                 return self.stop
         return None
+
+
+def _waiting(item: Item) -> bool:
+    return isinstance(item[0], JudgedPair) and item[0].waiting

@@ -7,9 +7,9 @@ Notation: ``n`` paired questions; ``lost`` = baseline right and candidate wrong;
 ``psi = (lost + gained) / n``. Only the discordant pairs carry information about ``delta``, which is why
 the fixed-size tests below need nothing but ``n``, ``lost`` and ``gained``.
 
-Sample sizes are in ``flyspec.gate.stats.planning``, the sequential (anytime-valid) statistics in
-``flyspec.gate.stats.sequential`` and the fixed-sequence procedure for choosing among settings in
-``flyspec.gate.stats.multiple``; ``flyspec.gate.stats`` re-exports every statistic of the gate.
+Sample sizes are in ``flyspec.gate.stats.sizing``, the sequential (anytime-valid) statistics in
+``flyspec.gate.stats.sequence`` and the fixed-sequence procedure for choosing among settings in
+``flyspec.gate.stats.decide``; ``flyspec.gate.stats`` re-exports every statistic of the gate.
 """
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
+import numpy as np
 from scipy import optimize
 from scipy.stats import binom, norm
 
 from flyspec.checks import is_int, is_number
 
 CI_METHODS = ("tango", "newcombe", "wald")
+Numbers = TypeVar("Numbers", float, np.ndarray)
+"""One table's counts, or arrays of many tables' (the simulations')."""
 
 
 @dataclass(frozen=True)
@@ -115,17 +118,18 @@ def paired_counts(base: Sequence[int | bool], cand: Sequence[int | bool]) -> Pai
     return PairedCounts(n=len(base), lost=lost, gained=gained)
 
 
-def restricted_lost_rate(n: float, lost: float, gained: float, delta0: float) -> float:
-    """Maximum-likelihood lost-cell probability under the constraint delta = delta0 (Tango 1998)."""
+def restricted_lost_rate(n: float, lost: Numbers, gained: Numbers, delta0: float) -> Numbers:
+    """Maximum-likelihood lost-cell probability under the constraint delta = delta0 (Tango 1998); counts
+    may be arrays (many tables at once)."""
     a = 2.0 * n
     b = -gained - lost + (2.0 * n - gained + lost) * delta0
     c = -lost * delta0 * (1.0 - delta0)
-    disc = max(b * b - 4.0 * a * c, 0.0)
-    return (math.sqrt(disc) - b) / (2.0 * a)
+    return (np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a)
 
 
-def tango_statistic(n: int, lost: int, gained: int, delta0: float) -> float:
-    """Tango's score statistic ``T(delta0)`` for the paired difference of proportions.
+def tango_statistic(n: int, lost: Numbers, gained: Numbers, delta0: float) -> Numbers:
+    """Tango's score statistic ``T(delta0)`` for the paired difference of proportions; ``lost`` and
+    ``gained`` may be arrays (the simulations' many tables).
 
     Positive when the observed net is above ``delta0``. Where the restricted variance vanishes (only at
     the ends of [-1, 1]) the statistic is 0 for a zero numerator and an infinity of its sign otherwise.
@@ -133,9 +137,9 @@ def tango_statistic(n: int, lost: int, gained: int, delta0: float) -> float:
     p_lost = restricted_lost_rate(n, lost, gained, delta0)
     numerator = gained - lost - n * delta0
     variance = n * (2.0 * p_lost + delta0 * (1.0 - delta0))
-    if variance <= 1e-300:
+    if np.ndim(variance) == 0 and variance <= 1e-300:
         return 0.0 if abs(numerator) < 1e-12 else math.copysign(math.inf, numerator)
-    return numerator / math.sqrt(variance)
+    return numerator / np.sqrt(variance)
 
 
 def _tango_interval(n: int, lost: int, gained: int, z: float) -> tuple[float, float]:

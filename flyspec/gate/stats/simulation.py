@@ -1,5 +1,5 @@
 """Seeded simulations of gate runs, vectorised over runs: the engine behind the validity tests, the design
-outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/statistics.md's tables.
+outcomes of flyspec/gate/stats/sizing.py and the scripts that print docs/statistics.md's tables.
 
 - ``draw_differences``: exact-graded paired differences D in {-1, 0, 1} at a flip rate and a true
   difference.
@@ -15,23 +15,37 @@ outcomes of flyspec/gate/stats/designs.py and the scripts that print docs/statis
   (each pair's uniform number along the run's order), ``draws < rate``: the tests pass the gate's own
   order and draw (``flyspec.gate.data.questions``, ``flyspec.gate.stats.judged.gold_draw``) this way.
 - ``JudgedStream`` turns blocks of judged pairs into the prediction-powered values Y of
-  flyspec/gate/stats/judged.py (the same predictable PPI++ weight), ``CapitalAtMargin`` tracks the two
-  betting capitals of flyspec/gate/stats/betting.py at the margin only: the lower bound passes ``-margin``
-  exactly when K+ there reaches the threshold, the upper bound when K- does, so these two numbers per run
-  decide it. Both work block by block so a run of 50,000 questions never needs its whole matrix at once.
+  flyspec/gate/stats/judged.py (the same predictable PPI++ weight); ``CapitalAtMargin`` tracks the two
+  betting capitals of ``BoundedMeanSequence`` at the margin only, ``iid_stops`` and ``crossing_stops``
+  those of ``ConfidenceSequence`` (flyspec/gate/stats/sequence.py): a bound passes ``-margin`` exactly
+  when the capital on its side there reaches the threshold, so two numbers per run decide it, block by
+  block (a run of 50,000 questions never needs its whole matrix at once); ``crossing_verdicts`` of
+  flyspec/gate/stats/decide.py names the verdicts.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from flyspec.gate.stats.betting import GRID_STEPS, MIXTURE_FRACTIONS, PRIOR_MEAN, PRIOR_VARIANCE, TRUNCATION
-from flyspec.gate.stats.decide import crossing_verdicts
+from flyspec.gate.stats.decide import check_margin, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
-from flyspec.gate.stats.sequential import Stops
+from flyspec.gate.stats.sequence import (
+    GRID,
+    MIXTURE_FRACTIONS,
+    PRIOR_MEAN,
+    PRIOR_VARIANCE,
+    TRUNCATION,
+    Capital,
+    as_diffs,
+    bet_terms,
+    check_alpha,
+    check_population,
+    log_mean_exp,
+)
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 
@@ -180,7 +194,7 @@ class CapitalAtMargin:
     ) -> None:
         self.fail_side, self.pass_side = fail_side, pass_side
         self.lo, self.span = lo, hi - lo
-        grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
+        grid = GRID
         self.m_plus = (float(grid[grid > -margin][0]) - lo) / self.span
         self.m_minus = (float(grid[grid < -margin][-1]) - lo) / self.span
         self.horizon = horizon
@@ -209,11 +223,11 @@ class CapitalAtMargin:
             if self.pass_side:
                 plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
                 self.plus = plus[:, -1, :]
-                log_plus = _log_mean_exp(plus)
+                log_plus = log_mean_exp(plus, axis=2)
             if self.fail_side:
                 minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * dev_minus[:, :, None]), axis=1)
                 self.minus = minus[:, -1, :]
-                log_minus = _log_mean_exp(minus)
+                log_minus = log_mean_exp(minus, axis=2)
         else:
             steps = self.t + np.arange(1, cols + 1, dtype=float)
             mu = (PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
@@ -233,11 +247,6 @@ class CapitalAtMargin:
         if not self.pass_side:
             log_plus = np.zeros_like(log_minus)
         return log_plus >= self.threshold, log_minus >= self.threshold
-
-
-def _log_mean_exp(logs: np.ndarray) -> np.ndarray:
-    top = logs.max(axis=2)
-    return top + np.log(np.exp(logs - top[:, :, None]).mean(axis=2))
 
 
 @dataclass(frozen=True)
@@ -311,3 +320,145 @@ def judged_runs(
         stops.passed &= stream.labelled > 0
         stops.failed &= stream.labelled > 0
     return Outcomes(crossing_verdicts(stops.passed, stops.failed), stops.stopped_at)
+
+
+class Stops:
+    """Where many runs first cross: ``passed`` (the lower bound passed -margin), ``failed`` (only the upper
+    bound dropped below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed).
+    The vectorised kernels record into it block by block;
+    ``flyspec.gate.stats.decide.crossing_verdicts`` names the verdicts."""
+
+    def __init__(self, rows: int, length: int) -> None:
+        self.passed = np.zeros(rows, dtype=bool)
+        self.failed = np.zeros(rows, dtype=bool)
+        self.stopped_at = np.full(rows, length, dtype=np.int64)
+
+    def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+        """Record the first crossing in a block of the runs ``active``: ``up``/``down`` (runs x columns from
+        question ``begin``) mark where the lower bound lies above -margin / the upper bound below it, the
+        lower bound's crossing counted first where both hold. Returns the mask of runs still undecided."""
+        either = up | down
+        hit = either.any(axis=1)
+        rows = np.flatnonzero(hit)
+        first = np.argmax(either, axis=1)[rows]
+        lower = up[rows, first]
+        self.passed[active[rows]] = lower
+        self.failed[active[rows]] = ~lower
+        self.stopped_at[active[rows]] = begin + first + 1
+        return ~hit
+
+    def outcome(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(passed, failed, stopped_at)``."""
+        return self.passed, self.failed, self.stopped_at
+
+
+def crossing_stops(
+    values: np.ndarray, margin: float, alpha: float, population_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each row's ``1 - 2 alpha`` sequence first crosses ``-margin``, for many sequences at once:
+    ``(passed, failed, stopped_at)``, ``passed`` where the lower bound passed it, ``failed`` where the upper
+    bound dropped below it (only), ``stopped_at`` the questions used (the row's length when neither). The
+    lower bound first exceeds -margin exactly when K+ at -margin first exceeds the threshold, and the upper
+    bound first drops below it when K- there does, so two capital processes per row replace the bounds:
+    closed forms of the running counts in the i.i.d. case (computed a block of columns at a time), the
+    grid's two neighbours of -margin without replacement. ``values``: checked differences, one row each;
+    ``flyspec.gate.stats.decide.sequential_decisions`` names the verdicts.
+    """
+    if population_size is None:
+        rows, length = values.shape
+        return iid_stops(
+            rows, length, lambda active, begin, cols: values[active, begin : begin + cols], margin, alpha
+        )
+    return _without_replacement_stops(values, margin, alpha, population_size)
+
+
+def iid_stops(
+    rows: int,
+    length: int,
+    block_of: Callable[[np.ndarray, int, int], np.ndarray],
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+    block: int = 512,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``crossing_stops`` for the i.i.d. sequence, its ``rows`` sequences of ``length`` differences read a
+    block at a time: ``block_of(active, begin, cols)`` gives the differences of the rows still undecided
+    from column ``begin`` on (a simulation draws them there, so rows that decided stop drawing).
+    ``start``: counts (lost, tied, gained) already observed, which every row continues from (the i.i.d.
+    capital depends on the counts only); stops count from the first question."""
+    m = (1.0 - margin) / 2.0
+    threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
+    terms = {side: np.array(bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
+    stops = Stops(rows, length)
+    counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
+    active = np.arange(rows)
+    for begin in range(sum(start), length, block):
+        chunk = block_of(active, begin, min(block, length - begin))
+        running = [
+            counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
+        ]
+        for k in range(3):
+            counts[k, active] = running[k][:, -1]
+        active = active[
+            stops.record(active, begin, *(_iid_crossed(running, terms[side], threshold) for side in (1, -1)))
+        ]
+        if active.size == 0:
+            break
+    return stops.outcome()
+
+
+def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
+    """Where log K > threshold, from running counts (lost, tied, gained) and the bets' log terms (B, 3)."""
+    logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
+    top = logs[0].copy()
+    for log_b in logs[1:]:
+        np.maximum(top, log_b, out=top)
+    # The mean of B products lies between the largest / B and the largest: only the few entries in
+    # between need the full log-mean-exp.
+    hit = top - math.log(len(logs)) > threshold
+    unsure = np.nonzero(~hit & (top > threshold))
+    if unsure[0].size:
+        near = np.stack([log_b[unsure] for log_b in logs])
+        hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > threshold
+    return hit
+
+
+def _without_replacement_stops(
+    values: np.ndarray, margin: float, alpha: float, population_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows, length = values.shape
+    grid = GRID
+    above = int(np.flatnonzero(grid > -margin)[0])
+    below = int(np.flatnonzero(grid < -margin)[-1])
+    capital = Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
+    stops = Stops(rows, length)
+    active = np.arange(rows)
+    for step in range(length):
+        capital.step((values[active, step] + 1.0) / 2.0)
+        logical_low, logical_high = capital.logical_bounds()
+        passed = capital.rejected_plus()[:, 0] | (logical_low > -margin)
+        failed = capital.rejected_minus()[:, 1] | (logical_high < -margin)
+        keep = stops.record(active, step, passed[:, None], failed[:, None])
+        if not keep.all():
+            active = active[keep]
+            capital.keep_rows(keep)
+            if active.size == 0:
+                break
+    return stops.outcome()
+
+
+def sequential_decisions(
+    diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
+
+    Returns ``(decision, stopped_at)`` arrays, from the capital processes at the margin
+    (``crossing_stops``): the answers equal ``sequential_decision``'s except after a miss that empties the
+    set.
+    """
+    values = as_diffs(diffs, ndim=2)
+    check_margin(margin)
+    check_alpha(alpha, upper=0.5)
+    check_population(population_size, values.shape[1])
+    passed, failed, stopped_at = crossing_stops(values, margin, alpha, population_size)
+    return crossing_verdicts(passed, failed), stopped_at

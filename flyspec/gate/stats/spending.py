@@ -36,8 +36,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flyspec.checks import is_number
-from flyspec.gate.stats.claims import FINITE, SUPERPOPULATION
-from flyspec.gate.stats.claims import POPULATIONS as CLAIMS
+from flyspec.gate.stats.decide import FINITE, SUPERPOPULATION
+from flyspec.gate.stats.decide import POPULATIONS as CLAIMS
 
 LOOK_KINDS = ("fixed", "sequential", "tune")
 MAX_BUDGET = 0.05

@@ -36,12 +36,31 @@ bets are a factor 2 apart, so one is always within a factor sqrt(2) of the best 
 Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital process
 from the start on a grid for each call, needs a C++ build and pulls pandas and pytest at run time, while
 the gate updates after every answer. See docs/statistics.md.
+
+**Bounded values** (``BoundedMeanSequence``): a judged run (flyspec/gate/stats/judged.py) turns each
+question into a value ``Y`` in a known range ``[lo, hi]`` whose conditional mean given the past is the
+target. Each ``Y`` is mapped to ``X = (Y - lo) / (hi - lo)`` in [0, 1] and the same two gamblers bet on a
+grid of candidate means; by Ville's inequality either reaches ``2 / alpha`` at the true mean with
+probability at most ``alpha``. Two bets, chosen before the run (the registration records which):
+
+- **Anytime** (``horizon=None``): each side is a mixture of constant bets, each a fixed fraction of the
+  largest bet the range allows (``1 / m`` for ``K+``, ``1 / (1 - m)`` for ``K-``; a larger bet could make
+  the capital negative). Valid at every n at once, for sequential runs.
+- **Fixed horizon** (``horizon=n``): the paper's predictable plug-in bet tuned to the planned size,
+  ``lambda_t = sqrt(2 log(2 / alpha) / (n sigma_{t-1}^2))`` from the running variance estimate, truncated
+  at a fraction ``TRUNCATION`` of the largest bet: the paper's confidence interval for a fixed n (its
+  hedged-capital CI), valid at n without any central limit theorem (and at every n before, by the same
+  martingale argument; after n the bet is no longer tuned, but stays valid).
+
+Both capitals fall as ``m`` rises (``K+``) or rise with it (``K-``), so every confidence set is an
+interval; the online class tracks both on a grid of candidate means, each bound reported as the nearest
+rejected grid point (so the grid can only widen the interval), and keeps the running intersection.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize
@@ -51,17 +70,19 @@ from flyspec.checks import is_int, is_number
 BETS = 2.0 ** -np.arange(8)
 _BET_SIZES = BETS.tolist()
 GRID_STEPS = 4000
+GRID = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
+"""Candidate means of delta: ``GRID_STEPS`` steps over [-1, 1] (0.0005 each)."""
 _TRUNCATION = 0.5  # c in the cap c / m: every factor stays >= 1 - c, so no bet can ruin the bettor
 _RENORMALISE_EVERY = 32  # factors lie in [0.5, 2]: 32 steps cannot overflow or underflow a double
 _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroing it only lowers K
 _ROOT_TOLERANCE = 1e-13
 
 
-def check_alpha(alpha: float, name: str = "alpha", upper: float = 1.0) -> None:
+def check_alpha(alpha: float, upper: float = 1.0) -> None:
     if not is_number(alpha):
-        raise ValueError(f"{name}={alpha!r}: must be a number")
+        raise ValueError(f"alpha={alpha!r}: must be a number")
     if not 0 < alpha < upper:
-        raise ValueError(f"{name}={alpha!r}: must lie in (0, {upper:g})")
+        raise ValueError(f"alpha={alpha!r}: must lie in (0, {upper:g})")
 
 
 def check_population(population_size: int | None, observations: int) -> None:
@@ -87,7 +108,7 @@ def as_diffs(diffs: Sequence[int] | np.ndarray, ndim: int) -> np.ndarray:
     return values.astype(np.int8)
 
 
-def _bet_terms(m: float, side: int) -> list[tuple[float, float, float]]:
+def bet_terms(m: float, side: int) -> list[tuple[float, float, float]]:
     """Per bet b, log(1 + s lam_b (x - m)) for x = 0, 1/2, 1, where s = 1 for K+ and -1 for K-."""
     room = m if side > 0 else 1.0 - m
     cap = _TRUNCATION / room if room > 0 else math.inf
@@ -118,7 +139,7 @@ class _ExactSequence:
         self.counts = [0, 0, 0]
         self.low, self.high = 0.0, 1.0
         # The bet terms at the current bounds, which stay put on most steps.
-        self._terms = {1: _bet_terms(self.low, 1), -1: _bet_terms(self.high, -1)}
+        self._terms = {1: bet_terms(self.low, 1), -1: bet_terms(self.high, -1)}
 
     def update(self, code: int) -> tuple[float, float]:
         """Observe one more question (code 0, 1, 2 for D = -1, 0, 1); return the running (low, high) in X."""
@@ -132,7 +153,7 @@ class _ExactSequence:
         ``other`` (all of [bound, other] rejected means the set is empty: a miss; both ends meet)."""
 
         def excess(m: float) -> float:
-            return _log_capital(self.counts, _bet_terms(m, side)) - self.threshold
+            return _log_capital(self.counts, bet_terms(m, side)) - self.threshold
 
         if _log_capital(self.counts, self._terms[side]) < self.threshold:
             return bound
@@ -145,11 +166,11 @@ class _ExactSequence:
             if excess(root) < 0:
                 root = min(max(root - side * 2 * _ROOT_TOLERANCE, lo), hi)
             moved = root
-        self._terms[side] = _bet_terms(moved, side)
+        self._terms[side] = bet_terms(moved, side)
         return moved
 
 
-class _Capital:
+class Capital:
     """K+ and K- at fixed candidate means of X for R sequences observed in lockstep.
 
     Used for sampling without replacement, where the bets' centre m_i moves with the data, so the capital
@@ -238,8 +259,8 @@ class _GridConfidenceSequence:
     """
 
     def __init__(self, rows: int, alpha: float, population_size: int) -> None:
-        self.grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
-        self.capital = _Capital((self.grid + 1.0) / 2.0, rows, alpha, population_size)
+        self.grid = GRID
+        self.capital = Capital((self.grid + 1.0) / 2.0, rows, alpha, population_size)
         self.population = population_size
         self.lo, self.hi = 0, GRID_STEPS
         self.live = np.ones((rows, GRID_STEPS + 1), dtype=bool)
@@ -346,137 +367,130 @@ def confidence_sequence(
     return lows, highs
 
 
-class Stops:
-    """Where many runs first cross: ``passed`` (the lower bound passed -margin), ``failed`` (only the upper
-    bound dropped below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed).
-    The vectorised kernels (here and in flyspec/gate/stats/simulation.py) record into it block by block;
-    ``flyspec.gate.stats.decide.crossing_verdicts`` names the verdicts."""
-
-    def __init__(self, rows: int, length: int) -> None:
-        self.passed = np.zeros(rows, dtype=bool)
-        self.failed = np.zeros(rows, dtype=bool)
-        self.stopped_at = np.full(rows, length, dtype=np.int64)
-
-    def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-        """Record the first crossing in a block of the runs ``active``: ``up``/``down`` (runs x columns from
-        question ``begin``) mark where the lower bound lies above -margin / the upper bound below it, the
-        lower bound's crossing counted first where both hold. Returns the mask of runs still undecided."""
-        either = up | down
-        hit = either.any(axis=1)
-        rows = np.flatnonzero(hit)
-        first = np.argmax(either, axis=1)[rows]
-        lower = up[rows, first]
-        self.passed[active[rows]] = lower
-        self.failed[active[rows]] = ~lower
-        self.stopped_at[active[rows]] = begin + first + 1
-        return ~hit
-
-    def outcome(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(passed, failed, stopped_at)``."""
-        return self.passed, self.failed, self.stopped_at
+MIXTURE_FRACTIONS = np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09])
+"""The anytime bets, as fractions of the largest bet the range allows (``1 / m`` for K+)."""
+TRUNCATION = 0.9
+"""The fixed-horizon bet is never more than this fraction of the largest bet the range allows."""
+ENDPOINT_ROOM = 1e-12
+"""The room given a grid end at ``m = 0`` or ``1`` (see ``BoundedMeanSequence.update``)."""
+PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
+"""The paper's start for the plug-in's running mean and variance in [0, 1]."""
 
 
-def crossing_stops(
-    values: np.ndarray, margin: float, alpha: float, population_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Where each row's ``1 - 2 alpha`` sequence first crosses ``-margin``, for many sequences at once:
-    ``(passed, failed, stopped_at)``, ``passed`` where the lower bound passed it, ``failed`` where the upper
-    bound dropped below it (only), ``stopped_at`` the questions used (the row's length when neither). The
-    lower bound first exceeds -margin exactly when K+ at -margin first exceeds the threshold, and the upper
-    bound first drops below it when K- there does, so two capital processes per row replace the bounds:
-    closed forms of the running counts in the i.i.d. case (computed a block of columns at a time), the
-    grid's two neighbours of -margin without replacement. ``values``: checked differences, one row each;
-    ``flyspec.gate.stats.decide.sequential_decisions`` names the verdicts.
+class BoundedMeanSequence:
+    """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
+
+    ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
+    ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
+    the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
+    tuned to n (see the module docstring). Only the grid points still in the set are tracked.
     """
-    if population_size is None:
-        rows, length = values.shape
-        return iid_stops(
-            rows, length, lambda active, begin, cols: values[active, begin : begin + cols], margin, alpha
-        )
-    return _without_replacement_stops(values, margin, alpha, population_size)
+
+    def __init__(self, lo: float, hi: float, alpha: float, horizon: int | None = None) -> None:
+        if not (is_number(lo) and is_number(hi) and lo < hi):
+            raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
+        if not is_number(alpha, above=0, below=1):
+            raise ValueError(f"alpha={alpha!r}: must lie in (0, 1)")
+        if horizon is not None and not is_int(horizon, 1):
+            raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
+        if lo > -1.0 or hi < 1.0:
+            raise ValueError(f"range [{lo}, {hi}] must contain the target's range [-1, 1]")
+        self.lo, self.hi, self.alpha, self.horizon = lo, hi, alpha, horizon
+        self.threshold = math.log(2.0 / alpha)
+        self.grid = GRID
+        self.live = np.ones(self.grid.size, dtype=bool)
+        self._first, self._last = 0, self.grid.size - 1  # the window of live grid points
+        self._m = (self.grid - lo) / (hi - lo)
+        width = MIXTURE_FRACTIONS.size if horizon is None else 1
+        self._plus = np.zeros((self.grid.size, width))
+        self._minus = np.zeros((self.grid.size, width))
+        self._sum_sq = 0.0
+        self._sum = 0.0
+        self.n = 0
+        self.low, self.high = -1.0, 1.0
+        self.emptied_at: int | None = None
+        """The observation after which every candidate mean was rejected (None while some survive)."""
+
+    def update(self, y: float) -> tuple[float, float]:
+        """Add one value (it must lie in ``[lo, hi]``) and return the running bounds of the mean."""
+        if not is_number(y) or not self.lo - 1e-12 <= y <= self.hi + 1e-12:
+            raise ValueError(f"y={y!r}: must be a number in [{self.lo}, {self.hi}]")
+        x = min(max((y - self.lo) / (self.hi - self.lo), 0.0), 1.0)
+        window = slice(self._first, self._last + 1)
+        m = self._m[window, None]
+        # When the range is exactly the target's ([-1, 1], every pair labelled) the grid's ends sit at m = 0
+        # and 1, where the largest bet is unbounded. Betting it as the limit of a tiny room keeps its meaning
+        # (an observation beyond the end rejects it, one at the end costs the fraction) instead of
+        # inf * 0 = NaN, which left the end live for ever and the bound stuck at -1 or 1.
+        room_up, room_down = np.maximum(m, ENDPOINT_ROOM), np.maximum(1.0 - m, ENDPOINT_ROOM)
+        if self.horizon is None:
+            up, down = MIXTURE_FRACTIONS / room_up, MIXTURE_FRACTIONS / room_down
+        else:
+            sigma2 = (PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
+            lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
+            up, down = np.minimum(lam, TRUNCATION / room_up), np.minimum(lam, TRUNCATION / room_down)
+            self._sum += x
+            self._sum_sq += (x - (PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
+        plus = self._plus[window]
+        minus = self._minus[window]
+        plus += np.log1p(up * (x - m))
+        minus += np.log1p(-down * (x - m))
+        self.n += 1
+        rejected = (log_mean_exp(plus) >= self.threshold) | (log_mean_exp(minus) >= self.threshold)
+        self.live[window] &= ~rejected
+        self._refresh()
+        return self.low, self.high
+
+    def _refresh(self) -> None:
+        live = self.live[self._first : self._last + 1]
+        if not live.any():
+            # Keep the last bounds: the set empties only after a miss (probability <= alpha) or when the
+            # values' conditional mean was not constant, which the report flags.
+            if self.emptied_at is None:
+                self.emptied_at = self.n
+            return
+        first = self._first + int(np.argmax(live))
+        last = self._last - int(np.argmax(live[::-1]))
+        self._first, self._last = first, last
+        self.low = float(self.grid[max(first - 1, 0)])
+        self.high = float(self.grid[min(last + 1, self.grid.size - 1)])
 
 
-def iid_stops(
-    rows: int,
-    length: int,
-    block_of: Callable[[np.ndarray, int, int], np.ndarray],
-    margin: float,
-    alpha: float,
-    start: tuple[int, int, int] = (0, 0, 0),
-    block: int = 512,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``crossing_stops`` for the i.i.d. sequence, its ``rows`` sequences of ``length`` differences read a
-    block at a time: ``block_of(active, begin, cols)`` gives the differences of the rows still undecided
-    from column ``begin`` on (a simulation draws them there, so rows that decided stop drawing).
-    ``start``: counts (lost, tied, gained) already observed, which every row continues from (the i.i.d.
-    capital depends on the counts only); stops count from the first question."""
-    m = (1.0 - margin) / 2.0
-    threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
-    terms = {side: np.array(_bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
-    stops = Stops(rows, length)
-    counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
-    active = np.arange(rows)
-    for begin in range(sum(start), length, block):
-        chunk = block_of(active, begin, min(block, length - begin))
-        running = [
-            counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
-        ]
-        for k in range(3):
-            counts[k, active] = running[k][:, -1]
-        active = active[
-            stops.record(active, begin, *(_iid_crossed(running, terms[side], threshold) for side in (1, -1)))
-        ]
-        if active.size == 0:
-            break
-    return stops.outcome()
+def _plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
+    """The fixed-horizon bet before each observation (untruncated), for rows of observations in [0, 1].
+
+    ``lambda_t = sqrt(2 log(2 / alpha) / (horizon sigma_{t-1}^2))`` with the running estimates
+    ``mu_t = (1/2 + sum_{i<=t} x_i) / (t + 1)`` and
+    ``sigma_t^2 = (1/4 + sum_{i<=t} (x_i - mu_i)^2) / (t + 1)``
+    (Waudby-Smith and Ramdas 2024, section 4: the predictable plug-in tuned to n); each bet uses only
+    earlier observations.
+    """
+    steps = np.arange(1, x.shape[-1] + 1, dtype=float)
+    mu = (PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
+    sigma2 = (PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
+    before = np.concatenate([np.full(x.shape[:-1] + (1,), PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
+    return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
 
 
-def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
-    """Where log K > threshold, from running counts (lost, tied, gained) and the bets' log terms (B, 3)."""
-    logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
-    top = logs[0].copy()
-    for log_b in logs[1:]:
-        np.maximum(top, log_b, out=top)
-    # The mean of B products lies between the largest / B and the largest: only the few entries in
-    # between need the full log-mean-exp.
-    hit = top - math.log(len(logs)) > threshold
-    unsure = np.nonzero(~hit & (top > threshold))
-    if unsure[0].size:
-        near = np.stack([log_b[unsure] for log_b in logs])
-        hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > threshold
-    return hit
+def log_capital(x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None) -> np.ndarray:
+    """Running log capital of one side at the candidate mean ``m`` (in X units) for rows of observations
+    ``x`` in [0, 1] (shape (runs, n)): ``side=1`` is K+ (it grows when the mean is above m), ``-1`` K-.
+
+    ``BoundedMeanSequence`` for many rows at once (its test reference); a PASS happens exactly when K+ at
+    the margin reaches the threshold.
+    """
+    if not 0.0 < m < 1.0:
+        raise ValueError(f"m={m!r}: must lie strictly inside (0, 1)")
+    room = m if side > 0 else 1.0 - m
+    deviation = side * (x - m)
+    if horizon is None:
+        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in MIXTURE_FRACTIONS]
+        return log_mean_exp(np.stack(logs), axis=0)
+    bets = np.minimum(_plug_in_bets(x, alpha, horizon), TRUNCATION / room)
+    return np.cumsum(np.log1p(bets * deviation), axis=-1)
 
 
-def _without_replacement_stops(
-    values: np.ndarray, margin: float, alpha: float, population_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows, length = values.shape
-    grid = np.arange(-GRID_STEPS, GRID_STEPS + 1, 2) / GRID_STEPS
-    above = int(np.flatnonzero(grid > -margin)[0])
-    below = int(np.flatnonzero(grid < -margin)[-1])
-    capital = _Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
-    stops = Stops(rows, length)
-    active = np.arange(rows)
-    for step in range(length):
-        capital.step((values[active, step] + 1.0) / 2.0)
-        logical_low, logical_high = capital.logical_bounds()
-        passed = capital.rejected_plus()[:, 0] | (logical_low > -margin)
-        failed = capital.rejected_minus()[:, 1] | (logical_high < -margin)
-        keep = stops.record(active, step, passed[:, None], failed[:, None])
-        if not keep.all():
-            active = active[keep]
-            capital.keep_rows(keep)
-            if active.size == 0:
-                break
-    return stops.outcome()
-
-
-__all__ = [
-    "BETS",
-    "GRID_STEPS",
-    "ConfidenceSequence",
-    "Stops",
-    "confidence_sequence",
-    "crossing_stops",
-    "iid_stops",
-]
+def log_mean_exp(logs: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log of the mean of exp over ``axis`` (a mixture's average capital from its components' logs)."""
+    top = logs.max(axis=axis, keepdims=True)
+    return (top + np.log(np.exp(logs - top).mean(axis=axis, keepdims=True))).squeeze(axis)
