@@ -40,7 +40,7 @@ _LM_EVAL_FIELDS = (
     *_LM_EVAL_HASHES,
 )
 _INSPECT_SUFFIXES = (".eval", ".json")
-_INSPECT_VALUES: dict[Any, bool] = {"C": True, "I": False, "N": False}
+_INSPECT_VALUES: dict[str, bool] = {"C": True, "I": False, "N": False}
 _SHOWN_ERRORS = 3
 
 
@@ -150,7 +150,7 @@ def _filter_names(
     if any(keyed):
         line = rows[keyed.index(False)][0]
         raise ValueError(f"{file}:{line}: this row has no 'filter' key while others have one")
-    seen: dict[Any, int] = {}
+    seen: dict[str, int] = {}
     blocks = []
     for _, row in rows:
         key = json.dumps(row.get("doc_id"))
