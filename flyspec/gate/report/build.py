@@ -35,6 +35,7 @@ from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
 from flyspec.gate.report.advice import advice, explanation
 from flyspec.gate.report.decisions import (
+    POWER,
     Correct,
     Pair,
     compare_pairs,
@@ -56,7 +57,6 @@ from flyspec.gate.stats.decision import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.planning import plan_noninferiority
 
-POWER = 0.80
 T = TypeVar("T")
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]
 
