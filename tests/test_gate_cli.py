@@ -23,7 +23,7 @@ from registrations import assert_registrations_round_trip
 
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
-from flyspec.gate.report.report import build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.stats import mcnemar, net_difference_ci
 
 ENTRY = [sys.executable, "-c", "from flyspec.cli import main; main()", "gate"]
@@ -591,7 +591,7 @@ def test_the_advice_simulates_the_registered_design() -> None:
     """The advice's question count is the registered design's own simulated 90th percentile (no scaling
     of a table: at a 5-point margin and 6% flips the old "x (0.02 / margin)^2" rule said 450 where the
     design needs about 530), for the i.i.d. claim and, smaller, for a finite pool."""
-    from flyspec.gate.report.render import sequential_questions
+    from flyspec.gate.report.advice import sequential_questions
 
     wide = sequential_questions(0.06, 0.05)
     assert wide is not None and 490 <= wide <= 580
@@ -607,7 +607,7 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     pool, so the whole pool), never a fresh run capped at a fixed design's size; rerunning the command
     with that --max-questions continues it: the stored answers are kept, not asked again, the registration
     records the extension, and the confidence sequence goes on along the same order."""
-    from flyspec.gate.report.render import sequential_questions
+    from flyspec.gate.report.advice import sequential_questions
     from flyspec.gate.stats import flip_rate_upper_bound
 
     store = tmp_path / "g.db"

@@ -35,7 +35,7 @@ from gate_answers import wait_for_answers
 
 from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.report import build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
 from flyspec.gate.runs.session import question_seed
 from flyspec.gate.stats import questions_needed_noninferiority, wilson_interval

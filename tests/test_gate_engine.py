@@ -25,7 +25,7 @@ from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.graders import extract_gsm8k
-from flyspec.gate.report.report import build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
 
 NUM_QUESTIONS = 12

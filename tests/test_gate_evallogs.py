@@ -12,8 +12,8 @@ import pytest
 
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.logs.compare import pair_logs
 from flyspec.gate.logs.evallogs import read_eval_log, read_lm_eval_samples
-from flyspec.gate.logs.pairing import pair_logs
 
 STAMP = "2026-12-01T09-09-01.147126"
 

@@ -24,9 +24,8 @@ from lm_eval_tasks import generation_task
 from serve_process import flyspec_serve, tiny_args
 from tiny_llm import TinyModels
 
-from flyspec.gate.logs.compare import compare_logs
+from flyspec.gate.logs.compare import compare_logs, pair_logs
 from flyspec.gate.logs.evallogs import read_eval_log
-from flyspec.gate.logs.pairing import pair_logs
 from flyspec.gate.stats import decide, paired_counts
 
 BIN = Path(sys.executable).parent

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from loopback import serve_app
 
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.report import build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
 
 

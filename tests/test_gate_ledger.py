@@ -16,7 +16,7 @@ import pytest
 from flyspec.gate.data.ledger import UserLedger, comparison_key_of, ledger_path, output_identity
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
-from flyspec.gate.report.report import build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
 
 SPEC = {"method": "draft_model", "model": "draft", "num_speculative_tokens": 4}

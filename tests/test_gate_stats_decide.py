@@ -202,8 +202,9 @@ def _assigned_verdicts(tree: ast.AST) -> Iterator[int]:
 
 
 def test_verdicts_are_assigned_only_in_decide() -> None:
-    """No module of the gate but stats/decide.py (which also names them) gives a run PASS or FAIL: the rule is written once, and every route (the fixed and sequential decisions, the
-    running monitor, the report's replay, tune, compare, the simulations) reaches it there."""
+    """No module of the gate but stats/decide.py (which also names them) gives a run PASS or FAIL: the
+    rule is written once, and every route (the fixed and sequential decisions, the running monitor, the
+    report's replay, tune, compare, the simulations) reaches it there."""
     found = [
         f"{path.relative_to(GATE)}:{line}"
         for path in sorted(GATE.rglob("*.py"))

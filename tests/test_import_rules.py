@@ -336,7 +336,7 @@ def test_a_module_cycle_is_caught() -> None:
     """The cycle check is not vacuous: a lazy import of the report's builder from its renderer (the circle
     the report had) and one of the registry from an arm kind are each reported."""
     for importer, target in (
-        ("flyspec.gate.report.render", "flyspec.gate.report.report"),
+        ("flyspec.gate.report.markdown", "flyspec.gate.report.build"),
         ("flyspec.gate.arms.engine", "flyspec.gate.arms.registry"),
     ):
         graph = {**MODULE_GRAPH, importer: MODULE_GRAPH[importer] | {target}}
@@ -392,9 +392,9 @@ def test_the_gate_is_eight_layered_subpackages() -> None:
         ("flyspec.gate.logs.compare", "flyspec.gate.runs.settings"),
         ("flyspec.gate.runs.run", "flyspec.gate"),
         ("flyspec.gate.runs.tune", "flyspec.gate.report.tune_report"),
-        ("flyspec.gate.runs.judging", "flyspec.gate.report.report"),
+        ("flyspec.gate.runs.judging", "flyspec.gate.report.build"),
         ("flyspec.gate.shadow.mirror", "flyspec.gate.runs.run"),
-        ("flyspec.gate.shadow.proxy", "flyspec.gate.report.report"),
+        ("flyspec.gate.shadow.proxy", "flyspec.gate.report.build"),
         ("flyspec.gate.runs.run", "flyspec.gate.shadow.proxy"),
     ],
 )

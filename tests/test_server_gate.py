@@ -19,7 +19,7 @@ from flyspec import LLM, SamplingParams
 from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.report import build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
 from flyspec.server.app import build_app
 from flyspec.server.background import serve_in_background

@@ -106,7 +106,7 @@ def plan(
 def _run_and_report(options: GateOptions, as_json: bool, strict: bool = False) -> None:
     """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
     `gate report`'s code for the decision."""
-    from flyspec.gate.report.report import build_report
+    from flyspec.gate.report.build import build_report
     from flyspec.gate.runs.run import describe_interrupt, run
 
     try:
@@ -350,7 +350,7 @@ def report(
     Exit code (of the registered decision): 0 PASS (or a pilot), 1 FAIL, 2 INCONCLUSIVE with --strict
     (else 0). For a tune: 0 when a setting passed, 1 when none did, 2 with --strict while unfinished.
     """
-    from flyspec.gate.report.report import build_report
+    from flyspec.gate.report.build import build_report
 
     if _run_kind(store, run_id) == "tune":
         from flyspec.gate.report.tune_report import build_tune_report

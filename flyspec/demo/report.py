@@ -11,7 +11,7 @@ from typing import Any
 from flyspec.gate import Report, build_report
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.decisions import answering_minutes
-from flyspec.gate.report.render import control_sentence
+from flyspec.gate.report.markdown import control_sentence
 from flyspec.gate.stats.forecast import Design, forecast_from_rate
 
 FIRST_SCREEN_LINES = 12
@@ -48,7 +48,7 @@ def _control_line(control: Report) -> str:
 
 
 def _fly_line(report: Report, setting: str) -> str:
-    stop, m = report.sequential, f"{100 * report.run.margin:g}"
+    stop, m = report.sequential, f"{100 * report.registered_margin:g}"
     if stop is None:
         return f"FLy ({setting}): no pair answered yet."
     meaning = {
@@ -146,7 +146,7 @@ def _engine_lines(notes: dict[str, Any]) -> list[str]:
 def _interval_lines(report: Report) -> list[str]:
     if report.sequential is None:
         return []
-    m = f"{100 * report.run.margin:g}"
+    m = f"{100 * report.registered_margin:g}"
     return [
         "The interval is the range of accuracy differences (FLy minus the lossless baseline) that the "
         f"answers so far leave plausible, at {100 * report.level:g}% confidence. It is a confidence "

@@ -15,7 +15,7 @@ from flyspec.lazy import lazy_attributes
 if TYPE_CHECKING:
     from flyspec.gate.data.datasets import Question, load_dataset
     from flyspec.gate.logs.compare import compare_logs
-    from flyspec.gate.report.report import Report, build_report
+    from flyspec.gate.report.build import Report, build_report
     from flyspec.gate.report.tune_report import build_tune_report
     from flyspec.gate.runs.run import RunResult, run, run_gate, run_pilot
     from flyspec.gate.runs.settings import GateOptions
@@ -42,8 +42,8 @@ _HOMES = {
     "GateOptions": "flyspec.gate.runs.settings",
     "Question": "flyspec.gate.data.datasets",
     "load_dataset": "flyspec.gate.data.datasets",
-    "Report": "flyspec.gate.report.report",
-    "build_report": "flyspec.gate.report.report",
+    "Report": "flyspec.gate.report.build",
+    "build_report": "flyspec.gate.report.build",
     "RunResult": "flyspec.gate.runs.run",
     "run": "flyspec.gate.runs.run",
     "run_gate": "flyspec.gate.runs.run",

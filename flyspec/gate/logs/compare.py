@@ -1,9 +1,15 @@
 """``gate compare``: a paired decision from two finished evaluations' per-sample logs, nothing re-run.
 
 Each side is an lm-evaluation-harness samples log, an Inspect AI log or one arm of a gate store
-(flyspec/gate/logs/evallogs.py); the two are paired question by question (flyspec/gate/logs/pairing.py,
-which refuses different question sets naming them) and decided with the same rule as a gate run
-(``stats.decide`` on Tango's interval at level ``1 - 2 alpha``), per task and pooled.
+(flyspec/gate/logs/evallogs.py); the two are paired question by question (``pair_logs``) and decided with
+the same rows as a fixed gate run (``report.decisions.fixed_rows``: ``stats.decide`` on Tango's interval at
+level ``1 - 2 alpha``), per task and pooled.
+
+Pairing: both logs must hold exactly the same questions, the same ``(task, question id, epoch)`` keys, and,
+where both logs carry a hash of the same kind (lm-eval's doc/prompt/target hashes, Inspect's input/target,
+the gate store's prompt hash), the same hash. Anything else is refused with a message naming the first few
+mismatching questions each way and how many there are: pairing different questions would make the
+lost/gained counts meaningless.
 
 The logs existed before the margin was chosen, so the margin and alpha are declared after the data and the
 report says so at its top: a margin picked after seeing the results can be picked to give any answer.
@@ -18,20 +24,121 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flyspec.checks import is_int
 from flyspec.gate.data.store import RunRecord
-from flyspec.gate.logs.evallogs import EvalLog, read_eval_log
-from flyspec.gate.logs.pairing import pair_logs
-from flyspec.gate.report.comparisons import compare_pairs
+from flyspec.gate.logs.evallogs import EvalLog, SampleScore, read_eval_log
+from flyspec.gate.report.advice import compare_advice, explanation
+from flyspec.gate.report.build import Report
+from flyspec.gate.report.decisions import fixed_rows
 from flyspec.gate.report.model import Comparison
-from flyspec.gate.report.render import compare_advice, explanation
-from flyspec.gate.report.report import Report
 from flyspec.gate.stats.decide import check_margin_alpha
 
 KIND = "compare"
+
+_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class PairedTask:
+    """One task's pairs in a fixed order (by question id, then epoch): 0/1 per side, same length."""
+
+    task: str
+    keys: list[tuple[str, int]]
+    baseline: list[int]
+    candidate: list[int]
+
+    @property
+    def pairs(self) -> list[tuple[bool, bool]]:
+        """(baseline correct, candidate correct) per question, in order."""
+        return [(bool(b), bool(c)) for b, c in zip(self.baseline, self.candidate, strict=True)]
+
+
+@dataclass(frozen=True)
+class PairedLogs:
+    """Per-task pairs (tasks sorted by name) and all of them pooled in that order."""
+
+    tasks: list[PairedTask]
+
+    @property
+    def pooled(self) -> tuple[list[int], list[int]]:
+        """Every task's baseline and candidate scores, concatenated in task order."""
+        return (
+            [v for t in self.tasks for v in t.baseline],
+            [v for t in self.tasks for v in t.candidate],
+        )
+
+
+def _order(key: tuple[str, str, int]) -> tuple[str, tuple[int, int | str], int]:
+    task, qid, epoch = key
+    # Numeric ids (lm-eval's doc_id) sort as numbers, so "10" comes after "9".
+    return task, ((0, int(qid)) if qid.isdigit() else (1, qid)), epoch
+
+
+def _index(log: EvalLog) -> dict[tuple[str, str, int], SampleScore]:
+    index: dict[tuple[str, str, int], SampleScore] = {}
+    for sample in log.samples:
+        key = (sample.task, sample.question_id, sample.epoch)
+        if key in index:
+            raise ValueError(f"{log.source}: question {_name(key)} appears twice")
+        index[key] = sample
+    return index
+
+
+def _name(key: tuple[str, str, int]) -> str:
+    task, qid, epoch = key
+    return f"{task}/{qid}" + (f"@{epoch}" if epoch else "")
+
+
+def _listing(keys: set[tuple[str, str, int]]) -> str:
+    ordered = sorted(keys, key=_order)
+    shown = ", ".join(_name(k) for k in ordered[:_SHOWN])
+    return f"{len(keys)} ({shown}{', ...' if len(keys) > _SHOWN else ''})"
+
+
+def pair_logs(baseline: EvalLog, candidate: EvalLog) -> PairedLogs:
+    """Pair the two logs' questions; ValueError naming the mismatches if they differ in any question."""
+    base, cand = _index(baseline), _index(candidate)
+    only_base, only_cand = set(base) - set(cand), set(cand) - set(base)
+    if only_base or only_cand:
+        base_tasks, cand_tasks = {k[0] for k in base}, {k[0] for k in cand}
+        parts = [
+            f"baseline {baseline.source} and candidate {candidate.source} do not hold the same questions"
+        ]
+        if base_tasks != cand_tasks:
+            parts.append(
+                f"tasks only in the baseline: {', '.join(sorted(base_tasks - cand_tasks)) or 'none'}; "
+                f"only in the candidate: {', '.join(sorted(cand_tasks - base_tasks)) or 'none'}"
+            )
+        if only_base:
+            parts.append(f"only in the baseline: {_listing(only_base)}")
+        if only_cand:
+            parts.append(f"only in the candidate: {_listing(only_cand)}")
+        raise ValueError("; ".join(parts))
+    differing: dict[str, set[tuple[str, str, int]]] = {}
+    for key, sample in base.items():
+        other = cand[key].hashes
+        for kind, digest in sample.hashes.items():
+            if kind in other and other[kind] != digest:
+                differing.setdefault(kind, set()).add(key)
+    if differing:
+        detail = "; ".join(
+            f"{kind} hash differs for {_listing(keys)}" for kind, keys in sorted(differing.items())
+        )
+        raise ValueError(
+            f"baseline {baseline.source} and candidate {candidate.source} have the same question ids but "
+            f"not the same questions: {detail}"
+        )
+    tasks: dict[str, PairedTask] = {}
+    for key in sorted(base, key=_order):
+        task, qid, epoch = key
+        paired = tasks.setdefault(task, PairedTask(task, [], [], []))
+        paired.keys.append((qid, epoch))
+        paired.baseline.append(int(base[key].correct))
+        paired.candidate.append(int(cand[key].correct))
+    return PairedLogs([tasks[t] for t in sorted(tasks)])
 
 
 def _epochs(log: EvalLog) -> list[int]:
@@ -62,7 +169,7 @@ def side_epochs(epoch: int | Mapping[str, int] | None) -> dict[str, int | None]:
     """The epoch of each side: one number for both, or ``{"baseline": N, "candidate": M}`` (either may be
     left out); ValueError for anything else."""
     if epoch is None or isinstance(epoch, int):
-        chosen: dict[str, Any] = {"baseline": epoch, "candidate": epoch}
+        chosen: dict[str, int | None] = {"baseline": epoch, "candidate": epoch}
     elif isinstance(epoch, Mapping):
         unknown = sorted(set(epoch) - {"baseline", "candidate"})
         if unknown:
@@ -120,13 +227,7 @@ def compare_logs(
         relabelled = [replace(s, epoch=base_epoch) for s in logs["candidate"].samples]
         logs["candidate"] = replace(logs["candidate"], samples=relabelled)
     paired = pair_logs(logs["baseline"], logs["candidate"])
-    rows = []
-    everything: list[tuple[bool, bool]] = []
-    for task in paired.tasks:
-        pairs = [(bool(b), bool(c)) for b, c in zip(task.baseline, task.candidate, strict=True)]
-        everything += pairs
-        rows.append(compare_pairs(task.task, pairs, len(pairs), margin, alpha))
-    rows.append(compare_pairs("pooled", everything, len(everything), margin, alpha))
+    rows = fixed_rows({task.task: (len(task.keys), task.pairs, 0) for task in paired.tasks}, margin, alpha)
     registration = {
         "margin": float(margin),
         "alpha": float(alpha),
@@ -146,6 +247,7 @@ def _report(registration: dict[str, Any], rows: list[Comparison], margin: float,
     report = Report(
         store="",
         run=run,
+        registered=run.registered,
         margin=float(margin),
         margin_overridden=False,
         alpha=float(alpha),

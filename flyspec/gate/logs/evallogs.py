@@ -40,7 +40,7 @@ _LM_EVAL_FIELDS = (
     *_LM_EVAL_HASHES,
 )
 _INSPECT_SUFFIXES = (".eval", ".json")
-_INSPECT_VALUES: dict[Any, bool] = {"C": True, "I": False, "N": False}
+_INSPECT_VALUES: dict[str, bool] = {"C": True, "I": False, "N": False}
 _SHOWN_ERRORS = 3
 
 
@@ -84,20 +84,6 @@ def _binary(value: Any, where: str, what: str) -> bool:
 
 
 # lm-evaluation-harness
-
-
-def _lm_eval_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    files = sorted(p for p in path.rglob("samples_*.jsonl") if p.is_file())
-    if not files:
-        raise ValueError(f"{path}: no lm-eval samples_*.jsonl files (run lm-eval with --log_samples)")
-    return files
-
-
-def _lm_eval_task(path: Path) -> str:
-    match = _LM_EVAL_FILE.match(path.name)
-    return match.group("task") if match else path.stem
 
 
 def parse_filters(filter: str | Sequence[str] | None) -> tuple[str | None, dict[str, str]]:
@@ -150,7 +136,7 @@ def _filter_names(
     if any(keyed):
         line = rows[keyed.index(False)][0]
         raise ValueError(f"{file}:{line}: this row has no 'filter' key while others have one")
-    seen: dict[Any, int] = {}
+    seen: dict[str, int] = {}
     blocks = []
     for _, row in rows:
         key = json.dumps(row.get("doc_id"))
@@ -254,9 +240,13 @@ def read_lm_eval_samples(
 
 def _lm_eval_tasks(path: Path) -> dict[str, Path]:
     """Task -> its samples file; ValueError when a task has two (two runs in one folder)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("samples_*.jsonl") if p.is_file())
+    if not files:
+        raise ValueError(f"{path}: no lm-eval samples_*.jsonl files (run lm-eval with --log_samples)")
     by_task: dict[str, Path] = {}
-    for file in _lm_eval_files(path):
-        task = _lm_eval_task(file)
+    for file in files:
+        match = _LM_EVAL_FILE.match(file.name)
+        task = match.group("task") if match else file.stem
         if task in by_task:
             raise ValueError(
                 f"{path}: two sample logs of task {task!r} ({by_task[task].name}, {file.name}); pass one "
@@ -455,24 +445,19 @@ def read_eval_log(spec: str, metric: str | None = None, filter: str | Sequence[s
             f"{spec}: no such file or folder (expected an lm-eval samples_*.jsonl, an Inspect .eval/.json "
             "log, or STORE.db:RUN:ARM)"
         )
-    if path.is_dir():
-        if any(path.rglob("samples_*.jsonl")):
-            return read_lm_eval_samples(path, metric, filter)
-        if filter is not None:
-            raise ValueError(f"{spec}: --filter applies to lm-eval logs only")
-        return read_inspect_log(path, metric)
-    if path.suffix == ".jsonl":
+    folder = path.is_dir()
+    if (folder and any(path.rglob("samples_*.jsonl"))) or (not folder and path.suffix == ".jsonl"):
         return read_lm_eval_samples(path, metric, filter)
-    if path.suffix in _INSPECT_SUFFIXES:
-        if path.name.startswith("results_") and path.suffix == ".json":
-            raise ValueError(
-                f"{spec}: this is lm-eval's aggregated results file; compare the samples_*.jsonl files that "
-                "--log_samples writes next to it"
-            )
-        if filter is not None:
-            raise ValueError(f"{spec}: --filter applies to lm-eval logs only")
-        return read_inspect_log(path, metric)
-    raise ValueError(
-        f"{spec}: unknown log format (expected samples_*.jsonl from lm-eval, an Inspect .eval/.json log, or "
-        "STORE.db:RUN:ARM)"
-    )
+    if not folder and path.suffix not in _INSPECT_SUFFIXES:
+        raise ValueError(
+            f"{spec}: unknown log format (expected samples_*.jsonl from lm-eval, an Inspect .eval/.json log, "
+            "or STORE.db:RUN:ARM)"
+        )
+    if not folder and path.name.startswith("results_") and path.suffix == ".json":
+        raise ValueError(
+            f"{spec}: this is lm-eval's aggregated results file; compare the samples_*.jsonl files that "
+            "--log_samples writes next to it"
+        )
+    if filter is not None:
+        raise ValueError(f"{spec}: --filter applies to lm-eval logs only")
+    return read_inspect_log(path, metric)

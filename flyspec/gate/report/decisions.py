@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any
 
 from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
 from flyspec.gate.grading.graders import model_graded
-from flyspec.gate.report.comparisons import compare_pairs, counted, sequential_row
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE
+from flyspec.gate.stats.decide import INCONCLUSIVE, decide_with_undecided
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
-from flyspec.gate.stats.monitor import in_order_judged, judged_stop, sequential_stop
-from flyspec.gate.stats.paired import mcnemar
+from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
+from flyspec.gate.stats.paired import mcnemar, noninferiority
+from flyspec.gate.stats.sizing import plan_noninferiority
 
 OLD_JUDGED_WARNING = (
     "THIS JUDGED RUN WAS REGISTERED BEFORE GOLD LABELS: its decision follows the old rule (pairs the "
@@ -42,20 +41,114 @@ DEFECTIVE_DRAW_WARNING = (
 
 
 Lane = tuple[str, int]
+Pair = tuple[bool, bool]
+"""(baseline correct, candidate correct) of one question."""
+Correct = dict[tuple[str, int, str, str], bool]
+"""Whether each stored answer is correct, by (arm, repeat, dataset, question id)."""
+Groups = dict[str, tuple[int, list[Pair], int]]
+"""Pairs by dataset (or task): (registered questions, complete pairs, undecided pairs among them)."""
+
+POWER = 0.80
 
 
-def decide_report(report: ReportData, store: GateStore, correct: dict) -> None:
+def _with_plan(comparison: Comparison, flips: int, margin: float, alpha: float) -> Comparison:
+    """An undecided comparison with the questions a fixed run would need at its flip rate."""
+    plan = plan_noninferiority(flips, comparison.n, margin, alpha, POWER)
+    return replace(
+        comparison,
+        questions_needed=plan.questions,
+        questions_needed_at_observed=plan.questions_at_observed,
+        flip_rate_upper=plan.flip_rate_upper,
+        more_questions=max(0, plan.questions - comparison.n),
+    )
+
+
+def paired_counts(pairs: list[Pair]) -> tuple[int, int, int]:
+    lost = sum(1 for b, c in pairs if b and not c)
+    gained = sum(1 for b, c in pairs if c and not b)
+    return len(pairs), lost, gained
+
+
+def counted(scope: str, pairs: list[Pair], registered: int, alpha: float, undecided: int = 0) -> Comparison:
+    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision.
+    ``undecided`` of the pairs (each graded wrong on both sides) are judged pairs the judge could not
+    decide; McNemar, reported beside the decision, uses the decided pairs only."""
+    n, lost, gained = paired_counts(pairs)
+    test = mcnemar(lost, gained)
+    return Comparison(
+        scope=scope,
+        n=n,
+        registered=registered,
+        baseline_accuracy=sum(b for b, _ in pairs) / n if n else None,
+        candidate_accuracy=sum(c for _, c in pairs) / n if n else None,
+        lost=lost,
+        gained=gained,
+        net=gained - lost,
+        net_difference=(gained - lost) / n if n else None,
+        flip_rate=(lost + gained) / n if n else None,
+        exact_p=test.exact_p,
+        mid_p=test.mid_p,
+        ci_low=None,
+        ci_high=None,
+        noninferiority_p=None,
+        significant_loss=lost > gained and test.exact_p < 2 * alpha,
+        decision=None,
+        undecided=undecided,
+    )
+
+
+def compare_pairs(
+    scope: str,
+    pairs: list[Pair],
+    registered: int,
+    margin: float,
+    alpha: float,
+    undecided: int = 0,
+) -> Comparison:
+    """A fixed-size comparison of (baseline correct, candidate correct) pairs: counts, exact McNemar,
+    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need.
+    ``undecided`` of the pairs are judged pairs the judge could not decide (``stats.decide_with_undecided``
+    counts them against the claim being tested)."""
+    comparison = counted(scope, pairs, registered, alpha, undecided)
+    n, lost, gained = comparison.n, comparison.lost, comparison.gained
+    if n == 0:
+        return replace(comparison, decision=INCONCLUSIVE)
+    result = decide_with_undecided(n, lost, gained, undecided, margin, alpha)
+    comparison = replace(
+        comparison,
+        ci_low=result.low,
+        ci_high=result.high,
+        noninferiority_p=noninferiority(n, lost + undecided, gained, margin, alpha).p_value,
+        decision=result.decision,
+        loss_detected=result.loss_detected,
+    )
+    if result.decision == INCONCLUSIVE:
+        comparison = _with_plan(comparison, lost + undecided + gained, margin, alpha)
+    return comparison
+
+
+def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
+    """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
+    row = counted("pooled", pairs, registered, alpha, stop.undecided)
+    if not pairs:
+        return replace(row, decision=INCONCLUSIVE)
+    return replace(
+        row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
+    )
+
+
+def decide_report(report: ReportData, store: GateStore, correct: Correct) -> None:
     """Fill the report's comparisons and decision by the run's registered design, with the warnings a
     judged run registered before gold labels, or with the defective draw, carries."""
-    run = report.run
-    gold = run.registered.gold
-    if gold is None and run.registered.judge is not None:
+    reg = report.registered
+    gold = reg.gold
+    if gold is None and reg.judge is not None:
         report.warnings.append(OLD_JUDGED_WARNING)
     if gold is not None and gold.defective:
         report.warnings.append(DEFECTIVE_DRAW_WARNING)
     if gold is not None:
         _judged_run(report, store, correct, gold)
-    elif run.registered.sequential is not None:
+    elif reg.sequential is not None:
         _sequential(report, store, correct)
     else:
         _fixed(report, store, correct)
@@ -87,12 +180,13 @@ def _judged(store: GateStore, run: RunRecord) -> set[tuple[str, str]]:
     return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if model_graded(q.grader)}
 
 
-def _by_dataset(store: GateStore, run: RunRecord, correct: dict, limit: int | None = None) -> dict[str, Any]:
+def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: int | None = None) -> Groups:
     """Per dataset: (registered count, complete pairs, undecided pairs among them), over the first
     ``limit`` registered questions."""
-    first, second = run.registered.lanes
+    run = report.run
+    first, second = report.registered.lanes
     registered: dict[str, int] = defaultdict(int)
-    pairs: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    pairs: dict[str, list[Pair]] = defaultdict(list)
     undecided: dict[str, int] = defaultdict(int)
     for i, q in enumerate(store.questions(run.run_id)):
         registered[q.dataset] += 1
@@ -104,50 +198,47 @@ def _by_dataset(store: GateStore, run: RunRecord, correct: dict, limit: int | No
     return {ds: (registered[ds], pairs[ds], undecided[ds]) for ds in registered}
 
 
-def _fixed(report: ReportData, store: GateStore, correct: dict) -> None:
-    run = report.run
-    per = _by_dataset(store, run, correct)
-    report.comparisons = [
-        compare_pairs(ds, p, reg, run.margin, run.alpha, u) for ds, (reg, p, u) in per.items()
-    ]
-    everything = [pair for _, p, _ in per.values() for pair in p]
-    registered = sum(reg for reg, _, _ in per.values())
-    undecided = sum(u for _, _, u in per.values())
-    report.comparisons.append(
-        compare_pairs("pooled", everything, registered, run.margin, run.alpha, undecided)
-    )
-    warn_incomplete(report, len(everything), registered)
+def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
+    """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one."""
+    rows = [compare_pairs(name, p, size, margin, alpha, u) for name, (size, p, u) in groups.items()]
+    pooled = [pair for _, p, _ in groups.values() for pair in p]
+    size = sum(s for s, _, _ in groups.values())
+    undecided = sum(u for _, _, u in groups.values())
+    return [*rows, compare_pairs("pooled", pooled, size, margin, alpha, undecided)]
+
+
+def _fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
+    reg = report.registered
+    per = _by_dataset(store, report, correct)
+    report.comparisons = fixed_rows(per, reg.margin, reg.alpha)
+    pooled = report.comparisons[-1]
+    warn_incomplete(report, pooled.n, pooled.registered)
     # A pre-registered run is decided at its registered size: deciding on a partial run would be optional
     # stopping. The interim reading is kept, labelled as such.
     for c in report.comparisons:
         if 0 < c.n < c.registered:
             c.interim_decision, c.decision = c.decision, INCONCLUSIVE
-    pooled = report.comparisons[-1]
     if report.margin_overridden and pooled.n:
-        other = compare_pairs("pooled", everything, registered, report.margin, run.alpha, undecided)
-        decision = other.decision if pooled.n == registered else INCONCLUSIVE
+        other = fixed_rows(per, report.margin, reg.alpha)[-1]
+        decision = other.decision if pooled.n == pooled.registered else INCONCLUSIVE
         report.exploratory = Exploratory(
             report.margin, decision or INCONCLUSIVE, other.ci_low, other.ci_high, other.n, other.loss_detected
         )
 
 
-def _sequential(report: ReportData, store: GateStore, correct: dict) -> None:
-    run = report.run
-    plan = run.registered.sequential
+def _sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
+    run, reg = report.run, report.registered
+    plan = reg.sequential
     assert plan is not None
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
-    lanes = run.registered.lanes
+    lanes = reg.lanes
     events = _comparison_events(store.events(run.run_id), lanes[1][0])
     judged = _judged(store, run)
     stop = sequential_stop(order, correct, plan, events, lanes, judged=judged)
-    report.decided_after_minutes = _answering_minutes(store, run, order, lanes, stop)
-    report.sequential, report.sequential_plan = stop, plan
-    per = _by_dataset(store, run, correct, limit=stop.stopped_at)
+    per, pooled = _at_stop(report, store, correct, order, stop)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
     # be valid, and only the pooled sequence decides.
-    report.comparisons = [counted(ds, p, reg, run.alpha, u) for ds, (reg, p, u) in per.items()]
-    used = [pair for _, p, _ in per.values() for pair in p]
-    report.comparisons.append(sequential_row(stop, used, plan.max_questions, run.alpha))
+    report.comparisons = [*(counted(ds, p, size, reg.alpha, u) for ds, (size, p, u) in per.items()), pooled]
     if report.margin_overridden:
         other = sequential_stop(
             order, correct, replace(plan, margin=report.margin), events, lanes, judged=judged
@@ -157,8 +248,26 @@ def _sequential(report: ReportData, store: GateStore, correct: dict) -> None:
         )
 
 
+def _at_stop(
+    report: ReportData, store: GateStore, correct: Correct, order: list[tuple[str, str]], stop: SequentialStop
+) -> tuple[Groups, Comparison]:
+    """A sequential run at its stop: the stop, its plan and the minutes to it on the report; the pairs by
+    dataset up to the stop, and the pooled row with the sequence's bounds there."""
+    plan = report.registered.sequential
+    assert plan is not None
+    report.sequential, report.sequential_plan = stop, plan
+    report.decided_after_minutes = _answering_minutes(store, report.run, order, report.registered.lanes, stop)
+    per = _by_dataset(store, report, correct, limit=stop.stopped_at)
+    used = [pair for _, p, _ in per.values() for pair in p]
+    return per, sequential_row(stop, used, plan.max_questions, report.alpha)
+
+
 def _answering_minutes(
-    store: GateStore, run: RunRecord, order: list[tuple[str, str]], lanes: tuple[Lane, Lane], stop: Any
+    store: GateStore,
+    run: RunRecord,
+    order: list[tuple[str, str]],
+    lanes: tuple[Lane, Lane],
+    stop: SequentialStop,
 ) -> float | None:
     """Minutes of answering until the pair that decided a sequential comparison was stored; None when it
     has not decided."""
@@ -191,37 +300,33 @@ def answering_minutes(store: GateStore, run_id: str, until: float | None = None)
     return sum(max(0.0, min(end, until) - start) for start, end in sessions) / 60
 
 
-def _judged_run(report: ReportData, store: GateStore, correct: dict, gold: Gold) -> None:
+def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Gold) -> None:
     """A judged run registered with gold labels: the prediction-powered decision (docs/statistics.md), fixed
     (the plug-in bet tuned to the registered size, once every registered pair is in and labelled) or
     sequential (the anytime mixture along the registered order, stopping at its first crossing). The rows
     count pairs, the judge's verdicts and the gold labels; no accuracy is built from the judge's verdicts
     (a judge's "the baseline is at least as good" is not "the baseline is right")."""
-    run = report.run
-    lanes = run.registered.lanes
+    run, reg = report.run, report.registered
+    lanes = reg.lanes
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     judged = {(q.dataset, q.question_id) for q in store.questions(run.run_id) if gold.judged(q.grader)}
     pairs = stored_pairs(store, run, lanes, gold)
     seen = in_order_judged(order, pairs)
-    plan = run.registered.sequential
+    plan = reg.sequential
     if plan is not None:
         events = _comparison_events(store.events(run.run_id), lanes[1][0])
         stop = judged_stop(order, pairs, plan, events)
-        report.sequential, report.sequential_plan = stop, plan
-        report.decided_after_minutes = _answering_minutes(store, run, order, lanes, stop)
+        per, row = _at_stop(report, store, correct, order, stop)
         limit = stop.stopped_at
-        per = _by_dataset(store, run, correct, limit=limit)
-        used = [pair for _, p, _ in per.values() for pair in p]
-        row = sequential_row(stop, used, plan.max_questions, run.alpha)
-        walk = judged_decision(seen[:limit], run.margin, run.alpha, gold.rate, "sequential")
+        walk = judged_decision(seen[:limit], reg.margin, reg.alpha, gold.rate, "sequential")
     else:
         limit = len(order)
-        per = _by_dataset(store, run, correct)
+        per = _by_dataset(store, report, correct)
         everything = [pair for _, p, _ in per.values() for pair in p]
-        walk = judged_decision(seen, run.margin, run.alpha, gold.rate, "fixed", horizon=len(order))
+        walk = judged_decision(seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order))
         complete = walk.usable == len(order)
         row = replace(
-            counted("pooled", everything, len(order), run.alpha),
+            counted("pooled", everything, len(order), reg.alpha),
             ci_low=walk.low,
             ci_high=walk.high,
             decision=walk.decision if complete else INCONCLUSIVE,
@@ -230,11 +335,11 @@ def _judged_run(report: ReportData, store: GateStore, correct: dict, gold: Gold)
         )
         _warn_unlabelled(report, len(everything), len(order), walk.usable)
     rows = [
-        _without_verdict_accuracy(counted(ds, p, reg, run.alpha), judged, ds)
-        for ds, (reg, p, _) in per.items()
+        _without_verdict_accuracy(counted(ds, p, size, reg.alpha), judged, ds)
+        for ds, (size, p, _) in per.items()
     ]
     report.gold = _gold_summary(gold, seen, order, limit, walk)
-    report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], run.alpha)]
+    report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], reg.alpha)]
     if walk.narrow and walk.low <= walk.high:
         report.warnings.append(_narrow_warning(walk, gold))
 

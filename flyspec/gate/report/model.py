@@ -1,7 +1,7 @@
 """The numbers of a gate report, and their JSON: the paired comparisons, the speeds, a pilot's flips, the
 baseline's noise, the judge's rulings and the decision object (docs/gate.md, "The report").
 
-flyspec/gate/report/report.py builds them from a store; render.py turns them into markdown and HTML.
+flyspec/gate/report/build.py builds them from a store; markdown.py and html.py render them.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.looks import LedgerSummary
@@ -197,10 +198,16 @@ class Exploratory:
 @dataclass
 class ReportData:
     """Everything ``gate report`` shows, as numbers and words; ``to_dict`` is its JSON. ``Report``
-    (flyspec/gate/report/report.py) adds markdown and HTML."""
+    (flyspec/gate/report/build.py) adds markdown and HTML.
+
+    ``run`` is the run as stored (its JSON ``registration`` is what the report's JSON shows);
+    ``registered`` is the registration this report decides by: the run's own, or, for one comparison of a
+    run with several, that comparison's view (its margin, alpha, sequential plan and candidate lane).
+    """
 
     store: str
     run: RunRecord
+    registered: Registration
     margin: float
     margin_overridden: bool
     alpha: float
@@ -227,7 +234,7 @@ class ReportData:
     @property
     def comparison(self) -> str:
         """The candidate arm this report pairs with the baseline (``candidate`` unless it is a control's)."""
-        primary = self.run.registered.primary
+        primary = self.registered.primary
         return primary.candidate[0] if primary is not None else "candidate"
 
     @property
@@ -241,12 +248,18 @@ class ReportData:
     @property
     def role(self) -> str:
         """``candidate`` or ``control`` (a comparison the gate must FAIL)."""
-        primary = self.run.registered.primary
+        primary = self.registered.primary
         return primary.role if primary is not None else "candidate"
 
     @property
     def registered_margin(self) -> float:
-        return self.run.margin
+        """The margin registered for this report's comparison (the decision's margin)."""
+        return self.registered.margin
+
+    @property
+    def margin_points(self) -> str:
+        """The registered margin in accuracy points, as the report writes it."""
+        return f"{100 * self.registered.margin:g}"
 
     @property
     def pooled(self) -> Comparison | None:
@@ -276,7 +289,7 @@ class ReportData:
     def rule(self) -> str:
         """The decision rule in plain words."""
         return decision_rule(
-            self.run.margin,
+            self.registered.margin,
             self.level,
             sequential=self.sequential_plan is not None,
             judged=self.gold is not None,
@@ -295,7 +308,7 @@ class ReportData:
             "method": self.method,
             "claim": self.claim,
             "scope": "pooled",
-            "margin": self.run.margin,
+            "margin": self.registered.margin,
             "alpha": self.alpha,
             "level": self.level,
             "n": pooled.n,
@@ -339,7 +352,7 @@ class ReportData:
             "run_id": self.run.run_id,
             "kind": self.run.kind,
             "design": self.design,
-            "registered_margin": self.run.margin,
+            "registered_margin": self.registered.margin,
             "margin": self.margin,
             "margin_overridden": self.margin_overridden,
             "alpha": self.alpha,

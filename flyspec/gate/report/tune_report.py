@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.gate.data.codec import to_json
-from flyspec.gate.data.spec import titled
+from flyspec.gate.data.spec import SettingRecord, titled
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.data.tune_tests import SettingStatus, setting_status
+from flyspec.gate.report.build import with_store
 from flyspec.gate.report.looks import LedgerSummary, ledger_summary
-from flyspec.gate.report.wording import points
+from flyspec.gate.report.wording import num, pct, points
 from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequence
 
 _CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
@@ -30,54 +31,74 @@ _CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
 
 @dataclass
 class TuneRow:
-    """One setting in the report, in test order (``position`` 1-based)."""
+    """One setting in the report, in test order (``position`` 1-based): its speed and, once tested, its
+    test (the counts, the interval and why it stopped; None for a setting not tested). Its JSON is the
+    fields in order."""
 
     position: int
     id: str
     label: str
+    policy: str
     speculative_config: dict[str, Any]
     decision: str
-    status: SettingStatus | None
-    speed: dict[str, Any]
-    test_speed: dict[str, Any]
-
-    @property
-    def policy(self) -> str:
-        """The verification policy's name (``rejection_sample_method``)."""
-        return self.speculative_config.get("rejection_sample_method", "standard")
+    final: bool | None
+    tokens_per_s: float | None
+    speedup: float | None
+    mean_acceptance_length: float | None
+    forgiven_share: float | None
+    n: int | None
+    lost: int | None
+    gained: int | None
+    low: float | None
+    high: float | None
+    loss_detected: bool | None
+    stop_reason: str | None
+    test_mean_acceptance_length: float | None
+    test_forgiven_share: float | None
+    test_answers: int | None
 
     @property
     def title(self) -> str:
         """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
         return titled(self.speculative_config, self.label)
 
-    def to_dict(self, baseline_tps: float | None) -> dict[str, Any]:
-        tps = self.speed.get("tokens_per_s")
-        s = self.status
-        tested = s is not None and self.decision != NOT_TESTED
-        return {
-            "position": self.position,
-            "id": self.id,
-            "label": self.label,
-            "policy": self.policy,
-            "speculative_config": self.speculative_config,
-            "decision": self.decision,
-            "final": bool(s.final) if tested and s else None,
-            "tokens_per_s": tps,
-            "speedup": tps / baseline_tps if tps and baseline_tps else None,
-            "mean_acceptance_length": self.speed.get("mean_acceptance_length"),
-            "forgiven_share": self.speed.get("forgiven_share"),
-            "n": s.n if tested and s else None,
-            "lost": s.lost if tested and s else None,
-            "gained": s.gained if tested and s else None,
-            "low": s.low if tested and s else None,
-            "high": s.high if tested and s else None,
-            "loss_detected": s.loss_detected if tested and s else None,
-            "stop_reason": s.reason if tested and s else None,
-            "test_mean_acceptance_length": self.test_speed.get("mean_acceptance_length"),
-            "test_forgiven_share": self.test_speed.get("forgiven_share"),
-            "test_answers": self.test_speed.get("answers"),
-        }
+
+def _row(
+    position: int,
+    setting: SettingRecord,
+    decision: str,
+    status: SettingStatus | None,
+    speeds: tuple[Mapping[str, Any], Mapping[str, Any], float | None],
+) -> TuneRow:
+    """A setting's row: ``speeds`` are its speed, its speed on its test questions, and the baseline's
+    tokens/s (for the speedup); the test's numbers only where it was tested."""
+    speed, test_speed, base_tps = speeds
+    tps = speed.get("tokens_per_s")
+    config = dict(setting.speculative_config)
+    tested = status if decision != NOT_TESTED else None
+    return TuneRow(
+        position=position,
+        id=setting.id,
+        label=setting.label,
+        policy=config.get("rejection_sample_method", "standard"),
+        speculative_config=config,
+        decision=decision,
+        final=bool(tested.final) if tested else None,
+        tokens_per_s=tps,
+        speedup=tps / base_tps if tps and base_tps else None,
+        mean_acceptance_length=speed.get("mean_acceptance_length"),
+        forgiven_share=speed.get("forgiven_share"),
+        n=tested.n if tested else None,
+        lost=tested.lost if tested else None,
+        gained=tested.gained if tested else None,
+        low=tested.low if tested else None,
+        high=tested.high if tested else None,
+        loss_detected=tested.loss_detected if tested else None,
+        stop_reason=tested.reason if tested else None,
+        test_mean_acceptance_length=test_speed.get("mean_acceptance_length"),
+        test_forgiven_share=test_speed.get("forgiven_share"),
+        test_answers=test_speed.get("answers"),
+    )
 
 
 @dataclass
@@ -97,7 +118,13 @@ class TuneReport:
 
     @property
     def margin(self) -> float:
+        """The registered margin every setting is tested against."""
         return self.run.margin
+
+    @property
+    def margin_points(self) -> str:
+        """The margin in accuracy points, as the report writes it."""
+        return f"{100 * self.run.margin:g}"
 
     @property
     def chosen_row(self) -> TuneRow | None:
@@ -106,7 +133,6 @@ class TuneReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready report; ``settings`` (in test order) and ``chosen`` close it."""
         reg = self.run.registered
-        base_tps = self.baseline_speed.get("tokens_per_s")
         chosen = self.chosen_row
         tune = reg.tune
         return {
@@ -135,7 +161,7 @@ class TuneReport:
             "ledger": [asdict(summary) for summary in self.ledger],
             "chosen_label": chosen.label if chosen else None,
             "chosen_policy": chosen.policy if chosen else None,
-            "settings": [row.to_dict(base_tps) for row in self.rows],
+            "settings": [asdict(row) for row in self.rows],
             "chosen": chosen.speculative_config if chosen else None,
         }
 
@@ -157,33 +183,29 @@ def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, An
 
 def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
     """The report of a tune run (the latest one when ``run_id`` is None)."""
-    if isinstance(store, GateStore):
-        return _build(store, run_id)
-    path = Path(store)
-    if not path.is_file():
-        raise FileNotFoundError(f"store {path} does not exist")
-    with GateStore(path) as opened:
-        return _build(opened, run_id)
+    return with_store(store, lambda opened: _build(opened, run_id))
 
 
-def _build(store: GateStore, run_id: str | None) -> TuneReport:
+def _tune_run(store: GateStore, run_id: str | None) -> RunRecord:
     tunes = [r for r in store.runs() if r.kind == "tune"]
     if run_id is None:
         if not tunes:
             raise ValueError(f"store {store.path} holds no tune run")
-        run = tunes[-1]
-    else:
-        found = store.get_run(run_id)
-        if found is None or found.kind != "tune":
-            names = ", ".join(r.run_id for r in tunes) or "none"
-            raise ValueError(f"no tune run {run_id!r} in {store.path} (tune runs: {names})")
-        run = found
+        return tunes[-1]
+    found = store.get_run(run_id)
+    if found is None or found.kind != "tune":
+        names = ", ".join(r.run_id for r in tunes) or "none"
+        raise ValueError(f"no tune run {run_id!r} in {store.path} (tune runs: {names})")
+    return found
+
+
+def _build(store: GateStore, run_id: str | None) -> TuneReport:
+    run = _tune_run(store, run_id)
     reg = run.registered
     assert reg.tune is not None
     order = reg.tune.order.settings
     calibration = _lane_speeds(store, reg.tune.calibration_run)
     tested = _lane_speeds(store, run.run_id)
-    speed_source = "calibration" if calibration else "test"
     speeds = calibration or tested
     statuses: list[SettingStatus] = []
     for setting_id in order:
@@ -192,17 +214,14 @@ def _build(store: GateStore, run_id: str | None) -> TuneReport:
         if not status.final or status.decision != PASS:
             break
     result = fixed_sequence([s.decision for s in statuses] + [None] * (len(order) - len(statuses)))
-    complete = all(s.final for s in statuses)
+    base_tps = speeds.get("baseline", {}).get("tokens_per_s")
     rows = [
-        TuneRow(
-            position=i + 1,
-            id=setting_id,
-            label=reg.setting(setting_id).label,
-            speculative_config=dict(reg.setting(setting_id).speculative_config),
-            decision=result.labels[i],
-            status=statuses[i] if i < len(statuses) else None,
-            speed=speeds.get(setting_id, {}),
-            test_speed=tested.get(setting_id, {}),
+        _row(
+            i + 1,
+            reg.setting(setting_id),
+            result.labels[i],
+            statuses[i] if i < len(statuses) else None,
+            (speeds.get(setting_id, {}), tested.get(setting_id, {}), base_tps),
         )
         for i, setting_id in enumerate(order)
     ]
@@ -212,8 +231,8 @@ def _build(store: GateStore, run_id: str | None) -> TuneReport:
         rows=rows,
         baseline_speed=speeds.get("baseline", {}),
         chosen=result.chosen,
-        complete=complete,
-        speed_source=speed_source,
+        complete=all(s.final for s in statuses),
+        speed_source="calibration" if calibration else "test",
     )
     report.ledger = [summary for sid in order if (summary := ledger_summary(store, run, sid)) is not None]
     report.answer = answer(report)
@@ -223,65 +242,49 @@ def _build(store: GateStore, run_id: str | None) -> TuneReport:
 # -------------------------------------------------------------------------------------- words
 
 
-def _m(report: TuneReport) -> str:
-    return f"{100 * report.margin:g}"
-
-
 def _speed_words(report: TuneReport, row: TuneRow) -> str:
-    tps, base = row.speed.get("tokens_per_s"), report.baseline_speed.get("tokens_per_s")
-    if tps and base:
-        return f"{tps / base:.2f}x standard speed"
-    length = row.speed.get("mean_acceptance_length")
+    if row.speedup:
+        return f"{row.speedup:.2f}x standard speed"
+    length = row.mean_acceptance_length
     return f"mean acceptance length {length:.2f}" if length else "speed not measured"
 
 
 def _why_stopped(report: TuneReport, row: TuneRow) -> str:
-    s = row.status
-    assert s is not None
-    if not s.final:
+    if not row.final:
         return (
-            f"{row.title} is still being tested ({s.n} questions so far; the run paused or is still running: "
-            "rerun the same command to continue)"
+            f"{row.title} is still being tested ({row.n} questions so far; the run paused or is still "
+            "running: rerun the same command to continue)"
         )
-    interval = f"; interval [{points(s.low)}, {points(s.high)}] points" if s.low is not None else ""
-    if s.decision == INCONCLUSIVE:
-        what = "shows a loss, of unknown size," if s.loss_detected else "could not be shown non-inferior"
-        return f"{row.title} {what} within {_m(report)} points (after {s.n:,} questions{interval})"
-    return f"{row.title} loses more than {_m(report)} points (FAIL after {s.n:,} questions{interval})"
+    n, m = f"{row.n:,}", report.margin_points
+    interval = f"; interval [{points(row.low)}, {points(row.high)}] points" if row.low is not None else ""
+    if row.decision == INCONCLUSIVE:
+        what = "shows a loss, of unknown size," if row.loss_detected else "could not be shown non-inferior"
+        return f"{row.title} {what} within {m} points (after {n} questions{interval})"
+    return f"{row.title} loses more than {m} points (FAIL after {n} questions{interval})"
 
 
 def answer(report: TuneReport) -> str:
     """The answer in plain words, from the numbers."""
     chosen = report.chosen_row
-    stop = next((r for r in report.rows if r.status is not None and r.decision != PASS), None)
+    stop = next((r for r in report.rows if r.final is not None and r.decision != PASS), None)
     after = ""
     if stop is not None:
         later = sum(r.decision == NOT_TESTED for r in report.rows)
-        rest = f"; the {later} setting(s) after it were not tested" if later and stop.status.final else ""  # type: ignore[union-attr]
+        rest = f"; the {later} setting(s) after it were not tested" if later and stop.final else ""
         after = f" The sequence stopped there: {_why_stopped(report, stop)}{rest}."
     if chosen is None:
         first = report.rows[0]
-        if first.status is not None and not first.status.final:
+        if first.final is False:
             return f"No setting is chosen yet: {_why_stopped(report, first)}."
         return (
             "No setting passed, so keep standard verification: the first setting in the registered order "
             f"did not pass.{after}"
         )
-    s = chosen.status
-    assert s is not None
     last = " It is the most aggressive setting in the order." if chosen is report.rows[-1] else ""
     return (
-        f"{chosen.title}: {_speed_words(report, chosen)}, non-inferior within {_m(report)} points on "
-        f"{s.n:,} questions.{last}{after}"
+        f"{chosen.title}: {_speed_words(report, chosen)}, non-inferior within {report.margin_points} points "
+        f"on {chosen.n:,} questions.{last}{after}"
     )
-
-
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _table(report: TuneReport) -> list[str]:
@@ -294,24 +297,22 @@ def _table(report: TuneReport) -> list[str]:
         "| # | setting | tokens/s | vs standard | mean acceptance length | forgiven share | questions | "
         f"lost | gained | {100 * (1 - 2 * report.run.alpha):g}% {kind} (points) | decision |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
-        f"| 0 | standard (baseline) | {_num(base.get('tokens_per_s'), 1)} | 1.00x | "
-        f"{_num(base.get('mean_acceptance_length'), 2)} | {_pct(base.get('forgiven_share'))} | | | | | "
+        f"| 0 | standard (baseline) | {num(base.get('tokens_per_s'), 1)} | 1.00x | "
+        f"{num(base.get('mean_acceptance_length'), 2)} | {pct(base.get('forgiven_share'))} | | | | | "
         "baseline |",
     ]
-    base_tps = base.get("tokens_per_s")
     for row in report.rows:
-        d = row.to_dict(base_tps)
-        interval = f"[{points(d['low'])}, {points(d['high'])}]" if d["low"] is not None else "-"
+        interval = f"[{points(row.low)}, {points(row.high)}]" if row.low is not None else "-"
         decision = row.decision
-        if d["final"] is False:
+        if row.final is False:
             decision += " (in progress)"
         if report.chosen_row is row:
             decision = f"**{decision}, chosen**"
-        speedup = f"{d['speedup']:.2f}x" if d["speedup"] else "-"
-        counts = [str(d["n"]), str(d["lost"]), str(d["gained"])] if d["n"] is not None else ["-", "-", "-"]
+        speedup = f"{row.speedup:.2f}x" if row.speedup else "-"
+        counts = [str(row.n), str(row.lost), str(row.gained)] if row.n is not None else ["-", "-", "-"]
         lines.append(
-            f"| {row.position} | {row.title} | {_num(d['tokens_per_s'], 1)} | {speedup} | "
-            f"{_num(d['mean_acceptance_length'], 2)} | {_pct(d['forgiven_share'])} | {' | '.join(counts)} | "
+            f"| {row.position} | {row.title} | {num(row.tokens_per_s, 1)} | {speedup} | "
+            f"{num(row.mean_acceptance_length, 2)} | {pct(row.forgiven_share)} | {' | '.join(counts)} | "
             f"{interval} | {decision} |"
         )
     return lines
@@ -379,6 +380,7 @@ def _paste_lines(report: TuneReport) -> list[str]:
 
 
 def _markdown(report: TuneReport) -> str:
+    m = report.margin_points
     run = report.run
     reg = run.registered
     lines = [f"# flyspec gate tune: run `{run.run_id}`", ""]
@@ -397,7 +399,7 @@ def _markdown(report: TuneReport) -> str:
         "## Procedure",
         "",
         f"Fixed-sequence testing ({_CITATION}): the settings are tested in the registered order, each "
-        f"against the margin of {_m(report)} points at the full one-sided alpha {run.alpha:g}, and testing "
+        f"against the margin of {m} points at the full one-sided alpha {run.alpha:g}, and testing "
         "stops at the first setting that does not PASS; the answer is the last setting that passed. "
         "Choosing a setting that is truly worse than the margin needs the first such setting in the order "
         "to PASS, which happens with probability at most alpha, so the chance of choosing any harmful "
@@ -413,7 +415,7 @@ def _markdown(report: TuneReport) -> str:
         *_ledger_lines(report),
         "## Registration",
         "",
-        f"- margin {run.margin:g} ({_m(report)} points), alpha {run.alpha:g} (one-sided), seed {run.seed}, "
+        f"- margin {run.margin:g} ({m} points), alpha {run.alpha:g} (one-sided), seed {run.seed}, "
         "registered before the first test answer",
     ]
     sampling = reg.sampling
@@ -445,12 +447,13 @@ def _ledger_lines(report: TuneReport) -> list[str]:
 
 
 def _design_note(report: TuneReport) -> str:
+    m = report.margin_points
     reg = report.run.registered
     if reg.design == "sequential" and reg.sequential is not None:
         seq = reg.sequential
         return (
             f"Each test is sequential: a {100 * (1 - 2 * seq.alpha):g}% betting confidence sequence along "
-            f"the registered question order, stopped at its first crossing of -{_m(report)} points or at "
+            f"the registered question order, stopped at its first crossing of -{m} points or at "
             f"{seq.max_questions} questions. Each sequential test keeps its own error at most alpha "
             "however it stops, which is all the fixed-sequence argument needs; the baseline's answers are "
             "shared, and the argument holds whatever the dependence between the tests."

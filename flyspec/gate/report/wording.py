@@ -9,6 +9,19 @@ from __future__ import annotations
 
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, classify
 
+POWER_PCT = "80%"
+"""The power every sample size in a report is planned for, as the words say it."""
+
+
+def pct(value: float | None) -> str:
+    """A fraction as a percentage with one decimal; ``-`` for None."""
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def num(value: float | None, digits: int) -> str:
+    """A number with ``digits`` decimals; ``-`` for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
 
 def points(value: float, *references: float) -> str:
     """``value`` (a fraction) in signed accuracy points, with enough decimals that it never reads as
@@ -98,9 +111,6 @@ def _what_it_shows(decision: str, low: float, high: float, margin: float) -> str
     )
 
 
-__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "explain_decision", "points"]
-
-
 def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool = False) -> str:
     """The decision rule in plain words, for a run at ``margin`` and confidence ``level`` (sequential: the
     confidence sequence; else Tango's interval; ``judged``: the prediction-powered interval of a judged run
@@ -140,3 +150,16 @@ def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool
         "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
         f"baseline, by how much not yet known). {mcnemar}"
     )
+
+
+__all__ = [
+    "FAIL",
+    "INCONCLUSIVE",
+    "PASS",
+    "POWER_PCT",
+    "decision_rule",
+    "explain_decision",
+    "num",
+    "pct",
+    "points",
+]

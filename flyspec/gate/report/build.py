@@ -22,19 +22,30 @@ an exploratory decision and changes nothing else: not ``registered_decision``, n
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from flyspec.checks import is_number
-from flyspec.gate.data.spec import ComparisonPlan
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.speeds import measure_speeds
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
-from flyspec.gate.report.comparisons import compare_pairs, paired_counts
-from flyspec.gate.report.decisions import decide_report, warn_incomplete
+from flyspec.gate.report.advice import advice, explanation
+from flyspec.gate.report.decisions import (
+    POWER,
+    Correct,
+    Pair,
+    compare_pairs,
+    decide_report,
+    paired_counts,
+    warn_incomplete,
+)
+from flyspec.gate.report.html import html_page
 from flyspec.gate.report.looks import ledger_summary
+from flyspec.gate.report.markdown import markdown
 from flyspec.gate.report.model import (
     Comparison,
     JudgeSummary,
@@ -42,12 +53,11 @@ from flyspec.gate.report.model import (
     PilotSummary,
     ReportData,
 )
-from flyspec.gate.report.render import advice, explanation, html_page, markdown
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.sizing import plan_noninferiority
 
-POWER = 0.80
+T = TypeVar("T")
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]
 
 
@@ -67,24 +77,16 @@ class Report(ReportData):
 # ----------------------------------------------------------------------------------------- pilot
 
 
-def _view(run: RunRecord, plan: ComparisonPlan) -> RunRecord:
-    """The run as the report of one of its comparisons sees it: that comparison's margin, alpha, sequential
-    plan and candidate lane in place of the run's."""
-    registered = run.registered.for_comparison(plan)
-    return replace(run, margin=plan.margin, alpha=plan.alpha, registered=registered)
-
-
-def _pilot(
-    run: RunRecord, pairs: list[tuple[bool, bool]], margin: float, alpha: float
-) -> PilotSummary | None:
+def _pilot(reg: Registration, pairs: list[Pair]) -> PilotSummary | None:
+    """A pilot's flips between its two lanes and the sample size they imply for its registered margin."""
     n, lost, gained = paired_counts(pairs)
     if n == 0:
         return None
     flips = lost + gained
     low, high = wilson_interval(flips, n)
-    plan = plan_noninferiority(flips, n, margin, alpha, POWER)
+    plan = plan_noninferiority(flips, n, reg.margin, reg.alpha, POWER)
     return PilotSummary(
-        mode=run.registered.pilot_mode or "noise",
+        mode=reg.pilot_mode or "noise",
         n=n,
         flips=flips,
         lost=lost,
@@ -117,7 +119,7 @@ def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
         correct = {
             (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
         }
-        pairs = _pairs(store, other, correct)
+        pairs = _pairs(store, other.run_id, other.registered, correct)
         n, lost, gained = paired_counts(pairs)
         if n:
             low, high = wilson_interval(lost + gained, n)
@@ -125,7 +127,7 @@ def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
     return None
 
 
-def _margin_conflicts(store: GateStore, run: RunRecord) -> str | None:
+def _margin_conflicts(store: GateStore, run: RunRecord, margin: float) -> str | None:
     same = [r for r in store.runs() if r.kind == "gate" and _data_key(r) == _data_key(run)]
     margins = {r.margin for r in same}
     if len(margins) < 2:
@@ -134,17 +136,18 @@ def _margin_conflicts(store: GateStore, run: RunRecord) -> str | None:
     return (
         f"THIS STORE HOLDS {len(same)} GATE RUNS ON THE SAME DATA WITH DIFFERENT MARGINS: {listing}. "
         "Picking the run whose margin gives the answer you want is choosing the margin after the data; "
-        f"this report is for {run.run_id!r}, registered with {100 * run.margin:g} points."
+        f"this report is for {run.run_id!r}, registered with {100 * margin:g} points."
     )
 
 
 # ----------------------------------------------------------------------------------------- build
 
 
-def _pairs(store: GateStore, run: RunRecord, correct: dict[tuple[str, int, str, str], bool]) -> list[Any]:
-    first, second = run.registered.lanes
+def _pairs(store: GateStore, run_id: str, reg: Registration, correct: Correct) -> list[Pair]:
+    """(first lane correct, second lane correct) for each registered question with both answers."""
+    first, second = reg.lanes
     out = []
-    for q in store.questions(run.run_id):
+    for q in store.questions(run_id):
         a = correct.get((*first, q.dataset, q.question_id))
         b = correct.get((*second, q.dataset, q.question_id))
         if a is not None and b is not None:
@@ -165,13 +168,19 @@ def build_report(
     several comparisons (controls beside the candidate) is reported for its candidate, with each control's
     report in ``family``; ``comparison`` picks one comparison alone.
     """
+    return with_store(store, lambda opened: _build_family(opened, run_id, margin, comparison))
+
+
+def with_store(store: str | Path | GateStore, build: Callable[[GateStore], T]) -> T:
+    """``build`` on ``store``: an open store as it is, a path opened for the call (and closed after it);
+    FileNotFoundError when there is no store at the path."""
     if isinstance(store, GateStore):
-        return _build_family(store, run_id, margin, comparison)
+        return build(store)
     path = Path(store)
     if not path.is_file():
         raise FileNotFoundError(f"store {path} does not exist")
     with GateStore(path) as opened:
-        return _build_family(opened, run_id, margin, comparison)
+        return build(opened)
 
 
 def _build_family(
@@ -184,14 +193,14 @@ def _build_family(
         names = ", ".join(p.name for p in plans) or "none"
         raise ValueError(f"run {run.run_id!r} has no comparison {comparison!r} (comparisons: {names})")
     if len(plans) < 2:
-        return _build(store, run, margin, notes)
+        return _build(store, run, run.registered, margin, notes)
     chosen = next(p for p in plans if p.name == (comparison or plans[0].name))
-    report = _build(store, _view(run, chosen), margin, notes)
+    report = _build(store, run, run.registered.for_comparison(chosen), margin, notes)
     family = run.registered.family
     family_alpha = family.alpha if family is not None else run.alpha
     report.family_alpha = family_alpha
     if comparison is None:
-        report.family = [_build(store, _view(run, p), None, []) for p in plans[1:]]
+        report.family = [_build(store, run, run.registered.for_comparison(p), None, []) for p in plans[1:]]
         for member in report.family:
             member.family_alpha = family_alpha
     return report
@@ -213,41 +222,45 @@ def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunReco
     return found
 
 
-def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[str]) -> Report:
+def _build(
+    store: GateStore, run: RunRecord, reg: Registration, margin: float | None, notes: list[str]
+) -> Report:
+    """The report of ``run`` as registration ``reg`` (the run's own, or one comparison's view) reads it."""
     if run.kind in ("tune", "calibration"):
-        tune = run.registered.tune_name or run.run_id
+        tune = reg.tune_name or run.run_id
         raise ValueError(
             f"run {run.run_id!r} is part of a gate tune: its report is `flyspec gate report --store "
             f"{store.path} --run {tune}` (a calibration run measures speed only and is never graded)"
         )
-    overridden = margin is not None and margin != run.margin
+    overridden = margin is not None and margin != reg.margin
     if overridden and not is_number(margin, above=0, below=1):
         raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
     report = Report(
         store=str(store.path),
         run=run,
-        margin=float(margin) if overridden else run.margin,  # type: ignore[arg-type]
+        registered=reg,
+        margin=float(margin) if overridden else reg.margin,  # type: ignore[arg-type]
         margin_overridden=overridden,
-        alpha=run.alpha,
-        level=1 - 2 * run.alpha,
+        alpha=reg.alpha,
+        level=1 - 2 * reg.alpha,
         notes=notes,
     )
-    conflict = _margin_conflicts(store, run)
+    conflict = _margin_conflicts(store, run, reg.margin)
     if conflict is not None:
         report.warnings.append(conflict)
     if overridden:
         report.warnings.append(
-            f"USING MARGIN {margin:g} INSTEAD OF THE REGISTERED {run.margin:g} FOR AN EXPLORATORY DECISION. "
+            f"USING MARGIN {margin:g} INSTEAD OF THE REGISTERED {reg.margin:g} FOR AN EXPLORATORY DECISION. "
             "A margin chosen after seeing results invalidates the test; the registered decision, the JSON's "
             "`registered_decision` and the exit code stay those of the registered margin."
         )
     answers = store.answers(run.run_id)
     correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
     report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
-    report.judge = _judge_summary(store, run, answers)
-    pairs = _pairs(store, run, correct)
+    report.judge = _judge_summary(store, run.run_id, reg, answers)
+    pairs = _pairs(store, run.run_id, reg, correct)
     if run.kind == "pilot":
-        report.pilot = _pilot(run, pairs, run.margin, run.alpha)
+        report.pilot = _pilot(reg, pairs)
         warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report
     decide_report(report, store, correct)
@@ -265,22 +278,24 @@ def _build(store: GateStore, run: RunRecord, margin: float | None, notes: list[s
     return report
 
 
-def _judge_summary(store: GateStore, run: RunRecord, answers: list[AnswerRecord]) -> JudgeSummary | None:
+def _judge_summary(
+    store: GateStore, run_id: str, reg: Registration, answers: list[AnswerRecord]
+) -> JudgeSummary | None:
     """The judge's rulings on the judged questions whose two answers are stored (the verdicts on exactly
     those two outputs)."""
-    judge = run.registered.judge
+    judge = reg.judge
     if judge is None:
         return None
-    first, second = run.registered.lanes
+    first, second = reg.lanes
     labels = (lane_label(first), lane_label(second))
     outputs = {(a.arm, a.repeat, a.dataset, a.question_id): a.output for a in answers}
     verdicts: dict[tuple[str, str, str, str], str | None] = {}
-    for j in store.judgements(run.run_id):
+    for j in store.judgements(run_id):
         if (j.first_lane, j.second_lane) == labels:
             verdicts[(j.dataset, j.question_id, j.position, j.pair_sha256)] = j.verdict
     counts = {"first": 0, "second": 0, "tie": 0, "identical": 0, "disagree": 0, "unreadable": 0}
     said: list[str | None] = []
-    for q in store.questions(run.run_id):
+    for q in store.questions(run_id):
         if not model_graded(q.grader):
             continue
         a = outputs.get((*first, q.dataset, q.question_id))

@@ -1,0 +1,424 @@
+"""The gate report as markdown: each section a function of the built report (``SECTIONS``), in order; the
+judge's sections are in ``markdown_judged.py``. Nothing here computes a statistic: the numbers and the
+words under the decision were computed when the report was built (build.py, advice.py)."""
+
+from __future__ import annotations
+
+import json
+
+from flyspec.gate.data.spec import SamplingRecord
+from flyspec.gate.report.markdown_judged import (
+    gold_line,
+    gold_mcnemar_line,
+    gold_table,
+    judge_lines,
+    undecided_line,
+)
+from flyspec.gate.report.model import Comparison, ReportData
+from flyspec.gate.report.wording import POWER_PCT, num, pct, points
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
+
+
+def _decision_heading(pooled: Comparison) -> str:
+    loss = " (loss detected)" if pooled.decision == INCONCLUSIVE and pooled.loss_detected else ""
+    return f"## Decision: **{pooled.decision}**{loss}"
+
+
+def _mcnemar_line(report: ReportData, pooled: Comparison) -> str:
+    sig = (
+        " The candidate loses significantly more questions than it gains."
+        if pooled.significant_loss
+        else " The arms do not differ significantly by this test."
+    )
+    when = " (descriptive at a stopping point the data chose)" if report.sequential is not None else ""
+    return (
+        f"Exact McNemar test, beside the decision{when}: lost {pooled.lost}, gained {pooled.gained}, "
+        f"two-sided p = {pooled.exact_p:.3g} (mid-p {pooled.mid_p:.3g}).{sig}"
+    )
+
+
+def _noise_line(report: ReportData, pooled: Comparison) -> str:
+    noise = report.noise
+    assert noise is not None
+    return (
+        f"The baseline's own noise, next to the candidate's flips: pilot `{noise.run_id}` answered "
+        f"{noise.n} questions twice with the baseline and {noise.flips} flipped ({pct(noise.flip_rate)}, "
+        f"95% interval [{pct(noise.low)}, {pct(noise.high)}]); here the candidate flipped "
+        f"{pooled.lost + pooled.gained} of {pooled.n} against the baseline ({pct(pooled.flip_rate)})."
+    )
+
+
+def _exploratory_lines(report: ReportData) -> list[str]:
+    e = report.exploratory
+    if e is None:
+        return []
+    interval = (
+        f"interval [{points(e.low)}, {points(e.high)}] points"
+        if e.low is not None and e.high is not None
+        else "no interval"
+    )
+    return [
+        f"### Exploratory, not the decision: margin {100 * e.margin:g} points",
+        "",
+        f"At a margin of {100 * e.margin:g} points the same {e.n} pairs read **{e.decision}** ({interval}). "
+        f"This margin was chosen after the data; the registered decision above ({report.decision}, margin "
+        f"{report.margin_points} points) is the one that counts.",
+        "",
+    ]
+
+
+def _gate_lines(report: ReportData) -> list[str]:
+    pooled = report.pooled
+    assert pooled is not None
+    lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
+    if report.gold is not None:
+        lines += [gold_line(report), ""]
+        if report.gold.gold_exact_p is not None:
+            lines += [gold_mcnemar_line(report.gold), ""]
+    elif report.judge is not None and pooled.n:
+        lines += [undecided_line(report, pooled), ""]
+    if pooled.n and report.gold is None:
+        lines += [_mcnemar_line(report, pooled), ""]
+    if report.noise is not None and pooled.n:
+        lines += [_noise_line(report, pooled), ""]
+    if report.advice:
+        lines += [" ".join(report.advice), ""]
+    if report.ledger is not None:
+        lines += [report.ledger.describe(), ""]
+    lines += _exploratory_lines(report)
+    lines += judge_lines(report)
+    lines += [f"**Rule.** {report.rule()}", ""]
+    if report.sequential is not None:
+        lines += _sequential_lines(report)
+    return lines + (gold_table(report) if report.gold is not None else _paired_table(report))
+
+
+def _sequential_lines(report: ReportData) -> list[str]:
+    stop, plan = report.sequential, report.sequential_plan
+    assert stop is not None and plan is not None
+    return [
+        "## Sequential stopping",
+        "",
+        f"- registered before the first answer: margin {report.margin_points} points, alpha {plan.alpha:g}, "
+        f"at most {plan.max_questions} questions in the seeded order (seed {plan.order_seed}) drawn from "
+        f"{plan.population_size}",
+        f"- stopped at question {stop.stopped_at} ({stop.reason})"
+        + (
+            f"; the answers in flight then were finished and stored, so {stop.complete_prefix} pairs are "
+            "complete along the order now: a rerun counts them first"
+            if stop.complete_prefix > stop.stopped_at
+            else f"; pairs complete along the order: {stop.complete_prefix}"
+        ),
+        f"- interval at the stop: [{points(stop.low)}, {points(stop.high)}] points",
+        "- the sequence follows the registered order up to the first question still missing an answer, so "
+        "the stop depends only on the answers in that order, not on which answers finished first",
+        "",
+    ]
+
+
+def _paired_table(report: ReportData) -> list[str]:
+    m = report.margin_points
+    kind = "confidence sequence" if report.sequential is not None else "CI"
+    scope = "task" if report.run.kind == "compare" else "dataset"
+    lines = [
+        "## Paired results",
+        "",
+        f"| {scope} | n | baseline acc | candidate acc | lost | gained | net | exact p | mid-p | "
+        f"{100 * report.level:g}% {kind} of net (points) | margin | decision |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for c in report.comparisons:
+        ci = (
+            f"[{100 * c.ci_low:+.2f}, {100 * c.ci_high:+.2f}]"
+            if c.ci_low is not None and c.ci_high is not None
+            else "-"
+        )
+        n = f"{c.n}" if c.n == c.registered else f"{c.n} of {c.registered}"
+        decision = c.decision or "-"
+        if c.interim_decision is not None:
+            decision = f"{c.decision} (interim {c.interim_decision})"
+        lines.append(
+            f"| {c.scope} | {n} | {pct(c.baseline_accuracy)} | {pct(c.candidate_accuracy)} | {c.lost} | "
+            f"{c.gained} | {c.net:+d} | {c.exact_p:.3g} | {c.mid_p:.3g} | {ci} | -{m} | {decision} |"
+        )
+    detail = (
+        "The pooled row's bounds are the confidence sequence at the stop; dataset rows give counts only."
+        if report.sequential is not None
+        else "The interval is Tango's score interval for (gained - lost) / n."
+    )
+    undecided = (
+        " Judged pairs the judge could not decide are in n but not in lost or gained; the interval's lower "
+        "end counts them as lost, its upper end as gained."
+        if report.judge is not None
+        else ""
+    )
+    return [
+        *lines,
+        "",
+        f"lost = baseline right, candidate wrong; gained = the reverse; net = gained - lost. {detail} The "
+        "exact p is McNemar's conditional binomial test (decided pairs only). The pooled row "
+        f"decides.{undecided}",
+        "",
+    ]
+
+
+def _pilot_lines(report: ReportData) -> list[str]:
+    p = report.pilot
+    if p is None:
+        return ["## Pilot", "", "No question has both of its answers yet.", ""]
+    m = report.margin_points
+    sampling = report.registered.sampling
+    if p.mode == "noise":
+        head = [
+            "## Pilot: run-to-run noise of the baseline",
+            "",
+            f"The baseline answered {p.n} questions twice (the second pass with fresh per-question seeds, "
+            f"nothing cached). {p.flips} questions flipped between the passes.",
+        ]
+        if sampling is not None and sampling.temperature == 0:
+            head.append(
+                "At temperature 0 this measures only the nondeterminism of the engine or server "
+                "(the other requests in a batch, floating point), not sampling noise."
+            )
+    else:
+        head = [
+            "## Pilot: how often the candidate changes the baseline's outcome",
+            "",
+            f"Both arms answered {p.n} questions: the candidate lost {p.lost} and gained {p.gained} "
+            f"({p.flips} flips). Later gate runs in this store leave these questions out, so the run that "
+            "decides is not the one that planned it.",
+        ]
+    rate = (
+        f"No question flipped, so the flip rate is not known: zero flips in {p.n} questions are also likely "
+        f"at rates up to {pct(p.flip_rate_upper)} (one-sided 95% upper confidence bound)."
+        if p.flips == 0
+        else f"Flip rate {pct(p.flip_rate)}, 95% Wilson interval [{pct(p.flip_rate_low)}, "
+        f"{pct(p.flip_rate_high)}], one-sided 95% upper bound {pct(p.flip_rate_upper)}."
+    )
+    observed = "" if p.questions_needed is None else f" (at the observed rate: {p.questions_needed})"
+    return [
+        *head,
+        rate,
+        f"Accuracy: {pct(p.accuracy_first)} then {pct(p.accuracy_second)} (exact McNemar p = "
+        f"{p.exact_p:.3g}).",
+        "",
+        f"To show non-inferiority within the registered margin of {m} points with {POWER_PCT} power (alpha "
+        f"{report.alpha:g}) if the candidate is truly as accurate, a fixed run needs about "
+        f"**{p.questions_needed_upper}** questions, planned from the upper bound of the flip rate{observed}. "
+        "A sequential run (`gate run --sequential`) can stop earlier when the evidence is clear.",
+        "",
+    ]
+
+
+def _speed_lines(report: ReportData) -> list[str]:
+    if not report.speeds:
+        return []
+    lines = [
+        "## Speed (measured in this run)",
+        "",
+        "| arm | answers | output tokens/s | tokens/s per request | mean latency (s) | "
+        "mean acceptance length | acceptance rate | forgiven share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in report.speeds:
+        label = (
+            s.arm if report.run.kind != "pilot" or s.arm == "candidate" else f"{s.arm} (pass {s.repeat + 1})"
+        )
+        absent = "not reported"
+        length = num(s.mean_acceptance_length, 2) if s.acceptance_reported else absent
+        rate = pct(s.acceptance_rate) if s.acceptance_reported else absent
+        forgiven = pct(s.forgiven_share) if s.forgiven_reported else absent
+        tps = num(s.tokens_per_s, 1) if s.tokens_per_s is not None else "shared engine"
+        lines.append(
+            f"| {label} | {s.answers} | {tps} | {num(s.request_tokens_per_s, 1)} | "
+            f"{num(s.mean_latency_s, 2)} | {length} | {rate} | {forgiven} |"
+        )
+    lines.append("")
+    for shared in report.shared:
+        lines.append(
+            f"One engine answered {shared.lanes.replace('#0', '').replace('+', ' and ')} side by side in the "
+            f"same batches: {num(shared.tokens_per_s, 1)} output tokens/s together over its busy time."
+        )
+    lines += [
+        "",
+        "Output tokens/s = an arm's generated tokens over its engine's busy time (or, for an endpoint, the "
+        "wall time of its requests). Tokens/s per request = tokens over the summed request latencies: for "
+        "arms in one engine, the same batches at the same time, so they compare directly. Mean acceptance "
+        "length = 1 + accepted / drafts (tokens per target forward); forgiven share = accepted draft tokens "
+        "that only the lossy policy's rule kept; 'not reported' means the server did not return the counter.",
+        "",
+    ]
+    return lines
+
+
+def _registration_lines(report: ReportData) -> list[str]:
+    run, reg = report.run, report.registered
+    lines = ["## Registration", ""]
+    lines.append(
+        f"- margin {reg.margin:g} ({report.margin_points} points), alpha {reg.alpha:g} (one-sided), seed "
+        f"{run.seed}, registered before the first answer; design: {reg.design_name}"
+    )
+    sampling = reg.sampling or SamplingRecord()
+    lines.append(
+        f"- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, "
+        f"max_tokens {sampling.max_tokens}; per-question seeds shared by the arms"
+    )
+    order = reg.order
+    if order is not None:
+        lines.append(f"- question order: {order.rule} with seed {order.seed} (pool {order.pool})")
+    if reg.excluded is not None and reg.excluded.runs:
+        lines.append(f"- left out: {reg.excluded.questions} questions used by {', '.join(reg.excluded.runs)}")
+    for name, info in reg.datasets.items():
+        lines.append(f"- dataset `{name}`: {info.questions} questions, sha256 {str(info.sha256)[:16]}...")
+    lines += _arm_lines(report)
+    judge = reg.judge
+    if judge is not None:
+        served = judge.served_model or {}
+        lines.append(
+            f"- judge: model `{judge.model}` (served id {served.get('id') or 'not reported'}), prompt "
+            f"template {judge.template} (sha256 {judge.template_sha256}), sampling "
+            f"{json.dumps(judge.sampling, sort_keys=True)}, both positions per question"
+        )
+    g = report.gold
+    if g is not None:
+        rule = "independent of the question order" if g.draw != 1 else "DEFECTIVE: the start of the order"
+        lines.append(
+            f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} ({rule}), "
+            f"seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
+            f"{'the exact grader' if g.source == 'exact' else 'a person'}"
+        )
+    if run.notes.get("shared_engine"):
+        lines.append(f"- {run.notes.get('shared_engine_note', 'arms shared one engine')}")
+    lines += [f"- note: {note}" for note in report.notes]
+    return lines
+
+
+def _arm_lines(report: ReportData) -> list[str]:
+    run = report.run
+    fingerprints = run.notes.get("system_fingerprints", {})
+    lines = []
+    for name, arm in report.registered.arms.items():
+        lines.append(f"- arm `{name}`: `{json.dumps(arm, sort_keys=True)}`")
+        for executor in run.notes.get("executors", []):
+            if "models" not in executor or name not in executor.get("arms", []):
+                continue
+            for url, card in executor.get("models", {}).items():
+                seen = fingerprints.get(name, {}).get(url) or ["not reported"]
+                root = card.get("root") or "not reported"
+                lines.append(
+                    f"  - served at {url}: model id {card.get('id') or 'not reported'}, root {root}, "
+                    f"system_fingerprint {', '.join(seen)}"
+                )
+    return lines
+
+
+def _source_lines(report: ReportData) -> list[str]:
+    """What ``gate compare`` read, and how the margin came about (it replaces the registration)."""
+    reg = report.run.registration
+    lines = [
+        "## Logs compared",
+        "",
+        f"- margin {report.registered_margin:g} ({report.margin_points} points), alpha {report.alpha:g} "
+        "(one-sided): declared now, after the data (not a pre-registered run)",
+    ]
+    for side, info in reg.get("sources", {}).items():
+        chosen = f", filter {info['filter']}" if info.get("filter") else ""
+        lines.append(
+            f"- {side}: `{info['source']}` ({info['kind']} log, scored by {info['metric']}{chosen}; "
+            f"{info['samples']} samples)"
+        )
+    epoch = reg.get("epoch")
+    epochs = reg.get("epochs") or {}
+    if epoch is not None:
+        lines.append(f"- epoch {epoch} of each question only (one independent pair per question)")
+    elif any(v is not None for v in epochs.values()):
+        chosen = ", ".join(f"{side} epoch {v}" for side, v in epochs.items() if v is not None)
+        lines.append(f"- {chosen} of each question only (one independent pair per question)")
+    else:
+        lines.append("- one epoch per question (one independent pair per question)")
+    lines.append(
+        "- paired by task and question id, with the prompt, document or input hashes checked wherever both "
+        "logs carry them"
+    )
+    return lines
+
+
+def _title_lines(report: ReportData) -> list[str]:
+    kind = report.run.kind
+    if kind == "compare":
+        return ["# flyspec quality gate: comparing existing logs (margin declared after the data)", ""]
+    design = f", {report.design}" if kind == "gate" else ""
+    return [f"# flyspec quality gate: run `{report.run.run_id}` ({kind}{design})", ""]
+
+
+def _warning_lines(report: ReportData) -> list[str]:
+    return [line for warning in report.warnings for line in (f"> **WARNING:** {warning}", "")]
+
+
+def _result_lines(report: ReportData) -> list[str]:
+    """A pilot's flips, or a run's (or comparison's) decision and paired results: first each control's (a
+    setting known to be harmful, which the gate must catch), then the candidate's."""
+    if report.run.kind == "pilot":
+        return _pilot_lines(report)
+    lines: list[str] = []
+    for control in report.family:
+        lines += _control_lines(control)
+    if report.family:
+        lines += [f"# The candidate: `{report.comparison}` against the baseline", ""]
+    return lines + _gate_lines(report)
+
+
+def control_sentence(control: ReportData) -> str:
+    """One sentence on a control: whether the gate caught it, after how many questions and minutes."""
+    pooled = control.pooled
+    stop = control.sequential
+    if pooled is None or pooled.decision is None:
+        return f"Control `{control.comparison}`: no question has been answered by both arms yet."
+    n = stop.stopped_at if stop is not None else pooled.n
+    minutes = control.decided_after_minutes
+    when = f" ({minutes:.0f} minutes of answering)" if minutes is not None else ""
+    if pooled.decision == FAIL:
+        return (
+            f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
+            f"{when}, losing more than the {control.margin_points}-point margin (interval "
+            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
+        )
+    if pooled.decision == PASS:
+        return (
+            f"Control `{control.comparison}` PASSed after {n} questions{when}: the setting expected to be "
+            "harmful was shown to lose less than the margin, so the control did not do its job here (check "
+            "that it really is worse on these questions)."
+        )
+    return (
+        f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
+        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{control.margin_points})."
+    )
+
+
+def _num_pts(value: float | None) -> str:
+    return "-" if value is None else points(value)
+
+
+def _control_lines(control: ReportData) -> list[str]:
+    alpha = f"alpha {control.alpha:g} of the run's {control.family_alpha or control.alpha:g}"
+    return [
+        f"# Control: `{control.comparison}` against the baseline (must FAIL; {alpha})",
+        "",
+        control_sentence(control),
+        "",
+        *_gate_lines(control),
+    ]
+
+
+def _provenance_lines(report: ReportData) -> list[str]:
+    """What was compared: the logs (``gate compare``) or the run's registration."""
+    return _source_lines(report) if report.run.kind == "compare" else _registration_lines(report)
+
+
+# The report's sections, in order: a new section is a function of the report here.
+SECTIONS = (_title_lines, _warning_lines, _result_lines, _speed_lines, _provenance_lines)
+
+
+def markdown(report: ReportData) -> str:
+    """The whole report as markdown: every section of SECTIONS in turn."""
+    return "\n".join(line for section in SECTIONS for line in section(report)) + "\n"
