@@ -367,26 +367,6 @@ def report(
     _exit_for(rep.decision, strict)
 
 
-def _requests(run: Any) -> dict[str, str]:
-    """Each registered question's request as text, by prompt hash, from the datasets the run read."""
-    from flyspec.gate.data.datasets import load_dataset
-
-    out: dict[str, str] = {}
-    for spec in run.notes.get("dataset_sources", {}).values():
-        try:
-            questions = load_dataset(spec, shuffle_seed=run.registered.shuffle_seed or 0)
-        except (ValueError, OSError):
-            continue  # shown as missing; the labels do not depend on it
-        for q in questions:
-            text = (
-                q.prompt
-                if q.prompt is not None
-                else "\n".join(f"[{m['role']}] {m['content']}" for m in q.messages or [])
-            )
-            out[q.prompt_hash] = text
-    return out
-
-
 _LABEL_PROMPT = "Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > "
 
 
@@ -419,21 +399,33 @@ def _ask(console: Any) -> str:
 def label_command(
     store: Path = typer.Option(..., "--store", help="The gate store file of a judged run."),
     run_id: str | None = typer.Option(None, "--run", help="Run name (default: the latest judged run)."),
+    web: bool = typer.Option(False, "--web", help="Serve the labelling page instead of asking here."),
+    host: str = typer.Option("127.0.0.1", "--host", help="With --web: the address to bind."),
+    port: int = typer.Option(8101, "--port", help="With --web: the port to bind."),
+    label_token: str | None = typer.Option(
+        None, "--label-token", help="With --web: the token the page asks for (required off loopback)."
+    ),
 ) -> None:
     """Give the gold labels a judged run drew: each pair's two answers, blind and in random order.
 
     Press a (A is better), b (B is better), t (equally good), s (skip for now) or q (quit). Each label is
     stored as it is given; rerun to continue. `gate report` then decides on the labels given so far.
+    With --web, the same queue is served as a page in the browser (keys A / B / E / S).
     """
     from rich.console import Console
 
     from flyspec.gate.data.store import GateStore
-    from flyspec.gate.runs.labelling import gold_rule, pending, record
+    from flyspec.gate.runs.labelling import gold_rule, pending, record, request_texts
 
+    if web:
+        from flyspec.cli.label_web import serve_label_page
+
+        serve_label_page(store, run_id, host, port, label_token)
+        return
     console = Console(highlight=False)
     with GateStore(store) as opened:
         run, gold = gold_rule(opened, run_id)
-        todo = pending(opened, run, gold, _requests(run))
+        todo = pending(opened, run, gold, request_texts(run))
         if not todo:
             console.print(f"gate label: run {run.run_id!r}: no pair waits for a label.")
             return

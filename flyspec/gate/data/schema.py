@@ -89,6 +89,20 @@ CREATE TABLE IF NOT EXISTS labels (
     created_at REAL NOT NULL,
     UNIQUE (run_id, dataset, question_id)
 );
+-- A second person's label of a pair that already has its gold label (the labelling page's agreement
+-- between labellers); the decision never reads it. Added within version 4: a store gains it, empty, when
+-- opened, and a flyspec that does not know it ignores it.
+CREATE TABLE IF NOT EXISTS second_labels (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    labeller TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id, labeller)
+);
 CREATE TABLE IF NOT EXISTS batches (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     arm TEXT NOT NULL,

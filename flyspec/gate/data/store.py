@@ -210,7 +210,15 @@ class GateStore:
         row = (run_id, registration.kind, time.time(), json.dumps(registration.to_dict(), sort_keys=True))
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
-                for table in ("questions", "batches", "events", "judgements", "labels", "runs"):
+                for table in (
+                    "questions",
+                    "batches",
+                    "events",
+                    "judgements",
+                    "labels",
+                    "second_labels",
+                    "runs",
+                ):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             notes_json = json.dumps(notes or {}, sort_keys=True)
             self._db.execute(
@@ -369,6 +377,34 @@ class GateStore:
             (run_id,),
         )
         return {(d, q): LabelRecord(d, q, h, v, s, json.loads(t)) for d, q, h, v, s, t in rows}
+
+    def add_second_label(self, run_id: str, labeller: str, record: LabelRecord) -> bool:
+        """Commit a second person's label of a pair that has its gold label (agreement between labellers;
+        never part of the decision); False (nothing written) when ``labeller`` already labelled it."""
+        with self._db:
+            cursor = self._db.execute(
+                "INSERT INTO second_labels VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    run_id,
+                    record.dataset,
+                    record.question_id,
+                    labeller,
+                    record.pair_sha256,
+                    int(record.value),
+                    json.dumps(record.detail, sort_keys=True),
+                    time.time(),
+                ),
+            )
+        return cursor.rowcount == 1
+
+    def second_labels(self, run_id: str) -> list[LabelRecord]:
+        """Every second label of a run, oldest first (the labeller is in each record's ``detail``)."""
+        rows = self._db.execute(
+            "SELECT dataset, question_id, pair_sha256, value, detail FROM second_labels WHERE run_id = ? "
+            "ORDER BY created_at, rowid",
+            (run_id,),
+        )
+        return [LabelRecord(d, q, h, v, "human", json.loads(t)) for d, q, h, v, t in rows]
 
     def add_batch(
         self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float

@@ -394,6 +394,7 @@ def _gold_summary(
         agreement_low=counts.agreement_low,
         agreement_high=counts.agreement_high,
         advice=walk.labels_needed.describe() if walk.labels_needed is not None else None,
+        labels_needed=walk.labels_needed.labels if walk.labels_needed is not None else None,
         draw=gold.draw,
         rows=[*rows.values(), pooled],
         gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p

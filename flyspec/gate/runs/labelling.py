@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, LabelRecord, RegisteredQuestion, RunRecord
@@ -80,37 +81,85 @@ def gold_rule(store: GateStore, run_id: str | None) -> tuple[RunRecord, Gold]:
     return run, gold
 
 
-def pending(store: GateStore, run: RunRecord, gold: Gold, requests: dict[str, str]) -> list[PendingPair]:
-    """The drawn pairs of ``run`` still waiting for a label, in registered order. ``requests`` maps a
-    question's prompt hash to the request text shown (the caller reads the datasets)."""
+def request_texts(run: RunRecord) -> dict[str, str]:
+    """Each registered question's request as text, by prompt hash, from the datasets the run read (a
+    dataset that can no longer be read is left out: its requests show as missing, the labels do not
+    depend on them)."""
+    # Imported here: reading datasets pulls in the graders, which only a labelling session needs.
+    from flyspec.gate.data.datasets import load_dataset
+
+    out: dict[str, str] = {}
+    for spec in run.notes.get("dataset_sources", {}).values():
+        try:
+            questions = load_dataset(spec, shuffle_seed=run.registered.shuffle_seed or 0)
+        except (ValueError, OSError):
+            continue
+        for q in questions:
+            text = (
+                q.prompt
+                if q.prompt is not None
+                else "\n".join(f"[{m['role']}] {m['content']}" for m in q.messages or [])
+            )
+            out[q.prompt_hash] = text
+    return out
+
+
+def drawn(
+    store: GateStore, run: RunRecord, gold: Gold, requests: dict[str, str]
+) -> list[tuple[PendingPair, LabelRecord | None]]:
+    """Every drawn pair of ``run`` with two different answers, in registered order, each with its gold
+    label when it has one for these two answers (None: it waits). ``requests`` maps a question's prompt
+    hash to the request text shown (the caller reads the datasets)."""
     answers = {(a.arm, a.repeat, a.dataset, a.question_id): a.output for a in store.answers(run.run_id)}
     labels = store.labels(run.run_id)
     out = []
     for q in store.questions(run.run_id):
         key = (q.dataset, q.question_id)
         base, cand = answers.get((*FIRST, *key)), answers.get((*SECOND, *key))
-        if base is None or cand is None or base == cand or not gold.judged(q.grader):
+        if (
+            base is None
+            or cand is None
+            or base == cand
+            or not gold.judged(q.grader)
+            or not gold.selected(*key)
+        ):
             continue
         digest = pair_hash(base, cand)
         known = labels.get(key)
-        if not gold.selected(*key) or (known is not None and known.pair_sha256 == digest):
-            continue
         flip = _shown_first(gold.seed, *key)
         a, b = (cand, base) if flip else (base, cand)
         request = requests.get(q.prompt_hash, "(the request is not in the datasets given)")
-        out.append(PendingPair(q.position, q, request, q.answer, a, b, flip, digest))
+        pair = PendingPair(q.position, q, request, q.answer, a, b, flip, digest)
+        out.append((pair, known if known is not None and known.pair_sha256 == digest else None))
     return out
 
 
-def record(store: GateStore, run: RunRecord, pair: PendingPair, key: str) -> LabelRecord:
-    """Store a person's label for ``pair`` (``key``: ``a``, ``b`` or ``t``), exactly as given."""
+def pending(store: GateStore, run: RunRecord, gold: Gold, requests: dict[str, str]) -> list[PendingPair]:
+    """The drawn pairs of ``run`` still waiting for a label, in registered order."""
+    return [pair for pair, label in drawn(store, run, gold, requests) if label is None]
+
+
+def _label(pair: PendingPair, key: str, labeller: str | None) -> LabelRecord:
     if key not in CHOICES:
         raise ValueError(f"label {key!r}: a (A is better), b (B is better) or t (equally good)")
-    value = pair.value(CHOICES[key])
-    shown = "candidate" if pair.a_is_candidate else "baseline"
+    detail: dict[str, object] = {"key": key, "shown_as_a": "candidate" if pair.a_is_candidate else "baseline"}
+    if labeller is not None:
+        detail["labeller"] = labeller
+        detail["labelled_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     q = pair.question
-    label = LabelRecord(
-        q.dataset, q.question_id, pair.pair_sha256, value, "human", {"key": key, "shown_as_a": shown}
-    )
-    store.add_label(run.run_id, label)
-    return label
+    return LabelRecord(q.dataset, q.question_id, pair.pair_sha256, pair.value(CHOICES[key]), "human", detail)
+
+
+def record(
+    store: GateStore, run: RunRecord, pair: PendingPair, key: str, labeller: str | None = None
+) -> LabelRecord | None:
+    """Store a person's label for ``pair`` (``key``: ``a``, ``b`` or ``t``), exactly as given, with the
+    labeller's name and the time when given; None (nothing stored) when the pair was labelled meanwhile."""
+    label = _label(pair, key, labeller)
+    return label if store.add_label(run.run_id, label) else None
+
+
+def record_second(store: GateStore, run: RunRecord, pair: PendingPair, key: str, labeller: str) -> bool:
+    """Store a second person's label of a labelled ``pair`` (agreement between labellers, never part of the
+    decision); False when ``labeller`` already gave one."""
+    return store.add_second_label(run.run_id, labeller, _label(pair, key, labeller))
