@@ -15,9 +15,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from label_runs import hostile_run
 
+from flyspec.gate.data.labelling import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
-from flyspec.gate.runs.labelling import gold_rule, pending, request_texts
+from flyspec.gate.report.label_progress import label_progress
 from flyspec.gate.shadow.label_page import check_label_host, label_router
 
 
@@ -32,7 +33,7 @@ def client(run: tuple[Path, str], tmp_path: Path) -> Iterator[tuple[TestClient, 
     store = tmp_path / "labels.db"
     store.write_bytes(run[0].read_bytes())
     app = FastAPI()
-    app.include_router(label_router(store, run[1], None))
+    app.include_router(label_router(store, run[1], None, progress=label_progress))
     with TestClient(app) as c:
         yield c, store, run[1]
 
@@ -126,7 +127,7 @@ def test_two_labellers_on_one_pair_show_as_agreement(client: Client) -> None:
 
 def test_the_token_and_the_page_headers(run: tuple[Path, str]) -> None:
     app = FastAPI()
-    app.include_router(label_router(run[0], None, "s3cret"))
+    app.include_router(label_router(run[0], None, "s3cret", progress=label_progress))
     with TestClient(app) as c:
         assert c.get("/label").status_code == 401
         assert c.get("/label/api/queue", headers={"X-Label-Token": "wrong"}).status_code == 401
@@ -135,9 +136,10 @@ def test_the_token_and_the_page_headers(run: tuple[Path, str]) -> None:
         assert page.status_code == 200 and '<script src="/label/static/label.js"' in page.text
         assert page.headers["content-security-policy"] == "default-src 'self'; script-src 'self'"
         assert c.get("/label/api/queue", headers={"X-Label-Token": "s3cret"}).status_code == 200
+        assert c.get("/label/static/label.js").status_code == 200  # the same for everyone
         assert "<script>" not in page.text.split("</head>")[1]  # no inline script in the page itself
     open_app = FastAPI()
-    open_app.include_router(label_router(run[0], None, None))
+    open_app.include_router(label_router(run[0], None, None, progress=label_progress))
     with TestClient(open_app) as c:
         assert c.get("/label/static/label.js").headers["content-type"].startswith("text/javascript")
         assert c.get("/label/static/other.js").status_code == 404

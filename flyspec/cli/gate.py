@@ -414,8 +414,8 @@ def label_command(
     """
     from rich.console import Console
 
+    from flyspec.gate.data.labelling import gold_rule, pending, record, request_texts
     from flyspec.gate.data.store import GateStore
-    from flyspec.gate.runs.labelling import gold_rule, pending, record, request_texts
 
     if web:
         from flyspec.cli.label_web import serve_label_page

@@ -20,9 +20,9 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 
+from flyspec.gate.data.labelling import request_texts
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.runs.labelling import request_texts
-from flyspec.gate.shadow.label_state import LabelRefused, open_queue, state, submit
+from flyspec.gate.shadow.label_state import LabelRefused, Progress, open_queue, state, submit
 
 STATIC = Path(__file__).with_name("static")
 ASSETS = {"label.js": "text/javascript", "label.css": "text/css"}
@@ -65,18 +65,22 @@ def label_router(
     store_path: str | Path,
     run_id: str | None,
     token: str | None,
-    requests: Callable[[RunRecord], dict[str, str]] | None = None,
+    *,
+    progress: Progress,
+    requests: Callable[[RunRecord], dict[str, str]] = request_texts,
 ) -> APIRouter:
     """The labelling page and its JSON API under ``/label`` for run ``run_id`` of the store at
-    ``store_path`` (the latest judged run when None). ``token``: required on every page and API call when
-    given. ``requests``: the request text of each question by prompt hash (default: read from the run's
+    ``store_path`` (the latest judged run when None). ``token``: required on the page and its API when
+    given. ``progress``: the run's decision and label advice
+    (``flyspec.gate.report.label_progress.label_progress``; this layer does not import the report).
+    ``requests``: the request text of each question by prompt hash (default: read from the run's
     datasets, as `gate label` does; the shadow process passes the stored traffic's)."""
     path = Path(store_path)
-    router = APIRouter(dependencies=[Depends(_guard(token))])
+    router = APIRouter()
+    # The page and its API need the token; the script and the style sheet are the same for everyone.
+    guarded = [Depends(_guard(token))]
 
-    texts = request_texts if requests is None else requests
-
-    @router.get("/label", include_in_schema=False)
+    @router.get("/label", include_in_schema=False, dependencies=guarded)
     def page() -> FileResponse:
         return FileResponse(STATIC / "label.html", media_type="text/html", headers=HEADERS)
 
@@ -86,25 +90,26 @@ def label_router(
             raise HTTPException(404, f"no asset {name!r}")
         return FileResponse(STATIC / name, media_type=ASSETS[name], headers=HEADERS)
 
-    @router.get("/label/api/queue")
+    @router.get("/label/api/queue", dependencies=guarded)
     def read(labeller: str = "") -> JSONResponse:
         """The pairs this labeller may label (waiting first) and the run's progress."""
         with GateStore(path) as store:
-            view = state(path, open_queue(store, run_id, texts), labeller.strip())
+            view = state(path, open_queue(store, run_id, requests), labeller.strip(), progress)
         return JSONResponse(view, headers=HEADERS)
 
-    @router.post("/label/api/labels")
+    @router.post("/label/api/labels", dependencies=guarded)
     def label(body: dict[str, Any] = Body(...)) -> JSONResponse:  # noqa: B008 - FastAPI's idiom
         """Store one label: ``{dataset, question_id, key: a|b|e, labeller, second}``; 409 when the pair
         does not wait for it, 400 for a malformed one."""
         with GateStore(path) as store:
             try:
-                stored = submit(store, open_queue(store, run_id, texts), body)
+                stored = submit(store, open_queue(store, run_id, requests), body)
             except LabelRefused as exc:
                 return JSONResponse({"error": str(exc)}, 409, headers=HEADERS)
             except ValueError as exc:
                 return JSONResponse({"error": str(exc)}, 400, headers=HEADERS)
-            view = state(path, open_queue(store, run_id, texts), str(body["labeller"]).strip())
+            labeller = str(body["labeller"]).strip()
+            view = state(path, open_queue(store, run_id, requests), labeller, progress)
             return JSONResponse({"stored": stored, **view}, headers=HEADERS)
 
     return router

@@ -1,7 +1,8 @@
 """What the labelling page shows and stores (label_page.py serves it): the gold-label queue of a judged run,
-the same one `flyspec gate label` works on (flyspec/gate/runs/labelling.py), as JSON, with the progress a
-labeller needs (labelled, waiting, the decision as it stands and the report's advice on how many labels
-would let the run decide) and the agreement between two labellers of one pair.
+the same one `flyspec gate label` works on (flyspec/gate/data/labelling.py), as JSON, with the progress a
+labeller needs (labelled, waiting, and the decision as it stands with the report's advice on how many
+labels would let the run decide, passed in by whoever serves the page) and the agreement between two
+labellers of one pair.
 
 A pair is shown blind: answers A and B in the order the run's seeded coin drew for it (the order
 `gate label` shows), never which arm wrote which. The first label of a pair is its gold label; a second
@@ -15,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flyspec.gate.data.labelling import PendingPair, drawn, gold_rule, record, record_second, request_texts
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
-from flyspec.gate.report.build import build_report
-from flyspec.gate.runs.labelling import PendingPair, drawn, gold_rule, record, record_second, request_texts
 
 KEYS = {"a": "a", "b": "b", "e": "t"}
 """The page's keys and the label each stores: A better, B better, E equally good (``t`` in the store)."""
@@ -85,31 +85,28 @@ def _agreement(queue: Queue) -> dict[str, int]:
     return {"twice": twice, "agreed": agreed}
 
 
-def progress(store_path: Path, queue: Queue) -> dict[str, Any]:
-    """Labelled and waiting pairs, the run's decision as it stands, and the report's label advice."""
+Progress = Callable[[Path, str], dict[str, Any]]
+"""The run's decision and label advice by store path and run name
+(``flyspec.gate.report.label_progress.label_progress``)."""
+
+
+def progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, Any]:
+    """Labelled and waiting pairs, the agreement between labellers, the run's decision as it stands and
+    the report's label advice (``more_labels``: how many more labels would let the run decide)."""
     labelled = sum(label is not None for _, label in queue.pairs)
-    report = build_report(store_path, queue.run.run_id)
-    pooled, gold = report.pooled, report.gold
-    needed = gold.labels_needed if gold is not None else None
+    reading = decision(store_path, queue.run.run_id)
+    needed = reading["labels_needed"]
     return {
         "run": queue.run.run_id,
         "labelled": labelled,
         "waiting": len(queue.pairs) - labelled,
-        # While drawn pairs wait, the report's reading is interim: no decision yet.
-        "decision": pooled.decision if pooled is not None and pooled.interim_decision is None else None,
-        "interim": pooled.interim_decision if pooled is not None else None,
-        "low": pooled.ci_low if pooled is not None else None,
-        "high": pooled.ci_high if pooled is not None else None,
-        "margin": report.registered.margin,
-        "judge_agreement": gold.agreement if gold is not None else None,
-        "labels_needed": needed,
+        **reading,
         "more_labels": None if needed is None else max(0, needed - labelled),
-        "advice": gold.advice if gold is not None else None,
         "labellers": _agreement(queue),
     }
 
 
-def state(store_path: Path, queue: Queue, labeller: str) -> dict[str, Any]:
+def state(store_path: Path, queue: Queue, labeller: str, decision: Progress) -> dict[str, Any]:
     """The page's view: the pairs ``labeller`` may label (those waiting first, then pairs someone else
     labelled, for a second label) and the progress."""
     waiting = [_pair_json(p, "gold") for p, label in queue.pairs if label is None]
@@ -121,7 +118,7 @@ def state(store_path: Path, queue: Queue, labeller: str) -> dict[str, Any]:
         and label.detail.get("labeller") != labeller
         and (p.question.dataset, p.question.question_id) not in done
     ]
-    return {"pairs": waiting + second, "progress": progress(store_path, queue)}
+    return {"pairs": waiting + second, "progress": progress(store_path, queue, decision)}
 
 
 def submit(store: GateStore, queue: Queue, body: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ function showProgress(p) {
   $("labelled").textContent = p.labelled;
   $("waiting").textContent = p.waiting;
   const interval = p.low === null || p.high === null ? "" : ` [${points(p.low)}, ${points(p.high)}] points`;
-  const margin = ` (margin ${(100 * p.margin).toFixed(1)})`;
+  const margin = ` against a margin of -${(100 * p.margin).toFixed(1)}`;
   $("decision").textContent =
     (p.decision || `no decision yet${p.interim ? ", interim " + p.interim : ""}`) + interval + margin;
   $("more").textContent = p.more_labels === null ? (p.decision ? "none" : "-") : p.more_labels;
@@ -48,9 +48,9 @@ function showPair() {
   current = pairs.find((p) => !skipped.has(pairKey(p))) || null;
   $("pair").hidden = current === null;
   if (current === null) {
-    if (!$("message").textContent) {
-      $("message").textContent = skipped.size ? "Only skipped pairs are left: reload to see them again." : "No pair waits for a label.";
-    }
+    $("message").textContent = skipped.size
+      ? "Only skipped pairs are left: reload the page to see them again."
+      : "No pair waits for a label.";
     return;
   }
   const waiting = pairs.filter((p) => p.mode === "gold").length;
@@ -63,10 +63,10 @@ function showPair() {
   render($("reference"), current.reference || "");
   render($("answer-a"), current.a);
   render($("answer-b"), current.b);
-  $("labeller").textContent = name();
 }
 
 function show(view) {
+  $("labeller").textContent = name();
   pairs = view.pairs;
   showProgress(view.progress);
   showPair();
@@ -87,6 +87,8 @@ async function answer(key) {
   $("message").textContent = "";
   if (key === "s") {
     skipped.add(pairKey(current));
+    $("message").textContent =
+      "Skipped for now: the decision reads the pairs in their order and waits at the first unlabelled one.";
     showPair();
     return;
   }
@@ -128,6 +130,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const given = $("name").value.trim();
     if (!given) return;
     localStorage.setItem("flyspec-labeller", given);
+    $("name").blur();
     $("name-form").hidden = true;
     load();
   });

@@ -1,0 +1,29 @@
+"""The decision and label advice the labelling page shows (flyspec/gate/shadow/label_page.py), read from
+the run's report: the page itself sits in the traffic layer, which does not import the report, so whoever
+serves it passes ``label_progress`` in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flyspec.gate.report.build import build_report
+
+
+def label_progress(store_path: Path, run_id: str) -> dict[str, Any]:
+    """The run's decision as it stands (None while drawn pairs wait: the report's reading is then interim),
+    its interval and margin, the judge's agreement with gold, and the report's label advice (the sentence
+    and ``labels_needed``, the labels that would let the run decide; None when none would)."""
+    report = build_report(store_path, run_id)
+    pooled, gold = report.pooled, report.gold
+    interim = pooled.interim_decision if pooled is not None else None
+    return {
+        "decision": pooled.decision if pooled is not None and interim is None else None,
+        "interim": interim,
+        "low": pooled.ci_low if pooled is not None else None,
+        "high": pooled.ci_high if pooled is not None else None,
+        "margin": report.registered.margin,
+        "judge_agreement": gold.agreement if gold is not None else None,
+        "labels_needed": gold.labels_needed if gold is not None else None,
+        "advice": gold.advice if gold is not None else None,
+    }
