@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from label_runs import hostile_run
 
+from flyspec.bench.peers import free_port
 from flyspec.gate.data.labelling import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
@@ -39,6 +42,7 @@ def client(run: tuple[Path, str], tmp_path: Path) -> Iterator[tuple[TestClient, 
 
 
 Client = tuple[TestClient, Path, str]
+GATE_LABEL = [sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "label"]
 
 
 def _terminal_queue(store: Path, run_id: str) -> list[tuple[str, str, str, str]]:
@@ -158,18 +162,29 @@ def test_off_loopback_needs_a_token() -> None:
 
 
 def test_gate_label_web_refuses_a_public_host_without_a_token(run: tuple[Path, str]) -> None:
-    main = "from flyspec.cli import main; main()"
-    command = [
-        sys.executable,
-        "-c",
-        main,
-        "gate",
-        "label",
-        "--store",
-        str(run[0]),
-        "--web",
-        "--host",
-        "0.0.0.0",
-    ]
+    command = [*GATE_LABEL, "--store", str(run[0]), "--web", "--host", "0.0.0.0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--host 0.0.0.0 is not loopback" in done.stderr
+
+
+def test_gate_label_web_serves_the_page_on_loopback(run: tuple[Path, str]) -> None:
+    """`flyspec gate label --store S --web` serves the run's queue (the terminal's) until stopped."""
+    port = free_port()
+    command = [*GATE_LABEL, "--store", str(run[0]), "--web", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        assert f"http://127.0.0.1:{port}/label" in server.stdout.readline()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reply = httpx.get(f"http://127.0.0.1:{port}/label/api/queue", params={"labeller": "x"})
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline and server.poll() is None, "the page never answered"
+                time.sleep(0.1)
+        waiting = [(p["dataset"], p["question_id"], p["a"], p["b"]) for p in reply.json()["pairs"]]
+        assert waiting == _terminal_queue(run[0], run[1])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
