@@ -100,6 +100,16 @@ def test_pairs_become_a_registered_judged_run_that_decides(tmp_path: Path) -> No
             assert all(v.preferred == "first" for v in verdicts)  # the judge prefers the baseline
             assert all(p.candidate["acceptance"]["num_drafts"] == 3 for p in run.pairs.pairs())
 
+            shown = subprocess.run(
+                [*ENTRY, "label", "--store", str(store)],
+                input="q\n",
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                timeout=120,
+            )
+            assert "12 pair(s) wait" in shown.stdout and "[user] question 0" in shown.stdout, shown.stderr
             assert label_all(store) == 12
             wait_until(lambda: httpx.get(root + "/decision").json()["decision"] == "FAIL", "the decision")
             decision = httpx.get(root + "/decision").json()

@@ -398,14 +398,16 @@ _LABEL_PROMPT = "Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > "
 def _show_pair(console: Any, pair: Any, where: str) -> None:
     """A drawn pair as a person labels it: the request, the reference if any, and answers A and B."""
     from rich.panel import Panel
+    from rich.text import Text
 
     q = pair.question
     console.rule(f"{where}: {q.dataset}/{q.question_id}")
-    console.print(Panel(pair.request, title="Request"))
+    # As plain Text: a request or an answer holding [brackets] is shown as written, never read as markup.
+    console.print(Panel(Text(pair.request), title="Request"))
     if pair.reference:
-        console.print(Panel(pair.reference, title="Reference answer (may be incomplete)"))
-    console.print(Panel(pair.answer_a, title="Answer A"))
-    console.print(Panel(pair.answer_b, title="Answer B"))
+        console.print(Panel(Text(pair.reference), title="Reference answer (may be incomplete)"))
+    console.print(Panel(Text(pair.answer_a), title="Answer A"))
+    console.print(Panel(Text(pair.answer_b), title="Answer B"))
 
 
 def _ask(console: Any) -> str:
@@ -438,7 +440,12 @@ def label_command(
     console = Console(highlight=False)
     with GateStore(store) as opened:
         run, gold = gold_rule(opened, run_id)
-        todo = pending(opened, run, gold, _requests(run))
+        requests = _requests(run)
+        if run.registered.shadow is not None:  # a live-traffic run keeps its requests in its store
+            from flyspec.gate.shadow.run import shadow_requests
+
+            requests.update(shadow_requests(opened.path, run.run_id))
+        todo = pending(opened, run, gold, requests)
         if not todo:
             console.print(f"gate label: run {run.run_id!r}: no pair waits for a label.")
             return

@@ -71,6 +71,23 @@ def _question(pair: StoredPair, grader: str) -> Question:
     return Question(qid, "", grader, DATASET, messages=messages)
 
 
+def request_text(question: Question) -> str:
+    """A question's request as a person reads it: the prompt, or each message as ``[role] content``."""
+    if question.prompt is not None:
+        return question.prompt
+    return "\n".join(f"[{m['role']}] {m['content']}" for m in question.messages or [])
+
+
+def shadow_requests(path: str | Path, run_id: str) -> dict[str, str]:
+    """Each stored pair's request as text, by its question's prompt hash (what `gate label` shows)."""
+    pairs = SqlitePairStore(path, run_id)
+    try:
+        questions = [_question(pair, JUDGE) for pair in pairs.pairs()]
+    finally:
+        pairs.close()
+    return {q.prompt_hash: request_text(q) for q in questions}
+
+
 def _completion(answer: dict[str, Any], source: str) -> Completion:
     return Completion(
         text=answer.get("text") or "",
