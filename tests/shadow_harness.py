@@ -110,19 +110,21 @@ def shadow_run_parts(
     store: Path,
     baseline: dict[str, Any],
     candidate: dict[str, Any],
-    judge: dict[str, Any],
+    judge: dict[str, Any] | None,
     margin: float = 0.05,
     gold_rate: float = 1.0,
     run_id: str = "shadow",
+    grader: str | None = None,
     **settings: Any,
 ) -> tuple[ShadowSettings, ShadowRun]:
-    """The settings and the registered run of a shadow app judged by ``judge``."""
+    """The settings and the registered run of a shadow app judged by ``judge`` (or graded by
+    ``grader``)."""
     options = ShadowSettings(
         baseline=endpoint_arm("baseline", baseline),
         candidate=endpoint_arm("candidate", candidate),
         **settings,
     )
-    plan = ShadowPlan(run_id, margin, 0.025, parse_judge(judge), gold_rate)
+    plan = ShadowPlan(run_id, margin, 0.025, parse_judge(judge) if judge else None, gold_rate, grader=grader)
     registration = shadow_registration(plan, options.baseline, options.candidate, options.rule().describe())
     return options, ShadowRun(store, plan, registration)
 

@@ -179,6 +179,34 @@ def test_an_unreachable_judge_or_candidate_changes_nothing_for_clients(tmp_path:
             assert not opened_judgements(store)
 
 
+def test_a_run_graded_against_the_baseline_decides_without_a_judge(tmp_path: Path) -> None:
+    """--grader equivalent_to_baseline: a candidate whose answers equal production's PASSes, with no judge
+    and no label; the report, /decision and the gauges agree."""
+    store = tmp_path / "shadow.db"
+    with upstream(Script("base")) as base, upstream(Script("base")) as same:
+        arms = (arm(base + "/v1", "base"), arm(same + "/v1", "same"), None)
+        with shadow_run(store, *arms, margin=0.2, grader="equivalent_to_baseline:whitespace") as (root, run):
+            client = OpenAI(base_url=root + "/v1", api_key="none", max_retries=0)
+            i = 0
+            while httpx.get(root + "/decision").json()["decision"] != "PASS":
+                assert i < 200, "no PASS after 200 identical answers"
+                assert ask(client, i, stream=i % 2 == 0) == Script("base").text()
+                i += 1
+            assert run.registration.judge is None and run.registration.gold is None
+            decision = httpx.get(root + "/decision").json()
+            assert decision == report_json(store)["decision"]
+            assert metric(root, "flyspec_shadow_decision") == 1
+            assert metric(root, "flyspec_shadow_interval_low") == decision["low"] > -0.2
+            assert metric(root, "flyspec_shadow_labels_waiting") == 0
+            agreement = metric(root, "flyspec_shadow_judge_agreement")
+            assert agreement != agreement  # NaN: no judge, no label
+        with GateStore(store) as opened:
+            assert {q.grader for q in opened.questions("shadow")} == {"equivalent_to_baseline:whitespace"}
+            assert {a.correct for a in opened.answers("shadow")} == {True}
+    with pytest.raises(ValueError, match="--judge JUDGE or --grader"):
+        shadow_run_parts(tmp_path / "other.db", *arms[:2], None, grader=None)
+
+
 def opened_judgements(store: Path) -> list:
     with GateStore(store) as opened:
         return opened.judgements("shadow")

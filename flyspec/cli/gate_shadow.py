@@ -45,12 +45,18 @@ Margin = Annotated[
 ]
 Alpha = Annotated[float, opt("One-sided error of the decision, registered.")]
 Judge = Annotated[
-    str,
-    typer.Option(
-        "--judge",
-        help="The judge endpoint, as `gate run --judge` takes it: "
+    str | None,
+    opt(
+        "The judge endpoint, as `gate run --judge` takes it: "
         '\'{"base_url": "http://HOST:PORT/v1", "model": "NAME"}\' (or a JSON file). Each pair is judged in '
-        "both orders.",
+        "both orders; a share --gold-rate is drawn for a person's label."
+    ),
+]
+Grader = Annotated[
+    str | None,
+    opt(
+        "Grade each pair without a judge: equivalent_to_baseline[:normaliser] (exact, strip, whitespace, "
+        "lower, json, last_number): the candidate is right where its answer equals production's."
     ),
 ]
 GoldRate = Annotated[
@@ -85,7 +91,8 @@ def shadow_command(
     candidate: Candidate,
     store: Store,
     margin: Margin,
-    judge: Judge,
+    judge: Judge = None,
+    grader: Grader = None,
     alpha: Alpha = 0.025,
     gold_rate: GoldRate = None,
     run: RunName = "shadow",
@@ -104,11 +111,13 @@ def shadow_command(
     answer (streamed or not, errors included) goes back unchanged; after that, a registered share of the
     eligible requests (chat and completions with one choice, no tools) is asked of the candidate, and each
     pair (request, both answers, timings, token counts, acceptance counters) is stored in --store as it
-    completes, as the next question of a judged gate run registered before the first request (--run in
-    --store). Each pair is judged in both orders; a share --gold-rate of the differing pairs is drawn for a
-    person's label (`flyspec gate label`). A candidate error or timeout is a wrong answer there. The
-    decision (the judged anytime-valid interval against --margin) is at /decision (as `gate report --json`
-    gives it), /status and /metrics; mirroring stops once it is PASS or FAIL, or after --max-pairs.
+    completes, as the next question of a gate run registered before the first request (--run in --store).
+    With --judge each pair is judged in both orders and a share --gold-rate of the differing pairs is drawn
+    for a person's label (`flyspec gate label`); with --grader equivalent_to_baseline[:normaliser] the
+    candidate is right where its answer equals production's. A candidate error or timeout is a wrong
+    answer there. The decision (the anytime-valid interval against --margin) is at /decision (as `gate
+    report --json` gives it), /status and /metrics; mirroring stops once it is PASS or FAIL, or after
+    --max-pairs.
     Proxies that mirror by themselves send their copies to /mirror/v1/chat/completions or
     /mirror/v1/completions (nginx) or to /v1/... with a Host ending in -shadow (Envoy, Istio); the shadow
     process then asks both arms. What is not mirrored is counted by reason at /metrics
@@ -132,9 +141,17 @@ def shadow_command(
     )
     if not 0 < port < 65536:
         raise ValueError(f"--port={port}: must be in 1..65535")
+    if gold_rate is not None and judge is None:
+        raise ValueError("--gold-rate: gold labels anchor a judge's verdicts; it goes with --judge only")
     rate = {} if gold_rate is None else {"gold_rate": gold_rate}
     plan = ShadowPlan(
-        run, margin, alpha, parse_judge(judge), max_pairs=max_pairs or DEFAULT_MAX_PAIRS, **rate
+        run,
+        margin,
+        alpha,
+        parse_judge(judge) if judge is not None else None,
+        max_pairs=max_pairs or DEFAULT_MAX_PAIRS,
+        grader=grader,
+        **rate,
     )
     registration = shadow_registration(
         plan, settings.baseline, settings.candidate, settings.rule().describe()

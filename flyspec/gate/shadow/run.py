@@ -1,7 +1,7 @@
-"""A shadow run: the mirror's pairs become a registered, resumable judged gate run (SPEC 11.6).
+"""A shadow run: the mirror's pairs become a registered, resumable gate run (SPEC 11.6).
 
 ``ShadowRun`` is the mirror's sink. Registration happens when it is built, before the first mirrored
-request: the judged sequential run of flyspec/gate/shadow/registration.py, in the gate's store, refused
+request: the sequential run of flyspec/gate/shadow/registration.py, in the gate's store, refused
 when the same run name was registered with other settings (as ``gate run`` refuses a changed resume).
 
 One worker thread owns the store. A pair handed to the sink is committed at once to ``shadow_pairs``
@@ -9,9 +9,11 @@ One worker thread owns the store. A pair handed to the sink is committed at once
 run (its id the row id: arrival order is the registered order); only then does the sink return, so a
 ``kill -9`` loses at most the pairs in flight. The pair is then judged in both orders by the gate's own
 judged-run machinery (``JudgedPairs``: verdicts committed as they arrive, both answers committed together
-once both verdicts are in); a pair whose candidate errored is a known loss without asking the judge (the
-registered rule), stored as an exact question so its gold label is the loss itself. A restart registers
-and judges whatever a kill left half done. A judge that fails is asked again later; clients never notice.
+once both verdicts are in), or, in a run registered with a pairwise grader (``equivalent_to_baseline``),
+graded against the baseline's answer at once. A pair whose candidate errored is a known loss without
+asking the judge (the registered rule), stored as an exact question so its gold label is the loss itself.
+A restart registers and grades whatever a kill left half done. A judge that fails is asked again later;
+clients never notice.
 
 The decision is the report's (``build_report``: the same object as ``gate report --json``), refreshed as
 verdicts and labels arrive; once it is PASS or FAIL, ``on_decided`` stops the mirroring.
@@ -35,7 +37,7 @@ from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.lock import StoreLock
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
-from flyspec.gate.grading.graders import EQUIVALENCE, JUDGE, Grade
+from flyspec.gate.grading.graders import EQUIVALENCE, JUDGE, Grade, grade_against_baseline
 from flyspec.gate.report.report import Report, build_report
 from flyspec.gate.runs.exclusion import record_looks
 from flyspec.gate.runs.judging import Item, JudgedPairs
@@ -150,7 +152,7 @@ def register_shadow(store: GateStore, run_id: str, registration: Registration, h
 @dataclass(frozen=True)
 class LiveDecision:
     """The decision as it stands: the report's decision object, its bounds, the gold labels waiting, the
-    judge's agreement with gold (None before the first label) and the counts of pairs stored and judged."""
+    judge's agreement with gold (None before the first label or without a judge) and the pairs stored."""
 
     decision: dict[str, Any]
     low: float
@@ -158,7 +160,6 @@ class LiveDecision:
     labels_waiting: int
     judge_agreement: float | None
     pairs: int
-    judged: int
 
     @property
     def code(self) -> int:
@@ -178,7 +179,6 @@ def live_decision(report: Report, pairs: int) -> LiveDecision:
         labels_waiting=gold.awaiting if gold is not None else 0,
         judge_agreement=gold.agreement if gold is not None else None,
         pairs=pairs,
-        judged=gold.pairs if gold is not None else 0,
     )
 
 
@@ -287,8 +287,8 @@ class ShadowRun:
 
 
 class _Worker:
-    """What the worker thread does with its own store connection: commit and register pairs, feed them
-    to the judge, store what comes back."""
+    """What the worker thread does with its own store connection: commit and register pairs, grade or
+    judge them, store what comes back."""
 
     def __init__(self, run: ShadowRun) -> None:
         self.run = run
@@ -299,12 +299,13 @@ class _Worker:
         self.waiting: dict[str, StoredPair] = {}
         self.failed_at: float | None = None
 
-    def _judged(self) -> JudgedPairs:
-        return JudgedPairs(self.store, self.run_id, self.run.plan.judge, LANES, self.run.plan.gold)
+    def _judged(self) -> JudgedPairs | None:
+        judge = self.run.plan.judge
+        return JudgedPairs(self.store, self.run_id, judge, LANES, self.run.plan.gold) if judge else None
 
     def recover(self) -> None:
-        """Register the stored pairs a kill left without a question, and judge every registered pair
-        without its answers (in the stored order)."""
+        """Register the stored pairs a kill left without a question, and grade or judge every registered
+        pair without its answers (in the stored order)."""
         registered = {q.question_id for q in self.store.questions(self.run_id)}
         answered = {k[3] for k in self.store.answered_keys(self.run_id)}
         for pair in self.run.pairs.pairs():
@@ -312,10 +313,10 @@ class _Worker:
             if qid not in registered:
                 self._register(pair)
             if qid not in answered:
-                self._judge(pair)
+                self._grade(pair)
 
     def take(self, pair: MirroredPair) -> int:
-        """Commit a new pair, register its question and send it to the judge; returns its id."""
+        """Commit a new pair, register its question and grade it (or send it to the judge); returns its id."""
         pair_id = self.run.pairs(pair)
         stored = StoredPair(
             pair_id,
@@ -326,10 +327,15 @@ class _Worker:
             pair.candidate.to_dict(),
         )
         self._register(stored)
-        self._judge(stored)
+        self._grade(stored)
         return pair_id
 
     def _grader(self, pair: StoredPair) -> str:
+        """The registered grader, or for a judged run's pair whose candidate errored, the exact comparison
+        with the baseline: such a pair is a known loss, labelled by itself."""
+        grader = self.run.plan.grader
+        if grader is not None:
+            return grader
         return JUDGE if pair.candidate.get("error") is None else EQUIVALENCE
 
     def _register(self, pair: StoredPair) -> None:
@@ -339,27 +345,20 @@ class _Worker:
         )
         self.positions += 1
 
-    def _jobs(self, pair: StoredPair) -> list[tuple[Job, Completion]]:
+    def _grade(self, pair: StoredPair) -> None:
         q = _question(pair, self._grader(pair))
-        return [
-            (Job(arm, repeat, q, 0, pair.id), _completion(answer, pair.source))
-            for (arm, repeat), answer in zip(LANES, (pair.baseline, pair.candidate), strict=True)
-        ]
-
-    def _judge(self, pair: StoredPair) -> None:
-        jobs = self._jobs(pair)
-        self.waiting[str(pair.id)] = pair
+        jb, cb = Job("baseline", 0, q, 0, pair.id), _completion(pair.baseline, pair.source)
+        jc, cc = Job("candidate", 0, q, 0, pair.id), _completion(pair.candidate, pair.source)
+        self.waiting[q.id] = pair
         error = pair.candidate.get("error")
         if error is not None:  # the registered rule: an error is a wrong answer, no judge asked
-            (jb, cb), (jc, cc) = jobs
-            self._store(
-                [(jb, cb, Grade(None, True, ERRORS)), (jc, cc, Grade(None, False, f"error: {error}"))]
-            )
-            return
-        items: list[Item] = []
-        for job, completion in jobs:
-            items += self.judged.add(job, completion)
-        self._store(items)
+            wrong = Grade(None, False, f"error: {error}")
+            self._store([(jb, cb, Grade(None, True, ERRORS)), (jc, cc, wrong)])
+        elif self.judged is None:  # graded against the baseline's answer
+            base, cand = grade_against_baseline(q.grader, cb.text, cc.text)
+            self._store([(jb, cb, base), (jc, cc, cand)])
+        else:
+            self._store(self.judged.add(jb, cb) + self.judged.add(jc, cc))
 
     def _store(self, items: list[Item]) -> None:
         """Commit graded answers in one transaction (a pair's two answers together)."""
@@ -373,10 +372,13 @@ class _Worker:
         self.store.add_answers(self.run_id, records)
         for job, _, _ in items:
             self.waiting.pop(job.question.id, None)
-        self.judged.take_pairs()  # the decision is the report's, built from the store
+        if self.judged is not None:
+            self.judged.take_pairs()  # the decision is the report's, built from the store
 
     def poll(self) -> None:
         """Store the verdicts that arrived; after a failed judge call, ask the waiting pairs again later."""
+        if self.judged is None:
+            return
         self._store(self.judged.poll(0))
         if self.judged.error is not None and self.failed_at is None:
             self.failed_at = time.monotonic()
@@ -388,8 +390,9 @@ class _Worker:
             self.judged.close(wait_for_calls=False)
             self.judged = self._judged()
             for pair in list(self.waiting.values()):
-                self._judge(pair)
+                self._grade(pair)
 
     def close(self) -> None:
-        self.judged.close(wait_for_calls=False)
+        if self.judged is not None:
+            self.judged.close(wait_for_calls=False)
         self.store.close()

@@ -37,14 +37,15 @@ def status_page(run: ShadowRun, state: LiveDecision) -> str:
             f"-{100 * margin:.1f} pts (PASS once the low end is above it, FAIL once the high end is below)",
         ),
         ("Pairs stored", str(state.pairs)),
-        ("Pairs judged", str(state.judged)),
-        (
-            "Gold labels waiting",
-            f"{state.labels_waiting} (`flyspec gate label --store {run.path} --run {run.run_id}`)",
-        ),
-        ("Judge agreement with gold", agreement),
+        ("Pairs the decision counts (in arrival order)", str(d.get("n"))),
         ("Alpha", str(d.get("alpha"))),
     ]
+    if run.plan.judge is not None:
+        label = f"flyspec gate label --store {run.path} --run {run.run_id}"
+        rows += [
+            ("Gold labels waiting", f"{state.labels_waiting} (give them with `{label}`)"),
+            ("Judge agreement with gold", agreement),
+        ]
     table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>flyspec gate shadow</title></head><body>"
