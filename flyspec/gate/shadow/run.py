@@ -214,7 +214,10 @@ class ShadowRun:
     # ------------------------------------------------------------------------------------- the sink
 
     def __call__(self, pair: MirroredPair) -> None:
-        """Commit one pair (and register it as the run's next question) before returning."""
+        """Commit one pair (and register it as the run's next question) before returning; raises when the
+        worker could not start (the mirror counts the pair as not stored)."""
+        if self.error is not None:
+            raise RuntimeError(f"the shadow run's worker is not running: {self.error}")
         done: Future[int] = Future()
         self._inbox.put((pair, done))
         done.result()
@@ -251,9 +254,13 @@ class ShadowRun:
     # ----------------------------------------------------------------------------------- the worker
 
     def _work(self) -> None:
-        worker = _Worker(self)
         try:
+            worker = _Worker(self)
             worker.recover()
+        except Exception as exc:  # e.g. the store cannot be opened: every pair is then refused, counted
+            log.exception("shadow: the run's worker could not start; no pair is stored")
+            self.error = exc
+            return
         finally:
             self._ready.set()
         refreshed = 0.0
@@ -271,7 +278,10 @@ class ShadowRun:
                     done.set_result(worker.take(pair))
                 except Exception as exc:  # the mirror counts it as a store error
                     done.set_exception(exc)
-            worker.poll()
+            try:
+                worker.poll()
+            except Exception:  # a verdict that could not be stored is asked again after a restart
+                log.exception("shadow: storing the judge's verdicts failed")
             if time.monotonic() - refreshed >= REFRESH_S:
                 refreshed = time.monotonic()
                 self._refresh()
