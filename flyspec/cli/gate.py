@@ -442,7 +442,7 @@ def label_command(
         run, gold = gold_rule(opened, run_id)
         requests = _requests(run)
         if run.registered.shadow is not None:  # a live-traffic run keeps its requests in its store
-            from flyspec.gate.shadow.run import shadow_requests
+            from flyspec.gate.shadow.worker import shadow_requests
 
             requests.update(shadow_requests(opened.path, run.run_id))
         todo = pending(opened, run, gold, requests)
