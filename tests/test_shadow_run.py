@@ -24,6 +24,7 @@ from shadow_harness import arm, judge_preferring, label_all, metric, shadow_run,
 from flyspec.bench.peers import free_port
 from flyspec.bench.scripted_openai import Script
 from flyspec.gate.data.store import GateStore
+from flyspec.gate.shadow import worker
 from flyspec.gate.shadow.admission import SamplingRule
 from flyspec.gate.shadow.registration import CLAIM, DATASET, ERRORS
 
@@ -205,6 +206,40 @@ def test_a_run_graded_against_the_baseline_decides_without_a_judge(tmp_path: Pat
             assert {a.correct for a in opened.answers("shadow")} == {True}
     with pytest.raises(ValueError, match="--judge JUDGE or --grader"):
         shadow_run_parts(tmp_path / "other.db", *arms[:2], None, grader=None)
+
+
+def test_a_failing_judge_is_asked_again_once_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A judge that answers 500 leaves clients untouched and the pairs stored, waiting; once it answers,
+    the waiting pairs are judged (asked again after the retry pause, here shortened)."""
+    monkeypatch.setattr(worker, "JUDGE_RETRY_S", 0.3)
+    healthy = threading.Event()
+    judge = judge_preferring("base")
+    prefer = judge.reply
+    assert prefer is not None
+
+    def reply(body: dict) -> str:
+        if not healthy.is_set():
+            raise RuntimeError("the judge is down")  # the scripted server answers 500
+        return prefer(body)
+
+    judge.reply = reply
+    store = tmp_path / "shadow.db"
+    with upstream(Script("base")) as base, upstream(Script("cand")) as cand, upstream(judge) as j:
+        judge_arm = {"base_url": j + "/v1", "model": "judge", "max_retries": 0}
+        with shadow_run(store, arm(base + "/v1", "base"), arm(cand + "/v1", "cand"), judge_arm) as (
+            root,
+            run,
+        ):
+            client = OpenAI(base_url=root + "/v1", api_key="none", max_retries=0)
+            assert all(ask(client, i) == Script("base").text() for i in range(4))
+            wait_until(lambda: run.pairs.count() == 4, "4 stored pairs")
+            time.sleep(0.5)
+            assert answers(store) == 0
+            healthy.set()
+            wait_until(lambda: answers(store) == 8, "the 4 pairs judged once the judge answers")
+            assert len(opened_judgements(store)) == 8
 
 
 def opened_judgements(store: Path) -> list:
