@@ -15,8 +15,13 @@ import httpx
 from loopback import serve_app
 
 from flyspec.bench.scripted_openai import Script, scripted_app
+from flyspec.gate.arms.judge import parse_judge
+from flyspec.gate.data.labelling import gold_rule, pending, record
+from flyspec.gate.data.store import GateStore
 from flyspec.gate.shadow.pair_store import SqlitePairStore
 from flyspec.gate.shadow.proxy import create_shadow_app
+from flyspec.gate.shadow.registration import ShadowPlan, shadow_registration
+from flyspec.gate.shadow.run import ShadowRun
 from flyspec.gate.shadow.settings import ShadowSettings, endpoint_arm
 
 
@@ -85,3 +90,59 @@ def stored(store: Path) -> list[dict[str, Any]]:
             }
             for s, r, q, b, c in rows.fetchall()
         ]
+
+
+def judge_preferring(name: str) -> Script:
+    """A scripted judge that prefers the response written by the server ``name`` (its answers start with
+    ``name:``), and says tie when neither or both are."""
+
+    def reply(body: dict[str, Any]) -> str:
+        prompt = body["messages"][-1]["content"]
+        a = prompt.split("[Response A]\n", 1)[1].split("[Response B]\n", 1)[0]
+        b = prompt.split("[Response B]\n", 1)[1]
+        a_wins, b_wins = a.startswith(f"{name}:"), b.startswith(f"{name}:")
+        return "Verdict: " + ("A" if a_wins and not b_wins else "B" if b_wins and not a_wins else "tie")
+
+    return Script("judge", reply=reply)
+
+
+def shadow_run_parts(
+    store: Path,
+    baseline: dict[str, Any],
+    candidate: dict[str, Any],
+    judge: dict[str, Any] | None,
+    margin: float = 0.05,
+    gold_rate: float = 1.0,
+    run_id: str = "shadow",
+    grader: str | None = None,
+    **settings: Any,
+) -> tuple[ShadowSettings, ShadowRun]:
+    """The settings and the registered run of a shadow app judged by ``judge`` (or graded by
+    ``grader``)."""
+    options = ShadowSettings(
+        baseline=endpoint_arm("baseline", baseline),
+        candidate=endpoint_arm("candidate", candidate),
+        **settings,
+    )
+    plan = ShadowPlan(run_id, margin, 0.025, parse_judge(judge) if judge else None, gold_rate, grader=grader)
+    registration = shadow_registration(plan, options.baseline, options.candidate, options.rule().describe())
+    return options, ShadowRun(store, plan, registration)
+
+
+@contextmanager
+def shadow_run(store: Path, *arms: dict[str, Any], **settings: Any) -> Iterator[tuple[str, ShadowRun]]:
+    """The shadow app of a registered run (see ``shadow_run_parts``); yields (root URL, run)."""
+    options, run = shadow_run_parts(store, *arms, **settings)
+    with serve_app(create_shadow_app(options, run)) as v1:
+        yield v1.removesuffix("/v1"), run
+
+
+def label_all(store: Path, run_id: str = "shadow") -> int:
+    """Label every drawn pair waiting as a person who knows the baseline's answers are better would, with
+    the terminal's functions (flyspec.gate.data.labelling.py); returns how many were labelled."""
+    with GateStore(store) as opened:
+        run, gold = gold_rule(opened, run_id)
+        todo = pending(opened, run, gold, {})
+        for pair in todo:
+            record(opened, run, pair, "b" if pair.a_is_candidate else "a")
+    return len(todo)

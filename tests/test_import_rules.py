@@ -28,7 +28,8 @@ TYPE_CHECKING): a lazy import is still a dependency.
    stats (a registration's sequential plans); ``arms`` data and grading; ``report`` stats, grading and
    data, never ``runs`` or ``arms``; ``logs`` stats, data and report; ``runs`` stats, grading, data and arms,
    never ``report`` (what a run needs to decide, a tune setting's test or a judged pair, is data: a run
-   does not read its own report) nor ``logs``.
+   does not read its own report) nor ``logs``; ``shadow`` (live traffic) sits on top: stats, grading,
+   data, arms, runs (a judged run fed by traffic) and report (its /decision is the report's), never logs.
    ``flyspec.gate`` itself only re-exports. Outside ``gate/arms``, no code tests an arm's class.
 10. Only ``flyspec/llm.py`` touches the engine an ``LLM`` holds (``LLM._engine``): everything else, the
     package, its scripts and the tests, uses ``LLM``'s methods; ``LLM`` has no public ``engine``.
@@ -354,8 +355,10 @@ GATE_LAYERS: dict[str, tuple[str, ...]] = {
     "report": ("stats", "grading", "data"),
     "logs": ("stats", "data", "report"),
     "runs": ("stats", "grading", "data", "arms"),
-    # Live traffic (docs/shadow.md) sits beside runs: it uses lower layers; no gate part uses it.
-    "shadow": ("stats", "grading", "data", "arms"),
+    # Live traffic (docs/shadow.md) sits on top: a shadow run is a judged run fed by traffic, so it reuses
+    # the runs' judged-pair machinery and the alpha ledger, and the report's build for /decision (the same
+    # object as `gate report --json`); no gate part uses it.
+    "shadow": ("stats", "grading", "data", "arms", "runs", "report"),
 }
 
 
@@ -393,8 +396,8 @@ def test_the_gate_is_eight_layered_subpackages() -> None:
         ("flyspec.gate.runs.run", "flyspec.gate"),
         ("flyspec.gate.runs.tune", "flyspec.gate.report.tune_report"),
         ("flyspec.gate.runs.judging", "flyspec.gate.report.build"),
-        ("flyspec.gate.shadow.mirror", "flyspec.gate.runs.run"),
-        ("flyspec.gate.shadow.proxy", "flyspec.gate.report.build"),
+        ("flyspec.gate.shadow.mirror", "flyspec.gate.logs.compare"),
+        ("flyspec.gate.report.build", "flyspec.gate.shadow.status"),
         ("flyspec.gate.runs.run", "flyspec.gate.shadow.proxy"),
     ],
 )

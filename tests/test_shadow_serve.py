@@ -67,6 +67,7 @@ def test_openai_client_through_the_shadow_gets_the_baselines_answers(tmp_path: P
         argv = [serve_process.FLYSPEC, "gate", "shadow", "--baseline", json.dumps(baseline)]
         argv += ["--candidate", json.dumps(candidate), "--store", str(tmp_path / "shadow.db")]
         argv += ["--candidate-concurrency", "1", "--port", str(port)]
+        argv += ["--margin", "0.05", "--grader", "equivalent_to_baseline"]
         shadow = serve_process.start(argv, proxy, tmp_path / "shadow.log", timeout_s=60)
         try:
             direct = openai.OpenAI(base_url=server + "/v1", api_key="none")

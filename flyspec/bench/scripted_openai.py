@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,8 @@ PIECES = 8
 class Script:
     """What the server does: its name (model id and answer prefix), a delay before answering, an optional
     event it waits for before answering, the pause between a stream's events, how long a stream stays open
-    after its `[DONE]`, and the request bodies it received (kept when ``record``)."""
+    after its `[DONE]`, the request bodies it received (kept when ``record``), and ``reply``: the answer
+    text for a request body (a judge that reads its prompt), instead of ``ANSWER`` prefixed with the name."""
 
     name: str
     delay_s: float = 0.0
@@ -36,8 +37,11 @@ class Script:
     linger_s: float = 0.0
     record: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    reply: Callable[[dict[str, Any]], str] | None = None
 
-    def text(self) -> str:
+    def text(self, body: dict[str, Any] | None = None) -> str:
+        if self.reply is not None and body is not None:
+            return self.reply(body)
         return f"{self.name}: {ANSWER}"
 
 
@@ -59,8 +63,8 @@ def _spec_decode() -> dict[str, int]:
     return {"num_drafts": 3, "num_draft_tokens": 12, "num_accepted_tokens": 9, "num_forgiven_tokens": 1}
 
 
-def _whole(route: str, script: Script) -> dict[str, Any]:
-    text = script.text()
+def _whole(route: str, script: Script, body: dict[str, Any]) -> dict[str, Any]:
+    text = script.text(body)
     choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
     choice.update({"message": {"role": "assistant", "content": text}} if route == "chat" else {"text": text})
     kind = "chat.completion" if route == "chat" else "text_completion"
@@ -75,8 +79,8 @@ def _whole(route: str, script: Script) -> dict[str, Any]:
     }
 
 
-async def _events(route: str, script: Script) -> AsyncIterator[bytes]:
-    text = script.text()
+async def _events(route: str, script: Script, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    text = script.text(body)
     words = text.split(" ")
     step = -(-len(words) // PIECES)
     for start in range(0, len(words), step):
@@ -118,8 +122,8 @@ def scripted_app(script: Script) -> FastAPI:
         if script.delay_s:
             await asyncio.sleep(script.delay_s)
         if body.get("stream"):
-            return StreamingResponse(_events(route, script), media_type="text/event-stream")
-        return JSONResponse(_whole(route, script))
+            return StreamingResponse(_events(route, script, body), media_type="text/event-stream")
+        return JSONResponse(_whole(route, script, body))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

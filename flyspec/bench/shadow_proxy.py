@@ -26,15 +26,16 @@ import httpx
 
 from flyspec.bench.machine import cpu_label, describe_machine
 from flyspec.bench.peers import free_port, wait_ready
+from flyspec.gate.data.ledger import LEDGER_ENV
 
 BODY = {"model": "base", "messages": [{"role": "user", "content": "What is 6 x 7?"}], "stream": True}
 CLI = [sys.executable, "-c", "from flyspec.cli import main; main()"]
 
 
 @contextlib.contextmanager
-def _process(argv: list[str], url: str, log: Path) -> Iterator[None]:
+def _process(argv: list[str], url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
     with open(log, "w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         wait_ready(url, process, 60, log)
         yield
@@ -101,10 +102,16 @@ def run_shadow_bench(
         shadow_argv = [*CLI, "gate", "shadow", "--baseline", f'{{"base_urls": ["{base}"], "model": "base"}}']
         shadow_argv += ["--candidate", f'{{"base_urls": ["{cand}"], "model": "cand"}}', "--port", str(port)]
         shadow_argv += ["--store", str(folder / "pairs.db"), "--sample", str(sample)]
+        # Both scripted answers end in the number 42, so every pair is graded equal, and a run at this
+        # margin needs far more pairs than a benchmark sends to PASS: every sampled request is mirrored
+        # throughout, as while a real run has not decided.
+        shadow_argv += ["--margin", "0.0001", "--grader", "equivalent_to_baseline:last_number"]
+        # The benchmark's runs are not looks at a comparison anyone decides on: a ledger of their own.
+        env = {**os.environ, LEDGER_ENV: str(folder / "ledger.sqlite")}
         with (
             _process(base_argv, base, folder / "base.log"),
             _process(cand_argv, cand, folder / "cand.log"),
-            _process(shadow_argv, proxy, folder / "shadow.log"),
+            _process(shadow_argv, proxy, folder / "shadow.log", env),
         ):
             machine = describe_machine("cpu")
             results = []

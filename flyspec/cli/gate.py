@@ -373,14 +373,16 @@ _LABEL_PROMPT = "Better: [a] A  [b] B  [t] equally good  [s] skip  [q] quit > "
 def _show_pair(console: Any, pair: Any, where: str) -> None:
     """A drawn pair as a person labels it: the request, the reference if any, and answers A and B."""
     from rich.panel import Panel
+    from rich.text import Text
 
     q = pair.question
     console.rule(f"{where}: {q.dataset}/{q.question_id}")
-    console.print(Panel(pair.request, title="Request"))
+    # As plain Text: a request or an answer holding [brackets] is shown as written, never read as markup.
+    console.print(Panel(Text(pair.request), title="Request"))
     if pair.reference:
-        console.print(Panel(pair.reference, title="Reference answer (may be incomplete)"))
-    console.print(Panel(pair.answer_a, title="Answer A"))
-    console.print(Panel(pair.answer_b, title="Answer B"))
+        console.print(Panel(Text(pair.reference), title="Reference answer (may be incomplete)"))
+    console.print(Panel(Text(pair.answer_a), title="Answer A"))
+    console.print(Panel(Text(pair.answer_b), title="Answer B"))
 
 
 def _ask(console: Any) -> str:
@@ -414,7 +416,7 @@ def label_command(
     """
     from rich.console import Console
 
-    from flyspec.gate.data.labelling import gold_rule, pending, record, request_texts
+    from flyspec.gate.data.labelling import gold_rule, pending, record
     from flyspec.gate.data.store import GateStore
 
     if web:
@@ -425,7 +427,9 @@ def label_command(
     console = Console(highlight=False)
     with GateStore(store) as opened:
         run, gold = gold_rule(opened, run_id)
-        todo = pending(opened, run, gold, request_texts(run))
+        from flyspec.gate.shadow.worker import label_requests
+
+        todo = pending(opened, run, gold, label_requests(opened.path)(run))
         if not todo:
             console.print(f"gate label: run {run.run_id!r}: no pair waits for a label.")
             return

@@ -9,6 +9,7 @@ from flyspec.gate.data.labelling import gold_rule
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.label_progress import label_progress
 from flyspec.gate.shadow.label_page import check_label_host, label_router
+from flyspec.gate.shadow.worker import label_requests
 
 
 def serve_label_page(store: Path, run_id: str | None, host: str, port: int, token: str | None) -> None:
@@ -24,7 +25,9 @@ def serve_label_page(store: Path, run_id: str | None, host: str, port: int, toke
     with GateStore(store) as opened:
         run, _ = gold_rule(opened, run_id)  # a clear error now, not on the first page load
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(label_router(store, run.run_id, token, progress=label_progress))
+    app.include_router(
+        label_router(store, run.run_id, token, progress=label_progress, requests=label_requests(store))
+    )
     query = "?token=TOKEN" if token else ""
     address = f"http://{host}:{port}/label{query}"
     print(f"gate label: run {run.run_id!r}: the labelling page is at {address} (Ctrl-C stops)", flush=True)

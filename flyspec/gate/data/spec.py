@@ -159,6 +159,17 @@ class Gold:
 
 
 @dataclass(frozen=True)
+class ShadowRecord:
+    """What a live-traffic run (``flyspec gate shadow``) registers besides a judged run's keys: the claim in
+    words, the sampling rule that drew the mirrored requests (``SamplingRule.describe()``), and the rule
+    for a candidate that errors or times out (a wrong answer there, not a skip)."""
+
+    claim: str
+    sampling: Mapping[str, object]
+    errors: str
+
+
+@dataclass(frozen=True)
 class Family:
     """How a run with several comparisons split its alpha (``alpha``: the run's, ``procedure``: in words)."""
 
@@ -237,9 +248,10 @@ class CalibrationRecord:
 _SHARED = ("margin", "alpha", "seed", "sampling", "arms", "shuffle_seed", "datasets", "alpha_budget")
 _SHARED_TAIL = ("excluded", "sequential", "extensions")
 _RUN = ("repeats", "limit", "max_questions", "order", "carries", "comparisons", "family", "pilot", "judge")
+# A gate run fed by live traffic (flyspec gate shadow) also writes ``shadow``; other runs write no key.
 _TUNE = ("procedure", "order", "calibration", "test_questions")
 _KEYS = {
-    "gate": (*_SHARED, *_SHARED_TAIL, *_RUN, "gold", "design"),
+    "gate": (*_SHARED, *_SHARED_TAIL, *_RUN, "gold", "design", "shadow"),
     "pilot": (*_SHARED, *_SHARED_TAIL, *_RUN, "gold", "design"),
     "tune": (*_SHARED, *_SHARED_TAIL, "settings", "max_questions", "design", "question_order", *_TUNE),
     "calibration": (*_SHARED, *_SHARED_TAIL, "settings", "calibration"),
@@ -257,8 +269,9 @@ class Registration:
     A gate run or pilot: ``repeats``, ``limit``, ``max_questions``, ``order``, ``design``, ``sequential``,
     ``listed`` (the comparisons of a run with several; ``comparisons`` gives every kind's), ``family``,
     ``carries`` (the fixed run a sequential continuation carries), ``pilot_mode``, ``judge``, ``gold``,
-    ``extensions``. A tune: ``settings``, ``order`` (the question order), ``max_questions``, ``design``,
-    ``sequential`` and ``tune``. A calibration run: ``settings`` and ``calibration``.
+    ``extensions``, ``shadow`` (a run fed by live traffic: its claim, sampling and error rule). A tune:
+    ``settings``, ``order`` (the question order), ``max_questions``, ``design``, ``sequential`` and
+    ``tune``. A calibration run: ``settings`` and ``calibration``.
     """
 
     kind: str
@@ -287,6 +300,7 @@ class Registration:
     settings: tuple[SettingRecord, ...] = ()
     tune: TuneRecord | None = stored(default=None, absent=None)
     calibration: CalibrationRecord | None = stored(default=None, absent=None)
+    shadow: ShadowRecord | None = stored(default=None, absent=None)
 
     # ------------------------------------------------------------------------------------- reading
 
@@ -393,7 +407,7 @@ def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, Any]:
     data["settings"] = [{"label": s["id"], **s} for s in data.get("settings") or ()]
     if not data.get("excluded"):
         data.pop("excluded", None)
-    for key in ("sampling", "judge", "gold", "family", "sequential", "calibration"):
+    for key in ("sampling", "judge", "gold", "family", "sequential", "calibration", "shadow"):
         if not isinstance(data.get(key), Mapping):
             data.pop(key, None)
     return data

@@ -284,6 +284,25 @@ class GateStore:
             )
         return True
 
+    def add_question(self, run_id: str, question: RegisteredQuestion) -> bool:
+        """Register one more question of a run whose questions arrive while it runs (live traffic, ``flyspec
+        gate shadow``: each mirrored request is the next question in the order); False (nothing written)
+        when it is registered already."""
+        with self._db:
+            cursor = self._db.execute(
+                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    run_id,
+                    question.dataset,
+                    question.question_id,
+                    question.position,
+                    question.prompt_hash,
+                    question.answer,
+                    question.grader,
+                ),
+            )
+        return cursor.rowcount == 1
+
     def _add_questions(self, run_id: str, questions: list[RegisteredQuestion]) -> None:
         self._db.executemany(
             "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",

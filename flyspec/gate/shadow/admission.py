@@ -112,11 +112,17 @@ class PairBudget:
             raise ValueError(f"--max-pairs={max_pairs!r}: must be a positive integer")
         self.max_pairs = max_pairs
         self.admitted = 0
+        self.closed = False
 
     @property
     def exhausted(self) -> bool:
-        """True once every pair of the budget is admitted: mirroring stops, the proxy keeps serving."""
-        return self.max_pairs is not None and self.admitted >= self.max_pairs
+        """True once every pair of the budget is admitted, or the run decided: mirroring stops, the proxy
+        keeps serving."""
+        return self.closed or (self.max_pairs is not None and self.admitted >= self.max_pairs)
+
+    def close(self) -> None:
+        """Admit nothing more (the run decided)."""
+        self.closed = True
 
     def take(self) -> None:
         """Admit one pair."""

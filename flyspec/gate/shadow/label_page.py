@@ -35,15 +35,19 @@ HEADERS = {
 }
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_label_host(host: str, token: str | None) -> None:
     """Refuse to serve the page off loopback without a token (ValueError naming the rule)."""
     if token is not None and not token.strip():
         raise ValueError("--label-token is empty: give a token or leave the option out")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and token is None:
+    if not is_loopback(host) and token is None:
         raise ValueError(
             f"--host {host} is not loopback: the labelling page is then served only with --label-token TOKEN "
             "(anyone who reaches the port could otherwise read the traffic and label it)"

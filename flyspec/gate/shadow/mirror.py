@@ -123,6 +123,13 @@ class Mirror:
         if reason is not None:
             self.metrics.skip(reason)
 
+    def close(self, decision: object = None) -> None:
+        """Stop mirroring because the run decided (called from the run's thread); the proxy keeps serving."""
+        if not self.budget.closed:
+            self.budget.close()
+            self.metrics.mirroring.set(0)
+            log.warning("shadow: the run decided: mirroring stops; the proxy keeps serving")
+
     # -------------------------------------------------------------------------------------- workers
 
     def start(self) -> None:

@@ -9,6 +9,7 @@ appended to the Host header. Both are answered 202 at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,7 +24,9 @@ from flyspec.gate.shadow import admission
 from flyspec.gate.shadow.answers import CHAT, COMPLETIONS
 from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink
 from flyspec.gate.shadow.pairs import MIRROR, PROXY
+from flyspec.gate.shadow.run import ShadowRun
 from flyspec.gate.shadow.settings import ShadowSettings
+from flyspec.gate.shadow.status import add_run_routes
 from flyspec.gate.shadow.upstream import Upstream, request_headers, response_headers
 
 MAX_KEPT_ANSWER_BYTES = 8 << 20
@@ -168,8 +171,10 @@ class _Relay:
         return BaselineCapture(self.upstream.status_code, b"".join(self.kept), True, latency, self.first)
 
 
-def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
-    """The shadow process's app for ``settings``, handing every mirrored pair to ``sink``."""
+def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> FastAPI:
+    """The shadow process's app for ``settings``, handing every mirrored pair to ``sink``. A registered
+    ``ShadowRun`` as the sink also gives /decision, /status and the decision's gauges, starts and stops
+    with the app, and stops the mirroring once it decides (the proxy keeps serving)."""
     baseline = Upstream(settings.baseline, connections=None)
     candidate = Upstream(settings.candidate, connections=settings.candidate_concurrency)
     mirror = Mirror(
@@ -185,9 +190,15 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
         max_request_bytes=settings.max_request_bytes,
     )
     proxy = _Proxy(baseline, mirror)
+    run = sink if isinstance(sink, ShadowRun) else None
+    if run is not None:
+        mirror.budget.admitted = run.stored  # --max-pairs counts the pairs of earlier processes too
+        run.on_decided = mirror.close
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if run is not None:
+            await asyncio.to_thread(run.start)
         mirror.start()
         try:
             yield
@@ -195,6 +206,8 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
             await mirror.stop()
             await baseline.aclose()
             await candidate.aclose()
+            if run is not None:
+                await asyncio.to_thread(run.close)
 
     app = FastAPI(
         title="flyspec gate shadow", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
@@ -231,8 +244,13 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink) -> FastAPI:
     async def health() -> PlainTextResponse:
         return PlainTextResponse("ok")
 
+    if run is not None:
+        add_run_routes(app, run, mirror.metrics)
+
     @app.get("/metrics")
     async def metrics() -> Response:
+        if mirror.metrics.refresh is not None:
+            await mirror.metrics.refresh()
         return Response(generate_latest(mirror.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
