@@ -151,12 +151,8 @@ class Entry:
 
 
 def is_look(run: RunRecord) -> bool:
-    """Whether a run is a look: a gate run or a tune, except a judged run registered with the defective
-    gold-label draw 1, whose decision is not a test (its report says not to act on it)."""
-    if run.kind not in ("gate", "tune"):
-        return False
-    gold = run.registered.gold
-    return gold is None or not gold.defective
+    """Whether a run is a look: a gate run or a tune."""
+    return run.kind in ("gate", "tune")
 
 
 def run_entries(store: GateStore, run: RunRecord) -> list[Entry]:

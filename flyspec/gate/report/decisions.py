@@ -12,47 +12,26 @@ from dataclasses import replace
 from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
-from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, decide_with_undecided
+from flyspec.gate.stats.decide import INCONCLUSIVE, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
-
-OLD_JUDGED_WARNING = (
-    "THIS JUDGED RUN WAS REGISTERED BEFORE GOLD LABELS: its decision follows the old rule (pairs the "
-    "judge could not decide count against the claim), which a judge that cannot tell the answers "
-    "apart can push to PASS a harmful candidate when few answers differ (docs/gate.md, 'Open-ended "
-    "answers: the judge'). Rerun it as a judged run with gold labels (--gold-rate) before acting on "
-    "it."
-)
-
-DEFECTIVE_DRAW_WARNING = (
-    "THIS JUDGED RUN WAS REGISTERED WITH THE DEFECTIVE GOLD-LABEL DRAW (draw 1): the draw hashed the same "
-    "string as the question order, so the pairs drawn for a gold label were exactly the differing pairs at "
-    "the start of the order and none after. The 1/rate weight of the prediction-powered interval assumes a "
-    "random subset, so it was invalid, and after that prefix the judge's verdicts counted uncorrected: a "
-    "judge whose errors favour the candidate could make this run PASS a harmful candidate (simulated: a "
-    "judge right on the candidate's losses and calling its gains ties PASSed a candidate exactly at the "
-    "margin in about 99% of runs). The decision below is recomputed as it was stored; it is not a valid "
-    "test. Do not act on it: start a new judged run, which draws its labels independently of the order."
-)
-
 
 Lane = tuple[str, int]
 Pair = tuple[bool, bool]
 """(baseline correct, candidate correct) of one question."""
 Correct = dict[tuple[str, int, str, str], bool]
 """Whether each stored answer is correct, by (arm, repeat, dataset, question id)."""
-Groups = dict[str, tuple[int, list[Pair], int]]
-"""Pairs by dataset (or task): (registered questions, complete pairs, undecided pairs among them)."""
+Groups = dict[str, tuple[int, list[Pair]]]
+"""Pairs by dataset (or task): (registered questions, complete pairs)."""
 
 POWER = 0.80
 
 
 def _with_plan(comparison: Comparison, flips: int, margin: float, alpha: float) -> Comparison:
-    """An undecided comparison with the questions a fixed run would need at its flip rate."""
+    """An INCONCLUSIVE comparison with the questions a fixed run would need at its flip rate."""
     plan = plan_noninferiority(flips, comparison.n, margin, alpha, POWER)
     return replace(
         comparison,
@@ -69,10 +48,8 @@ def paired_counts(pairs: list[Pair]) -> tuple[int, int, int]:
     return len(pairs), lost, gained
 
 
-def counted(scope: str, pairs: list[Pair], registered: int, alpha: float, undecided: int = 0) -> Comparison:
-    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision.
-    ``undecided`` of the pairs (each graded wrong on both sides) are judged pairs the judge could not
-    decide; McNemar, reported beside the decision, uses the decided pairs only."""
+def counted(scope: str, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
+    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision."""
     n, lost, gained = paired_counts(pairs)
     test = mcnemar(lost, gained)
     return Comparison(
@@ -93,7 +70,6 @@ def counted(scope: str, pairs: list[Pair], registered: int, alpha: float, undeci
         noninferiority_p=None,
         significant_loss=lost > gained and test.exact_p < 2 * alpha,
         decision=None,
-        undecided=undecided,
     )
 
 
@@ -103,33 +79,30 @@ def compare_pairs(
     registered: int,
     margin: float,
     alpha: float,
-    undecided: int = 0,
 ) -> Comparison:
     """A fixed-size comparison of (baseline correct, candidate correct) pairs: counts, exact McNemar,
-    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need.
-    ``undecided`` of the pairs are judged pairs the judge could not decide (``stats.decide_with_undecided``
-    counts them against the claim being tested)."""
-    comparison = counted(scope, pairs, registered, alpha, undecided)
+    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need."""
+    comparison = counted(scope, pairs, registered, alpha)
     n, lost, gained = comparison.n, comparison.lost, comparison.gained
     if n == 0:
         return replace(comparison, decision=INCONCLUSIVE)
-    result = decide_with_undecided(n, lost, gained, undecided, margin, alpha)
+    result = decide(n, lost, gained, margin, alpha)
     comparison = replace(
         comparison,
         ci_low=result.low,
         ci_high=result.high,
-        noninferiority_p=noninferiority(n, lost + undecided, gained, margin, alpha).p_value,
+        noninferiority_p=noninferiority(n, lost, gained, margin, alpha).p_value,
         decision=result.decision,
         loss_detected=result.loss_detected,
     )
     if result.decision == INCONCLUSIVE:
-        comparison = _with_plan(comparison, lost + undecided + gained, margin, alpha)
+        comparison = _with_plan(comparison, lost + gained, margin, alpha)
     return comparison
 
 
 def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
     """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
-    row = counted("pooled", pairs, registered, alpha, stop.undecided)
+    row = counted("pooled", pairs, registered, alpha)
     if not pairs:
         return replace(row, decision=INCONCLUSIVE)
     return replace(
@@ -138,14 +111,9 @@ def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alp
 
 
 def decide_report(report: ReportData, store: GateStore, correct: Correct) -> None:
-    """Fill the report's comparisons and decision by the run's registered design, with the warnings a
-    judged run registered before gold labels, or with the defective draw, carries."""
+    """Fill the report's comparisons and decision by the run's registered design."""
     reg = report.registered
     gold = reg.gold
-    if gold is None and reg.judge is not None:
-        report.warnings.append(OLD_JUDGED_WARNING)
-    if gold is not None and gold.defective:
-        report.warnings.append(DEFECTIVE_DRAW_WARNING)
     if gold is not None:
         _judged_run(report, store, correct, gold)
     elif reg.sequential is not None:
@@ -175,36 +143,27 @@ def warn_incomplete(report: ReportData, complete: int, registered: int) -> None:
         )
 
 
-def _judged(store: GateStore, run: RunRecord) -> set[tuple[str, str]]:
-    """The questions of the run graded by a judge."""
-    return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if model_graded(q.grader)}
-
-
 def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: int | None = None) -> Groups:
-    """Per dataset: (registered count, complete pairs, undecided pairs among them), over the first
-    ``limit`` registered questions."""
+    """Per dataset: (registered count, complete pairs), over the first ``limit`` registered questions."""
     run = report.run
     first, second = report.registered.lanes
     registered: dict[str, int] = defaultdict(int)
     pairs: dict[str, list[Pair]] = defaultdict(list)
-    undecided: dict[str, int] = defaultdict(int)
     for i, q in enumerate(store.questions(run.run_id)):
         registered[q.dataset] += 1
         a = correct.get((*first, q.dataset, q.question_id))
         b = correct.get((*second, q.dataset, q.question_id))
         if a is not None and b is not None and (limit is None or i < limit):
             pairs[q.dataset].append((a, b))
-            undecided[q.dataset] += model_graded(q.grader) and not a and not b
-    return {ds: (registered[ds], pairs[ds], undecided[ds]) for ds in registered}
+    return {ds: (registered[ds], pairs[ds]) for ds in registered}
 
 
 def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
     """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one."""
-    rows = [compare_pairs(name, p, size, margin, alpha, u) for name, (size, p, u) in groups.items()]
-    pooled = [pair for _, p, _ in groups.values() for pair in p]
-    size = sum(s for s, _, _ in groups.values())
-    undecided = sum(u for _, _, u in groups.values())
-    return [*rows, compare_pairs("pooled", pooled, size, margin, alpha, undecided)]
+    rows = [compare_pairs(name, p, size, margin, alpha) for name, (size, p) in groups.items()]
+    pooled = [pair for _, p in groups.values() for pair in p]
+    size = sum(s for s, _ in groups.values())
+    return [*rows, compare_pairs("pooled", pooled, size, margin, alpha)]
 
 
 def _fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
@@ -233,16 +192,13 @@ def _sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     lanes = reg.lanes
     events = _comparison_events(store.events(run.run_id), lanes[1][0])
-    judged = _judged(store, run)
-    stop = sequential_stop(order, correct, plan, events, lanes, judged=judged)
+    stop = sequential_stop(order, correct, plan, events, lanes)
     per, pooled = _at_stop(report, store, correct, order, stop)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
     # be valid, and only the pooled sequence decides.
-    report.comparisons = [*(counted(ds, p, size, reg.alpha, u) for ds, (size, p, u) in per.items()), pooled]
+    report.comparisons = [*(counted(ds, p, size, reg.alpha) for ds, (size, p) in per.items()), pooled]
     if report.margin_overridden:
-        other = sequential_stop(
-            order, correct, replace(plan, margin=report.margin), events, lanes, judged=judged
-        )
+        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, lanes)
         report.exploratory = Exploratory(
             report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
         )
@@ -258,7 +214,7 @@ def _at_stop(
     report.sequential, report.sequential_plan = stop, plan
     report.decided_after_minutes = _answering_minutes(store, report.run, order, report.registered.lanes, stop)
     per = _by_dataset(store, report, correct, limit=stop.stopped_at)
-    used = [pair for _, p, _ in per.values() for pair in p]
+    used = [pair for _, p in per.values() for pair in p]
     return per, sequential_row(stop, used, plan.max_questions, report.alpha)
 
 
@@ -322,7 +278,7 @@ def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Go
     else:
         limit = len(order)
         per = _by_dataset(store, report, correct)
-        everything = [pair for _, p, _ in per.values() for pair in p]
+        everything = [pair for _, p in per.values() for pair in p]
         walk = judged_decision(seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order))
         complete = walk.usable == len(order)
         row = replace(
@@ -336,12 +292,12 @@ def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Go
         _warn_unlabelled(report, len(everything), len(order), walk.usable)
     rows = [
         _without_verdict_accuracy(counted(ds, p, size, reg.alpha), judged, ds)
-        for ds, (size, p, _) in per.items()
+        for ds, (size, p) in per.items()
     ]
     report.gold = _gold_summary(gold, seen, order, limit, walk)
     report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], reg.alpha)]
     if walk.narrow and walk.low <= walk.high:
-        report.warnings.append(_narrow_warning(walk, gold))
+        report.warnings.append(_narrow_warning(walk))
 
 
 def _without_verdict_accuracy(row: Comparison, judged: set[tuple[str, str]], dataset: str) -> Comparison:
@@ -394,7 +350,6 @@ def _gold_summary(
         agreement_low=counts.agreement_low,
         agreement_high=counts.agreement_high,
         advice=walk.labels_needed.describe() if walk.labels_needed is not None else None,
-        draw=gold.draw,
         rows=[*rows.values(), pooled],
         gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p
         if pooled.labelled
@@ -434,7 +389,7 @@ def _warn_unlabelled(report: ReportData, answered: int, registered: int, usable:
         )
 
 
-def _narrow_warning(walk: JudgedDecision, gold: Gold) -> str:
+def _narrow_warning(walk: JudgedDecision) -> str:
     """The words for a judged interval much narrower than its values allow (``JudgedDecision.narrow``)."""
     width = 100 * (walk.high - walk.low)
     reference = f"{100 * walk.normal_width:.2f}" if walk.normal_width is not None else "?"
@@ -444,10 +399,8 @@ def _narrow_warning(walk: JudgedDecision, gold: Gold) -> str:
         else ""
     )
     cause = (
-        " This run uses the defective gold-label draw 1, which is the known cause."
-        if gold.defective
-        else " With the registered draw this happened in no simulated run (docs/statistics.md); check that "
-        "the labels were given for the pairs shown, and treat the decision with suspicion."
+        " With the registered draw this happened in no simulated run (docs/statistics.md); check that the "
+        "labels were given for the pairs shown, and treat the decision with suspicion."
     )
     return (
         f"THE FINAL INTERVAL IS ONLY {width:.2f} POINTS WIDE, less than half of a normal-theory interval "
