@@ -150,14 +150,10 @@ class Entry:
     created_at: float
 
 
-def is_look(run: RunRecord) -> bool:
-    """Whether a run is a look: a gate run or a tune."""
-    return run.kind in ("gate", "tune")
-
-
 def run_entries(store: GateStore, run: RunRecord) -> list[Entry]:
-    """The looks one registered run takes, one per comparison."""
-    if not is_look(run):
+    """The looks one registered run takes, one per comparison (a gate run's or a tune's; a pilot and a
+    calibration run take none)."""
+    if run.kind not in ("gate", "tune"):
         return []
     questions = frozenset(question_key(q) for q in store.questions(run.run_id))
     where = str(store.path.resolve())

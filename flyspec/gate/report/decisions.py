@@ -1,7 +1,7 @@
 """How a report reaches its decision, by the run's registered design (docs/statistics.md, "The decision
-rule"): ``decide_report`` takes the judged route (prediction-powered, on gold labels), the sequential one (the
-run's walk replayed along the registered order, flyspec/gate/stats/monitor.py) or the fixed one (Tango's
-interval per dataset and pooled, ``stats.decide``); every verdict comes from flyspec/gate/stats/decide.py.
+rule"): ``decide_judged`` (prediction-powered, on gold labels), ``decide_sequential`` (the run's walk
+replayed along the registered order, flyspec/gate/stats/monitor.py) or ``decide_fixed`` (``stats.decide``
+on Tango's interval per dataset and pooled); every verdict comes from flyspec/gate/stats/decide.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, decide
+from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
@@ -73,31 +73,20 @@ def counted(scope: str, pairs: list[Pair], registered: int, alpha: float) -> Com
     )
 
 
-def compare_pairs(
-    scope: str,
-    pairs: list[Pair],
-    registered: int,
-    margin: float,
-    alpha: float,
-) -> Comparison:
-    """A fixed-size comparison of (baseline correct, candidate correct) pairs: counts, exact McNemar,
-    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need."""
-    comparison = counted(scope, pairs, registered, alpha)
-    n, lost, gained = comparison.n, comparison.lost, comparison.gained
-    if n == 0:
-        return replace(comparison, decision=INCONCLUSIVE)
-    result = decide(n, lost, gained, margin, alpha)
-    comparison = replace(
-        comparison,
-        ci_low=result.low,
-        ci_high=result.high,
-        noninferiority_p=noninferiority(n, lost, gained, margin, alpha).p_value,
-        decision=result.decision,
-        loss_detected=result.loss_detected,
+def _decided(row: Comparison, verdict: Decision, margin: float, alpha: float) -> Comparison:
+    """A fixed-size row with its verdict: Tango's interval, the non-inferiority p and, when INCONCLUSIVE,
+    the questions a fixed run would need at its flip rate."""
+    row = replace(
+        row,
+        ci_low=verdict.low,
+        ci_high=verdict.high,
+        noninferiority_p=noninferiority(row.n, row.lost, row.gained, margin, alpha).p_value,
+        decision=verdict.decision,
+        loss_detected=verdict.loss_detected,
     )
-    if result.decision == INCONCLUSIVE:
-        comparison = _with_plan(comparison, lost + gained, margin, alpha)
-    return comparison
+    if verdict.decision == INCONCLUSIVE:
+        return _with_plan(row, row.lost + row.gained, margin, alpha)
+    return row
 
 
 def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
@@ -108,18 +97,6 @@ def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alp
     return replace(
         row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
     )
-
-
-def decide_report(report: ReportData, store: GateStore, correct: Correct) -> None:
-    """Fill the report's comparisons and decision by the run's registered design."""
-    reg = report.registered
-    gold = reg.gold
-    if gold is not None:
-        _judged_run(report, store, correct, gold)
-    elif reg.sequential is not None:
-        _sequential(report, store, correct)
-    else:
-        _fixed(report, store, correct)
 
 
 def _comparison_events(events: list[RunEvent], name: str) -> list[RunEvent]:
@@ -159,14 +136,22 @@ def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: i
 
 
 def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
-    """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one."""
-    rows = [compare_pairs(name, p, size, margin, alpha) for name, (size, p) in groups.items()]
-    pooled = [pair for _, p in groups.values() for pair in p]
-    size = sum(s for s, _ in groups.values())
-    return [*rows, compare_pairs("pooled", pooled, size, margin, alpha)]
+    """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one:
+    counts, exact McNemar, and ``decide`` on Tango's interval (INCONCLUSIVE without pairs)."""
+    pooled = (sum(size for size, _ in groups.values()), [pair for _, p in groups.values() for pair in p])
+    rows = []
+    for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]:
+        row = counted(scope, pairs, registered, alpha)
+        if row.n == 0:
+            rows.append(replace(row, decision=INCONCLUSIVE))
+            continue
+        verdict = decide(row.n, row.lost, row.gained, margin, alpha)
+        rows.append(_decided(row, verdict, margin, alpha))
+    return rows
 
 
-def _fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
+def decide_fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
+    """A fixed run's rows and decision, at its registered size."""
     reg = report.registered
     per = _by_dataset(store, report, correct)
     report.comparisons = fixed_rows(per, reg.margin, reg.alpha)
@@ -185,7 +170,8 @@ def _fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
         )
 
 
-def _sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
+def decide_sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
+    """A sequential run's rows and decision, at the stop its walk reaches along the registered order."""
     run, reg = report.run, report.registered
     plan = reg.sequential
     assert plan is not None
@@ -256,7 +242,7 @@ def answering_minutes(store: GateStore, run_id: str, until: float | None = None)
     return sum(max(0.0, min(end, until) - start) for start, end in sessions) / 60
 
 
-def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Gold) -> None:
+def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: Gold) -> None:
     """A judged run registered with gold labels: the prediction-powered decision (docs/statistics.md), fixed
     (the plug-in bet tuned to the registered size, once every registered pair is in and labelled) or
     sequential (the anytime mixture along the registered order, stopping at its first crossing). The rows
