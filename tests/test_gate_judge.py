@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -34,13 +32,6 @@ from flyspec.gate.data.store import GateStore
 from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
 from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
-from flyspec.gate.stats import (
-    decide,
-    decide_with_undecided,
-    gold_selected,
-    sequential_decision,
-    sequential_decision_with_undecided,
-)
 
 # Base answers "good" except on q3; the candidate answers "bad" on q0-q2: 3 lost, 1 gained.
 QUESTIONS = 13
@@ -314,32 +305,6 @@ def test_a_second_model_graded_grader_runs_through_a_judged_run_with_no_edit_els
     assert pooled.ci_low <= truth <= pooled.ci_high and pooled.decision in ("PASS", "INCONCLUSIVE")
 
 
-def test_a_run_stored_with_the_defective_draw_is_recomputed_under_a_warning_and_not_continued(
-    server: tuple[Scripted, str], tmp_path: Path
-) -> None:
-    """A judged run whose registration has no draw version was registered with draw 1 (the draw that hashed
-    the same string as the question order). Its report recomputes its decision with that draw (its stored
-    labels count where that draw selected the pair), puts a loud warning naming the defect at the top and
-    says nothing is proven; rerunning it is refused, naming the defect and the way forward."""
-    _, url = server
-    run_id = _run(url, tmp_path, gold_rate=0.5)
-    path = tmp_path / "judge.db"
-    with GateStore(path) as store:
-        registration = store.get_run(run_id).registration  # type: ignore[union-attr]
-    del registration["gold"]["draw"]
-    with sqlite3.connect(path) as db:
-        db.execute("UPDATE runs SET registration = ? WHERE run_id = ?", (json.dumps(registration), run_id))
-    report = build_report(path, run_id)
-    assert report.gold is not None and report.gold.draw == 1
-    drawn_v1 = sum(gold_selected(0, "open", f"q{i}", 0.5, draw=1) for i in range(QUESTIONS) if i != 12)
-    assert report.gold.selected == drawn_v1
-    markdown = report.to_markdown()
-    assert markdown.index("DEFECTIVE GOLD-LABEL DRAW (draw 1)") < markdown.index("## Decision")
-    assert "**What is proven: nothing.**" in markdown and "DEFECTIVE: the start of the order" in markdown
-    with pytest.raises(ValueError, match="registered with gold-label draw 1"):
-        _run(url, tmp_path, gold_rate=0.5)
-
-
 def test_a_sequential_judged_run_waits_for_its_labels(server: tuple[Scripted, str], tmp_path: Path) -> None:
     """A sequential judged run registers the prediction-powered method and its label rate; its in-order
     prefix stops at the first drawn pair without a label, so a run with none stops nowhere (INCONCLUSIVE,
@@ -454,7 +419,6 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path, tiny_models: TinyMo
     assert j.questions == len(OPEN_PROMPTS) and j.verdicts == 2 * asked
     assert j.baseline_better + j.candidate_better + j.ties + j.identical + j.undecided == len(OPEN_PROMPTS)
     assert (pooled.lost, pooled.gained) == (j.baseline_better, j.candidate_better)
-    assert pooled.undecided == j.undecided == j.disagree + j.unreadable_pairs
     with GateStore(store) as opened:
         outputs = [r.output for r in opened.judgements(run_id)]
     assert len(outputs) == 2 * asked and all(isinstance(o, str) for o in outputs)
@@ -462,115 +426,3 @@ def test_smollm2_judge_through_flyspec_serve(tmp_path: Path, tiny_models: TinyMo
     print(markdown[markdown.index("## Judge") : markdown.index("**Rule.**")])
     assert "| pairs | identical (tie) | judge: baseline better | judge: candidate better |" in markdown
     assert report.run.registration["judge"]["served_model"]["id"] == "smollm2"
-
-
-# ------------------------------------------------------------------ weak judges, seeded simulation
-
-VERDICTS = ("A", "B", "tie", None)
-SIM_MARGIN = 0.05
-# Per question: the truth (the baseline better, the candidate better, different but equally good), and
-# otherwise the two answers are identical. HARMFUL loses 18 points, GOOD none.
-HARMFUL = (0.20, 0.02, 0.18)
-GOOD = (0.03, 0.03, 0.34)
-
-
-def _outcome_codes() -> np.ndarray:
-    """The production rule (``preferred`` then ``outcome``) for every pair of verdicts, as a table indexed
-    by the AB and BA verdicts: -1 lost, 1 gained, 0 tie, 2 undecided."""
-    table = np.zeros((len(VERDICTS), len(VERDICTS)), dtype=np.int8)
-    for i, ab in enumerate(VERDICTS):
-        for j, ba in enumerate(VERDICTS):
-            result = outcome(preferred("AB", ab), preferred("BA", ba))
-            table[i, j] = {"first": -1, "second": 1, "tie": 0}.get(result, 2)
-    return table
-
-
-def _judged_pairs(
-    rng: np.random.Generator, truth: tuple[float, float, float], judge: str, shape: tuple
-) -> Any:
-    """Codes (-1 lost, 1 gained, 0 tie, 2 undecided) of simulated judged questions. ``always_a`` says A in
-    both orders; ``coin`` says A or B at random; ``fair`` gives the right verdict, except that with
-    probability 0.02 per order it says one of A, B, tie or nothing at random. Identical answers are ties
-    and never reach the judge."""
-    lost, gained, equal = truth
-    u = rng.random(shape)
-    state = np.full(shape, 3, dtype=np.int8)  # identical answers
-    state[u < lost + gained + equal] = 0
-    state[u < lost + gained] = 1
-    state[u < lost] = -1
-    if judge == "always_a":
-        ab = ba = np.zeros(shape, dtype=np.int64)
-    elif judge == "coin":
-        ab, ba = rng.integers(0, 2, shape), rng.integers(0, 2, shape)
-    else:
-        ab = np.where(state == -1, 0, np.where(state == 1, 1, 2))
-        ba = np.where(state == -1, 1, np.where(state == 1, 0, 2))
-        for verdicts in (ab, ba):
-            noisy = rng.random(shape) < 0.02
-            verdicts[noisy] = rng.integers(0, len(VERDICTS), int(noisy.sum()))
-    return np.where(state == 3, 0, _outcome_codes()[ab, ba])
-
-
-@pytest.mark.parametrize(
-    ("truth", "judge"), [(t, j) for t in ("harmful", "good") for j in ("always_a", "coin")]
-)
-def test_a_judge_that_cannot_tell_the_answers_apart_never_decides(truth: str, judge: str) -> None:
-    """Seeded simulation, 200 fixed runs of 1,000 questions, 40% of whose answers differ: a judge that
-    always says "A" or flips a coin never gives PASS or FAIL, neither for a candidate that loses 18 points
-    nor for one that loses nothing, because its undecided pairs count as lost for the PASS test and as
-    gained for the FAIL test. The naive rule (undecided pairs as ties) PASSes in most of the same runs,
-    the harmful candidate included (an always-"A" judge gives 0 lost, 0 gained)."""
-    rng = np.random.default_rng(27)
-    codes = _judged_pairs(rng, HARMFUL if truth == "harmful" else GOOD, judge, (200, 1000))
-    ours, naive = Counter(), Counter()
-    for row in codes:
-        lost, gained, undecided = int((row == -1).sum()), int((row == 1).sum()), int((row == 2).sum())
-        ours[decide_with_undecided(1000, lost, gained, undecided, SIM_MARGIN).decision] += 1
-        naive[decide(1000, lost, gained, SIM_MARGIN).decision] += 1
-    print(truth, judge, "ours", dict(ours), "naive", dict(naive))
-    assert ours == {"INCONCLUSIVE": 200}
-    assert naive["PASS"] > 150
-
-
-@pytest.mark.parametrize(("truth", "expected"), [("harmful", "FAIL"), ("good", "PASS")])
-def test_a_fair_judge_still_decides(truth: str, expected: str) -> None:
-    """The same simulation with a fair judge (right in both orders, 2% noise per order): 200 fixed runs of
-    1,000 questions FAIL the candidate that loses 18 points and PASS the one that loses nothing in at
-    least 95% of runs (the few undecided pairs cost little)."""
-    rng = np.random.default_rng(28)
-    codes = _judged_pairs(rng, HARMFUL if truth == "harmful" else GOOD, "fair", (200, 1000))
-    decided = Counter(
-        decide_with_undecided(
-            1000, int((row == -1).sum()), int((row == 1).sum()), int((row == 2).sum()), SIM_MARGIN
-        ).decision
-        for row in codes
-    )
-    print(truth, dict(decided))
-    assert decided[expected] >= 190 and decided[{"FAIL": "PASS", "PASS": "FAIL"}[expected]] == 0
-
-
-@pytest.mark.slow  # 90 sequential runs of up to 3,000 questions: about 20 s here
-def test_weak_judges_never_decide_a_sequential_run_and_a_fair_one_does() -> None:
-    """Sequential runs of up to 3,000 questions (15 per case): with an always-"A" or a coin judge the
-    sequence never crosses either boundary, for the harmful and for the good candidate, while the naive
-    rule (undecided as ties) PASSes every one of them; a fair judge FAILs the harmful candidate and PASSes
-    the good one in every run."""
-    rng = np.random.default_rng(29)
-    for truth, judge, expected in [
-        ("harmful", "always_a", "INCONCLUSIVE"),
-        ("harmful", "coin", "INCONCLUSIVE"),
-        ("good", "always_a", "INCONCLUSIVE"),
-        ("good", "coin", "INCONCLUSIVE"),
-        ("harmful", "fair", "FAIL"),
-        ("good", "fair", "PASS"),
-    ]:
-        codes = _judged_pairs(rng, HARMFUL if truth == "harmful" else GOOD, judge, (15, 3000))
-        ours, naive = Counter(), Counter()
-        for row in codes:
-            diffs, undecided = np.where(row == 2, 0, row).tolist(), (row == 2).tolist()
-            ours[sequential_decision_with_undecided(diffs, undecided, SIM_MARGIN).decision] += 1
-            naive[sequential_decision(diffs, SIM_MARGIN).decision] += 1
-        print(truth, judge, "ours", dict(ours), "naive", dict(naive))
-        assert ours == {expected: 15}, (truth, judge)
-        if judge != "fair":
-            assert naive == {"PASS": 15}

@@ -130,11 +130,6 @@ OLDER = {
         {"settings": [{"id": "s1", "speculative_config": {}}]},
         lambda r: r.settings == (SettingRecord("s1", "s1", {}),),
     ),
-    "a gold rule before its draw": (
-        "gate",
-        {"gold": {"rate": 0.2, "seed": 0, "source": "human", "all": False}},
-        lambda r: r.gold is not None and r.gold.draw == 1,
-    ),
     "a sequential run before its design": (
         "gate",
         {"sequential": {k: v for k, v in SEQUENTIAL.to_dict().items() if k != "population"}},

@@ -19,9 +19,7 @@ import pytest
 from scipy.stats import binom
 
 from flyspec.gate.stats import (
-    confidence_sequence,
     decide,
-    decide_with_undecided,
     fixed_sequence,
     flip_rate_upper_bound,
     mcnemar,
@@ -29,7 +27,6 @@ from flyspec.gate.stats import (
     plan_noninferiority,
     questions_needed_noninferiority,
     sequential_decision,
-    sequential_decision_with_undecided,
 )
 from flyspec.gate.stats.forecast import Design, simulate
 from flyspec.gate.stats.simulation import draw_differences
@@ -131,49 +128,6 @@ def test_fixed_sequence_labels() -> None:
         fixed_sequence([None, "PASS"])
     with pytest.raises(ValueError, match=r"decisions\[1\]"):
         fixed_sequence(["PASS", "maybe"])
-
-
-def test_undecided_pairs_count_against_each_claim() -> None:
-    """decide_with_undecided: the lower bound is Tango's on (n, lost + undecided, gained), the upper on
-    (n, lost, gained + undecided); without undecided pairs it is decide. 100 pairs with 10 lost, 10 gained
-    PASS at 15 points; 40 more undecided pairs of 140 make the PASS test count 50 lost and the FAIL test
-    50 gained, so it is INCONCLUSIVE; a large clear loss still FAILs. Bad counts are refused."""
-    assert decide_with_undecided(100, 10, 10, 0, 0.15) == decide(100, 10, 10, 0.15)
-    assert decide(100, 10, 10, 0.15).decision == "PASS"
-    mixed = decide_with_undecided(140, 10, 10, 40, 0.15)
-    assert mixed.decision == "INCONCLUSIVE"
-    assert mixed.low == net_difference_ci(140, 50, 10, level=0.95)[0]
-    assert mixed.high == net_difference_ci(140, 10, 50, level=0.95)[1]
-    assert decide_with_undecided(1000, 300, 10, 20, 0.05).decision == "FAIL"
-    with pytest.raises(ValueError, match="undecided=-1"):
-        decide_with_undecided(10, 1, 1, -1, 0.1)
-    with pytest.raises(ValueError, match="exceeds n=10"):
-        decide_with_undecided(10, 4, 4, 3, 0.1)
-
-
-def test_sequential_undecided_pairs_walk_two_sequences() -> None:
-    """sequential_decision_with_undecided: without undecided pairs it is sequential_decision; with them
-    its bounds at the stop are the lower bound of the sequence with undecided pairs as -1 and the upper
-    bound of the one with them as +1, and the stop is the first crossing of either."""
-    diffs = [0, 1, -1, 0, 0] * 200
-    assert sequential_decision_with_undecided(diffs, [False] * 1000, 0.2) == sequential_decision(diffs, 0.2)
-    undecided = [i % 10 == 0 for i in range(1000)]
-    agreed = [0 if u else d for d, u in zip(diffs, undecided, strict=True)]
-    walk = sequential_decision_with_undecided(agreed, undecided, 0.2)
-    lows = confidence_sequence([-1 if u else d for d, u in zip(agreed, undecided, strict=True)], 0.05)[0]
-    highs = confidence_sequence([1 if u else d for d, u in zip(agreed, undecided, strict=True)], 0.05)[1]
-    first = next(i for i, low in enumerate(lows) if low > -0.2)
-    assert all(high >= -0.2 for high in highs[: first + 1])
-    assert (walk.decision, walk.stopped_at, walk.low, walk.high) == (
-        "PASS",
-        first + 1,
-        lows[first],
-        highs[first],
-    )
-    with pytest.raises(ValueError, match="must be 0"):
-        sequential_decision_with_undecided([1], [True], 0.2)
-    with pytest.raises(ValueError, match="1 entries for 2"):
-        sequential_decision_with_undecided([0, 0], [False], 0.2)
 
 
 def _assigned_verdicts(tree: ast.AST) -> Iterator[int]:

@@ -15,6 +15,7 @@ import pytest
 from flyspec.gate.data.lock import StoreBusyError, StoreLock, lock_path, read_holder
 from flyspec.gate.data.spec import Registration, SamplingRecord
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.report.build import build_report
 
 REGISTRATION = Registration(
     "gate",
@@ -184,11 +185,11 @@ def test_gate_run_refuses_a_busy_store_before_touching_it(tmp_path: Path) -> Non
 def test_registrations_of_older_versions_read_as_they_meant(tmp_path: Path) -> None:
     """Layouts older flyspec versions stored read back with their meaning: a gate run without comparisons
     makes one from its margin, alpha and sequential plan; one without a design is sequential when it has a
-    sequential plan, else fixed; a sequential plan without a claim is finite; a gold rule without a draw is
-    draw 1; a run without an alpha budget has none. The sequential plan and the gold rule are written back
-    as they were stored (no claim, no draw key), so such a run's resume compares equal."""
+    sequential plan, else fixed; a sequential plan without a claim is finite; a run without an alpha budget
+    has none. The sequential plan is written back as it was stored (no claim), so such a run's resume
+    compares equal."""
     sequential = {"margin": 0.03, "alpha": 0.025, "max_questions": 3, "population_size": 3, "order_seed": 0}
-    gold = {"rate": 0.2, "seed": 0, "source": "human", "all": False}
+    gold = {"rate": 0.2, "seed": 0, "source": "human", "all": False, "draw": 2}
     old = {**REGISTRATION.to_dict(), "sequential": sequential, "gold": gold, "judge": {"model": "j"}}
     with GateStore(tmp_path / "s.sqlite") as store:
         store.register("old", Registration.read("gate", old), QUESTIONS)
@@ -200,12 +201,40 @@ def test_registrations_of_older_versions_read_as_they_meant(tmp_path: Path) -> N
     assert (plan.name, plan.margin, plan.alpha, plan.role) == ("candidate", 0.02, 0.025, "candidate")
     assert plan.sequential is not None and plan.sequential.population == "finite"
     assert reg.design == "sequential" and fixed.registered.design == "fixed"
-    assert reg.gold is not None and reg.gold.draw == 1 and reg.gold.defective
     assert reg.judge is not None and reg.judge.model == "j" and reg.alpha_budget is None
     assert reg.lanes == (("baseline", 0), ("candidate", 0))
     written = reg.to_dict()
     assert written["sequential"] == {**sequential, "level": 0.95, "method": written["sequential"]["method"]}
     assert written["gold"] == gold and "alpha_budget" not in written and "comparisons" not in written
+
+
+@pytest.mark.parametrize(
+    ("fixture", "rule"),
+    [
+        ("store_judged_before_gold.sql", "judged run registered before gold labels"),
+        ("store_gold_draw_1.sql", "gold-label draw 1"),
+    ],
+)
+def test_a_store_with_a_run_under_a_retired_judged_rule_is_refused(
+    tmp_path: Path, fixture: str, rule: str
+) -> None:
+    """Stores written by flyspec at git commit 82c2716 (tests/data, dumped as SQL): a judged run registered
+    before gold labels, and one registered with gold-label draw 1 (its gold rule has no draw). Opening the
+    store, its report (API and command line) and resuming it are refused, naming the rule and the flyspec
+    that reads it; nothing in the store is changed."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript((Path(__file__).parent / "data" / fixture).read_text())
+    message = rf"run '.+' in store {path} was registered under a retired rule, the {rule} .+ commit 82c2716"
+    with pytest.raises(ValueError, match=message):
+        GateStore(path)
+    with pytest.raises(ValueError, match=message):
+        build_report(path)
+    command = [sys.executable, "-c", "from flyspec.cli import main; main()", "gate", "report", "--store"]
+    done = subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "use flyspec at git commit 82c2716 or earlier to read it" in done.stderr
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 # The runs table as version 3 wrote it (margin, alpha and seed copied beside the registration), with the

@@ -103,23 +103,26 @@ def plan(
         _emit_json(result)
 
 
-def _run_and_report(options: GateOptions, as_json: bool, strict: bool = False) -> None:
-    """Run, then print the report (JSON last with --json); exit 130 after an interruption, else with
-    `gate report`'s code for the decision."""
-    from flyspec.gate.report.build import build_report
+def _answered(options: GateOptions) -> bool:
+    """Run (or resume) ``options``' run; True when it was interrupted. Ctrl-C before the first report
+    exits 130 at once, saying how to resume."""
     from flyspec.gate.runs.run import describe_interrupt, run
 
     try:
-        result = run(options)
+        return run(options).interrupted
     except KeyboardInterrupt:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130) from None
-    report = build_report(options.store, options.name)
-    _show(report, as_json)
-    if result.interrupted:
+
+
+def _exit_after_run(options: GateOptions, interrupted: bool, decision: str | None, strict: bool) -> None:
+    """130 after an interruption (saying how to resume), else `gate report`'s code for the decision."""
+    from flyspec.gate.runs.run import describe_interrupt
+
+    if interrupted:
         print(describe_interrupt(options.store, options.name), file=sys.stderr)
         raise typer.Exit(130)
-    _exit_for(report.decision, strict)
+    _exit_for(decision, strict)
 
 
 Strict = Annotated[bool, typer.Option("--strict", help="Exit 2 when the decision is INCONCLUSIVE.")]
@@ -134,7 +137,12 @@ def run_command(options: GateOptions, as_json: AsJson = False, strict: Strict = 
     Exit code (as `gate report`, for the candidate): 0 PASS, 1 FAIL, 2 INCONCLUSIVE with --strict (else 0);
     130 after Ctrl-C.
     """
-    _run_and_report(options, as_json, strict)
+    from flyspec.gate.report.build import build_report
+
+    interrupted = _answered(options)
+    report = build_report(options.store, options.name)
+    _show(report, as_json)
+    _exit_after_run(options, interrupted, report.decision, strict)
 
 
 @gate_app.command("pilot")
@@ -142,7 +150,12 @@ def run_command(options: GateOptions, as_json: AsJson = False, strict: Strict = 
 def pilot_command(options: GateOptions, as_json: AsJson = False) -> None:
     """Measure the flip rate that plans a gate run: the baseline twice (fresh seeds, nothing cached), or
     with --candidate both arms once. Later gate runs in the store leave the pilot's questions out."""
-    _run_and_report(options, as_json)
+    from flyspec.gate.report.build import build_report
+
+    interrupted = _answered(options)
+    report = build_report(options.store, options.name)
+    _show(report, as_json)
+    _exit_after_run(options, interrupted, report.decision, False)
 
 
 def _exit_for(decision: str | None, strict: bool) -> None:

@@ -2,10 +2,9 @@
 
 ``to_json`` and ``from_json`` work from a record's fields and type hints. A field's ``stored(...)`` says
 where its layout differs from its name and type: another key (``all``, ``from``, a nested
-``sampling/seed``), a value written as no key at all (``absent``: None for most optional parts, 1 for the
-gold draw registered before the key existed), a value never written (``written``, e.g. the baseline lane
-every comparison shares), or a type whose layout its own module owns (``encode``/``decode``: the sequential
-plan). flyspec/gate/data/spec.py has the records.
+``sampling/seed``), a value written as no key at all (``absent``: None for most optional parts), a value
+never written (``written``, e.g. the baseline lane every comparison shares), or a type whose layout its own
+module owns (``encode``/``decode``: the sequential plan). flyspec/gate/data/spec.py has the records.
 """
 
 from __future__ import annotations

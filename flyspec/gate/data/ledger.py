@@ -150,18 +150,10 @@ class Entry:
     created_at: float
 
 
-def is_look(run: RunRecord) -> bool:
-    """Whether a run is a look: a gate run or a tune, except a judged run registered with the defective
-    gold-label draw 1, whose decision is not a test (its report says not to act on it)."""
-    if run.kind not in ("gate", "tune"):
-        return False
-    gold = run.registered.gold
-    return gold is None or not gold.defective
-
-
 def run_entries(store: GateStore, run: RunRecord) -> list[Entry]:
-    """The looks one registered run takes, one per comparison."""
-    if not is_look(run):
+    """The looks one registered run takes, one per comparison (a gate run's or a tune's; a pilot and a
+    calibration run take none)."""
+    if run.kind not in ("gate", "tune"):
         return []
     questions = frozenset(question_key(q) for q in store.questions(run.run_id))
     where = str(store.path.resolve())

@@ -6,7 +6,9 @@ Older layouts are upgraded in one function, ``upgrade``, before decoding: a gate
 was recorded (sequential when it has a sequential plan, else fixed), a pilot before its mode (noise), a
 family before its alpha (the run's), datasets before their entries, a question order before its rule
 (none), a tune setting before its label (its id). A sequential plan before its claim was a choice reads as
-finite (``SequentialPlan.from_registration``) and a gold rule without a draw as draw 1 (``Gold.draw``).
+finite (``SequentialPlan.from_registration``). Two rules this flyspec no longer applies are refused
+(``refuse_retired``): a judged run registered before gold labels, and one registered with gold-label draw
+1 (a gold rule without a draw); flyspec at git commit 82c2716 reads them.
 ``Registration.to_dict`` writes the current layout; it is what a resume is compared with, key for key, so
 a run registered by this version writes exactly what it wrote.
 
@@ -26,13 +28,20 @@ from typing import Any
 
 from flyspec.gate.data.codec import from_json, stored, to_json
 from flyspec.gate.grading.graders import model_graded
-from flyspec.gate.stats.judged import GOLD_DRAW, GOLD_DRAWS, gold_selected
+from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
 from flyspec.gate.stats.monitor import SequentialPlan
 
 Lane = tuple[str, int]
 BASELINE: Lane = ("baseline", 0)
 ROLES = ("candidate", "control", "setting")
 DEFAULT_GOLD_RATE = 0.2
+LAST_READER = "82c2716"
+"""The last flyspec (0.1.0, by its git commit) that reads runs registered under the retired rules."""
+RETIRED_RULES = {
+    "judged run registered before gold labels": "the judge's undecided pairs counted against the claim",
+    "gold-label draw 1": "the pairs drawn for a gold label were the start of the question order",
+}
+"""The judged rules this flyspec no longer decides, with what each did (``refuse_retired``)."""
 
 
 def _sequential() -> Any:
@@ -126,32 +135,22 @@ class Gold:
     """A judged run's registered gold-label rule: ``rate`` (the share of differing pairs drawn), ``seed``
     (of the draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person
     labels it with ``flyspec gate label``), ``every_question`` (the judge grades every question, not only
-    those with grader ``judge``) and ``draw``, the version of the draw (``gold_draw``): 2 for every new run;
-    1, the defective draw that picked a prefix of the question order, for runs registered before it was
-    fixed (a registration without the key), which recompute their decisions with it under a warning.
-    flyspec/gate/stats/judged.py has the statistics."""
+    those with grader ``judge``) and ``draw``, the version of the draw (``gold_draw``, independent of the
+    question order). flyspec/gate/stats/judged.py has the statistics."""
 
     rate: float
     seed: int
     source: str
     every_question: bool = stored("all", default=False)
-    # Draw 1 was registered without the key, so such a run reads back as draw 1 and writes no key.
-    draw: int = stored(default=GOLD_DRAW, absent=1)
+    draw: int = GOLD_DRAW
 
     def __post_init__(self) -> None:
-        if self.draw not in GOLD_DRAWS:
-            raise ValueError(
-                f"gold-label draw {self.draw} is unknown to this flyspec (it knows {GOLD_DRAWS})"
-            )
-
-    @property
-    def defective(self) -> bool:
-        """True for draw 1: its drawn pairs were a prefix of the order, not a random subset."""
-        return self.draw == 1
+        if self.draw != GOLD_DRAW:
+            raise ValueError(f"gold-label draw {self.draw} is unknown to this flyspec (it draws {GOLD_DRAW})")
 
     def selected(self, dataset: str, question_id: str) -> bool:
         """Whether this rule draws the question's pair for a gold label."""
-        return gold_selected(self.seed, dataset, question_id, self.rate, self.draw)
+        return gold_selected(self.seed, dataset, question_id, self.rate)
 
     def judged(self, grader: str) -> bool:
         """Whether a question with this grader is graded by the judge."""
@@ -387,8 +386,29 @@ class Registration:
         return {key: value for key, value in out.items() if key in _KEYS[self.kind]}
 
 
+def refuse_retired(kind: str, stored: Mapping[str, object], where: str) -> None:
+    """ValueError, naming the rule and the flyspec that reads it, for a run (``where``) registered under a
+    retired judged rule (``RETIRED_RULES``): its decision would not be a valid test, so this flyspec does
+    not compute one."""
+    judge, gold = stored.get("judge"), stored.get("gold")
+    if kind not in ("gate", "pilot"):
+        return
+    if isinstance(gold, Mapping) and "draw" not in gold:
+        rule = "gold-label draw 1"
+    elif isinstance(judge, Mapping) and not isinstance(gold, Mapping):
+        rule = "judged run registered before gold labels"
+    else:
+        return
+    raise ValueError(
+        f"{where} was registered under a retired rule, the {rule} ({RETIRED_RULES[rule]}), so its decision "
+        f"would not be a valid test and this flyspec does not read it: use flyspec at git commit "
+        f"{LAST_READER} or earlier to read it (flyspec 0.1.0 as of that commit), and start a new judged run"
+    )
+
+
 def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, Any]:
     """A registration stored by any version of flyspec, in the current layout (what ``read`` decodes)."""
+    refuse_retired(kind, stored, "this run")
     data = dict(stored)
     if kind in ("gate", "pilot") and "design" not in data:
         data["design"] = "sequential" if isinstance(data.get("sequential"), Mapping) else "fixed"

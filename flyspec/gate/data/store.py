@@ -14,14 +14,16 @@ One process writes a store at a time (``GateStore.lock``, see flyspec/gate/data/
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
 from flyspec.gate.data.lock import StoreLock
 from flyspec.gate.data.schema import connect
-from flyspec.gate.data.spec import Extension, Registration, only_the_maximum_grew
+from flyspec.gate.data.spec import Extension, Registration, only_the_maximum_grew, refuse_retired
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,21 @@ def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
     return [] if old == new else [f"{path or 'value'} (registered {old!r}, now {new!r})"]
 
 
+def _refuse_retired_runs(path: Path) -> None:
+    """A store holding a run registered under a retired judged rule is refused before it is opened (and
+    so left as it was, for the flyspec that reads it), naming the rule and that flyspec
+    (``spec.refuse_retired``)."""
+    if not path.is_file():
+        return
+    try:
+        with closing(sqlite3.connect(path, timeout=30.0)) as db:
+            rows = db.execute("SELECT run_id, kind, registration FROM runs").fetchall()
+    except sqlite3.DatabaseError:
+        return  # not a store yet, or not a store at all: opening it says which
+    for run_id, kind, stored in rows:
+        refuse_retired(kind, json.loads(stored), f"run {run_id!r} in store {path}")
+
+
 class GateStore:
     """A gate store file. Use as a context manager or call ``close()``."""
 
@@ -175,6 +192,7 @@ class GateStore:
         self.path = Path(path)
         if not self.path.parent.exists():
             raise FileNotFoundError(f"store {self.path}: folder {self.path.parent} does not exist")
+        _refuse_retired_runs(self.path)
         self._db = connect(self.path)
 
     def __enter__(self) -> GateStore:

@@ -17,9 +17,7 @@ These verdicts are predictions, not the truth: a coin agrees with itself on the 
 the time, so no rule over verdicts alone is valid for every judge. A judged run therefore decides on gold
 labels for a random subset of its pairs, with the verdicts as predictions (prediction-powered inference:
 flyspec/gate/stats/judged.py); from each pair the statistics read the judge's prediction, the mean of its
-two orders' votes (+1 candidate, -1 baseline, 0 tie or unreadable). Runs registered before gold labels
-existed counted undecided pairs against the claim being tested; their reports keep that rule and warn
-that it can pass a harmful candidate when few answers differ.
+two orders' votes (+1 candidate, -1 baseline, 0 tie or unreadable).
 
 The judge is asked for a final line ``Verdict: A``, ``Verdict: B`` or ``Verdict: tie``; the last such line
 counts (``[[A]]``, and a last line holding only the choice, are read too).

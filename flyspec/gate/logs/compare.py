@@ -227,7 +227,7 @@ def compare_logs(
         relabelled = [replace(s, epoch=base_epoch) for s in logs["candidate"].samples]
         logs["candidate"] = replace(logs["candidate"], samples=relabelled)
     paired = pair_logs(logs["baseline"], logs["candidate"])
-    rows = fixed_rows({task.task: (len(task.keys), task.pairs, 0) for task in paired.tasks}, margin, alpha)
+    rows = fixed_rows({task.task: (len(task.keys), task.pairs) for task in paired.tasks}, margin, alpha)
     registration = {
         "margin": float(margin),
         "alpha": float(alpha),

@@ -124,7 +124,7 @@ def _continue_sequential(report: ReportData) -> list[str]:
     """Advice after a sequential run reached its registered maximum undecided: continue the same run."""
     stop, plan, pooled = report.sequential, report.sequential_plan, report.pooled
     assert stop is not None and plan is not None and pooled is not None
-    flips = pooled.lost + pooled.gained + pooled.undecided
+    flips = pooled.lost + pooled.gained
     upper = flip_rate_upper_bound(flips, pooled.n)
     simulated = sequential_questions(upper, report.registered_margin, plan.alpha, plan.sequence_population)
     target = max(simulated or UNLIMITED, stop.stopped_at + 1)

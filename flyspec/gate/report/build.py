@@ -9,8 +9,9 @@ complete pairs:
   (flyspec/gate/stats/monitor.py);
 - a judged run with gold labels: the prediction-powered sequence (flyspec/gate/stats/judged.py),
 
-each reached through ``decide_report`` (flyspec/gate/report/decisions.py), the rule itself in
-flyspec/gate/stats/decide.py.
+``build_report`` picks the run, ``_build`` reads its answers and takes the route its design registered
+(``decide_fixed``, ``decide_sequential``, ``decide_judged`` in flyspec/gate/report/decisions.py); the rule
+itself is in flyspec/gate/stats/decide.py.
 
 PASS when the lower bound lies above ``-margin``; FAIL when the upper bound lies below ``-margin``;
 INCONCLUSIVE otherwise, with ``loss_detected`` when the upper bound lies below zero. The exact McNemar
@@ -22,10 +23,10 @@ an exploratory decision and changes nothing else: not ``registered_decision``, n
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from flyspec.checks import is_number
 from flyspec.gate.data.spec import Registration
@@ -38,8 +39,9 @@ from flyspec.gate.report.decisions import (
     POWER,
     Correct,
     Pair,
-    compare_pairs,
-    decide_report,
+    decide_fixed,
+    decide_judged,
+    decide_sequential,
     paired_counts,
     warn_incomplete,
 )
@@ -57,8 +59,7 @@ from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.sizing import plan_noninferiority
 
-T = TypeVar("T")
-__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report", "compare_pairs"]
+__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report"]
 
 
 @dataclass
@@ -168,42 +169,40 @@ def build_report(
     several comparisons (controls beside the candidate) is reported for its candidate, with each control's
     report in ``family``; ``comparison`` picks one comparison alone.
     """
-    return with_store(store, lambda opened: _build_family(opened, run_id, margin, comparison))
+    with opened(store) as gate_store:
+        notes: list[str] = []
+        run = _pick_run(gate_store, run_id, notes)
+        plans = list(run.registered.comparisons) if run.kind == "gate" else []
+        if comparison is not None and comparison not in {p.name for p in plans}:
+            names = ", ".join(p.name for p in plans) or "none"
+            raise ValueError(f"run {run.run_id!r} has no comparison {comparison!r} (comparisons: {names})")
+        if len(plans) < 2:
+            return _build(gate_store, run, run.registered, margin, notes)
+        chosen = next(p for p in plans if p.name == (comparison or plans[0].name))
+        report = _build(gate_store, run, run.registered.for_comparison(chosen), margin, notes)
+        family = run.registered.family
+        report.family_alpha = family.alpha if family is not None else run.alpha
+        if comparison is None:
+            report.family = [
+                _build(gate_store, run, run.registered.for_comparison(p), None, []) for p in plans[1:]
+            ]
+            for member in report.family:
+                member.family_alpha = report.family_alpha
+        return report
 
 
-def with_store(store: str | Path | GateStore, build: Callable[[GateStore], T]) -> T:
-    """``build`` on ``store``: an open store as it is, a path opened for the call (and closed after it);
-    FileNotFoundError when there is no store at the path."""
+@contextmanager
+def opened(store: str | Path | GateStore) -> Iterator[GateStore]:
+    """``store`` open for a block: an open store as it is, a path opened for the block (and closed after
+    it); FileNotFoundError when there is no store at the path."""
     if isinstance(store, GateStore):
-        return build(store)
+        yield store
+        return
     path = Path(store)
     if not path.is_file():
         raise FileNotFoundError(f"store {path} does not exist")
-    with GateStore(path) as opened:
-        return build(opened)
-
-
-def _build_family(
-    store: GateStore, run_id: str | None, margin: float | None, comparison: str | None
-) -> Report:
-    notes: list[str] = []
-    run = _pick_run(store, run_id, notes)
-    plans = list(run.registered.comparisons) if run.kind == "gate" else []
-    if comparison is not None and comparison not in {p.name for p in plans}:
-        names = ", ".join(p.name for p in plans) or "none"
-        raise ValueError(f"run {run.run_id!r} has no comparison {comparison!r} (comparisons: {names})")
-    if len(plans) < 2:
-        return _build(store, run, run.registered, margin, notes)
-    chosen = next(p for p in plans if p.name == (comparison or plans[0].name))
-    report = _build(store, run, run.registered.for_comparison(chosen), margin, notes)
-    family = run.registered.family
-    family_alpha = family.alpha if family is not None else run.alpha
-    report.family_alpha = family_alpha
-    if comparison is None:
-        report.family = [_build(store, run, run.registered.for_comparison(p), None, []) for p in plans[1:]]
-        for member in report.family:
-            member.family_alpha = family_alpha
-    return report
+    with GateStore(path) as store_at_path:
+        yield store_at_path
 
 
 def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunRecord:
@@ -225,7 +224,43 @@ def _pick_run(store: GateStore, run_id: str | None, notes: list[str]) -> RunReco
 def _build(
     store: GateStore, run: RunRecord, reg: Registration, margin: float | None, notes: list[str]
 ) -> Report:
-    """The report of ``run`` as registration ``reg`` (the run's own, or one comparison's view) reads it."""
+    """The report of ``run`` as registration ``reg`` (the run's own, or one comparison's view) reads it:
+    its answers, speeds and judge, then the decision by the design it registered."""
+    report = _report_of(store, run, reg, margin, notes)
+    answers = store.answers(run.run_id)
+    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
+    report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
+    report.judge = _judge_summary(store, run.run_id, reg, answers)
+    if run.kind == "pilot":
+        pairs = _pairs(store, run.run_id, reg, correct)
+        report.pilot = _pilot(reg, pairs)
+        warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
+        return report
+    if reg.gold is not None:
+        decide_judged(report, store, correct, reg.gold)
+    elif reg.sequential is not None:
+        decide_sequential(report, store, correct)
+    else:
+        decide_fixed(report, store, correct)
+    report.noise = _noise(store, run)
+    if run.kind == "gate":
+        report.ledger = ledger_summary(store, run, report.comparison)
+    pooled = report.pooled
+    if pooled is not None and pooled.decision == PASS and pooled.significant_loss:
+        notes.append(
+            "the candidate loses significantly more questions than it gains (exact McNemar), but the loss is "
+            "shown to be smaller than the margin, so it passes; check that the margin is really acceptable"
+        )
+    report.explanation = explanation(report)
+    report.advice = advice(report)
+    return report
+
+
+def _report_of(
+    store: GateStore, run: RunRecord, reg: Registration, margin: float | None, notes: list[str]
+) -> Report:
+    """An empty report of ``run`` as ``reg`` reads it, at ``margin`` (the registered one unless another is
+    given), with the warnings of the store and the margin; a tune's runs are refused, naming its report."""
     if run.kind in ("tune", "calibration"):
         tune = reg.tune_name or run.run_id
         raise ValueError(
@@ -254,27 +289,6 @@ def _build(
             "A margin chosen after seeing results invalidates the test; the registered decision, the JSON's "
             "`registered_decision` and the exit code stay those of the registered margin."
         )
-    answers = store.answers(run.run_id)
-    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
-    report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
-    report.judge = _judge_summary(store, run.run_id, reg, answers)
-    pairs = _pairs(store, run.run_id, reg, correct)
-    if run.kind == "pilot":
-        report.pilot = _pilot(reg, pairs)
-        warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
-        return report
-    decide_report(report, store, correct)
-    report.noise = _noise(store, run)
-    if run.kind == "gate":
-        report.ledger = ledger_summary(store, run, report.comparison)
-    pooled = report.pooled
-    if pooled is not None and pooled.decision == PASS and pooled.significant_loss:
-        notes.append(
-            "the candidate loses significantly more questions than it gains (exact McNemar), but the loss is "
-            "shown to be smaller than the margin, so it passes; check that the margin is really acceptable"
-        )
-    report.explanation = explanation(report)
-    report.advice = advice(report)
     return report
 
 

@@ -1,7 +1,7 @@
 """How a report reaches its decision, by the run's registered design (docs/statistics.md, "The decision
-rule"): ``decide_report`` takes the judged route (prediction-powered, on gold labels), the sequential one (the
-run's walk replayed along the registered order, flyspec/gate/stats/monitor.py) or the fixed one (Tango's
-interval per dataset and pooled, ``stats.decide``); every verdict comes from flyspec/gate/stats/decide.py.
+rule"): ``decide_judged`` (prediction-powered, on gold labels), ``decide_sequential`` (the run's walk
+replayed along the registered order, flyspec/gate/stats/monitor.py) or ``decide_fixed`` (``stats.decide``
+on Tango's interval per dataset and pooled); every verdict comes from flyspec/gate/stats/decide.py.
 """
 
 from __future__ import annotations
@@ -12,47 +12,26 @@ from dataclasses import replace
 from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
-from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, decide_with_undecided
+from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
-
-OLD_JUDGED_WARNING = (
-    "THIS JUDGED RUN WAS REGISTERED BEFORE GOLD LABELS: its decision follows the old rule (pairs the "
-    "judge could not decide count against the claim), which a judge that cannot tell the answers "
-    "apart can push to PASS a harmful candidate when few answers differ (docs/gate.md, 'Open-ended "
-    "answers: the judge'). Rerun it as a judged run with gold labels (--gold-rate) before acting on "
-    "it."
-)
-
-DEFECTIVE_DRAW_WARNING = (
-    "THIS JUDGED RUN WAS REGISTERED WITH THE DEFECTIVE GOLD-LABEL DRAW (draw 1): the draw hashed the same "
-    "string as the question order, so the pairs drawn for a gold label were exactly the differing pairs at "
-    "the start of the order and none after. The 1/rate weight of the prediction-powered interval assumes a "
-    "random subset, so it was invalid, and after that prefix the judge's verdicts counted uncorrected: a "
-    "judge whose errors favour the candidate could make this run PASS a harmful candidate (simulated: a "
-    "judge right on the candidate's losses and calling its gains ties PASSed a candidate exactly at the "
-    "margin in about 99% of runs). The decision below is recomputed as it was stored; it is not a valid "
-    "test. Do not act on it: start a new judged run, which draws its labels independently of the order."
-)
-
 
 Lane = tuple[str, int]
 Pair = tuple[bool, bool]
 """(baseline correct, candidate correct) of one question."""
 Correct = dict[tuple[str, int, str, str], bool]
 """Whether each stored answer is correct, by (arm, repeat, dataset, question id)."""
-Groups = dict[str, tuple[int, list[Pair], int]]
-"""Pairs by dataset (or task): (registered questions, complete pairs, undecided pairs among them)."""
+Groups = dict[str, tuple[int, list[Pair]]]
+"""Pairs by dataset (or task): (registered questions, complete pairs)."""
 
 POWER = 0.80
 
 
 def _with_plan(comparison: Comparison, flips: int, margin: float, alpha: float) -> Comparison:
-    """An undecided comparison with the questions a fixed run would need at its flip rate."""
+    """An INCONCLUSIVE comparison with the questions a fixed run would need at its flip rate."""
     plan = plan_noninferiority(flips, comparison.n, margin, alpha, POWER)
     return replace(
         comparison,
@@ -69,10 +48,8 @@ def paired_counts(pairs: list[Pair]) -> tuple[int, int, int]:
     return len(pairs), lost, gained
 
 
-def counted(scope: str, pairs: list[Pair], registered: int, alpha: float, undecided: int = 0) -> Comparison:
-    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision.
-    ``undecided`` of the pairs (each graded wrong on both sides) are judged pairs the judge could not
-    decide; McNemar, reported beside the decision, uses the decided pairs only."""
+def counted(scope: str, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
+    """Counts, accuracies and the exact McNemar test of the pairs; no interval and no decision."""
     n, lost, gained = paired_counts(pairs)
     test = mcnemar(lost, gained)
     return Comparison(
@@ -93,65 +70,33 @@ def counted(scope: str, pairs: list[Pair], registered: int, alpha: float, undeci
         noninferiority_p=None,
         significant_loss=lost > gained and test.exact_p < 2 * alpha,
         decision=None,
-        undecided=undecided,
     )
 
 
-def compare_pairs(
-    scope: str,
-    pairs: list[Pair],
-    registered: int,
-    margin: float,
-    alpha: float,
-    undecided: int = 0,
-) -> Comparison:
-    """A fixed-size comparison of (baseline correct, candidate correct) pairs: counts, exact McNemar,
-    Tango's interval and ``stats.decide``; when INCONCLUSIVE, the questions a fixed run would need.
-    ``undecided`` of the pairs are judged pairs the judge could not decide (``stats.decide_with_undecided``
-    counts them against the claim being tested)."""
-    comparison = counted(scope, pairs, registered, alpha, undecided)
-    n, lost, gained = comparison.n, comparison.lost, comparison.gained
-    if n == 0:
-        return replace(comparison, decision=INCONCLUSIVE)
-    result = decide_with_undecided(n, lost, gained, undecided, margin, alpha)
-    comparison = replace(
-        comparison,
-        ci_low=result.low,
-        ci_high=result.high,
-        noninferiority_p=noninferiority(n, lost + undecided, gained, margin, alpha).p_value,
-        decision=result.decision,
-        loss_detected=result.loss_detected,
+def _decided(row: Comparison, verdict: Decision, margin: float, alpha: float) -> Comparison:
+    """A fixed-size row with its verdict: Tango's interval, the non-inferiority p and, when INCONCLUSIVE,
+    the questions a fixed run would need at its flip rate."""
+    row = replace(
+        row,
+        ci_low=verdict.low,
+        ci_high=verdict.high,
+        noninferiority_p=noninferiority(row.n, row.lost, row.gained, margin, alpha).p_value,
+        decision=verdict.decision,
+        loss_detected=verdict.loss_detected,
     )
-    if result.decision == INCONCLUSIVE:
-        comparison = _with_plan(comparison, lost + undecided + gained, margin, alpha)
-    return comparison
+    if verdict.decision == INCONCLUSIVE:
+        return _with_plan(row, row.lost + row.gained, margin, alpha)
+    return row
 
 
 def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
     """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
-    row = counted("pooled", pairs, registered, alpha, stop.undecided)
+    row = counted("pooled", pairs, registered, alpha)
     if not pairs:
         return replace(row, decision=INCONCLUSIVE)
     return replace(
         row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
     )
-
-
-def decide_report(report: ReportData, store: GateStore, correct: Correct) -> None:
-    """Fill the report's comparisons and decision by the run's registered design, with the warnings a
-    judged run registered before gold labels, or with the defective draw, carries."""
-    reg = report.registered
-    gold = reg.gold
-    if gold is None and reg.judge is not None:
-        report.warnings.append(OLD_JUDGED_WARNING)
-    if gold is not None and gold.defective:
-        report.warnings.append(DEFECTIVE_DRAW_WARNING)
-    if gold is not None:
-        _judged_run(report, store, correct, gold)
-    elif reg.sequential is not None:
-        _sequential(report, store, correct)
-    else:
-        _fixed(report, store, correct)
 
 
 def _comparison_events(events: list[RunEvent], name: str) -> list[RunEvent]:
@@ -175,39 +120,38 @@ def warn_incomplete(report: ReportData, complete: int, registered: int) -> None:
         )
 
 
-def _judged(store: GateStore, run: RunRecord) -> set[tuple[str, str]]:
-    """The questions of the run graded by a judge."""
-    return {(q.dataset, q.question_id) for q in store.questions(run.run_id) if model_graded(q.grader)}
-
-
 def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: int | None = None) -> Groups:
-    """Per dataset: (registered count, complete pairs, undecided pairs among them), over the first
-    ``limit`` registered questions."""
+    """Per dataset: (registered count, complete pairs), over the first ``limit`` registered questions."""
     run = report.run
     first, second = report.registered.lanes
     registered: dict[str, int] = defaultdict(int)
     pairs: dict[str, list[Pair]] = defaultdict(list)
-    undecided: dict[str, int] = defaultdict(int)
     for i, q in enumerate(store.questions(run.run_id)):
         registered[q.dataset] += 1
         a = correct.get((*first, q.dataset, q.question_id))
         b = correct.get((*second, q.dataset, q.question_id))
         if a is not None and b is not None and (limit is None or i < limit):
             pairs[q.dataset].append((a, b))
-            undecided[q.dataset] += model_graded(q.grader) and not a and not b
-    return {ds: (registered[ds], pairs[ds], undecided[ds]) for ds in registered}
+    return {ds: (registered[ds], pairs[ds]) for ds in registered}
 
 
 def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
-    """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one."""
-    rows = [compare_pairs(name, p, size, margin, alpha, u) for name, (size, p, u) in groups.items()]
-    pooled = [pair for _, p, _ in groups.values() for pair in p]
-    size = sum(s for s, _, _ in groups.values())
-    undecided = sum(u for _, _, u in groups.values())
-    return [*rows, compare_pairs("pooled", pooled, size, margin, alpha, undecided)]
+    """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one:
+    counts, exact McNemar, and ``decide`` on Tango's interval (INCONCLUSIVE without pairs)."""
+    pooled = (sum(size for size, _ in groups.values()), [pair for _, p in groups.values() for pair in p])
+    rows = []
+    for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]:
+        row = counted(scope, pairs, registered, alpha)
+        if row.n == 0:
+            rows.append(replace(row, decision=INCONCLUSIVE))
+            continue
+        verdict = decide(row.n, row.lost, row.gained, margin, alpha)
+        rows.append(_decided(row, verdict, margin, alpha))
+    return rows
 
 
-def _fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
+def decide_fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
+    """A fixed run's rows and decision, at its registered size."""
     reg = report.registered
     per = _by_dataset(store, report, correct)
     report.comparisons = fixed_rows(per, reg.margin, reg.alpha)
@@ -226,23 +170,21 @@ def _fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
         )
 
 
-def _sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
+def decide_sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
+    """A sequential run's rows and decision, at the stop its walk reaches along the registered order."""
     run, reg = report.run, report.registered
     plan = reg.sequential
     assert plan is not None
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     lanes = reg.lanes
     events = _comparison_events(store.events(run.run_id), lanes[1][0])
-    judged = _judged(store, run)
-    stop = sequential_stop(order, correct, plan, events, lanes, judged=judged)
+    stop = sequential_stop(order, correct, plan, events, lanes)
     per, pooled = _at_stop(report, store, correct, order, stop)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
     # be valid, and only the pooled sequence decides.
-    report.comparisons = [*(counted(ds, p, size, reg.alpha, u) for ds, (size, p, u) in per.items()), pooled]
+    report.comparisons = [*(counted(ds, p, size, reg.alpha) for ds, (size, p) in per.items()), pooled]
     if report.margin_overridden:
-        other = sequential_stop(
-            order, correct, replace(plan, margin=report.margin), events, lanes, judged=judged
-        )
+        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, lanes)
         report.exploratory = Exploratory(
             report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
         )
@@ -258,7 +200,7 @@ def _at_stop(
     report.sequential, report.sequential_plan = stop, plan
     report.decided_after_minutes = _answering_minutes(store, report.run, order, report.registered.lanes, stop)
     per = _by_dataset(store, report, correct, limit=stop.stopped_at)
-    used = [pair for _, p, _ in per.values() for pair in p]
+    used = [pair for _, p in per.values() for pair in p]
     return per, sequential_row(stop, used, plan.max_questions, report.alpha)
 
 
@@ -300,7 +242,7 @@ def answering_minutes(store: GateStore, run_id: str, until: float | None = None)
     return sum(max(0.0, min(end, until) - start) for start, end in sessions) / 60
 
 
-def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Gold) -> None:
+def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: Gold) -> None:
     """A judged run registered with gold labels: the prediction-powered decision (docs/statistics.md), fixed
     (the plug-in bet tuned to the registered size, once every registered pair is in and labelled) or
     sequential (the anytime mixture along the registered order, stopping at its first crossing). The rows
@@ -322,7 +264,7 @@ def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Go
     else:
         limit = len(order)
         per = _by_dataset(store, report, correct)
-        everything = [pair for _, p, _ in per.values() for pair in p]
+        everything = [pair for _, p in per.values() for pair in p]
         walk = judged_decision(seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order))
         complete = walk.usable == len(order)
         row = replace(
@@ -336,12 +278,12 @@ def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Go
         _warn_unlabelled(report, len(everything), len(order), walk.usable)
     rows = [
         _without_verdict_accuracy(counted(ds, p, size, reg.alpha), judged, ds)
-        for ds, (size, p, _) in per.items()
+        for ds, (size, p) in per.items()
     ]
     report.gold = _gold_summary(gold, seen, order, limit, walk)
     report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], reg.alpha)]
     if walk.narrow and walk.low <= walk.high:
-        report.warnings.append(_narrow_warning(walk, gold))
+        report.warnings.append(_narrow_warning(walk))
 
 
 def _without_verdict_accuracy(row: Comparison, judged: set[tuple[str, str]], dataset: str) -> Comparison:
@@ -435,7 +377,7 @@ def _warn_unlabelled(report: ReportData, answered: int, registered: int, usable:
         )
 
 
-def _narrow_warning(walk: JudgedDecision, gold: Gold) -> str:
+def _narrow_warning(walk: JudgedDecision) -> str:
     """The words for a judged interval much narrower than its values allow (``JudgedDecision.narrow``)."""
     width = 100 * (walk.high - walk.low)
     reference = f"{100 * walk.normal_width:.2f}" if walk.normal_width is not None else "?"
@@ -445,10 +387,8 @@ def _narrow_warning(walk: JudgedDecision, gold: Gold) -> str:
         else ""
     )
     cause = (
-        " This run uses the defective gold-label draw 1, which is the known cause."
-        if gold.defective
-        else " With the registered draw this happened in no simulated run (docs/statistics.md); check that "
-        "the labels were given for the pairs shown, and treat the decision with suspicion."
+        " With the registered draw this happened in no simulated run (docs/statistics.md); check that the "
+        "labels were given for the pairs shown, and treat the decision with suspicion."
     )
     return (
         f"THE FINAL INTERVAL IS ONLY {width:.2f} POINTS WIDE, less than half of a normal-theory interval "

@@ -12,7 +12,6 @@ from flyspec.gate.report.markdown_judged import (
     gold_mcnemar_line,
     gold_table,
     judge_lines,
-    undecided_line,
 )
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import POWER_PCT, num, pct, points
@@ -75,8 +74,6 @@ def _gate_lines(report: ReportData) -> list[str]:
         lines += [gold_line(report), ""]
         if report.gold.gold_exact_p is not None:
             lines += [gold_mcnemar_line(report.gold), ""]
-    elif report.judge is not None and pooled.n:
-        lines += [undecided_line(report, pooled), ""]
     if pooled.n and report.gold is None:
         lines += [_mcnemar_line(report, pooled), ""]
     if report.noise is not None and pooled.n:
@@ -146,18 +143,12 @@ def _paired_table(report: ReportData) -> list[str]:
         if report.sequential is not None
         else "The interval is Tango's score interval for (gained - lost) / n."
     )
-    undecided = (
-        " Judged pairs the judge could not decide are in n but not in lost or gained; the interval's lower "
-        "end counts them as lost, its upper end as gained."
-        if report.judge is not None
-        else ""
-    )
     return [
         *lines,
         "",
         f"lost = baseline right, candidate wrong; gained = the reverse; net = gained - lost. {detail} The "
-        "exact p is McNemar's conditional binomial test (decided pairs only). The pooled row "
-        f"decides.{undecided}",
+        "exact p is McNemar's conditional binomial test. The pooled row "
+        "decides.",
         "",
     ]
 
@@ -281,9 +272,9 @@ def _registration_lines(report: ReportData) -> list[str]:
         )
     g = report.gold
     if g is not None:
-        rule = "independent of the question order" if g.draw != 1 else "DEFECTIVE: the start of the order"
         lines.append(
-            f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} ({rule}), "
+            f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} (independent "
+            "of the question order), "
             f"seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
             f"{'the exact grader' if g.source == 'exact' else 'a person'}"
         )

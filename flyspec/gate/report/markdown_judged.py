@@ -1,27 +1,13 @@
-"""The markdown of a judged run: the judge's rulings and, with gold labels, how the prediction-powered
-decision rests on them (the sections ``markdown.py`` adds for a run with a judge)."""
+"""The markdown of a judged run: the judge's rulings and how the prediction-powered decision rests on its
+gold labels (the sections ``markdown.py`` adds for a run with a judge)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flyspec.gate.report.model import Comparison, GoldSummary, JudgeSummary, ReportData
+from flyspec.gate.report.model import GoldSummary, JudgeSummary, ReportData
 from flyspec.gate.report.wording import pct
 from flyspec.gate.stats.decide import INCONCLUSIVE
-
-
-def undecided_line(report: ReportData, pooled: Comparison) -> str:
-    """Beside the decision of a judged run: how often the judge could not decide, and the two counts."""
-    j = report.judge
-    assert j is not None
-    rate = pct(j.disagreement_rate)
-    return (
-        f"Judge disagreement rate: {rate} ({j.undecided} of {j.questions - j.identical} judged pairs "
-        "undecided: the two orders said different things, or a verdict could not be read). In the "
-        f"{pooled.n} pairs of the decision, {pooled.undecided} are undecided and count against the claim "
-        f"being tested: the PASS test counts lost {pooled.lost + pooled.undecided}, gained {pooled.gained}; "
-        f"the FAIL test counts lost {pooled.lost}, gained {pooled.gained + pooled.undecided}."
-    )
 
 
 def gold_line(report: ReportData) -> str:
@@ -43,14 +29,10 @@ def gold_line(report: ReportData) -> str:
         else ""
     )
     advice = f" {g.advice}" if g.advice and report.decision == INCONCLUSIVE else ""
-    draw = (
-        "drawn at random, independently of the question order, by a rule fixed before the first answer"
-        if g.draw != 1
-        else "by the defective draw 1, which took the pairs at the start of the order: see the warning"
-    )
     return (
         f"Gold labels: {g.labelled} of the {g.selected} pairs drawn for one ({100 * g.rate:g}% of the pairs "
-        f"whose answers differ, {draw}), labelled by {who}. {agreement}{waiting}{advice}"
+        "whose answers differ, drawn at random, independently of the question order, by a rule fixed before "
+        f"the first answer), labelled by {who}. {agreement}{waiting}{advice}"
     )
 
 
@@ -70,53 +52,11 @@ def _judge_sampling(report: ReportData) -> dict[str, Any]:
 
 
 def judge_lines(report: ReportData) -> list[str]:
-    """What lost and gained mean for judged questions, the position-swap counts and the position bias."""
-    j = report.judge
-    if j is None:
+    """How a judged run decides on its gold labels (prediction-powered inference), in words and counts:
+    the judge's verdicts, the labels and the position bias."""
+    j, g = report.judge, report.gold
+    if j is None or g is None:
         return []
-    if report.gold is not None:
-        return _ppi_lines(report, j)
-    sampling = _judge_sampling(report)
-    lines = [
-        "## Judge",
-        "",
-        f"Questions with grader `judge` were graded by the judge model `{j.model}` (prompt {j.template}; "
-        f"temperature 0, max_tokens {sampling.get('max_tokens')}, seed {sampling.get('seed')}), which saw "
-        "the request and both answers and said which is better, twice, with the answers' positions "
-        "swapped. For these questions **lost** means the judge preferred the baseline's answer in both "
-        "orders, **gained** the candidate's in both orders; a tie in both orders, or two identical answers "
-        "(the judge is not asked), is a tie. Anything else is **undecided**: the orders said different "
-        "things (the position, not the answer, decided), or a verdict could not be read. An undecided pair "
-        "counts against the claim being tested: as lost when testing for PASS, as gained when testing for "
-        "FAIL, so a judge that cannot tell the answers apart cannot produce a FAIL, nor a PASS unless the "
-        "answers differ less often than the margin. The accuracies are the share of questions where the "
-        "judge, in both orders, found an arm's answer at least as good (undecided pairs count for neither).",
-        "",
-        "| judged questions | identical answers (tie) | both orders: tie | both orders: baseline better "
-        "(lost) | both orders: candidate better (gained) | orders disagree (undecided) | unreadable verdict "
-        "(undecided) | disagreement rate | unreadable verdicts |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {j.questions} | {j.identical} | {j.ties} | {j.baseline_better} | {j.candidate_better} | "
-        f"{j.disagree} | {j.unreadable_pairs} | {pct(j.disagreement_rate)} | "
-        f"{j.unreadable} of {j.verdicts} |",
-        "",
-        _position_bias(j),
-        "",
-    ]
-    if j.undecided:
-        lines += [
-            f"The judge could not decide {j.undecided} pair(s); each counts as lost for the PASS test and as "
-            "gained for the FAIL test, so a judge that often disagrees with itself or fails to state a "
-            "verdict ('Verdict: A', 'Verdict: B' or 'Verdict: tie') keeps the gate INCONCLUSIVE.",
-            "",
-        ]
-    return lines
-
-
-def _ppi_lines(report: ReportData, j: JudgeSummary) -> list[str]:
-    """How a judged run with gold labels decides (prediction-powered inference), in words and counts."""
-    g = report.gold
-    assert g is not None
     sampling = _judge_sampling(report)
     lines = [
         "## Judge and gold labels",
@@ -164,13 +104,6 @@ def _position_bias(j: JudgeSummary) -> str:
 
 def _proven(report: ReportData, g: GoldSummary) -> str:
     """What the judged decision proves, for the draw the run registered."""
-    if g.draw == 1:
-        return (
-            "**What is proven: nothing.** This run registered gold-label draw 1, whose drawn pairs were the "
-            "start of the question order rather than a random subset, so the 1/rate weight was wrong and the "
-            "judge's verdicts after that prefix counted uncorrected; the interval below is not a valid "
-            "confidence interval for any judge that errs."
-        )
     design = (
         "at every number of questions at once" if report.sequential is not None else "at its registered size"
     )

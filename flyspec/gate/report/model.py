@@ -29,9 +29,6 @@ class Comparison:
     """Baseline vs candidate on one dataset (or pooled over all of them).
 
     ``decision`` is None for a dataset row of a sequential run: only the pooled sequence decides.
-    ``lost``/``gained`` count decided pairs; ``undecided`` the judged pairs the judge could not decide, which
-    the decision counts as lost when testing for PASS (``ci_low``) and as gained when testing for FAIL
-    (``ci_high``).
     """
 
     scope: str
@@ -57,7 +54,6 @@ class Comparison:
     flip_rate_upper: float | None = None
     more_questions: int | None = None
     interim_decision: str | None = None
-    undecided: int = 0
 
 
 @dataclass
@@ -100,10 +96,10 @@ class JudgeSummary:
     ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
     ``ties`` (both orders said tie), ``identical`` (the same answer twice: a tie, the judge not asked),
     ``disagree`` (the orders said different things) and ``unreadable_pairs`` (a verdict could not be read)
-    add up to ``questions``. The last two are ``undecided``: counted as lost when testing for PASS and as
-    gained when testing for FAIL. ``disagreement_rate`` is ``undecided`` over the questions the judge was
-    asked about. ``unreadable`` counts the verdicts that could not be read; ``chose_a``/``chose_b`` count
-    the decisive verdicts by the position of the answer chosen.
+    add up to ``questions``. The last two are ``undecided`` (the judge's prediction there is 0).
+    ``disagreement_rate`` is ``undecided`` over the questions the judge was asked about. ``unreadable``
+    counts the verdicts that could not be read; ``chose_a``/``chose_b`` count the decisive verdicts by the
+    position of the answer chosen.
     """
 
     model: str
@@ -150,8 +146,8 @@ class GoldSummary:
     """A judged run's gold labels beside its decision (prediction-powered inference, docs/statistics.md).
 
     ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
-    exact grader or by a person; draw 2 independent of the question order, draw 1 the defective prefix
-    draw); ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
+    exact grader or by a person; ``draw`` the draw's version, independent of the question order);
+    ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
     ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
     still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
     labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide (when it
@@ -301,7 +297,7 @@ class ReportData:
         """The decision object (the last key of ``to_dict``): registered margin, pooled pairs."""
         pooled = self.pooled
         assert pooled is not None
-        judged = self.gold is not None
+        exact = None if self.gold is not None else {"lost": pooled.lost, "gained": pooled.gained}
         return {
             "decision": pooled.decision,
             "registered_decision": pooled.decision,
@@ -316,13 +312,11 @@ class ReportData:
             "n": pooled.n,
             "lost": pooled.lost,
             "gained": pooled.gained,
-            "undecided": pooled.undecided,
-            "counts_for_pass": None
-            if judged
-            else {"lost": pooled.lost + pooled.undecided, "gained": pooled.gained},
-            "counts_for_fail": None
-            if judged
-            else {"lost": pooled.lost, "gained": pooled.gained + pooled.undecided},
+            # The object's shape stays: no pair is undecided any more (a judged run is anchored on gold
+            # labels), so both one-sided tests count an exact run's pairs as they are.
+            "undecided": 0,
+            "counts_for_pass": exact,
+            "counts_for_fail": exact,
             "disagreement_rate": self.judge.disagreement_rate if self.judge is not None else None,
             "gold_labels": self.gold.labelled if self.gold is not None else None,
             "judge_agreement": self.gold.agreement if self.gold is not None else None,

@@ -21,7 +21,7 @@ from flyspec.gate.data.spec import SettingRecord, titled
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.data.tune_tests import SettingStatus, setting_status
-from flyspec.gate.report.build import with_store
+from flyspec.gate.report.build import opened
 from flyspec.gate.report.looks import LedgerSummary, ledger_summary
 from flyspec.gate.report.wording import num, pct, points
 from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequence
@@ -183,7 +183,8 @@ def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, An
 
 def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
     """The report of a tune run (the latest one when ``run_id`` is None)."""
-    return with_store(store, lambda opened: _build(opened, run_id))
+    with opened(store) as gate_store:
+        return _build(gate_store, run_id)
 
 
 def _tune_run(store: GateStore, run_id: str | None) -> RunRecord:

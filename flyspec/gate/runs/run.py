@@ -116,15 +116,14 @@ def register(
     """Register ``run_id`` as ``registration`` (with the arms' identities) before its first answer, or
     check that its resume has these settings; True when it is new.
 
-    First, on the served models the store recorded: a judged run with a defective gold-label draw is not
-    continued, a run's comparisons must have their alpha left in the ledger, a sequential run may continue
-    past its maximum (the store records the extension), and a resume with other settings is refused. Then
+    First, on the served models the store recorded: a run's comparisons must have their alpha left in the
+    ledger, a sequential run may continue past its maximum (the store records the extension), and a resume
+    with other settings is refused. Then
     ``executors`` (and the judge) are asked what they serve, the ledger is checked again (a server's card
     may name the model behind an alias), the run is registered and its looks recorded in the ledger.
     """
     listed = registered(questions)
     guessed = planned.identified(registration, stored_served(store, run_id))
-    _refuse_defective_draw(store, run_id)
     if registration.comparisons:
         check_alpha_left(store, run_id, guessed, questions)
     if guessed.sequential is not None and store.extend_sequential(run_id, guessed, listed):
@@ -203,21 +202,6 @@ def announce_sandbox(graders: set[str], who: str) -> None:
     sandbox = sandbox_notes(graders)
     for missing in sandbox["missing"] if sandbox is not None else []:
         log(f"{who}: WARNING: the code sandbox runs without {missing}")
-
-
-def _refuse_defective_draw(store: GateStore, run_id: str) -> None:
-    """A judged run registered with gold-label draw 1 is not continued: its drawn pairs are a prefix of
-    the order, so more answers would only add pairs that the judge decides uncorrected."""
-    existing = store.get_run(run_id)
-    gold = existing.registered.gold if existing is not None else None
-    if gold is not None and gold.defective:
-        raise ValueError(
-            f"run {run_id!r} in {store.path} was registered with gold-label draw 1, which drew exactly the "
-            "pairs at the start of the question order (it hashed the same string as the order), so its "
-            "decision is not a valid test and it cannot be continued. `flyspec gate report` still shows its "
-            "stored decision, under a warning; start a new judged run (another --run name), which draws its "
-            "gold labels independently of the order."
-        )
 
 
 # ------------------------------------------------------------------------------ gate run, pilot

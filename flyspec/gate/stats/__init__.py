@@ -28,10 +28,8 @@ if TYPE_CHECKING:
         FixedSequenceResult,
         SequentialDecision,
         decide,
-        decide_with_undecided,
         fixed_sequence,
         sequential_decision,
-        sequential_decision_with_undecided,
     )
     from flyspec.gate.stats.forecast import Design, DesignOutcome, design_outcome, judged_questions_needed
     from flyspec.gate.stats.judged import (
@@ -94,7 +92,6 @@ __all__ = [
     "comparison_key",
     "confidence_sequence",
     "decide",
-    "decide_with_undecided",
     "design_outcome",
     "fixed_sequence",
     "flip_rate_upper_bound",
@@ -114,7 +111,6 @@ __all__ = [
     "questions_needed",
     "questions_needed_noninferiority",
     "sequential_decision",
-    "sequential_decision_with_undecided",
     "sequential_decisions",
     "tango_statistic",
     "usable_prefix",
@@ -130,10 +126,8 @@ _HOMES = {
     "PASS": "flyspec.gate.stats.decide",
     "SequentialDecision": "flyspec.gate.stats.decide",
     "decide": "flyspec.gate.stats.decide",
-    "decide_with_undecided": "flyspec.gate.stats.decide",
     "fixed_sequence": "flyspec.gate.stats.decide",
     "sequential_decision": "flyspec.gate.stats.decide",
-    "sequential_decision_with_undecided": "flyspec.gate.stats.decide",
     "Design": "flyspec.gate.stats.forecast",
     "DesignOutcome": "flyspec.gate.stats.forecast",
     "design_outcome": "flyspec.gate.stats.forecast",

@@ -11,7 +11,7 @@ accuracy against the non-inferiority ``margin``:
   whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
 
 Every verdict of the gate comes from ``classify``: a fixed run's on Tango's ``1 - 2 alpha`` interval
-(``decide``, ``decide_with_undecided``); a sequential or judged run's at the first crossing of its
+(``decide``); a sequential or judged run's at the first crossing of its
 confidence sequence (``Walk``: ``SequentialWalk`` here, ``JudgedWalk`` in flyspec/gate/stats/judged.py;
 ``sequential_decision``, ``judged_decision``, the run's ``Monitor`` and the report's replay,
 flyspec/gate/stats/monitor.py, all walk with them); and the simulations' many runs at once
@@ -25,12 +25,11 @@ their functions.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from flyspec.checks import is_int, is_number
+from flyspec.checks import is_number
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,31 +140,6 @@ def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) 
     return classify(low, high, margin)
 
 
-def decide_with_undecided(
-    n: int, lost: int, gained: int, undecided: int, margin: float, alpha: float = 0.025
-) -> Decision:
-    """``decide`` when ``undecided`` of the ``n`` pairs could not be called (a judge whose two orders
-    disagree, or a verdict that could not be read): each counts against the claim being tested.
-
-    ``lost`` and ``gained`` are the decided discordant pairs. PASS needs the lower end of Tango's interval
-    on ``(n, lost + undecided, gained)`` above ``-margin``; FAIL needs the upper end of the interval on
-    ``(n, lost, gained + undecided)`` below it. Each interval is computed from counts at least as
-    unfavourable to its claim as the truth, so each claim keeps its error at most alpha; ``low``/``high``
-    are those two ends. With ``undecided = 0`` it is ``decide``.
-    """
-    from flyspec.gate.stats.paired import check_counts, net_difference_ci
-
-    if not is_int(undecided, 0):
-        raise ValueError(f"undecided={undecided!r}: must be an integer >= 0")
-    check_counts(n, lost, gained)
-    check_counts(n, lost + undecided, gained)
-    against_pass = decide(n, lost + undecided, gained, margin, alpha)
-    if undecided == 0:
-        return against_pass
-    high = net_difference_ci(n, lost, gained + undecided, level=1 - 2 * alpha)[1]
-    return classify(against_pass.low, high, margin)
-
-
 @dataclass(frozen=True)
 class SequentialDecision:
     """Outcome of walking the confidence sequence: the decision, where it stopped and the bounds there."""
@@ -180,7 +154,7 @@ class SequentialDecision:
 class Walk:
     """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each pair and
     the rule on them, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there);
-    ``n`` pairs seen, the ``lost``/``gained``/``undecided`` ones among them and the ``labelled`` ones.
+    ``n`` pairs seen, the ``lost``/``gained`` ones among them and the ``labelled`` ones.
 
     ``SequentialWalk`` walks exact-graded differences, ``JudgedWalk`` (flyspec/gate/stats/judged.py)
     judged pairs. ``sequential_decision`` and ``judged_decision`` walk a list with them, the run's
@@ -190,7 +164,7 @@ class Walk:
 
     def __init__(self, margin: float) -> None:
         self.margin = margin
-        self.n = self.lost = self.gained = self.undecided = self.labelled = 0
+        self.n = self.lost = self.gained = self.labelled = 0
         self.low, self.high = -1.0, 1.0
         self.stop: Decision | None = None
 
@@ -199,13 +173,12 @@ class Walk:
         """Whether the bounds may decide yet (a judged walk waits for its first gold label)."""
         return True
 
-    def _moved(self, bounds: tuple[float, float], d: int, undecided: bool, labelled: bool) -> Decision | None:
+    def _moved(self, bounds: tuple[float, float], d: int, labelled: bool) -> Decision | None:
         """Count the pair just observed and apply the rule to the new bounds: the decision if they cross."""
         self.low, self.high = bounds
         self.n += 1
         self.lost += d == -1
         self.gained += d == 1
-        self.undecided += undecided
         self.labelled += labelled
         now = self.decision()
         if now.decision == INCONCLUSIVE:
@@ -219,29 +192,17 @@ class Walk:
 
 
 class SequentialWalk(Walk):
-    """The exact-graded walk: the confidence sequence of the paired differences.
-
-    An undecided pair (a judge whose two orders disagree, in a judged run registered before gold labels)
-    counts against the claim being tested: as lost (-1) in the sequence of the lower bounds, as gained
-    (+1) in that of the upper bounds. The two sequences are one until the first undecided pair, when the
-    upper one starts as a copy of the lower.
-    """
+    """The exact-graded walk: the confidence sequence of the paired differences."""
 
     def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
         from flyspec.gate.stats.sequence import ConfidenceSequence
 
         super().__init__(margin)
-        self._lower = ConfidenceSequence(2.0 * alpha, population_size)
-        self._upper: ConfidenceSequence | None = None
+        self._sequence = ConfidenceSequence(2.0 * alpha, population_size)
 
-    def add(self, d: int, undecided: bool = False) -> Decision | None:
+    def add(self, d: int) -> Decision | None:
         """Observe the next pair's difference; returns the decision if the bounds now cross, else None."""
-        if undecided and self._upper is None:
-            self._upper = copy.deepcopy(self._lower)
-        low, high = self._lower.update(-1 if undecided else d)
-        if self._upper is not None:
-            high = self._upper.update(1 if undecided else d)[1]
-        return self._moved((low, high), d, undecided, False)
+        return self._moved(self._sequence.update(d), d, False)
 
 
 def sequential_decision(
@@ -254,40 +215,15 @@ def sequential_decision(
     sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
     and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
     """
-    return sequential_decision_with_undecided(diffs, [False] * len(diffs), margin, alpha, population_size)
-
-
-def sequential_decision_with_undecided(
-    diffs: Sequence[int],
-    undecided: Sequence[bool],
-    margin: float,
-    alpha: float = 0.025,
-    population_size: int | None = None,
-) -> SequentialDecision:
-    """``sequential_decision`` when some pairs are undecided (a judge whose two orders disagree): each
-    undecided pair counts against the claim being tested.
-
-    ``diffs[i]`` is the pair's difference (0 where ``undecided[i]``). The lower bounds come from the
-    sequence in which every undecided pair is -1 (lost), the upper bounds from the one in which it is +1
-    (gained): PASS at the first n with ``low_n > -margin``, FAIL at the first n with ``high_n < -margin``.
-    Each sequence lies on the side of the truth that makes its claim harder, so P(PASS) <= alpha when
-    delta <= -margin and P(FAIL) <= alpha when delta >= -margin, as in ``sequential_decision``, whatever
-    the undecided pairs truly were. Without undecided pairs it is ``sequential_decision``.
-    """
     from flyspec.gate.stats.sequence import as_diffs, check_alpha, check_population
 
     values = as_diffs(diffs, ndim=1)
-    flags = [bool(u) for u in undecided]
-    if len(flags) != len(values):
-        raise ValueError(f"undecided has {len(flags)} entries for {len(values)} differences")
-    if any(f and d != 0 for f, d in zip(flags, values.tolist(), strict=True)):
-        raise ValueError("an undecided pair's difference must be 0")
     check_margin(margin)
     check_alpha(alpha, upper=0.5)
     check_population(population_size, len(values))
     walk = SequentialWalk(margin, alpha, population_size)
-    for d, flag in zip(values.tolist(), flags, strict=True):
-        if walk.add(d, flag) is not None:
+    for d in values.tolist():
+        if walk.add(d) is not None:
             break
     end = walk.decision()
     return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)

@@ -13,10 +13,9 @@ Per question, along the registered order:
   candidate), -1 (prefers the baseline) or 0 (a tie, or a verdict that could not be read).
 - ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from a sha256
   of the seed, dataset and question of its own (``gold_draw``, draw 2), among pairs that are not
-  identical. Its own: the question order sorts by ``sha256(seed:dataset:question)``, and draw 1 used that
-  same digest, so the drawn pairs were exactly the first ~rate of the order and none after (a prefix,
-  not a random subset: the 1/rate weight was invalid and after the prefix the judge counted uncorrected).
-  Runs registered with draw 1 recompute their decisions with it, under a warning.
+  identical. Its own: the question order sorts by ``sha256(seed:dataset:question)``; a draw from that same
+  digest (draw 1 of earlier runs, refused now: flyspec/gate/data/spec.py) drew exactly the first ~rate
+  of the order and none after, a prefix rather than a random subset.
 - ``gold``: D in {-1, 0, 1} for a selected pair once labelled (candidate better, equal, baseline better).
 
 The value of question i (inverse-probability-weighted prediction-powered inference: Angelopoulos et al.,
@@ -63,9 +62,8 @@ LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
 """The PPI++ weight starts at 1/2, worth one labelled pair with |f| = 1."""
 ASSUMED_AGREEMENT = 0.95
 """The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
-GOLD_DRAWS = (1, 2)
 GOLD_DRAW = 2
-"""The gold-label draw new runs register (``gold_draw``); 1 is the defective draw of earlier runs."""
+"""The version of the gold-label draw runs register (``gold_draw``)."""
 
 
 @dataclass(frozen=True)
@@ -110,29 +108,20 @@ def check_rate(rate: float) -> None:
         raise ValueError(f"rate={rate!r}: the gold-label rate must lie in (0, 1]")
 
 
-def gold_draw(seed: int | str, dataset: str, question_id: str, draw: int = GOLD_DRAW) -> float:
-    """The uniform number in [0, 1) behind a question's gold-label draw (``gold_selected``).
-
-    Draw 2 hashes ``gold-draw-v2:seed:dataset:question_id``: a digest of its own, independent of the
-    question order's key ``sha256(seed:dataset:question_id)`` (flyspec/gate/data/questions.py), whose input
-    always starts with the seed's digits. Draw 1, kept only to recompute runs registered with it, took
-    the first 8 bytes of the order's own digest, so sorting by the order sorted by the draw too.
-    """
-    if draw not in GOLD_DRAWS:
-        raise ValueError(f"draw={draw!r}: a gold-label draw version is one of {GOLD_DRAWS}")
-    text = f"{seed}:{dataset}:{question_id}" if draw == 1 else f"gold-draw-v2:{seed}:{dataset}:{question_id}"
+def gold_draw(seed: int | str, dataset: str, question_id: str) -> float:
+    """The uniform number in [0, 1) behind a question's gold-label draw (``gold_selected``): the sha256
+    of ``gold-draw-v2:seed:dataset:question_id``, a digest of its own, independent of the question order's
+    key ``sha256(seed:dataset:question_id)`` (flyspec/gate/data/questions.py)."""
+    text = f"gold-draw-v2:{seed}:{dataset}:{question_id}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2.0**64
 
 
-def gold_selected(
-    seed: int | str, dataset: str, question_id: str, rate: float, draw: int = GOLD_DRAW
-) -> bool:
+def gold_selected(seed: int | str, dataset: str, question_id: str, rate: float) -> bool:
     """Whether a (non-identical) pair is drawn for a gold label: ``gold_draw(...) < rate``. Fixed by the
     registered seed before any answer, so it cannot depend on the answers or on the judge; nested in the
-    rate (a pair drawn at 0.1 is drawn at 0.2); with draw 2, independent of the pair's place in the
-    order."""
+    rate (a pair drawn at 0.1 is drawn at 0.2); independent of the pair's place in the order."""
     check_rate(rate)
-    return gold_draw(seed, dataset, question_id, draw) < rate
+    return gold_draw(seed, dataset, question_id) < rate
 
 
 def usable_prefix(pairs: Sequence[JudgedPair]) -> int:
@@ -307,8 +296,7 @@ class JudgedWalk(Walk):
     def add(self, pair: JudgedPair) -> Decision | None:
         """Observe the next pair (not one waiting for its label)."""
         verdict = int(pair.prediction) if abs(pair.prediction) == 1 else 0
-        undecided = not pair.identical and verdict == 0
-        return self._moved(self.sequence.update(pair), verdict, undecided, pair.gold is not None)
+        return self._moved(self.sequence.update(pair), verdict, pair.gold is not None)
 
 
 @dataclass(frozen=True)
@@ -342,8 +330,8 @@ class JudgedDecision:
     def narrow(self) -> bool:
         """True when the interval is narrower than half the normal-theory width at the stop, or the set
         emptied: the running bounds of a valid run rarely cross like that (an emptied set has probability
-        at most 2 alpha), so the values' mean likely changed along the order. Under gold-label draw 1
-        this is what the prefix of labels did."""
+        at most 2 alpha), so the values' mean likely changed along the order (as a draw correlated with
+        the order makes it)."""
         if self.emptied_at is not None:
             return True
         return self.normal_width is not None and self.high - self.low < 0.5 * self.normal_width

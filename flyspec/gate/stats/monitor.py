@@ -22,10 +22,8 @@ allows (it holds at every stopping time at once, however the time was chosen).
 
 The plan (``SequentialPlan``) records what a PASS claims (``population``: about the method, the i.i.d.
 sequence, by default; about the pool's questions in this run, the without-replacement sequence, only when
-declared) and the method key. Judged runs registered with the prediction-powered method stop by
-``judged_stop``: the prefix also waits for the gold label of every pair drawn for one
-(flyspec/gate/stats/judged.py). Judged runs registered before keep the undecided rule of
-``sequential_stop``.
+declared) and the method key. Judged runs (the prediction-powered method) stop by ``judged_stop``: the
+prefix also waits for the gold label of every pair drawn for one (flyspec/gate/stats/judged.py).
 
 One ``Monitor`` walks a run as its answers (or judged pairs) arrive, with the walk of
 flyspec/gate/stats/decide.py (``SequentialWalk``) or of judged.py (``JudgedWalk``) that its plan names;
@@ -35,7 +33,7 @@ reach the same stop on the same data.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,9 +59,9 @@ PAUSES = ("time_budget", "interrupted", "error")
 
 QuestionKey = tuple[str, str]
 Lane = tuple[str, int]
-Item = tuple[int, bool] | tuple[JudgedPair]
-"""One question's entry in a walk, the arguments of its ``add``: ``(difference, undecided)`` of an
-exact-graded pair, ``(pair,)`` of a judged one."""
+Item = tuple[int] | tuple[JudgedPair]
+"""One question's entry in a walk, the arguments of its ``add``: ``(difference,)`` of an exact-graded
+pair, ``(pair,)`` of a judged one."""
 Walk = SequentialWalk | JudgedWalk
 BASELINE: Lane = ("baseline", 0)
 CANDIDATE: Lane = ("candidate", 0)
@@ -173,9 +171,8 @@ class SequentialStop:
     ``reason``: ``boundary`` (a bound crossed -margin), ``max_questions`` (every registered question has
     both answers), ``time_budget``, ``interrupted`` or ``error`` (paused: a rerun continues), or
     ``in_progress`` (still running, or killed before it could record a stop: a rerun continues).
-    ``lost``/``gained`` count the decided pairs; ``undecided`` the judged pairs whose judge could not decide
-    (with the old method, counted as lost for the lower bound and as gained for the upper one). A judged
-    run with the prediction-powered method (``judged_stop``) counts the judge's verdicts there
+    ``lost``/``gained`` count the pairs' differences. A judged run (``judged_stop``) counts the judge's
+    verdicts there
     (``lost``/``gained``: both orders preferred the baseline / the candidate), ``labelled`` its gold labels
     in the prefix, and ``awaiting_label`` says the prefix stops at a pair whose gold label is missing.
     """
@@ -189,7 +186,6 @@ class SequentialStop:
     lost: int
     gained: int
     complete_prefix: int
-    undecided: int = 0
     labelled: int = 0
     awaiting_label: bool = False
 
@@ -206,40 +202,24 @@ def in_order_diffs(
 ) -> list[int]:
     """Paired differences (second lane minus first) along the registered order, up to the first question
     missing an answer."""
-    return [d for d, _ in _exact_items(order, correct, lanes, ())]
-
-
-def _exact_items(
-    order: Sequence[QuestionKey],
-    correct: Mapping[tuple[str, int, str, str], bool],
-    lanes: tuple[Lane, Lane],
-    judged: Collection[QuestionKey],
-) -> list[tuple[int, bool]]:
-    """The exact-graded walk's items along the registered order, up to the first question missing an
-    answer."""
-    items = []
+    diffs = []
     for key in order:
-        item = _exact_item(key, correct, lanes, judged)
-        if item is None:
+        d = _difference(key, correct, lanes)
+        if d is None:
             break
-        items.append(item)
-    return items
+        diffs.append(d)
+    return diffs
 
 
-def _exact_item(
-    key: QuestionKey,
-    correct: Mapping[tuple[str, int, str, str], bool],
-    lanes: tuple[Lane, Lane],
-    judged: Collection[QuestionKey],
-) -> tuple[int, bool] | None:
-    """A question's difference and whether it is undecided: a judged question whose two answers were both
-    graded wrong (the judge's two orders disagreed or a verdict was unreadable; flyspec/gate/runs/judging.py
-    grades it so). None until both answers are in."""
+def _difference(
+    key: QuestionKey, correct: Mapping[tuple[str, int, str, str], bool], lanes: tuple[Lane, Lane]
+) -> int | None:
+    """A question's difference (second lane's correct minus the first's); None until both are in."""
     base = correct.get((*lanes[0], *key))
     cand = correct.get((*lanes[1], *key))
     if base is None or cand is None:
         return None
-    return int(cand) - int(base), not base and not cand and key in judged
+    return int(cand) - int(base)
 
 
 def _walk(plan: SequentialPlan) -> Walk:
@@ -267,7 +247,6 @@ def _stopped(walk: Walk, reason: str, complete_prefix: int, awaiting: bool = Fal
         lost=walk.lost,
         gained=walk.gained,
         complete_prefix=complete_prefix,
-        undecided=walk.undecided,
         labelled=walk.labelled,
         awaiting_label=awaiting and reason != "boundary",
     )
@@ -303,7 +282,6 @@ def sequential_stop(
     plan: SequentialPlan,
     events: Sequence[SessionEvent] = (),
     lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
-    judged: Collection[QuestionKey] = (),
 ) -> SequentialStop:
     """The stop a sequential run reached, recomputed from its stored answers and session events.
 
@@ -312,10 +290,9 @@ def sequential_stop(
     crossing along the complete prefix decides; without one, a prefix covering every registered question
     stops at ``max_questions``; else the run is ``in_progress`` (running, or killed). ``lanes`` are the
     baseline and candidate lanes (``gate tune`` pairs the baseline with each setting in turn) and
-    ``events`` that pair's session events; ``judged`` the questions graded by a judge, whose undecided
-    pairs count against the claim being tested.
+    ``events`` that pair's session events.
     """
-    return _replayed(_exact_items(order, correct, lanes, judged), plan, events)
+    return _replayed([(d,) for d in in_order_diffs(order, correct, lanes)], plan, events)
 
 
 def in_order_judged(
@@ -366,12 +343,10 @@ class Monitor:
         order: Sequence[QuestionKey],
         plan: SequentialPlan,
         lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
-        judged: Collection[QuestionKey] = (),
     ) -> None:
         self.order = list(order)
         self.plan = plan
         self.lanes = lanes
-        self.judged = frozenset(judged)
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.items: dict[QuestionKey, Item] = {}
         self.prefix = 0
@@ -397,9 +372,9 @@ class Monitor:
         (or the last registered pair), else None. After the stop, answers are recorded but change nothing."""
         self.correct[(arm, repeat, dataset, question_id)] = correct
         key = (dataset, question_id)
-        item = _exact_item(key, self.correct, self.lanes, self.judged)
-        if item is not None:
-            self.items[key] = item
+        d = _difference(key, self.correct, self.lanes)
+        if d is not None:
+            self.items[key] = (d,)
         return self._advance()
 
     def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
