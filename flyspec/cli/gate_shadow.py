@@ -18,6 +18,8 @@ from flyspec.cli.options import opt
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from flyspec.gate.shadow.registration import ShadowPlan
+
 _ARM = (
     "an OpenAI-compatible endpoint as the JSON `gate run` takes (or a JSON file): "
     '\'{"base_urls": [...], "model": ...}\''
@@ -134,9 +136,8 @@ def shadow_command(
     process then asks both arms. What is not mirrored is counted by reason at /metrics
     (flyspec_shadow_skipped_total).
     """
-    from flyspec.gate.arms.judge import parse_judge
     from flyspec.gate.shadow.proxy import create_shadow_app
-    from flyspec.gate.shadow.registration import DEFAULT_MAX_PAIRS, ShadowPlan, shadow_registration
+    from flyspec.gate.shadow.registration import shadow_registration
     from flyspec.gate.shadow.run import ShadowRun
     from flyspec.gate.shadow.settings import ShadowSettings, endpoint_arm
 
@@ -152,18 +153,7 @@ def shadow_command(
     )
     if not 0 < port < 65536:
         raise ValueError(f"--port={port}: must be in 1..65535")
-    if gold_rate is not None and judge is None:
-        raise ValueError("--gold-rate: gold labels anchor a judge's verdicts; it goes with --judge only")
-    rate = {} if gold_rate is None else {"gold_rate": gold_rate}
-    plan = ShadowPlan(
-        run,
-        margin,
-        alpha,
-        parse_judge(judge) if judge is not None else None,
-        max_pairs=max_pairs or DEFAULT_MAX_PAIRS,
-        grader=grader,
-        **rate,
-    )
+    plan = _plan(run, margin, alpha, judge, grader, gold_rate, max_pairs)
     registration = shadow_registration(
         plan, settings.baseline, settings.candidate, settings.rule().describe()
     )
@@ -181,6 +171,33 @@ def shadow_command(
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _plan(
+    run: str,
+    margin: float,
+    alpha: float,
+    judge: str | None,
+    grader: str | None,
+    gold_rate: float | None,
+    max_pairs: int | None,
+) -> ShadowPlan:
+    """The run's plan from the options (ValueError naming the option that does not fit)."""
+    from flyspec.gate.arms.judge import parse_judge
+    from flyspec.gate.shadow.registration import DEFAULT_MAX_PAIRS, ShadowPlan
+
+    if gold_rate is not None and judge is None:
+        raise ValueError("--gold-rate: gold labels anchor a judge's verdicts; it goes with --judge only")
+    rate = {} if gold_rate is None else {"gold_rate": gold_rate}
+    return ShadowPlan(
+        run,
+        margin,
+        alpha,
+        parse_judge(judge) if judge is not None else None,
+        max_pairs=max_pairs or DEFAULT_MAX_PAIRS,
+        grader=grader,
+        **rate,
+    )
 
 
 def _mount_label_page(app: FastAPI, store: Path, run: str, address: str, token: str | None) -> str:

@@ -247,11 +247,15 @@ class GateStore:
         return True
 
     def check_resumable(
-        self, run_id: str, registration: Registration, questions: list[RegisteredQuestion]
+        self,
+        run_id: str,
+        registration: Registration,
+        questions: list[RegisteredQuestion],
+        holds_data: bool = False,
     ) -> bool:
         """True when ``run_id`` is registered with other settings but holds no answer (it may be replaced),
         False when it is registered identically (or not at all); ValueError listing what changed when it
-        differs and answers exist."""
+        differs and answers exist (or ``holds_data``: the caller keeps other evidence of the run)."""
         existing = self.get_run(run_id)
         if existing is None:
             return False
@@ -262,7 +266,7 @@ class GateStore:
         stored = self.questions(run_id)
         if [asdict(q) for q in stored] != [asdict(q) for q in questions]:
             changes.append(self._question_difference(stored, questions))
-        if changes and self._has_answers(run_id):
+        if changes and (holds_data or self._has_answers(run_id)):
             raise ValueError(
                 f"run {run_id!r} in {self.path} was registered with different settings, so it cannot be "
                 f"resumed: {'; '.join(changes)}. Start a new run with another --run name (stored answers "

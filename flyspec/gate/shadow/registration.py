@@ -1,4 +1,4 @@
-"""What a shadow run registers before the first mirrored request: a sequential gate run (SPEC 11.6), judged
+"""What a shadow run registers before the first mirrored request: a sequential gate run, judged
 (with gold labels) or graded against the baseline's answer, whose questions are the mirrored requests in
 arrival order, with the claim, the sampling rule and the rule for candidate errors beside a run's keys
 (``ShadowRecord``)."""

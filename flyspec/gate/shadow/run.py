@@ -1,4 +1,4 @@
-"""A shadow run: the mirror's pairs become a registered, resumable gate run (SPEC 11.6).
+"""A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md).
 
 ``ShadowRun`` is the mirror's sink. Registration happens when it is built, before the first mirrored
 request: the sequential run of flyspec/gate/shadow/registration.py, in the gate's store, refused
@@ -41,12 +41,12 @@ from flyspec.gate.shadow.pair_store import SqlitePairStore
 from flyspec.gate.shadow.pairs import MirroredPair
 from flyspec.gate.shadow.registration import ShadowPlan
 from flyspec.gate.shadow.worker import PairWorker
+from flyspec.gate.stats.decide import FAIL, PASS
 
 log = logging.getLogger(__name__)
 
 REFRESH_S = 1.0
 """How often the worker rebuilds the decision (labels arrive from other processes too)."""
-DECIDED = ("PASS", "FAIL")
 
 
 def register_shadow(store: GateStore, run_id: str, registration: Registration, has_pairs: bool) -> bool:
@@ -54,19 +54,7 @@ def register_shadow(store: GateStore, run_id: str, registration: Registration, h
     changed registration is refused once the run holds an answer or a stored pair (ValueError listing
     what changed, as ``gate run`` does)."""
     questions = store.questions(run_id)
-    changed = store.check_resumable(run_id, registration, questions)
-    if changed and has_pairs:
-        existing = store.get_run(run_id)
-        assert existing is not None
-        keys = sorted(
-            k
-            for k in set(existing.registration) | set(registration.to_dict())
-            if existing.registration.get(k) != registration.to_dict().get(k)
-        )
-        raise ValueError(
-            f"run {run_id!r} in {store.path} was registered with different settings ({', '.join(keys)}), so "
-            "it cannot be resumed. Start a new run with another --run name (stored pairs are kept)."
-        )
+    store.check_resumable(run_id, registration, questions, holds_data=has_pairs)
     new = store.register(run_id, registration, questions)
     record_looks(store, run_id)
     return new
@@ -215,5 +203,5 @@ class ShadowRun:
         except Exception:  # a report that cannot be built yet (a store being written elsewhere) waits
             log.exception("shadow: the decision could not be built; retrying")
             return
-        if state.decision.get("decision") in DECIDED:
+        if state.decision.get("decision") in (PASS, FAIL):
             self.on_decided(state)
