@@ -63,6 +63,10 @@ LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
 """The PPI++ weight starts at 1/2, worth one labelled pair with |f| = 1."""
 ASSUMED_AGREEMENT = 0.95
 """The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
+LOWEST_RATE = 0.02
+"""The lowest label rate the advice considers (``flyspec.gate.stats.sizing.LABEL_RATES`` starts here)."""
+WEAK_JUDGE_WEIGHT = 0.25
+"""Below this PPI++ weight the label advice says the labels alone carry the run."""
 GOLD_DRAWS = (1, 2)
 GOLD_DRAW = 2
 """The gold-label draw new runs register (``gold_draw``); 1 is the defective draw of earlier runs."""
@@ -406,11 +410,16 @@ def judged_decision(
 
 @dataclass(frozen=True)
 class LabelAdvice:
-    """About how many gold labels a judged run of ``questions`` pairs needs to decide, and on what
-    assumption: the median run decides at label rate ``rate`` (``labels`` = rate x the non-identical pairs
-    expected), if the true difference is ``effect`` (the judge's estimate: its mean prediction) and the
-    judge agrees with gold on a share ``agreement`` of pairs (``assumed``: no label seen yet, so
-    ASSUMED_AGREEMENT). ``labels`` is None when no rate up to 1 decides at this size."""
+    """How many gold labels a judged run of ``questions`` pairs needs to decide, and on what assumption.
+
+    At label rate ``rate`` (a rate of ``LABEL_RATES``; ``labels`` = rate x the pairs expected to differ),
+    at least a share ``power`` of simulated runs of this ``design`` decide (PASS or FAIL), with pairs
+    drawn like the ones seen (``PairModel``): the true difference ``effect`` and the judge's
+    ``agreement`` with gold on the ``labelled`` pairs so far (``assumed``: none yet, so
+    ASSUMED_AGREEMENT). ``weight``: PPI++'s weight under that model (near 0 the judge carries nothing and
+    the labels alone carry the run). ``rate`` and ``labels`` are None when not even labelling every
+    differing pair reaches ``power``.
+    """
 
     questions: int
     rate: float | None
@@ -418,23 +427,48 @@ class LabelAdvice:
     effect: float
     agreement: float
     assumed: bool
+    design: str = "fixed"
+    power: float = 0.8
+    labelled: int = 0
+    weight: float = 1.0
 
     def describe(self) -> str:
-        """One sentence for the report."""
-        basis = (
-            f"{100 * self.agreement:.0f}% agreement with gold, as assumed before any label"
-            if self.assumed
-            else f"the judge's {100 * self.agreement:.0f}% agreement with gold seen so far"
+        """A few sentences for the report: the advice, the promise in words, and what it assumes."""
+        runs = (
+            f"sequential runs of at most {self.questions} questions"
+            if self.design == "sequential"
+            else f"runs of {self.questions} questions"
         )
-        if self.labels is None:
+        basis = (
+            f"the judge agrees with gold on {100 * self.agreement:.0f}% of pairs (assumed: no label yet)"
+            if self.assumed
+            else f"the judge keeps agreeing with gold as on the {self.labelled} labelled pairs so far "
+            f"({100 * self.agreement:.0f}%)"
+        )
+        assumes = (
+            f"This assumes {basis}, and that the true difference stays at its estimate of "
+            f"{100 * self.effect:+.1f} points, with the pairs' mix as seen; the simulated runs draw the "
+            "judge's agreement and the difference as uncertain as these pairs leave them. It is no part of "
+            "the test."
+        )
+        power = f"{100 * self.power:.0f}%"
+        if self.rate is None or self.labels is None:
             return (
-                f"No label rate lets a run of {self.questions} questions decide at a true difference of "
-                f"{100 * self.effect:+.1f} points and {basis}: more questions are needed."
+                f"Even with every pair whose answers differ labelled, fewer than {power} of simulated {runs} "
+                f"like this one decide: more questions (or a difference farther from the margin) are needed, "
+                f"not more labels. {assumes}"
             )
+        lower = " (at the next lower rate of the grid, fewer do)" if self.rate > LOWEST_RATE else ""
+        alone = (
+            " The judge's verdicts carry almost nothing here (its weight is "
+            f"{self.weight:.2f}), so the labels alone carry the run."
+            if self.weight < WEAK_JUDGE_WEIGHT
+            else ""
+        )
         return (
-            f"About {self.labels} gold labels (a label rate of {self.rate:.2f} of the pairs that differ) "
-            f"would let a run of {self.questions} questions decide, if the true difference is the judge's "
-            f"estimate of {100 * self.effect:+.1f} points, at {basis}."
+            f"About {self.labels} gold labels (a label rate of {self.rate:g} of the pairs whose answers "
+            f"differ) would let {power} or more of {runs} like this one decide (PASS or FAIL), by simulating "
+            f"the gate's own rule on a grid of rates{lower}.{alone} {assumes}"
         )
 
 
@@ -446,21 +480,35 @@ def labels_needed(
     questions: int,
     pairs: Sequence[JudgedPair] = (),
 ) -> LabelAdvice:
-    """How many gold labels would let a judged run of ``questions`` pairs like these decide (median run).
+    """The smallest label rate (and about how many gold labels) at which at least ``ADVICE_POWER`` of
+    simulated judged runs of ``questions`` pairs like ``pairs`` decide under the run's own rule.
 
-    Assumes the true difference is the judge's own estimate (its mean prediction over the pairs) and a
-    judge agreeing with gold as often as seen (ASSUMED_AGREEMENT before any label); the share of pairs
-    that differ is the one seen. Uses ``flyspec.gate.stats.sizing`` (the expected growth of the betting
-    capital at the margin), searching the smallest label rate whose median run decides.
+    Simulates the gate's rule (flyspec/gate/stats/sizing.py, ``smallest_label_rate``) on pairs drawn from
+    the plug-in ``PairModel`` of ``pairs``: the share of identical answers, the judge's predictions, and
+    the gold labels seen with each (before any label, a judge agreeing ASSUMED_AGREEMENT of the time).
+    ``counts`` are ``judge_counts(pairs)``; with no pair, nothing is known and the advice has no rate.
     """
     # Imported here: the sizing module simulates judged runs with this module's values.
-    from flyspec.gate.stats.sizing import JudgeModel, smallest_rate
+    from flyspec.gate.stats.sizing import ADVICE_POWER, PairModel, smallest_label_rate
 
-    differing = (counts.n - counts.identical) / counts.n if counts.n else 0.0
-    effect = float(np.mean([p.prediction for p in pairs])) if pairs else 0.0
-    assumed = counts.agreement is None
-    agreement = ASSUMED_AGREEMENT if counts.agreement is None else counts.agreement
-    model = JudgeModel.from_agreement(agreement)
-    rate = smallest_rate(model, differing, effect, margin, alpha, design, questions)
-    labels = None if rate is None else math.ceil(rate * differing * questions)
-    return LabelAdvice(questions, rate, labels, effect, agreement, assumed)
+    if not pairs:
+        agreement = ASSUMED_AGREEMENT if counts.agreement is None else counts.agreement
+        return LabelAdvice(
+            questions, None, None, 0.0, agreement, counts.agreement is None, design, ADVICE_POWER
+        )
+    model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)
+    rate = smallest_label_rate(model, margin, alpha, design, questions)
+    # Rounded first: 0.4 x 0.3 x 400 is 48.000000000000007 in floating point.
+    labels = None if rate is None else math.ceil(round(rate * model.differing * questions, 6))
+    return LabelAdvice(
+        questions=questions,
+        rate=rate,
+        labels=labels,
+        effect=model.effect,
+        agreement=counts.agreement if counts.agreement is not None else ASSUMED_AGREEMENT,
+        assumed=counts.agreement is None,
+        design=design,
+        power=ADVICE_POWER,
+        labelled=model.labels,
+        weight=model.weight,
+    )
