@@ -191,22 +191,6 @@ def test_bounded_sequence_matches_the_vectorised_capital() -> None:
             assert rejected == (not seq.live[j]), (horizon, j)
 
 
-def test_a_run_without_labels_decides_nothing_and_says_how_many_would() -> None:
-    """With a perfect judge, no loss and no label (rate so small none was drawn), the run is INCONCLUSIVE
-    and its advice names a number of labels, assuming 95% agreement; at its rate 200 simulated runs
-    decide at least as often as it promises, less the Monte Carlo error."""
-    pairs = _pairs(5, 6000, 0.16, 0.0, "fair", 0.0, 1e-9)
-    decision = judged_decision(pairs, MARGIN, ALPHA, rate=1e-9, design="fixed")
-    assert decision.counts.labelled == 0 and decision.decision == "INCONCLUSIVE"
-    advice = decision.labels_needed
-    assert advice is not None and advice.assumed and advice.rate is not None and advice.labels is not None
-    assert "gold labels" in advice.describe() and "assumed" in advice.describe()
-    out = judged_runs(
-        np.random.default_rng(1), 200, 6000, 0.16, 0.0, MARGIN, ALPHA, "fair", 0.0, advice.rate, "fixed"
-    )
-    assert 1 - out.share("INCONCLUSIVE") >= advice.power - 3 * np.sqrt(0.16 / 200)
-
-
 def test_counts_and_agreement() -> None:
     """lost/gained/undecided follow the judge's two orders; agreement counts labelled pairs whose verdict
     has the gold sign, with a Wilson interval."""

@@ -16,6 +16,7 @@ from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
 from flyspec.gate.stats.decide import INCONCLUSIVE, decide_with_undecided
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
+from flyspec.gate.stats.label_advice import labels_needed
 from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
@@ -338,7 +339,11 @@ def _judged_run(report: ReportData, store: GateStore, correct: Correct, gold: Go
         _without_verdict_accuracy(counted(ds, p, size, reg.alpha), judged, ds)
         for ds, (size, p, _) in per.items()
     ]
-    report.gold = _gold_summary(gold, seen, order, limit, walk)
+    # The label advice is for runs of the registered size (a sequential run's most questions).
+    size = plan.max_questions if plan is not None else len(order)
+    report.gold = _gold_summary(
+        gold, seen, order, limit, walk, _label_advice(walk, seen, size, reg.margin, reg.alpha)
+    )
     report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], reg.alpha)]
     if walk.narrow and walk.low <= walk.high:
         report.warnings.append(_narrow_warning(walk, gold))
@@ -368,8 +373,24 @@ def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha
     )
 
 
+def _label_advice(
+    walk: JudgedDecision, seen: list[JudgedPair], size: int, margin: float, alpha: float
+) -> str | None:
+    """How many gold labels would let runs like this one decide (INCONCLUSIVE runs only), from the pairs
+    the decision used."""
+    if walk.decision != INCONCLUSIVE:
+        return None
+    used = seen[: walk.stopped_at]
+    return labels_needed(walk.counts, margin, alpha, walk.design, size, used).describe()
+
+
 def _gold_summary(
-    gold: Gold, seen: list[JudgedPair], order: list[tuple[str, str]], limit: int, walk: JudgedDecision
+    gold: Gold,
+    seen: list[JudgedPair],
+    order: list[tuple[str, str]],
+    limit: int,
+    walk: JudgedDecision,
+    advice: str | None,
 ) -> GoldSummary:
     """The gold labels and the judge's counts over the complete pairs along the order, with the rows of
     the pairs the decision used (per dataset and pooled)."""
@@ -393,7 +414,7 @@ def _gold_summary(
         agreement=counts.agreement,
         agreement_low=counts.agreement_low,
         agreement_high=counts.agreement_high,
-        advice=walk.labels_needed.describe() if walk.labels_needed is not None else None,
+        advice=advice,
         draw=gold.draw,
         rows=[*rows.values(), pooled],
         gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p

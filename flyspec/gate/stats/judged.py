@@ -54,19 +54,13 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, Walk, check_margin_alpha
+from flyspec.gate.stats.decide import Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
 from flyspec.gate.stats.sequence import BoundedMeanSequence
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
 """The PPI++ weight starts at 1/2, worth one labelled pair with |f| = 1."""
-ASSUMED_AGREEMENT = 0.95
-"""The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
-LOWEST_RATE = 0.02
-"""The lowest label rate the advice considers (``flyspec.gate.stats.sizing.LABEL_RATES`` starts here)."""
-WEAK_JUDGE_WEIGHT = 0.25
-"""Below this PPI++ weight the label advice says the labels alone carry the run."""
 GOLD_DRAWS = (1, 2)
 GOLD_DRAW = 2
 """The gold-label draw new runs register (``gold_draw``); 1 is the defective draw of earlier runs."""
@@ -321,11 +315,11 @@ class JudgedDecision:
 
     ``low``/``high``: the ``1 - 2 alpha`` bounds where the walk stopped (``stopped_at`` pairs; for a fixed
     run, every usable pair); ``usable``: the pairs before the first one waiting for a label (only those
-    count); ``labels_needed``: when INCONCLUSIVE, about how many gold labels a run of this size would need
-    to decide (``LabelAdvice``), else None. ``normal_width``: the width of a normal-theory interval at
-    the stop from the values seen, and ``emptied_at``: the pair after which every difference was
-    rejected (None if never); ``narrow`` says the interval is suspect (see there). ``estimate``: the mean
-    of the values up to the stop, the prediction-powered estimate of the difference.
+    count). How many gold labels would let such a run decide is the label advice's question
+    (flyspec/gate/stats/label_advice.py), not the decision's. ``normal_width``: the width of a
+    normal-theory interval at the stop from the values seen, and ``emptied_at``: the pair after which
+    every difference was rejected (None if never); ``narrow`` says the interval is suspect (see there).
+    ``estimate``: the mean of the values up to the stop, the prediction-powered estimate of the difference.
     """
 
     decision: str
@@ -337,7 +331,6 @@ class JudgedDecision:
     rate: float
     usable: int
     counts: JudgeCounts
-    labels_needed: LabelAdvice | None
     normal_width: float | None = None
     emptied_at: int | None = None
     estimate: float | None = None
@@ -366,9 +359,9 @@ def judged_decision(
     ``design="fixed"``: the plug-in bet tuned to ``horizon`` (the registered size; default the number of
     pairs), decided on the running bounds after the last usable pair. ``design="sequential"``: the anytime
     mixture, stopping at the first n with ``low > -margin`` (PASS) or ``high < -margin`` (FAIL). Only the
-    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE, with
-    ``labels_needed`` saying how many labels would let it decide). P(PASS) <= alpha when the true
-    difference is at most -margin, and P(FAIL) <= alpha when it is at least -margin, for any judge.
+    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE).
+    P(PASS) <= alpha when the true difference is at most -margin, and P(FAIL) <= alpha when it is at least
+    -margin, for any judge.
     """
     check_margin_alpha(margin, alpha)
     check_rate(rate)
@@ -388,9 +381,6 @@ def judged_decision(
             break
     sequence, stopped, end = walk.sequence, walk.n, walk.decision()
     counts = judge_counts(used[:stopped])
-    advice = None
-    if end.decision == INCONCLUSIVE:
-        advice = labels_needed(counts, margin, alpha, design, max(horizon or 0, len(pairs)), used[:stopped])
     return JudgedDecision(
         decision=end.decision,
         stopped_at=stopped,
@@ -401,114 +391,7 @@ def judged_decision(
         rate=rate,
         usable=usable,
         counts=counts,
-        labels_needed=advice,
         normal_width=sequence.normal_width(2.0 * alpha),
         emptied_at=sequence.emptied_at,
         estimate=sequence.estimate,
-    )
-
-
-@dataclass(frozen=True)
-class LabelAdvice:
-    """How many gold labels a judged run of ``questions`` pairs needs to decide, and on what assumption.
-
-    At label rate ``rate`` (a rate of ``LABEL_RATES``; ``labels`` = rate x the pairs expected to differ),
-    at least a share ``power`` of simulated runs of this ``design`` decide (PASS or FAIL), with pairs
-    drawn like the ones seen (``PairModel``): the true difference ``effect`` and the judge's
-    ``agreement`` with gold on the ``labelled`` pairs so far (``assumed``: none yet, so
-    ASSUMED_AGREEMENT). ``weight``: PPI++'s weight under that model (near 0 the judge carries nothing and
-    the labels alone carry the run). ``rate`` and ``labels`` are None when not even labelling every
-    differing pair reaches ``power``.
-    """
-
-    questions: int
-    rate: float | None
-    labels: int | None
-    effect: float
-    agreement: float
-    assumed: bool
-    design: str = "fixed"
-    power: float = 0.8
-    labelled: int = 0
-    weight: float = 1.0
-
-    def describe(self) -> str:
-        """A few sentences for the report: the advice, the promise in words, and what it assumes."""
-        runs = (
-            f"sequential runs of at most {self.questions} questions"
-            if self.design == "sequential"
-            else f"runs of {self.questions} questions"
-        )
-        basis = (
-            f"the judge agrees with gold on {100 * self.agreement:.0f}% of pairs (assumed: no label yet)"
-            if self.assumed
-            else f"the judge keeps agreeing with gold as on the {self.labelled} labelled pairs so far "
-            f"({100 * self.agreement:.0f}%)"
-        )
-        assumes = (
-            f"This assumes {basis}, and that the true difference stays at its estimate of "
-            f"{100 * self.effect:+.1f} points, with the pairs' mix as seen; the simulated runs draw the "
-            "judge's agreement and the difference as uncertain as these pairs leave them. It is no part of "
-            "the test."
-        )
-        power = f"{100 * self.power:.0f}%"
-        if self.rate is None or self.labels is None:
-            return (
-                f"Even with every pair whose answers differ labelled, fewer than {power} of simulated {runs} "
-                f"like this one decide: more questions (or a difference farther from the margin) are needed, "
-                f"not more labels. {assumes}"
-            )
-        lower = " (at the next lower rate of the grid, fewer do)" if self.rate > LOWEST_RATE else ""
-        alone = (
-            " The judge's verdicts carry almost nothing here (its weight is "
-            f"{self.weight:.2f}), so the labels alone carry the run."
-            if self.weight < WEAK_JUDGE_WEIGHT
-            else ""
-        )
-        return (
-            f"About {self.labels} gold labels (a label rate of {self.rate:g} of the pairs whose answers "
-            f"differ) would let {power} or more of {runs} like this one decide (PASS or FAIL), by simulating "
-            f"the gate's own rule on a grid of rates{lower}.{alone} {assumes}"
-        )
-
-
-def labels_needed(
-    counts: JudgeCounts,
-    margin: float,
-    alpha: float,
-    design: str,
-    questions: int,
-    pairs: Sequence[JudgedPair] = (),
-) -> LabelAdvice:
-    """The smallest label rate (and about how many gold labels) at which at least ``ADVICE_POWER`` of
-    simulated judged runs of ``questions`` pairs like ``pairs`` decide under the run's own rule.
-
-    Simulates the gate's rule (flyspec/gate/stats/sizing.py, ``smallest_label_rate``) on pairs drawn from
-    the plug-in ``PairModel`` of ``pairs``: the share of identical answers, the judge's predictions, and
-    the gold labels seen with each (before any label, a judge agreeing ASSUMED_AGREEMENT of the time).
-    ``counts`` are ``judge_counts(pairs)``; with no pair, nothing is known and the advice has no rate.
-    """
-    # Imported here: the sizing module simulates judged runs with this module's values.
-    from flyspec.gate.stats.sizing import ADVICE_POWER, PairModel, smallest_label_rate
-
-    if not pairs:
-        agreement = ASSUMED_AGREEMENT if counts.agreement is None else counts.agreement
-        return LabelAdvice(
-            questions, None, None, 0.0, agreement, counts.agreement is None, design, ADVICE_POWER
-        )
-    model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)
-    rate = smallest_label_rate(model, margin, alpha, design, questions)
-    # Rounded first: 0.4 x 0.3 x 400 is 48.000000000000007 in floating point.
-    labels = None if rate is None else math.ceil(round(rate * model.differing * questions, 6))
-    return LabelAdvice(
-        questions=questions,
-        rate=rate,
-        labels=labels,
-        effect=model.effect,
-        agreement=counts.agreement if counts.agreement is not None else ASSUMED_AGREEMENT,
-        assumed=counts.agreement is None,
-        design=design,
-        power=ADVICE_POWER,
-        labelled=model.labels,
-        weight=model.weight,
     )
