@@ -245,13 +245,13 @@ class LabelAdvice:
             f"the judge agrees with gold on {100 * self.agreement:.0f}% of pairs (assumed: no label yet)"
             if self.assumed
             else f"the judge keeps agreeing with gold as on the {self.labelled} labelled pairs so far "
-            f"({100 * self.agreement:.0f}%)"
+            f"({100 * self.agreement:.0f}%; each simulated run draws what its verdicts mean from those "
+            "labels, as uncertain as they leave it)"
         )
         assumes = (
             f"This assumes {basis}, and that the true difference stays at its estimate of "
-            f"{100 * self.effect:+.1f} points, with the pairs' mix as seen; the simulated runs draw the "
-            "judge's agreement and the difference as uncertain as these pairs leave them. It is no part of "
-            "the test."
+            f"{100 * self.effect:+.1f} points with the same mix of pairs. It is advice for a run registered "
+            "with that rate, no part of the test."
         )
         power = f"{100 * self.power:.0f}%"
         if self.rate is None or self.labels is None:
@@ -262,7 +262,7 @@ class LabelAdvice:
             )
         lower = " (at the next lower rate of the grid, fewer do)" if self.rate > LOWEST_RATE else ""
         alone = (
-            " The judge's verdicts carry almost nothing here (its weight is "
+            " The judge's verdicts carry almost nothing here (their PPI++ weight is "
             f"{self.weight:.2f}), so the labels alone carry the run."
             if self.weight < WEAK_JUDGE_WEIGHT
             else ""
