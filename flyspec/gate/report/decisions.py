@@ -376,11 +376,11 @@ def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha
 def _label_advice(
     walk: JudgedDecision, seen: list[JudgedPair], size: int, margin: float, alpha: float
 ) -> str | None:
-    """How many gold labels would let runs like this one decide (INCONCLUSIVE runs only), from the pairs
-    the decision used."""
-    if walk.decision != INCONCLUSIVE:
-        return None
+    """How many gold labels would let runs like this one decide, from the pairs the decision used (None
+    when it decided, or used none)."""
     used = seen[: walk.stopped_at]
+    if walk.decision != INCONCLUSIVE or not used:
+        return None
     return labels_needed(walk.counts, margin, alpha, walk.design, size, used).describe()
 
 

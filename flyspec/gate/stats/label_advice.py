@@ -20,21 +20,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from flyspec.gate.stats.decide import INCONCLUSIVE
-from flyspec.gate.stats.judged import JudgeCounts, JudgedPair
+from flyspec.gate.stats.judged import DESIGNS, JudgeCounts, JudgedPair
 from flyspec.gate.stats.simulation import JudgedBlock, walk_judged
 
-KINDS = ("fixed", "sequential")
 ASSUMED_AGREEMENT = 0.95
 """The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
 WEAK_JUDGE_WEIGHT = 0.25
 """Below this PPI++ weight the label advice says the labels alone carry the run."""
-LOWEST_RATE = 0.02
 PREDICTIONS = np.array([-1.0, -0.5, 0.0, 0.5, 1.0])
 """The judge's predictions f a judged pair can have (the mean of two orders, each -1, 0 or 1)."""
 GOLDS = np.array([-1, 0, 1])
 ADVICE_POWER = 0.8
 """The share of simulated runs that must decide at the advised label rate."""
-LABEL_RATES = (LOWEST_RATE, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+LABEL_RATES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 """The label rates the advice chooses from."""
 ADVICE_RUNS = 400
 """Simulated runs per label rate (standard error of a share near 0.8: 0.02)."""
@@ -168,8 +166,8 @@ def decide_share(
     (PASS or FAIL) under the gate's own rule (``walk_judged``: the fixed run's plug-in bet tuned to
     ``questions``, or the sequential run's mixture stopping at its first crossing), each run's pairs drawn
     from its own posterior draw of the model's shares."""
-    if design not in KINDS:
-        raise ValueError(f"design={design!r}: must be one of {', '.join(KINDS)}")
+    if design not in DESIGNS:
+        raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
     rng = np.random.default_rng(seed)
     shares = model.sample(rng, runs)
     out = walk_judged(
@@ -260,7 +258,7 @@ class LabelAdvice:
                 "labelling every pair whose answers differ: more questions (or a difference farther from the "
                 f"margin) are needed, not more labels. {assumes}"
             )
-        lower = " (at the next lower rate of the grid, fewer do)" if self.rate > LOWEST_RATE else ""
+        lower = " (at the next lower rate of the grid, fewer do)" if self.rate > LABEL_RATES[0] else ""
         alone = (
             " The judge's verdicts carry almost nothing here (their PPI++ weight is "
             f"{self.weight:.2f}), so the labels alone carry the run."
@@ -280,22 +278,17 @@ def labels_needed(
     alpha: float,
     design: str,
     questions: int,
-    pairs: Sequence[JudgedPair] = (),
+    pairs: Sequence[JudgedPair],
 ) -> LabelAdvice:
     """The smallest label rate (and about how many gold labels) at which at least ``ADVICE_POWER`` of
     simulated judged runs of ``questions`` pairs like ``pairs`` decide under the run's own rule.
 
-    Simulates the gate's rule (``smallest_label_rate``) on pairs drawn from
-    the plug-in ``PairModel`` of ``pairs``: the share of identical answers, the judge's predictions, and
+    Simulates the gate's rule (``smallest_label_rate``) on pairs drawn from the ``PairModel`` of
+    ``pairs`` (the pairs the decision used): the share of identical answers, the judge's predictions, and
     the gold labels seen with each (before any label, a judge agreeing ASSUMED_AGREEMENT of the time).
-    ``counts`` are ``judge_counts(pairs)``; with no pair, nothing is known and the advice has no rate.
+    ``counts`` are ``judge_counts(pairs)``. ValueError without a pair: nothing is known to advise on.
     """
-    if not pairs:
-        agreement = ASSUMED_AGREEMENT if counts.agreement is None else counts.agreement
-        return LabelAdvice(
-            questions, None, None, 0.0, agreement, counts.agreement is None, design, ADVICE_POWER
-        )
-    model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)
+    model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)  # ValueError without a pair
     rate = smallest_label_rate(model, margin, alpha, design, questions)
     # Rounded first: 0.4 x 0.3 x 400 is 48.000000000000007 in floating point.
     labels = None if rate is None else math.ceil(round(rate * model.differing * questions, 6))
