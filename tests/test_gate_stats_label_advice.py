@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judged_decision
+from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.label_advice import LABEL_RATES, LabelAdvice, PairModel, decide_share, labels_needed
 from flyspec.gate.stats.simulation import draw_judged, judged_runs
 
@@ -37,10 +37,10 @@ def _issue_run(seed: int, judge: str, noise: float = 0.0) -> list[JudgedPair]:
 def _advised(
     pairs: list[JudgedPair], design: str, rate: float = 0.2, questions: int = QUESTIONS
 ) -> tuple[JudgedDecision, LabelAdvice]:
-    """The run's decision and, as its report gives it, the label advice for runs of its size."""
+    """The run's decision and, as its report gives it, the label advice for runs of its size (from all
+    its pairs)."""
     decision = judged_decision(pairs, MARGIN, ALPHA, rate, design)
-    used = pairs[: decision.stopped_at]
-    return decision, labels_needed(decision.counts, MARGIN, ALPHA, design, questions, used)
+    return decision, labels_needed(judge_counts(pairs), MARGIN, ALPHA, design, questions, pairs)
 
 
 def _followers(seed: int, rate: float, design: str) -> float:

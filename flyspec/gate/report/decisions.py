@@ -376,12 +376,12 @@ def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha
 def _label_advice(
     walk: JudgedDecision, seen: list[JudgedPair], size: int, margin: float, alpha: float
 ) -> str | None:
-    """How many gold labels would let runs like this one decide, from the pairs the decision used (None
-    when it decided, or used none)."""
-    used = seen[: walk.stopped_at]
-    if walk.decision != INCONCLUSIVE or not used:
+    """How many gold labels would let runs like this one decide (None when it decided, or has no pair):
+    from every complete pair, the judge's verdicts and the labels given so far, those past the decision's
+    prefix too (the advice plans a run; it is no part of the test)."""
+    if walk.decision != INCONCLUSIVE or not seen:
         return None
-    return labels_needed(walk.counts, margin, alpha, walk.design, size, used).describe()
+    return labels_needed(judge_counts(seen), margin, alpha, walk.design, size, seen).describe()
 
 
 def _gold_summary(

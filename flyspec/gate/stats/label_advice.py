@@ -284,7 +284,7 @@ def labels_needed(
     simulated judged runs of ``questions`` pairs like ``pairs`` decide under the run's own rule.
 
     Simulates the gate's rule (``smallest_label_rate``) on pairs drawn from the ``PairModel`` of
-    ``pairs`` (the pairs the decision used): the share of identical answers, the judge's predictions, and
+    ``pairs`` (a run's complete pairs): the share of identical answers, the judge's predictions, and
     the gold labels seen with each (before any label, a judge agreeing ASSUMED_AGREEMENT of the time).
     ``counts`` are ``judge_counts(pairs)``. ValueError without a pair: nothing is known to advise on.
     """
