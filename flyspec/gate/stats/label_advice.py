@@ -161,11 +161,14 @@ def decide_share(
     questions: int,
     runs: int = ADVICE_RUNS,
     seed: int = 0,
+    settle: float | None = None,
 ) -> float:
     """The share of ``runs`` simulated judged runs of ``questions`` pairs at label rate ``rate`` that decide
     (PASS or FAIL) under the gate's own rule (``walk_judged``: the fixed run's plug-in bet tuned to
     ``questions``, or the sequential run's mixture stopping at its first crossing), each run's pairs drawn
-    from its own posterior draw of the model's shares."""
+    from its own posterior draw of the model's shares. ``settle``: a sequential walk may stop once whether
+    that share is reached is known (``walk_judged``); the share returned is then exact only for that
+    comparison."""
     if design not in DESIGNS:
         raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
     rng = np.random.default_rng(seed)
@@ -178,6 +181,7 @@ def decide_share(
         alpha,
         rate,
         design,
+        settle=settle,
     )
     return 1.0 - out.share(INCONCLUSIVE)
 
@@ -196,12 +200,16 @@ def smallest_label_rate(
     (``decide_share``, the same seed at every rate), found by bisection on the grid (more labels never
     make a run less likely to decide, up to simulation noise); None when not even labelling every
     differing pair reaches it."""
-    if model.differing == 0 or decide_share(model, 1.0, margin, alpha, design, questions, runs, seed) < power:
+
+    def reaches(rate: float) -> bool:
+        return decide_share(model, rate, margin, alpha, design, questions, runs, seed, power) >= power
+
+    if model.differing == 0 or not reaches(1.0):
         return None
     low, high = -1, len(LABEL_RATES) - 1  # LABEL_RATES[high] reaches the power; low is below the grid
     while high - low > 1:
         mid = (low + high) // 2
-        if decide_share(model, LABEL_RATES[mid], margin, alpha, design, questions, runs, seed) >= power:
+        if reaches(LABEL_RATES[mid]):
             high = mid
         else:
             low = mid

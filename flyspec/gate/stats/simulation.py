@@ -311,10 +311,14 @@ def walk_judged(
     block: int = 256,
     fail_side: bool = True,
     pass_side: bool = True,
+    settle: float | None = None,
 ) -> Outcomes:
     """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs:
     ``block_of(active, start, cols)`` gives the pairs from ``start`` on of the runs still undecided
-    (``judged_runs`` draws them from a judge; ``model_runs`` from a ``PairModel``)."""
+    (``judged_runs`` draws them from a judge; the label advice, flyspec/gate/stats/label_advice.py, from
+    a ``PairModel``). ``settle`` (sequential runs): stop walking as soon as whether a share ``settle`` of
+    the runs decide is settled (that many have, or too few are left to); the runs not walked to the end
+    then count as undecided, so only that comparison of the outcome is exact."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side)
@@ -332,7 +336,9 @@ def walk_judged(
         active = active[keep]
         capital.keep(keep)
         stream.keep(keep)
-        if active.size == 0:
+        if active.size == 0 or (
+            settle is not None and _settled(runs - active.size, active.size, runs, settle)
+        ):
             break
     if design == "fixed":
         # A fixed run decides on its running bounds at the end: PASS if the lower bound ever passed
@@ -340,6 +346,11 @@ def walk_judged(
         stops.passed &= stream.labelled > 0
         stops.failed &= stream.labelled > 0
     return Outcomes(crossing_verdicts(stops.passed, stops.failed), stops.stopped_at)
+
+
+def _settled(decided: int, undecided: int, runs: int, share: float) -> bool:
+    """Whether it is known yet if at least ``share`` of ``runs`` decide."""
+    return decided >= share * runs or decided + undecided < share * runs
 
 
 class Stops:
