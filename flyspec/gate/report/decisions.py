@@ -16,7 +16,7 @@ from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
 from flyspec.gate.stats.decide import INCONCLUSIVE, decide_with_undecided
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
-from flyspec.gate.stats.label_advice import labels_needed
+from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
 from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
@@ -375,13 +375,13 @@ def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha
 
 def _label_advice(
     walk: JudgedDecision, seen: list[JudgedPair], size: int, margin: float, alpha: float
-) -> str | None:
+) -> LabelAdvice | None:
     """How many gold labels would let runs like this one decide (None when it decided, or has no pair):
     from every complete pair, the judge's verdicts and the labels given so far, those past the decision's
     prefix too (the advice plans a run; it is no part of the test)."""
     if walk.decision != INCONCLUSIVE or not seen:
         return None
-    return labels_needed(judge_counts(seen), margin, alpha, walk.design, size, seen).describe()
+    return labels_needed(judge_counts(seen), margin, alpha, walk.design, size, seen)
 
 
 def _gold_summary(
@@ -390,7 +390,7 @@ def _gold_summary(
     order: list[tuple[str, str]],
     limit: int,
     walk: JudgedDecision,
-    advice: str | None,
+    advice: LabelAdvice | None,
 ) -> GoldSummary:
     """The gold labels and the judge's counts over the complete pairs along the order, with the rows of
     the pairs the decision used (per dataset and pooled)."""
@@ -414,7 +414,7 @@ def _gold_summary(
         agreement=counts.agreement,
         agreement_low=counts.agreement_low,
         agreement_high=counts.agreement_high,
-        advice=advice,
+        advice=advice.describe() if advice is not None else None,
         draw=gold.draw,
         rows=[*rows.values(), pooled],
         gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p
