@@ -1,6 +1,6 @@
-"""Judged comparisons anchored on gold labels (flyspec/gate/stats/judged.py, betting.py, growth.py): the
-prediction-powered values, the label draw, the prefix rule, the online sequence against the vectorised
-simulation, and the label advice against simulated runs.
+"""Judged comparisons anchored on gold labels (flyspec/gate/stats/judged.py, sequence.py, simulation.py):
+the prediction-powered values, the label draw, the prefix rule, the online sequence against the vectorised
+simulation. The label advice against simulated runs: tests/test_gate_stats_label_advice.py.
 
 The seeded simulations proving P(PASS) <= alpha for any judge are in
 tests/test_gate_stats_judged_validity.py.
@@ -29,7 +29,6 @@ from flyspec.gate.stats.judged import (
 )
 from flyspec.gate.stats.sequence import BoundedMeanSequence, log_capital
 from flyspec.gate.stats.simulation import draw_judged, judged_runs
-from flyspec.gate.stats.sizing import JudgeModel, fixed_power, sequential_median, value_distribution
 
 MARGIN, ALPHA = 0.02, 0.025
 
@@ -189,32 +188,6 @@ def test_bounded_sequence_matches_the_vectorised_capital() -> None:
             assert rejected == (not seq.live[j]), (horizon, j)
 
 
-def test_a_run_without_labels_decides_nothing_and_says_how_many_would() -> None:
-    """With a perfect judge, no loss and no label (rate so small none was drawn), the run is INCONCLUSIVE
-    and its advice names a number of labels; that many at the implied rate decide the median run
-    (checked by 200 simulated runs)."""
-    pairs = _pairs(5, 6000, 0.16, 0.0, "fair", 0.0, 1e-9)
-    decision = judged_decision(pairs, MARGIN, ALPHA, rate=1e-9, design="fixed")
-    assert decision.counts.labelled == 0 and decision.decision == "INCONCLUSIVE"
-    advice = decision.labels_needed
-    assert advice is not None and advice.assumed and advice.labels is not None
-    assert "gold labels" in advice.describe()
-    out = judged_runs(
-        np.random.default_rng(1),
-        200,
-        6000,
-        0.16,
-        advice.effect,
-        MARGIN,
-        ALPHA,
-        "fair",
-        1 - np.sqrt(advice.agreement),
-        advice.rate,
-        "fixed",
-    )
-    assert out.share("PASS") >= 0.5
-
-
 def test_counts_and_agreement() -> None:
     """lost/gained/undecided follow the judge's two orders; agreement counts labelled pairs whose verdict
     has the gold sign, with a Wilson interval."""
@@ -229,26 +202,3 @@ def test_counts_and_agreement() -> None:
     assert (counts.identical, counts.lost, counts.gained, counts.undecided) == (1, 1, 1, 2)
     assert (counts.labelled, counts.agreeing) == (3, 2)
     assert counts.agreement_low < 2 / 3 < counts.agreement_high
-
-
-@pytest.mark.parametrize(
-    ("differing", "rate", "noise"), [(0.16, 1.0, 0.0), (0.16, 0.2, 0.02), (0.03, 0.3, 0.02)]
-)
-def test_the_growth_model_is_conservative_and_close(differing: float, rate: float, noise: float) -> None:
-    """The planning model (growth.py) against 400 simulated runs: its fixed-run power is below the
-    simulated one by at most 0.15, and its sequential median is above the simulated one by at most 60%:
-    plans err towards enough questions. Its value distribution has mean delta."""
-    model = JudgeModel(noise)
-    probs, values = value_distribution(model, differing, -0.01, rate)
-    assert probs @ values == pytest.approx(-0.01)
-    n = 3000
-    rng = np.random.default_rng(9)
-    sim = judged_runs(rng, 400, n, differing, 0.0, MARGIN, ALPHA, "fair", noise, rate, "fixed").share("PASS")
-    predicted = fixed_power(model, differing, 0.0, MARGIN, ALPHA, rate, n)
-    assert predicted - 0.05 <= sim <= predicted + 0.15, (sim, predicted)
-    median = sequential_median(model, differing, 0.0, MARGIN, ALPHA, rate)
-    runs = judged_runs(
-        rng, 300, int(3 * median), differing, 0.0, MARGIN, ALPHA, "fair", noise, rate, "sequential"
-    )
-    simulated = float(np.median(runs.stopped_at))
-    assert simulated <= median <= 1.6 * simulated, (median, simulated)

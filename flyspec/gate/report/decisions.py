@@ -15,6 +15,7 @@ from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
 from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
+from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
 from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
@@ -280,7 +281,11 @@ def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: 
         _without_verdict_accuracy(counted(ds, p, size, reg.alpha), judged, ds)
         for ds, (size, p) in per.items()
     ]
-    report.gold = _gold_summary(gold, seen, order, limit, walk)
+    # The label advice is for runs of the registered size (a sequential run's most questions).
+    size = plan.max_questions if plan is not None else len(order)
+    report.gold = _gold_summary(
+        gold, seen, order, limit, walk, _label_advice(walk, seen, size, reg.margin, reg.alpha)
+    )
     report.comparisons = [*rows, _judged_pooled(row, walk.estimate, report.gold.rows[-1], reg.alpha)]
     if walk.narrow and walk.low <= walk.high:
         report.warnings.append(_narrow_warning(walk))
@@ -310,8 +315,24 @@ def _judged_pooled(row: Comparison, estimate: float | None, gold: GoldRow, alpha
     )
 
 
+def _label_advice(
+    walk: JudgedDecision, seen: list[JudgedPair], size: int, margin: float, alpha: float
+) -> LabelAdvice | None:
+    """How many gold labels would let runs like this one decide (None when it decided, or has no pair):
+    from every complete pair, the judge's verdicts and the labels given so far, those past the decision's
+    prefix too (the advice plans a run; it is no part of the test)."""
+    if walk.decision != INCONCLUSIVE or not seen:
+        return None
+    return labels_needed(judge_counts(seen), margin, alpha, walk.design, size, seen)
+
+
 def _gold_summary(
-    gold: Gold, seen: list[JudgedPair], order: list[tuple[str, str]], limit: int, walk: JudgedDecision
+    gold: Gold,
+    seen: list[JudgedPair],
+    order: list[tuple[str, str]],
+    limit: int,
+    walk: JudgedDecision,
+    advice: LabelAdvice | None,
 ) -> GoldSummary:
     """The gold labels and the judge's counts over the complete pairs along the order, with the rows of
     the pairs the decision used (per dataset and pooled)."""
@@ -335,8 +356,9 @@ def _gold_summary(
         agreement=counts.agreement,
         agreement_low=counts.agreement_low,
         agreement_high=counts.agreement_high,
-        advice=walk.labels_needed.describe() if walk.labels_needed is not None else None,
-        labels_needed=walk.labels_needed.labels if walk.labels_needed is not None else None,
+        advice=advice.describe() if advice is not None else None,
+        labels_needed=advice.labels if advice is not None else None,
+        advised_rate=advice.rate if advice is not None else None,
         draw=gold.draw,
         rows=[*rows.values(), pooled],
         gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p

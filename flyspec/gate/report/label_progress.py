@@ -13,7 +13,8 @@ from flyspec.gate.report.build import build_report
 def label_progress(store_path: Path, run_id: str) -> dict[str, Any]:
     """The run's decision as it stands (None while drawn pairs wait: the report's reading is then interim),
     its interval and margin, the judge's agreement with gold, and the report's label advice (the sentence
-    and ``labels_needed``, the labels that would let the run decide; None when none would)."""
+    and ``labels_needed``, the labels that would let the run decide at the label rate ``advised_rate``;
+    None when none would) beside the run's registered ``gold_rate``."""
     report = build_report(store_path, run_id)
     pooled, gold = report.pooled, report.gold
     interim = pooled.interim_decision if pooled is not None else None
@@ -25,5 +26,7 @@ def label_progress(store_path: Path, run_id: str) -> dict[str, Any]:
         "margin": report.registered.margin,
         "judge_agreement": gold.agreement if gold is not None else None,
         "labels_needed": gold.labels_needed if gold is not None else None,
+        "advised_rate": gold.advised_rate if gold is not None else None,
+        "gold_rate": gold.rate if gold is not None else None,
         "advice": gold.advice if gold is not None else None,
     }

@@ -151,7 +151,8 @@ class GoldSummary:
     ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
     still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
     labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide (when it
-    has not), ``labels_needed`` that number of labels (None when no label rate would do). ``rows``: the
+    has not), ``labels_needed`` that number of labels at the label rate ``advised_rate`` (None when no label rate
+    would do). ``rows``: the
     counts per dataset and pooled; ``gold_exact_p``: McNemar's exact test on the
     labelled pairs (the labels are a random subset of the differing pairs); ``estimate``: the
     prediction-powered estimate of the difference where the decision stopped; ``normal_width`` and
@@ -173,6 +174,7 @@ class GoldSummary:
     agreement_high: float | None
     advice: str | None = None
     labels_needed: int | None = None
+    advised_rate: float | None = None
     draw: int = 2
     rows: list[GoldRow] = field(default_factory=list)
     gold_exact_p: float | None = None

@@ -92,16 +92,19 @@ Progress = Callable[[Path, str], dict[str, Any]]
 
 def progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, Any]:
     """Labelled and waiting pairs, the agreement between labellers, the run's decision as it stands and
-    the report's label advice (``more_labels``: how many more labels would let the run decide)."""
+    the report's label advice (``more_labels``: how many more labels would let the run decide; None when
+    the advice needs a higher label rate than the run registered, which its draw cannot give: the advice's
+    sentence says so)."""
     labelled = sum(label is not None for _, label in queue.pairs)
     reading = decision(store_path, queue.run.run_id)
-    needed = reading["labels_needed"]
+    needed, rate = reading["labels_needed"], reading["advised_rate"]
+    reachable = needed is not None and rate is not None and rate <= reading["gold_rate"]
     return {
         "run": queue.run.run_id,
         "labelled": labelled,
         "waiting": len(queue.pairs) - labelled,
         **reading,
-        "more_labels": None if needed is None else max(0, needed - labelled),
+        "more_labels": max(0, needed - labelled) if reachable else None,
         "labellers": _agreement(queue),
     }
 

@@ -53,15 +53,13 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, Walk, check_margin_alpha
+from flyspec.gate.stats.decide import Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
 from flyspec.gate.stats.sequence import BoundedMeanSequence
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
 """The PPI++ weight starts at 1/2, worth one labelled pair with |f| = 1."""
-ASSUMED_AGREEMENT = 0.95
-"""The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
 GOLD_DRAW = 2
 """The version of the gold-label draw runs register (``gold_draw``)."""
 
@@ -305,11 +303,11 @@ class JudgedDecision:
 
     ``low``/``high``: the ``1 - 2 alpha`` bounds where the walk stopped (``stopped_at`` pairs; for a fixed
     run, every usable pair); ``usable``: the pairs before the first one waiting for a label (only those
-    count); ``labels_needed``: when INCONCLUSIVE, about how many gold labels a run of this size would need
-    to decide (``LabelAdvice``), else None. ``normal_width``: the width of a normal-theory interval at
-    the stop from the values seen, and ``emptied_at``: the pair after which every difference was
-    rejected (None if never); ``narrow`` says the interval is suspect (see there). ``estimate``: the mean
-    of the values up to the stop, the prediction-powered estimate of the difference.
+    count). How many gold labels would let such a run decide is the label advice's question
+    (flyspec/gate/stats/label_advice.py), not the decision's. ``normal_width``: the width of a
+    normal-theory interval at the stop from the values seen, and ``emptied_at``: the pair after which
+    every difference was rejected (None if never); ``narrow`` says the interval is suspect (see there).
+    ``estimate``: the mean of the values up to the stop, the prediction-powered estimate of the difference.
     """
 
     decision: str
@@ -321,7 +319,6 @@ class JudgedDecision:
     rate: float
     usable: int
     counts: JudgeCounts
-    labels_needed: LabelAdvice | None
     normal_width: float | None = None
     emptied_at: int | None = None
     estimate: float | None = None
@@ -350,9 +347,9 @@ def judged_decision(
     ``design="fixed"``: the plug-in bet tuned to ``horizon`` (the registered size; default the number of
     pairs), decided on the running bounds after the last usable pair. ``design="sequential"``: the anytime
     mixture, stopping at the first n with ``low > -margin`` (PASS) or ``high < -margin`` (FAIL). Only the
-    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE, with
-    ``labels_needed`` saying how many labels would let it decide). P(PASS) <= alpha when the true
-    difference is at most -margin, and P(FAIL) <= alpha when it is at least -margin, for any judge.
+    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE).
+    P(PASS) <= alpha when the true difference is at most -margin, and P(FAIL) <= alpha when it is at least
+    -margin, for any judge.
     """
     check_margin_alpha(margin, alpha)
     check_rate(rate)
@@ -372,9 +369,6 @@ def judged_decision(
             break
     sequence, stopped, end = walk.sequence, walk.n, walk.decision()
     counts = judge_counts(used[:stopped])
-    advice = None
-    if end.decision == INCONCLUSIVE:
-        advice = labels_needed(counts, margin, alpha, design, max(horizon or 0, len(pairs)), used[:stopped])
     return JudgedDecision(
         decision=end.decision,
         stopped_at=stopped,
@@ -385,70 +379,7 @@ def judged_decision(
         rate=rate,
         usable=usable,
         counts=counts,
-        labels_needed=advice,
         normal_width=sequence.normal_width(2.0 * alpha),
         emptied_at=sequence.emptied_at,
         estimate=sequence.estimate,
     )
-
-
-@dataclass(frozen=True)
-class LabelAdvice:
-    """About how many gold labels a judged run of ``questions`` pairs needs to decide, and on what
-    assumption: the median run decides at label rate ``rate`` (``labels`` = rate x the non-identical pairs
-    expected), if the true difference is ``effect`` (the judge's estimate: its mean prediction) and the
-    judge agrees with gold on a share ``agreement`` of pairs (``assumed``: no label seen yet, so
-    ASSUMED_AGREEMENT). ``labels`` is None when no rate up to 1 decides at this size."""
-
-    questions: int
-    rate: float | None
-    labels: int | None
-    effect: float
-    agreement: float
-    assumed: bool
-
-    def describe(self) -> str:
-        """One sentence for the report."""
-        basis = (
-            f"{100 * self.agreement:.0f}% agreement with gold, as assumed before any label"
-            if self.assumed
-            else f"the judge's {100 * self.agreement:.0f}% agreement with gold seen so far"
-        )
-        if self.labels is None:
-            return (
-                f"No label rate lets a run of {self.questions} questions decide at a true difference of "
-                f"{100 * self.effect:+.1f} points and {basis}: more questions are needed."
-            )
-        return (
-            f"About {self.labels} gold labels (a label rate of {self.rate:.2f} of the pairs that differ) "
-            f"would let a run of {self.questions} questions decide, if the true difference is the judge's "
-            f"estimate of {100 * self.effect:+.1f} points, at {basis}."
-        )
-
-
-def labels_needed(
-    counts: JudgeCounts,
-    margin: float,
-    alpha: float,
-    design: str,
-    questions: int,
-    pairs: Sequence[JudgedPair] = (),
-) -> LabelAdvice:
-    """How many gold labels would let a judged run of ``questions`` pairs like these decide (median run).
-
-    Assumes the true difference is the judge's own estimate (its mean prediction over the pairs) and a
-    judge agreeing with gold as often as seen (ASSUMED_AGREEMENT before any label); the share of pairs
-    that differ is the one seen. Uses ``flyspec.gate.stats.sizing`` (the expected growth of the betting
-    capital at the margin), searching the smallest label rate whose median run decides.
-    """
-    # Imported here: the sizing module simulates judged runs with this module's values.
-    from flyspec.gate.stats.sizing import JudgeModel, smallest_rate
-
-    differing = (counts.n - counts.identical) / counts.n if counts.n else 0.0
-    effect = float(np.mean([p.prediction for p in pairs])) if pairs else 0.0
-    assumed = counts.agreement is None
-    agreement = ASSUMED_AGREEMENT if counts.agreement is None else counts.agreement
-    model = JudgeModel.from_agreement(agreement)
-    rate = smallest_rate(model, differing, effect, margin, alpha, design, questions)
-    labels = None if rate is None else math.ceil(rate * differing * questions)
-    return LabelAdvice(questions, rate, labels, effect, agreement, assumed)

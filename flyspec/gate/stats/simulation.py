@@ -289,20 +289,44 @@ def judged_runs(
     FAIL side (twice as fast; a run then never stops at a FAIL, so its P(PASS) can only be overstated:
     enough for a validity check); ``pass_side=False`` skips the PASS side likewise for P(FAIL).
     """
+    if population is not None and orders is None:
+        orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
+
+    def block_of(active: np.ndarray, start: int, cols: int) -> JudgedBlock:
+        d = None if population is None or orders is None else population[orders[active, start : start + cols]]
+        u = None if draws is None else draws[active, start : start + cols]
+        return draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
+
+    return walk_judged(runs, questions, block_of, margin, alpha, rate, design, block, fail_side, pass_side)
+
+
+def walk_judged(
+    runs: int,
+    questions: int,
+    block_of: Callable[[np.ndarray, int, int], JudgedBlock],
+    margin: float,
+    alpha: float,
+    rate: float,
+    design: str,
+    block: int = 256,
+    fail_side: bool = True,
+    pass_side: bool = True,
+    settle: float | None = None,
+) -> Outcomes:
+    """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs:
+    ``block_of(active, start, cols)`` gives the pairs from ``start`` on of the runs still undecided
+    (``judged_runs`` draws them from a judge; the label advice, flyspec/gate/stats/label_advice.py, from
+    a ``PairModel``). ``settle`` (sequential runs): stop walking as soon as whether a share ``settle`` of
+    the runs decide is settled (that many have, or too few are left to); the runs not walked to the end
+    then count as undecided, so only that comparison of the outcome is exact."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side)
     stream = JudgedStream(runs, rate)
     stops = Stops(runs, questions)
-    if population is not None and orders is None:
-        orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
     active = np.arange(runs)
     for start in range(0, questions, block):
-        cols = min(block, questions - start)
-        d = None if population is None or orders is None else population[orders[active, start : start + cols]]
-        u = None if draws is None else draws[active, start : start + cols]
-        pairs = draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
-        y, labels = stream.values(pairs)
+        y, labels = stream.values(block_of(active, start, min(block, questions - start)))
         plus, minus = capital.step(y)
         if design == "fixed":
             stops.passed |= plus.any(axis=1)
@@ -312,7 +336,9 @@ def judged_runs(
         active = active[keep]
         capital.keep(keep)
         stream.keep(keep)
-        if active.size == 0:
+        if active.size == 0 or (
+            settle is not None and _settled(runs - active.size, active.size, runs, settle)
+        ):
             break
     if design == "fixed":
         # A fixed run decides on its running bounds at the end: PASS if the lower bound ever passed
@@ -320,6 +346,11 @@ def judged_runs(
         stops.passed &= stream.labelled > 0
         stops.failed &= stream.labelled > 0
     return Outcomes(crossing_verdicts(stops.passed, stops.failed), stops.stopped_at)
+
+
+def _settled(decided: int, undecided: int, runs: int, share: float) -> bool:
+    """Whether it is known yet if at least ``share`` of ``runs`` decide."""
+    return decided >= share * runs or decided + undecided < share * runs
 
 
 class Stops:
