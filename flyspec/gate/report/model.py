@@ -151,10 +151,9 @@ class GoldSummary:
     ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
     still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
     labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide (when it
-    has not), ``labels_needed`` that number of labels at the label rate ``advised_rate`` (None when no label rate
-    would do). ``rows``: the
-    counts per dataset and pooled; ``gold_exact_p``: McNemar's exact test on the
-    labelled pairs (the labels are a random subset of the differing pairs); ``estimate``: the
+    has not), ``labels_needed`` that number of labels at the label rate ``advised_rate`` (None when no
+    label rate would do). ``rows``: the counts per dataset and pooled; ``gold_exact_p``: McNemar's exact
+    test on the labelled pairs (the labels are a random subset of the differing pairs); ``estimate``: the
     prediction-powered estimate of the difference where the decision stopped; ``normal_width`` and
     ``narrow``: the interval is less than half as wide as a normal-theory interval from the same values
     (or the set emptied), a sign that the values' mean changed along the order."""
