@@ -178,8 +178,8 @@ class _Exploding:
 
 def test_a_grammar_over_its_budget_is_a_400_and_no_stream_pauses(server: Server, byte_model: Path) -> None:
     """guided_regex "(x{1000}){1000}", whose compile (with its first mask, where llguidance builds the
-    lexer) takes about a second, against a 0.25 s budget: a 400 naming guided_regex within about the
-    budget, while a stream that runs meanwhile never pauses for half of that compile (it used to pause
+    lexer) takes half a second to a second, against a 0.25 s budget: a 400 naming guided_regex within about
+    the budget, while a stream that runs meanwhile never pauses for half of that compile (it used to pause
     for all of it, on the engine thread; the compile's lane shares the GIL with the engine, and in a CI
     run on a 2-core Intel Xeon one gap reached 0.51 s of a 1.37 s compile). The budget counts compile
     time only: a fresh server's first grammar waits for the grammar tokenizer to be built, and is not
@@ -192,7 +192,9 @@ def test_a_grammar_over_its_budget_is_a_400_and_no_stream_pauses(server: Server,
     t0 = time.monotonic()
     grammars.compile(StructuredOutputsParams(regex=HOSTILE_REGEX))
     compile_s = time.monotonic() - t0
-    assert compile_s > 0.5  # the hostile grammar is hostile on this machine
+    # the hostile grammar is hostile on this machine: well over the 0.25 s budget (0.49-1.37 s measured
+    # on the CI machines; it does not grow with the repeat counts, the lexer build dominates)
+    assert compile_s > 0.4, compile_s
 
     r = server.post("/v1/completions", {"prompt": "x", "max_tokens": 3, "guided_regex": "[ab]+"})
     assert r.status_code == 200 and set(r.json()["choices"][0]["text"]) <= {"a", "b"}, r.text
