@@ -10,7 +10,9 @@ pools fault in once; not counted). Then one wave of the next `batch` questions (
 as the demo's new questions are) generates `max_tokens` tokens each (greedy, ignore_eos),
 the requests' verification taking the `--mix` modes in turn as the demo's arms do (standard speculative
 decoding beside FLy by default; `draft_only` is the demo's control), and the process's minor faults
-(getrusage `ru_minflt`) over that wave are divided by its generated tokens. `peak_rss_gb` is the peak
+(getrusage `ru_minflt`) over that wave are divided by its generated tokens; the same for the steps that
+prefilled no prompt tokens alone (the demo's steady state, where a finished request's slot takes one new
+prompt at a time, is mostly such steps). `peak_rss_gb` is the peak
 resident size during the wave (Linux: /proc/self/status VmHWM, reset before it), `process_peak_rss_gb`
 the peak since the process started (loading included).
 """
@@ -43,6 +45,8 @@ class FaultCount:
     tokens: int
     minor_faults: int
     minor_faults_per_1k_tokens: float
+    decode_tokens: int
+    decode_minor_faults_per_1k_tokens: float
     peak_rss_gb: float | None
     process_peak_rss_gb: float
     weight_formats: dict[str, str]
@@ -100,42 +104,40 @@ def count_faults(
 ) -> FaultCount:
     """Count one wave's minor faults and peak memory (see the module docstring); ValueError names a bad
     setting."""
-    counts = {"batch": batch, "k": k, "max_tokens": max_tokens, "warmup_tokens": warmup_tokens}
-    for name, value in counts.items():
+    sizes = {"batch": batch, "k": k, "max_tokens": max_tokens, "warmup_tokens": warmup_tokens}
+    for name, value in sizes.items():
         if value < 1:
             raise ValueError(f"{name}={value}: must be >= 1")
     bad = [m for m in mix if m not in MODES]
     if not mix or bad:
         raise ValueError(f"mix={list(mix)}: each entry must be one of {', '.join(MODES)}")
-    from flyspec.bench.prompts import load_prompts, waves
-    from flyspec.llm import LLM
+    from flyspec.bench.prompts import load_prompts
+    from flyspec.config import EngineConfig
+    from flyspec.engine.engine import LLMEngine
 
     spec = None
     if draft is not None:
         spec = {"model": draft, "num_speculative_tokens": k, "rejection_sample_method": "fly"}
     elif "draft_only" in mix or "fly" in mix:
         raise ValueError(f"mix={list(mix)}: 'fly' and 'draft_only' need a draft model")
-    llm = LLM(
-        model,
-        speculative_config=spec,
-        dtype=dtype,
-        quantization=None if quantization == "none" else quantization,
-        max_num_seqs=batch,
-        kv_cache_request_len=1024 + max_tokens,
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            speculative_config=spec,
+            dtype=dtype,
+            quantization=None if quantization == "none" else quantization,
+            max_num_seqs=batch,
+            kv_cache_request_len=1024 + max_tokens,
+        )
     )
     # Other questions than the warm-up's, so that the counted wave prefills its prompts as the demo does
     # (the warm-up's would be found in the prefix cache).
-    first, second = waves(load_prompts("gsm8k", 2 * batch, llm.get_tokenizer()), 2 * batch, batch)
-    params = _params(mix, max_tokens)
-    warm = _params(mix, warmup_tokens)
-    llm.generate([p.token_ids for p in first], [warm[i % len(warm)] for i in range(batch)], use_tqdm=False)
-    wave = [params[i % len(params)] for i in range(batch)]
+    prompts = load_prompts("gsm8k", 2 * batch, engine.tokenizer)
+    _run(engine, "warm-up", prompts[:batch], _params(mix, warmup_tokens), None)
     peak_known = _reset_peak_rss()
-    before = _minor_faults()
-    outputs = llm.generate([p.token_ids for p in second], wave, use_tqdm=False)
-    faults = _minor_faults() - before
+    counts = _Counts()
+    _run(engine, "counted", prompts[batch:], _params(mix, max_tokens), counts)
     peak = _peak_rss_bytes() if peak_known else None
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return FaultCount(
         model=model,
         draft=draft,
@@ -143,14 +145,44 @@ def count_faults(
         batch=batch,
         k=k,
         mix=tuple(mix),
-        tokens=tokens,
-        minor_faults=faults,
-        minor_faults_per_1k_tokens=1000 * faults / max(tokens, 1),
+        tokens=counts.tokens,
+        minor_faults=counts.faults,
+        minor_faults_per_1k_tokens=1000 * counts.faults / max(counts.tokens, 1),
+        decode_tokens=counts.decode_tokens,
+        decode_minor_faults_per_1k_tokens=1000 * counts.decode_faults / max(counts.decode_tokens, 1),
         peak_rss_gb=None if peak is None else peak / 1e9,
         # ru_maxrss is in KiB on Linux.
         process_peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-        weight_formats=llm.weight_formats,
+        weight_formats=dict(engine.weight_formats),
     )
+
+
+@dataclass
+class _Counts:
+    tokens: int = 0
+    faults: int = 0
+    decode_tokens: int = 0
+    decode_faults: int = 0
+
+
+def _run(engine: Any, name: str, prompts: list[Any], params: list[Any], counts: _Counts | None) -> None:
+    """Generate for `prompts` (request i, named f"{name}-{i}", takes params[i % len(params)]) to the end,
+    step by step, adding each step's generated tokens and minor faults to `counts`, and to its decode
+    share when the step prefilled no prompt tokens."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{name}-{i}", prompt.token_ids, params[i % len(params)])
+    stats = engine.stats
+    while engine.has_unfinished_requests():
+        prompt_tokens, tokens, faults = stats.prompt_tokens, stats.generation_tokens, _minor_faults()
+        engine.step()
+        if counts is None:
+            continue
+        tokens, faults = stats.generation_tokens - tokens, _minor_faults() - faults
+        counts.tokens += tokens
+        counts.faults += faults
+        if stats.prompt_tokens == prompt_tokens:
+            counts.decode_tokens += tokens
+            counts.decode_faults += faults
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,7 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{result.model} + {result.draft}, {result.quantization}, batch {result.batch}, K={result.k}, "
         f"mix {','.join(result.mix)}: {result.tokens} tokens, {result.minor_faults} minor faults = "
-        f"{result.minor_faults_per_1k_tokens:,.0f} per 1,000 tokens; peak RSS {peak} during the wave, "
+        f"{result.minor_faults_per_1k_tokens:,.0f} per 1,000 tokens "
+        f"({result.decode_minor_faults_per_1k_tokens:,.0f} in the steps that prefilled nothing, "
+        f"{result.decode_tokens} tokens); peak RSS {peak} during the wave, "
         f"{result.process_peak_rss_gb:.2f} GB since start"
     )
     if args.json:
