@@ -112,31 +112,28 @@ def count_faults(
     if not mix or bad:
         raise ValueError(f"mix={list(mix)}: each entry must be one of {', '.join(MODES)}")
     from flyspec.bench.prompts import load_prompts
-    from flyspec.config import EngineConfig
-    from flyspec.engine.engine import LLMEngine
+    from flyspec.llm import LLM
 
     spec = None
     if draft is not None:
         spec = {"model": draft, "num_speculative_tokens": k, "rejection_sample_method": "fly"}
     elif "draft_only" in mix or "fly" in mix:
         raise ValueError(f"mix={list(mix)}: 'fly' and 'draft_only' need a draft model")
-    engine = LLMEngine(
-        EngineConfig(
-            model=model,
-            speculative_config=spec,
-            dtype=dtype,
-            quantization=None if quantization == "none" else quantization,
-            max_num_seqs=batch,
-            kv_cache_request_len=1024 + max_tokens,
-        )
+    llm = LLM(
+        model,
+        speculative_config=spec,
+        dtype=dtype,
+        quantization=None if quantization == "none" else quantization,
+        max_num_seqs=batch,
+        kv_cache_request_len=1024 + max_tokens,
     )
     # Other questions than the warm-up's, so that the counted wave prefills its prompts as the demo does
     # (the warm-up's would be found in the prefix cache).
-    prompts = load_prompts("gsm8k", 2 * batch, engine.tokenizer)
-    _run(engine, "warm-up", prompts[:batch], _params(mix, warmup_tokens), None)
+    prompts = load_prompts("gsm8k", 2 * batch, llm.get_tokenizer())
+    _run(llm, prompts[:batch], _params(mix, warmup_tokens), None)
     peak_known = _reset_peak_rss()
     counts = _Counts()
-    _run(engine, "counted", prompts[batch:], _params(mix, max_tokens), counts)
+    _run(llm, prompts[batch:], _params(mix, max_tokens), counts)
     peak = _peak_rss_bytes() if peak_known else None
     return FaultCount(
         model=model,
@@ -153,7 +150,7 @@ def count_faults(
         peak_rss_gb=None if peak is None else peak / 1e9,
         # ru_maxrss is in KiB on Linux.
         process_peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-        weight_formats=dict(engine.weight_formats),
+        weight_formats=llm.weight_formats,
     )
 
 
@@ -165,24 +162,30 @@ class _Counts:
     decode_faults: int = 0
 
 
-def _run(engine: Any, name: str, prompts: list[Any], params: list[Any], counts: _Counts | None) -> None:
-    """Generate for `prompts` (request i, named f"{name}-{i}", takes params[i % len(params)]) to the end,
-    step by step, adding each step's generated tokens and minor faults to `counts`, and to its decode
-    share when the step prefilled no prompt tokens."""
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"{name}-{i}", prompt.token_ids, params[i % len(params)])
-    stats = engine.stats
-    while engine.has_unfinished_requests():
-        prompt_tokens, tokens, faults = stats.prompt_tokens, stats.generation_tokens, _minor_faults()
-        engine.step()
-        if counts is None:
-            continue
-        tokens, faults = stats.generation_tokens - tokens, _minor_faults() - faults
-        counts.tokens += tokens
-        counts.faults += faults
-        if stats.prompt_tokens == prompt_tokens:
-            counts.decode_tokens += tokens
-            counts.decode_faults += faults
+def _run(llm: Any, prompts: list[Any], params: list[Any], counts: _Counts | None) -> None:
+    """Generate for `prompts` (request i takes params[i % len(params)]) to the end, adding each step's
+    generated tokens and minor faults to `counts`, and to its decode share when the step prefilled no
+    prompt tokens. A step's outputs arrive together from `LLM.stream`; a step that only prefills has
+    none, so its faults go with the next step that has (which then counts as prefilling too)."""
+    stats = llm.stats
+    wave = [p.token_ids for p in prompts]
+    last = (stats.prompt_tokens, stats.generation_tokens, _minor_faults())
+
+    def add() -> None:
+        nonlocal last
+        now = (stats.prompt_tokens, stats.generation_tokens, _minor_faults())
+        if counts is not None and now[:2] != last[:2]:
+            tokens, faults = now[1] - last[1], now[2] - last[2]
+            counts.tokens += tokens
+            counts.faults += faults
+            if now[0] == last[0]:
+                counts.decode_tokens += tokens
+                counts.decode_faults += faults
+        last = now
+
+    for _ in llm.stream(wave, [params[i % len(params)] for i in range(len(wave))]):
+        add()
+    add()
 
 
 def main(argv: list[str] | None = None) -> None:
