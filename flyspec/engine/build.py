@@ -17,6 +17,7 @@ import torch
 
 from flyspec.budget import Capacity, capacity
 from flyspec.config import EngineConfig
+from flyspec.engine.allocator import keep_step_memory
 from flyspec.engine.drafters.base import Drafter
 from flyspec.engine.drafters.build import build_drafter
 from flyspec.engine.kv_blocks import BLOCK_SIZE, BlockManager
@@ -67,6 +68,8 @@ def build_parts(
     k = config.num_speculative_tokens
     # Budget arithmetic first: a budget that cannot run one request fails before any weights load.
     cap = capacity(config.max_num_batched_tokens, config.max_num_seqs, 1 + k)
+    if torch.device(config.device).type == "cpu":
+        keep_step_memory()  # steps reuse what earlier steps freed (engine/allocator.py)
     target = _load_target(config, target, cap.max_running)
     max_model_len = _resolve_max_model_len(config.max_model_len, target.model.max_position_embeddings)
     clock = StepClock(target.model.device)

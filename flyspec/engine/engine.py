@@ -45,6 +45,7 @@ from flyspec.engine.model_runner import sample_tokens
 from flyspec.engine.prompt_scoring import prefill_scoring, wants_scoring
 from flyspec.engine.scheduler import Scheduler
 from flyspec.engine.sequence import RequestGroup, Sequence
+from flyspec.engine.step_buffer import StepBuffer
 from flyspec.engine.structured import Grammars
 from flyspec.engine.timing import StepTiming
 from flyspec.engine.verify_batch import RowResult, VerifyBatch, verify_isolated
@@ -90,6 +91,9 @@ class LLMEngine:
         )
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.processing = TargetProcessing(self.grammars)
+        # The decode step's processed target probabilities, in one buffer reused step after step (the
+        # logits have their own, in the target's ModelRunner; engine/step_buffer.py says why).
+        self._probs_buffer = StepBuffer(self.vocab_size, torch.float32, self.target.device)
         self.logprobs = LogprobsBuilder(self.tokenizer)
         self._requests: dict[str, RequestGroup] = {}
         self._seqs: dict[str, Sequence] = {}  # every unfinished sample, by its own (unique) id
@@ -414,10 +418,14 @@ class LLMEngine:
         logits = torch.empty((0, self.vocab_size))
         if targets:
             tables, starts = [s.block_table for s in targets], [s.num_computed for s in targets]
-            logits = self.target.forward(rows, tables, starts, [list(range(len(r))) for r in rows])
+            keep = [list(range(len(r))) for r in rows]
+            logits = self.target.forward(rows, tables, starts, keep, reuse=True)
+        probs = self._probs_buffer.rows(len(logits))
         split = sum(n + 1 for n in num_draft)
-        accepted = self._verify_and_commit(spec, spec_proposal, drafts, logits[:split], spec_u[:, k:])
-        self._sample_and_commit(plain, logits[split:], plain_u[:, 0])
+        accepted = self._verify_and_commit(
+            spec, spec_proposal, drafts, logits[:split], spec_u[:, k:], probs[:split]
+        )
+        self._sample_and_commit(plain, logits[split:], plain_u[:, 0], probs[split:])
         for seq, tokens in zip(alone, alone_proposal.token_ids.tolist(), strict=True):
             self._commit(seq, tokens, None)  # every draft kept: nothing was verified, nothing is counted
         if drafter is not None and (spec or alone):
@@ -436,16 +444,18 @@ class LLMEngine:
         drafts: list[list[int]],
         logits: torch.Tensor,
         uniform: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> list[int]:
         """Verify the drafts of `seqs` against the target's logits (rows of K_b + 1 positions each) with
         their uniforms [B, K + 1] (the p/q tests, then the recovered or bonus token), commit what each row
-        keeps, count it, and return the number of drafts each row kept."""
+        keeps, count it, and return the number of drafts each row kept. `out`: a buffer for the
+        processed probabilities, as for `TargetProcessing.probs`."""
         if not seqs:
             return []
         k = self.k
         num_draft = [len(d) for d in drafts]
         # verify() checks finiteness itself; a failure there is isolated row by row.
-        flat, failed = self.processing.probs(logits, seqs, drafts, check_rows=False)
+        flat, failed = self.processing.probs(logits, seqs, drafts, check_rows=False, out=out)
         batch = VerifyBatch(
             draft_token_ids=proposal.token_ids,
             num_draft_tokens=proposal.num_tokens,
@@ -471,13 +481,20 @@ class LLMEngine:
             ]
         return [results[b].num_accepted if b in results else 0 for b in range(len(seqs))]
 
-    def _sample_and_commit(self, seqs: list[Sequence], logits: torch.Tensor, uniform: torch.Tensor) -> None:
+    def _sample_and_commit(
+        self,
+        seqs: list[Sequence],
+        logits: torch.Tensor,
+        uniform: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> None:
         """Sample one token per request from its row of `logits` [B, V] (processed as the request asks)
         with its uniform [B], and commit it: every token that is not the outcome of verification (the
-        first token after a prompt, and decode steps without drafts)."""
+        first token after a prompt, and decode steps without drafts). `out`: a buffer for the processed
+        probabilities, as for `TargetProcessing.probs`."""
         if not seqs:
             return
-        probs, failed = self.processing.probs(logits, seqs, [[]] * len(seqs))
+        probs, failed = self.processing.probs(logits, seqs, [[]] * len(seqs), out=out)
         tokens = sample_tokens(probs, [s.params.greedy for s in seqs], uniform)
         entries = self.logprobs.emitted(probs.unsqueeze(1), seqs, [[t] for t in tokens])
         for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):

@@ -174,6 +174,7 @@ class TargetProcessing:
         drafts: Seq[Seq[int]],
         *,
         check_rows: bool = True,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[int, str]]:
         """Processed probabilities [N, V] for logits [N, V] whose rows are, per request b in order,
         len(drafts[b]) + 1 consecutive positions (the position after the newest token, then after each
@@ -181,10 +182,13 @@ class TargetProcessing:
 
         check_rows: also fail requests whose distribution is not finite (one reduction over the rows);
         verify() checks that itself, so the verify path passes False and isolates on its error.
+        out: a float32 [N, V] buffer (not `logits`) the probabilities are written into, as the engine's
+        step buffer (engine/step_buffer.py); a batch that has to be processed request by request
+        (one of them failed) gets a new tensor instead.
         """
         failed: dict[int, str] = {}
         try:
-            probs = self._process(logits, seqs, drafts)
+            probs = self._process(logits, seqs, drafts, out)
         except Exception:  # isolate: process request by request, so only the failing ones are replaced
             pieces, start = [], 0
             for b, (seq, d) in enumerate(zip(seqs, drafts, strict=True)):
@@ -210,7 +214,11 @@ class TargetProcessing:
         return probs, failed
 
     def _process(
-        self, logits: torch.Tensor, seqs: Seq[ProcessedRequest], drafts: Seq[Seq[int]]
+        self,
+        logits: torch.Tensor,
+        seqs: Seq[ProcessedRequest],
+        drafts: Seq[Seq[int]],
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         counts = [len(d) + 1 for d in drafts]
         params = [s.params for s, n in zip(seqs, counts, strict=True) for _ in range(n)]
@@ -219,14 +227,16 @@ class TargetProcessing:
             # What process_logits gives greedy rows (the softmax of the logits as they are) without its
             # passes over [N, V] for checks and a division by 1: NaN rows come out NaN and fail their
             # request where rows are checked (here with check_rows, or in verify()).
-            return torch.softmax(logits, dim=-1)
+            return torch.softmax(logits, dim=-1) if out is None else torch.softmax(logits, dim=-1, out=out)
         if shaped:
-            logits = logits.clone()  # the caller's logits stay raw (a failed batch is retried from them)
+            # The caller's logits stay raw (a failed batch is retried from them): shape a copy, in `out`
+            # when there is one (process_logits then works in place there).
+            logits = logits.clone() if out is None else out.copy_(logits)
             starts = [0]
             for n in counts:
                 starts.append(starts[-1] + n)
             self._shape(logits, seqs, drafts, shaped, starts)
-        return process_logits(logits, *sampling_tensors(params, logits.device))
+        return process_logits(logits, *sampling_tensors(params, logits.device), out=out)
 
     def _shape(
         self,

@@ -15,6 +15,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from flyspec.engine.logits_processing import robust_probs
+from flyspec.engine.step_buffer import StepBuffer
 from flyspec.engine.timing import UNTIMED, PartTimer
 from flyspec.models.llama import ForwardBatch
 from flyspec.sampling_params import SamplingParams
@@ -35,6 +36,7 @@ class ModelRunner:
         self.cache = model.new_cache(num_blocks, block_size)
         self.device = next(model.parameters()).device
         self.vocab_size: int = model.vocab_size
+        self._logits_buffer = StepBuffer(self.vocab_size, torch.float32, self.device)
 
     @torch.inference_mode()
     def forward(
@@ -45,6 +47,7 @@ class ModelRunner:
         keep: Seq[Seq[int]] | None = None,
         *,
         prefill: bool = False,
+        reuse: bool = False,
     ) -> torch.Tensor:
         """Run rows of new tokens through the model, writing their K/V into the cache.
 
@@ -52,10 +55,11 @@ class ModelRunner:
         (which must cover them).
         keep[b] lists the indices into rows[b] whose logits are wanted (None: none). prefill: every row is
         prompt tokens (ForwardBatch.prefill). Returns float32 logits [sum(len(keep[b])), V] in row-major
-        order ([0, V] when nothing is kept: the lm_head does not run).
+        order ([0, V] when nothing is kept: the lm_head does not run). reuse: see `logits`.
         """
         with self.timer:
-            return self.logits(self._hidden(rows, tables, starts, keep or [[]] * len(rows), prefill))
+            hidden = self._hidden(rows, tables, starts, keep or [[]] * len(rows), prefill)
+            return self.logits(hidden, reuse=reuse)
 
     @torch.inference_mode()
     def forward_hidden(
@@ -73,10 +77,17 @@ class ModelRunner:
             return self._hidden(rows, tables, starts, keep, prefill)
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [M, V] of final hidden states [M, H] (M may be 0)."""
+    def logits(self, hidden: torch.Tensor, *, reuse: bool = False) -> torch.Tensor:
+        """float32 logits [M, V] of final hidden states [M, H] (M may be 0).
+
+        reuse: written into the runner's step buffer (engine/step_buffer.py) and returned as a view of
+        it, valid until the next call with reuse: for the decode step's passes, which use their logits
+        before the next pass and would otherwise allocate a new full-vocabulary tensor each time.
+        """
         if not len(hidden):
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=hidden.device)
+        if reuse:
+            return self.model.compute_logits(hidden, out=self._logits_buffer.rows(len(hidden)))
         return self.model.compute_logits(hidden).float()
 
     def _hidden(

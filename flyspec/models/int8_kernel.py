@@ -86,16 +86,23 @@ def matmul(
     n: int,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[M, n] in `out_dtype` = x [M, K] (quantized to int8 per row inside) times the packed weights,
-    plus the float32 bias. The kernel reads and writes float32 and bfloat16; other dtypes are converted."""
+    plus the float32 bias. The kernel reads and writes float32 and bfloat16; other dtypes are converted.
+    `out` ([M, n] in `out_dtype`): written and returned instead of a new tensor."""
     if x.dtype not in _DTYPES:
         x = x.to(torch.float32)
     x = x.contiguous()
     m, k = x.shape
-    y = torch.empty(m, n, dtype=out_dtype if out_dtype in _DTYPES else torch.float32)
+    fits = out is not None and out.dtype == out_dtype and out.shape == (m, n) and out.is_contiguous()
+    if fits and out_dtype in _DTYPES:
+        y = out  # the kernel writes straight into the caller's buffer
+    else:
+        y = torch.empty(m, n, dtype=out_dtype if out_dtype in _DTYPES else torch.float32)
     lib.flyspec_int8_matmul(
         x.data_ptr(), _DTYPES[x.dtype], m, k, codes.data_ptr(), scales.data_ptr(), n,
         None if bias is None else bias.data_ptr(), y.data_ptr(), _DTYPES[y.dtype],
     )  # fmt: skip
-    return y.to(out_dtype)
+    y = y.to(out_dtype)
+    return y if out is None or y is out else out.copy_(y)

@@ -119,7 +119,9 @@ class PagedKVCache:
             bsz, nb = blocks.shape
             numel = bsz * nb * self._block_numel
             if self._gather.numel() < numel:
-                self._gather = torch.empty(numel, dtype=self.dtype, device=self.device)
+                # At least doubling: the rows grow a block at a time, and each new buffer faults in anew.
+                grown = max(numel, 2 * self._gather.numel())
+                self._gather = torch.empty(grown, dtype=self.dtype, device=self.device)
             out = self._gather[:numel].view(bsz * nb, *self._block_shape)
             torch.index_select(store, 0, blocks.reshape(-1), out=out)
             rows = out.view(bsz, nb * self.block_size, 2 * h, -1)

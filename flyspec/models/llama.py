@@ -404,19 +404,26 @@ class LlamaForCausalLM(nn.Module):
             )
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits `[..., V]` of final-norm hidden states (call it only on the positions needed)."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits `[..., V]` of final-norm hidden states `[..., H]` (call it only on the positions
+        needed), written into `out` (float32 `[..., V]`, contiguous) when given: a caller that keeps such
+        a buffer across steps spares the allocator a fresh large tensor per call (engine/step_buffer.py).
+        The values are the same bits either way."""
         if self.batch_invariant:
-            return batch_invariant.padded_rows(self._logits, hidden)
-        return self._logits(hidden)
+            logits = batch_invariant.padded_rows(self._logits, hidden)
+            return logits if out is None else out.copy_(logits)
+        return self._logits(hidden, out)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.quantization is not None:
-            return self.lm_head.forward(hidden)
+            return self.lm_head.forward(hidden, out=out)
         if self.packed:
-            return self.lm_head.forward(hidden).float()
-        weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+            logits = self.lm_head.forward(hidden)
+        else:
+            weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
+            logits = F.linear(hidden, weight)
+        # The float32 copy goes straight into the buffer (no second full-vocabulary temporary).
+        return logits.float() if out is None else out.copy_(logits)
 
     def _plan(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache) -> _StepPlan:
         """What every layer of this forward shares: rotary tables, cache slots to write and read, masks."""

@@ -8,6 +8,7 @@ device and the weights are assigned, so no memory is spent on a random initialis
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from dataclasses import dataclass
@@ -86,7 +87,12 @@ def _read_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) ->
     state: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt", device="cpu") as fh:
-            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            keys = list(fh.keys())
+        for key in keys:
+            # One mapping per tensor: the file pages a mapping has read count in the process's resident
+            # memory until it closes, so one mapping for the whole file held a second copy of the
+            # checkpoint at the end of the load (the 1.5B's: 7.2 GB peak for 3.6 GB of weights).
+            with safe_open(str(file), framework="pt", device="cpu") as fh:
                 # Copied out of the file mapping: decode streams every weight each step, and file pages
                 # can be reclaimed and faulted back between steps (about 8% slower in an A/B on the
                 # reference VM); a rewritten file also cannot change (or SIGBUS) a loaded model.
@@ -146,7 +152,23 @@ def _build(
         assert check.packed is not None
         model.pack()
         _log.info("bfloat16 weights of %s prepacked for oneDNN: %s", label, check.packed.describe())
+    if quantization is not None or model.packed:
+        _return_freed_memory()
     return model, quantization, check
+
+
+def _return_freed_memory() -> None:
+    """Give the heap memory freed with the float weights back to the operating system (glibc's
+    malloc_trim; elsewhere nothing happens). Quantizing frees each float weight between allocations that
+    stay, and glibc keeps such freed holes resident: 0.5 GB of the 1.5B's int8 load, 0.9 GB of the
+    0.5B's, measured on AMD EPYC Zen 5."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def load_model(

@@ -154,9 +154,13 @@ class Int8Linear(nn.Module):
         self.weight_scale = scale
         self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
 
-    def int8_matmul(self, x_u8: torch.Tensor) -> torch.Tensor:
+    def int8_matmul(self, x_u8: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """sum_k (x_u8[m, k] - 128) * q_w[n, k] * s_w[n] as float32 [M, N] for uint8 codes [M, K] with
-        zero point 128 (`quantize_per_token(x, zero_point=128)`).
+        zero point 128 (`quantize_per_token(x, zero_point=128)`), written into `out` (float32 [M, N],
+        contiguous) when given.
+
+        Into `out`: oneDNN's matmul has no output argument, but its "sum" post-op accumulates into a
+        given tensor in place; accumulated onto zeros the result is the same bits.
 
         Why unsigned activations: without AMX, oneDNN multiplies int8 with VNNI's `vpdpbusd`, which takes
         one unsigned operand. Signed activations would need an s8s8 compensation term inside the packed
@@ -166,25 +170,35 @@ class Int8Linear(nn.Module):
         carry, and run oneDNN's optimised kernels (`brg_matmul:avx512_core_vnni`, AMX where present).
         The integer sums are exact either way, so the outputs are bit for bit the same.
         """
-        return torch.ops.onednn.qlinear_pointwise(
-            x_u8, 1.0, 128, self.packed, self.weight_scale, self._zero_points, None, 1.0, 0,
-            torch.float32, "none", [], "",
+        if out is None:
+            return torch.ops.onednn.qlinear_pointwise(
+                x_u8, 1.0, 128, self.packed, self.weight_scale, self._zero_points, None, 1.0, 0,
+                torch.float32, "none", [], "",
+            )  # fmt: skip
+        return torch.ops.onednn.qlinear_pointwise.binary(
+            x_u8, 1.0, 128, self.packed, self.weight_scale, self._zero_points, out.zero_(), None, 1.0, 0,
+            torch.float32, 1.0, 0, "sum", 1.0, "none", [], "",
         )  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] (any float dtype) -> [..., N] in `out_dtype`."""
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] (any float dtype) -> [..., N] in `out_dtype`, written into `out` (contiguous, of
+        that shape and dtype) when given."""
         shape = x.shape
+        rows = x.reshape(-1, self.in_features)
+        flat_out = None if out is None else out.view(-1, self.out_features)
         if self._kernel is not None:
-            rows = x.reshape(-1, self.in_features)
             y = int8_kernel.matmul(
                 self._kernel, rows, self.codes, self.weight_scale, self.out_features, self.bias,
-                self.out_dtype,
+                self.out_dtype, flat_out,
             )  # fmt: skip
             return y.view(*shape[:-1], self.out_features)
-        x_u8, x_scale = quantize_per_token(x.reshape(-1, self.in_features), zero_point=128)
-        y = self.int8_matmul(x_u8).mul_(x_scale)
+        x_u8, x_scale = quantize_per_token(rows, zero_point=128)
+        into = flat_out if flat_out is not None and flat_out.dtype == torch.float32 else None
+        y = self.int8_matmul(x_u8, into).mul_(x_scale)
         if self.bias is not None:
             y.add_(self.bias)
+        if flat_out is not None and y is not flat_out:
+            y = flat_out.copy_(y)
         return y.to(self.out_dtype).view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -269,16 +283,19 @@ class Int4Linear(nn.Module):
             self.scales_and_offsets = pairs.to(weight.dtype)
         self.bias = None if bias is None else bias.detach().float()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] (float32, bfloat16 or float16) -> [..., N] in `out_dtype`."""
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] (float32, bfloat16 or float16) -> [..., N] in `out_dtype`, written into `out`
+        (contiguous, of that shape and dtype) when given."""
         if self.prefill is not None and _PREFILL.get():
-            return self.prefill.forward(x)
+            y = self.prefill.forward(x)
+            return y if out is None else out.copy_(y)
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()  # the kernels read rows densely
         if self._kernel is not None:
             y = int4_kernel.matmul(
                 self._kernel, rows, self.packed, self.scales_and_offsets, self.group_size,
                 self.out_features, self.bias, self.out_dtype,
+                None if out is None else out.view(-1, self.out_features),
             )  # fmt: skip
             return y.view(*shape[:-1], self.out_features)
         # torch's kernel wants the scales in the activations' dtype (a model's own calls match).
@@ -288,7 +305,8 @@ class Int4Linear(nn.Module):
             y = y[:, : self.out_features]
         if self.bias is not None:
             y = y.to(torch.float32).add_(self.bias)
-        return y.to(self.out_dtype).reshape(*shape[:-1], self.out_features)
+        y = y.to(self.out_dtype).reshape(*shape[:-1], self.out_features)
+        return y if out is None else out.copy_(y)
 
     def extra_repr(self) -> str:
         groups = f"int4 groups of {self.group_size}"
@@ -307,9 +325,10 @@ class Float32Linear(nn.Module):
         self.weight32 = weight.detach().to(torch.float32, copy=True).contiguous()
         self.bias = None if bias is None else bias.detach().float()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N] in `out_dtype`."""
-        return F.linear(x.to(torch.float32), self.weight32, self.bias).to(self.out_dtype)
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N] in `out_dtype`, copied into `out` when given."""
+        y = F.linear(x.to(torch.float32), self.weight32, self.bias).to(self.out_dtype)
+        return y if out is None else out.copy_(y)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float32 weights"

@@ -24,6 +24,8 @@ def process_logits(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row sampling distributions from logits.
 
@@ -40,6 +42,8 @@ def process_logits(
         top_k: [N] int64, >= 0.
         top_p: [N], in (0, 1].
         min_p: [N] in [0, 1], or None (off for every row).
+        out: [N, V] float32, contiguous: the result is written here instead of into a new tensor (it may
+            be `logits` itself); the values are the same bits.
 
     Returns:
         [N, V] float32 probabilities (rows sum to 1; filtered tokens are exactly 0).
@@ -53,7 +57,8 @@ def process_logits(
         _check_rows("min_p", min_p, n)
         if ((min_p < 0) | (min_p > 1)).any():
             raise ValueError(f"min_p must lie in [0, 1], got {min_p.tolist()}")
-    if torch.isnan(logits).any():
+    # A NaN makes the sum NaN, so the elementwise check (an [N, V] temporary) runs only when it may hit.
+    if torch.isnan(logits.sum()) and torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
     if (temperature < 0).any() or not torch.isfinite(temperature).all():
         raise ValueError(f"temperature must be finite and >= 0, got {temperature.tolist()}")
@@ -67,7 +72,8 @@ def process_logits(
     top_k = top_k.to(device)
     top_p = top_p.to(device)
     greedy = temperature == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
+    divisor = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
+    scaled = logits / divisor if out is None else torch.div(logits, divisor, out=out)
 
     if min_p is not None:
         min_p = min_p.to(device=device, dtype=logits.dtype)
@@ -82,9 +88,9 @@ def process_logits(
     use_k = (top_k > 0) & (top_k < vocab)
     use_p = top_p < 1
     filtered = (~greedy) & (use_k | use_p)
-    if filtered.any():
-        # Only the rows that filter pay for the O(V log V) sort.
-        rows = filtered.nonzero().squeeze(1)
+    # Only the rows that filter pay for the O(V log V) sort, a few rows at a time: every step of it is
+    # row by row, and the temporaries of a few rows stay below the size the allocator maps afresh.
+    for rows in filtered.nonzero().squeeze(1).split(_FILTER_ROWS) if filtered.any() else ():
         vals, order = scaled[rows].sort(dim=-1, descending=True, stable=True)
         k = torch.where(use_k[rows], top_k[rows], torch.full_like(top_k[rows], vocab))
         kth = vals.gather(1, (k - 1).unsqueeze(1))
@@ -96,8 +102,13 @@ def process_logits(
         drop[:, 0] = False
         vals = vals.masked_fill(drop, float("-inf"))
         scaled[rows] = torch.full_like(vals, float("-inf")).scatter(1, order, vals)
-    return torch.softmax(scaled, dim=-1)
+    if out is None:
+        return torch.softmax(scaled, dim=-1)
+    return torch.softmax(scaled, dim=-1, out=scaled)  # in place: scaled is `out`
 
+
+_FILTER_ROWS = 8
+"""Rows sorted together for top-k / top-p: their int64 order over a 151,936-token vocabulary is 9.7 MB."""
 
 _BLOCK = 1024
 """Columns per block in inverse_cdf_sample: a 151,936-token row becomes 149 block sums plus one block."""

@@ -113,7 +113,7 @@ class CrossVocabDrafter(Drafter):
         self._feed_long_rows(rows, tables, starts, states)
         picked_rows: list[torch.Tensor] = []
         for _ in range(k):
-            logits = self.runner.forward(rows, tables, starts, keep=[[len(r) - 1] for r in rows])
+            logits = self.runner.forward(rows, tables, starts, keep=[[len(r) - 1] for r in rows], reuse=True)
             picked = self.map.greedy_pick(logits, self._allowed)
             picked_rows.append(picked)
             # What this pass fed is now in the cache; the next pass feeds the draft just picked (so the

@@ -81,7 +81,7 @@ class DraftModelDrafter(Drafter):
         rows = [s.token_ids[start:] for s, start in zip(seqs, starts, strict=True)]
         tokens, probs = [], []
         for j in range(k):
-            logits = self.runner.forward(rows, tables, starts, keep=[[len(r) - 1] for r in rows])
+            logits = self.runner.forward(rows, tables, starts, keep=[[len(r) - 1] for r in rows], reuse=True)
             picked = first_argmax(logits)
             if not all_greedy:
                 q = logits_to_probs(logits, params)
