@@ -1,27 +1,38 @@
 """The routes a shadow run adds to the app: ``/decision`` (the decision object of ``gate report --json``
 for this run, built by the report itself), ``/status`` (the run for a person: the interval against the
 margin, the counts, the judge's agreement with gold, the claim in words) and the decision's gauges on
-``/metrics``. Each is built from the store when asked, in a worker thread, so it agrees with ``gate
-report`` run at the same moment and never holds the event loop that serves clients."""
+``/metrics``. /status plots the interval after each pair (status_plot.py). Each is built from the store
+when asked, in a worker thread, so it agrees with ``gate report`` run at the same moment and never holds
+the event loop that serves clients."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from html import escape
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.interval_path import Step, interval_path
 from flyspec.gate.shadow.metrics import ShadowMetrics
 from flyspec.gate.shadow.run import LiveDecision, ShadowRun
+from flyspec.gate.shadow.status_plot import interval_svg
 
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:+.1f} pts"
 
 
-def status_page(run: ShadowRun, state: LiveDecision) -> str:
-    """The /status page: plain HTML, every value escaped."""
+def interval_steps(run: ShadowRun) -> list[Step]:
+    """The run's interval after each pair it counts, replayed from the store (the report's walk)."""
+    with GateStore(run.path) as store:
+        return interval_path(store, run.run_id)
+
+
+def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ()) -> str:
+    """The /status page: plain HTML with the interval over time as inline SVG, every value escaped."""
     d = state.decision
     margin = float(d.get("margin") or run.plan.margin)
     agreement = (
@@ -50,6 +61,8 @@ def status_page(run: ShadowRun, state: LiveDecision) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>flyspec gate shadow</title></head><body>"
         f"<h1>flyspec gate shadow: run {escape(run.run_id)}</h1><table>{table}</table>"
+        "<h2>The interval against the margin, pair by pair</h2>"
+        f"{interval_svg(steps, margin, f'The interval of run {run.run_id} against -margin')}"
         f"<h2>The claim</h2><p>{escape(claim)}</p>"
         f"<p>{escape(shadow.errors if shadow is not None else '')}</p></body></html>"
     )
@@ -71,4 +84,5 @@ def add_run_routes(app: FastAPI, run: ShadowRun, metrics: ShadowMetrics) -> None
 
     @app.get("/status")
     async def status() -> HTMLResponse:
-        return HTMLResponse(status_page(run, await current()))
+        state = await current()
+        return HTMLResponse(status_page(run, state, await asyncio.to_thread(interval_steps, run)))
