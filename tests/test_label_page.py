@@ -188,3 +188,30 @@ def test_gate_label_web_serves_the_page_on_loopback(run: tuple[Path, str]) -> No
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_reading_is_built_again_only_when_the_run_changes(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page asks for the decision and advice after every label, and a long sequential run's report
+    simulates its advice for seconds: the reading is kept while the run's rows are unchanged, and read
+    again (with the new count) after a label or a second label."""
+    import flyspec.gate.report.label_progress as progress_module
+
+    c, store, run_id = client
+    builds: list[str] = []
+    real = progress_module.build_report
+
+    def counted(path: Path, run: str):  # type: ignore[no-untyped-def]
+        builds.append(run)
+        return real(path, run)
+
+    monkeypatch.setattr(progress_module, "build_report", counted)
+    first = label_progress(store, run_id)
+    assert label_progress(store, run_id) == first and len(builds) == 1
+    pairs = c.get("/label/api/queue", params={"labeller": "ann"}).json()["pairs"]
+    assert len(builds) == 1  # the queue's progress is the kept reading
+    assert _label(c, pairs[0], "b" if "pwned" in pairs[0]["a"] else "a", "ann").status_code == 200
+    assert len(builds) == 2 and label_progress(store, run_id)["judge_agreement"] == 1.0
+    assert _label(c, pairs[0], "a", "bob", second=True).status_code == 200
+    assert len(builds) == 3

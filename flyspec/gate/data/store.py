@@ -503,6 +503,16 @@ class GateStore:
         r = Registration.read(kind, stored)
         return RunRecord(run_id, kind, created_at, r.margin, r.alpha, r.seed, stored, notes, r)
 
+    def revision(self, run_id: str) -> tuple[object, ...]:
+        """A cheap fingerprint of everything a report of ``run_id`` reads: rows are only added (a label or
+        an answer is never replaced), so the row counts, and the run's registration and notes, change
+        whenever the report could."""
+        tables = ("questions", "answers", "judgements", "labels", "second_labels", "events", "batches")
+        counts = " UNION ALL ".join(f"SELECT count(*) FROM {t} WHERE run_id = :run" for t in tables)
+        rows = self._db.execute(counts, {"run": run_id}).fetchall()
+        run = self._db.execute("SELECT registration, notes FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return (*(n for (n,) in rows), run)
+
     def runs(self) -> list[RunRecord]:
         """Every run in the store, oldest first."""
         ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")]

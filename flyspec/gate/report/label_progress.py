@@ -1,20 +1,36 @@
 """The decision and label advice the labelling page shows (flyspec/gate/shadow/label_page.py), read from
 the run's report: the page itself sits in the traffic layer, which does not import the report, so whoever
-serves it passes ``label_progress`` in."""
+serves it passes ``label_progress`` in. The page asks after every label, and a sequential run's report
+simulates its label advice (seconds on a long run), so a reading is kept until the run's rows change."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
+
+_readings: dict[tuple[Path, str], tuple[tuple[object, ...], dict[str, Any]]] = {}
 
 
 def label_progress(store_path: Path, run_id: str) -> dict[str, Any]:
     """The run's decision as it stands (None while drawn pairs wait: the report's reading is then interim),
     its interval and margin, the judge's agreement with gold, and the report's label advice (the sentence
     and ``labels_needed``, the labels that would let the run decide at the label rate ``advised_rate``;
-    None when none would) beside the run's registered ``gold_rate``."""
+    None when none would) beside the run's registered ``gold_rate``. The report is built again only when
+    the store's rows for the run changed since the last call (``GateStore.revision``)."""
+    with GateStore(store_path) as store:
+        revision = store.revision(run_id)
+    kept = _readings.get((store_path, run_id))
+    if kept is not None and kept[0] == revision:
+        return kept[1]
+    reading = _read(store_path, run_id)
+    _readings[(store_path, run_id)] = (revision, reading)
+    return reading
+
+
+def _read(store_path: Path, run_id: str) -> dict[str, Any]:
     report = build_report(store_path, run_id)
     pooled, gold = report.pooled, report.gold
     interim = pooled.interim_decision if pooled is not None else None
