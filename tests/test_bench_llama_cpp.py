@@ -18,7 +18,7 @@ from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.bench import llama_cpp, llama_cpp_tools
 from flyspec.bench.llama_cpp import LlamaCppSettings, column_label, plan
-from flyspec.bench.llama_cpp_report import LlamaCppReport, render
+from flyspec.bench.llama_cpp_report import DecodeRate, FlyspecColumn, LlamaCppReport, LlamaCppRuns, render
 from flyspec.bench.peers import peers_dir
 from flyspec.bench.runner import BenchRunner, engine_keys
 from flyspec.bench.sweep import Arm
@@ -101,6 +101,28 @@ def test_the_table_names_the_cpu_and_takes_the_best_arms_paired_ratio() -> None:
     assert "24.00 (batched-bench S_TG; 20.00-28.00)" in rows[1] and rows[1].endswith(
         "| **1.25x** | **0.50x** |"
     )
+
+
+def test_sd_against_llama_cpps_sd_reads_back_and_renders() -> None:
+    """llama.cpp's speculative decoding at one sequence (its runs, drafted and accepted tokens) and
+    flyspec's SD column's ratio to the two runs around it survive JSON and render as one line; a build
+    without llama-speculative-simple renders its skip line instead."""
+    sd_runs = [{"tokens_per_s": t, "drafted": 40, "accepted": 30} for t in (20.0, 30.0)]
+    peer = LlamaCppRuns("t.gguf", "b11434", {1: [{"tokens_per_s": 10.0}]}, sd_runs=sd_runs)
+    peer.finish()
+    sd = DecodeRate(30.0, 2.0, 2.5, [10.0, 10.0], 3.0, [20.0, 30.0], 30.0 / 25.0)
+    report = LlamaCppReport(
+        "cpu", {}, "m", "d", 4, 64, [1], 2, 1, 100, None,
+        flyspec={"flyspec int4 SD": FlyspecColumn("int4", "standard", {}, {1: sd})}, llama_cpp=peer,
+    )  # fmt: skip
+    back = LlamaCppReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert back.llama_cpp is not None and back.llama_cpp.sd_tokens_per_s == 25.0
+    line = render(back).splitlines()[-1]
+    assert line.startswith("SD against SD at one sequence") and "llama.cpp 25.00 tok/s (20.00-30.00" in line
+    assert "60 of 80 draft tokens accepted" in line and "flyspec int4 SD 30.00 tok/s (**1.20x**)" in line
+    skipped = LlamaCppRuns("t.gguf", "b", peer.runs, sd_skipped="llama.cpp SD: skipped, missing")
+    report.llama_cpp = skipped
+    assert render(report).splitlines()[-1] == "llama.cpp SD: skipped, missing"
 
 
 SAVED = ("llama-cpp-native.json", "llama-cpp-zen4.json", "llama-cpp-zen4-avx2.json")
@@ -267,7 +289,9 @@ def test_a_disturbed_pair_is_measured_again_and_never_used(monkeypatch: pytest.M
 def test_a_whole_run_on_the_smallest_zoo_model(tmp_path) -> None:
     """`run` on SmolLM2-135M (its zoo GGUF for llama.cpp, its safetensors for flyspec, itself as the draft)
     at 1 and 2 sequences: every flyspec arm has a rate at each; llama.cpp has both tools' rates where it is
-    installed, else the report carries the skip line with the install command."""
+    installed, and its speculative decoding around flyspec's SD at one sequence (the same chat-templated
+    prompt, tokenized by llama.cpp to the same length), else the report carries the skip line with the
+    install command."""
     settings = LlamaCppSettings(
         model="smollm2-135m-instruct",
         draft="smollm2-135m-instruct",
@@ -287,4 +311,11 @@ def test_a_whole_run_on_the_smallest_zoo_model(tmp_path) -> None:
         assert all(report.llama_cpp.tokens_per_s[b] > 0 for b in (1, 2))
         for column in report.flyspec.values():  # llama.cpp right before and after each measurement
             assert all(len(column.by_sequences[b].llama_cpp_tokens_per_s) == 2 for b in (1, 2))
+        # llama.cpp's own SD around flyspec's SD at one sequence: the same prompt, as many tokens, drafts
+        sd_runs = report.llama_cpp.sd_runs
+        assert len(sd_runs) == 2 and report.flyspec["flyspec int8 SD"].by_sequences[1].vs_llama_cpp_sd
+        prompt_tokens = len(llama_cpp._prompts(settings)[0][0])
+        assert all(r["decoded_tokens"] >= 16 and r["prompt_tokens"] == prompt_tokens for r in sd_runs)
+        assert all(0 < r["accepted"] <= r["drafted"] for r in sd_runs)  # a model drafting for itself
+        assert "SD against SD at one sequence" in render(report)
     assert "|" in render(LlamaCppReport.from_dict(json.loads(json.dumps(report.to_dict()))))

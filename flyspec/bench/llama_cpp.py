@@ -35,7 +35,7 @@ from typing import Any
 
 from flyspec import cpuinfo
 from flyspec.bench.llama_cpp_report import DecodeRate, FlyspecColumn, LlamaCppReport
-from flyspec.bench.llama_cpp_tools import LlamaCppBench, missing
+from flyspec.bench.llama_cpp_tools import LlamaCppBench, Speculation, missing
 from flyspec.bench.sweep import Arm
 
 DEFAULT_SEQUENCES = (1, 16, 32)
@@ -134,13 +134,19 @@ def _paired_rate(llm: Any, arm: Arm, m: _Measuring) -> DecodeRate:
     shared machine the load changes by the minute, and a ratio is only as good as the closeness of its
     two sides."""
     b, peer = arm.batch_size, m.peer
+    sd = peer is not None and arm.method == "standard" and b == 1 and peer.speculation is not None
     before = peer.rate(b) if peer is not None else None
+    sd_before = peer.sd_rate() if sd and peer is not None else None
     m.on_progress(f"{column_label(arm)}, {b} sequences")
     rate = decode_rate(llm, m.prompts[:b], m.settings.n_gen, m.settings.repeats)
+    sd_after = peer.sd_rate() if sd and peer is not None else None
     after = peer.rate(b) if peer is not None else None
     if before is not None and after is not None:
         rate.llama_cpp_tokens_per_s = [before, after]
         rate.vs_llama_cpp = rate.tokens_per_s / statistics.mean((before, after))
+    if sd_before is not None and sd_after is not None:
+        rate.llama_cpp_sd_tokens_per_s = [sd_before, sd_after]
+        rate.vs_llama_cpp_sd = rate.tokens_per_s / statistics.mean((sd_before, sd_after))
     return rate
 
 
@@ -162,15 +168,18 @@ def run(
     threads = settings.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     cpu, machine = cpuinfo.describe_cpu(), describe_machine("cpu")
-    prompts = _prompts(settings)
+    prompts, first_prompt = _prompts(settings)
     npp = round(statistics.mean(len(p) for p in prompts))
     skipped = missing(root)
     peer = None
     if skipped is None:
         gguf, sequences = assembled_gguf(settings.model, root), list(settings.sequences)
+        speculation = None
+        if 1 in settings.sequences:
+            speculation = Speculation(assembled_gguf(settings.draft, root), settings.k, first_prompt)
         peer = LlamaCppBench(
             root, gguf, sequences=sequences, threads=threads, n_gen=settings.n_gen, prompt_tokens=npp,
-            logs=logs, on_progress=on_progress,
+            logs=logs, on_progress=on_progress, speculation=speculation,
         )  # fmt: skip
     report = LlamaCppReport(
         cpu, machine, settings.model, settings.draft, settings.k, settings.n_gen, list(settings.sequences),
@@ -192,15 +201,17 @@ def run(
     return report
 
 
-def _prompts(settings: LlamaCppSettings) -> list[list[int]]:
+def _prompts(settings: LlamaCppSettings) -> tuple[list[list[int]], str]:
     """The token ids of as many of the dataset's prompts as the most sequences, through the target's
-    tokenizer and chat template."""
+    tokenizer and chat template, and the first as text (special tokens written out), for llama.cpp's
+    speculative decoding to tokenize the same."""
     from flyspec.assets import resolve_model
     from flyspec.bench.prompts import load_prompts
     from flyspec.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(settings.model))
-    return [p.token_ids for p in load_prompts(settings.dataset, max(settings.sequences), tokenizer)]
+    ids = [p.token_ids for p in load_prompts(settings.dataset, max(settings.sequences), tokenizer)]
+    return ids, tokenizer.decode(ids[0], skip_special_tokens=False)
 
 
 def _measure_column(runner: Any, column: list[Arm], m: _Measuring) -> FlyspecColumn:

