@@ -71,7 +71,8 @@ Peer = Annotated[
     str | None,
     opt(
         "Also run a peer: hf (in this process), llama.cpp (its own llama-bench and llama-batched-bench "
-        "beside flyspec target-only and SD at 1, 16 and 32 sequences; flyspec/bench/llama_cpp.py), or none."
+        "beside flyspec target-only and SD at 1, 16 and 32 sequences, and its own speculative decoding "
+        "with the same draft and K beside flyspec's SD at 1; flyspec/bench/llama_cpp.py), or none."
     ),
 ]
 Dataset = Annotated[str | None, opt("Prompt set: a gate dataset name or path (default: gsm8k).")]
