@@ -42,6 +42,7 @@ MARGIN = "0.05"
 RUN = "e2e"
 THREADS = 3
 MAX_TOKENS = 12
+TIMEOUT_S = 60.0  # the shadow answers its own routes slowly while three servers share the CI's 2 cores
 
 
 def _serve_args(max_seqs: int, speculative: dict[str, Any] | None) -> list[str]:
@@ -143,7 +144,7 @@ def _differing(store: Path) -> int:
 def _metrics(proxy: str) -> dict[str, float]:
     return {
         line.split()[0]: float(line.split()[-1])
-        for line in httpx.get(proxy + "/metrics").text.splitlines()
+        for line in httpx.get(proxy + "/metrics", timeout=TIMEOUT_S).text.splitlines()
         if line and not line.startswith("#")
     }
 
@@ -153,15 +154,14 @@ def _label_everything(proxy: str) -> int:
     how many were given."""
     given = 0
     while True:
-        queue = httpx.get(proxy + "/label/api/queue", params={"labeller": "e2e"}).json()
+        queue = httpx.get(proxy + "/label/api/queue", params={"labeller": "e2e"}, timeout=TIMEOUT_S).json()
         waiting = [p for p in queue["pairs"] if p["mode"] == "gold"]
         if not waiting:
             return given
         pair = waiting[0]
         body = {"dataset": pair["dataset"], "question_id": pair["question_id"], "labeller": "e2e"}
-        reply = httpx.post(
-            proxy + "/label/api/labels", json={**body, "key": "abe"[given % 3], "second": False}
-        )
+        label = {**body, "key": "abe"[given % 3], "second": False}
+        reply = httpx.post(proxy + "/label/api/labels", json=label, timeout=TIMEOUT_S)
         assert reply.status_code == 200, reply.text
         given += 1
 
@@ -235,7 +235,7 @@ def test_live_traffic_through_a_killed_and_restarted_shadow_decides_like_gate_re
         # People label through the page; the decision reads the labels.
         labelled = _label_everything(proxy)
         _wait(lambda: _metrics(proxy)["flyspec_shadow_labels_waiting"] == 0, "no label waiting")
-        decision = httpx.get(proxy + "/decision").json()
+        decision = httpx.get(proxy + "/decision", timeout=TIMEOUT_S).json()
         report = _gate("report", "--store", str(store), "--run", RUN, "--json")
         assert report.returncode in (0, 1), report.stderr
         assert decision == json.loads(report.stdout.strip().splitlines()[-1])["decision"]

@@ -120,6 +120,7 @@ class ShadowRun:
         self._ready = threading.Event()
         self._state_lock = threading.Lock()
         self._state: LiveDecision | None = None
+        self._built: tuple[tuple[object, ...], LiveDecision] | None = None
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------------------------- the sink
@@ -160,7 +161,17 @@ class ShadowRun:
             return self._state
 
     def _build(self) -> LiveDecision:
-        return live_decision(build_report(self.path, self.run_id), self.pairs.count())
+        """The report's decision, built again only when the run's rows or the stored pairs changed: the
+        worker asks every second and /metrics at every scrape, and a sequential run's report simulates
+        its label advice (seconds on a long run)."""
+        with GateStore(self.path) as store:
+            revision = (store.revision(self.run_id), self.pairs.count())
+        kept = self._built
+        if kept is not None and kept[0] == revision:
+            return kept[1]
+        state = live_decision(build_report(self.path, self.run_id), revision[1])
+        self._built = (revision, state)
+        return state
 
     # ----------------------------------------------------------------------------------- the worker
 
