@@ -360,11 +360,18 @@ def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -
     if method != "float32":
         check_quantization(method, next(model.parameters()).device)
     dtype = next(model.parameters()).dtype
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                logits = parent is model and name == lm_head
-                out_dtype = torch.float32 if logits else dtype
-                layer = quantized_linear(method, child.weight, child.bias, out_dtype, logits=logits)
-                setattr(parent, name, layer)
-                del child
+    # (parent, name) pairs, not the layers: a list that held the nn.Linear modules (as one of
+    # model.modules() does) kept every float weight alive until the end, 1.7 GB more at the 1.5B's peak
+    linears = [
+        (parent, name)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    for parent, name in linears:
+        child = getattr(parent, name)
+        logits = parent is model and name == lm_head
+        out_dtype = torch.float32 if logits else dtype
+        layer = quantized_linear(method, child.weight, child.bias, out_dtype, logits=logits)
+        setattr(parent, name, layer)
+        del child
