@@ -27,6 +27,7 @@ from flyspec.config import EngineConfig
 from flyspec.engine.engine import LLMEngine
 from flyspec.engine.timing import StepTiming
 from flyspec.engine.warmup import WARMUP_TIME_LIMIT_S, WARMUP_TOKENS, TooSlowError
+from flyspec.models.footprint import streamed_weight_bytes
 from flyspec.models.loader import LoadedModel
 from flyspec.outputs import RequestOutput
 from flyspec.sampling_params import SamplingParams
@@ -150,6 +151,13 @@ class LLM:
         """How the target's (and a draft model's) weights were loaded, e.g. {"target": "int8", "draft":
         "int4"}: what quantization="auto" chose on this CPU, or "bfloat16 (prepacked)"."""
         return dict(self._engine.weight_formats)
+
+    @property
+    def target_weight_bytes(self) -> int:
+        """Bytes of the target's weights one decode step of one sequence reads: its linear layers in the
+        format they run in, the lm_head included (flyspec/models/footprint.py). Over the machine's memory
+        bandwidth it bounds one sequence's tokens/s."""
+        return streamed_weight_bytes(self._engine.target.model)
 
     @property
     def stats(self) -> SpecDecodeStats:

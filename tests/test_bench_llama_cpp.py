@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.bench import llama_cpp, llama_cpp_tools
@@ -229,18 +230,34 @@ def test_the_command_on_tiny_models_without_llama_cpp(tmp_path, monkeypatch: pyt
     assert result.exit_code == 0, result.output
     assert "llama.cpp: skipped, not installed" in result.stderr and "make peers" in result.stderr
     data = json.loads(out_json.read_text())
-    assert list(data) == list(json.loads((ROOT / "benchmarks" / SAVED[0]).read_text()))
+    saved = list(json.loads((ROOT / "benchmarks" / SAVED[0]).read_text()))
+    assert list(data) == [*saved, "memory_read_gbps"] and data["memory_read_gbps"] > 0.1
     assert data["llama_cpp"] is None and data["sequences"] == [1, 2] and data["k"] == 2
     assert list(data["flyspec"]) == ["flyspec bf16 target-only", "flyspec bf16 SD"]
-    for column in data["flyspec"].values():
+    timing = ["tokens_per_s", "decode_seconds", "seconds_with_prefill"]
+    for label, column in data["flyspec"].items():
         assert list(column) == ["quantization", "method", "weights", "by_sequences"]
         assert list(column["by_sequences"]) == ["1", "2"]
-        for rate in column["by_sequences"].values():
-            assert list(rate) == ["tokens_per_s", "decode_seconds", "seconds_with_prefill"]
+        for b, rate in column["by_sequences"].items():
+            one_target = (b, label) == ("1", "flyspec bf16 target-only")
+            traffic = ["weight_bytes", "weight_gbps"] if one_target else []
+            assert list(rate) == timing + traffic
             assert rate["tokens_per_s"] > 0
+    # The one-sequence traffic: every linear layer's float32 weights, and the embedding table where the
+    # lm_head is tied to it (it multiplies by the whole table), times tokens/s.
+    model = LLM(str(target), dtype="float32")
+    modules = list(model._engine.target.model.modules())
+    read = [m for m in modules if isinstance(m, torch.nn.Linear)]
+    if not any(isinstance(m, torch.nn.Linear) and m.out_features == model._engine.vocab_size for m in read):
+        read += [m for m in modules if isinstance(m, torch.nn.Embedding)]
+    expected = sum(p.numel() * 4 for m in read for p in m.parameters(recurse=False))
+    one = data["flyspec"]["flyspec bf16 target-only"]["by_sequences"]["1"]
+    assert one["weight_bytes"] == expected == model.target_weight_bytes
+    assert one["weight_gbps"] == pytest.approx(expected * one["tokens_per_s"] / 1e9)
     assert "draft" in data["flyspec"]["flyspec bf16 SD"]["weights"]
     table = out_md.read_text()
     assert table in result.stdout and "| 1 | - | " in table and "| 2 | - | " in table
+    assert "One sequence against the memory bandwidth: this machine read" in table
 
 
 def test_the_decode_rate_leaves_out_the_prefill(tmp_path) -> None:

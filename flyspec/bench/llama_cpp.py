@@ -161,6 +161,7 @@ def run(
     `root` is where `make peers` installed llama.cpp, `logs` where its runs log."""
     import torch
 
+    from flyspec.bench.bandwidth import read_bandwidth
     from flyspec.bench.machine import describe_machine
     from flyspec.bench.peers import assembled_gguf
     from flyspec.bench.runner import BenchRunner
@@ -185,6 +186,8 @@ def run(
         cpu, machine, settings.model, settings.draft, settings.k, settings.n_gen, list(settings.sequences),
         threads, settings.repeats, npp, skipped, llama_cpp=None if peer is None else peer.runs,
     )  # fmt: skip
+    on_progress("memory read bandwidth")
+    report.memory_read_gbps = read_bandwidth(threads) / 1e9
     arms = plan(settings)
     runner = BenchRunner(
         settings.model, arms, dtype=settings.dtype, device="cpu", ignore_eos=True, seed=settings.seed,
@@ -218,4 +221,7 @@ def _measure_column(runner: Any, column: list[Arm], m: _Measuring) -> FlyspecCol
     """One column's rates at each number of sequences, on the one engine its arms share."""
     llm = runner.engine_for(column[0])
     rates = {arm.batch_size: _paired_rate(llm, arm, m) for arm in column}
+    if column[0].method == "target" and 1 in rates:  # one sequence's weight traffic (bench/bandwidth.py)
+        rates[1].weight_bytes = llm.target_weight_bytes
+        rates[1].weight_gbps = llm.target_weight_bytes * rates[1].tokens_per_s / 1e9
     return FlyspecColumn(column[0].quantization, column[0].method, llm.weight_formats, rates)

@@ -12,7 +12,11 @@ JSON layout (`--json FILE`, e.g. benchmarks/llama-cpp-native.json):
   `decode_seconds`, `seconds_with_prefill` and, where llama.cpp ran, `llama_cpp_tokens_per_s` (its runs
   right before and after) and `vs_llama_cpp` (`tokens_per_s` over their mean); an SD column at one
   sequence also `llama_cpp_sd_tokens_per_s` and `vs_llama_cpp_sd` (the same against llama.cpp's own
-  speculative decoding with the same draft and K);
+  speculative decoding with the same draft and K); a target-only column at one sequence also
+  `weight_bytes` (the target's weights a decode step reads, `LLM.target_weight_bytes`) and `weight_gbps`
+  (those bytes times `tokens_per_s`: the step's weight traffic, against `memory_read_gbps`);
+- `memory_read_gbps`: this machine's memory read bandwidth at the run's threads, measured at its start
+  (flyspec/bench/bandwidth.py; absent from reports saved before it);
 - `llama_cpp`: null when it was skipped (`llama_cpp_skipped` then says why and how to install it), else
   `gguf`, `build`, `runs` (per number of sequences, each run's tokens/s and the tool's details) and
   `tokens_per_s` (per number of sequences, the mean of its runs); with SD asked for, `sd_runs`
@@ -47,6 +51,8 @@ class DecodeRate:
     vs_llama_cpp: float | None = None
     llama_cpp_sd_tokens_per_s: list[float] | None = None
     vs_llama_cpp_sd: float | None = None
+    weight_bytes: int | None = None
+    weight_gbps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON object; the llama.cpp fields only where llama.cpp ran."""
@@ -129,24 +135,30 @@ class LlamaCppReport:
     llama_cpp_skipped: str | None
     flyspec: dict[str, FlyspecColumn] = field(default_factory=dict)
     llama_cpp: LlamaCppRuns | None = None
+    memory_read_gbps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object (`--json`), its keys in the order of the reports already saved."""
+        """The JSON object (`--json`), its keys in the order of the reports already saved (the
+        bandwidth last, and only where it was measured)."""
         head = ("cpu", "machine", "model", "draft", "k", "n_gen", "sequences", "threads", "repeats")
-        return {
+        data = {
             **{name: getattr(self, name) for name in head},
             "flyspec": {label: column.to_dict() for label, column in self.flyspec.items()},
             "llama_cpp": None if self.llama_cpp is None else self.llama_cpp.to_dict(),
             "prompt_tokens_mean": self.prompt_tokens_mean,
             "llama_cpp_skipped": self.llama_cpp_skipped,
         }
+        if self.memory_read_gbps is not None:
+            data["memory_read_gbps"] = self.memory_read_gbps
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LlamaCppReport:
         """A saved report (`--json`)."""
-        own = {f.name for f in dataclasses.fields(cls)} - {"flyspec", "llama_cpp"}
+        own = {f.name for f in dataclasses.fields(cls)} - {"flyspec", "llama_cpp", "memory_read_gbps"}
         return cls(
             **{name: data[name] for name in own},
+            memory_read_gbps=data.get("memory_read_gbps"),
             flyspec={label: FlyspecColumn.from_dict(c) for label, c in data["flyspec"].items()},
             llama_cpp=None if data["llama_cpp"] is None else LlamaCppRuns.from_dict(data["llama_cpp"]),
         )
@@ -197,7 +209,28 @@ def render(report: LlamaCppReport) -> str:
     ]
     if peer is not None and (peer.sd_runs or peer.sd_skipped):
         lines += ["", _sd_line(report, peer)]
+    if report.memory_read_gbps is not None:
+        lines += ["", _bandwidth_line(report, report.memory_read_gbps)]
     return "\n".join(lines) + "\n"
+
+
+def _bandwidth_line(report: LlamaCppReport, bandwidth: float) -> str:
+    """One sequence's target-only decoding against the memory bandwidth: the weight bytes a step reads
+    times tokens/s, as a share of what this machine's memory delivered at the same threads."""
+    cells = [
+        f"{label} reads {rate.weight_bytes / 1e9:.3f} GB of weights a token, at {rate.tokens_per_s:.2f} "
+        f"tok/s {rate.weight_gbps:.1f} GB/s (**{rate.weight_gbps / bandwidth:.0%}**)"
+        for label, column in report.flyspec.items()
+        if (rate := column.by_sequences.get(1)) is not None
+        and rate.weight_bytes is not None
+        and rate.weight_gbps is not None
+    ]
+    return (
+        f"One sequence against the memory bandwidth: this machine read {bandwidth:.1f} GB/s (a sum over "
+        f"512 MB, {report.threads} threads, the best of 5); "
+        + ("; ".join(cells) or "no target-only column at one sequence")
+        + "."
+    )
 
 
 def _sd_line(report: LlamaCppReport, peer: LlamaCppRuns) -> str:

@@ -61,6 +61,7 @@ from torch import nn
 
 from flyspec.config import QUANTIZATION_METHODS
 from flyspec.models import int4_kernel, int8_kernel
+from flyspec.models.huge_pages import HugePageArena, place
 
 LINEAR_FORMATS = (*QUANTIZATION_METHODS, "float32")
 """What `quantize_model` can turn linear layers into: the user's formats and "auto"'s float32."""
@@ -135,7 +136,14 @@ class Int8Linear(nn.Module):
     dtype of the outputs (the model's dtype, or float32 for logits).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype,
+        *,
+        arena: HugePageArena | None = None,
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.out_dtype = out_dtype
@@ -145,7 +153,8 @@ class Int8Linear(nn.Module):
         # int16 pair sums (module docstring); ours runs every pass there.
         self._kernel = int8_kernel.library() if self.in_features % 4 == 0 else None
         if self._kernel is not None:
-            self.codes, self.weight_scale = int8_kernel.pack(q, scale)
+            codes, self.weight_scale = int8_kernel.pack(q, scale)
+            self.codes = place(codes, arena)  # streamed at every step: huge pages (models/huge_pages.py)
             return
         # Plain attributes, not buffers: the packed weight is an opaque oneDNN layout (the int8 matrix
         # reordered; `q` itself is not kept), and a quantized model is built from a float checkpoint at
@@ -259,6 +268,7 @@ class Int4Linear(nn.Module):
         out_dtype: torch.dtype,
         *,
         prefill_copy: bool = True,
+        arena: HugePageArena | None = None,
     ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
@@ -269,7 +279,7 @@ class Int4Linear(nn.Module):
                 f"quantization='int4' needs layers whose input width is a multiple of "
                 f"{min(INT4_GROUP_SIZES)}; this model has one of width {self.in_features}"
             )
-        self.prefill = Int8Linear(weight, bias, out_dtype) if prefill_copy else None
+        self.prefill = Int8Linear(weight, bias, out_dtype, arena=arena) if prefill_copy else None
         pad = -self.out_features % _INT4_ROWS
         if pad:
             weight = torch.cat((weight.detach(), weight.new_zeros(pad, self.in_features)))
@@ -277,7 +287,9 @@ class Int4Linear(nn.Module):
         # Plain attributes, not buffers, as for Int8Linear: packed layouts, never saved.
         self._kernel = int4_kernel.library()
         if self._kernel is not None:
-            self.packed, self.scales_and_offsets = int4_kernel.pack(codes, pairs)
+            # Streamed at every decode step: in huge-page-advised memory (models/huge_pages.py).
+            packed, scales = int4_kernel.pack(codes, pairs)
+            self.packed, self.scales_and_offsets = place(packed, arena), place(scales, arena)
         else:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
             self.scales_and_offsets = pairs.to(weight.dtype)
@@ -341,14 +353,16 @@ def quantized_linear(
     out_dtype: torch.dtype,
     *,
     logits: bool = False,
+    arena: HugePageArena | None = None,
 ) -> nn.Module:
     """The layer of `method` ("int8", "int4" or "float32", one of `LINEAR_FORMATS`) built from a float
-    weight [N, K] and bias; `logits` marks the lm_head (an int4 lm_head needs no prefill copy)."""
+    weight [N, K] and bias; `logits` marks the lm_head (an int4 lm_head needs no prefill copy). `arena`:
+    where the quantized weights our kernels stream go (each layer gets its own mapping without one)."""
     if method == "int4":
-        return Int4Linear(weight, bias, out_dtype, prefill_copy=not logits)
+        return Int4Linear(weight, bias, out_dtype, prefill_copy=not logits, arena=arena)
     if method == "float32":
         return Float32Linear(weight, bias, out_dtype)
-    return Int8Linear(weight, bias, out_dtype)
+    return Int8Linear(weight, bias, out_dtype, arena=arena)
 
 
 def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -> None:
@@ -368,10 +382,11 @@ def quantize_model(model: nn.Module, method: str, *, lm_head: str = "lm_head") -
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
+    arena = HugePageArena()
     for parent, name in linears:
         child = getattr(parent, name)
         logits = parent is model and name == lm_head
         out_dtype = torch.float32 if logits else dtype
-        layer = quantized_linear(method, child.weight, child.bias, out_dtype, logits=logits)
+        layer = quantized_linear(method, child.weight, child.bias, out_dtype, logits=logits, arena=arena)
         setattr(parent, name, layer)
         del child
