@@ -75,25 +75,23 @@ static inline float load_x(const void* x, bool bf16, int64_t at) {
     return bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(x)[at]) : static_cast<const float*>(x)[at];
 }
 
-// One row of x (float32 or bfloat16) -> int8 codes with one symmetric scale per group. Each group is
+// One group of one row of x (float32 or bfloat16) -> int8 codes with one symmetric scale. The group is
 // read twice (its maximum, then its codes) rather than copied into a buffer: no allocation per call.
-static void quantize_row(const void* x, bool bf16, int64_t row, int64_t k, int64_t group, int8_t* q,
-                         float* sx, float* cx) {
-    for (int64_t g = 0; g < k / group; ++g) {
-        const int64_t first = row * k + g * group;
-        float amax = 0.f;
-        for (int64_t i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(load_x(x, bf16, first + i)));
-        const float scale = amax / 127.f;
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        int32_t sum = 0;
-        for (int64_t i = 0; i < group; ++i) {
-            const int32_t c = static_cast<int32_t>(std::nearbyint(load_x(x, bf16, first + i) * inv));
-            q[first + i] = static_cast<int8_t>(c);
-            sum += c;
-        }
-        sx[row * (k / group) + g] = scale;
-        cx[row * (k / group) + g] = scale * static_cast<float>(sum);
+static void quantize_group(const void* x, bool bf16, int64_t row, int64_t g, int64_t k, int64_t group, int8_t* q,
+                           float* sx, float* cx) {
+    const int64_t first = row * k + g * group;
+    float amax = 0.f;
+    for (int64_t i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(load_x(x, bf16, first + i)));
+    const float scale = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < group; ++i) {
+        const int32_t c = static_cast<int32_t>(std::nearbyint(load_x(x, bf16, first + i) * inv));
+        q[first + i] = static_cast<int8_t>(c);
+        sum += c;
     }
+    sx[row * (k / group) + g] = scale;
+    cx[row * (k / group) + g] = scale * static_cast<float>(sum);
 }
 
 // A block function computes R rows times NB consecutive blocks of 16 output channels over all of K and
@@ -362,8 +360,11 @@ void flyspec_int4_matmul(const void* x, int x_bf16, int64_t m, int64_t k, const 
     const Rows rows_all{q.data(), sx.data(), cx.data()};
 #pragma omp parallel
     {
+        // By group, not by row: one row's groups are shared among the threads (a decode step has one row).
+        const int64_t groups = k / group;
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < m; ++r) quantize_row(x, x_bf16, r, k, group, q.data(), sx.data(), cx.data());
+        for (int64_t i = 0; i < m * groups; ++i)
+            quantize_group(x, x_bf16, i / groups, i % groups, k, group, q.data(), sx.data(), cx.data());
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < spans; ++s) {
             const int64_t end = (s + 1) * WIDE < blocks ? (s + 1) * WIDE : blocks;
