@@ -5,7 +5,7 @@ writes them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from flyspec.gate.data.spec import Registration
 
@@ -108,13 +108,13 @@ class RunNotes(TypedDict, total=False):
     arm_settings: dict[str, dict[str, object]]
     judge_settings: dict[str, object]
     dataset_sources: dict[str, str]
-    executors: list[dict[str, Any]]
-    code_sandbox: dict[str, Any]
+    executors: list[dict[str, object]]
+    code_sandbox: dict[str, object]
     shared_engine: list[list[str]]
     shared_engine_note: str
     system_fingerprints: dict[str, dict[str, list[str]]]
     prefix_cache: dict[str, int]
-    ledger: dict[str, Any]
+    ledger: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class RunRecord:
     margin: float
     alpha: float
     seed: int
-    registration: dict[str, Any]
+    registration: dict[str, object]
     notes: RunNotes
     registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
