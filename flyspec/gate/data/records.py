@@ -74,7 +74,8 @@ class LabelRecord:
 
 @dataclass(frozen=True)
 class RegisteredQuestion:
-    """A question as registered before the first answer: its identity, prompt hash and reference."""
+    """A question as registered before the first answer: its identity, prompt hash and reference (the
+    fields in the order of the ``questions`` table's columns after ``run_id``)."""
 
     dataset: str
     question_id: str

@@ -17,7 +17,7 @@ import json
 import sqlite3
 import time
 from contextlib import closing
-from dataclasses import asdict, replace
+from dataclasses import asdict, astuple, replace
 from pathlib import Path
 
 from flyspec.gate.data.judged_rows import JudgedRows
@@ -204,25 +204,14 @@ class GateStore(JudgedRows):
         with self._db:
             cursor = self._db.execute(
                 "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    run_id,
-                    question.dataset,
-                    question.question_id,
-                    question.position,
-                    question.prompt_hash,
-                    question.answer,
-                    question.grader,
-                ),
+                (run_id, *astuple(question)),
             )
         return cursor.rowcount == 1
 
     def _add_questions(self, run_id: str, questions: list[RegisteredQuestion]) -> None:
         self._db.executemany(
             "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
-                for q in questions
-            ],
+            [(run_id, *astuple(q)) for q in questions],
         )
 
     def _has_answers(self, run_id: str) -> bool:
