@@ -22,28 +22,11 @@ from pathlib import Path
 
 from flyspec.gate.data.judged_rows import JudgedRows
 from flyspec.gate.data.lock import StoreLock
-from flyspec.gate.data.records import (
-    AnswerRecord,
-    JudgementRecord,
-    LabelRecord,
-    RegisteredQuestion,
-    RunEvent,
-    RunNotes,
-    RunRecord,
-)
+from flyspec.gate.data.records import AnswerRecord, RegisteredQuestion, RunEvent, RunNotes, RunRecord
+from flyspec.gate.data.records import JudgementRecord as JudgementRecord  # re-exported with the store
+from flyspec.gate.data.records import LabelRecord as LabelRecord  # re-exported with the store
 from flyspec.gate.data.schema import connect
 from flyspec.gate.data.spec import Extension, Registration, only_the_maximum_grew, refuse_retired
-
-__all__ = [  # the records are re-exported: callers import them from here with the store
-    "AnswerRecord",
-    "GateStore",
-    "JudgementRecord",
-    "LabelRecord",
-    "RegisteredQuestion",
-    "RunEvent",
-    "RunNotes",
-    "RunRecord",
-]
 
 
 def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
