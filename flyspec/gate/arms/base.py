@@ -14,16 +14,25 @@ driven in one of two ways (``Executor.drive``, read by flyspec/gate/runs/dispatc
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from flyspec.checks import is_int, is_number, load_json
 from flyspec.gate.data.questions import Question
 from flyspec.outputs import AcceptanceCounts
 
-ArmSpec = dict[str, Any] | str | Path
+Settings = dict[str, object]
+"""JSON settings as given: an arm's object, its identity and notes, a speculative config (each value is
+checked where it is read)."""
+ArmSpec = Settings | str | Path
+"""An arm as given: its JSON object, that object as a string, or the path of a JSON file."""
+ServedModel = Mapping[str, object]
+"""What an arm's server reports serving: the ``id`` and ``root`` of its /v1/models card."""
+Served = dict[str, ServedModel | None]
+"""Per arm name (and a run's ``judge``): the model its server reports serving, None where nothing was
+asked (``Executor.served_models``)."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +115,12 @@ class Arm(Protocol):
         nothing then)."""
         ...
 
-    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+    def identity(self, served: ServedModel | None = None) -> Settings:
         """What decides the arm's outputs, registered before the run; ``served`` is what its server
         reports serving, for the kinds that ask (``Executor.served_models``)."""
         ...
 
-    def public_dict(self) -> dict[str, Any]:
+    def public_dict(self) -> Settings:
         """The arm's full settings for the run's notes (never a secret)."""
         ...
 
@@ -122,12 +131,12 @@ class Arm(Protocol):
         ...
 
     @property
-    def speculative_config(self) -> dict[str, Any] | None:
+    def speculative_config(self) -> Settings | None:
         """The speculative config the arm runs, when this process can see it (None for an engine arm
         without speculation and for an endpoint)."""
         ...
 
-    def variant(self, name: str, speculative_config: dict[str, Any]) -> Arm:
+    def variant(self, name: str, speculative_config: Settings) -> Arm:
         """The same arm under another name running ``speculative_config`` (``gate tune``'s settings);
         ValueError for a kind whose server decides what it runs."""
         ...
@@ -158,7 +167,7 @@ class Executor(Protocol):
         """One line for logs: what it runs, for which arms."""
         ...
 
-    def served_models(self) -> dict[str, dict[str, Any] | None]:
+    def served_models(self) -> Served:
         """Per arm, what its server reports serving (empty where nothing is asked); read before the run
         is registered."""
         ...
@@ -167,7 +176,7 @@ class Executor(Protocol):
         """Get ready to answer (an engine loads and warms up), so that none of it is timed as answering."""
         ...
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, object]:
         """What the run's notes record about it."""
         ...
 
@@ -194,7 +203,7 @@ class ConcurrentExecutor(Executor, Protocol):
         ...
 
 
-def load_arm_spec(spec: ArmSpec, name: str) -> dict[str, Any]:
+def load_arm_spec(spec: ArmSpec, name: str) -> Settings:
     """An arm given as a dict, a JSON object string, or the path of a JSON file, as a dict."""
     if isinstance(spec, dict):
         return dict(spec)
@@ -204,7 +213,7 @@ def load_arm_spec(spec: ArmSpec, name: str) -> dict[str, Any]:
     return data
 
 
-def unknown_keys(name: str, data: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
+def unknown_keys(name: str, data: Mapping[str, object], keys: tuple[str, ...], what: str) -> None:
     """ValueError naming the keys of ``data`` outside ``keys`` (``what``: the kind of arm, in words)."""
     unknown = sorted(set(data) - set(keys))
     if unknown:

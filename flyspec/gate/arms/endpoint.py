@@ -20,13 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import httpx
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.arms.base import Completion, Emit, Job, NextJob, Sampling, unknown_keys
+from flyspec.gate.arms.base import (
+    Completion,
+    Emit,
+    Job,
+    NextJob,
+    Sampling,
+    Served,
+    ServedModel,
+    Settings,
+    unknown_keys,
+)
 from flyspec.outputs import AcceptanceCounts
 
 KIND = "openai"
@@ -64,7 +75,7 @@ class OpenAIArm:
     base_urls: tuple[str, ...]
     model: str
     api_key: str | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: Settings = field(default_factory=dict)
     concurrency: int = 4
     timeout: float = 600.0
     max_retries: int = 4
@@ -74,24 +85,24 @@ class OpenAIArm:
     settings_visible = False  # the server decides what it runs
     speculative_config = None
 
-    def variant(self, name: str, speculative_config: dict[str, Any]) -> OpenAIArm:
+    def variant(self, name: str, speculative_config: Settings) -> OpenAIArm:
         """An endpoint runs what its server was started with: a setting needs its own server."""
         raise ValueError(
             f"arm {self.name!r} is an endpoint, whose server runs one speculative config: give each setting "
             'its own server, as {"arm": {...}, "speculative_config": {...}}'
         )
 
-    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+    def identity(self, served: ServedModel | None = None) -> Settings:
         """What decides the arm's outputs, registered before the run: the model name, the extra request
         fields and the served model's ``id`` and ``root`` as the server's /v1/models reports them. Where
         the server runs (URLs) and how it is called (concurrency, timeouts, key) may change on a resume
         and are kept in the run's notes instead."""
-        out: dict[str, Any] = {"kind": KIND, "model": self.model, "extra_body": self.extra_body}
+        out: Settings = {"kind": KIND, "model": self.model, "extra_body": self.extra_body}
         if served is not None:
             out["served_model"] = served
         return out
 
-    def public_dict(self) -> dict[str, Any]:
+    def public_dict(self) -> Settings:
         """The arm's full settings; the API key is never written, only whether one is set."""
         return {
             "kind": KIND,
@@ -114,7 +125,7 @@ def _normalise_url(url: object, name: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def parse(name: str, data: dict[str, Any]) -> OpenAIArm:
+def parse(name: str, data: Settings) -> OpenAIArm:
     """An endpoint arm from its JSON object; ValueError names the arm, the field and the rule."""
     unknown_keys(name, data, KEYS, "endpoint arms")
     if ("base_urls" in data) == ("base_url" in data):
@@ -182,7 +193,7 @@ def retry_reason(response: httpx.Response, url: str, who: str, where: str) -> st
 _VLLM_COUNTERS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
-def read_acceptance(data: dict[str, Any]) -> tuple[AcceptanceCounts | None, bool]:
+def read_acceptance(data: Mapping[str, object]) -> tuple[AcceptanceCounts | None, bool]:
     """Acceptance counters of one response and whether the forgiven count was among them."""
     extension = data.get("spec_decode")
     if isinstance(extension, dict):
@@ -199,6 +210,15 @@ def read_acceptance(data: dict[str, Any]) -> tuple[AcceptanceCounts | None, bool
     return None, False
 
 
+class ModelCard(TypedDict):
+    """One base URL's /v1/models card of the arm's model: its ``id`` and ``root`` as the server wrote them,
+    and whether the server reports its models at all (``reported``)."""
+
+    id: object
+    root: object
+    reported: bool
+
+
 class OpenAIExecutor:
     """Answers the jobs of one endpoint arm over HTTP with bounded concurrency per base URL (a
     ``ConcurrentExecutor``: flyspec/gate/arms/base.py)."""
@@ -209,7 +229,7 @@ class OpenAIExecutor:
         self.arm = arm
         self.arms = {arm.name: arm}
         self.shared = False
-        self.served: dict[str, dict[str, Any]] = {}
+        self.served: dict[str, ModelCard] = {}
 
     def describe(self) -> str:
         """One line for logs: what this executor runs, for which arm."""
@@ -229,7 +249,7 @@ class OpenAIExecutor:
             for url in self.arm.base_urls:
                 self.served[url] = self._model_card(client, url)
 
-    def _model_card(self, client: httpx.Client, url: str) -> dict[str, Any]:
+    def _model_card(self, client: httpx.Client, url: str) -> ModelCard:
         last_error = ""
         for attempt in range(self.arm.max_retries + 1):
             if attempt:
@@ -248,7 +268,7 @@ class OpenAIExecutor:
             f"({last_error}); start the server or fix base_url"
         )
 
-    def _card_from(self, url: str, response: httpx.Response) -> dict[str, Any]:
+    def _card_from(self, url: str, response: httpx.Response) -> ModelCard:
         try:
             cards = response.json()["data"] if response.status_code == 200 else None
         except (ValueError, KeyError, TypeError):
@@ -264,7 +284,7 @@ class OpenAIExecutor:
             )
         return {"id": card.get("id"), "root": card.get("root"), "reported": True}
 
-    def served_models(self) -> dict[str, dict[str, Any] | None]:
+    def served_models(self) -> Served:
         """The arm's served model, read now from every base URL's /v1/models (``served_model``)."""
         self.prepare()
         return {self.arm.name: self.served_model()}
@@ -272,7 +292,7 @@ class OpenAIExecutor:
     def start(self) -> None:
         """Nothing to load: the server is running (its cards are read by ``served_models``)."""
 
-    def served_model(self) -> dict[str, Any]:
+    def served_model(self) -> ServedModel:
         """The served model's id and root (from the first base URL) for the registration.
 
         ValueError when two base URLs of one arm serve different models: they would not be one arm.
@@ -290,7 +310,7 @@ class OpenAIExecutor:
         """A server's prefix cache is its own business (see its /metrics)."""
         return None
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, object]:
         """What the run's notes record about this executor."""
         return {
             "kind": KIND,
@@ -302,9 +322,9 @@ class OpenAIExecutor:
 
     # ------------------------------------------------------------------------------------- answering
 
-    def _body(self, job: Job, sampling: Sampling) -> tuple[str, dict[str, Any]]:
+    def _body(self, job: Job, sampling: Sampling) -> tuple[str, Settings]:
         question = job.question
-        body: dict[str, Any] = {
+        body: Settings = {
             "model": self.arm.model,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,

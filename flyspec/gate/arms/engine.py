@@ -30,10 +30,19 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flyspec.config import EngineConfig, verification_fields, verification_policy
-from flyspec.gate.arms.base import Completion, Executor, Job, Sampling, unknown_keys
+from flyspec.gate.arms.base import (
+    Completion,
+    Executor,
+    Job,
+    Sampling,
+    Served,
+    ServedModel,
+    Settings,
+    unknown_keys,
+)
 from flyspec.gate.data.questions import Question
 
 if TYPE_CHECKING:
@@ -66,7 +75,7 @@ class EngineArm:
     """An in-process engine arm: its validated EngineConfig and that config as a canonical dict."""
 
     name: str
-    config: dict[str, Any]
+    config: Settings
     engine_config: EngineConfig = field(compare=False, repr=False)
     verification: str | None = None
     kind = KIND
@@ -80,20 +89,20 @@ class EngineArm:
         return self.engine_config.batch_invariant
 
     @property
-    def speculative_config(self) -> dict[str, Any] | None:
-        return self.config["speculative_config"]
+    def speculative_config(self) -> Settings | None:
+        return self.config["speculative_config"]  # type: ignore[return-value]
 
-    def variant(self, name: str, speculative_config: dict[str, Any]) -> EngineArm:
+    def variant(self, name: str, speculative_config: Settings) -> EngineArm:
         """This engine arm under ``name`` with another speculative config (everything else the same)."""
         return parse(name, {**self.public_dict(), "speculative_config": speculative_config})
 
-    def public_dict(self) -> dict[str, Any]:
+    def public_dict(self) -> Settings:
         """The arm's full settings (canonical: defaults resolved; ``verification`` only when set, so arms
         registered before request modes existed keep their identity)."""
         mode = {"verification": self.verification} if self.verification is not None else {}
         return {"kind": KIND, **self.config, **mode}
 
-    def identity(self, served: dict[str, Any] | None = None) -> dict[str, Any]:
+    def identity(self, served: ServedModel | None = None) -> Settings:
         """What decides the arm's outputs, registered before the run: here, every setting."""
         return self.public_dict()
 
@@ -102,7 +111,7 @@ def _default(f: dataclasses.Field[object]) -> object:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def parse(name: str, data: dict[str, Any]) -> EngineArm:
+def parse(name: str, data: Settings) -> EngineArm:
     """An engine arm from its JSON object; ValueError names the arm, the field and the rule."""
     unknown_keys(name, data, KEYS, "engine arms")
     settings = {k: v for k, v in data.items() if k not in ("kind", "verification")}
@@ -119,7 +128,7 @@ def parse(name: str, data: dict[str, Any]) -> EngineArm:
         config = EngineConfig(**settings)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"arm {name!r}: {exc}") from None
-    resolved: dict[str, Any] = {}
+    resolved: Settings = {}
     for f in dataclasses.fields(EngineConfig):
         value = getattr(config, f.name)
         if f.name == "speculative_config" and value is not None:
@@ -136,7 +145,7 @@ def parse(name: str, data: dict[str, Any]) -> EngineArm:
     return EngineArm(name, resolved, config, mode)
 
 
-def _engine_key(config: dict[str, Any]) -> str:
+def _engine_key(config: Settings) -> str:
     """Everything but the verifier: arms with equal keys can share one engine."""
     spec = config["speculative_config"]
     if spec is not None:
@@ -145,7 +154,7 @@ def _engine_key(config: dict[str, Any]) -> str:
     return json.dumps({**config, "speculative_config": spec}, sort_keys=True)
 
 
-def is_lossy(config: dict[str, Any]) -> bool:
+def is_lossy(config: Settings) -> bool:
     """Whether a canonical engine config verifies with a lossy policy (its policy says so)."""
     spec = config["speculative_config"]
     return spec is not None and verification_policy(spec["rejection_sample_method"]).lossy
@@ -273,7 +282,7 @@ class EngineExecutor:
         """One line for logs: what this executor runs, for which arms."""
         return f"engine {self.lead.config['model']} for arm(s) {', '.join(self.arms)}"
 
-    def served_models(self) -> dict[str, dict[str, Any] | None]:
+    def served_models(self) -> Served:
         """Nothing to ask: an engine arm's identity is its settings."""
         return {}
 
@@ -305,7 +314,7 @@ class EngineExecutor:
         self._prefix_seen = now
         return queries, hits
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, object]:
         """What the run's notes record about this executor."""
         return {
             "kind": KIND,

@@ -11,12 +11,11 @@ import hashlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from flyspec.checks import is_int
-from flyspec.gate.arms.base import ArmSpec, load_arm_spec
+from flyspec.gate.arms.base import ArmSpec, ServedModel, Settings, load_arm_spec
 from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.questions import Question
@@ -76,7 +75,7 @@ class Judge:
         """The judge's prompt for one position."""
         return judge_prompt(self.template, request_text(question), question.answer, response_a, response_b)
 
-    def identity(self, served: dict[str, Any] | None) -> JudgeRecord:
+    def identity(self, served: ServedModel | None) -> JudgeRecord:
         """What the registration records: model, served model, sampling and the template (name, sha256,
         text)."""
         return JudgeRecord(
@@ -91,7 +90,7 @@ class Judge:
             served_model=served,
         )
 
-    def public_dict(self) -> dict[str, Any]:
+    def public_dict(self) -> Settings:
         """The judge's settings for the run's notes (the API key only as whether one is set)."""
         return {**self.endpoint.public_dict(), "max_tokens": self.max_tokens, "seed": self.seed}
 

@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyspec.gate.arms import endpoint, engine
-from flyspec.gate.arms.base import Arm, ArmSpec, Executor, load_arm_spec
+from flyspec.gate.arms.base import Arm, ArmSpec, Executor, Settings, load_arm_spec
+
+GroupArms = Callable[[list[Any]], list[Executor]]
+"""A kind's ``executors(arms)``: its arms (each its module's own class) grouped into executors."""
 
 
 @dataclass(frozen=True)
 class ArmKind:
     """How one kind of arm is parsed and answered."""
 
-    parse: Callable[[str, dict[str, Any]], Arm]
-    executors: Callable[[list[Any]], list[Any]]
+    parse: Callable[[str, Settings], Arm]
+    executors: GroupArms
 
 
 KINDS: dict[str, ArmKind] = {
@@ -30,7 +33,7 @@ KINDS: dict[str, ArmKind] = {
 }
 
 
-def register_arm_kind(kind: str, parse: Callable[[str, dict[str, Any]], Arm], executors: Callable) -> None:
+def register_arm_kind(kind: str, parse: Callable[[str, Settings], Arm], executors: GroupArms) -> None:
     """Register a kind of arm from outside the package: ``parse(name, data)`` validates an arm's JSON
     object (``kind`` included) into an ``Arm``, ``executors(arms)`` groups that kind's arms into
     ``Executor`` objects (docs/architecture.md, "Adding to the gate"). ValueError for a taken kind."""
@@ -40,7 +43,7 @@ def register_arm_kind(kind: str, parse: Callable[[str, dict[str, Any]], Arm], ex
     KINDS[kind] = ArmKind(parse, executors)
 
 
-def _kind_of(data: dict[str, Any]) -> str:
+def _kind_of(data: Settings) -> str:
     """``kind`` may be omitted: an arm with ``base_url(s)`` is an endpoint, otherwise an engine."""
     implied = endpoint.KIND if ("base_urls" in data or "base_url" in data) else engine.KIND
     return data.get("kind") or implied

@@ -37,7 +37,7 @@ def stored(
     return field(default=default, metadata=meta)
 
 
-def to_json(record: object) -> dict[str, Any]:
+def to_json(record: object) -> dict[str, object]:
     """The stored JSON of a record (a dataclass), by its fields and their ``stored`` metadata."""
     out: dict[str, object] = {}
     for f in fields(record):  # type: ignore[arg-type]

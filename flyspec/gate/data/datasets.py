@@ -42,10 +42,9 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from flyspec.checks import is_int
-from flyspec.gate.data.questions import DatasetInfo, Question, jsonl_rows, table_rows, text_field
+from flyspec.gate.data.questions import DatasetInfo, Question, Row, jsonl_rows, table_rows, text_field
 from flyspec.gate.grading.code_grader import CodeTask
 from flyspec.gate.grading.graders import check_grader, check_reference, grader_named
 
@@ -195,7 +194,7 @@ def _read_gpqa(info: DatasetInfo, shuffle_seed: int) -> Iterator[tuple[int, Ques
         yield line_no, question_obj
 
 
-def _check_messages(messages: Any, where: str) -> list[dict[str, str]]:
+def _check_messages(messages: object, where: str) -> list[dict[str, str]]:
     shape = (
         f"{where}: 'messages' must be a non-empty list of {{'role': system|user|assistant, "
         "'content': str}} ending with a user turn"
@@ -212,7 +211,7 @@ def _check_messages(messages: Any, where: str) -> list[dict[str, str]]:
     return messages
 
 
-def _jsonl_answer(row: dict[str, Any], grader: str, where: str) -> str:
+def _jsonl_answer(row: Row, grader: str, where: str) -> str:
     """The reference as text: a string or number; a code task object as canonical JSON; none for
     equivalence (which compares with the baseline's output)."""
     answer = row.get("answer")
@@ -344,7 +343,7 @@ _DEF = re.compile(r"^def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 _NOT_ENTRY = set(dir(builtins)) | set(keyword.kwlist) | {"isclose"}
 
 
-def _text(row: dict[str, Any], name: str, where: str) -> str:
+def _text(row: Row, name: str, where: str) -> str:
     value = row.get(name)
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{where}: '{name}' must be a non-empty string, got {value!r:.60}")

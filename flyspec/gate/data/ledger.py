@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from flyspec.assets import cache_dir
 from flyspec.gate.data.spec import ComparisonPlan, Registration
@@ -90,14 +90,16 @@ def question_key(question: HasContent) -> str:
     return hashlib.sha256(f"{question.prompt_hash}\n{question.answer}".encode()).hexdigest()[:32]
 
 
-def output_identity(identity: Mapping[str, Any], declared: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def output_identity(
+    identity: Mapping[str, object], declared: Mapping[str, object] | None = None
+) -> dict[str, object]:
     """What decides an arm's outputs, from its registered identity (the rule of the module docstring);
     ``declared``: the speculative config a tune declared for an endpoint setting."""
     kind = identity.get("kind")
     if kind == "engine":
         spec = identity.get("speculative_config")
         mode = identity.get("verification")
-        out: dict[str, Any] = {"kind": "engine", "model": identity.get("model")}
+        out: dict[str, object] = {"kind": "engine", "model": identity.get("model")}
         if mode == "draft_only":
             # The draft model's own answers: the verifier's settings do nothing there.
             draft = {k: spec.get(k) for k in ("method", "model", "num_speculative_tokens")} if spec else None

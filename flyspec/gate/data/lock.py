@@ -20,7 +20,6 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 
 class StoreBusyError(OSError):
@@ -33,7 +32,7 @@ def lock_path(store: str | Path) -> Path:
     return store.with_name(store.name + ".lock")
 
 
-def _describe(holder: dict[str, Any]) -> str:
+def _describe(holder: dict[str, object]) -> str:
     if not holder:
         return "another process (it has not written its details yet)"
     started = holder.get("started_at")
@@ -109,7 +108,7 @@ class StoreLock:
         self.release()
 
 
-def read_holder(path: str | Path) -> dict[str, Any]:
+def read_holder(path: str | Path) -> dict[str, object]:
     """What the holder wrote into a lock file ({} when empty or unreadable)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8") or "{}")

@@ -31,9 +31,12 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 QuestionKey = tuple[str, str]
+
+
+Row = dict[str, object]
+"""One row of a dataset file: a JSON object, or a CSV row by its header's names."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Question:
     dataset: str
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, object] = field(default_factory=dict)
 
     @property
     def prompt_hash(self) -> str:
@@ -87,13 +90,13 @@ def read_text(path: Path) -> str:
         ) from None
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
+def _object(value: object, where: str) -> Row:
     if not isinstance(value, dict):
         raise ValueError(f"{where}: each row must be a JSON object, got {type(value).__name__}")
     return value
 
 
-def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def jsonl_rows(path: Path) -> Iterator[tuple[int, Row]]:
     """``(line number, object)`` for every non-blank line of a JSONL file."""
     # split("\n"), not splitlines(): JSON strings may hold U+2028 and other characters splitlines breaks at.
     for line_no, line in enumerate(read_text(path).split("\n"), start=1):
@@ -108,7 +111,7 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line_no, _object(value, f"{path}:{line_no}")
 
 
-def json_list_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_list_rows(path: Path) -> Iterator[tuple[int, Row]]:
     """``(line where the item starts, object)`` for every item of a file holding one JSON list."""
     text = read_text(path)
     decoder = json.JSONDecoder()
@@ -138,7 +141,7 @@ def json_list_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line, _object(value, f"{path}:{line}")
 
 
-def csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def csv_rows(path: Path) -> Iterator[tuple[int, Row]]:
     """``(line number, row)`` for every row of a CSV with a header line (the header is line 1)."""
     reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
     try:
@@ -150,7 +153,7 @@ def csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise ValueError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
 
 
-def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def table_rows(path: Path) -> Iterator[tuple[int, Row]]:
     """Rows of a CSV, a JSON list (``.json``) or JSONL (anything else, ``.gz`` allowed)."""
     suffix = path.suffix.lower()
     if suffix == ".csv":
@@ -160,7 +163,7 @@ def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     return jsonl_rows(path)
 
 
-def pick(row: dict[str, Any], names: tuple[str, ...], where: str, what: str) -> Any:
+def pick(row: Row, names: tuple[str, ...], where: str, what: str) -> object:
     """The first of ``names`` (any letter case) with a non-blank value; ValueError naming ``what``."""
     lowered = {str(k).lower(): v for k, v in row.items()}
     for name in names:
@@ -170,7 +173,7 @@ def pick(row: dict[str, Any], names: tuple[str, ...], where: str, what: str) -> 
     raise ValueError(f"{where}: row has no {what} (looked for {', '.join(names)})")
 
 
-def text_field(row: dict[str, Any], names: tuple[str, ...], where: str, what: str) -> str:
+def text_field(row: Row, names: tuple[str, ...], where: str, what: str) -> str:
     """``pick`` for a value that must be text (a number is accepted and written as text)."""
     value = pick(row, names, where, what)
     if isinstance(value, bool) or not isinstance(value, str | int | float):

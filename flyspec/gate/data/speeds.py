@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from flyspec.gate.data.store import AnswerRecord, GateStore
 
@@ -111,7 +110,7 @@ def _arm_speed(
 
 def lane_speeds(
     store: GateStore, run_id: str, *, first_repeat_only: bool = True
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, dict[str, float | None]]:
     """Per arm of a run: tokens/s over its engine's busy time (per request for endpoint arms), mean
     acceptance length, forgiven share and answers, from the stored answers and batches."""
     speeds, _ = measure_speeds(store.answers(run_id), store.batches(run_id))

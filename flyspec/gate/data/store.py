@@ -17,143 +17,16 @@ import json
 import sqlite3
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, replace
 from pathlib import Path
-from typing import Any, TypedDict
 
+from flyspec.gate.data.judged_rows import JudgedRows
 from flyspec.gate.data.lock import StoreLock
+from flyspec.gate.data.records import AnswerRecord, RegisteredQuestion, RunEvent, RunNotes, RunRecord
+from flyspec.gate.data.records import JudgementRecord as JudgementRecord  # re-exported with the store
+from flyspec.gate.data.records import LabelRecord as LabelRecord  # re-exported with the store
 from flyspec.gate.data.schema import connect
 from flyspec.gate.data.spec import Extension, Registration, only_the_maximum_grew, refuse_retired
-
-
-@dataclass(frozen=True)
-class AnswerRecord:
-    """One graded answer of one arm to one question (one row of the ``answers`` table)."""
-
-    arm: str
-    repeat: int
-    dataset: str
-    question_id: str
-    seed: int
-    output: str
-    extracted: str | None
-    correct: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-    num_drafts: int | None = None
-    num_draft_tokens: int | None = None
-    num_accepted_tokens: int | None = None
-    num_forgiven_tokens: int | None = None
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class JudgementRecord:
-    """One call of the judge on one question's pair of answers, in one position.
-
-    ``first_lane``/``second_lane`` are the lanes compared (``baseline#0``, ``candidate#0``); ``position``
-    is ``AB`` (the first lane's answer shown as A) or ``BA`` (swapped); ``pair_sha256`` is the hash of the
-    two outputs judged, so a stored judgement is reused only for exactly those outputs. ``verdict`` is what
-    the judge said (``A``, ``B``, ``tie``, or None when it could not be read) and ``preferred`` what that
-    means for the lanes (``first``, ``second`` or ``tie``).
-    """
-
-    dataset: str
-    question_id: str
-    first_lane: str
-    second_lane: str
-    position: str
-    pair_sha256: str
-    verdict: str | None
-    preferred: str
-    output: str
-    latency_s: float
-    source: str
-
-
-@dataclass(frozen=True)
-class LabelRecord:
-    """A gold label of one judged pair: ``value`` +1 (the candidate's answer is better), -1 (the
-    baseline's) or 0 (equally good); ``source`` ``exact`` (the question's grader on both answers) or
-    ``human`` (``flyspec gate label``); ``pair_sha256`` names the two outputs labelled; ``detail`` what was
-    shown and answered (which answer was shown as A, the key pressed)."""
-
-    dataset: str
-    question_id: str
-    pair_sha256: str
-    value: int
-    source: str
-    detail: dict[str, object]
-
-
-@dataclass(frozen=True)
-class RegisteredQuestion:
-    """A question as registered before the first answer: its identity, prompt hash and reference."""
-
-    dataset: str
-    question_id: str
-    position: int
-    prompt_hash: str
-    answer: str
-    grader: str
-
-
-@dataclass(frozen=True)
-class RunEvent:
-    """One session event of a run: ``start``, or ``stop`` with its reason and (sequential runs) the number of
-    questions in the in-order sequence at that moment."""
-
-    event: str
-    reason: str | None
-    stopped_at: int | None
-    detail: dict[str, object]
-    created_at: float
-
-
-class RunNotes(TypedDict, total=False):
-    """What a run notes while it runs, beside its registration (facts learned, not choices made):
-    ``arm_settings`` and ``judge_settings`` (each one's full settings, never a secret),
-    ``dataset_sources`` (the spec each dataset was read from), ``executors`` (what each executor reports
-    of itself), ``code_sandbox`` (the sandbox this machine gives code questions), ``shared_engine`` and
-    ``shared_engine_note`` (arms that ran in one engine, and how each was verified), ``system_fingerprints``
-    (each endpoint's, per arm and URL), ``prefix_cache`` (the engine's queries and hits) and ``ledger``
-    (what the alpha ledger said when the run was registered)."""
-
-    arm_settings: dict[str, dict[str, object]]
-    judge_settings: dict[str, object]
-    dataset_sources: dict[str, str]
-    executors: list[dict[str, Any]]
-    code_sandbox: dict[str, Any]
-    shared_engine: list[list[str]]
-    shared_engine_note: str
-    system_fingerprints: dict[str, dict[str, list[str]]]
-    prefix_cache: dict[str, int]
-    ledger: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha and seed (the
-    registration's: the store keeps them there only), its registration and notes. ``registration`` is the
-    JSON as stored (what a resume is compared with, what a report's JSON shows); ``registered`` is the
-    same, typed (``Registration.read``): read it, not the JSON. A report of one comparison of a run
-    replaces ``registered`` with that comparison's view."""
-
-    run_id: str
-    kind: str
-    created_at: float
-    margin: float
-    alpha: float
-    seed: int
-    registration: dict[str, Any]
-    notes: RunNotes
-    registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.registered is None:
-            object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
 
 
 def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
@@ -185,8 +58,9 @@ def _refuse_retired_runs(path: Path) -> None:
         refuse_retired(kind, json.loads(stored), f"run {run_id!r} in store {path}")
 
 
-class GateStore:
-    """A gate store file. Use as a context manager or call ``close()``."""
+class GateStore(JudgedRows):
+    """A gate store file. Use as a context manager or call ``close()``. Its records are in
+    flyspec/gate/data/records.py (imported here too), its judge calls and labels in judged_rows.py."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -313,25 +187,14 @@ class GateStore:
         with self._db:
             cursor = self._db.execute(
                 "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    run_id,
-                    question.dataset,
-                    question.question_id,
-                    question.position,
-                    question.prompt_hash,
-                    question.answer,
-                    question.grader,
-                ),
+                (run_id, *astuple(question)),
             )
         return cursor.rowcount == 1
 
     def _add_questions(self, run_id: str, questions: list[RegisteredQuestion]) -> None:
         self._db.executemany(
             "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (run_id, q.dataset, q.question_id, q.position, q.prompt_hash, q.answer, q.grader)
-                for q in questions
-            ],
+            [(run_id, *astuple(q)) for q in questions],
         )
 
     def _has_answers(self, run_id: str) -> bool:
@@ -369,83 +232,6 @@ class GateStore:
                 )
                 written += cursor.rowcount
         return written
-
-    def add_judgement(self, run_id: str, record: JudgementRecord) -> bool:
-        """Commit one judge call now; False (and nothing written) if that judgement is already stored."""
-        row = asdict(record)
-        columns = ["run_id", *row.keys(), "created_at"]
-        with self._db:
-            cursor = self._db.execute(
-                f"INSERT INTO judgements ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
-                "ON CONFLICT DO NOTHING",
-                [run_id, *row.values(), time.time()],
-            )
-        return cursor.rowcount == 1
-
-    def judgements(self, run_id: str) -> list[JudgementRecord]:
-        """Every stored judge call of a run, oldest first."""
-        names = list(JudgementRecord.__dataclass_fields__)
-        rows = self._db.execute(
-            f"SELECT {', '.join(names)} FROM judgements WHERE run_id = ? ORDER BY created_at, rowid",
-            (run_id,),
-        )
-        return [JudgementRecord(*row) for row in rows]
-
-    def add_label(self, run_id: str, record: LabelRecord) -> bool:
-        """Commit a gold label; False (nothing written) when the question already has one: a label, once
-        given, is never replaced."""
-        with self._db:
-            cursor = self._db.execute(
-                "INSERT INTO labels VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id, dataset, question_id) DO NOTHING",
-                (
-                    run_id,
-                    record.dataset,
-                    record.question_id,
-                    record.pair_sha256,
-                    int(record.value),
-                    record.source,
-                    json.dumps(record.detail, sort_keys=True),
-                    time.time(),
-                ),
-            )
-        return cursor.rowcount == 1
-
-    def labels(self, run_id: str) -> dict[tuple[str, str], LabelRecord]:
-        """Every gold label of a run, by ``(dataset, question_id)``."""
-        rows = self._db.execute(
-            "SELECT dataset, question_id, pair_sha256, value, source, detail FROM labels WHERE run_id = ?",
-            (run_id,),
-        )
-        return {(d, q): LabelRecord(d, q, h, v, s, json.loads(t)) for d, q, h, v, s, t in rows}
-
-    def add_second_label(self, run_id: str, labeller: str, record: LabelRecord) -> bool:
-        """Commit a second person's label of a pair that has its gold label (agreement between labellers;
-        never part of the decision); False (nothing written) when ``labeller`` already labelled it."""
-        with self._db:
-            cursor = self._db.execute(
-                "INSERT INTO second_labels VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    run_id,
-                    record.dataset,
-                    record.question_id,
-                    labeller,
-                    record.pair_sha256,
-                    int(record.value),
-                    json.dumps(record.detail, sort_keys=True),
-                    time.time(),
-                ),
-            )
-        return cursor.rowcount == 1
-
-    def second_labels(self, run_id: str) -> list[LabelRecord]:
-        """Every second label of a run, oldest first (the labeller is in each record's ``detail``)."""
-        rows = self._db.execute(
-            "SELECT dataset, question_id, pair_sha256, value, detail FROM second_labels WHERE run_id = ? "
-            "ORDER BY created_at, rowid",
-            (run_id,),
-        )
-        return [LabelRecord(d, q, h, v, "human", json.loads(t)) for d, q, h, v, t in rows]
 
     def add_batch(
         self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float

@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 from flyspec.gate.grading.code_exec import SandboxLimits, isolation, run_tests
 from flyspec.gate.grading.code_grader import CodeTask, build_run, extract_code
@@ -159,7 +158,7 @@ def grade_code(output: str, answer: str, limits: SandboxLimits | None = None) ->
     return Grade(code, result.passed, f"{result.status}: {result.detail}" if result.detail else result.status)
 
 
-def sandbox_notes(graders: set[str]) -> dict[str, Any] | None:
+def sandbox_notes(graders: set[str]) -> dict[str, object] | None:
     """For a run with questions whose grader runs code: the code sandbox this machine gives
     (flyspec/gate/grading/code_exec.py), with ``missing``, the protections it lacks in plain words; None
     without such questions."""

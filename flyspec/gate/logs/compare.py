@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from flyspec.checks import is_int
 from flyspec.gate.data.store import RunRecord
@@ -185,7 +184,7 @@ def side_epochs(epoch: int | Mapping[str, int] | None) -> dict[str, int | None]:
     return chosen
 
 
-def _source(log: EvalLog, side: str) -> dict[str, Any]:
+def _source(log: EvalLog, side: str) -> dict[str, object]:
     return {
         "side": side,
         "source": log.source,
@@ -241,7 +240,7 @@ def compare_logs(
     return _report(registration, rows, margin, alpha)
 
 
-def _report(registration: dict[str, Any], rows: list[Comparison], margin: float, alpha: float) -> Report:
+def _report(registration: dict[str, object], rows: list[Comparison], margin: float, alpha: float) -> Report:
     """The report of a comparison, its margin declared after the data (said loudly, and in the advice)."""
     run = RunRecord(KIND, KIND, time.time(), float(margin), float(alpha), 0, registration, {})
     report = Report(

@@ -28,9 +28,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from flyspec.gate.data.questions import jsonl_rows
+from flyspec.gate.data.questions import Row, jsonl_rows
+
+if TYPE_CHECKING:
+    from inspect_ai.log import EvalSample
 
 _LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<stamp>[^_]+)\.jsonl$")
 _LM_EVAL_HASHES = ("doc_hash", "prompt_hash", "target_hash")
@@ -70,7 +73,7 @@ class EvalLog:
     samples: list[SampleScore]
 
 
-def _binary(value: Any, where: str, what: str) -> bool:
+def _binary(value: object, where: str, what: str) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float) and value in (0, 1):
@@ -109,7 +112,7 @@ def parse_filters(filter: str | Sequence[str] | None) -> tuple[str | None, dict[
     return default, per_task
 
 
-def _results_config(file: Path, task: str) -> dict[str, Any]:
+def _results_config(file: Path, task: str) -> dict[str, object]:
     """The task's config in lm-eval's ``results_*.json`` beside the samples file (empty when there is
     none): it names the filters and metrics in the order lm-eval used them."""
     for results in sorted(file.parent.glob("results_*.json"), reverse=True):
@@ -122,9 +125,7 @@ def _results_config(file: Path, task: str) -> dict[str, Any]:
     return {}
 
 
-def _filter_names(
-    file: Path, config: dict[str, Any], rows: list[tuple[int, dict[str, Any]]]
-) -> list[str | None]:
+def _filter_names(file: Path, config: dict[str, object], rows: list[tuple[int, Row]]) -> list[str | None]:
     """Each row's filter. Older lm-eval versions (until late 2024) wrote no ``filter`` key but one row per
     filter and document,
     the filters one after another in the task's order: there the n-th row of a doc_id belongs to the n-th
@@ -152,7 +153,7 @@ def _filter_names(
     return [names[b] for b in blocks]
 
 
-def _metric_names(row: dict[str, Any], config: dict[str, Any]) -> tuple[list[str], bool]:
+def _metric_names(row: Row, config: dict[str, object]) -> tuple[list[str], bool]:
     """The row's metrics, and whether their order is known: its ``metrics`` list, else (older lm-eval
     versions) the task's ``metric_list`` from ``results_*.json`` where the row holds them, else, in no
     known order, the row's keys that are not lm-eval's own fields."""
@@ -256,9 +257,7 @@ def _lm_eval_tasks(path: Path) -> dict[str, Path]:
     return by_task
 
 
-def _lm_eval_metric(
-    row: dict[str, Any], where: str, config: dict[str, Any], metric: str | None
-) -> tuple[str, str]:
+def _lm_eval_metric(row: Row, where: str, config: dict[str, object], metric: str | None) -> tuple[str, str]:
     """A row's question id and the metric that scores it (``metric``, else the row's first)."""
     doc_id = row.get("doc_id")
     if isinstance(doc_id, bool) or not isinstance(doc_id, int | str):
@@ -284,11 +283,11 @@ def _lm_eval_metric(
 # Inspect AI
 
 
-def _sha256_json(value: Any) -> str:
+def _sha256_json(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def _inspect_input(sample: Any) -> Any:
+def _inspect_input(sample: EvalSample) -> str | list[list[str]]:
     # Chat messages carry generated ids that differ between runs: hash only their roles and text.
     if isinstance(sample.input, str):
         return sample.input
@@ -308,7 +307,7 @@ def _inspect_files(path: Path) -> list[str]:
     return files
 
 
-def _refuse_errored(file: str, task: str, samples: list[Any]) -> None:
+def _refuse_errored(file: str, task: str, samples: list[EvalSample]) -> None:
     """ValueError naming the samples of an Inspect log that errored (they have no score)."""
     errored = [s for s in samples if s.error is not None]
     if errored:

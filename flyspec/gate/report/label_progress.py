@@ -6,15 +6,31 @@ simulates its label advice (seconds on a long run), so a reading is kept until t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
 
-_readings: dict[tuple[Path, str], tuple[tuple[object, ...], dict[str, Any]]] = {}
+
+class LabelProgress(TypedDict):
+    """What the labelling page shows of a run's report (``label_progress``)."""
+
+    decision: str | None
+    interim: str | None
+    low: float | None
+    high: float | None
+    margin: float
+    judge_agreement: float | None
+    labels_needed: int | None
+    advised_rate: float | None
+    gold_rate: float | None
+    advice: str | None
 
 
-def label_progress(store_path: Path, run_id: str) -> dict[str, Any]:
+_readings: dict[tuple[Path, str], tuple[tuple[object, ...], LabelProgress]] = {}
+
+
+def label_progress(store_path: Path, run_id: str) -> LabelProgress:
     """The run's decision as it stands (None while drawn pairs wait: the report's reading is then interim),
     its interval and margin, the judge's agreement with gold, and the report's label advice (the sentence
     and ``labels_needed``, the labels that would let the run decide at the label rate ``advised_rate``;
@@ -30,7 +46,7 @@ def label_progress(store_path: Path, run_id: str) -> dict[str, Any]:
     return reading
 
 
-def _read(store_path: Path, run_id: str) -> dict[str, Any]:
+def _read(store_path: Path, run_id: str) -> LabelProgress:
     report = build_report(store_path, run_id)
     pooled, gold = report.pooled, report.gold
     interim = pooled.interim_decision if pooled is not None else None

@@ -3,7 +3,7 @@ gold labels (the sections ``markdown.py`` adds for a run with a judge)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from flyspec.gate.report.model import GoldSummary, JudgeSummary, ReportData
 from flyspec.gate.report.wording import pct
@@ -46,7 +46,7 @@ def gold_mcnemar_line(g: GoldSummary) -> str:
     )
 
 
-def _judge_sampling(report: ReportData) -> dict[str, Any]:
+def _judge_sampling(report: ReportData) -> Mapping[str, object]:
     judge = report.run.registered.judge
     return judge.sampling if judge is not None else {}
 

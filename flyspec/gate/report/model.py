@@ -7,7 +7,6 @@ flyspec/gate/report/build.py builds them from a store; markdown.py and html.py r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
@@ -294,7 +293,7 @@ class ReportData:
             judged=self.gold is not None,
         )
 
-    def decision_object(self) -> dict[str, Any]:
+    def decision_object(self) -> dict[str, object]:
         """The decision object (the last key of ``to_dict``): registered margin, pooled pairs."""
         pooled = self.pooled
         assert pooled is not None
@@ -342,9 +341,9 @@ class ReportData:
             "rule": self.rule(),
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready report; for a gate run the last key is ``decision``."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "store": self.store,
             "run_id": self.run.run_id,
             "kind": self.run.kind,

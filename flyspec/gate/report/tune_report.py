@@ -14,7 +14,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from flyspec.gate.data.codec import to_json
 from flyspec.gate.data.spec import SettingRecord, titled
@@ -26,6 +25,8 @@ from flyspec.gate.report.looks import LedgerSummary, ledger_summary
 from flyspec.gate.report.wording import num, pct, points
 from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequence
 
+Speed = dict[str, float | None]
+"""A lane's speed as ``lane_speeds`` gives it: tokens/s, mean acceptance length, forgiven share, answers."""
 _CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
 
 
@@ -39,7 +40,7 @@ class TuneRow:
     id: str
     label: str
     policy: str
-    speculative_config: dict[str, Any]
+    speculative_config: dict[str, object]
     decision: str
     final: bool | None
     tokens_per_s: float | None
@@ -68,7 +69,7 @@ def _row(
     setting: SettingRecord,
     decision: str,
     status: SettingStatus | None,
-    speeds: tuple[Mapping[str, Any], Mapping[str, Any], float | None],
+    speeds: tuple[Speed, Speed, float | None],
 ) -> TuneRow:
     """A setting's row: ``speeds`` are its speed, its speed on its test questions, and the baseline's
     tokens/s (for the speedup); the test's numbers only where it was tested."""
@@ -108,7 +109,7 @@ class TuneReport:
     store: str
     run: RunRecord
     rows: list[TuneRow]
-    baseline_speed: dict[str, Any]
+    baseline_speed: Speed
     chosen: int | None
     complete: bool
     speed_source: str
@@ -130,7 +131,7 @@ class TuneReport:
     def chosen_row(self) -> TuneRow | None:
         return self.rows[self.chosen] if self.chosen is not None else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready report; ``settings`` (in test order) and ``chosen`` close it."""
         reg = self.run.registered
         chosen = self.chosen_row
@@ -170,12 +171,12 @@ class TuneReport:
         return _markdown(self)
 
 
-def _baseline_arm(run: RunRecord) -> Mapping[str, Any]:
+def _baseline_arm(run: RunRecord) -> Mapping[str, object]:
     """The baseline arm's registered identity."""
     return run.registered.arms.get("baseline", {})
 
 
-def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, dict[str, Any]]:
+def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, Speed]:
     if run_id is None or store.get_run(run_id) is None:
         return {}
     return lane_speeds(store, run_id)

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from flyspec.gate.data.ledger import (
     Entry,
@@ -164,7 +163,7 @@ def record_looks(store: GateStore, run_id: str) -> None:
         store.update_notes(run_id, {"ledger": _snapshot(run, verdict, run_entries(store, run))})
 
 
-def _snapshot(run: RunRecord, verdict: Ledger, entries: list[Entry]) -> dict[str, Any]:
+def _snapshot(run: RunRecord, verdict: Ledger, entries: list[Entry]) -> dict[str, object]:
     """What the report shows of the ledger: per comparison, the budget, what this look spends, and the
     earlier looks it was counted with (as the ledger saw them when the run was registered)."""
     mine = {e.comparison: e.look for e in entries}

@@ -9,15 +9,18 @@ generates its options from them; ``options_from_flags`` turns what was given int
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 COMMANDS = ("run", "pilot", "tune")
 """The commands whose options are settings: ``gate run``, ``gate pilot`` and ``gate tune``."""
 RUNS = ("run", "pilot")
 T = TypeVar("T")
+OptionType = type | types.GenericAlias
+"""A setting's type on the command line: ``str``, ``int``, ``float``, ``bool`` or ``list[str]``."""
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,9 @@ class Flag:
     option: str
     help: str
     commands: tuple[str, ...] = COMMANDS
-    type: Any = str
+    type: OptionType = str
     helps: Mapping[str, str] = field(default_factory=dict)
-    parse: Callable[[Any], Any] | None = None
+    parse: Callable[..., object] | None = None
     negate: bool = False
     config: bool = True
     required: tuple[str, ...] = ()
@@ -47,19 +50,19 @@ class Flag:
     def help_for(self, command: str) -> str:
         return self.helps.get(command, self.help)
 
-    def value(self, given: Any) -> Any:
+    def value(self, given: object) -> object:
         """The field's value for a given value."""
         if self.negate:
             return not given
         return self.parse(given) if self.parse is not None else given
 
 
-def flag(option: str, help: str, **settings: Any) -> dict[str, Flag]:
+def flag(option: str, help: str, **settings: object) -> dict[str, Flag]:
     """A field's metadata: its ``Flag`` (``settings``: Flag's other fields)."""
     return {"flag": Flag(option, help, **settings)}
 
 
-def is_required(item: Field[Any]) -> bool:
+def is_required(item: Field[object]) -> bool:
     """Whether a field has no default (the settings every run needs: store, datasets, baseline, margin)."""
     return item.default is MISSING and item.default_factory is MISSING
 
@@ -81,7 +84,7 @@ def config_keys(options: type) -> list[str]:
     return [x.key for _, x in flags(options) if x.config]
 
 
-def read_config(options: type, path: Path) -> dict[str, Any]:
+def read_config(options: type, path: Path) -> dict[str, object]:
     """A ``--config`` file's settings by option name; a list setting may be spelt in the plural and given
     as one string. ValueError for a file that is not a JSON object or holds an unknown key."""
     try:
@@ -106,7 +109,7 @@ def read_config(options: type, path: Path) -> dict[str, Any]:
 
 
 def options_from_flags(
-    options: type[T], command: str, given: Mapping[str, Any], config: Path | None = None, **fixed: Any
+    options: type[T], command: str, given: Mapping[str, object], config: Path | None = None, **fixed: object
 ) -> T:
     """The settings of ``command`` from its options (``given``, by field name; None, an empty list or an
     unset switch: not given) over a ``--config`` file's: a given option overrides the file, and what

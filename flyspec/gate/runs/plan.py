@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from flyspec.gate.arms.base import Arm, Executor
+from flyspec.gate.arms.base import Arm, Executor, Served
 from flyspec.gate.arms.endpoint import OpenAIExecutor
 from flyspec.gate.arms.judge import JUDGE_ARM, Judge, parse_judge
 from flyspec.gate.arms.registry import parse_arm
@@ -33,8 +33,6 @@ from flyspec.gate.runs.tune_settings import TuneOptions, TuneSetting, tune_setti
 
 ORDER_RULE = "sha256(seed:dataset:id) ascending"
 Options = TypeVar("Options", bound=RunSettings)
-Served = dict[str, dict[str, Any] | None]
-"""Per arm name (and ``judge``): the model its server reports serving, None where nothing was asked."""
 Datasets = dict[str, tuple[str, list[Question]]]
 """Per dataset name in reports: its spec as given and every question."""
 

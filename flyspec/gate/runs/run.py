@@ -28,14 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from flyspec.gate.arms.base import Executor
 from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.registry import make_executors
 from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.spec import BASELINE, ComparisonPlan, Family, Gold, Registration
-from flyspec.gate.data.store import GateStore
+from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.grading.graders import sandbox_notes
 from flyspec.gate.runs.exclusion import (
     carried_answers,
@@ -148,7 +147,7 @@ def answer(
     who: str,
     clock: Clock,
     detail: dict[str, str] | None = None,
-    notes: Callable[[], dict[str, Any]] | None = None,
+    notes: Callable[[], RunNotes] | None = None,
 ) -> str:
     """Answer what ``session`` lacks with ``executors``, which are freed afterwards (so one engine is gone
     before the next one loads); returns why the session ended. The executors start (an engine loads and
@@ -369,7 +368,7 @@ def _session(
 ) -> Session:
     questions = list(chosen.questions)
     order = [(q.dataset, q.id) for q in questions]
-    monitors: dict[str, Any] = {}
+    monitors: dict[str, Monitor | JudgedRunMonitor] = {}
     for c in comparisons:
         if c.sequential is None:
             continue
@@ -383,8 +382,8 @@ def _session(
     return Session(store, settings, _lanes(planned), questions, monitors)
 
 
-def _notes(planned: GatePlan, executors: list[Executor]) -> dict[str, Any]:
-    notes: dict[str, Any] = {
+def _notes(planned: GatePlan, executors: list[Executor]) -> RunNotes:
+    notes: RunNotes = {
         "arm_settings": {name: arm.public_dict() for name, arm in planned.arms.items()},
         "dataset_sources": {name: spec for name, (spec, _) in planned.datasets.items()},
         "executors": [ex.facts() for ex in executors],
@@ -427,7 +426,7 @@ def run_gate(
     candidate: ArmSpec,
     margin: float,
     alpha: float = 0.025,
-    **settings: Any,
+    **settings: object,
 ) -> str:
     """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id.
 
@@ -449,7 +448,7 @@ def run_pilot(
     alpha: float = 0.025,
     *,
     candidate: ArmSpec | None = None,
-    **settings: Any,
+    **settings: object,
 ) -> str:
     """Run a pilot; returns the run id. Without ``candidate``: the baseline twice (fresh seeds, nothing
     cached; refused at temperature 0 for batch-invariant engine arms, where it measures nothing). With

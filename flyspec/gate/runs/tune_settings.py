@@ -24,12 +24,11 @@ times the entropy thresholds 0.6 and 0.3, for the baseline's K.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from flyspec.checks import is_int, load_json
-from flyspec.gate.arms.base import Arm, load_arm_spec
+from flyspec.gate.arms.base import Arm, Settings, load_arm_spec
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.spec import SettingRecord
 from flyspec.gate.runs.flags import flag
@@ -83,7 +82,7 @@ class TuneOptions(RunSettings):
     whose questions are left out before the order is taken.
     """
 
-    candidates: str | list[Any] | None = field(
+    candidates: str | list[object] | None = field(
         default=None,
         metadata=flag(
             "--candidates",
@@ -94,7 +93,7 @@ class TuneOptions(RunSettings):
             commands=("tune",),
         ),
     )
-    policies: str | dict[str, Any] | list[Any] | None = field(
+    policies: str | Settings | list[object] | None = field(
         default=None,
         metadata=flag(
             "--policies",
@@ -203,7 +202,7 @@ class TuneSetting:
 
     id: str
     label: str
-    speculative_config: dict[str, Any]
+    speculative_config: Settings
     arm: Arm
 
     @property
@@ -217,7 +216,7 @@ class TuneSetting:
         return self.record.title
 
 
-def baseline_spec(baseline: Arm) -> dict[str, Any] | None:
+def baseline_spec(baseline: Arm) -> Settings | None:
     """The baseline engine arm's speculative config; ValueError unless it verifies with standard (lossless)
     speculative decoding. None for an endpoint baseline (its server's config is not visible here)."""
     if not baseline.settings_visible:
@@ -234,7 +233,7 @@ def baseline_spec(baseline: Arm) -> dict[str, Any] | None:
 
 def default_grid(
     k: int, windows: tuple[int, ...] | None = None, thresholds: tuple[float, ...] | None = None
-) -> list[dict[str, Any]]:
+) -> list[Settings]:
     """The default grid, of FLy settings for K draft tokens: every window times every threshold."""
     if k < 2:
         raise ValueError(f"num_speculative_tokens={k}: FLy needs K >= 2, so there is nothing to tune")
@@ -247,7 +246,7 @@ def default_grid(
     return [{"fly_window_size": w, "fly_entropy_threshold": t} for w in windows for t in thresholds]
 
 
-def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
+def label(spec: Mapping[str, object], reference: Mapping[str, object] | None) -> str:
     """The policy's label of its settings (FLy: ``W=2, theta=0.3``), then ``prefix=L`` for a lossless
     prefix and whatever else differs from the baseline's config (e.g. ``K=5``)."""
     from flyspec.config import LOSSLESS_PREFIX_FIELD, verification_policy
@@ -261,7 +260,7 @@ def label(spec: dict[str, Any], reference: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def _lossy_spec(data: object, where: str) -> dict[str, Any]:
+def _lossy_spec(data: object, where: str) -> Settings:
     from flyspec.config import SpeculativeConfig, lossy_policy_names
 
     if not isinstance(data, dict):
@@ -279,7 +278,7 @@ def _lossy_spec(data: object, where: str) -> dict[str, Any]:
     return {key: value for key, value in spec.to_dict().items() if value is not None}
 
 
-def _setting(index: int, entry: object, baseline: Arm, reference: dict[str, Any] | None) -> TuneSetting:
+def _setting(index: int, entry: object, baseline: Arm, reference: Settings | None) -> TuneSetting:
     setting_id = f"s{index + 1}"
     where = f"candidate {index + 1}"
     if not isinstance(entry, dict) or not entry:
@@ -307,7 +306,7 @@ def _setting(index: int, entry: object, baseline: Arm, reference: dict[str, Any]
     return TuneSetting(setting_id, label(spec, reference), spec, arm)
 
 
-def parse_settings(baseline: Arm, candidates: list[Any]) -> list[TuneSetting]:
+def parse_settings(baseline: Arm, candidates: list[object]) -> list[TuneSetting]:
     """Validate the candidates (in the order given); ValueError naming the entry for a bad or repeated
     one."""
     reference = baseline_spec(baseline)
@@ -342,7 +341,7 @@ def tune_settings(options: TuneOptions, baseline: Arm) -> list[TuneSetting]:
     return parse_settings(baseline, candidates)
 
 
-def load_candidates(spec: str | list[Any] | None) -> list[Any] | None:
+def load_candidates(spec: str | list[object] | None) -> list[object] | None:
     """Candidates as a JSON list string, the path of a JSON file holding one, or a list already."""
     if spec is None or isinstance(spec, list):
         return spec

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from flyspec.checks import is_int, is_number
 
@@ -68,7 +67,7 @@ class SamplingRule:
         digest = hashlib.sha256(self.seed.to_bytes(8, "big") + body).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < self.share
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The rule as the run's registration records it."""
         return {
             "rule": "sha256(seed as 8 big-endian bytes + raw request body)[:8] / 2**64 < share",
@@ -77,7 +76,7 @@ class SamplingRule:
         }
 
 
-def parse_body(body: bytes) -> dict[str, Any] | None:
+def parse_body(body: bytes) -> dict[str, object] | None:
     """The request body as a JSON object, or None when it is not one."""
     try:
         value = json.loads(body)
@@ -86,7 +85,7 @@ def parse_body(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def ineligible(route: str, body: dict[str, Any]) -> str | None:
+def ineligible(route: str, body: dict[str, object]) -> str | None:
     """Why a well-formed request cannot be paired (a reason of ``REASONS``), or None when it can: one
     choice (``n`` and ``best_of`` at most 1), no tools, and one prompt on /completions."""
     for key in ("n", "best_of"):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from flyspec.checks import is_int
 from flyspec.gate.arms.endpoint import read_acceptance
@@ -14,14 +13,14 @@ CHAT = "/chat/completions"
 COMPLETIONS = "/completions"
 
 
-def _choice_text(route: str, choice: dict[str, Any], streamed: bool) -> str:
+def _choice_text(route: str, choice: dict[str, object], streamed: bool) -> str:
     if route == COMPLETIONS:
         return choice.get("text") or ""
     part = choice.get("delta" if streamed else "message") or {}
     return part.get("content") or ""
 
 
-def _tokens(usage: Any, key: str) -> int | None:
+def _tokens(usage: object, key: str) -> int | None:
     value = usage.get(key) if isinstance(usage, dict) else None
     return value if is_int(value, 0) else None
 
@@ -49,7 +48,7 @@ def from_json(route: str, status: int, body: bytes, latency_s: float) -> ArmAnsw
     )
 
 
-def _events(body: bytes) -> list[dict[str, Any]]:
+def _events(body: bytes) -> list[dict[str, object]]:
     """The JSON objects of the `data:` lines of an event stream (`[DONE]` and comments left out)."""
     events = []
     for line in body.decode("utf-8", "replace").splitlines():

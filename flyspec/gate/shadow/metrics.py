@@ -4,11 +4,14 @@ in one process: tests, benchmarks): the traffic's counters, and a registered run
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from flyspec.gate.shadow.admission import REASONS
+
+if TYPE_CHECKING:
+    from flyspec.gate.shadow.run import LiveDecision
 
 
 class ShadowMetrics:
@@ -42,9 +45,9 @@ class ShadowMetrics:
         self.mirroring.set(1)
         self._decision: dict[str, Gauge] = {}
         # Set by ``track``: brings the decision gauges up to date before a scrape.
-        self.refresh: Callable[[], Awaitable[Any]] | None = None
+        self.refresh: Callable[[], Awaitable[object]] | None = None
 
-    def track(self, refresh: Callable[[], Awaitable[Any]]) -> None:
+    def track(self, refresh: Callable[[], Awaitable[object]]) -> None:
         """List a registered run's decision gauges, kept up to date by ``refresh`` (called per scrape)."""
         self.refresh = refresh
         self._decision = {
@@ -58,7 +61,7 @@ class ShadowMetrics:
             )
         }
 
-    def show(self, state: Any) -> None:
+    def show(self, state: LiveDecision) -> None:
         """Set the decision gauges from a ``LiveDecision``."""
         agreement = state.judge_agreement
         for name, value in (

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 
 import httpx
 
@@ -52,7 +51,7 @@ class MirrorJob:
     answer when the proxy passed one to the client (None for a mirror-sink copy)."""
 
     route: str
-    request: dict[str, Any]
+    request: dict[str, object]
     received_at: float
     source: str
     baseline: BaselineCapture | None
@@ -86,7 +85,9 @@ class Mirror:
 
     # ------------------------------------------------------------------------------------ admission
 
-    def _reason(self, route: str, raw: bytes, status: int | None) -> tuple[str | None, dict[str, Any] | None]:
+    def _reason(
+        self, route: str, raw: bytes, status: int | None
+    ) -> tuple[str | None, dict[str, object] | None]:
         if len(raw) > self.max_request_bytes:
             return admission.TOO_LONG, None
         body = admission.parse_body(raw)

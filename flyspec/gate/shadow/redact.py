@@ -4,7 +4,6 @@ stored or sent to the candidate or a judge."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 MASK = "[REDACTED]"
 
@@ -29,7 +28,7 @@ class Redactor:
             value = pattern.sub(MASK, value)
         return value
 
-    def value(self, value: Any) -> Any:
+    def value(self, value: object) -> object:
         """A JSON value with ``text`` applied to every string in it, keys excepted."""
         if not self.patterns:
             return value

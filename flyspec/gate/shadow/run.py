@@ -30,7 +30,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from flyspec.gate.data.lock import StoreLock
 from flyspec.gate.data.spec import Registration
@@ -65,7 +64,7 @@ class LiveDecision:
     """The decision as it stands: the report's decision object, its bounds, the gold labels waiting, the
     judge's agreement with gold (None before the first label or without a judge) and the pairs stored."""
 
-    decision: dict[str, Any]
+    decision: dict[str, object]
     low: float
     high: float
     labels_waiting: int

@@ -4,19 +4,23 @@ and its rule)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flyspec.checks import is_int
+from flyspec.gate.arms.base import ArmSpec
 from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.shadow.admission import PairBudget, SamplingRule
 from flyspec.gate.shadow.redact import Redactor
 from flyspec.gate.shadow.spend import SpendCaps
 
+if TYPE_CHECKING:
+    from flyspec.gate.arms.endpoint import OpenAIArm
+
 DEFAULT_QUEUE_SIZE = 256
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
 
-def endpoint_arm(name: str, spec: Any) -> Any:
+def endpoint_arm(name: str, spec: ArmSpec) -> OpenAIArm:
     """An endpoint arm from the same JSON as `gate run` takes (dict, JSON string or JSON file); the shadow
     process forwards HTTP, so an engine arm is refused."""
     arm = parse_arm(name, spec)
@@ -38,8 +42,8 @@ class ShadowSettings:
     for a worker at most (more are skipped as ``queue_full``). max_request_bytes: longer request bodies
     are not mirrored (``too_long``)."""
 
-    baseline: Any
-    candidate: Any
+    baseline: OpenAIArm
+    candidate: OpenAIArm
     sample: float = 1.0
     sample_seed: int = 0
     max_pairs: int | None = None

@@ -4,9 +4,13 @@ forwarded request keeps."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from flyspec.gate.arms.endpoint import OpenAIArm
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the HTTP layer sets itself are never copied across.
 _HOP = {
@@ -27,7 +31,7 @@ _REQUEST_DROP = _HOP | {"accept-encoding"}
 _RESPONSE_DROP = _HOP | {"date", "server"}
 
 
-def request_headers(headers: Any) -> dict[str, str]:
+def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """A client's request headers as forwarded upstream (authorization and content-type kept)."""
     out = {k: v for k, v in headers.items() if k.lower() not in _REQUEST_DROP}
     out["accept-encoding"] = "identity"
@@ -43,7 +47,7 @@ class Upstream:
     """An endpoint arm's connection pool (one ``httpx.AsyncClient``; ``connections`` None: unbounded) and
     its base URLs, used in turn."""
 
-    def __init__(self, arm: Any, connections: int | None) -> None:
+    def __init__(self, arm: OpenAIArm, connections: int | None) -> None:
         self.arm = arm
         self._next = itertools.cycle(arm.base_urls)
         keepalive = connections if connections is not None else 1024
@@ -57,7 +61,7 @@ class Upstream:
         """The next base URL joined with ``route`` (``/chat/completions``, ``/models``)."""
         return next(self._next) + route
 
-    def body(self, request: dict[str, Any]) -> dict[str, Any]:
+    def body(self, request: Mapping[str, object]) -> dict[str, object]:
         """A request as this arm is asked it when the shadow process asks it itself: the arm's model and
         extra fields, answered whole (not streamed)."""
         out = {k: v for k, v in request.items() if k not in ("stream", "stream_options")}

@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.data.datasets import Question
@@ -78,7 +77,7 @@ def label_requests(path: str | Path) -> Callable[[RunRecord], dict[str, str]]:
     return requests
 
 
-def _completion(answer: dict[str, Any], source: str) -> Completion:
+def _completion(answer: dict[str, object], source: str) -> Completion:
     return Completion(
         text=answer.get("text") or "",
         finish_reason=answer.get("finish_reason"),
@@ -90,7 +89,7 @@ def _completion(answer: dict[str, Any], source: str) -> Completion:
 
 
 def _record(
-    job: Job, completion: Completion, grade: Grade, acceptance: dict[str, Any] | None
+    job: Job, completion: Completion, grade: Grade, acceptance: dict[str, object] | None
 ) -> AnswerRecord:
     acc = acceptance or {}
     return AnswerRecord(
