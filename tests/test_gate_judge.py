@@ -205,10 +205,18 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert "No pair has a gold label yet, so the run decides nothing" in markdown
     assert "gold labels (a label rate of" in markdown or "No label rate lets" in markdown
     assert "flyspec gate label --store" in markdown and "## Judge and gold labels" in markdown
+    assert "interval bets version 2 (at most 0.99 of the largest safe bet)" in markdown
     # Every answer is in: the report says the labels are missing, not that the run is incomplete.
     assert "incomplete" not in markdown and "all 13 registered questions have both answers" in markdown
     registered = report.run.registration
-    assert registered["gold"] == {"rate": 1.0, "seed": 0, "source": "human", "all": False, "draw": 2}
+    assert registered["gold"] == {
+        "rate": 1.0,
+        "seed": 0,
+        "source": "human",
+        "all": False,
+        "draw": 2,
+        "bet": 2,
+    }
     judge = registered["judge"]
     assert judge["model"] == "judge" and judge["served_model"] == {"id": "judge", "root": "/w/judge"}
     assert judge["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
