@@ -23,13 +23,14 @@ them.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 from judged_draws import run_draws
 from scipy.stats import norm
 
-from flyspec.gate.stats import sequential_decisions
+from flyspec.gate.stats import sequential_decisions, simulation
 from flyspec.gate.stats.judged import GOLD_DRAW
 from flyspec.gate.stats.sequence import BET, BET_VERSIONS
 from flyspec.gate.stats.simulation import JudgedBlock, draw_judged, judged_runs
@@ -117,6 +118,19 @@ def test_judged_runs_keep_alpha_with_the_gates_own_draw(design: str) -> None:
     failed = error_rate(design, 0.40, 0.0, "lenient", 0.0, 0.2, 200, draw=1)
     print(f"\n{design}, draw 1: harsh judge P(PASS) {passed:.3f}, lenient judge P(FAIL) {failed:.3f}")
     assert passed > 0.3 and failed > 0.9
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_betting_as_if_the_judge_were_good_fails(design: str) -> None:
+    """The shortcut the bets must not take to save a good judge's labels: betting on the range a judge
+    that agrees with gold gives ([-1, 1]; a value beyond it clipped) instead of the values' registered
+    range. A judge right 95% per order stays near alpha, but a coin (16% differing) and the lenient judge
+    (40%) PASS a candidate that loses the margin in most runs: the grid would catch it."""
+    with mock.patch.object(simulation, "value_range", lambda rate: (-1.0, 1.0)):
+        coin = error_rate(design, 0.16, -MARGIN, "coin", 0.0, 0.2, 200)
+        lenient = error_rate(design, 0.40, -MARGIN, "lenient", 0.0, 0.2, 200)
+    print(f"\n{design}, range [-1, 1]: coin P(PASS) {coin:.3f}, lenient judge P(PASS) {lenient:.3f}")
+    assert coin > 0.25 and lenient > 0.9
 
 
 @pytest.mark.slow
