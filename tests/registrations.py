@@ -4,6 +4,8 @@ compares the two key for key, sees no change."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 
 from flyspec.gate.data.spec import Registration
@@ -18,3 +20,15 @@ def assert_registrations_round_trip(store: Path) -> list[str]:
     for run in runs:
         assert Registration.read(run.kind, run.registration).to_dict() == run.registration, run.run_id
     return [run.kind for run in runs]
+
+
+def as_registered_before_bet_versions(store: Path, run_id: str) -> None:
+    """Rewrite a stored judged run's registration as flyspec stored it before the bets had versions: no
+    ``bet`` in its gold rule, no ``label_bet`` in its sequential plans."""
+    with sqlite3.connect(store) as db:
+        (text,) = db.execute("SELECT registration FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        stored = json.loads(text)
+        del stored["gold"]["bet"]
+        for plan in [stored["sequential"], *(c["sequential"] for c in stored.get("comparisons", []))]:
+            del plan["label_bet"]
+        db.execute("UPDATE runs SET registration = ? WHERE run_id = ?", (json.dumps(stored), run_id))

@@ -23,7 +23,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from loopback import serve_app
-from registrations import assert_registrations_round_trip
+from registrations import as_registered_before_bet_versions, assert_registrations_round_trip
 from serve_process import flyspec_serve
 from tiny_llm import TinyModels
 
@@ -205,10 +205,18 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     assert "No pair has a gold label yet, so the run decides nothing" in markdown
     assert "gold labels (a label rate of" in markdown or "No label rate lets" in markdown
     assert "flyspec gate label --store" in markdown and "## Judge and gold labels" in markdown
+    assert "interval bets version 2 (at most 0.99 of the largest safe bet)" in markdown
     # Every answer is in: the report says the labels are missing, not that the run is incomplete.
     assert "incomplete" not in markdown and "all 13 registered questions have both answers" in markdown
     registered = report.run.registration
-    assert registered["gold"] == {"rate": 1.0, "seed": 0, "source": "human", "all": False, "draw": 2}
+    assert registered["gold"] == {
+        "rate": 1.0,
+        "seed": 0,
+        "source": "human",
+        "all": False,
+        "draw": 2,
+        "bet": 2,
+    }
     judge = registered["judge"]
     assert judge["model"] == "judge" and judge["served_model"] == {"id": "judge", "root": "/w/judge"}
     assert judge["sampling"] == {"temperature": 0.0, "max_tokens": 64, "seed": 7}
@@ -317,6 +325,24 @@ def test_a_sequential_judged_run_waits_for_its_labels(server: tuple[Scripted, st
     assert plan is not None and plan.method == "ppi-mixture" and plan.label_rate == 0.5
     assert stop is not None and stop.decision == "INCONCLUSIVE" and stop.awaiting_label
     assert report.gold is not None and report.gold.awaiting >= 1
+
+
+def test_a_judged_run_registered_before_bet_versions_resumes_with_its_bets(
+    server: tuple[Scripted, str], tmp_path: Path
+) -> None:
+    """A sequential judged run registered before the interval's bets had versions reads as bets version 1,
+    the same command resumes it (no change in its registration) and its report names version 1; a new
+    run registers version 2."""
+    _, url = server
+    run_id = _run(url, tmp_path, 0.3, sequential=True, gold_rate=0.5)
+    assert build_report(tmp_path / "judge.db", run_id).gold.bet == 2  # type: ignore[union-attr]
+    as_registered_before_bet_versions(tmp_path / "judge.db", run_id)
+    assert _run(url, tmp_path, 0.3, sequential=True, gold_rate=0.5) == run_id
+    report = build_report(tmp_path / "judge.db", run_id)
+    assert report.gold is not None and report.gold.bet == 1
+    assert report.sequential_plan is not None and report.sequential_plan.label_bet == 1
+    assert "interval bets version 1" in report.to_markdown()
+    assert "bet" not in report.run.registration["gold"]
 
 
 def test_judge_failure_stops_and_a_rerun_asks_only_what_is_missing(

@@ -22,11 +22,12 @@ from flyspec.gate.data.spec import (
     SamplingRecord,
     SettingRecord,
     TuneRecord,
+    keeping_bets,
 )
 from flyspec.gate.data.spec import (
     TestOrder as SettingOrder,  # not Test*: pytest would collect it
 )
-from flyspec.gate.stats.monitor import SequentialPlan
+from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialPlan
 
 SEQUENTIAL = SequentialPlan(0.02, 0.025, 100, 100, 3)
 SHARED = {
@@ -89,7 +90,7 @@ def test_the_stored_layout_keeps_its_keys() -> None:
     """The layout other code and users read: renamed keys (``all``, ``from``, ``comparisons``), the judge's
     sampling nested, the tune's own keys beside the shared ones, absent optional parts written as no key."""
     gate = GATE.to_dict()
-    assert gate["gold"] == {"rate": 0.2, "seed": 0, "source": "human", "all": False, "draw": 2}
+    assert gate["gold"] == {"rate": 0.2, "seed": 0, "source": "human", "all": False, "draw": 2, "bet": 2}
     assert gate["extensions"] == [{"from": 100, "to": 200, "at": 1.5}]
     assert gate["comparisons"][1] == {
         "name": "control",
@@ -130,6 +131,14 @@ OLDER = {
         {"settings": [{"id": "s1", "speculative_config": {}}]},
         lambda r: r.settings == (SettingRecord("s1", "s1", {}),),
     ),
+    "a gold rule before its bets": (
+        "gate",
+        {
+            "gold": {"rate": 0.2, "seed": 0, "source": "human", "draw": 2},
+            "sequential": {**SEQUENTIAL.to_dict(), "method_key": "ppi-mixture", "label_rate": 0.2},
+        },
+        lambda r: r.gold.bet == 1 and r.sequential.label_bet == 1,
+    ),
     "a sequential run before its design": (
         "gate",
         {"sequential": {k: v for k, v in SEQUENTIAL.to_dict().items() if k != "population"}},
@@ -150,5 +159,35 @@ def test_a_record_missing_a_key_it_needs_is_refused_by_name() -> None:
         from_json(Extension, {"to": 2, "at": 3.0})
     with pytest.raises(ValueError, match="gold-label draw 7"):
         from_json(Gold, {"rate": 0.2, "seed": 0, "source": "human", "draw": 7})
+    with pytest.raises(ValueError, match="bet=3"):
+        from_json(Gold, {"rate": 0.2, "seed": 0, "source": "human", "draw": 2, "bet": 3})
     with pytest.raises(ValueError, match="run kind 'other'"):
         Registration.read("other", {"margin": 0.02, "alpha": 0.025})
+
+
+def test_a_resumed_judged_run_keeps_the_bets_it_registered() -> None:
+    """The same command resumes a judged run registered under bets version 1: the new registration takes
+    the stored run's version (gold rule and every judged sequential plan), so the store sees no change; a
+    new run, or one whose stored run has no judge, keeps what it asked for."""
+    judged = SequentialPlan(0.02, 0.025, 100, 100, 3, method=JUDGED_METHOD, label_rate=0.2, label_bet=2)
+    new = Registration(
+        "gate",
+        0.02,
+        0.025,
+        design="sequential",
+        sequential=judged,
+        listed=(ComparisonPlan("candidate", BASELINE, ("candidate", 0), 0.02, 0.025, "candidate", judged),),
+        gold=Gold(0.2, 0, "human"),
+    )
+    assert new.gold is not None and new.gold.bet == 2
+    old = Registration.read(
+        "gate", {**new.to_dict(), "gold": {"rate": 0.2, "seed": 0, "source": "human", "draw": 2}}
+    )
+    old = Registration.read("gate", {**old.to_dict(), "sequential": {**judged.to_dict(), "label_bet": 1}})
+    kept = keeping_bets(new, old)
+    assert kept.gold is not None and kept.gold.bet == 1
+    assert kept.sequential is not None and kept.sequential.label_bet == 1
+    assert kept.listed[0].sequential is not None and kept.listed[0].sequential.label_bet == 1
+    assert kept.to_dict()["gold"] == {"rate": 0.2, "seed": 0, "source": "human", "all": False, "draw": 2}
+    assert keeping_bets(new, None) == new
+    assert keeping_bets(new, Registration("gate", 0.02, 0.025)) == new

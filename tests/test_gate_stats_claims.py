@@ -44,7 +44,7 @@ def test_the_default_plan_claims_the_method_and_old_registrations_stay_finite() 
     assert (read.population, read.method, read.sequence_population) == ("finite", "wsr-mixture", 1319)
     assert "without replacement" in read.description
     assert "these 1319 questions" in read.claim
-    for p in (plan, read, dataclasses.replace(plan, method=JUDGED_METHOD, label_rate=0.2)):
+    for p in (plan, read, dataclasses.replace(plan, method=JUDGED_METHOD, label_rate=0.2, label_bet=2)):
         assert SequentialPlan.from_registration(p.to_dict()) == p
     with pytest.raises(ValueError, match="population"):
         claim("everything")
@@ -80,7 +80,7 @@ def test_the_judged_monitor_stops_where_the_stored_pairs_say_and_waits_for_label
     """Pairs fed in a shuffled order with every gold label late (the pair first, its label after the
     next few pairs) reach the stop that judged_stop computes from the stored pairs; until a selected
     pair's label arrives the monitor does not move past it."""
-    plan = SequentialPlan(MARGIN, ALPHA, 900, 900, 0, method=JUDGED_METHOD, label_rate=0.3)
+    plan = SequentialPlan(MARGIN, ALPHA, 900, 900, 0, method=JUDGED_METHOD, label_rate=0.3, label_bet=2)
     pairs = _judged_pairs(4, 900, delta, 0.3)
     order = [("chat", str(i)) for i in range(900)]
     monitor = Monitor(order, plan)

@@ -11,7 +11,8 @@ candidate's losses, "tie" on its gains), lenient (the mirror), reversed (the wro
 a fair judge wrong 5% of the time per order. The grid: 3%, 16% and 40% of answers differing; gold-label
 rates 0.05, 0.2 and 1 (at rate 1 every differing pair is labelled and the value is the gold difference
 itself, so one judge stands for all); fixed runs (the plug-in bet tuned to n) and sequential runs (the
-anytime mixture, looked at after every question), 2,000 questions each; a margin of 2 points, alpha 0.025.
+anytime mixture, looked at after every question), 2,000 questions each; a margin of 2 points, alpha 0.025;
+the full grid for each version of the interval's bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``).
 
 Monte Carlo error: R runs give a rate's standard error sqrt(p (1 - p) / R): 0.0049 at alpha with 1,000
 runs, 0.0078 with 400; each bound allows 2.5 of them. The fast tier runs a few cells with 400 runs; the
@@ -22,14 +23,16 @@ them.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 from judged_draws import run_draws
 from scipy.stats import norm
 
-from flyspec.gate.stats import sequential_decisions
+from flyspec.gate.stats import sequential_decisions, simulation
 from flyspec.gate.stats.judged import GOLD_DRAW
+from flyspec.gate.stats.sequence import BET, BET_VERSIONS
 from flyspec.gate.stats.simulation import JudgedBlock, draw_judged, judged_runs
 
 MARGIN, ALPHA = 0.02, 0.025
@@ -62,16 +65,18 @@ def error_rate(
     runs: int,
     draw: int = GOLD_DRAW,
     seed: int = 0,
+    bet: int = BET,
 ) -> float:
     """P(PASS) when ``truth`` < 0 (a harmful candidate at the margin), else P(FAIL) (no loss): judged runs
     of ``QUESTIONS`` questions under judged_decision's rule with the gate's order and gold ``draw``. Only
-    the side that can err is bet on, which can only overstate its rate (a run never stops on the other)."""
+    the side that can err is bet on, which can only overstate its rate (a run never stops on the other).
+    ``bet``: the version of the interval's bets."""
     _, draws = run_draws(runs, QUESTIONS, draw)
     rng = np.random.default_rng(seed)
     harmful = truth < 0
     out = judged_runs(
         rng, runs, QUESTIONS, differing, truth, MARGIN, ALPHA, judge, noise, rate, design,
-        fail_side=not harmful, pass_side=harmful, draws=draws,
+        fail_side=not harmful, pass_side=harmful, draws=draws, bet=bet,
     )  # fmt: skip
     return out.share("PASS" if harmful else "FAIL")
 
@@ -82,13 +87,16 @@ def grid(rate: float) -> list[tuple[str, float]]:
     return JUDGES[:1] if rate == 1.0 else JUDGES
 
 
-def _check(design: str, cells: list[tuple[float, float, str, float, float]], runs: int) -> float:
+def _check(
+    design: str, cells: list[tuple[float, float, str, float, float]], runs: int, bet: int = BET
+) -> float:
     worst = 0.0
     for k, (differing, truth, judge, noise, rate) in enumerate(cells):
-        p = error_rate(design, differing, truth, judge, noise, rate, runs, seed=1000 + k)
+        p = error_rate(design, differing, truth, judge, noise, rate, runs, seed=1000 + k, bet=bet)
         worst = max(worst, p)
         what = "P(PASS) at -margin" if truth < 0 else "P(FAIL) at no loss"
-        print(f"\n{design} {differing:.2f} differing, rate {rate:g}, {judge} {noise:.2f}: {what} {p:.4f}")
+        cell = f"{differing:.2f} differing, rate {rate:g}, {judge} {noise:.2f}"
+        print(f"\n{design} bets {bet}, {cell}: {what} {p:.4f}")
     assert worst <= _mc_bound(ALPHA, runs), worst
     return worst
 
@@ -112,23 +120,41 @@ def test_judged_runs_keep_alpha_with_the_gates_own_draw(design: str) -> None:
     assert passed > 0.3 and failed > 0.9
 
 
+@pytest.mark.parametrize("design", DESIGNS)
+def test_betting_as_if_the_judge_were_good_fails(design: str) -> None:
+    """The shortcut the bets must not take to save a good judge's labels: betting on the range a judge
+    that agrees with gold gives ([-1, 1]; a value beyond it clipped) instead of the values' registered
+    range. A judge right 95% per order stays near alpha, but a coin (16% differing) and the lenient judge
+    (40%) PASS a candidate that loses the margin in most runs: the grid would catch it."""
+    with mock.patch.object(simulation, "value_range", lambda rate: (-1.0, 1.0)):
+        coin = error_rate(design, 0.16, -MARGIN, "coin", 0.0, 0.2, 200)
+        lenient = error_rate(design, 0.40, -MARGIN, "lenient", 0.0, 0.2, 200)
+    print(f"\n{design}, range [-1, 1]: coin P(PASS) {coin:.3f}, lenient judge P(PASS) {lenient:.3f}")
+    assert coin > 0.25 and lenient > 0.9
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("bet", sorted(BET_VERSIONS))
 @pytest.mark.parametrize("truth", [-MARGIN, 0.0])
 @pytest.mark.parametrize("design", DESIGNS)
-def test_judged_runs_keep_alpha_full_grid(design: str, truth: float) -> None:
+def test_judged_runs_keep_alpha_full_grid(design: str, truth: float, bet: int) -> None:
     """The full grid at this truth: 7 judges x 3 shares of differing answers x label rates 0.05 and 0.2,
-    and rate 1 (one judge), 1,000 runs per cell: the error stays within alpha. The same cells with draw
-    1 for the two judges it favours (harsh at -margin, lenient at no loss) exceed alpha at rate 0.2."""
+    and rate 1 (one judge), 1,000 runs per cell, for each version of the bets (new runs register 2, runs
+    registered before it keep 1): the error stays within alpha. The same cells with draw 1 for the two
+    judges it favours (harsh at -margin, lenient at no loss) exceed alpha at rate 0.2."""
     cells = [
         (differing, truth, judge, noise, rate)
         for rate in RATES
         for differing in DIFFERING
         for judge, noise in grid(rate)
     ]
-    worst = _check(design, cells, runs=1000)
-    print(f"\n{design}, truth {truth:+.2f}: largest error {worst:.4f} over {len(cells)} cells")
+    worst = _check(design, cells, runs=1000, bet=bet)
+    print(f"\n{design}, bets {bet}, truth {truth:+.2f}: largest error {worst:.4f} over {len(cells)} cells")
     favoured = "harsh" if truth < 0 else "lenient"
-    old = [error_rate(design, differing, truth, favoured, 0.0, 0.2, 1000, draw=1) for differing in DIFFERING]
+    old = [
+        error_rate(design, differing, truth, favoured, 0.0, 0.2, 1000, draw=1, bet=bet)
+        for differing in DIFFERING
+    ]
     print(f"{design}, draw 1, {favoured} judge at rate 0.2: {old}")
     assert max(old) > _mc_bound(ALPHA, 1000) + 0.1
 

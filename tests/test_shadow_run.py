@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from registrations import as_registered_before_bet_versions
 from shadow_harness import arm, judge_preferring, label_all, metric, shadow_run, shadow_run_parts, upstream
 
 from flyspec.bench.peers import free_port
@@ -133,7 +134,8 @@ def test_pairs_become_a_registered_judged_run_that_decides(tmp_path: Path) -> No
 
 
 def test_a_changed_registration_is_refused_and_the_same_one_resumes(tmp_path: Path) -> None:
-    """The same settings resume the run; another margin on a run with pairs is refused, naming it."""
+    """The same settings resume the run (one registered before the interval's bets had versions too, with
+    its version 1); another margin on a run with pairs is refused, naming it."""
     store = tmp_path / "shadow.db"
     with upstream(Script("base")) as base, upstream(Script("cand")) as cand:
         judge_arm = {"base_url": base + "/v1", "model": "j"}
@@ -143,7 +145,13 @@ def test_a_changed_registration_is_refused_and_the_same_one_resumes(tmp_path: Pa
             wait_until(lambda: answers(store) == 2, "one judged pair")
         _, again = shadow_run_parts(store, *arms)
         assert not again.new and again.stored == 1
+        assert again.registration.gold is not None and again.registration.gold.bet == 2
         again.close()
+        # A run registered before the interval's bets had versions resumes with version 1.
+        as_registered_before_bet_versions(store, "shadow")
+        _, older = shadow_run_parts(store, *arms)
+        assert not older.new and older.registration.gold is not None and older.registration.gold.bet == 1
+        older.close()
         with pytest.raises(ValueError, match="registered with different settings.*margin"):
             shadow_run_parts(store, *arms, margin=0.02)
         # The alpha ledger counts a shadow run like any look: the same comparison in another store is refused.

@@ -30,6 +30,7 @@ from flyspec.gate.data.codec import from_json, stored, to_json
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
 from flyspec.gate.stats.monitor import SequentialPlan
+from flyspec.gate.stats.sequence import BET, check_bet
 
 Lane = tuple[str, int]
 BASELINE: Lane = ("baseline", 0)
@@ -135,16 +136,20 @@ class Gold:
     """A judged run's registered gold-label rule: ``rate`` (the share of differing pairs drawn), ``seed``
     (of the draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person
     labels it with ``flyspec gate label``), ``every_question`` (the judge grades every question, not only
-    those with grader ``judge``) and ``draw``, the version of the draw (``gold_draw``, independent of the
-    question order). flyspec/gate/stats/judged.py has the statistics."""
+    those with grader ``judge``), ``draw``, the version of the draw (``gold_draw``, independent of the
+    question order), and ``bet``, the version of the interval's bets (flyspec/gate/stats/sequence.py,
+    ``BET_VERSIONS``; a run registered before the versions reads as 1). flyspec/gate/stats/judged.py has
+    the statistics."""
 
     rate: float
     seed: int
     source: str
     every_question: bool = stored("all", default=False)
     draw: int = GOLD_DRAW
+    bet: int = stored(default=BET, absent=1)
 
     def __post_init__(self) -> None:
+        check_bet(self.bet)
         if self.draw != GOLD_DRAW:
             raise ValueError(f"gold-label draw {self.draw} is unknown to this flyspec (it draws {GOLD_DRAW})")
 
@@ -384,6 +389,27 @@ class Registration:
             out["question_order"] = out.pop("order")
             out.update(out.pop("tune", {}))
         return {key: value for key, value in out.items() if key in _KEYS[self.kind]}
+
+
+def keeping_bets(registration: Registration, stored: Registration | None) -> Registration:
+    """``registration`` with the version of the interval's bets that ``stored`` (the run it resumes, if
+    any) registered: a judged run keeps the bets its first pairs were registered with, so the same
+    command resumes a run registered before the current version."""
+    if stored is None or stored.gold is None or registration.gold is None:
+        return registration
+    bet = stored.gold.bet
+
+    def plan(sequential: SequentialPlan | None) -> SequentialPlan | None:
+        if sequential is None or sequential.label_bet is None:
+            return sequential
+        return replace(sequential, label_bet=bet)
+
+    return replace(
+        registration,
+        gold=replace(registration.gold, bet=bet),
+        sequential=plan(registration.sequential),
+        listed=tuple(replace(c, sequential=plan(c.sequential)) for c in registration.listed),
+    )
 
 
 def refuse_retired(kind: str, stored: Mapping[str, object], where: str) -> None:

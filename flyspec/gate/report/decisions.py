@@ -261,12 +261,14 @@ def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: 
         stop = judged_stop(order, pairs, plan, events)
         per, row = _at_stop(report, store, correct, order, stop)
         limit = stop.stopped_at
-        walk = judged_decision(seen[:limit], reg.margin, reg.alpha, gold.rate, "sequential")
+        walk = judged_decision(seen[:limit], reg.margin, reg.alpha, gold.rate, "sequential", bet=gold.bet)
     else:
         limit = len(order)
         per = _by_dataset(store, report, correct)
         everything = [pair for _, p in per.values() for pair in p]
-        walk = judged_decision(seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order))
+        walk = judged_decision(
+            seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order), bet=gold.bet
+        )
         complete = walk.usable == len(order)
         row = replace(
             counted("pooled", everything, len(order), reg.alpha),
@@ -323,7 +325,7 @@ def _label_advice(
     prefix too (the advice plans a run; it is no part of the test)."""
     if walk.decision != INCONCLUSIVE or not seen:
         return None
-    return labels_needed(judge_counts(seen), margin, alpha, walk.design, size, seen)
+    return labels_needed(judge_counts(seen), margin, alpha, walk.design, size, seen, walk.bet)
 
 
 def _gold_summary(
@@ -360,6 +362,7 @@ def _gold_summary(
         labels_needed=advice.labels if advice is not None else None,
         advised_rate=advice.rate if advice is not None else None,
         draw=gold.draw,
+        bet=gold.bet,
         rows=[*rows.values(), pooled],
         gold_exact_p=mcnemar(pooled.gold_baseline, pooled.gold_candidate).exact_p
         if pooled.labelled

@@ -16,6 +16,7 @@ from flyspec.gate.report.markdown_judged import (
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import POWER_PCT, num, pct, points
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.sequence import check_bet
 
 
 def _decision_heading(pooled: Comparison) -> str:
@@ -276,7 +277,8 @@ def _registration_lines(report: ReportData) -> list[str]:
             f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} (independent "
             "of the question order), "
             f"seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
-            f"{'the exact grader' if g.source == 'exact' else 'a person'}"
+            f"{'the exact grader' if g.source == 'exact' else 'a person'}; interval bets version {g.bet} "
+            f"({check_bet(g.bet).words})"
         )
     if run.notes.get("shared_engine"):
         lines.append(f"- {run.notes.get('shared_engine_note', 'arms shared one engine')}")

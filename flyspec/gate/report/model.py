@@ -15,6 +15,7 @@ from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule
 from flyspec.gate.stats.decide import SUPERPOPULATION, claim
 from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
+from flyspec.gate.stats.sequence import BET
 
 PPI_FIXED_METHOD = (
     "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and Ramdas: the "
@@ -145,7 +146,8 @@ class GoldSummary:
     """A judged run's gold labels beside its decision (prediction-powered inference, docs/statistics.md).
 
     ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
-    exact grader or by a person; ``draw`` the draw's version, independent of the question order);
+    exact grader or by a person; ``draw`` the draw's version, independent of the question order; ``bet``
+    the version of the interval's bets, flyspec/gate/stats/sequence.py);
     ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
     ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
     still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
@@ -174,6 +176,7 @@ class GoldSummary:
     labels_needed: int | None = None
     advised_rate: float | None = None
     draw: int = 2
+    bet: int = BET
     rows: list[GoldRow] = field(default_factory=list)
     gold_exact_p: float | None = None
     estimate: float | None = None

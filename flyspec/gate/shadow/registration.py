@@ -90,7 +90,10 @@ def shadow_registration(
     """The registration of a shadow run: a sequential gate run (i.i.d. claim) of ``candidate`` against
     ``baseline`` (endpoint arms), judged (the prediction-powered sequence on gold labels) or graded
     exactly against the baseline's answer, with ``sampling`` the sampling rule's description."""
-    judged = {"method": JUDGED_METHOD, "label_rate": plan.gold_rate} if plan.judge is not None else {}
+    gold = plan.gold
+    judged = (
+        {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
+    )
     sequential = SequentialPlan(plan.margin, plan.alpha, plan.max_pairs, plan.max_pairs, plan.seed, **judged)
     return Registration(
         kind="gate",
@@ -105,6 +108,6 @@ def shadow_registration(
         design="sequential",
         sequential=sequential,
         judge=plan.judge.identity(None) if plan.judge is not None else None,
-        gold=plan.gold,
+        gold=gold,
         shadow=ShadowRecord(CLAIM, sampling, ERRORS),
     )

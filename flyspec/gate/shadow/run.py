@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flyspec.gate.data.lock import StoreLock
-from flyspec.gate.data.spec import Registration
+from flyspec.gate.data.spec import Registration, keeping_bets
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import Report, build_report
 from flyspec.gate.runs.exclusion import record_looks
@@ -100,18 +100,23 @@ class ShadowRun:
         self.path = Path(path)
         self.plan = plan
         self.run_id = plan.run_id
-        self.registration = registration
         self.pairs = SqlitePairStore(
             self.path, self.run_id
         )  # creates the file 0600 before the store opens it
         self._lock = StoreLock(self.path, self.run_id).acquire()
         try:
             with GateStore(self.path) as store:
+                existing = store.get_run(self.run_id)
+                # A run registered under earlier bets resumes with them.
+                registration = keeping_bets(
+                    registration, existing.registered if existing is not None else None
+                )
                 self.new = register_shadow(store, self.run_id, registration, self.pairs.count() > 0)
         except BaseException:
             self._lock.release()
             self.pairs.close()
             raise
+        self.registration = registration
         self.stored = self.pairs.count()
         self.on_decided: Callable[[LiveDecision], None] = lambda decision: None
         self._inbox: queue.Queue[tuple[MirroredPair, Future[int]] | None] = queue.Queue()

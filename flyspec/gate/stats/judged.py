@@ -55,7 +55,7 @@ import numpy as np
 from flyspec.checks import is_int, is_number
 from flyspec.gate.stats.decide import Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
-from flyspec.gate.stats.sequence import BoundedMeanSequence
+from flyspec.gate.stats.sequence import BET, BoundedMeanSequence
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
@@ -229,13 +229,14 @@ class JudgedSequence:
     ``update(pair)`` takes the next pair along the registered order and returns the running
     ``(low, high)``; with probability at least ``1 - alpha`` the true difference lies in every interval
     returned, whatever the judge does. ``horizon=None`` (sequential runs) bets the anytime mixture;
-    ``horizon=n`` (fixed runs of n questions) bets the plug-in tuned to n.
+    ``horizon=n`` (fixed runs of n questions) bets the plug-in tuned to n; ``bet``: the registered version
+    of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``).
     """
 
-    def __init__(self, rate: float, alpha: float = 0.05, horizon: int | None = None) -> None:
+    def __init__(self, rate: float, alpha: float = 0.05, horizon: int | None = None, bet: int = BET) -> None:
         lo, hi = value_range(rate)
         self.rate = rate
-        self._sequence = BoundedMeanSequence(lo, hi, alpha, horizon)
+        self._sequence = BoundedMeanSequence(lo, hi, alpha, horizon, bet)
         self._weight = _Weight()
         self.n = 0
         self.low, self.high = -1.0, 1.0
@@ -283,9 +284,11 @@ class JudgedWalk(Walk):
     """A judged run's walk (``Walk``): the prediction-powered sequence, which decides nothing before the
     first gold label. The judge's verdicts count as ``judge_counts`` counts them."""
 
-    def __init__(self, rate: float, margin: float, alpha: float, horizon: int | None = None) -> None:
+    def __init__(
+        self, rate: float, margin: float, alpha: float, horizon: int | None = None, bet: int = BET
+    ) -> None:
         super().__init__(margin)
-        self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon)
+        self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon, bet)
 
     @property
     def can_decide(self) -> bool:
@@ -308,6 +311,7 @@ class JudgedDecision:
     normal-theory interval at the stop from the values seen, and ``emptied_at``: the pair after which
     every difference was rejected (None if never); ``narrow`` says the interval is suspect (see there).
     ``estimate``: the mean of the values up to the stop, the prediction-powered estimate of the difference.
+    ``bet``: the version of the bets the interval used (flyspec/gate/stats/sequence.py).
     """
 
     decision: str
@@ -322,6 +326,7 @@ class JudgedDecision:
     normal_width: float | None = None
     emptied_at: int | None = None
     estimate: float | None = None
+    bet: int = BET
 
     @property
     def narrow(self) -> bool:
@@ -341,6 +346,7 @@ def judged_decision(
     rate: float = 1.0,
     design: str = "fixed",
     horizon: int | None = None,
+    bet: int = BET,
 ) -> JudgedDecision:
     """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence.
 
@@ -349,7 +355,7 @@ def judged_decision(
     mixture, stopping at the first n with ``low > -margin`` (PASS) or ``high < -margin`` (FAIL). Only the
     usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE).
     P(PASS) <= alpha when the true difference is at most -margin, and P(FAIL) <= alpha when it is at least
-    -margin, for any judge.
+    -margin, for any judge. ``bet``: the registered version of the bets.
     """
     check_margin_alpha(margin, alpha)
     check_rate(rate)
@@ -363,7 +369,7 @@ def judged_decision(
             raise ValueError(f"horizon={horizon!r}: a fixed run's registered size, a positive integer")
     elif horizon is not None:
         raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
-    walk = JudgedWalk(rate, margin, alpha, horizon if design == "fixed" else None)
+    walk = JudgedWalk(rate, margin, alpha, horizon if design == "fixed" else None, bet)
     for pair in used:
         if walk.add(pair) is not None and design == "sequential":
             break
@@ -382,4 +388,5 @@ def judged_decision(
         normal_width=sequence.normal_width(2.0 * alpha),
         emptied_at=sequence.emptied_at,
         estimate=sequence.estimate,
+        bet=bet,
     )

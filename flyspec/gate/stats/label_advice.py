@@ -21,6 +21,7 @@ import numpy as np
 
 from flyspec.gate.stats.decide import INCONCLUSIVE
 from flyspec.gate.stats.judged import DESIGNS, JudgeCounts, JudgedPair
+from flyspec.gate.stats.sequence import BET
 from flyspec.gate.stats.simulation import JudgedBlock, walk_judged
 
 ASSUMED_AGREEMENT = 0.95
@@ -162,13 +163,14 @@ def decide_share(
     runs: int = ADVICE_RUNS,
     seed: int = 0,
     settle: float | None = None,
+    bet: int = BET,
 ) -> float:
     """The share of ``runs`` simulated judged runs of ``questions`` pairs at label rate ``rate`` that decide
     (PASS or FAIL) under the gate's own rule (``walk_judged``: the fixed run's plug-in bet tuned to
     ``questions``, or the sequential run's mixture stopping at its first crossing), each run's pairs drawn
     from its own posterior draw of the model's shares. ``settle``: a sequential walk may stop once whether
     that share is reached is known (``walk_judged``); the share returned is then exact only for that
-    comparison."""
+    comparison. ``bet``: the run's registered version of the bets."""
     if design not in DESIGNS:
         raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
     rng = np.random.default_rng(seed)
@@ -182,6 +184,7 @@ def decide_share(
         rate,
         design,
         settle=settle,
+        bet=bet,
     )
     return 1.0 - out.share(INCONCLUSIVE)
 
@@ -195,6 +198,7 @@ def smallest_label_rate(
     power: float = ADVICE_POWER,
     runs: int = ADVICE_RUNS,
     seed: int = 0,
+    bet: int = BET,
 ) -> float | None:
     """The smallest rate of ``LABEL_RATES`` at which at least a share ``power`` of simulated runs decide
     (``decide_share``, the same seed at every rate), found by bisection on the grid (more labels never
@@ -202,7 +206,7 @@ def smallest_label_rate(
     differing pair reaches it."""
 
     def reaches(rate: float) -> bool:
-        return decide_share(model, rate, margin, alpha, design, questions, runs, seed, power) >= power
+        return decide_share(model, rate, margin, alpha, design, questions, runs, seed, power, bet) >= power
 
     if model.differing == 0 or not reaches(1.0):
         return None
@@ -287,6 +291,7 @@ def labels_needed(
     design: str,
     questions: int,
     pairs: Sequence[JudgedPair],
+    bet: int = BET,
 ) -> LabelAdvice:
     """The smallest label rate (and about how many gold labels) at which at least ``ADVICE_POWER`` of
     simulated judged runs of ``questions`` pairs like ``pairs`` decide under the run's own rule.
@@ -294,10 +299,11 @@ def labels_needed(
     Simulates the gate's rule (``smallest_label_rate``) on pairs drawn from the ``PairModel`` of
     ``pairs`` (a run's complete pairs): the share of identical answers, the judge's predictions, and
     the gold labels seen with each (before any label, a judge agreeing ASSUMED_AGREEMENT of the time).
-    ``counts`` are ``judge_counts(pairs)``. ValueError without a pair: nothing is known to advise on.
+    ``counts`` are ``judge_counts(pairs)``; ``bet`` the run's registered version of the bets. ValueError
+    without a pair: nothing is known to advise on.
     """
     model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)  # ValueError without a pair
-    rate = smallest_label_rate(model, margin, alpha, design, questions)
+    rate = smallest_label_rate(model, margin, alpha, design, questions, bet=bet)
     # Rounded first: 0.4 x 0.3 x 400 is 48.000000000000007 in floating point.
     labels = None if rate is None else math.ceil(round(rate * model.differing * questions, 6))
     return LabelAdvice(

@@ -39,6 +39,7 @@ from typing import Protocol
 
 from flyspec.gate.stats.decide import POPULATIONS, SequentialWalk, claim
 from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, usable_prefix
+from flyspec.gate.stats.sequence import check_bet
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -90,7 +91,9 @@ class SequentialPlan:
     without-replacement sequence; only with ``--population finite``). Registrations made before the field
     existed used the finite sequence and are read back so. ``method``: a key of ``METHODS``; runs keep the
     method they registered. ``label_rate``: for a judged run with the prediction-powered method, the
-    share of differing pairs drawn for a gold label. Judged runs always use the i.i.d. sequence.
+    share of differing pairs drawn for a gold label, and ``label_bet`` the version of its bets
+    (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``; 1 for plans registered before the versions).
+    Judged runs always use the i.i.d. sequence.
     """
 
     margin: float
@@ -101,6 +104,7 @@ class SequentialPlan:
     population: str = "superpopulation"
     method: str = DEFAULT_METHOD
     label_rate: float | None = None
+    label_bet: int | None = None
 
     def __post_init__(self) -> None:
         if self.population not in POPULATIONS:
@@ -109,6 +113,10 @@ class SequentialPlan:
             raise ValueError(f"method={self.method!r}: one of {', '.join(METHODS)}")
         if (self.method == JUDGED_METHOD) != (self.label_rate is not None):
             raise ValueError(f"a label rate goes with method {JUDGED_METHOD!r}, and only with it")
+        if (self.label_rate is not None) != (self.label_bet is not None):
+            raise ValueError("a judged plan registers both its label rate and the version of its bets")
+        if self.label_bet is not None:
+            check_bet(self.label_bet)
 
     @property
     def sequence_population(self) -> int | None:
@@ -147,6 +155,8 @@ class SequentialPlan:
             out["method_key"] = self.method
         if self.label_rate is not None:
             out["label_rate"] = self.label_rate
+        if self.label_bet not in (None, 1):
+            out["label_bet"] = self.label_bet
         return out
 
     @classmethod
@@ -161,6 +171,7 @@ class SequentialPlan:
             population=str(data.get("population", "finite")),
             method=str(data.get("method_key", DEFAULT_METHOD)),
             label_rate=None if rate is None else float(rate),  # type: ignore[arg-type]
+            label_bet=None if rate is None else int(data.get("label_bet", 1)),  # type: ignore[call-overload]
         )
 
 
@@ -226,11 +237,11 @@ def _walk(plan: SequentialPlan) -> Walk:
     """The walk the plan registered: the prediction-powered one for a judged run, else the exact one."""
     if plan.method != JUDGED_METHOD:
         return SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
-    if plan.label_rate is None:
+    if plan.label_rate is None or plan.label_bet is None:
         raise ValueError(
             f"a judged walk needs a plan registered with method {JUDGED_METHOD!r} and a label rate"
         )
-    return JudgedWalk(plan.label_rate, plan.margin, plan.alpha)
+    return JudgedWalk(plan.label_rate, plan.margin, plan.alpha, bet=plan.label_bet)
 
 
 def _stopped(walk: Walk, reason: str, complete_prefix: int, awaiting: bool = False) -> SequentialStop:

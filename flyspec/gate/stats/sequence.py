@@ -48,9 +48,12 @@ probability at most ``alpha``. Two bets, chosen before the run (the registration
   the capital negative). Valid at every n at once, for sequential runs.
 - **Fixed horizon** (``horizon=n``): the paper's predictable plug-in bet tuned to the planned size,
   ``lambda_t = sqrt(2 log(2 / alpha) / (n sigma_{t-1}^2))`` from the running variance estimate, truncated
-  at a fraction ``TRUNCATION`` of the largest bet: the paper's confidence interval for a fixed n (its
+  at a fraction (``Bets.truncation``) of the largest bet: the paper's confidence interval for a fixed n (its
   hedged-capital CI), valid at n without any central limit theorem (and at every n before, by the same
   martingale argument; after n the bet is no longer tuned, but stays valid).
+
+The fractions and the truncation come in versions (``BET_VERSIONS``) that a run registers: any bet fixed
+before its value is seen and below the largest the range allows keeps every argument above.
 
 Both capitals fall as ``m`` rises (``K+``) or rise with it (``K-``), so every confidence set is an
 interval; the online class tracks both on a grid of candidate means, each bound reported as the nearest
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
@@ -367,10 +371,45 @@ def confidence_sequence(
     return lows, highs
 
 
-MIXTURE_FRACTIONS = np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09])
-"""The anytime bets, as fractions of the largest bet the range allows (``1 / m`` for K+)."""
-TRUNCATION = 0.9
-"""The fixed-horizon bet is never more than this fraction of the largest bet the range allows."""
+@dataclass(frozen=True)
+class Bets:
+    """One version of the bounded-mean bets: ``fractions``, the anytime mixture's constant bets as
+    fractions of the largest bet the range allows (``1 / m`` for K+), ``truncation``, the largest
+    fraction of it the fixed-horizon bet may take, and ``words`` for the report. Every fraction is below
+    1, so no factor reaches 0."""
+
+    fractions: np.ndarray
+    truncation: float
+    words: str
+
+
+BET_VERSIONS = {
+    1: Bets(
+        np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09]),
+        0.9,
+        "at most 0.9 of the largest safe bet in a fixed run, 0.95 in the sequential mixture",
+    ),
+    2: Bets(
+        np.array([0.99, 0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13]),
+        0.99,
+        "at most 0.99 of the largest safe bet",
+    ),
+}
+"""The bets judged runs register by version. Version 2 reaches 0.99 of the largest bet: with a judge that
+agrees with gold the values' spread is far inside their range, the best bet sits at that cap, and the
+capped bet sets how many pairs (so labels) a decision takes (docs/statistics.md, "Fewer labels for a good
+judge"); the smallest fraction, which only a weak judge's very noisy values want, made room for it."""
+BET = 2
+"""The version new runs register; a run registered before versions existed reads as 1."""
+
+
+def check_bet(bet: int) -> Bets:
+    """The bets of version ``bet``; ValueError for a version this flyspec does not know."""
+    if not is_int(bet) or bet not in BET_VERSIONS:
+        raise ValueError(f"bet={bet!r}: a version of the bounded-mean bets, one of {sorted(BET_VERSIONS)}")
+    return BET_VERSIONS[bet]
+
+
 ENDPOINT_ROOM = 1e-12
 """The room given a grid end at ``m = 0`` or ``1`` (see ``BoundedMeanSequence.update``)."""
 PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
@@ -383,10 +422,13 @@ class BoundedMeanSequence:
     ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
     ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
     the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
-    tuned to n (see the module docstring). Only the grid points still in the set are tracked.
+    tuned to n (see the module docstring), each as ``bet`` (a key of ``BET_VERSIONS``) sets them. Only the
+    grid points still in the set are tracked.
     """
 
-    def __init__(self, lo: float, hi: float, alpha: float, horizon: int | None = None) -> None:
+    def __init__(
+        self, lo: float, hi: float, alpha: float, horizon: int | None = None, bet: int = BET
+    ) -> None:
         if not (is_number(lo) and is_number(hi) and lo < hi):
             raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
         if not is_number(alpha, above=0, below=1):
@@ -396,12 +438,13 @@ class BoundedMeanSequence:
         if lo > -1.0 or hi < 1.0:
             raise ValueError(f"range [{lo}, {hi}] must contain the target's range [-1, 1]")
         self.lo, self.hi, self.alpha, self.horizon = lo, hi, alpha, horizon
+        self.bets = check_bet(bet)
         self.threshold = math.log(2.0 / alpha)
         self.grid = GRID
         self.live = np.ones(self.grid.size, dtype=bool)
         self._first, self._last = 0, self.grid.size - 1  # the window of live grid points
         self._m = (self.grid - lo) / (hi - lo)
-        width = MIXTURE_FRACTIONS.size if horizon is None else 1
+        width = self.bets.fractions.size if horizon is None else 1
         self._plus = np.zeros((self.grid.size, width))
         self._minus = np.zeros((self.grid.size, width))
         self._sum_sq = 0.0
@@ -424,11 +467,12 @@ class BoundedMeanSequence:
         # inf * 0 = NaN, which left the end live for ever and the bound stuck at -1 or 1.
         room_up, room_down = np.maximum(m, ENDPOINT_ROOM), np.maximum(1.0 - m, ENDPOINT_ROOM)
         if self.horizon is None:
-            up, down = MIXTURE_FRACTIONS / room_up, MIXTURE_FRACTIONS / room_down
+            up, down = self.bets.fractions / room_up, self.bets.fractions / room_down
         else:
             sigma2 = (PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
             lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
-            up, down = np.minimum(lam, TRUNCATION / room_up), np.minimum(lam, TRUNCATION / room_down)
+            cap = self.bets.truncation
+            up, down = np.minimum(lam, cap / room_up), np.minimum(lam, cap / room_down)
             self._sum += x
             self._sum_sq += (x - (PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
         plus = self._plus[window]
@@ -472,7 +516,9 @@ def _plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
     return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
 
 
-def log_capital(x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None) -> np.ndarray:
+def log_capital(
+    x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None, bet: int = BET
+) -> np.ndarray:
     """Running log capital of one side at the candidate mean ``m`` (in X units) for rows of observations
     ``x`` in [0, 1] (shape (runs, n)): ``side=1`` is K+ (it grows when the mean is above m), ``-1`` K-.
 
@@ -484,9 +530,9 @@ def log_capital(x: np.ndarray, m: float, side: int, alpha: float, horizon: int |
     room = m if side > 0 else 1.0 - m
     deviation = side * (x - m)
     if horizon is None:
-        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in MIXTURE_FRACTIONS]
+        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in check_bet(bet).fractions]
         return log_mean_exp(np.stack(logs), axis=0)
-    bets = np.minimum(_plug_in_bets(x, alpha, horizon), TRUNCATION / room)
+    bets = np.minimum(_plug_in_bets(x, alpha, horizon), check_bet(bet).truncation / room)
     return np.cumsum(np.log1p(bets * deviation), axis=-1)
 
 

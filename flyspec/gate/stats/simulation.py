@@ -34,15 +34,15 @@ import numpy as np
 from flyspec.gate.stats.decide import check_margin, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
 from flyspec.gate.stats.sequence import (
+    BET,
     GRID,
-    MIXTURE_FRACTIONS,
     PRIOR_MEAN,
     PRIOR_VARIANCE,
-    TRUNCATION,
     Capital,
     as_diffs,
     bet_terms,
     check_alpha,
+    check_bet,
     check_population,
     log_mean_exp,
 )
@@ -175,7 +175,8 @@ class JudgedStream:
 class CapitalAtMargin:
     """K+ and K- beside ``y = -margin`` for rows of values in ``[lo, hi]``, block by block.
 
-    ``horizon=None``: the anytime mixture; else the plug-in bet tuned to ``horizon`` (betting.py). The
+    ``horizon=None``: the anytime mixture; else the plug-in bet tuned to ``horizon``; ``bet``: the
+    version of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``). The
     sequence has level ``1 - 2 alpha``: each side reaches its threshold ``log(1 / alpha)`` with
     probability at most alpha at the true mean. As in ``BoundedMeanSequence``, whose bounds are grid
     points, a PASS needs K+ at the first grid point above ``-margin`` and a FAIL K- at the last one below.
@@ -191,8 +192,10 @@ class CapitalAtMargin:
         horizon: int | None,
         fail_side: bool = True,
         pass_side: bool = True,
+        bet: int = BET,
     ) -> None:
         self.fail_side, self.pass_side = fail_side, pass_side
+        self.bets = check_bet(bet)
         self.lo, self.span = lo, hi - lo
         grid = GRID
         self.m_plus = (float(grid[grid > -margin][0]) - lo) / self.span
@@ -200,7 +203,7 @@ class CapitalAtMargin:
         self.horizon = horizon
         self.threshold = math.log(1.0 / alpha)
         self.log_alpha_cs = math.log(1.0 / alpha)  # log(2 / (2 alpha)) for the plug-in bet
-        width = MIXTURE_FRACTIONS.size if horizon is None else 1
+        width = self.bets.fractions.size if horizon is None else 1
         self.plus = np.zeros((rows, width))
         self.minus = np.zeros((rows, width))
         self.t = 0
@@ -217,8 +220,8 @@ class CapitalAtMargin:
         dev_plus, dev_minus = x - self.m_plus, x - self.m_minus
         cols = x.shape[1]
         if self.horizon is None:
-            up = (MIXTURE_FRACTIONS / self.m_plus)[None, None, :]
-            down = (MIXTURE_FRACTIONS / (1 - self.m_minus))[None, None, :]
+            up = (self.bets.fractions / self.m_plus)[None, None, :]
+            down = (self.bets.fractions / (1 - self.m_minus))[None, None, :]
             log_plus = log_minus = np.zeros(x.shape)
             if self.pass_side:
                 plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
@@ -234,8 +237,8 @@ class CapitalAtMargin:
             sq = self.sum_sq[:, None] + np.cumsum((x - mu) ** 2, axis=1)
             before = np.concatenate([self.sum_sq[:, None], sq[:, :-1]], axis=1)
             lam = np.sqrt(2.0 * self.log_alpha_cs / (self.horizon * (PRIOR_VARIANCE + before) / steps))
-            up = np.minimum(lam, TRUNCATION / self.m_plus)
-            down = np.minimum(lam, TRUNCATION / (1 - self.m_minus))
+            up = np.minimum(lam, self.bets.truncation / self.m_plus)
+            down = np.minimum(lam, self.bets.truncation / (1 - self.m_minus))
             log_plus = self.plus[:, :1] + np.cumsum(np.log1p(up * dev_plus), axis=1)
             log_minus = self.minus[:, :1] + np.cumsum(np.log1p(-down * dev_minus), axis=1)
             self.plus, self.minus = log_plus[:, -1:], log_minus[:, -1:]
@@ -278,6 +281,7 @@ def judged_runs(
     pass_side: bool = True,
     draws: np.ndarray | None = None,
     orders: np.ndarray | None = None,
+    bet: int = BET,
 ) -> Outcomes:
     """Simulate judged runs under the rule of ``judged_decision``: a sequential run stops at the first
     crossing once a label exists; a fixed run of ``questions`` decides on its running bounds at the end.
@@ -287,7 +291,8 @@ def judged_runs(
     gives those orders, else they are drawn from ``rng``. ``draws`` (runs x questions): each pair's uniform
     number of the gold draw along its run's order (see ``draw_judged``). ``fail_side=False`` skips the
     FAIL side (twice as fast; a run then never stops at a FAIL, so its P(PASS) can only be overstated:
-    enough for a validity check); ``pass_side=False`` skips the PASS side likewise for P(FAIL).
+    enough for a validity check); ``pass_side=False`` skips the PASS side likewise for P(FAIL). ``bet``:
+    the version of the bets.
     """
     if population is not None and orders is None:
         orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
@@ -297,7 +302,9 @@ def judged_runs(
         u = None if draws is None else draws[active, start : start + cols]
         return draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
 
-    return walk_judged(runs, questions, block_of, margin, alpha, rate, design, block, fail_side, pass_side)
+    return walk_judged(
+        runs, questions, block_of, margin, alpha, rate, design, block, fail_side, pass_side, bet=bet
+    )
 
 
 def walk_judged(
@@ -312,16 +319,18 @@ def walk_judged(
     fail_side: bool = True,
     pass_side: bool = True,
     settle: float | None = None,
+    bet: int = BET,
 ) -> Outcomes:
     """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs:
     ``block_of(active, start, cols)`` gives the pairs from ``start`` on of the runs still undecided
     (``judged_runs`` draws them from a judge; the label advice, flyspec/gate/stats/label_advice.py, from
     a ``PairModel``). ``settle`` (sequential runs): stop walking as soon as whether a share ``settle`` of
     the runs decide is settled (that many have, or too few are left to); the runs not walked to the end
-    then count as undecided, so only that comparison of the outcome is exact."""
+    then count as undecided, so only that comparison of the outcome is exact. ``bet``: the version of the
+    bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``)."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
-    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side)
+    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
     stream = JudgedStream(runs, rate)
     stops = Stops(runs, questions)
     active = np.arange(runs)
