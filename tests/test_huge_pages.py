@@ -1,5 +1,5 @@
 """The weights our kernels stream every decode step live in memory advised for 2 MB pages
-(flyspec/models/huge_pages.py), with the same values and the same layer outputs as before.
+(flyspec/huge_pages.py), with the same values and the same layer outputs as before.
 
 Whether Linux then backs the advice with huge pages depends on the machine's setting, so the tests check
 what the process controls: the mapping's `hg` flag (MADV_HUGEPAGE) in /proc/self/smaps where the kernel
@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from flyspec.models import huge_pages, int4_kernel
+from flyspec import huge_pages
+from flyspec.models import int4_kernel
 from flyspec.models.quantization import Int4Linear, quantize_model
 
 

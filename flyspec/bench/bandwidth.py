@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from flyspec.models import huge_pages
+from flyspec import huge_pages
 
 READ_BYTES = 512 << 20
 """The buffer `read_bandwidth` reads: far beyond any CPU's last-level cache."""
@@ -23,7 +23,7 @@ READ_BYTES = 512 << 20
 def read_bandwidth(threads: int, nbytes: int = READ_BYTES, passes: int = 5) -> float:
     """Bytes per second of a full read of an `nbytes` float32 buffer (a sum over it) with `threads`
     torch threads: the best of `passes` after one untimed pass that faults the pages in. The buffer lies
-    in huge-page-advised memory, as the quantized weights do (flyspec/models/huge_pages.py)."""
+    in huge-page-advised memory, as the quantized weights do (flyspec/huge_pages.py)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

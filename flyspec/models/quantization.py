@@ -60,8 +60,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyspec.config import QUANTIZATION_METHODS
+from flyspec.huge_pages import HugePageArena, place
 from flyspec.models import int4_kernel, int8_kernel
-from flyspec.models.huge_pages import HugePageArena, place
 
 LINEAR_FORMATS = (*QUANTIZATION_METHODS, "float32")
 """What `quantize_model` can turn linear layers into: the user's formats and "auto"'s float32."""
@@ -154,7 +154,7 @@ class Int8Linear(nn.Module):
         self._kernel = int8_kernel.library() if self.in_features % 4 == 0 else None
         if self._kernel is not None:
             codes, self.weight_scale = int8_kernel.pack(q, scale)
-            self.codes = place(codes, arena)  # streamed at every step: huge pages (models/huge_pages.py)
+            self.codes = place(codes, arena)  # streamed at every step: huge pages (flyspec/huge_pages.py)
             return
         # Plain attributes, not buffers: the packed weight is an opaque oneDNN layout (the int8 matrix
         # reordered; `q` itself is not kept), and a quantized model is built from a float checkpoint at
@@ -287,7 +287,7 @@ class Int4Linear(nn.Module):
         # Plain attributes, not buffers, as for Int8Linear: packed layouts, never saved.
         self._kernel = int4_kernel.library()
         if self._kernel is not None:
-            # Streamed at every decode step: in huge-page-advised memory (models/huge_pages.py).
+            # Streamed at every decode step: in huge-page-advised memory (flyspec/huge_pages.py).
             packed, scales = int4_kernel.pack(codes, pairs)
             self.packed, self.scales_and_offsets = place(packed, arena), place(scales, arena)
         else:
