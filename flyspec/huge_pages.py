@@ -4,8 +4,9 @@ Why: one sequence's decode step reads every weight once per token, so its speed 
 the matmul kernels reach. On 4 KB pages that stream crosses a page every 4 KB (a TLB miss each time, and
 the hardware prefetchers stop at page boundaries). Linux backs an anonymous mapping with 2 MB pages where
 the process asks for them (`madvise(MADV_HUGEPAGE)`; transparent huge pages in their "madvise" setting,
-the default of most distributions). On an AMD EPYC Zen 5 our int4 kernel read 10-13% faster from such
-memory at one thread and up to 1.5x faster at two (docs/performance.md, "Huge pages for the weights").
+the default of most distributions). On an AMD EPYC Zen 5 our int4 kernel read 11-23% faster from such
+memory on one thread, and the whole int4 1.5B decoded 3% faster at one sequence and 18% at 32 (medians,
+both layouts in one process; docs/performance.md, "One sequence").
 
 `HugePageArena.place(t)` copies a tensor into advised memory and returns the copy; tensors are carved
 from chunks of `CHUNK_BYTES` (64-byte aligned), so a model's hundreds of weight tensors do not each round

@@ -4,9 +4,10 @@
     python scripts/one_row_profile.py --summarise one_row.raw
 
 The first command generates --tokens greedy tokens (after a warm-up) for one prompt on the target in the
-given weight format; the second prints the share of samples by innermost frame and by frame anywhere on
-the stack. The int4/int8 kernels are C++ called through ctypes: their time shows on the line of
-flyspec/models/int4_kernel.py that calls them (torch.profiler does not see them at all).
+given weight format; the second prints the share of the decode steps' samples (--within: the samples
+with that frame on the stack) by innermost frame and by frame anywhere on the stack. The int4/int8
+kernels are C++ called through ctypes: their time shows on the line of flyspec/models/int4_kernel.py
+that calls them (torch.profiler does not see them at all).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import collections
 import sys
 
 
-def summarise(path: str, top: int) -> None:
-    """Print the top frames of a py-spy raw (collapsed stacks) file."""
+def summarise(path: str, top: int, within: str = "") -> None:
+    """Print the top frames of a py-spy raw (collapsed stacks) file, counting only the samples with a
+    frame containing `within` on their stack."""
     total, innermost, anywhere = 0, collections.Counter(), collections.Counter()
     with open(path) as lines:
         for line in lines:
             stack, _, count = line.rstrip().rpartition(" ")
             frames, n = stack.split(";"), int(count)
+            if within not in stack:
+                continue
             total += n
             innermost[frames[-1]] += n
             for frame in set(frames):
@@ -43,9 +47,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=800, help="greedy tokens to generate (sampled)")
     parser.add_argument("--summarise", metavar="RAW", help="print the top frames of a py-spy raw file")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--within",
+        default="LLMEngine._decode",
+        help="with --summarise: count only samples with this frame on the stack (default: decode steps, "
+        "not the loading)",
+    )
     args = parser.parse_args()
     if args.summarise:
-        summarise(args.summarise, args.top)
+        summarise(args.summarise, args.top, args.within)
         return
     import torch
 

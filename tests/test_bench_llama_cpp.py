@@ -125,7 +125,14 @@ def test_sd_against_llama_cpps_sd_reads_back_and_renders() -> None:
     assert render(report).splitlines()[-1] == "llama.cpp SD: skipped, missing"
 
 
-SAVED = ("llama-cpp-native.json", "llama-cpp-zen4.json", "llama-cpp-zen4-avx2.json", "llama-cpp-zen5.json")
+SAVED = (
+    "llama-cpp-native.json",
+    "llama-cpp-zen4.json",
+    "llama-cpp-zen4-avx2.json",
+    "llama-cpp-zen5.json",
+    "llama-cpp-zen5-hugepages.json",
+    "llama-cpp-zen5-avx2.json",
+)
 
 
 @pytest.mark.parametrize("name", SAVED)

@@ -12,9 +12,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "one_row_profile.py"
 
 def test_the_summary_shares_the_samples_by_frame(tmp_path: Path) -> None:
     raw = tmp_path / "one_row.raw"
-    raw.write_text("main;step;matmul 6\nmain;step;attention 3\nmain;step;step 1\n")
+    raw.write_text("main;step;matmul 6\nmain;step;attention 3\nmain;step;step 1\nmain;load 40\n")
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--summarise", str(raw), "--top", "2"],
+        [sys.executable, str(SCRIPT), "--summarise", str(raw), "--top", "2", "--within", "step"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     innermost, anywhere = out.split("by anywhere on the stack:")
