@@ -31,21 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flyspec.gate.stats.bounded import BET, PRIOR_MEAN, PRIOR_VARIANCE, check_bet, log_mean_exp
 from flyspec.gate.stats.decide import check_margin, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
-from flyspec.gate.stats.sequence import (
-    BET,
-    GRID,
-    PRIOR_MEAN,
-    PRIOR_VARIANCE,
-    Capital,
-    as_diffs,
-    bet_terms,
-    check_alpha,
-    check_bet,
-    check_population,
-    log_mean_exp,
-)
+from flyspec.gate.stats.sequence import GRID, Capital, as_diffs, bet_terms, check_alpha, check_population
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 
@@ -176,7 +165,7 @@ class CapitalAtMargin:
     """K+ and K- beside ``y = -margin`` for rows of values in ``[lo, hi]``, block by block.
 
     ``horizon=None``: the anytime mixture; else the plug-in bet tuned to ``horizon``; ``bet``: the
-    version of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``). The
+    version of the bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``). The
     sequence has level ``1 - 2 alpha``: each side reaches its threshold ``log(1 / alpha)`` with
     probability at most alpha at the true mean. As in ``BoundedMeanSequence``, whose bounds are grid
     points, a PASS needs K+ at the first grid point above ``-margin`` and a FAIL K- at the last one below.
@@ -327,7 +316,7 @@ def walk_judged(
     a ``PairModel``). ``settle`` (sequential runs): stop walking as soon as whether a share ``settle`` of
     the runs decide is settled (that many have, or too few are left to); the runs not walked to the end
     then count as undecided, so only that comparison of the outcome is exact. ``bet``: the version of the
-    bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``)."""
+    bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``)."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
