@@ -222,6 +222,6 @@ def _measure_column(runner: Any, column: list[Arm], m: _Measuring) -> FlyspecCol
     llm = runner.engine_for(column[0])
     rates = {arm.batch_size: _paired_rate(llm, arm, m) for arm in column}
     if column[0].method == "target" and 1 in rates:  # one sequence's weight traffic (bench/bandwidth.py)
-        rates[1].weight_bytes = llm.target_weight_bytes
-        rates[1].weight_gbps = llm.target_weight_bytes * rates[1].tokens_per_s / 1e9
+        weight_bytes = rates[1].weight_bytes = llm.target_weight_bytes  # walks the model: once
+        rates[1].weight_gbps = weight_bytes * rates[1].tokens_per_s / 1e9
     return FlyspecColumn(column[0].quantization, column[0].method, llm.weight_formats, rates)
