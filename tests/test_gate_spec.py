@@ -1,4 +1,4 @@
-"""The gate's records and their one codec (flyspec/gate/data/spec.py, flyspec/gate/data/codec.py): every
+"""The gate's records and their one codec (flyspec/gate/data/spec.py): every
 record written and read back is itself, each older stored layout reads with its meaning, and a stored
 record missing a key it needs is refused by name."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from flyspec.gate.data.codec import from_json, to_json
 from flyspec.gate.data.spec import (
     BASELINE,
     CalibrationRecord,
@@ -22,7 +21,9 @@ from flyspec.gate.data.spec import (
     SamplingRecord,
     SettingRecord,
     TuneRecord,
+    from_json,
     keeping_bets,
+    to_json,
 )
 from flyspec.gate.data.spec import (
     TestOrder as SettingOrder,  # not Test*: pytest would collect it

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.data.lock import StoreBusyError, StoreLock, lock_path, read_holder
 from flyspec.gate.data.spec import Registration, SamplingRecord
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.data.storefile import StoreBusyError, StoreLock, lock_path, read_holder
 from flyspec.gate.report.build import build_report
 
 REGISTRATION = Registration(
@@ -126,7 +126,7 @@ def test_a_run_without_answers_can_be_registered_again(tmp_path: Path) -> None:
 
 
 HOLD_LOCK = (
-    "import sys, time; from flyspec.gate.data.lock import StoreLock; "
+    "import sys, time; from flyspec.gate.data.storefile import StoreLock; "
     "StoreLock(sys.argv[1], 'holder').acquire(); "
     "print('locked', flush=True); time.sleep(120)"
 )

@@ -1,55 +1,131 @@
-"""The gate's records: a run's registration, typed, as frozen dataclasses that flyspec/gate/data/codec.py
-turns into the JSON the store keeps and back. ``Registration`` adds one thing by hand: which keys each
-kind of run writes.
-
-Older layouts are upgraded in one function, ``upgrade``, before decoding: a gate run before its design
-was recorded (sequential when it has a sequential plan, else fixed), a pilot before its mode (noise), a
-family before its alpha (the run's), datasets before their entries, a question order before its rule
-(none), a tune setting before its label (its id). A sequential plan before its claim was a choice reads as
-finite (``SequentialPlan.from_registration``). Two rules this flyspec no longer applies are refused
-(``refuse_retired``): a judged run registered before gold labels, and one registered with gold-label draw
-1 (a gold rule without a draw); flyspec at git commit 82c2716 reads them.
-``Registration.to_dict`` writes the current layout; it is what a resume is compared with, key for key, so
-a run registered by this version writes exactly what it wrote.
-
-A comparison pairs the baseline's lane with one candidate's lane and tests it against a margin at an
-alpha, with a fixed or a sequential design. A plain gate run makes one (``candidate``); a run with
-controls (``flyspec demo``) makes one more per control, each with its own share of the run's alpha
-(Bonferroni: the shares add up to the run's alpha, so the chance of any wrong decision in the family
-stays at most alpha whatever the dependence between the comparisons, which share the baseline's answers);
-a tune makes one per setting, each at the full alpha, tested in a fixed sequence (docs/statistics.md).
-"""
+"""The records a run registers, typed, and their one codec: ``to_json``/``from_json`` work from a record's
+fields and type hints, and a field's ``stored(...)`` says where its stored layout differs from its name and
+type. ``Registration.read`` reads every layout flyspec has written (``upgrade``, the one reader of older
+layouts; two retired judged rules are refused, ``refuse_retired``), ``Registration.to_dict`` writes the
+current one (docs/architecture.md, "typed records"; the family rule: docs/statistics.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from functools import cache
+from typing import Any, TypeVar
 
-from flyspec.gate.data.codec import from_json, stored, to_json
+from flyspec.gate.data.storefile import refuse_retired
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.stats.bounded import BET, check_bet
 from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
 from flyspec.gate.stats.monitor import SequentialPlan
 
+Record = TypeVar("Record")
 Lane = tuple[str, int]
 BASELINE: Lane = ("baseline", 0)
-ROLES = ("candidate", "control", "setting")
 DEFAULT_GOLD_RATE = 0.2
-LAST_READER = "82c2716"
-"""The last flyspec (0.1.0, by its git commit) that reads runs registered under the retired rules."""
-RETIRED_RULES = {
-    "judged run registered before gold labels": "the judge's undecided pairs counted against the claim",
-    "gold-label draw 1": "the pairs drawn for a gold label were the start of the question order",
-}
-"""The judged rules this flyspec no longer decides, with what each did (``refuse_retired``)."""
+_NOTHING = object()
+
+# ----------------------------------------------------------------------------------------- the codec
 
 
-def _sequential() -> Any:
-    """A sequential plan, in the layout flyspec/gate/stats/monitor.py owns (None: a fixed design)."""
-    return stored(
-        default=None, absent=None, encode=SequentialPlan.to_dict, decode=SequentialPlan.from_registration
-    )
+def stored(
+    key: str | None = None,
+    *,
+    default: object = MISSING,
+    absent: object = _NOTHING,
+    encode: Callable[..., object] | None = None,
+    decode: Callable[..., object] | None = None,
+) -> Any:  # a field specifier, typed as the field it declares (as dataclasses.field is)
+    """A record field whose stored layout differs from its name and type: ``key`` (``a/b``: key ``b`` of
+    the object at ``a``), ``absent`` (the value written as no key, and read when the key is missing),
+    ``encode``/``decode`` (a type whose layout another module owns)."""
+    meta = {"key": key, "absent": absent, "encode": encode, "decode": decode}
+    return field(default=default, metadata=meta)
+
+
+def to_json(record: object) -> dict[str, object]:
+    """The stored JSON of a record (a dataclass), by its fields and their ``stored`` metadata."""
+    out: dict[str, object] = {}
+    for f in fields(record):  # type: ignore[arg-type]
+        value, meta = getattr(record, f.name), f.metadata
+        if value == meta.get("absent", _NOTHING):
+            continue
+        encode = meta.get("encode")
+        _put(
+            out, meta.get("key") or f.name, encode(value) if encode and value is not None else _encode(value)
+        )
+    return out
+
+
+def from_json(cls: type[Record], data: Mapping[str, object]) -> Record:
+    """The record of type ``cls`` stored as ``data`` (ValueError naming a required key that is missing)."""
+    values: dict[str, object] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        key, decode = f.metadata.get("key") or f.name, f.metadata.get("decode")
+        value = _get(data, key)
+        if value is _NOTHING:
+            value = f.metadata.get("absent", _NOTHING)
+        if value is _NOTHING:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"a stored {cls.__name__} needs the key {key!r}")
+            continue
+        values[f.name] = (
+            decode(value) if decode and value is not None else _decode(_hints(cls)[f.name], value)
+        )
+    return cls(**values)
+
+
+def _put(out: dict[str, object], key: str, value: object) -> None:
+    *parents, last = key.split("/")
+    for parent in parents:
+        out = out.setdefault(parent, {})
+    out[last] = value
+
+
+def _get(data: Mapping[str, object], key: str) -> object:
+    value: object = data
+    for part in key.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return _NOTHING
+        value = value[part]
+    return value
+
+
+def _encode(value: object) -> object:
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_json(value)
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+_hints = cache(typing.get_type_hints)
+
+
+def _decode(hint: object, value: object) -> object:
+    """``value`` as the type ``hint`` names: records, optionals, tuples, mappings and plain scalars."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(inner, value)
+    if isinstance(hint, type) and is_dataclass(hint):
+        return from_json(hint, value if isinstance(value, Mapping) else {})
+    if origin is tuple and isinstance(value, list | tuple):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in value)
+        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+    if origin in (Mapping, dict) and isinstance(value, Mapping):
+        return {str(k): _decode(args[1], v) for k, v in value.items()}
+    if hint in (int, float, str, bool):
+        return typing.cast(type, hint)(value)
+    return value
+
+
+# --------------------------------------------------------------------------------------- the records
 
 
 @dataclass(frozen=True)
@@ -59,13 +135,15 @@ class ComparisonPlan:
     known to be harmful, which the gate must FAIL) or ``setting`` (one of a tune's settings)."""
 
     name: str
-    baseline: Lane = stored(absent=BASELINE, written=False)
+    baseline: Lane = stored(absent=BASELINE)
     # Stored as the candidate's arm name: the lane compared is that arm's first pass.
     candidate: Lane = stored(encode=lambda lane: lane[0], decode=lambda arm: (str(arm), 0))
-    margin: float = stored()
-    alpha: float = stored()
+    margin: float
+    alpha: float
     role: str = "candidate"
-    sequential: SequentialPlan | None = _sequential()
+    sequential: SequentialPlan | None = stored(
+        default=None, absent=None, encode=SequentialPlan.to_dict, decode=SequentialPlan.from_registration
+    )
 
     @property
     def lanes(self) -> tuple[Lane, Lane]:
@@ -85,7 +163,7 @@ class SamplingRecord:
 @dataclass(frozen=True)
 class DatasetEntry:
     """One dataset as registered: its sha256, how many of its questions the run registered (not for a
-    tune, which registers calibration and test questions) and how many it holds."""
+    tune) and how many it holds."""
 
     sha256: str | None = None
     questions: int | None = stored(default=None, absent=None)
@@ -133,13 +211,11 @@ class JudgeRecord:
 
 @dataclass(frozen=True)
 class Gold:
-    """A judged run's registered gold-label rule: ``rate`` (the share of differing pairs drawn), ``seed``
-    (of the draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person
-    labels it with ``flyspec gate label``), ``every_question`` (the judge grades every question, not only
-    those with grader ``judge``), ``draw``, the version of the draw (``gold_draw``, independent of the
-    question order), and ``bet``, the version of the interval's bets (flyspec/gate/stats/bounded.py,
-    ``BET_VERSIONS``; a run registered before the versions reads as 1). flyspec/gate/stats/judged.py has
-    the statistics."""
+    """A judged run's gold-label rule: ``rate`` (the share of differing pairs drawn), ``seed`` (of the
+    draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person, with
+    ``flyspec gate label``), ``every_question`` (the judge grades every question, not only those with
+    grader ``judge``), ``draw`` (the draw's version) and ``bet`` (the interval's bets' version,
+    flyspec/gate/stats/bounded.py; 1 before the versions)."""
 
     rate: float
     seed: int
@@ -165,8 +241,7 @@ class Gold:
 @dataclass(frozen=True)
 class ShadowRecord:
     """What a live-traffic run (``flyspec gate shadow``) registers besides a judged run's keys: the claim in
-    words, the sampling rule that drew the mirrored requests (``SamplingRule.describe()``), and the rule
-    for a candidate that errors or times out (a wrong answer there, not a skip)."""
+    words, the sampling rule that drew the mirrored requests, and the rule for a candidate that errors."""
 
     claim: str
     sampling: Mapping[str, object]
@@ -186,8 +261,8 @@ class Extension:
     """A sequential run continued past its registered maximum: from how many questions to how many, when."""
 
     start: int = stored("from")
-    to: int = stored()
-    at: float = stored()
+    to: int
+    at: float
 
 
 @dataclass(frozen=True)
@@ -266,21 +341,14 @@ _KEYS = {
 
 @dataclass(frozen=True)
 class Registration:
-    """Everything a run registered, by kind (``gate``, ``pilot``, ``tune``, ``calibration``).
-
-    Every kind: ``margin``, ``alpha``, ``seed``, ``sampling``, ``arms`` (each arm's identity, as its kind
-    wrote it), ``shuffle_seed``, ``alpha_budget`` (None: none registered), ``datasets``, ``excluded``.
-    A gate run or pilot: ``repeats``, ``limit``, ``max_questions``, ``order``, ``design``, ``sequential``,
-    ``listed`` (the comparisons of a run with several; ``comparisons`` gives every kind's), ``family``,
-    ``carries`` (the fixed run a sequential continuation carries), ``pilot_mode``, ``judge``, ``gold``,
-    ``extensions``, ``shadow`` (a run fed by live traffic: its claim, sampling and error rule). A tune:
-    ``settings``, ``order`` (the question order), ``max_questions``, ``design``, ``sequential`` and
-    ``tune``. A calibration run: ``settings`` and ``calibration``.
-    """
+    """Everything a run registered, by kind (``gate``, ``pilot``, ``tune``, ``calibration``; the keys each
+    kind writes are ``_KEYS``). ``listed``: the comparisons of a run with several (``comparisons`` gives
+    every kind's); ``carries``: the fixed run a sequential continuation carries; ``order``: the question
+    order (a tune's test order is ``tune.order``)."""
 
     kind: str
-    margin: float = stored()
-    alpha: float = stored()
+    margin: float
+    alpha: float
     seed: int = 0
     sampling: SamplingRecord | None = None
     arms: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
@@ -293,7 +361,9 @@ class Registration:
     max_questions: int | None = None
     order: QuestionOrder | None = None
     design: str | None = stored(default=None, absent=None)
-    sequential: SequentialPlan | None = _sequential()
+    sequential: SequentialPlan | None = stored(
+        default=None, absent=None, encode=SequentialPlan.to_dict, decode=SequentialPlan.from_registration
+    )
     listed: tuple[ComparisonPlan, ...] = stored("comparisons", default=(), absent=())
     family: Family | None = stored(default=None, absent=None)
     carries: str | None = stored(default=None, absent=None)
@@ -382,12 +452,12 @@ class Registration:
 
     # ------------------------------------------------------------------------------------- writing
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The stored layout of this registration (what ``GateStore.register`` writes)."""
         out = to_json(self)
         if self.kind == "tune":
             out["question_order"] = out.pop("order")
-            out.update(out.pop("tune", {}))
+            out.update(to_json(self.tune) if self.tune is not None else {})
         return {key: value for key, value in out.items() if key in _KEYS[self.kind]}
 
 
@@ -412,27 +482,7 @@ def keeping_bets(registration: Registration, stored: Registration | None) -> Reg
     )
 
 
-def refuse_retired(kind: str, stored: Mapping[str, object], where: str) -> None:
-    """ValueError, naming the rule and the flyspec that reads it, for a run (``where``) registered under a
-    retired judged rule (``RETIRED_RULES``): its decision would not be a valid test, so this flyspec does
-    not compute one."""
-    judge, gold = stored.get("judge"), stored.get("gold")
-    if kind not in ("gate", "pilot"):
-        return
-    if isinstance(gold, Mapping) and "draw" not in gold:
-        rule = "gold-label draw 1"
-    elif isinstance(judge, Mapping) and not isinstance(gold, Mapping):
-        rule = "judged run registered before gold labels"
-    else:
-        return
-    raise ValueError(
-        f"{where} was registered under a retired rule, the {rule} ({RETIRED_RULES[rule]}), so its decision "
-        f"would not be a valid test and this flyspec does not read it: use flyspec at git commit "
-        f"{LAST_READER} or earlier to read it (flyspec 0.1.0 as of that commit), and start a new judged run"
-    )
-
-
-def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, Any]:
+def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, object]:
     """A registration stored by any version of flyspec, in the current layout (what ``read`` decodes)."""
     refuse_retired(kind, stored, "this run")
     data = dict(stored)
@@ -441,11 +491,11 @@ def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, Any]:
     if kind == "pilot":
         pilot = data.get("pilot")
         data["pilot"] = {"mode": "noise", **(pilot if isinstance(pilot, Mapping) else {})}
-    order_key = "question_order" if kind == "tune" else "order"
-    if not (isinstance(data.get(order_key), Mapping) and "rule" in data[order_key]):
+    order_key, family = ("question_order" if kind == "tune" else "order"), data.get("family")
+    if not (isinstance(order := data.get(order_key), Mapping) and "rule" in order):
         data[order_key] = None
-    if isinstance(data.get("family"), Mapping):
-        data["family"] = {"alpha": data["alpha"], **data["family"]}
+    if isinstance(family, Mapping):
+        data["family"] = {"alpha": data["alpha"], **family}
     data["datasets"] = {
         name: info if isinstance(info, Mapping) else {"sha256": None}
         for name, info in (data.get("datasets") or {}).items()
@@ -457,29 +507,3 @@ def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, Any]:
         if not isinstance(data.get(key), Mapping):
             data.pop(key, None)
     return data
-
-
-def only_the_maximum_grew(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two stored registrations of a sequential run are the same but for its maximum (the
-    sequential plan's and each comparison's ``max_questions``, the datasets' question counts and the run's
-    ``max_questions``) and its extensions: what continuing it past its maximum may change."""
-
-    def without_maximum(reg: Mapping[str, Any]) -> dict[str, Any]:
-        sequential = {k: v for k, v in reg["sequential"].items() if k != "max_questions"}
-        comparisons = [
-            {**c, "sequential": {k: v for k, v in c["sequential"].items() if k != "max_questions"}}
-            if isinstance(c, dict) and isinstance(c.get("sequential"), dict)
-            else c
-            for c in reg.get("comparisons", [])
-        ]
-        datasets = {
-            name: {k: v for k, v in info.items() if k != "questions"} if isinstance(info, dict) else info
-            for name, info in reg.get("datasets", {}).items()
-        }
-        dropped = ("max_questions", "extensions", "sequential", "datasets", "comparisons")
-        others = {k: v for k, v in reg.items() if k not in dropped}
-        return {**others, "sequential": sequential, "datasets": datasets, "comparisons": comparisons}
-
-    if "sequential" not in old or "sequential" not in new:
-        return False
-    return without_maximum(old) == without_maximum(new)

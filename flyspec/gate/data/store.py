@@ -1,72 +1,166 @@
-"""The gate's SQLite store: the registered run, its questions, one committed row per answer, and events.
+"""The gate's SQLite store: the registered run, its questions, one committed row per answer, judge call and
+label, and the run's session events (docs/architecture.md, "The gate's store").
 
-Durability is the point: every answer is committed the moment it is graded (WAL journal, full sync), the
-UNIQUE key (run, arm, repeat, dataset, question) makes a resumed run skip what is stored instead of
-duplicating it, and nothing in this module ever deletes or rewrites a stored answer. The ``events``
-table is append-only too (but for a run that never stored an answer, whose registration may be
-replaced): each session of a run records when it started and why it stopped; a sequential run's report
-reads its stopping point from there when the stop was a time budget or Ctrl-C rather than the data. A
-sequential run may be continued past its registered maximum (``extend_sequential``): its registration's
-maximum is raised, the change kept in the registration and as an event.
-One process writes a store at a time (``GateStore.lock``, see flyspec/gate/data/lock.py).
+Durability is the point: every row is committed the moment it exists (WAL journal, full sync), and rows
+are only ever added: a UNIQUE key makes a resumed run skip what is stored instead of duplicating it, and
+nothing here deletes or rewrites an answer, a judge call or a label. A run that never stored an answer
+may have its registration replaced; a sequential run may be continued past its registered maximum
+(``extend_sequential``). The file, its tables and its one-writer lock are in storefile.py.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
-from contextlib import closing
-from dataclasses import asdict, astuple, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
+from typing import TypedDict, TypeVar
 
-from flyspec.gate.data.judged_rows import JudgedRows
-from flyspec.gate.data.lock import StoreLock
-from flyspec.gate.data.records import AnswerRecord, RegisteredQuestion, RunEvent, RunNotes, RunRecord
-from flyspec.gate.data.records import JudgementRecord as JudgementRecord  # re-exported with the store
-from flyspec.gate.data.records import LabelRecord as LabelRecord  # re-exported with the store
-from flyspec.gate.data.schema import connect
-from flyspec.gate.data.spec import Extension, Registration, only_the_maximum_grew, refuse_retired
+from flyspec.gate.data.spec import Extension, Registration, keeping_bets
+from flyspec.gate.data.storefile import StoreLock, connect
 
-
-def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
-    """Human-readable paths where two JSON-like values differ (for refusing a changed resume)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for key in sorted(set(old) | set(new), key=str):
-            where = f"{path}.{key}" if path else str(key)
-            if key not in old or key not in new:
-                out.append(f"{where} (registered {old.get(key)!r}, now {new.get(key)!r})")
-            else:
-                out.extend(_describe_difference(old[key], new[key], where))
-        return out
-    return [] if old == new else [f"{path or 'value'} (registered {old!r}, now {new!r})"]
+Row = TypeVar("Row")
+# Every table that holds a run's rows, besides ``runs``.
+_TABLES = ("questions", "answers", "judgements", "labels", "second_labels", "events", "batches")
+# How a stored column reads back where SQLite keeps it as another type.
+_READ: dict[str, Callable[[object], object]] = {"correct": bool, "detail": lambda text: json.loads(str(text))}
 
 
-def _refuse_retired_runs(path: Path) -> None:
-    """A store holding a run registered under a retired judged rule is refused before it is opened (and
-    so left as it was, for the flyspec that reads it), naming the rule and that flyspec
-    (``spec.refuse_retired``)."""
-    if not path.is_file():
-        return
-    try:
-        with closing(sqlite3.connect(path, timeout=30.0)) as db:
-            rows = db.execute("SELECT run_id, kind, registration FROM runs").fetchall()
-    except sqlite3.DatabaseError:
-        return  # not a store yet, or not a store at all: opening it says which
-    for run_id, kind, stored in rows:
-        refuse_retired(kind, json.loads(stored), f"run {run_id!r} in store {path}")
+def _same(value: object) -> object:
+    return value
 
 
-class GateStore(JudgedRows):
-    """A gate store file. Use as a context manager or call ``close()``. Its records are in
-    flyspec/gate/data/records.py (imported here too), its judge calls and labels in judged_rows.py."""
+@dataclass(frozen=True)
+class AnswerRecord:
+    """One graded answer of one arm to one question (one row of the ``answers`` table)."""
+
+    arm: str
+    repeat: int
+    dataset: str
+    question_id: str
+    seed: int
+    output: str
+    extracted: str | None
+    correct: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    num_drafts: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    num_forgiven_tokens: int | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class JudgementRecord:
+    """One call of the judge on one question's pair of answers, in one position.
+
+    ``first_lane``/``second_lane`` are the lanes compared (``baseline#0``, ``candidate#0``); ``position``
+    is ``AB`` (the first lane's answer shown as A) or ``BA``; ``pair_sha256`` is the hash of the two
+    outputs judged (a stored judgement is reused only for exactly those); ``verdict`` is what the judge
+    said (``A``, ``B``, ``tie``, or None when unreadable), ``preferred`` what that means for the lanes
+    (``first``, ``second`` or ``tie``).
+    """
+
+    dataset: str
+    question_id: str
+    first_lane: str
+    second_lane: str
+    position: str
+    pair_sha256: str
+    verdict: str | None
+    preferred: str
+    output: str
+    latency_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class LabelRecord:
+    """A gold label of one judged pair: ``value`` +1 (the candidate's answer is better), -1 (the
+    baseline's) or 0; ``source`` ``exact`` (the question's grader on both answers) or ``human``;
+    ``pair_sha256`` names the two outputs labelled; ``detail`` what was shown and answered."""
+
+    dataset: str
+    question_id: str
+    pair_sha256: str
+    value: int
+    source: str
+    detail: dict[str, object]
+
+
+@dataclass(frozen=True)
+class RegisteredQuestion:
+    """A question as registered before the first answer (the ``questions`` table's columns)."""
+
+    dataset: str
+    question_id: str
+    position: int
+    prompt_hash: str
+    answer: str
+    grader: str
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One session event of a run: ``start``, ``extend``, or ``stop`` with its reason and (sequential runs)
+    the number of questions in the in-order sequence at that moment."""
+
+    event: str
+    reason: str | None
+    stopped_at: int | None
+    detail: dict[str, object]
+    created_at: float
+
+
+class RunNotes(TypedDict, total=False):
+    """What a run notes while it runs, beside its registration: facts learned, not choices made (settings
+    never hold a secret; ``ledger``: what the alpha ledger said when the run was registered)."""
+
+    arm_settings: dict[str, dict[str, object]]
+    judge_settings: dict[str, object]
+    dataset_sources: dict[str, str]
+    executors: list[dict[str, object]]
+    code_sandbox: dict[str, object]
+    shared_engine: list[list[str]]
+    shared_engine_note: str
+    system_fingerprints: dict[str, dict[str, list[str]]]
+    prefix_cache: dict[str, int]
+    ledger: dict[str, object]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha and seed (the
+    registration's), its registration as stored (what a resume is compared with, what a report's JSON
+    shows) and typed (``registered``: read it, not the JSON; a report of one comparison replaces it with
+    that comparison's view), and its notes."""
+
+    run_id: str
+    kind: str
+    created_at: float
+    margin: float
+    alpha: float
+    seed: int
+    registration: dict[str, object]
+    notes: RunNotes
+    registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.registered is None:
+            object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
+
+
+class GateStore:
+    """A gate store file. Use as a context manager or call ``close()``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.parent.exists():
             raise FileNotFoundError(f"store {self.path}: folder {self.path.parent} does not exist")
-        _refuse_retired_runs(self.path)
         self._db = connect(self.path)
 
     def __enter__(self) -> GateStore:
@@ -76,12 +170,20 @@ class GateStore(JudgedRows):
         self.close()
 
     def close(self) -> None:
-        """Close the connection (every answer is already committed)."""
+        """Close the connection (every row is already committed)."""
         self._db.close()
 
     def lock(self, run_id: str) -> StoreLock:
         """The store's writer lock for ``run_id`` (a context manager; StoreBusyError names the holder)."""
         return StoreLock(self.path, run_id)
+
+    # ------------------------------------------------------------------------------ registering
+
+    def keeping_bets(self, run_id: str, registration: Registration) -> Registration:
+        """``registration`` keeping the interval's bets that ``run_id`` was registered with, if it is: a
+        resumed judged run goes on with the bets of its first pairs (``spec.keeping_bets``)."""
+        stored = self.get_run(run_id)
+        return keeping_bets(registration, stored.registered if stored is not None else None)
 
     def register(
         self,
@@ -99,25 +201,17 @@ class GateStore(JudgedRows):
         existing = self.get_run(run_id)
         if existing is not None and not self.check_resumable(run_id, registration, questions):
             return False
-        row = (run_id, registration.kind, time.time(), json.dumps(registration.to_dict(), sort_keys=True))
+        stored = json.dumps(registration.to_dict(), sort_keys=True)
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
-                for table in (
-                    "questions",
-                    "batches",
-                    "events",
-                    "judgements",
-                    "labels",
-                    "second_labels",
-                    "runs",
-                ):
+                for table in (*_TABLES, "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            notes_json = json.dumps(notes or {}, sort_keys=True)
             self._db.execute(
                 "INSERT INTO runs (run_id, kind, created_at, registration, notes) VALUES (?, ?, ?, ?, ?)",
-                (*row, notes_json),
+                (run_id, registration.kind, time.time(), stored, json.dumps(notes or {}, sort_keys=True)),
             )
-            self._add_questions(run_id, questions)
+            for question in questions:
+                self._insert("questions", run_id, *astuple(question))
         return True
 
     def check_resumable(
@@ -138,9 +232,10 @@ class GateStore(JudgedRows):
             {"kind": registration.kind, **registration.to_dict()},
         )
         stored = self.questions(run_id)
-        if [asdict(q) for q in stored] != [asdict(q) for q in questions]:
-            changes.append(self._question_difference(stored, questions))
-        if changes and (holds_data or self._has_answers(run_id)):
+        if stored != questions:
+            changes.append(_question_difference(stored, questions))
+        answered = self._db.execute("SELECT 1 FROM answers WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
+        if changes and (holds_data or answered is not None):
             raise ValueError(
                 f"run {run_id!r} in {self.path} was registered with different settings, so it cannot be "
                 f"resumed: {'; '.join(changes)}. Start a new run with another --run name (stored answers "
@@ -151,19 +246,15 @@ class GateStore(JudgedRows):
     def extend_sequential(
         self, run_id: str, registration: Registration, questions: list[RegisteredQuestion]
     ) -> bool:
-        """Continue a sequential run past its registered maximum: True when ``run_id`` is a sequential run
-        registered as ``registration`` except for a smaller maximum, and its questions are the start of
-        ``questions``; the new questions are appended, the registration's maximum raised and the change
-        kept in its ``extensions`` list (from, to, when) and as an ``extend`` event. False (nothing
-        written) otherwise. Valid because the confidence sequence holds at every number of questions."""
+        """Continue a sequential run past its registered maximum (valid: the confidence sequence holds at
+        every number of questions). True when ``run_id`` is registered as ``registration`` but for a smaller
+        maximum and its questions start ``questions``: the new ones are appended, the maximum raised and
+        the change kept in ``extensions`` and as an ``extend`` event; False (nothing written) otherwise."""
         existing = self.get_run(run_id)
-        wanted = registration.to_dict()
-        if existing is None or not only_the_maximum_grew(existing.registration, wanted):
+        if existing is None or not _only_the_maximum_grew(existing.registration, registration.to_dict()):
             return False
         stored = self.questions(run_id)
-        if len(questions) <= len(stored) or [asdict(q) for q in questions[: len(stored)]] != [
-            asdict(q) for q in stored
-        ]:
+        if len(questions) <= len(stored) or questions[: len(stored)] != stored:
             return False
         grown = Extension(len(stored), len(questions), time.time())
         extended = replace(registration, extensions=(*existing.registered.extensions, grown)).to_dict()
@@ -172,100 +263,11 @@ class GateStore(JudgedRows):
                 "UPDATE runs SET registration = ? WHERE run_id = ?",
                 (json.dumps(extended, sort_keys=True), run_id),
             )
-            self._add_questions(run_id, questions[len(stored) :])
-            detail = json.dumps({"from": grown.start, "to": grown.to})
-            self._db.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, "extend", None, None, detail, time.time()),
-            )
+            for question in questions[len(stored) :]:
+                self._insert("questions", run_id, *astuple(question))
+            detail = {"from": grown.start, "to": grown.to}
+            self._insert("events", run_id, "extend", None, None, detail, time.time())
         return True
-
-    def add_question(self, run_id: str, question: RegisteredQuestion) -> bool:
-        """Register one more question of a run whose questions arrive while it runs (live traffic, ``flyspec
-        gate shadow``: each mirrored request is the next question in the order); False (nothing written)
-        when it is registered already."""
-        with self._db:
-            cursor = self._db.execute(
-                "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (run_id, *astuple(question)),
-            )
-        return cursor.rowcount == 1
-
-    def _add_questions(self, run_id: str, questions: list[RegisteredQuestion]) -> None:
-        self._db.executemany(
-            "INSERT INTO questions VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(run_id, *astuple(q)) for q in questions],
-        )
-
-    def _has_answers(self, run_id: str) -> bool:
-        row = self._db.execute("SELECT 1 FROM answers WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
-        return row is not None
-
-    @staticmethod
-    def _question_difference(stored: list[RegisteredQuestion], new: list[RegisteredQuestion]) -> str:
-        if len(stored) != len(new):
-            return f"questions (registered {len(stored)}, now {len(new)})"
-        for old, cur in zip(stored, new, strict=True):
-            if old != cur:
-                fields = [k for k, v in asdict(old).items() if asdict(cur)[k] != v]
-                return f"question {old.dataset}/{old.question_id} ({', '.join(fields)} changed)"
-        return "questions"
-
-    def add_answer(self, run_id: str, record: AnswerRecord) -> bool:
-        """Commit one answer now; False (and nothing written) if that key is already stored."""
-        return self.add_answers(run_id, [record]) == 1
-
-    def add_answers(self, run_id: str, records: list[AnswerRecord]) -> int:
-        """Commit several answers in one transaction (both answers of a judged pair are stored together or
-        not at all); keys already stored are skipped. Returns how many rows were written."""
-        written = 0
-        with self._db:
-            for record in records:
-                row = asdict(record)
-                columns = ["run_id", *row.keys(), "created_at"]
-                values = [run_id, *row.values(), time.time()]
-                values[columns.index("correct")] = int(record.correct)
-                cursor = self._db.execute(
-                    f"INSERT INTO answers ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
-                    "ON CONFLICT (run_id, arm, repeat, dataset, question_id) DO NOTHING",
-                    values,
-                )
-                written += cursor.rowcount
-        return written
-
-    def add_batch(
-        self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float
-    ) -> None:
-        """Record the wall time of one batch of answers of one arm (the basis of its tokens/s)."""
-        with self._db:
-            self._db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, arm, repeat, num_answers, completion_tokens, wall_s, time.time()),
-            )
-
-    def add_event(
-        self,
-        run_id: str,
-        event: str,
-        reason: str | None = None,
-        stopped_at: int | None = None,
-        detail: dict[str, object] | None = None,
-    ) -> None:
-        """Append a session event (``start`` or ``stop``) to the run's history."""
-        with self._db:
-            self._db.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, event, reason, stopped_at, json.dumps(detail or {}, sort_keys=True), time.time()),
-            )
-
-    def events(self, run_id: str) -> list[RunEvent]:
-        """The run's session events, oldest first."""
-        rows = self._db.execute(
-            "SELECT event, reason, stopped_at, detail, created_at FROM events WHERE run_id = ? "
-            "ORDER BY created_at, rowid",
-            (run_id,),
-        )
-        return [RunEvent(e, r, s, json.loads(d), t) for e, r, s, d, t in rows]
 
     def update_notes(self, run_id: str, notes: RunNotes) -> None:
         """Merge ``notes`` (facts learned while running, e.g. a shared engine) into the run's notes."""
@@ -278,6 +280,79 @@ class GateStore(JudgedRows):
                 (json.dumps({**run.notes, **notes}, sort_keys=True), run_id),
             )
 
+    # ------------------------------------------------------------------------------ adding rows
+
+    def _insert(self, table: str, *row: object) -> bool:
+        """Insert ``row`` (a dict as its JSON) in the caller's transaction unless its key is stored."""
+        values = [json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for v in row]
+        sql = f"INSERT INTO {table} VALUES ({', '.join('?' * len(values))}) ON CONFLICT DO NOTHING"
+        return self._db.execute(sql, values).rowcount == 1
+
+    def add_question(self, run_id: str, question: RegisteredQuestion) -> bool:
+        """Register one more question of a run whose questions arrive while it runs (live traffic: each
+        mirrored request is the next question in the order); False (nothing written) when it is stored."""
+        with self._db:
+            return self._insert("questions", run_id, *astuple(question))
+
+    def add_answer(self, run_id: str, record: AnswerRecord) -> bool:
+        """Commit one answer now; False (and nothing written) if that key is already stored."""
+        return self.add_answers(run_id, [record]) == 1
+
+    def add_answers(self, run_id: str, records: list[AnswerRecord]) -> int:
+        """Commit several answers in one transaction (both answers of a judged pair are stored together or
+        not at all); keys already stored are skipped. Returns how many rows were written."""
+        with self._db:
+            return sum(self._insert("answers", run_id, *astuple(r), time.time()) for r in records)
+
+    def add_batch(
+        self, run_id: str, arm: str, repeat: int, num_answers: int, completion_tokens: int, wall_s: float
+    ) -> None:
+        """Record the wall time of one batch of answers of one arm (the basis of its tokens/s)."""
+        with self._db:
+            self._insert("batches", run_id, arm, repeat, num_answers, completion_tokens, wall_s, time.time())
+
+    def add_event(
+        self,
+        run_id: str,
+        event: str,
+        reason: str | None = None,
+        stopped_at: int | None = None,
+        detail: dict[str, object] | None = None,
+    ) -> None:
+        """Append a session event (``start`` or ``stop``) to the run's history."""
+        with self._db:
+            self._insert("events", run_id, event, reason, stopped_at, detail or {}, time.time())
+
+    def add_judgement(self, run_id: str, record: JudgementRecord) -> bool:
+        """Commit one judge call now; False (and nothing written) if that judgement is already stored."""
+        with self._db:
+            return self._insert("judgements", run_id, *astuple(record), time.time())
+
+    def add_label(self, run_id: str, record: LabelRecord) -> bool:
+        """Commit a gold label; False (nothing written) when the question has one: a label is never
+        replaced."""
+        with self._db:
+            return self._insert("labels", run_id, *astuple(record), time.time())
+
+    def add_second_label(self, run_id: str, labeller: str, record: LabelRecord) -> bool:
+        """Commit a second person's label of a pair that has its gold label (agreement between labellers;
+        never part of the decision); False (nothing written) when ``labeller`` already labelled it."""
+        r = record
+        row = (r.dataset, r.question_id, labeller, r.pair_sha256, r.value, r.detail, time.time())
+        with self._db:
+            return self._insert("second_labels", run_id, *row)
+
+    # ------------------------------------------------------------------------------ reading rows
+
+    def _records(
+        self, cls: type[Row], table: str, run_id: str, order: str = "created_at, rowid"
+    ) -> list[Row]:
+        """The rows of ``run_id`` in ``table`` as ``cls`` records (its fields are the columns read)."""
+        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        query = f"SELECT {', '.join(names)} FROM {table} WHERE run_id = ? ORDER BY {order}"
+        rows = self._db.execute(query, (run_id,))
+        return [cls(*(_READ.get(n, _same)(v) for n, v in zip(names, row, strict=True))) for row in rows]
+
     def get_run(self, run_id: str) -> RunRecord | None:
         """The registered run, or None."""
         row = self._db.execute(
@@ -289,44 +364,47 @@ class GateStore(JudgedRows):
         r = Registration.read(kind, stored)
         return RunRecord(run_id, kind, created_at, r.margin, r.alpha, r.seed, stored, notes, r)
 
-    def revision(self, run_id: str) -> tuple[object, ...]:
-        """A cheap fingerprint of everything a report of ``run_id`` reads: rows are only added (a label or
-        an answer is never replaced), so the row counts, and the run's registration and notes, change
-        whenever the report could."""
-        tables = ("questions", "answers", "judgements", "labels", "second_labels", "events", "batches")
-        counts = " UNION ALL ".join(f"SELECT count(*) FROM {t} WHERE run_id = :run" for t in tables)
-        rows = self._db.execute(counts, {"run": run_id}).fetchall()
-        run = self._db.execute("SELECT registration, notes FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return (*(n for (n,) in rows), run)
-
     def runs(self) -> list[RunRecord]:
         """Every run in the store, oldest first."""
         ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")]
         return [run for run_id in ids if (run := self.get_run(run_id)) is not None]
 
+    def revision(self, run_id: str) -> tuple[object, ...]:
+        """A cheap fingerprint of everything a report of ``run_id`` reads: rows are only added, so the row
+        counts, and the run's registration and notes, change whenever the report could."""
+        counts = " UNION ALL ".join(f"SELECT count(*) FROM {t} WHERE run_id = :run" for t in _TABLES)
+        rows = self._db.execute(counts, {"run": run_id}).fetchall()
+        run = self._db.execute("SELECT registration, notes FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return (*(n for (n,) in rows), run)
+
     def questions(self, run_id: str) -> list[RegisteredQuestion]:
         """The registered questions of a run, in registration order."""
-        rows = self._db.execute(
-            "SELECT dataset, question_id, position, prompt_hash, answer, grader FROM questions "
-            "WHERE run_id = ? ORDER BY position",
-            (run_id,),
-        )
-        return [RegisteredQuestion(*row) for row in rows]
+        return self._records(RegisteredQuestion, "questions", run_id, "position")
 
     def answers(self, run_id: str) -> list[AnswerRecord]:
         """Every stored answer of a run."""
-        names = [f for f in AnswerRecord.__dataclass_fields__]
+        return self._records(AnswerRecord, "answers", run_id, "arm, repeat, dataset, question_id")
+
+    def events(self, run_id: str) -> list[RunEvent]:
+        """The run's session events, oldest first."""
+        return self._records(RunEvent, "events", run_id)
+
+    def judgements(self, run_id: str) -> list[JudgementRecord]:
+        """Every stored judge call of a run, oldest first."""
+        return self._records(JudgementRecord, "judgements", run_id)
+
+    def labels(self, run_id: str) -> dict[tuple[str, str], LabelRecord]:
+        """Every gold label of a run, by ``(dataset, question_id)``."""
+        return {(r.dataset, r.question_id): r for r in self._records(LabelRecord, "labels", run_id)}
+
+    def second_labels(self, run_id: str) -> list[LabelRecord]:
+        """Every second label of a run, oldest first (the labeller is in each record's ``detail``)."""
         rows = self._db.execute(
-            f"SELECT {', '.join(names)} FROM answers WHERE run_id = ? "
-            "ORDER BY arm, repeat, dataset, question_id",
+            "SELECT dataset, question_id, pair_sha256, value, detail FROM second_labels WHERE run_id = ? "
+            "ORDER BY created_at, rowid",
             (run_id,),
         )
-        out = []
-        for row in rows:
-            values = dict(zip(names, row, strict=True))
-            values["correct"] = bool(values["correct"])
-            out.append(AnswerRecord(**values))
-        return out
+        return [LabelRecord(d, q, h, v, "human", json.loads(t)) for d, q, h, v, t in rows]
 
     def answer_times(self, run_id: str) -> dict[tuple[str, int, str, str], float]:
         """When each answer of a run was stored (seconds since the epoch), by ``(arm, repeat, dataset,
@@ -338,10 +416,7 @@ class GateStore(JudgedRows):
 
     def answered_keys(self, run_id: str) -> set[tuple[str, int, str, str]]:
         """``(arm, repeat, dataset, question_id)`` of every stored answer (what a resume skips)."""
-        rows = self._db.execute(
-            "SELECT arm, repeat, dataset, question_id FROM answers WHERE run_id = ?", (run_id,)
-        )
-        return {tuple(r) for r in rows}  # type: ignore[misc]
+        return set(self.answer_times(run_id))
 
     def batches(self, run_id: str) -> list[tuple[str, int, int, int, float]]:
         """``(arm, repeat, num_answers, completion_tokens, wall_s)`` of every recorded batch."""
@@ -350,3 +425,54 @@ class GateStore(JudgedRows):
             (run_id,),
         )
         return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
+    """Human-readable paths where two JSON-like values differ (for refusing a changed resume)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in old or key not in new:
+                out.append(f"{where} (registered {old.get(key)!r}, now {new.get(key)!r})")
+            else:
+                out.extend(_describe_difference(old[key], new[key], where))
+        return out
+    return [] if old == new else [f"{path or 'value'} (registered {old!r}, now {new!r})"]
+
+
+def _question_difference(stored: list[RegisteredQuestion], new: list[RegisteredQuestion]) -> str:
+    if len(stored) != len(new):
+        return f"questions (registered {len(stored)}, now {len(new)})"
+    for old, cur in zip(stored, new, strict=True):
+        if old != cur:
+            changed = [k for k, v in asdict(old).items() if asdict(cur)[k] != v]
+            return f"question {old.dataset}/{old.question_id} ({', '.join(changed)} changed)"
+    return "questions"
+
+
+def _only_the_maximum_grew(old: Mapping[str, object], new: Mapping[str, object]) -> bool:
+    """Whether two stored registrations of a sequential run are the same but for its maximum (the run's,
+    its sequential plan's and each comparison's ``max_questions``, the datasets' question counts) and its
+    extensions: what continuing it past its maximum may change."""
+
+    def without(value: object, *keys: str) -> object:
+        return {k: v for k, v in value.items() if k not in keys} if isinstance(value, Mapping) else value
+
+    def without_maximum(reg: Mapping[str, object]) -> dict[str, object]:
+        comparisons, datasets = reg.get("comparisons", []), reg.get("datasets", {})
+        return {
+            **without(reg, "max_questions", "extensions"),  # type: ignore[dict-item]
+            "sequential": without(reg["sequential"], "max_questions"),
+            "comparisons": [
+                {**c, "sequential": without(c["sequential"], "max_questions")}
+                if isinstance(c, Mapping) and "sequential" in c
+                else c
+                for c in (comparisons if isinstance(comparisons, list) else [])
+            ],
+            "datasets": {n: without(d, "questions") for n, d in datasets.items()}
+            if isinstance(datasets, Mapping)
+            else datasets,
+        }
+
+    return "sequential" in old and "sequential" in new and without_maximum(old) == without_maximum(new)

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flyspec.gate.data.codec import to_json
-from flyspec.gate.data.spec import SettingRecord, titled
+from flyspec.gate.data.spec import SettingRecord, titled, to_json
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.data.tune_tests import SettingStatus, setting_status

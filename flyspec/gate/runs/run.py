@@ -33,7 +33,7 @@ from flyspec.gate.arms.base import Executor
 from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.registry import make_executors
 from flyspec.gate.data.datasets import Question
-from flyspec.gate.data.spec import BASELINE, ComparisonPlan, Family, Gold, Registration, keeping_bets
+from flyspec.gate.data.spec import BASELINE, ComparisonPlan, Family, Gold, Registration
 from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.grading.graders import sandbox_notes
 from flyspec.gate.runs.exclusion import (
@@ -122,9 +122,7 @@ def register(
     may name the model behind an alias), the run is registered and its looks recorded in the ledger.
     """
     listed = registered(questions)
-    before = store.get_run(run_id)
-    # A run registered under earlier bets resumes with them.
-    registration = keeping_bets(registration, before.registered if before is not None else None)
+    registration = store.keeping_bets(run_id, registration)
     guessed = planned.identified(registration, stored_served(store, run_id))
     if registration.comparisons:
         check_alpha_left(store, run_id, guessed, questions)

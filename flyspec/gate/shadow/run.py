@@ -31,9 +31,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from flyspec.gate.data.lock import StoreLock
-from flyspec.gate.data.spec import Registration, keeping_bets
+from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore
+from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.report.build import Report, build_report
 from flyspec.gate.runs.exclusion import record_looks
 from flyspec.gate.shadow.pair_store import SqlitePairStore
@@ -106,11 +106,7 @@ class ShadowRun:
         self._lock = StoreLock(self.path, self.run_id).acquire()
         try:
             with GateStore(self.path) as store:
-                existing = store.get_run(self.run_id)
-                # A run registered under earlier bets resumes with them.
-                registration = keeping_bets(
-                    registration, existing.registered if existing is not None else None
-                )
+                registration = store.keeping_bets(self.run_id, registration)
                 self.new = register_shadow(store, self.run_id, registration, self.pairs.count() > 0)
         except BaseException:
             self._lock.release()

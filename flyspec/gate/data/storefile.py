@@ -1,0 +1,277 @@
+"""The gate store's file: its tables and schema version, opening it (the one migration that brings an
+older store to the current version; a store holding a run under a retired judged rule is refused, left as
+it was), and its one-writer lock (docs/architecture.md, "The gate's store")."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+SCHEMA_VERSION = 4
+# Version 2 added the judgements table, version 3 the labels table (an older store gains them, empty, when
+# opened); version 4 keeps a run's margin, alpha and seed in its registration only (an older store's
+# copies in the runs table are dropped when opened: they were written from the registration).
+_READABLE_VERSIONS = (0, 1, 2, 3, SCHEMA_VERSION)
+_DROPPED_COLUMNS = ("margin", "alpha", "seed")
+LAST_READER = "82c2716"
+"""The last flyspec (0.1.0, by its git commit) that reads runs registered under the retired rules."""
+RETIRED_RULES = {
+    "judged run registered before gold labels": "the judge's undecided pairs counted against the claim",
+    "gold-label draw 1": "the pairs drawn for a gold label were the start of the question order",
+}
+"""The judged rules this flyspec no longer decides, with what each did (``refuse_retired``)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    registration TEXT NOT NULL,
+    notes TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS questions (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    prompt_hash TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    grader TEXT NOT NULL,
+    PRIMARY KEY (run_id, dataset, question_id)
+);
+CREATE TABLE IF NOT EXISTS answers (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    arm TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    output TEXT NOT NULL,
+    extracted TEXT,
+    correct INTEGER NOT NULL,
+    finish_reason TEXT,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    num_drafts INTEGER,
+    num_draft_tokens INTEGER,
+    num_accepted_tokens INTEGER,
+    num_forgiven_tokens INTEGER,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, arm, repeat, dataset, question_id)
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    event TEXT NOT NULL,
+    reason TEXT,
+    stopped_at INTEGER,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS judgements (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    first_lane TEXT NOT NULL,
+    second_lane TEXT NOT NULL,
+    position TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    verdict TEXT,
+    preferred TEXT NOT NULL,
+    output TEXT NOT NULL,
+    latency_s REAL NOT NULL,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)
+);
+CREATE TABLE IF NOT EXISTS labels (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id)
+);
+-- A second person's label of a pair that already has its gold label (the labelling page's agreement
+-- between labellers); the decision never reads it. Added within version 4: a store gains it, empty, when
+-- opened, and a flyspec that does not know it ignores it.
+CREATE TABLE IF NOT EXISTS second_labels (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    dataset TEXT NOT NULL,
+    question_id TEXT NOT NULL,
+    labeller TEXT NOT NULL,
+    pair_sha256 TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (run_id, dataset, question_id, labeller)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    arm TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    num_answers INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    wall_s REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The store at ``path``, opened and brought to ``SCHEMA_VERSION`` (ValueError: not a gate store, one a
+    newer flyspec wrote, or one holding a run under a retired judged rule)."""
+    try:
+        db = sqlite3.connect(path, timeout=30.0)
+        # Before anything is written, so a refused store stays as it was, for the flyspec that reads it.
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'").fetchone():
+            for run_id, kind, stored in db.execute("SELECT run_id, kind, registration FROM runs").fetchall():
+                refuse_retired(kind, json.loads(stored), f"run {run_id!r} in store {path}")
+        db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed answer survives a power cut, not only a process kill; one fsync per answer is
+        # negligible next to generating it.
+        db.execute("PRAGMA synchronous=FULL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in _READABLE_VERSIONS:
+            raise ValueError(
+                f"store {path}: schema version {version}, this flyspec reads versions up to {SCHEMA_VERSION}"
+            )
+        with db:
+            db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            for column in set(_DROPPED_COLUMNS) & columns:
+                db.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"store {path} is not a gate store (SQLite says: {exc})") from None
+    return db
+
+
+def refuse_retired(kind: str, stored: Mapping[str, object], where: str) -> None:
+    """ValueError, naming the rule and the flyspec that reads it, for a run (``where``) registered under a
+    retired judged rule (``RETIRED_RULES``): its decision would not be a valid test, so this flyspec does
+    not compute one."""
+    judge, gold = stored.get("judge"), stored.get("gold")
+    if kind not in ("gate", "pilot"):
+        return
+    if isinstance(gold, Mapping) and "draw" not in gold:
+        rule = "gold-label draw 1"
+    elif isinstance(judge, Mapping) and not isinstance(gold, Mapping):
+        rule = "judged run registered before gold labels"
+    else:
+        return
+    raise ValueError(
+        f"{where} was registered under a retired rule, the {rule} ({RETIRED_RULES[rule]}), so its decision "
+        f"would not be a valid test and this flyspec does not read it: use flyspec at git commit "
+        f"{LAST_READER} or earlier to read it (flyspec 0.1.0 as of that commit), and start a new judged run"
+    )
+
+
+# ----------------------------------------------------------------------------------- one writer
+# An flock on STORE.lock, not a lock row in SQLite or the filelock package: the kernel releases it when
+# its process ends, however it ends (kill -9 too), so no lock goes stale, and the holder writes who it is
+# into the same file for a refused process to read (filelock truncates the file on every attempt).
+
+
+class StoreBusyError(OSError):
+    """Another process holds the store's lock (the message names it)."""
+
+
+def lock_path(store: str | Path) -> Path:
+    """The lock file of a store: ``STORE.lock`` beside it."""
+    store = Path(store)
+    return store.with_name(store.name + ".lock")
+
+
+class StoreLock:
+    """Exclusive lock of one store for one process while it answers questions (a second process on the
+    store would redo every answer for nothing); use as a context manager. Released on exit, and by the
+    kernel if the process dies; ``gate report`` only reads and never takes it."""
+
+    def __init__(self, store: str | Path, run_id: str) -> None:
+        self.store = Path(store)
+        self.path = lock_path(store)
+        self.run_id = run_id
+        self._fd: int | None = None
+
+    def acquire(self) -> StoreLock:
+        """Take the lock now or raise StoreBusyError naming the holder; never waits."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = read_holder(self.path)
+            os.close(fd)
+            raise StoreBusyError(
+                f"store {self.store} is in use by {_describe(holder)}; wait for it to finish "
+                "or stop it, then rerun (the lock is released as soon as that process ends, even if killed)"
+            ) from None
+        holder = {
+            "run_id": self.run_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": time.time(),
+            "command": " ".join(sys.argv) or sys.executable,
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Give the lock back (the file stays; an unlocked file means a free store)."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> StoreLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def read_holder(path: str | Path) -> dict[str, object]:
+    """What the holder wrote into a lock file ({} when empty or unreadable)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _describe(holder: dict[str, object]) -> str:
+    if not holder:
+        return "another process (it has not written its details yet)"
+    started = holder.get("started_at")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"  # type: ignore[arg-type]
+    alive = ""
+    if holder.get("host") == socket.gethostname() and isinstance(pid := holder.get("pid"), int):
+        alive = "" if _pid_alive(pid) else " (that PID is gone; its lock is being released)"
+    return (
+        f"gate run {holder.get('run_id')!r} (PID {holder.get('pid')}{alive} on {holder.get('host')}, "
+        f"started {when}: {holder.get('command')})"
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
