@@ -16,7 +16,7 @@ from loopback import serve_app
 
 from flyspec.bench.scripted_openai import Script, scripted_app
 from flyspec.gate.arms.judge import parse_judge
-from flyspec.gate.data.labelling import gold_rule, pending, record
+from flyspec.gate.data.results import gold_rule, pending, record
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.shadow.pair_store import SqlitePairStore
 from flyspec.gate.shadow.proxy import create_shadow_app
@@ -139,7 +139,7 @@ def shadow_run(store: Path, *arms: dict[str, Any], **settings: Any) -> Iterator[
 
 def label_all(store: Path, run_id: str = "shadow") -> int:
     """Label every drawn pair waiting as a person who knows the baseline's answers are better would, with
-    the terminal's functions (flyspec.gate.data.labelling.py); returns how many were labelled."""
+    the terminal's functions (flyspec.gate.data.results.py); returns how many were labelled."""
     with GateStore(store) as opened:
         run, gold = gold_rule(opened, run_id)
         todo = pending(opened, run, gold, {})

@@ -189,7 +189,7 @@ def test_a_judged_run_decides_only_on_gold_labels_and_registers_the_judge(
     beside the decision, with the judge's counts and how many labels would decide. Once a person has
     labelled the drawn pairs (here every differing pair: rate 1), the decision is the prediction-powered
     interval on them, the report shows the judge's agreement with gold, and a rerun asks nothing again."""
-    from flyspec.gate.data.labelling import gold_rule, pending, record
+    from flyspec.gate.data.results import gold_rule, pending, record
 
     state, url = server
     run_id = _run(url, tmp_path, gold_rate=1.0)
@@ -276,7 +276,7 @@ def test_a_second_model_graded_grader_runs_through_a_judged_run_with_no_edit_els
     once a person labelled the drawn pairs it decides on them. Nothing in runs/, report/ or data/ names
     the grader (tests/test_code_rules.py checks that no code outside grading/ compares a grader's name)."""
     from flyspec.gate.data.datasets import load_dataset
-    from flyspec.gate.data.labelling import gold_rule, pending, record
+    from flyspec.gate.data.results import gold_rule, pending, record
     from flyspec.gate.grading import graders
 
     monkeypatch.setattr(graders, "_REGISTRY", dict(graders._REGISTRY))  # registered for this test only

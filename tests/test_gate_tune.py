@@ -30,8 +30,8 @@ from tiny_llm import save_perturbed, save_tiny
 
 from flyspec.gate.arms.engine import engine_groups
 from flyspec.gate.arms.registry import parse_arm
+from flyspec.gate.data.results import setting_status
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.report.tune_report import build_tune_report
 from flyspec.gate.runs.tune import TuneOptions, calibration_speeds, tune
 from flyspec.gate.runs.tune_settings import expand_grid, parse_settings

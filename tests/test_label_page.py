@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from label_runs import hostile_run
 
 from flyspec.bench.peers import free_port
-from flyspec.gate.data.labelling import gold_rule, pending, request_texts
+from flyspec.gate.data.results import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
 from flyspec.gate.report.label_progress import label_progress

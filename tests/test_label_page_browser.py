@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from label_runs import hostile_run
 from loopback import serve_app
 
-from flyspec.gate.data.labelling import gold_rule, pending, request_texts
+from flyspec.gate.data.results import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
 from flyspec.gate.report.label_progress import label_progress

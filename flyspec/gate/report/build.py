@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flyspec.checks import is_number
+from flyspec.gate.data.results import measure_speeds
 from flyspec.gate.data.spec import Registration
-from flyspec.gate.data.speeds import measure_speeds
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred

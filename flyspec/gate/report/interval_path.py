@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flyspec.gate.data.judged_pairs import stored_pairs
+from flyspec.gate.data.results import stored_pairs
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.stats.monitor import Monitor, QuestionKey
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from flyspec.gate.data.results import ArmSpeed, SharedThroughput
 from flyspec.gate.data.spec import Registration
-from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule

@@ -2,7 +2,7 @@
 fixed-sequence answer in plain words, and the chosen ``speculative_config`` to paste.
 
 Each setting's test is recomputed from the stored answers (flyspec/gate/runs/tune.py runs them;
-flyspec/gate/data/tune_tests.py recomputes them). ``stats.fixed_sequence`` then walks the registered
+flyspec/gate/data/results.py recomputes them). ``stats.fixed_sequence`` then walks the registered
 order: the answer is the last PASS before the first setting that did not pass, and every setting after
 that one is NOT TESTED. Speeds come from the calibration questions, where the baseline and each setting
 answered the same questions alone in their own engines, so they compare directly.
@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from flyspec.gate.data.results import SettingStatus, lane_speeds, setting_status
 from flyspec.gate.data.spec import SettingRecord, titled, to_json
-from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.data.tune_tests import SettingStatus, setting_status
 from flyspec.gate.report.build import opened
 from flyspec.gate.report.looks import LedgerSummary, ledger_summary
 from flyspec.gate.report.wording import num, pct, points

@@ -13,7 +13,7 @@ are a tie without a judge call.
 
 The grades: lost (baseline right, candidate wrong), gained (the reverse), tie (both right) and undecided
 (both wrong: only a judged pair is ever graded so). They are what the judge said, for the accuracies the
-report shows; the decision uses the pair (flyspec/gate/data/judged_pairs.py): the judge's prediction and,
+report shows; the decision uses the pair (flyspec/gate/data/results.py): the judge's prediction and,
 for the pairs the registered rule drew, a gold label. With an exact gold source (every question judged,
 its own grader labelling the drawn pairs) the label is computed and stored with the verdicts; a person's
 labels arrive later (``flyspec gate label``). ``JudgedRunMonitor`` feeds the pairs to the sequential
@@ -26,8 +26,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.arms.judge import Judge, JudgeClient, Verdict
-from flyspec.gate.data.judged_pairs import exact_pair, make_pair
 from flyspec.gate.data.questions import QuestionKey
+from flyspec.gate.data.results import exact_pair, make_pair
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, JudgementRecord, LabelRecord
 from flyspec.gate.grading.graders import Grade, grade

@@ -15,8 +15,8 @@ from flyspec.gate.arms.base import Arm, Executor, Served
 from flyspec.gate.arms.endpoint import OpenAIExecutor
 from flyspec.gate.arms.judge import JUDGE_ARM, Judge, parse_judge
 from flyspec.gate.arms.registry import parse_arm
-from flyspec.gate.data.datasets import Question, dataset_info, load_dataset
-from flyspec.gate.data.questions import QuestionKey, select_questions
+from flyspec.gate.data.datasets import dataset_info, load_dataset
+from flyspec.gate.data.questions import Question, QuestionKey, select_questions
 from flyspec.gate.data.spec import (
     DEFAULT_GOLD_RATE,
     DatasetEntry,

@@ -32,7 +32,7 @@ from pathlib import Path
 from flyspec.gate.arms.base import Executor
 from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.registry import make_executors
-from flyspec.gate.data.datasets import Question
+from flyspec.gate.data.questions import Question
 from flyspec.gate.data.spec import BASELINE, ComparisonPlan, Family, Gold, Registration
 from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.grading.graders import sandbox_notes

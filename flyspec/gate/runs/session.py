@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
 from flyspec.gate.arms.judge import Judge
-from flyspec.gate.data.datasets import Question
-from flyspec.gate.data.questions import QuestionKey
+from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import AnswerRecord, GateStore
 from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named

@@ -29,10 +29,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from flyspec.gate.arms.registry import make_executors
+from flyspec.gate.data.results import lane_speeds, setting_status
 from flyspec.gate.data.spec import CalibrationRecord, Registration, TestOrder, TuneRecord
-from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.runs.exclusion import used_questions
 from flyspec.gate.runs.plan import Chosen, Plan, choose, plan
 from flyspec.gate.runs.run import Clock, RunResult, announce_sandbox, answer, population, register

@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from flyspec.gate.data.labelling import request_texts
+from flyspec.gate.data.results import request_texts
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.shadow.label_state import LabelRefused, Progress, open_queue, state, submit
 

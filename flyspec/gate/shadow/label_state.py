@@ -1,5 +1,5 @@
 """What the labelling page shows and stores (label_page.py serves it): the gold-label queue of a judged run,
-the same one `flyspec gate label` works on (flyspec/gate/data/labelling.py), as JSON, with the progress a
+the same one `flyspec gate label` works on (flyspec/gate/data/results.py), as JSON, with the progress a
 labeller needs (labelled, waiting, and the decision as it stands with the report's advice on how many
 labels would let the run decide, passed in by whoever serves the page) and the agreement between two
 labellers of one pair.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.data.labelling import PendingPair, drawn, gold_rule, record, record_second, request_texts
+from flyspec.gate.data.results import PendingPair, drawn, gold_rule, record, record_second, request_texts
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
 
 KEYS = {"a": "a", "b": "b", "e": "t"}

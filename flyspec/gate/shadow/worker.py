@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flyspec.gate.arms.base import Completion, Job
-from flyspec.gate.data.datasets import Question
-from flyspec.gate.data.labelling import request_texts
+from flyspec.gate.data.questions import Question
+from flyspec.gate.data.results import request_texts
 from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion, RunRecord
 from flyspec.gate.grading.graders import EQUIVALENCE, JUDGE, Grade, grade_against_baseline
 from flyspec.gate.runs.judging import Item, JudgedPairs
