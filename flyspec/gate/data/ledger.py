@@ -1,31 +1,6 @@
-"""The alpha ledger's records (docs/gate.md, "Error spent once"; the accounting is
-flyspec/gate/stats/spending.py): every look a user takes at a comparison, kept per user.
-
-**Where.** One SQLite file per user: ``$FLYSPEC_GATE_LEDGER``, else ``gate-ledger.sqlite`` in the flyspec
-cache folder (``$FLYSPEC_CACHE``, default ``~/.cache/flyspec``). Every gate run and tune on this account
-records its looks there after registering, so another ``--store`` file meets the looks of the first. The
-looks registered in the store itself count too, so a store written before the ledger existed, or carried
-from another machine, still counts its own looks (and is adopted into the ledger when used). Deleting the
-file or pointing the variable elsewhere is a deliberate act the gate cannot prevent; every report names
-the ledger it was checked against and the earlier looks it counted.
-
-**Questions** are keyed by content: the sha256 of the prompt (or messages) as sent and the reference
-answer (``question_key``), so the same questions in a renamed copy of a dataset file, or under other ids,
-are the same questions.
-
-**Arms** are keyed by what decides their outputs (``output_identity``), conservatively: two arms the rule
-cannot tell apart count as the same arm, so an error of the rule can only count too many looks, never too
-few. For an engine arm that is its target model and, when its verifier is lossy (FLy, typical acceptance),
-the whole speculative config (draft model, K, the policy's settings, the lossless prefix); a lossless arm
-(standard verification, the target alone, no speculation) is the target model alone, since its outputs
-follow the target's distribution whatever drafts it. Device, batch limits, seeds, dtype and weight
-quantization are left out (``auto`` quantization resolves per machine, so a key on it would split one
-arm in two). For an endpoint arm it is the served model's ``root`` as the server reported it (the model
-behind an alias), and the speculative config a tune declared for it; the requested name and
-``extra_body`` are left out: the gate cannot see which request fields a server honours, and an inert one
-must not make a new comparison. So every comparison of two endpoints serving the same model is one
-comparison. Run settings (sampling, margin, datasets) are not part of the key either.
-"""
+"""The per-user alpha ledger's records: every look a user takes at a comparison, in one SQLite file per
+user, keyed by the questions' content and by what decides each arm's outputs (docs/statistics.md, "Kept
+per user, keyed by content and by outputs"; the accounting is flyspec/gate/stats/spending.py)."""
 
 from __future__ import annotations
 
@@ -93,7 +68,7 @@ def question_key(question: HasContent) -> str:
 def output_identity(
     identity: Mapping[str, object], declared: Mapping[str, object] | None = None
 ) -> dict[str, object]:
-    """What decides an arm's outputs, from its registered identity (the rule of the module docstring);
+    """What decides an arm's outputs, from its registered identity (docs/statistics.md's table);
     ``declared``: the speculative config a tune declared for an endpoint setting."""
     kind = identity.get("kind")
     if kind == "engine":

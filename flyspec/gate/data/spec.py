@@ -130,9 +130,9 @@ def _decode(hint: object, value: object) -> object:
 
 @dataclass(frozen=True)
 class ComparisonPlan:
-    """One registered comparison: the lanes it pairs, its margin and alpha, its sequential plan (None for
-    a fixed design) and its role: ``candidate`` (the comparison the run is for), ``control`` (a setting
-    known to be harmful, which the gate must FAIL) or ``setting`` (one of a tune's settings)."""
+    """One registered comparison: the lanes it pairs, its margin, alpha and sequential plan (None: fixed),
+    its role: ``candidate`` (what the run is for), ``control`` (known harmful: the gate must FAIL it) or
+    ``setting`` (one of a tune's)."""
 
     name: str
     baseline: Lane = stored(absent=BASELINE)
@@ -162,8 +162,7 @@ class SamplingRecord:
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    """One dataset as registered: its sha256, how many of its questions the run registered (not for a
-    tune) and how many it holds."""
+    """One dataset as registered: its sha256, how many of its questions the run registered and has."""
 
     sha256: str | None = None
     questions: int | None = stored(default=None, absent=None)
@@ -189,8 +188,8 @@ class Excluded:
 
 @dataclass(frozen=True)
 class JudgeRecord:
-    """The judge a judged run registered: its model (and the model its server reported serving), its
-    sampling, the prompt template (name, sha256, text), the positions asked and the rule in words."""
+    """The judge a judged run registered: its model (and the one its server serves), sampling, template,
+    the positions asked and the rule in words."""
 
     model: str | None = None
     max_tokens: int | None = stored("sampling/max_tokens", default=None)
@@ -211,11 +210,9 @@ class JudgeRecord:
 
 @dataclass(frozen=True)
 class Gold:
-    """A judged run's gold-label rule: ``rate`` (the share of differing pairs drawn), ``seed`` (of the
-    draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person, with
-    ``flyspec gate label``), ``every_question`` (the judge grades every question, not only those with
-    grader ``judge``), ``draw`` (the draw's version) and ``bet`` (the interval's bets' version,
-    flyspec/gate/stats/bounded.py; 1 before the versions)."""
+    """A judged run's gold-label rule: the share of differing pairs drawn (``rate``) and the draw's ``seed``
+    and version; ``source`` ``exact`` (each question's grader labels) or ``human``; ``every_question``: the
+    judge grades every question; ``bet``: the version of the interval's bets (stats/bounded.py)."""
 
     rate: float
     seed: int
@@ -267,8 +264,7 @@ class Extension:
 
 @dataclass(frozen=True)
 class SettingRecord:
-    """One of a tune's settings as registered: its arm name in the store (``s1``, ...), its label and the
-    speculative config to paste."""
+    """One of a tune's settings: its arm name in the store (``s1``, ...), label and speculative config."""
 
     id: str
     label: str
@@ -303,8 +299,7 @@ class TestOrder:
 
 @dataclass(frozen=True)
 class TuneRecord:
-    """What a tune registers besides the shared keys: the procedure in words, the test order, its
-    calibration (the run and its questions, in order) and the number of test questions."""
+    """What a tune registers besides the shared keys (its keys sit beside them when stored)."""
 
     procedure: str | None
     order: TestOrder
@@ -322,8 +317,7 @@ class CalibrationRecord:
     graded: bool = False
 
 
-# The keys each kind of run writes (a tune's question order is ``question_order``, its own record's keys sit
-# beside the shared ones).
+# The keys each kind of run writes (a tune's question order is ``question_order``).
 _SHARED = ("margin", "alpha", "seed", "sampling", "arms", "shuffle_seed", "datasets", "alpha_budget")
 _SHARED_TAIL = ("excluded", "sequential", "extensions")
 _RUN = ("repeats", "limit", "max_questions", "order", "carries", "comparisons", "family", "pilot", "judge")
@@ -334,7 +328,7 @@ _KEYS = {
     "pilot": (*_SHARED, *_SHARED_TAIL, *_RUN, "gold", "design"),
     "tune": (*_SHARED, *_SHARED_TAIL, "settings", "max_questions", "design", "question_order", *_TUNE),
     "calibration": (*_SHARED, *_SHARED_TAIL, "settings", "calibration"),
-    # ``flyspec gate compare``: logs read after the fact, never stored; its report reads the shared keys.
+    # gate compare: logs read after the fact, never stored.
     "compare": (*_SHARED, *_SHARED_TAIL),
 }
 
@@ -376,28 +370,20 @@ class Registration:
     calibration: CalibrationRecord | None = stored(default=None, absent=None)
     shadow: ShadowRecord | None = stored(default=None, absent=None)
 
-    # ------------------------------------------------------------------------------------- reading
-
     @property
     def comparisons(self) -> tuple[ComparisonPlan, ...]:
         """Every comparison the run makes, the primary one (``candidate``) first: a gate run's listed ones,
         or its one from the run's margin, alpha and sequential plan; a tune one per setting in its test
         order, each at the full alpha; none for a pilot or a calibration run."""
-        if self.kind == "gate":
-            if self.listed:
-                return self.listed
-            candidate = ("candidate", 0)
-            return (
-                ComparisonPlan(
-                    "candidate", BASELINE, candidate, self.margin, self.alpha, sequential=self.sequential
-                ),
-            )
         if self.kind == "tune" and self.tune is not None:
             return tuple(
                 ComparisonPlan(s, BASELINE, (s, 0), self.margin, self.alpha, "setting", self.sequential)
                 for s in self.tune.order.settings
             )
-        return ()
+        own = ComparisonPlan(
+            "candidate", BASELINE, ("candidate", 0), self.margin, self.alpha, sequential=self.sequential
+        )
+        return (self.listed or (own,)) if self.kind == "gate" else ()
 
     @property
     def primary(self) -> ComparisonPlan | None:
@@ -449,8 +435,6 @@ class Registration:
         # The run's own comparison is its primary one.
         listed = sorted(registration.listed, key=lambda c: c.role != "candidate")
         return replace(registration, listed=tuple(listed))
-
-    # ------------------------------------------------------------------------------------- writing
 
     def to_dict(self) -> dict[str, object]:
         """The stored layout of this registration (what ``GateStore.register`` writes)."""

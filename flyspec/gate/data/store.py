@@ -1,18 +1,13 @@
-"""The gate's SQLite store: the registered run, its questions, one committed row per answer, judge call and
-label, and the run's session events (docs/architecture.md, "The gate's store").
-
-Durability is the point: every row is committed the moment it exists (WAL journal, full sync), and rows
-are only ever added: a UNIQUE key makes a resumed run skip what is stored instead of duplicating it, and
-nothing here deletes or rewrites an answer, a judge call or a label. A run that never stored an answer
-may have its registration replaced; a sequential run may be continued past its registered maximum
-(``extend_sequential``). The file, its tables and its one-writer lock are in storefile.py.
-"""
+"""The gate's SQLite store: the registered run, its questions, and one row per answer, judge call, label
+and session event, each committed the moment it exists and never rewritten (a UNIQUE key makes a resume
+skip what is stored). docs/architecture.md, "The gate's store"; the file itself is storefile.py."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TypedDict, TypeVar
@@ -23,12 +18,21 @@ from flyspec.gate.data.storefile import StoreLock, connect
 Row = TypeVar("Row")
 # Every table that holds a run's rows, besides ``runs``.
 _TABLES = ("questions", "answers", "judgements", "labels", "second_labels", "events", "batches")
+_GROWN = re.compile(
+    r"max_questions|extensions(\..+)?|sequential\.max_questions|comparisons\.\d+\.sequential\.max_questions"
+    r"|datasets\..+\.questions"
+)
+_MISSING = object()
 # How a stored column reads back where SQLite keeps it as another type.
 _READ: dict[str, Callable[[object], object]] = {"correct": bool, "detail": lambda text: json.loads(str(text))}
 
 
 def _same(value: object) -> object:
     return value
+
+
+def _shown(value: object) -> str:
+    return repr(None if value is _MISSING else value)
 
 
 @dataclass(frozen=True)
@@ -56,14 +60,10 @@ class AnswerRecord:
 
 @dataclass(frozen=True)
 class JudgementRecord:
-    """One call of the judge on one question's pair of answers, in one position.
-
-    ``first_lane``/``second_lane`` are the lanes compared (``baseline#0``, ``candidate#0``); ``position``
-    is ``AB`` (the first lane's answer shown as A) or ``BA``; ``pair_sha256`` is the hash of the two
-    outputs judged (a stored judgement is reused only for exactly those); ``verdict`` is what the judge
-    said (``A``, ``B``, ``tie``, or None when unreadable), ``preferred`` what that means for the lanes
-    (``first``, ``second`` or ``tie``).
-    """
+    """One call of the judge on one question's pair of answers (``pair_sha256``: the two outputs), in one
+    ``position`` (``AB``: the first lane's answer shown as A, or ``BA``): its ``verdict`` (``A``, ``B``,
+    ``tie`` or None, unreadable) and what it means for the lanes (``preferred``: ``first``, ``second``,
+    ``tie``)."""
 
     dataset: str
     question_id: str
@@ -227,10 +227,9 @@ class GateStore:
         existing = self.get_run(run_id)
         if existing is None:
             return False
-        changes = _describe_difference(
-            {"kind": existing.kind, **existing.registration},
-            {"kind": registration.kind, **registration.to_dict()},
-        )
+        old = {"kind": existing.kind, **existing.registration}
+        new = {"kind": registration.kind, **registration.to_dict()}
+        changes = [f"{p} (registered {_shown(o)}, now {_shown(n)})" for p, o, n in _differences(old, new)]
         stored = self.questions(run_id)
         if stored != questions:
             changes.append(_question_difference(stored, questions))
@@ -251,7 +250,12 @@ class GateStore:
         maximum and its questions start ``questions``: the new ones are appended, the maximum raised and
         the change kept in ``extensions`` and as an ``extend`` event; False (nothing written) otherwise."""
         existing = self.get_run(run_id)
-        if existing is None or not _only_the_maximum_grew(existing.registration, registration.to_dict()):
+        wanted = registration.to_dict()
+        if existing is None or "sequential" not in existing.registration or "sequential" not in wanted:
+            return False
+        # What continuing past the maximum may change: the run's, its plan's and each comparison's
+        # max_questions, the datasets' question counts, and its extensions.
+        if not all(_GROWN.fullmatch(where) for where, _, _ in _differences(existing.registration, wanted)):
             return False
         stored = self.questions(run_id)
         if len(questions) <= len(stored) or questions[: len(stored)] != stored:
@@ -427,18 +431,19 @@ class GateStore:
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
-def _describe_difference(old: object, new: object, path: str = "") -> list[str]:
-    """Human-readable paths where two JSON-like values differ (for refusing a changed resume)."""
+def _differences(old: object, new: object, path: str = "") -> list[tuple[str, object, object]]:
+    """Where two JSON-like values differ, as ``(path, old, new)``, through objects and lists of one length
+    (``_MISSING``: a key one side lacks)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for key in sorted(set(old) | set(new), key=str):
-            where = f"{path}.{key}" if path else str(key)
-            if key not in old or key not in new:
-                out.append(f"{where} (registered {old.get(key)!r}, now {new.get(key)!r})")
-            else:
-                out.extend(_describe_difference(old[key], new[key], where))
-        return out
-    return [] if old == new else [f"{path or 'value'} (registered {old!r}, now {new!r})"]
+        keys = sorted(set(old) | set(new), key=str)
+        paths = [
+            (f"{path}.{k}" if path else str(k), old.get(k, _MISSING), new.get(k, _MISSING)) for k in keys
+        ]
+    elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        paths = [(f"{path}.{i}", o, n) for i, (o, n) in enumerate(zip(old, new, strict=True))]
+    else:
+        return [] if old == new else [(path or "value", old, new)]
+    return [d for where, o, n in paths for d in _differences(o, n, where)]
 
 
 def _question_difference(stored: list[RegisteredQuestion], new: list[RegisteredQuestion]) -> str:
@@ -449,30 +454,3 @@ def _question_difference(stored: list[RegisteredQuestion], new: list[RegisteredQ
             changed = [k for k, v in asdict(old).items() if asdict(cur)[k] != v]
             return f"question {old.dataset}/{old.question_id} ({', '.join(changed)} changed)"
     return "questions"
-
-
-def _only_the_maximum_grew(old: Mapping[str, object], new: Mapping[str, object]) -> bool:
-    """Whether two stored registrations of a sequential run are the same but for its maximum (the run's,
-    its sequential plan's and each comparison's ``max_questions``, the datasets' question counts) and its
-    extensions: what continuing it past its maximum may change."""
-
-    def without(value: object, *keys: str) -> object:
-        return {k: v for k, v in value.items() if k not in keys} if isinstance(value, Mapping) else value
-
-    def without_maximum(reg: Mapping[str, object]) -> dict[str, object]:
-        comparisons, datasets = reg.get("comparisons", []), reg.get("datasets", {})
-        return {
-            **without(reg, "max_questions", "extensions"),  # type: ignore[dict-item]
-            "sequential": without(reg["sequential"], "max_questions"),
-            "comparisons": [
-                {**c, "sequential": without(c["sequential"], "max_questions")}
-                if isinstance(c, Mapping) and "sequential" in c
-                else c
-                for c in (comparisons if isinstance(comparisons, list) else [])
-            ],
-            "datasets": {n: without(d, "questions") for n, d in datasets.items()}
-            if isinstance(datasets, Mapping)
-            else datasets,
-        }
-
-    return "sequential" in old and "sequential" in new and without_maximum(old) == without_maximum(new)
