@@ -1,4 +1,3 @@
-"""The questions a run asks and the answers it keeps: the question record, row reading and seeded order
-(``questions.py``), the dataset readers (``datasets.py``), the records a run registers and their one codec
-(``spec.py``, ``codec.py``), and the SQLite store (``store.py``, its tables in ``schema.py``, its lock in
-``lock.py``) with the per-user alpha ledger (``ledger.py``)."""
+"""The questions a run asks (questions.py, datasets.py), what it registers (spec.py), the SQLite store that
+keeps its answers (store.py, storefile.py), what they come to (results.py) and the per-user alpha ledger
+(ledger.py)."""

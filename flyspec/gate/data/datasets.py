@@ -73,12 +73,6 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _report_name(path: Path) -> str:
-    """``aime_2024.jsonl`` -> ``aime_2024``; ``HumanEval.jsonl.gz`` -> ``HumanEval``."""
-    name = path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name
-    return Path(name).stem
-
-
 def dataset_info(name_or_path: str) -> DatasetInfo:
     """Resolve a dataset name or path to its reader, file and version hash (without parsing rows)."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
@@ -103,7 +97,9 @@ def dataset_info(name_or_path: str) -> DatasetInfo:
         )
     if reader == "jsonl" and path.suffix.lower() == ".csv":
         reader = "gpqa"
-    return DatasetInfo(_report_name(path), reader, path, file_sha256(path))
+    # aime_2024.jsonl -> aime_2024; HumanEval.jsonl.gz -> HumanEval
+    name = Path(path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name).stem
+    return DatasetInfo(name, reader, path, file_sha256(path))
 
 
 def _chat(text: str, instruction: str) -> list[dict[str, str]]:
@@ -295,24 +291,17 @@ MBPP_INSTRUCTION = (
     "Write a Python function for this task. Reply with the complete function (and any imports it needs) "
     "in a single ```python code block."
 )
+_HUMANEVAL_FIELDS = ("task_id", "prompt", "test", "entry_point")
 _CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
 _DEF = re.compile(r"^def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 _NOT_ENTRY = set(dir(builtins)) | set(keyword.kwlist) | {"isclose"}
-
-
-def _text(row: Row, name: str, where: str) -> str:
-    value = row.get(name)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: '{name}' must be a non-empty string, got {value!r:.60}")
-    return value
 
 
 def read_humaneval(info: DatasetInfo) -> Iterator[tuple[int, Question]]:
     """HumanEval rows ``{task_id, prompt, entry_point, test, ...}``: the tests end with ``check(entry)``."""
     for line_no, row in jsonl_rows(info.path):
         where = f"{info.path}:{line_no}"
-        task_id, prompt, test = (_text(row, name, where) for name in ("task_id", "prompt", "test"))
-        entry = _text(row, "entry_point", where)
+        task_id, prompt, test, entry = (text_field(row, (n,), where, n) for n in _HUMANEVAL_FIELDS)
         if not entry.isidentifier():
             raise ValueError(f"{where}: 'entry_point'={entry!r} is not a Python function name")
         if not re.search(rf"^def\s+{re.escape(entry)}\s*\(", prompt, re.MULTILINE):

@@ -151,14 +151,9 @@ def text_field(row: Row, names: tuple[str, ...], where: str, what: str) -> str:
     return str(value)
 
 
-def order_key(seed: int, dataset: str, question_id: str) -> str:
-    """The sort key of one question in the run's order."""
-    return hashlib.sha256(f"{seed}:{dataset}:{question_id}".encode()).hexdigest()
-
-
 def in_order(questions: Iterable[Question], seed: int) -> list[Question]:
-    """``questions`` in the seeded random order."""
-    return sorted(questions, key=lambda q: order_key(seed, q.dataset, q.id))
+    """``questions`` in the seeded random order: by ``sha256(f"{seed}:{dataset}:{id}")``."""
+    return sorted(questions, key=lambda q: hashlib.sha256(f"{seed}:{q.dataset}:{q.id}".encode()).hexdigest())
 
 
 def select_questions(

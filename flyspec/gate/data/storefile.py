@@ -1,6 +1,5 @@
-"""The gate store's file: its tables and schema version, opening it (the one migration that brings an
-older store to the current version; a store holding a run under a retired judged rule is refused, left as
-it was), and its one-writer lock (docs/architecture.md, "The gate's store")."""
+"""The gate store's file: its tables, opening it (the one migration to the current schema version; a run
+under a retired judged rule refused), and its one-writer lock (docs/architecture.md, "The gate's store")."""
 
 from __future__ import annotations
 
@@ -20,13 +19,13 @@ SCHEMA_VERSION = 4
 # copies in the runs table are dropped when opened: they were written from the registration).
 _READABLE_VERSIONS = (0, 1, 2, 3, SCHEMA_VERSION)
 _DROPPED_COLUMNS = ("margin", "alpha", "seed")
-LAST_READER = "82c2716"
-"""The last flyspec (0.1.0, by its git commit) that reads runs registered under the retired rules."""
+# The judged rules this flyspec no longer decides, with what each did, and the last flyspec (0.1.0, by its
+# git commit) that reads runs registered under them.
 RETIRED_RULES = {
     "judged run registered before gold labels": "the judge's undecided pairs counted against the claim",
     "gold-label draw 1": "the pairs drawn for a gold label were the start of the question order",
 }
-"""The judged rules this flyspec no longer decides, with what each did (``refuse_retired``)."""
+LAST_READER = "82c2716"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -103,9 +102,8 @@ CREATE TABLE IF NOT EXISTS labels (
     created_at REAL NOT NULL,
     UNIQUE (run_id, dataset, question_id)
 );
--- A second person's label of a pair that already has its gold label (the labelling page's agreement
--- between labellers); the decision never reads it. Added within version 4: a store gains it, empty, when
--- opened, and a flyspec that does not know it ignores it.
+-- A second person's label of a labelled pair (agreement between labellers; the decision never reads it).
+-- Added within version 4: a store gains it, empty, when opened; a flyspec that does not know it ignores it.
 CREATE TABLE IF NOT EXISTS second_labels (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     dataset TEXT NOT NULL,
@@ -159,9 +157,8 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def refuse_retired(kind: str, stored: Mapping[str, object], where: str) -> None:
-    """ValueError, naming the rule and the flyspec that reads it, for a run (``where``) registered under a
-    retired judged rule (``RETIRED_RULES``): its decision would not be a valid test, so this flyspec does
-    not compute one."""
+    """ValueError naming the rule and the flyspec that reads it, for a run (``where``) registered under a
+    retired judged rule: its decision would not be a valid test."""
     judge, gold = stored.get("judge"), stored.get("gold")
     if kind not in ("gate", "pilot"):
         return
