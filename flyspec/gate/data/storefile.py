@@ -254,7 +254,7 @@ def _describe(holder: dict[str, object]) -> str:
     if not holder:
         return "another process (it has not written its details yet)"
     started = holder.get("started_at")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"  # type: ignore[arg-type]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
     alive = ""
     if holder.get("host") == socket.gethostname() and isinstance(pid := holder.get("pid"), int):
         alive = "" if _pid_alive(pid) else " (that PID is gone; its lock is being released)"
