@@ -134,8 +134,7 @@ def run_entries(store: GateStore, run: RunRecord) -> list[Entry]:
         return []
     questions = frozenset(question_key(q) for q in store.questions(run.run_id))
     where = str(store.path.resolve())
-    reg = run.registered
-    budget = reg.alpha_budget
+    reg, budget = run.registered, run.registered.alpha_budget
     out = []
     for plan in reg.comparisons:
         key = comparison_key_of(reg, plan)
