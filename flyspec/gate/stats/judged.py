@@ -14,7 +14,7 @@ Per question, along the registered order:
 - ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from a sha256
   of the seed, dataset and question of its own (``gold_draw``, draw 2), among pairs that are not
   identical. Its own: the question order sorts by ``sha256(seed:dataset:question)``; a draw from that same
-  digest (draw 1 of earlier runs, refused now: flyspec/gate/data/spec.py) drew exactly the first ~rate
+  digest (draw 1 of earlier runs, refused now: flyspec/gate/data/storefile.py) drew exactly the first ~rate
   of the order and none after, a prefix rather than a random subset.
 - ``gold``: D in {-1, 0, 1} for a selected pair once labelled (candidate better, equal, baseline better).
 
