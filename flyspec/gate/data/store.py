@@ -18,6 +18,8 @@ from flyspec.gate.data.storefile import StoreLock, connect
 Row = TypeVar("Row")
 # Every table that holds a run's rows, besides ``runs``.
 _TABLES = ("questions", "answers", "judgements", "labels", "second_labels", "events", "batches")
+# What continuing a sequential run past its maximum may change (paths ``_differences`` gives): the run's,
+# its plan's and each comparison's max_questions, the datasets' question counts, and its extensions.
 _GROWN = re.compile(
     r"max_questions|extensions(\..+)?|sequential\.max_questions|comparisons\.\d+\.sequential\.max_questions"
     r"|datasets\..+\.questions"
@@ -253,8 +255,6 @@ class GateStore:
         wanted = registration.to_dict()
         if existing is None or "sequential" not in existing.registration or "sequential" not in wanted:
             return False
-        # What continuing past the maximum may change: the run's, its plan's and each comparison's
-        # max_questions, the datasets' question counts, and its extensions.
         if not all(_GROWN.fullmatch(where) for where, _, _ in _differences(existing.registration, wanted)):
             return False
         stored = self.questions(run_id)
