@@ -32,7 +32,7 @@ is drawn independently of everything the judge and the answers do, and lam_i is 
 ``Var(Y) = Var(D) + (1/rate - 1) E[(D - lam f)^2]``: a judge that always agrees with gold loses nothing
 against labelling every pair; a coin leaves only the labelled pairs' information (and the extra noise).
 Y lies in ``[1 - 2/rate, 2/rate - 1]`` for lam in [0, 1], so the betting confidence sequences for bounded
-means (flyspec/gate/stats/bounded.py) apply: the anytime mixture for sequential runs, the predictable
+means (flyspec/gate/stats/sequence.py) apply: the anytime mixture for sequential runs, the predictable
 plug-in bet tuned to the registered size for fixed runs.
 
 A selected pair whose label has not arrived blocks the in-order prefix (``usable_prefix``): skipping it
@@ -53,9 +53,9 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.bounded import BET, BoundedMeanSequence
 from flyspec.gate.stats.decide import Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
+from flyspec.gate.stats.sequence import BET, BoundedMeanSequence
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
@@ -230,7 +230,7 @@ class JudgedSequence:
     ``(low, high)``; with probability at least ``1 - alpha`` the true difference lies in every interval
     returned, whatever the judge does. ``horizon=None`` (sequential runs) bets the anytime mixture;
     ``horizon=n`` (fixed runs of n questions) bets the plug-in tuned to n; ``bet``: the registered version
-    of the bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``).
+    of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``).
     """
 
     def __init__(self, rate: float, alpha: float = 0.05, horizon: int | None = None, bet: int = BET) -> None:
@@ -311,7 +311,7 @@ class JudgedDecision:
     normal-theory interval at the stop from the values seen, and ``emptied_at``: the pair after which
     every difference was rejected (None if never); ``narrow`` says the interval is suspect (see there).
     ``estimate``: the mean of the values up to the stop, the prediction-powered estimate of the difference.
-    ``bet``: the version of the bets the interval used (flyspec/gate/stats/bounded.py).
+    ``bet``: the version of the bets the interval used (flyspec/gate/stats/sequence.py).
     """
 
     decision: str

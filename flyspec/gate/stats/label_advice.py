@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flyspec.gate.stats.bounded import BET
 from flyspec.gate.stats.decide import INCONCLUSIVE
 from flyspec.gate.stats.judged import DESIGNS, JudgeCounts, JudgedPair
+from flyspec.gate.stats.sequence import BET
 from flyspec.gate.stats.simulation import JudgedBlock, walk_judged
 
 ASSUMED_AGREEMENT = 0.95

@@ -37,9 +37,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from flyspec.gate.stats.bounded import check_bet
 from flyspec.gate.stats.decide import POPULATIONS, SequentialWalk, claim
 from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, usable_prefix
+from flyspec.gate.stats.sequence import check_bet
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -92,7 +92,7 @@ class SequentialPlan:
     existed used the finite sequence and are read back so. ``method``: a key of ``METHODS``; runs keep the
     method they registered. ``label_rate``: for a judged run with the prediction-powered method, the
     share of differing pairs drawn for a gold label, and ``label_bet`` the version of its bets
-    (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``; 1 for plans registered before the versions).
+    (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``; 1 for plans registered before the versions).
     Judged runs always use the i.i.d. sequence.
     """
 

@@ -1,49 +1,20 @@
-"""Anytime-valid inference for the paired gate: a betting confidence sequence and where it crosses a margin.
+"""Anytime-valid confidence sequences by betting (docs/statistics.md, "Sequential runs" and "Judged runs").
 
-Each question gives a paired difference ``D = candidate correct - baseline correct`` in {-1, 0, 1}; the
-gate wants the mean ``delta = E[D]`` and looks after every question. We map ``X = (D + 1) / 2`` into [0, 1]
-and use the hedged capital process of Waudby-Smith and Ramdas, "Estimating means of bounded random
-variables by betting" (JRSS-B 2023; arXiv:2010.09686), each side of the hedge betting a mixture of
-constant bets (their "diversified Kelly" capital), and, for a finite question set visited in random order
-without replacement, the same processes centred on the mean of the questions not yet seen (Waudby-Smith
-and Ramdas, "Confidence sequences for sampling without replacement", NeurIPS 2020). For a candidate mean
-``m`` of X:
-
-    K+_t(m) = (1/B) sum_b prod_{i<=t} (1 + min(l_b, c / m_i) (X_i - m_i))
-    K-_t(m) = (1/B) sum_b prod_{i<=t} (1 - min(l_b, c / (1 - m_i)) (X_i - m_i))
-    m_i = m (i.i.d.)   or   m_i = (N m - sum_{j<i} X_j) / (N - i + 1)   (N questions, without replacement)
-    l_b = 2^-b for b = 0 .. 7 (B = 8),  c = 1/2
-
-If m is the true mean, every product is a non-negative martingale with expectation 1 (each bet is fixed
-before X_i is seen and E[X_i - m_i | past] = 0), hence so are K+, K- and (K+ + K-) / 2, and by Ville's
-inequality ``max(K+_t, K-_t) / 2`` ever reaches ``1 / alpha`` with probability at most alpha. The
-confidence set at time t is every m where it has not; we keep the running intersection over time, so the
-bounds never widen. K+ falls and K- rises in m, so every set is an interval, and its lower end passes a
-value v exactly when K+(v) reaches the threshold: the sequential decision needs only K+ and K- at the
-margin.
-
-I.i.d. case: the bets are constant in time and X takes three values, so each product is a closed form of
-the counts of lost, tied and gained questions; the bounds are exact roots (no grid), found only when the
-new observation moves them. Without replacement the centre m_i moves with the data, so each candidate
-mean needs its own running product: a grid of 4,000 steps in X (0.0005 in D), each bound reported as the
-nearest rejected grid point, so the grid can only widen the interval.
-
-Why this bet: the paper's default predictable plug-in bet shrinks like 1/sqrt(t log t), which at the
-effects the gate must resolve (a 2-point margin, thousands of questions) bets far less than the
-growth-optimal amount; in our simulations it needed about twice as many questions as this mixture, whose
-bets are a factor 2 apart, so one is always within a factor sqrt(2) of the best constant bet.
-
-Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital process
-from the start on a grid for each call, needs a C++ build and pulls pandas and pytest at run time, while
-the gate updates after every answer. See docs/statistics.md.
-
-Values in any known range (a judged run's): flyspec/gate/stats/bounded.py.
+``ConfidenceSequence``: the paired differences D in {-1, 0, 1} as ``X = (D + 1) / 2``, the hedged capital
+of Waudby-Smith and Ramdas (JRSS-B 2023, arXiv:2010.09686), each side a mixture of constant bets ``2^-b``
+capped at ``c / m``; i.i.d., exact roots from the counts, or without replacement over a finite pool
+(NeurIPS 2020), on a grid of candidate means. ``BoundedMeanSequence``: values in a known range (a judged
+run's), the anytime mixture or the plug-in bet tuned to a fixed size, in registered versions
+(``BET_VERSIONS``). Every bound is the first rejected candidate, so a grid can only widen the interval.
+Our own code rather than ``confseq``: the gate updates after every answer, and ``confseq`` recomputes from
+the start, needs a C++ build and pulls pandas and pytest at run time.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
@@ -102,16 +73,13 @@ def bet_terms(m: float, side: int) -> list[tuple[float, float, float]]:
     return terms
 
 
-def _log_mean_exp(logs: list[float]) -> float:
-    top = max(logs)
-    return top + math.log(math.fsum(math.exp(v - top) for v in logs) / len(logs))
-
-
 def _log_capital(counts: list[int], terms: list[tuple[float, float, float]]) -> float:
     """log K at one candidate mean after i.i.d. observations with these counts (lost, tied, gained): with
     constant bets each product is prod_x (1 + s lam (x - m))^count_x, so only the counts matter."""
     lost, tied, gained = counts
-    return _log_mean_exp([lost * a + tied * b + gained * c for a, b, c in terms])
+    logs = [lost * a + tied * b + gained * c for a, b, c in terms]
+    top = max(logs)
+    return top + math.log(math.fsum(math.exp(v - top) for v in logs) / len(logs))
 
 
 class _ExactSequence:
@@ -250,10 +218,6 @@ class _GridConfidenceSequence:
         self.low = np.full(rows, -1.0)
         self.high = np.full(rows, 1.0)
 
-    def keep_rows(self, rows: np.ndarray) -> None:
-        self.capital.keep_rows(rows)
-        self.live, self.low, self.high = self.live[rows], self.low[rows], self.high[rows]
-
     def update(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Observe one X per row; return each row's running (low, high) for delta."""
         capital = self.capital
@@ -348,3 +312,173 @@ def confidence_sequence(
         lows.append(low)
         highs.append(high)
     return lows, highs
+
+
+@dataclass(frozen=True)
+class Bets:
+    """One version of the bounded-mean bets: ``fractions``, the anytime mixture's constant bets as
+    fractions of the largest bet the range allows (``1 / m`` for K+), ``truncation``, the largest
+    fraction of it the fixed-horizon bet may take, and ``words`` for the report. Every fraction is below
+    1, so no factor reaches 0."""
+
+    fractions: np.ndarray
+    truncation: float
+    words: str
+
+
+BET_VERSIONS = {
+    1: Bets(
+        np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09]),
+        0.9,
+        "at most 0.9 of the largest safe bet in a fixed run, 0.95 in the sequential mixture",
+    ),
+    2: Bets(
+        np.array([0.99, 0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13]),
+        0.99,
+        "at most 0.99 of the largest safe bet",
+    ),
+}
+"""The bets judged runs register by version. Version 2 reaches 0.99 of the largest bet: with a judge that
+agrees with gold the values' spread is far inside their range, the best bet sits at that cap, and the
+capped bet sets how many pairs (so labels) a decision takes (docs/statistics.md, "Fewer labels for a good
+judge"); the smallest fraction, which only a weak judge's very noisy values want, made room for it."""
+BET = 2
+"""The version new runs register; a run registered before versions existed reads as 1."""
+
+
+def check_bet(bet: int) -> Bets:
+    """The bets of version ``bet``; ValueError for a version this flyspec does not know."""
+    if not is_int(bet) or bet not in BET_VERSIONS:
+        raise ValueError(f"bet={bet!r}: a version of the bounded-mean bets, one of {sorted(BET_VERSIONS)}")
+    return BET_VERSIONS[bet]
+
+
+ENDPOINT_ROOM = 1e-12
+"""The room given a grid end at ``m = 0`` or ``1`` (see ``BoundedMeanSequence.update``)."""
+PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
+"""The paper's start for the plug-in's running mean and variance in [0, 1]."""
+
+
+class BoundedMeanSequence:
+    """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
+
+    ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
+    ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
+    the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
+    tuned to n (see the module docstring), each as ``bet`` (a key of ``BET_VERSIONS``) sets them. Only the
+    grid points still in the set are tracked.
+    """
+
+    def __init__(
+        self, lo: float, hi: float, alpha: float, horizon: int | None = None, bet: int = BET
+    ) -> None:
+        if not (is_number(lo) and is_number(hi) and lo < hi):
+            raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
+        check_alpha(alpha)
+        if horizon is not None and not is_int(horizon, 1):
+            raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
+        if lo > -1.0 or hi < 1.0:
+            raise ValueError(f"range [{lo}, {hi}] must contain the target's range [-1, 1]")
+        self.lo, self.hi, self.alpha, self.horizon = lo, hi, alpha, horizon
+        self.bets = check_bet(bet)
+        self.threshold = math.log(2.0 / alpha)
+        self.grid = GRID
+        self.live = np.ones(self.grid.size, dtype=bool)
+        self._first, self._last = 0, self.grid.size - 1  # the window of live grid points
+        self._m = (self.grid - lo) / (hi - lo)
+        width = self.bets.fractions.size if horizon is None else 1
+        self._plus = np.zeros((self.grid.size, width))
+        self._minus = np.zeros((self.grid.size, width))
+        self._sum_sq = 0.0
+        self._sum = 0.0
+        self.n = 0
+        self.low, self.high = -1.0, 1.0
+        self.emptied_at: int | None = None
+        """The observation after which every candidate mean was rejected (None while some survive)."""
+
+    def update(self, y: float) -> tuple[float, float]:
+        """Add one value (it must lie in ``[lo, hi]``) and return the running bounds of the mean."""
+        if not is_number(y) or not self.lo - 1e-12 <= y <= self.hi + 1e-12:
+            raise ValueError(f"y={y!r}: must be a number in [{self.lo}, {self.hi}]")
+        x = min(max((y - self.lo) / (self.hi - self.lo), 0.0), 1.0)
+        window = slice(self._first, self._last + 1)
+        m = self._m[window, None]
+        # When the range is exactly the target's ([-1, 1], every pair labelled) the grid's ends sit at m = 0
+        # and 1, where the largest bet is unbounded. Betting it as the limit of a tiny room keeps its meaning
+        # (an observation beyond the end rejects it, one at the end costs the fraction) instead of
+        # inf * 0 = NaN, which left the end live for ever and the bound stuck at -1 or 1.
+        room_up, room_down = np.maximum(m, ENDPOINT_ROOM), np.maximum(1.0 - m, ENDPOINT_ROOM)
+        if self.horizon is None:
+            up, down = self.bets.fractions / room_up, self.bets.fractions / room_down
+        else:
+            sigma2 = (PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
+            lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
+            cap = self.bets.truncation
+            up, down = np.minimum(lam, cap / room_up), np.minimum(lam, cap / room_down)
+            self._sum += x
+            self._sum_sq += (x - (PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
+        plus = self._plus[window]
+        minus = self._minus[window]
+        plus += np.log1p(up * (x - m))
+        minus += np.log1p(-down * (x - m))
+        self.n += 1
+        rejected = (log_mean_exp(plus) >= self.threshold) | (log_mean_exp(minus) >= self.threshold)
+        self.live[window] &= ~rejected
+        self._refresh()
+        return self.low, self.high
+
+    def _refresh(self) -> None:
+        live = self.live[self._first : self._last + 1]
+        if not live.any():
+            # Keep the last bounds: the set empties only after a miss (probability <= alpha) or when the
+            # values' conditional mean was not constant, which the report flags.
+            if self.emptied_at is None:
+                self.emptied_at = self.n
+            return
+        first = self._first + int(np.argmax(live))
+        last = self._last - int(np.argmax(live[::-1]))
+        self._first, self._last = first, last
+        self.low = float(self.grid[max(first - 1, 0)])
+        self.high = float(self.grid[min(last + 1, self.grid.size - 1)])
+
+
+def _plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
+    """The fixed-horizon bet before each observation (untruncated), for rows of observations in [0, 1].
+
+    ``lambda_t = sqrt(2 log(2 / alpha) / (horizon sigma_{t-1}^2))`` with the running estimates
+    ``mu_t = (1/2 + sum_{i<=t} x_i) / (t + 1)`` and
+    ``sigma_t^2 = (1/4 + sum_{i<=t} (x_i - mu_i)^2) / (t + 1)``
+    (Waudby-Smith and Ramdas 2024, section 4: the predictable plug-in tuned to n); each bet uses only
+    earlier observations.
+    """
+    steps = np.arange(1, x.shape[-1] + 1, dtype=float)
+    mu = (PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
+    sigma2 = (PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
+    before = np.concatenate([np.full(x.shape[:-1] + (1,), PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
+    return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
+
+
+def log_capital(
+    x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None, bet: int = BET
+) -> np.ndarray:
+    """Running log capital of one side at the candidate mean ``m`` (in X units) for rows of observations
+    ``x`` in [0, 1] (shape (runs, n)): ``side=1`` is K+ (it grows when the mean is above m), ``-1`` K-.
+
+    ``BoundedMeanSequence`` for many rows at once (its test reference); a PASS happens exactly when K+ at
+    the margin reaches the threshold.
+    """
+    if not 0.0 < m < 1.0:
+        raise ValueError(f"m={m!r}: must lie strictly inside (0, 1)")
+    room = m if side > 0 else 1.0 - m
+    deviation = side * (x - m)
+    if horizon is None:
+        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in check_bet(bet).fractions]
+        return log_mean_exp(np.stack(logs), axis=0)
+    bets = np.minimum(_plug_in_bets(x, alpha, horizon), check_bet(bet).truncation / room)
+    return np.cumsum(np.log1p(bets * deviation), axis=-1)
+
+
+def log_mean_exp(logs: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log of the mean of exp over ``axis`` (a mixture's average capital from its components' logs)."""
+    top = logs.max(axis=axis, keepdims=True)
+    return (top + np.log(np.exp(logs - top).mean(axis=axis, keepdims=True))).squeeze(axis)

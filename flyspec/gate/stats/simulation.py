@@ -30,11 +30,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
-from flyspec.gate.stats.bounded import BET, PRIOR_MEAN, PRIOR_VARIANCE, check_bet, log_mean_exp
 from flyspec.gate.stats.decide import check_margin, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
-from flyspec.gate.stats.sequence import GRID, Capital, as_diffs, bet_terms, check_alpha, check_population
+from flyspec.gate.stats.paired import tango_statistic
+from flyspec.gate.stats.sequence import (
+    BET,
+    GRID,
+    PRIOR_MEAN,
+    PRIOR_VARIANCE,
+    Capital,
+    as_diffs,
+    bet_terms,
+    check_alpha,
+    check_bet,
+    check_population,
+    log_mean_exp,
+)
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 
@@ -165,7 +178,7 @@ class CapitalAtMargin:
     """K+ and K- beside ``y = -margin`` for rows of values in ``[lo, hi]``, block by block.
 
     ``horizon=None``: the anytime mixture; else the plug-in bet tuned to ``horizon``; ``bet``: the
-    version of the bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``). The
+    version of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``). The
     sequence has level ``1 - 2 alpha``: each side reaches its threshold ``log(1 / alpha)`` with
     probability at most alpha at the true mean. As in ``BoundedMeanSequence``, whose bounds are grid
     points, a PASS needs K+ at the first grid point above ``-margin`` and a FAIL K- at the last one below.
@@ -316,7 +329,7 @@ def walk_judged(
     a ``PairModel``). ``settle`` (sequential runs): stop walking as soon as whether a share ``settle`` of
     the runs decide is settled (that many have, or too few are left to); the runs not walked to the end
     then count as undecided, so only that comparison of the outcome is exact. ``bet``: the version of the
-    bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``)."""
+    bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``)."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
@@ -474,6 +487,55 @@ def _without_replacement_stops(
             if active.size == 0:
                 break
     return stops.outcome()
+
+
+def fixed_runs(
+    rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
+) -> Outcomes:
+    """Fixed-size exact-graded runs of ``n`` questions: ``decide`` on seeded multinomial tables."""
+    tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
+    t = tango_statistic(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
+    # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
+    z = float(norm.ppf(1 - alpha))
+    return Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
+
+
+def iid_runs(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    flip_rate: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+) -> Outcomes:
+    """Runs of the exact-graded i.i.d. sequential rule, continuing from the counts ``start`` (lost, tied,
+    gained), on which alone the i.i.d. capital depends."""
+
+    def draw(active: np.ndarray, _begin: int, cols: int) -> np.ndarray:
+        return draw_differences(rng, active.size, cols, flip_rate, delta)
+
+    passed, failed, stopped = iid_stops(runs, questions, draw, margin, alpha, start, block=1024)
+    return Outcomes(crossing_verdicts(passed, failed), stopped)
+
+
+def finite_runs(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    population_size: int,
+    flip_rate: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+) -> Outcomes:
+    """Without-replacement runs, each over its own order of a pool at this flip rate and mean."""
+    lost = round(population_size * (flip_rate - delta) / 2)
+    gained = min(round(population_size * (flip_rate + delta) / 2), population_size - lost)
+    pool = np.array([-1] * lost + [1] * gained + [0] * (population_size - lost - gained), dtype=np.int8)
+    orders = np.stack([rng.permutation(pool)[:questions] for _ in range(runs)])
+    return Outcomes(*sequential_decisions(orders, margin, alpha, population_size))
 
 
 def sequential_decisions(
