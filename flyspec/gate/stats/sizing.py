@@ -236,19 +236,8 @@ def simulate(
     rng = np.random.default_rng(seed)
     n = design.questions
     if design.label_rate is not None:
-        out = judged_runs(
-            rng,
-            runs,
-            n,
-            flip_rate,
-            true_diff,
-            margin,
-            alpha,
-            "fair",
-            design.judge_noise,
-            design.label_rate,
-            design.kind,
-        )
+        noise, rate = design.judge_noise, design.label_rate
+        out = judged_runs(rng, runs, n, flip_rate, true_diff, margin, alpha, "fair", noise, rate, design.kind)
     elif design.kind == "fixed":
         out = fixed_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
     elif design.population_size is None:
@@ -303,15 +292,8 @@ def judged_questions_needed(
     a bisection on n with one seed at every n; None when even ``most`` fall short."""
 
     def power_at(n: int) -> float:
-        out = simulate(
-            Design("fixed", n, label_rate=label_rate, judge_noise=judge_noise),
-            differing,
-            margin,
-            alpha,
-            true_diff,
-            runs,
-            seed,
-        )
+        design = Design("fixed", n, label_rate=label_rate, judge_noise=judge_noise)
+        out = simulate(design, differing, margin, alpha, true_diff, runs, seed)
         return out.pass_rate if true_diff > -margin else out.fail_rate
 
     low, high = 1, 1000
