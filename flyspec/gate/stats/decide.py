@@ -25,9 +25,9 @@ their functions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from flyspec.checks import is_number
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 NOT_TESTED = "NOT TESTED"
 DECISIONS = (PASS, FAIL, INCONCLUSIVE)
+ItemT = TypeVar("ItemT")
 
 SUPERPOPULATION = "superpopulation"
 FINITE = "finite"
@@ -151,7 +152,7 @@ class SequentialDecision:
     loss_detected: bool
 
 
-class Walk:
+class Walk(Generic[ItemT]):
     """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each pair and
     the rule on them, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there);
     ``n`` pairs seen, the ``lost``/``gained`` ones among them and the ``labelled`` ones.
@@ -190,8 +191,19 @@ class Walk:
         """The rule on the bounds reached so far."""
         return classify(self.low, self.high, self.margin, self.can_decide)
 
+    def add(self, item: ItemT) -> Decision | None:
+        """Observe the next pair; the decision if the bounds now cross, else None."""
+        raise NotImplementedError
 
-class SequentialWalk(Walk):
+    def run(self, items: Iterable[ItemT]) -> Walk[ItemT]:
+        """Observe ``items`` in order up to the first crossing."""
+        for item in items:
+            if self.add(item) is not None:
+                break
+        return self
+
+
+class SequentialWalk(Walk[int]):
     """The exact-graded walk: the confidence sequence of the paired differences."""
 
     def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
@@ -222,10 +234,7 @@ def sequential_decision(
     check_alpha(alpha, upper=0.5)
     check_population(population_size, len(values))
     walk = SequentialWalk(margin, alpha, population_size)
-    for d in values.tolist():
-        if walk.add(d) is not None:
-            break
-    end = walk.decision()
+    end = walk.run(values.tolist()).decision()
     return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
 
 

@@ -280,7 +280,7 @@ class JudgedSequence:
         return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
 
 
-class JudgedWalk(Walk):
+class JudgedWalk(Walk[JudgedPair]):
     """A judged run's walk (``Walk``): the prediction-powered sequence, which decides nothing before the
     first gold label. The judge's verdicts count as ``judge_counts`` counts them."""
 
