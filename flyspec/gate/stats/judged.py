@@ -1,45 +1,13 @@
-"""Judged comparisons anchored on gold labels: prediction-powered inference with a betting interval.
+"""Judged comparisons anchored on gold labels (docs/statistics.md, "Judged runs"): a judge's verdict is a
+prediction, not the truth, so a random subset of the pairs drawn by a rule fixed before any answer
+(``gold_draw``) gets a gold label, and each pair's prediction-powered value (Angelopoulos et al. 2023;
+PPI++'s predictable weight ``lam``, 2024)
 
-A judge's verdict is a prediction of which answer is better, not the truth: a coin agrees with itself on
-the wrong winner a quarter of the time, so no rule over verdicts alone holds for every judge. The gate
-therefore draws a random subset of the pairs for a **gold label** (the exact grader where references
-exist, else a person's blind label) and combines the labels with the judge's verdicts on every pair.
+    Y_i = 0 (identical answers),   Y_i = lam_i f_i + (xi_i / rate) (D_i - lam_i f_i)   (xi_i: drawn for gold)
 
-Per question, along the registered order:
-
-- ``identical``: both answers are the same text. The true difference D is 0; the judge is not asked and
-  the pair is never labelled.
-- ``prediction`` f in [-1, 1]: the mean over the judge's two orders of +1 (that order prefers the
-  candidate), -1 (prefers the baseline) or 0 (a tie, or a verdict that could not be read).
-- ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from a sha256
-  of the seed, dataset and question of its own (``gold_draw``, draw 2), among pairs that are not
-  identical. Its own: the question order sorts by ``sha256(seed:dataset:question)``; a draw from that same
-  digest (draw 1 of earlier runs, refused now: flyspec/gate/data/spec.py) drew exactly the first ~rate
-  of the order and none after, a prefix rather than a random subset.
-- ``gold``: D in {-1, 0, 1} for a selected pair once labelled (candidate better, equal, baseline better).
-
-The value of question i (inverse-probability-weighted prediction-powered inference: Angelopoulos et al.,
-"Prediction-powered inference", Science 2023; the power-tuned weight of PPI++, Angelopoulos, Duchi and
-Zrnic 2024; labels drawn at random as in Zrnic and Candes, "Active statistical inference", 2024) is
-
-    Y_i = 0                                           (identical)
-    Y_i = lam_i f_i + (xi_i / rate) (D_i - lam_i f_i)   (xi_i = selected)
-
-with ``lam_i = clip((sum xi D f + 1/2) / (sum xi f^2 + 1), 0, 1)`` over the labelled pairs *before* i
-(PPI++'s variance-minimising weight, started at 1/2 as if one labelled pair had been seen). Because xi_i
-is drawn independently of everything the judge and the answers do, and lam_i is fixed before question i,
-``E[Y_i | the past, D_i, f_i] = D_i`` for any judge at all: the mean of Y is the true net difference.
-``Var(Y) = Var(D) + (1/rate - 1) E[(D - lam f)^2]``: a judge that always agrees with gold loses nothing
-against labelling every pair; a coin leaves only the labelled pairs' information (and the extra noise).
-Y lies in ``[1 - 2/rate, 2/rate - 1]`` for lam in [0, 1], so the betting confidence sequences for bounded
-means (flyspec/gate/stats/sequence.py) apply: the anytime mixture for sequential runs, the predictable
-plug-in bet tuned to the registered size for fixed runs.
-
-A selected pair whose label has not arrived blocks the in-order prefix (``usable_prefix``): skipping it
-would make which pairs count depend on which labels came first. A judged run with no gold label decides
-nothing. Judged runs use the i.i.d. sequence even over a finite question set (the without-replacement
-centring needs the D of past questions, which unlabelled pairs do not give); docs/statistics.md has the
-simulation showing this keeps its error for the finite set's mean too.
+has the true difference D_i as its conditional mean for any judge. Y lies in ``[1 - 2/rate, 2/rate - 1]``,
+so the bounded-mean betting sequences of flyspec/gate/stats/sequence.py apply. A pair waiting for its
+label blocks the in-order prefix (``usable_prefix``); a run with no gold label decides nothing.
 """
 
 from __future__ import annotations
@@ -66,7 +34,9 @@ GOLD_DRAW = 2
 
 @dataclass(frozen=True)
 class JudgedPair:
-    """One question of a judged run: see the module docstring for the fields."""
+    """One question of a judged run: ``identical`` answers (D = 0, never judged or labelled), the judge's
+    ``prediction`` f in [-1, 1] (the mean of its two orders' votes), ``selected`` for a gold label, and
+    its ``gold`` D in {-1, 0, 1} once labelled."""
 
     identical: bool
     prediction: float = 0.0

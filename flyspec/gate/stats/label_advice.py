@@ -1,14 +1,8 @@
-"""The label advice of a judged run: how many gold labels would let a run like it decide.
-
-A judged run's interval is a betting confidence sequence whose width depends on the range of its values
-(``[1 - 2/rate, 2/rate - 1]``, flyspec/gate/stats/judged.py) as much as on their variance, so no normal
-approximation says when it decides. ``smallest_label_rate`` simulates the judged rule itself
-(``walk_judged`` of flyspec/gate/stats/simulation.py, which a test pins to ``judged_decision``) on pairs
-drawn from a ``PairModel`` of the run's own pairs, and returns the smallest rate of ``LABEL_RATES`` at
-which at least ``ADVICE_POWER`` of the simulated runs decide; ``labels_needed`` wraps it in the words of
-the report (``LabelAdvice``). The closed-form growth model this replaces aimed at the median run (a coin
-flip) and erred further: an outside run at the rate it advised stayed INCONCLUSIVE. docs/statistics.md,
-"The label advice".
+"""The label advice of a judged run (docs/statistics.md, "The label advice"): the smallest label rate of
+``LABEL_RATES`` at which at least ``ADVICE_POWER`` of simulated runs decide, simulating the judged rule
+itself (``walk_judged``, pinned to ``judged_decision`` by a test) on pairs drawn from a ``PairModel`` of
+the run's own pairs; a judged interval's width depends on its values' range as much as on their variance,
+so no normal approximation says when it decides.
 """
 
 from __future__ import annotations

@@ -254,11 +254,7 @@ def rounded_rate(flip_rate: float) -> float:
     return float(f"{flip_rate:.2g}")
 
 
-@functools.lru_cache(maxsize=256)
-def _cached(
-    design: Design, rate: float, margin: float, alpha: float, true_diff: float, runs: int, seed: int
-) -> DesignOutcome:
-    return simulate(design, rate, margin, alpha, true_diff, runs, seed)
+_cached = functools.lru_cache(maxsize=256)(simulate)
 
 
 def design_outcome(
