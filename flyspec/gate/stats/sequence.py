@@ -202,58 +202,48 @@ class Capital:
         return (self.km.sum(axis=2) >= self.limit_m) | self.too_high
 
 
+def _live_window(live: np.ndarray) -> tuple[int, int] | None:
+    """The first and last candidate means not yet rejected (indices into ``live``); None when none is."""
+    if not live.any():
+        return None
+    return int(np.argmax(live)), live.size - 1 - int(np.argmax(live[::-1]))
+
+
+def _grid_bounds(first: int, last: int) -> tuple[float, float]:
+    """The nearest rejected grid points around the live ones ``first..last``, so that the grid can only
+    widen the interval."""
+    return float(GRID[max(first - 1, 0)]), float(GRID[min(last + 1, GRID_STEPS)])
+
+
 class _GridConfidenceSequence:
-    """Without replacement: the confidence sequence on a grid for R rows (live window, running intersection).
+    """Without replacement: the confidence sequence on the grid, tracking only the window of live points
+    (from grid index ``lo``) and keeping the running intersection."""
 
-    Grid points are ``d_j = -1 + 2 j / GRID_STEPS`` in D (X = (d + 1) / 2). The window ``[lo, hi]`` (grid
-    indices) is the union of the rows' live points; ``live`` marks, per row, the points not yet rejected.
-    """
+    def __init__(self, alpha: float, population_size: int) -> None:
+        self.capital = Capital((GRID + 1.0) / 2.0, 1, alpha, population_size)
+        self.lo = 0
+        self.live = np.ones(GRID_STEPS + 1, dtype=bool)
+        self.low, self.high = -1.0, 1.0
 
-    def __init__(self, rows: int, alpha: float, population_size: int) -> None:
-        self.grid = GRID
-        self.capital = Capital((self.grid + 1.0) / 2.0, rows, alpha, population_size)
-        self.population = population_size
-        self.lo, self.hi = 0, GRID_STEPS
-        self.live = np.ones((rows, GRID_STEPS + 1), dtype=bool)
-        self.low = np.full(rows, -1.0)
-        self.high = np.full(rows, 1.0)
-
-    def update(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Observe one X per row; return each row's running (low, high) for delta."""
+    def update(self, x: float) -> tuple[float, float]:
+        """Observe one X; return the running (low, high) for delta."""
         capital = self.capital
-        capital.step(x)
-        self.live &= ~(capital.rejected_plus() | capital.rejected_minus())
-        self._refresh_bounds()
-        logical_low, logical_high = capital.logical_bounds()
-        low = np.maximum(self.low, logical_low)
-        high = np.minimum(self.high, logical_high)
+        capital.step(np.array([x]))
+        self.live &= ~(capital.rejected_plus()[0] | capital.rejected_minus()[0])
+        # With every grid point rejected the last bounds stay: they still contain the continuous
+        # confidence set, which can be narrower than one grid step.
+        window = _live_window(self.live)
+        if window is not None:
+            first, last = window
+            self.low, self.high = _grid_bounds(self.lo + first, self.lo + last)
+            if (first, last) != (0, self.live.size - 1):
+                capital.keep_columns(slice(first, last + 1))
+                self.live = self.live[first : last + 1]
+                self.lo += first
+        logical_low, logical_high = (float(bound[0]) for bound in capital.logical_bounds())
+        low, high = max(self.low, logical_low), min(self.high, logical_high)
         # Only after a miss (probability <= alpha) can the grid exclude every feasible value.
-        crossed = low > high
-        low[crossed], high[crossed] = logical_low[crossed], logical_high[crossed]
-        return low, high
-
-    def _refresh_bounds(self) -> None:
-        width = self.live.shape[1]
-        first = np.argmax(self.live, axis=1)
-        last = width - 1 - np.argmax(self.live[:, ::-1], axis=1)
-        # A row whose every grid point is rejected keeps its last bounds: they still contain the
-        # continuous confidence set, which can be narrower than one grid step.
-        alive = self.live[np.arange(first.size), first]
-        rows: slice | np.ndarray = slice(None)
-        if not alive.all():
-            if not alive.any():
-                return
-            rows = np.flatnonzero(alive)
-            first, last = first[rows], last[rows]
-        first, last = first + self.lo, last + self.lo
-        self.low[rows] = self.grid[np.maximum(first - 1, 0)]
-        self.high[rows] = self.grid[np.minimum(last + 1, GRID_STEPS)]
-        new_lo, new_hi = int(first.min()), int(last.max())
-        if (new_lo, new_hi) != (self.lo, self.hi):
-            cut = slice(new_lo - self.lo, new_hi - self.lo + 1)
-            self.capital.keep_columns(cut)
-            self.live = self.live[:, cut]
-            self.lo, self.hi = new_lo, new_hi
+        return (logical_low, logical_high) if low > high else (low, high)
 
 
 class ConfidenceSequence:
@@ -271,7 +261,7 @@ class ConfidenceSequence:
         self.alpha = alpha
         self.population_size = population_size
         self._exact = _ExactSequence(alpha) if population_size is None else None
-        self._grid = None if population_size is None else _GridConfidenceSequence(1, alpha, population_size)
+        self._grid = None if population_size is None else _GridConfidenceSequence(alpha, population_size)
         self.n = 0
         self.low, self.high = -1.0, 1.0
 
@@ -286,8 +276,7 @@ class ConfidenceSequence:
             self.low, self.high = 2.0 * low_x - 1.0, 2.0 * high_x - 1.0
         else:
             assert self._grid is not None
-            lows, highs = self._grid.update(np.array([(d + 1) / 2.0]))
-            self.low, self.high = float(lows[0]), float(highs[0])
+            self.low, self.high = self._grid.update((d + 1) / 2.0)
         return self.low, self.high
 
 
@@ -428,18 +417,15 @@ class BoundedMeanSequence:
         return self.low, self.high
 
     def _refresh(self) -> None:
-        live = self.live[self._first : self._last + 1]
-        if not live.any():
+        window = _live_window(self.live[self._first : self._last + 1])
+        if window is None:
             # Keep the last bounds: the set empties only after a miss (probability <= alpha) or when the
             # values' conditional mean was not constant, which the report flags.
             if self.emptied_at is None:
                 self.emptied_at = self.n
             return
-        first = self._first + int(np.argmax(live))
-        last = self._last - int(np.argmax(live[::-1]))
-        self._first, self._last = first, last
-        self.low = float(self.grid[max(first - 1, 0)])
-        self.high = float(self.grid[min(last + 1, self.grid.size - 1)])
+        self._first, self._last = self._first + window[0], self._first + window[1]
+        self.low, self.high = _grid_bounds(self._first, self._last)
 
 
 def _plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
