@@ -50,14 +50,6 @@ def claim(population: str, population_size: int | None = None) -> str:
     return CLAIMS[population].format(n=population_size if population_size is not None else "N")
 
 
-def check_margin(margin: float) -> None:
-    """Raise ValueError unless ``margin`` is a number in (0, 1)."""
-    if not is_number(margin):
-        raise ValueError(f"margin={margin!r}: must be a number")
-    if not 0 < margin < 1:
-        raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
-
-
 def check_margin_alpha(margin: float, alpha: float) -> None:
     """Validate a run's non-inferiority margin and one-sided alpha (set before its first answer)."""
     if not is_number(margin, above=0, below=1):
@@ -106,13 +98,10 @@ def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
 def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
     """``classify`` on Tango's ``1 - 2 alpha`` interval of delta. A significant McNemar test alone never
     makes a FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside it."""
-    from flyspec.gate.stats.paired import check_counts, check_probability, net_difference_ci
+    from flyspec.gate.stats.paired import check_counts, net_difference_ci
 
     check_counts(n, lost, gained)
-    check_margin(margin)
-    check_probability("alpha", alpha)
-    if alpha >= 0.5:
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5) (the interval has level 1 - 2 alpha)")
+    check_margin_alpha(margin, alpha)
     low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
     return classify(low, high, margin)
 
@@ -193,11 +182,10 @@ def sequential_decision(
 ) -> SequentialDecision:
     """Walk the ``1 - 2 alpha`` confidence sequence of ``diffs`` and stop at its first crossing of
     ``-margin`` (INCONCLUSIVE at ``len(diffs)`` without one): valid however long one keeps looking."""
-    from flyspec.gate.stats.sequence import as_diffs, check_alpha, check_population
+    from flyspec.gate.stats.sequence import as_diffs, check_population
 
     values = as_diffs(diffs, ndim=1)
-    check_margin(margin)
-    check_alpha(alpha, upper=0.5)
+    check_margin_alpha(margin, alpha)
     check_population(population_size, len(values))
     walk = SequentialWalk(margin, alpha, population_size)
     end = walk.run(values.tolist()).decision()

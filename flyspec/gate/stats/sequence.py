@@ -32,11 +32,9 @@ _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroin
 _ROOT_TOLERANCE = 1e-13
 
 
-def check_alpha(alpha: float, upper: float = 1.0) -> None:
-    if not is_number(alpha):
-        raise ValueError(f"alpha={alpha!r}: must be a number")
-    if not 0 < alpha < upper:
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, {upper:g})")
+def check_alpha(alpha: float) -> None:
+    if not is_number(alpha, above=0, below=1):
+        raise ValueError(f"alpha={alpha!r}: must be a number in (0, 1)")
 
 
 def check_population(population_size: int | None, observations: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
-from flyspec.gate.stats.decide import check_margin, crossing_verdicts
+from flyspec.gate.stats.decide import check_margin_alpha, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
 from flyspec.gate.stats.paired import tango_statistic
 from flyspec.gate.stats.sequence import (
@@ -26,7 +26,6 @@ from flyspec.gate.stats.sequence import (
     Capital,
     as_diffs,
     bet_terms,
-    check_alpha,
     check_bet,
     check_population,
     log_mean_exp,
@@ -487,8 +486,7 @@ def sequential_decisions(
     """``sequential_decision`` for many sequences (rows): ``(decision, stopped_at)`` arrays, equal to its
     answers except after a miss that empties the set."""
     values = as_diffs(diffs, ndim=2)
-    check_margin(margin)
-    check_alpha(alpha, upper=0.5)
+    check_margin_alpha(margin, alpha)
     check_population(population_size, values.shape[1])
     if population_size is None:
         rows, length = values.shape
