@@ -147,11 +147,9 @@ def judged_values(pairs: Sequence[JudgedPair], rate: float) -> np.ndarray:
 class JudgeCounts:
     """What the judge said, and how it fared against gold.
 
-    ``n`` pairs; ``identical`` of them (never judged); ``lost``/``gained``: both orders preferred the
-    baseline / the candidate; ``undecided``: any other verdict on a non-identical pair; ``selected`` and
-    ``labelled`` pairs; ``agreement``: labelled pairs whose judge verdict had the gold label's sign (a
-    judge undecided on a pair of equal answers agrees), with its 95% Wilson interval (None without
-    labels).
+    ``lost``/``gained``: both orders preferred the baseline / the candidate; ``undecided``: any other
+    verdict on differing answers; ``agreement``: the share of labelled pairs whose verdict had the gold
+    label's sign, with its 95% Wilson interval (None without labels).
     """
 
     n: int
@@ -272,17 +270,9 @@ class JudgedWalk(Walk[JudgedPair]):
 
 @dataclass(frozen=True)
 class JudgedDecision:
-    """A judged run's decision: the fields of ``SequentialDecision`` plus the judge's counts.
-
-    ``low``/``high``: the ``1 - 2 alpha`` bounds where the walk stopped (``stopped_at`` pairs; for a fixed
-    run, every usable pair); ``usable``: the pairs before the first one waiting for a label (only those
-    count). How many gold labels would let such a run decide is the label advice's question
-    (flyspec/gate/stats/label_advice.py), not the decision's. ``normal_width``: the width of a
-    normal-theory interval at the stop from the values seen, and ``emptied_at``: the pair after which
-    every difference was rejected (None if never); ``narrow`` says the interval is suspect (see there).
-    ``estimate``: the mean of the values up to the stop, the prediction-powered estimate of the difference.
-    ``bet``: the version of the bets the interval used (flyspec/gate/stats/sequence.py).
-    """
+    """A judged run's decision: the fields of ``SequentialDecision`` (a fixed run stops at its last usable
+    pair) plus the judge's ``counts``, the ``usable`` pairs (before the first waiting for a label), and
+    what ``narrow`` reads: ``JudgedSequence``'s ``normal_width``, ``emptied_at`` and ``estimate`` there."""
 
     decision: str
     stopped_at: int
@@ -318,15 +308,10 @@ def judged_decision(
     horizon: int | None = None,
     bet: int = BET,
 ) -> JudgedDecision:
-    """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence.
-
-    ``design="fixed"``: the plug-in bet tuned to ``horizon`` (the registered size; default the number of
-    pairs), decided on the running bounds after the last usable pair. ``design="sequential"``: the anytime
-    mixture, stopping at the first n with ``low > -margin`` (PASS) or ``high < -margin`` (FAIL). Only the
-    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE).
-    P(PASS) <= alpha when the true difference is at most -margin, and P(FAIL) <= alpha when it is at least
-    -margin, for any judge. ``bet``: the registered version of the bets.
-    """
+    """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence of its usable
+    prefix, valid for any judge: ``design="fixed"`` bets the plug-in tuned to ``horizon`` (the registered
+    size, default the pairs) and decides on the bounds at the end; ``"sequential"`` bets the anytime
+    mixture and stops at the first crossing. Without a gold label the run decides nothing."""
     check_margin_alpha(margin, alpha)
     check_rate(rate)
     if design not in DESIGNS:
