@@ -328,7 +328,7 @@ def test_significant_mcnemar_beside_a_pass(tmp_path: Path) -> None:
 def test_zero_flips_plan_from_an_upper_bound(tmp_path: Path) -> None:
     """With no flipped question the flip rate is unknown: the advice says so and plans from the flip
     rate's one-sided upper confidence bound, never from a rate of zero."""
-    from flyspec.gate.stats import plan_noninferiority
+    from flyspec.gate.stats.sizing import plan_noninferiority
 
     report = build_report(_store(tmp_path / "s.sqlite", 40, 0, 0))
     d = report.to_dict()["decision"]
@@ -608,7 +608,7 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     with that --max-questions continues it: the stored answers are kept, not asked again, the registration
     records the extension, and the confidence sequence goes on along the same order."""
     from flyspec.gate.report.advice import sequential_questions
-    from flyspec.gate.stats import flip_rate_upper_bound
+    from flyspec.gate.stats.sizing import flip_rate_upper_bound
 
     store = tmp_path / "g.db"
     args = ("--sequential", "--max-questions", "8", "--json")

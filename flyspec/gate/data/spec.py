@@ -28,9 +28,9 @@ from typing import Any
 
 from flyspec.gate.data.codec import from_json, stored, to_json
 from flyspec.gate.grading.graders import model_graded
-from flyspec.gate.stats.bounded import BET, check_bet
 from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
 from flyspec.gate.stats.monitor import SequentialPlan
+from flyspec.gate.stats.sequence import BET, check_bet
 
 Lane = tuple[str, int]
 BASELINE: Lane = ("baseline", 0)
@@ -137,7 +137,7 @@ class Gold:
     (of the draw), ``source`` (``exact``: the question's own grader labels it at once; ``human``: a person
     labels it with ``flyspec gate label``), ``every_question`` (the judge grades every question, not only
     those with grader ``judge``), ``draw``, the version of the draw (``gold_draw``, independent of the
-    question order), and ``bet``, the version of the interval's bets (flyspec/gate/stats/bounded.py,
+    question order), and ``bet``, the version of the interval's bets (flyspec/gate/stats/sequence.py,
     ``BET_VERSIONS``; a run registered before the versions reads as 1). flyspec/gate/stats/judged.py has
     the statistics."""
 

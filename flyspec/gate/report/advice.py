@@ -1,6 +1,6 @@
 """The words a report computes once, when it is built: the explanation under the decision and the advice
 on what to do next, including the simulated forecast of how many questions a sequential continuation
-needs (flyspec/gate/stats/forecast.py). Renderers only print them (``Report.explanation``, ``Report.advice``).
+needs (flyspec/gate/stats/sizing.py). Renderers only print them (``Report.explanation``, ``Report.advice``).
 """
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from __future__ import annotations
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import POWER_PCT, explain_decision, pct
 from flyspec.gate.stats.decide import INCONCLUSIVE, PASS
-from flyspec.gate.stats.forecast import Design, design_outcome
-from flyspec.gate.stats.sizing import flip_rate_upper_bound
+from flyspec.gate.stats.sizing import Design, design_outcome, flip_rate_upper_bound
 
 _STOP_REASONS = {
     "max_questions": "it reached its maximum of {n} questions without crossing a boundary",
@@ -115,7 +114,7 @@ def sequential_questions(
 ) -> int | None:
     """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
     design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
-    it (flyspec/gate/stats/forecast.py); None when fewer than 90% decide even at the design's limit."""
+    it (flyspec/gate/stats/sizing.py); None when fewer than 90% decide even at the design's limit."""
     limit = population_size if population_size is not None else UNLIMITED
     return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 

@@ -15,8 +15,8 @@ from flyspec.gate.report.markdown_judged import (
 )
 from flyspec.gate.report.model import Comparison, ReportData
 from flyspec.gate.report.wording import POWER_PCT, num, pct, points
-from flyspec.gate.stats.bounded import check_bet
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
+from flyspec.gate.stats.sequence import check_bet
 
 
 def _decision_heading(pooled: Comparison) -> str:

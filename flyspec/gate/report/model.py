@@ -13,9 +13,9 @@ from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
 from flyspec.gate.data.store import RunRecord
 from flyspec.gate.report.looks import LedgerSummary
 from flyspec.gate.report.wording import decision_rule
-from flyspec.gate.stats.bounded import BET
 from flyspec.gate.stats.decide import SUPERPOPULATION, claim
 from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
+from flyspec.gate.stats.sequence import BET
 
 PPI_FIXED_METHOD = (
     "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and Ramdas: the "
@@ -147,7 +147,7 @@ class GoldSummary:
 
     ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
     exact grader or by a person; ``draw`` the draw's version, independent of the question order; ``bet``
-    the version of the interval's bets, flyspec/gate/stats/bounded.py);
+    the version of the interval's bets, flyspec/gate/stats/sequence.py);
     ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
     ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
     still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the

@@ -3,7 +3,7 @@
 On a terminal, a rich progress bar. A fixed run shows answers stored and each arm's accuracy so far. A
 sequential run shows the pairs along the registered order, the current confidence interval against the
 margin (and each control's, or its decision once it stopped), answers per minute and a forecast of when a
-decision is expected (flyspec/gate/stats/forecast.py), then the time left of the budget.
+decision is expected (flyspec/gate/stats/sizing.py), then the time left of the budget.
 
 Without a terminal (a log file, a CI job, ``nohup``), a bar is invisible, so one plain line is printed per
 LINE_EVERY pairs instead: pairs, interval, rate and the forecast.
@@ -18,8 +18,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flyspec.gate.stats.forecast import MIN_PAIRS, Forecast, forecast
 from flyspec.gate.stats.monitor import Monitor, in_order_diffs
+from flyspec.gate.stats.sizing import MIN_PAIRS, Forecast, forecast
 
 Lane = tuple[str, int]
 FORECAST_EVERY = 10
