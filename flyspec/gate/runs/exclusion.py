@@ -1,22 +1,14 @@
 """Questions that earlier runs of a store used, and the alpha each comparison has already spent
 (docs/gate.md, "Error spent once"; the accounting is flyspec/gate/stats/spending.py, the records
-flyspec/gate/data/ledger.py).
-
-``--exclude-run`` leaves a run's questions out. The ledger keeps every route a user can take within one
-budget per comparison: a fixed run and then a sequential continuation, a rerun under another name, in
-another store or on a renamed copy of the dataset, a tune after a run, and (under the default claim,
-about the method) a look on fresh questions. The looks it counts are the user's (the per-user ledger file)
-and the store's own. Before registering, a run is refused unless its comparisons' budgets have its alpha
-left (``check_alpha_left``); after registering, its looks are recorded in the user's ledger, checked again
-under the ledger's write lock (``record_looks``), and the run's notes keep what the ledger said, for the
-report. A sequential run that continues a fixed run of the same store carries that run's answers
-(``carry``): they lead its registered order and are stored in it, so they count once.
+flyspec/gate/data/ledger.py). A run is refused before registering unless its comparisons' budgets have its
+alpha left (``check_alpha_left``); once registered, its looks are checked again under the user ledger's
+write lock and recorded (``record_looks``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,7 +26,7 @@ from flyspec.gate.data.ledger import (
 )
 from flyspec.gate.data.questions import QuestionKey
 from flyspec.gate.data.spec import Registration
-from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
+from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 
 
@@ -88,7 +80,7 @@ def ledger(
     keys = frozenset(question_key(q) for q in questions)
     entries = store_entries(store)
     here = str(store.path.resolve())
-    with _opened(user) as opened:
+    with nullcontext(user) if user is not None else UserLedger() as opened:
         looks: dict[str, NextLook] = {}
         names: dict[str, str] = {}
         for plan in registration.comparisons:
@@ -108,16 +100,6 @@ def ledger(
                 verdict = replace(verdict, carry=None)
             looks[plan.name], names[plan.name] = verdict, key
         return Ledger(looks, names, opened.path)
-
-
-@contextmanager
-def _opened(user: UserLedger | None) -> Iterator[UserLedger]:
-    """``user`` as given, or the user's ledger opened (and closed) here."""
-    if user is not None:
-        yield user
-        return
-    with UserLedger() as mine:
-        yield mine
 
 
 def check_alpha_left(
@@ -179,22 +161,3 @@ def _snapshot(run: RunRecord, verdict: Ledger, entries: list[Entry]) -> dict[str
             "earlier": [e.describe() for e in {e.id: e for e in look.earlier}.values()],
         }
     return {"path": str(verdict.path), "comparisons": comparisons}
-
-
-def carried_answers(store: GateStore, carry: str, lanes: Sequence[tuple[str, int]]) -> list[AnswerRecord]:
-    """The answers of fixed run ``carry`` in ``lanes``, to be stored in the continuation that carries them."""
-    wanted = set(lanes)
-    return [a for a in store.answers(carry) if (a.arm, a.repeat) in wanted]
-
-
-def carried_order(store: GateStore, carry: str) -> list[QuestionKey]:
-    """The registered order of the fixed run a continuation carries (its questions lead the new order)."""
-    return [(q.dataset, q.question_id) for q in store.questions(carry)]
-
-
-def fixed_run(store: GateStore, run_id: str) -> RunRecord | None:
-    """``run_id`` if it is a fixed gate run of the store, else None."""
-    run = store.get_run(run_id)
-    if run is None or run.kind != "gate" or run.registered.design != "fixed":
-        return None
-    return run

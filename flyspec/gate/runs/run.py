@@ -37,15 +37,7 @@ from flyspec.gate.data.spec import (
 )
 from flyspec.gate.data.store import GateStore, RegisteredQuestion, RunNotes
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
-from flyspec.gate.runs.exclusion import (
-    carried_answers,
-    carried_order,
-    check_alpha_left,
-    fixed_run,
-    ledger,
-    record_looks,
-    used_questions,
-)
+from flyspec.gate.runs.exclusion import check_alpha_left, ledger, record_looks, used_questions
 from flyspec.gate.runs.judging import JudgedRunMonitor
 from flyspec.gate.runs.session import Clock, Session, log
 from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
@@ -434,7 +426,8 @@ def _choose(store: GateStore, planned: GatePlan) -> Chosen:
     carry = _carry(store, planned, chosen)
     if carry is None:
         return chosen
-    return replace(choose(planned, left_out, names, carried_order(store, carry)), carry=carry)
+    first = [(q.dataset, q.question_id) for q in store.questions(carry)]
+    return replace(choose(planned, left_out, names, first), carry=carry)
 
 
 def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
@@ -454,7 +447,8 @@ def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
     )
     guess = planned.identified(guess, stored_served(store, o.name))
     carry = ledger(store, o.name, guess, chosen.questions).carry
-    return carry if carry is not None and fixed_run(store, carry) is not None else None
+    fixed = store.get_run(carry) if carry is not None else None
+    return carry if fixed is not None and fixed.kind == "gate" and fixed.registered.design == "fixed" else None
 
 
 def _comparisons(
@@ -530,8 +524,10 @@ def _store_carried(
     have = store.answered_keys(run_id)
     records = [
         a
-        for a in carried_answers(store, carry, lanes)
-        if (a.dataset, a.question_id) in keys and (a.arm, a.repeat, a.dataset, a.question_id) not in have
+        for a in store.answers(carry)
+        if (a.arm, a.repeat) in lanes
+        and (a.dataset, a.question_id) in keys
+        and (a.arm, a.repeat, a.dataset, a.question_id) not in have
     ]
     if records:
         store.add_answers(run_id, records)
