@@ -1,24 +1,19 @@
-"""The runner of every kind of run: plan -> register -> answer. ``gate run``, ``gate pilot``, ``flyspec demo``
-and ``gate tune`` (flyspec/gate/runs/tune.py) differ only in what they plan, register and answer, never in
-how. The order of work is what makes the numbers trustworthy (docs/gate.md, "Running the gate"): every
-setting, arm and reference answer is validated before the store is touched; the store is locked and the
-questions chosen; the run is registered before its first answer (a resume with other settings, or a
-comparison whose alpha the ledger has spent, is refused); then each session answers
-(flyspec/gate/runs/session.py).
+"""The runner of every kind of run: plan -> register (flyspec/gate/runs/register.py) -> answer
+(flyspec/gate/runs/session.py). ``gate run``, ``gate pilot``, ``flyspec demo`` and ``gate tune`` differ only
+in what they plan, register and answer (docs/gate.md, "Running the gate").
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from flyspec.gate.arms.base import Arm, Executor, Served
-from flyspec.gate.arms.endpoint import OpenAIExecutor
+from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.engine import size_for_work
-from flyspec.gate.arms.judge import JUDGE_ARM, Judge, parse_judge
+from flyspec.gate.arms.judge import Judge, parse_judge
 from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.datasets import Question, dataset_info, load_dataset
 from flyspec.gate.data.questions import QuestionKey, select_questions
@@ -33,12 +28,11 @@ from flyspec.gate.data.spec import (
     QuestionOrder,
     Registration,
     SamplingRecord,
-    keeping_bets,
 )
-from flyspec.gate.data.store import GateStore, RegisteredQuestion, RunNotes
+from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
-from flyspec.gate.runs.exclusion import check_alpha_left, ledger, record_looks, used_questions
 from flyspec.gate.runs.judging import JudgedRunMonitor
+from flyspec.gate.runs.register import identified, ledger, register, stored_served, used_questions
 from flyspec.gate.runs.session import Clock, Session, log
 from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
 from flyspec.gate.stats.decide import SUPERPOPULATION
@@ -98,17 +92,9 @@ class Plan(Generic[Options]):
                 found.append((name, grader))
         return found
 
-    def pool(self, excluded: Collection[QuestionKey], limit: int | None = None) -> list[Question]:
-        """Every question of the datasets in the registered order (docs/gate.md, "Which questions, in which
-        order"), without ``excluded``; ``limit``: the first N of each dataset's order."""
-        by_dataset = {name: qs for name, (_, qs) in self.datasets.items()}
-        seed = self.options.question_order_seed
-        return select_questions(by_dataset, seed=seed, limit=limit, excluded=excluded)
-
     def registration(self, kind: str, questions: Sequence[Question] | None = None) -> Registration:
-        """What every kind registers: margin, alpha, seeds, sampling, the alpha budget when one is set, and
-        each dataset's sha256 and size (with ``questions``, how many of them the run registered). What
-        the servers report is added by ``identified``."""
+        """What every kind registers (the served models apart): margin, alpha, seeds, sampling, the alpha
+        budget, and each dataset's sha256 and size (with ``questions``, how many the run registered)."""
         o = self.options
         counts: dict[str, int] = {name: 0 for name in self.datasets}
         for q in questions or ():
@@ -130,22 +116,14 @@ class Plan(Generic[Options]):
             datasets=datasets,
         )
 
-    def identified(self, registration: Registration, served: Served) -> Registration:
-        """``registration`` with each arm's identity, and the judge's, as registered: an endpoint's with the
-        model ``served`` says its server serves."""
-        arms = {name: arm.identity(served.get(name)) for name, arm in self.arms.items()}
-        judge = self.judge.identity(served.get(JUDGE_ARM)) if self.judge is not None else None
-        return replace(registration, arms=arms, judge=judge)
-
 
 GatePlan = Plan[GateOptions]
 
 
 @dataclass(frozen=True)
 class Chosen:
-    """A run's questions in their registered order (a tune's test questions), the number they were drawn
-    from, the questions left out and the runs that used them, a tune's calibration questions (set aside
-    first), and the fixed run whose questions lead a sequential continuation (its answers carried)."""
+    """A run's questions in their registered order, the number they were drawn from, the questions left out
+    and the runs that used them, a tune's calibration questions, and the fixed run a continuation carries."""
 
     questions: tuple[Question, ...]
     pool: int
@@ -233,27 +211,29 @@ def choose(
     questions of ``first`` (a carried run's order) leading; a tune's ``calibration`` questions set aside
     first. ValueError when the datasets hold too few."""
     o = planned.options
-    pool = planned.pool(left_out, o.limit if isinstance(o, GateOptions) else None)
+    by_dataset = {name: qs for name, (_, qs) in planned.datasets.items()}
+    limit = o.limit if isinstance(o, GateOptions) else None
+    pool = select_questions(by_dataset, seed=o.question_order_seed, limit=limit, excluded=left_out)
     if first:
         lead = {key: i for i, key in enumerate(first)}
         led = sorted((q for q in pool if (q.dataset, q.id) in lead), key=lambda q: lead[(q.dataset, q.id)])
         pool = led + [q for q in pool if (q.dataset, q.id) not in lead]
-    c = calibration
-    if c is not None and len(pool) <= c:
+    if calibration is not None and len(pool) <= calibration:
         raise ValueError(
-            f"calibration_questions={c}: the datasets hold {len(pool)} questions, which leaves none to test"
+            f"calibration_questions={calibration}: the datasets hold {len(pool)} questions, which leaves "
+            "none to test"
         )
-    calibration, rest = pool[: c or 0], pool[c or 0 :]
+    aside, rest = pool[: calibration or 0], pool[calibration or 0 :]
     if o.max_questions is not None and o.max_questions > len(rest):
-        if c is not None:
+        if calibration is not None:
             raise ValueError(
-                f"max_questions={o.max_questions}: {len(rest)} questions remain once the {c} calibration "
-                "questions are set aside"
+                f"max_questions={o.max_questions}: {len(rest)} questions remain once the {calibration} "
+                "calibration questions are set aside"
             )
         used = f" once the {len(left_out)} used by {', '.join(by)} are left out" if by else ""
         raise ValueError(f"max_questions={o.max_questions}: the datasets hold {len(pool)} questions{used}")
     questions = rest[: o.max_questions] if o.max_questions is not None else rest
-    return Chosen(tuple(questions), len(rest), frozenset(left_out), tuple(by), tuple(calibration))
+    return Chosen(tuple(questions), len(rest), frozenset(left_out), tuple(by), tuple(aside))
 
 
 def load_datasets(specs: Sequence[str], shuffle_seed: int) -> Datasets:
@@ -276,79 +256,6 @@ def load_datasets(specs: Sequence[str], shuffle_seed: int) -> Datasets:
                 ) from None
         loaded[name] = (spec, questions)
     return loaded
-
-
-def registered(questions: Sequence[Question]) -> list[RegisteredQuestion]:
-    """The questions as the store registers them, in order."""
-    return [
-        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
-        for i, q in enumerate(questions)
-    ]
-
-
-def stored_served(store: GateStore, run_id: str) -> Served:
-    """The served models a registered run recorded (to check a resume before asking the servers); the
-    judge's under the key ``judge``."""
-    run = store.get_run(run_id)
-    if run is None:
-        return {JUDGE_ARM: None}
-    reg = run.registered
-    served: Served = {name: identity.get("served_model") for name, identity in reg.arms.items()}
-    served[JUDGE_ARM] = dict(reg.judge.served_model) if reg.judge and reg.judge.served_model else None
-    return served
-
-
-def ask_served(executors: Iterable[Executor], judge: Judge | None = None) -> Served:
-    """What every arm's server, and the judge's, reports serving now (ValueError when one does not serve
-    the model named)."""
-    served: Served = {}
-    for ex in executors:
-        served.update(ex.served_models())
-    if judge is not None:
-        served[JUDGE_ARM] = OpenAIExecutor(judge.endpoint).served_models()[JUDGE_ARM]
-    return served
-
-
-# ---------------------------------------------------------------------------------------- register
-
-
-def register(
-    store: GateStore,
-    planned: Plan[Options],
-    run_id: str,
-    registration: Registration,
-    questions: Sequence[Question],
-    executors: Sequence[Executor],
-) -> bool:
-    """Register ``run_id`` as ``registration`` (with the arms' identities) before its first answer, or
-    check that its resume has these settings; True when it is new.
-
-    First, on the served models the store recorded: a run's comparisons must have their alpha left in the
-    ledger, a sequential run may continue past its maximum (the store records the extension), and a resume
-    with other settings is refused. Then
-    ``executors`` (and the judge) are asked what they serve, the ledger is checked again (a server's card
-    may name the model behind an alias), the run is registered and its looks recorded in the ledger.
-    """
-    listed = registered(questions)
-    before = store.get_run(run_id)
-    # A run registered under earlier bets resumes with them.
-    registration = keeping_bets(registration, before.registered if before is not None else None)
-    guessed = planned.identified(registration, stored_served(store, run_id))
-    if registration.comparisons:
-        check_alpha_left(store, run_id, guessed, questions)
-    if guessed.sequential is not None and store.extend_sequential(run_id, guessed, listed):
-        log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
-    existing = store.get_run(run_id)
-    extensions = existing.registered.extensions if existing is not None else ()
-    store.check_resumable(run_id, replace(guessed, extensions=extensions), listed)
-    final = replace(
-        planned.identified(registration, ask_served(executors, planned.judge)), extensions=extensions
-    )
-    if registration.comparisons:
-        check_alpha_left(store, run_id, final, questions)
-    new = store.register(run_id, final, listed)
-    record_looks(store, run_id)
-    return new
 
 
 def population(store: GateStore, run_id: str, requested: str | None) -> str:
@@ -386,7 +293,7 @@ def run(options: GateOptions) -> RunResult:
         # An engine's KV cache holds what this run can use, not max_num_seqs requests of max_model_len.
         size_for_work(executors, chosen.questions, options.max_tokens)
         registration = _registration(planned, chosen, comparisons)
-        new = register(store, planned, run_id, registration, chosen.questions, executors)
+        new = register(store, run_id, registration, chosen.questions, executors, planned.arms, planned.judge)
         if chosen.carry is not None:
             _store_carried(store, run_id, chosen.carry, _lanes(planned), chosen.questions)
         clock = Clock(options.max_minutes)
@@ -445,10 +352,12 @@ def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
     guess = Registration(
         "gate", o.margin, o.alpha, alpha_budget=budget, design="sequential", sequential=sequential
     )
-    guess = planned.identified(guess, stored_served(store, o.name))
+    guess = identified(guess, planned.arms, planned.judge, stored_served(store, o.name))
     carry = ledger(store, o.name, guess, chosen.questions).carry
     fixed = store.get_run(carry) if carry is not None else None
-    return carry if fixed is not None and fixed.kind == "gate" and fixed.registered.design == "fixed" else None
+    return (
+        carry if fixed is not None and fixed.kind == "gate" and fixed.registered.design == "fixed" else None
+    )
 
 
 def _comparisons(

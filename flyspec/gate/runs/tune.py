@@ -1,21 +1,9 @@
-"""``gate tune``: the most aggressive lossy setting (any verification policy: FLy, typical acceptance, with
-or without a lossless prefix) shown non-inferior to standard verification, the chance of choosing a harmful
-one kept at most alpha (docs/gate.md, "Choosing a lossy setting: `gate tune`"): its options, the settings
-it chooses among, and its fixed-sequence family, planned, registered and answered by the runner
-(flyspec/gate/runs/run.py).
-
-A calibration run (``NAME/calibration``) has every arm answer the first ``calibration_questions`` of the
-seeded order, ungraded (speed only), so the test order (slowest first, or as given) is fixed before any
-quality data; the tune run then tests the settings in that order, each against the margin at the full
-alpha, stopping at the first that does not PASS. The baseline answers each test question once and every
-setting is paired with its stored answers. A pause (time budget, Ctrl-C, an endpoint failure) keeps every
-answer; the same command resumes.
-
-A candidate is a ``speculative_config`` fragment applied to the baseline engine arm (e.g.
-``{"fly_window_size": 2, "fly_entropy_threshold": 0.3}``; without ``rejection_sample_method`` the policy is
-the one whose fields it sets, or FLy) or ``{"arm": ARM, "speculative_config": {...}}`` for any arm. A grid
-(``--policies``, flyspec/policy_grid.py) expands list values into every combination; without candidates
-the default grid is every FLy window from ``min(6, K - 1)`` down to 1 times the thresholds 0.6 and 0.3.
+"""``gate tune``: the most aggressive lossy setting shown non-inferior to standard verification, the chance
+of choosing a harmful one at most alpha (docs/gate.md, "Choosing a lossy setting: `gate tune`"): its
+options, the settings it chooses among (``speculative_config`` fragments applied to the baseline engine arm,
+``{"arm": ARM, "speculative_config": {...}}`` entries, a ``--policies`` grid or the default FLy grid) and its
+fixed-sequence family. A calibration run, never graded, fixes the test order by speed; the settings are
+then tested in that order, each at the full alpha, until the first that does not PASS.
 """
 
 from __future__ import annotations
@@ -40,7 +28,7 @@ from flyspec.gate.data.spec import (
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.tune_tests import setting_status
-from flyspec.gate.runs.exclusion import used_questions
+from flyspec.gate.runs.register import register, used_questions
 from flyspec.gate.runs.run import (
     ORDER_RULE,
     Chosen,
@@ -50,7 +38,6 @@ from flyspec.gate.runs.run import (
     choose,
     plan,
     population,
-    register,
 )
 from flyspec.gate.runs.session import Clock, Session, log
 from flyspec.gate.runs.settings import RunSettings, flag
@@ -89,20 +76,8 @@ DEFAULT_CALIBRATION = 8
 
 @dataclass(frozen=True)
 class TuneOptions(RunSettings):
-    """One ``gate tune``; the shared settings are RunSettings'.
-
-    baseline: the standard-verification arm. candidates: a JSON list (string, file or list) of settings
-    (above). policies: a grid over policies and their parameters (a JSON object
-    or list of them whose list values are expanded; string, file or parsed), e.g. FLy windows, typical
-    thresholds and lossless prefixes. Neither: the default FLy grid over ``windows`` x ``thresholds`` for
-    the baseline's K. order: ``speed`` (slowest first on the calibration questions, by ``order_by``) or
-    ``given`` (the candidates' order). calibration_questions: how many questions of the seeded order
-    measure speed (0 only with ``order="given"``); they are never test questions. sequential: each test
-    stops at the first crossing of its confidence sequence (else a fixed test on every test question).
-    max_questions: the test questions (default: all that remain). max_minutes: the answering time budget
-    of this call (calibration and tests together; a rerun continues). exclude_runs: runs of the store
-    whose questions are left out before the order is taken.
-    """
+    """One ``gate tune``; the shared settings are RunSettings'. Each field's meaning is its flag's help;
+    neither ``candidates`` nor ``policies``: the default FLy grid over ``windows`` x ``thresholds``."""
 
     candidates: str | list[object] | None = field(
         default=None,
@@ -238,21 +213,6 @@ class TuneSetting:
         return self.record.title
 
 
-def baseline_spec(baseline: Arm) -> Settings | None:
-    """The baseline engine arm's speculative config; ValueError unless it verifies with standard (lossless)
-    speculative decoding. None for an endpoint baseline (its server's config is not visible here)."""
-    if not baseline.settings_visible:
-        return None
-    spec = baseline.speculative_config
-    if spec is None or spec.get("rejection_sample_method") != "standard":
-        raise ValueError(
-            "baseline: gate tune compares lossy settings with standard speculative decoding, so the "
-            "baseline engine arm needs a speculative_config with rejection_sample_method 'standard' (got "
-            f"{json.dumps(spec)})"
-        )
-    return spec
-
-
 def default_grid(
     k: int, windows: tuple[int, ...] | None = None, thresholds: tuple[float, ...] | None = None
 ) -> list[Settings]:
@@ -329,9 +289,16 @@ def _setting(index: int, entry: object, baseline: Arm, reference: Settings | Non
 
 
 def parse_settings(baseline: Arm, candidates: list[object]) -> list[TuneSetting]:
-    """Validate the candidates (in the order given); ValueError naming the entry for a bad or repeated
-    one."""
-    reference = baseline_spec(baseline)
+    """Validate the candidates (in the order given) against a baseline engine arm that verifies with
+    standard speculative decoding (an endpoint's config is not visible here); ValueError naming the entry
+    for a bad or repeated one."""
+    reference = baseline.speculative_config if baseline.settings_visible else None
+    if baseline.settings_visible and (reference or {}).get("rejection_sample_method") != "standard":
+        raise ValueError(
+            "baseline: gate tune compares lossy settings with standard speculative decoding, so the "
+            "baseline engine arm needs a speculative_config with rejection_sample_method 'standard' (got "
+            f"{json.dumps(reference)})"
+        )
     if not isinstance(candidates, list) or not candidates:
         raise ValueError("candidates: give a non-empty JSON list of settings")
     settings = [_setting(i, entry, baseline, reference) for i, entry in enumerate(candidates)]
@@ -344,33 +311,6 @@ def parse_settings(baseline: Arm, candidates: list[object]) -> list[TuneSetting]
             )
         seen[key] = s.id
     return settings
-
-
-def tune_settings(options: TuneOptions, baseline: Arm) -> list[TuneSetting]:
-    """The settings a tune chooses among, in the order given: its candidates, its grid over policies, or
-    the default FLy grid for the baseline's K."""
-    candidates = load_candidates(options.candidates)
-    if options.policies is not None:
-        candidates = expand_grid(options.policies)
-    if candidates is None:
-        if baseline.speculative_config is None:
-            raise ValueError(
-                "candidates: the default grid needs an engine baseline with a speculative_config (it varies "
-                "fly_window_size and fly_entropy_threshold for its K); with endpoint arms give --candidates"
-            )
-        k = baseline.speculative_config["num_speculative_tokens"]
-        candidates = default_grid(k, options.windows, options.thresholds)
-    return parse_settings(baseline, candidates)
-
-
-def load_candidates(spec: str | list[object] | None) -> list[object] | None:
-    """Candidates as a JSON list string, the path of a JSON file holding one, or a list already."""
-    if spec is None or isinstance(spec, list):
-        return spec
-    data = load_json(spec, "--candidates", inline="[", expected="a JSON list")
-    if not isinstance(data, list):
-        raise ValueError(f"--candidates: must be a JSON list of settings, got {type(data).__name__}")
-    return data
 
 
 BASELINE = ("baseline", 0)
@@ -401,7 +341,7 @@ def tune(options: TuneOptions) -> RunResult:
         order = _order(store, planned, settings)
         executors = make_executors(list(planned.arms.values()))
         registration = _registration(planned, settings, chosen, order, claim)
-        register(store, planned, name, registration, chosen.questions, executors)
+        register(store, name, registration, chosen.questions, executors, planned.arms)
         labels = {s.id: s.title for s in settings.values()}
         log(
             f"gate tune: run {name!r} in {store.path}; test order: "
@@ -423,10 +363,28 @@ def tune(options: TuneOptions) -> RunResult:
 
 
 def _with_settings(options: TuneOptions) -> tuple[TunePlan, SettingsById]:
-    """The run's plan with each setting's arm beside the baseline, and the settings by id; judged
-    questions and too few questions refused before the store is touched."""
+    """The run's plan with each setting's arm beside the baseline, and the settings by id (its candidates,
+    its grid over policies, or the default FLy grid for the baseline's K); judged questions and too few
+    questions refused before the store is touched."""
     planned = plan(options)
-    settings = {s.id: s for s in tune_settings(options, planned.baseline)}
+    baseline, candidates = planned.baseline, options.candidates
+    if isinstance(candidates, str):
+        candidates = load_json(candidates, "--candidates", inline="[", expected="a JSON list")
+        if not isinstance(candidates, list):
+            raise ValueError(
+                f"--candidates: must be a JSON list of settings, got {type(candidates).__name__}"
+            )
+    if options.policies is not None:
+        candidates = expand_grid(options.policies)
+    if candidates is None:
+        if baseline.speculative_config is None:
+            raise ValueError(
+                "candidates: the default grid needs an engine baseline with a speculative_config (it varies "
+                "fly_window_size and fly_entropy_threshold for its K); with endpoint arms give --candidates"
+            )
+        k = baseline.speculative_config["num_speculative_tokens"]
+        candidates = default_grid(k, options.windows, options.thresholds)
+    settings = {s.id: s for s in parse_settings(baseline, candidates)}
     judged = planned.model_graded()
     if judged:
         raise ValueError(
@@ -483,7 +441,7 @@ def _calibrate(
         _common(planned, settings, chosen, "calibration"),
         calibration=CalibrationRecord(len(chosen.calibration), o.name),
     )
-    register(store, planned, o.calibration_run, calibration, chosen.calibration, executors)
+    register(store, o.calibration_run, calibration, chosen.calibration, executors, planned.arms)
     for name, arm in planned.arms.items():
         session = Session(
             store, o, o.calibration_run, [(name, 0)], list(chosen.calibration), {}, graded=False

@@ -7,11 +7,15 @@ write lock and recorded (``record_looks``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from flyspec.gate.arms.base import Arm, Executor, Served
+from flyspec.gate.arms.endpoint import OpenAIExecutor
+from flyspec.gate.arms.judge import JUDGE_ARM, Judge
+from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.ledger import (
     Entry,
     HasContent,
@@ -25,9 +29,92 @@ from flyspec.gate.data.ledger import (
     store_entries,
 )
 from flyspec.gate.data.questions import QuestionKey
-from flyspec.gate.data.spec import Registration
-from flyspec.gate.data.store import GateStore, RunRecord
+from flyspec.gate.data.spec import Registration, keeping_bets
+from flyspec.gate.data.store import GateStore, RegisteredQuestion, RunRecord
+from flyspec.gate.runs.session import log
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
+
+
+def register(
+    store: GateStore,
+    run_id: str,
+    registration: Registration,
+    questions: Sequence[Question],
+    executors: Sequence[Executor],
+    arms: Mapping[str, Arm],
+    judge: Judge | None = None,
+) -> bool:
+    """Register ``run_id`` as ``registration`` (with the arms' identities) before its first answer, or
+    check that its resume has these settings; True when it is new.
+
+    First, on the served models the store recorded: a run's comparisons must have their alpha left in the
+    ledger, a sequential run may continue past its maximum (the store records the extension), and a resume
+    with other settings is refused. Then
+    ``executors`` (and the judge) are asked what they serve, the ledger is checked again (a server's card
+    may name the model behind an alias), the run is registered and its looks recorded in the ledger.
+    """
+    listed = registered(questions)
+    before = store.get_run(run_id)
+    # A run registered under earlier bets resumes with them.
+    registration = keeping_bets(registration, before.registered if before is not None else None)
+    guessed = identified(registration, arms, judge, stored_served(store, run_id))
+    if registration.comparisons:
+        check_alpha_left(store, run_id, guessed, questions)
+    if guessed.sequential is not None and store.extend_sequential(run_id, guessed, listed):
+        log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
+    existing = store.get_run(run_id)
+    extensions = existing.registered.extensions if existing is not None else ()
+    store.check_resumable(run_id, replace(guessed, extensions=extensions), listed)
+    final = replace(
+        identified(registration, arms, judge, ask_served(executors, judge)), extensions=extensions
+    )
+    if registration.comparisons:
+        check_alpha_left(store, run_id, final, questions)
+    new = store.register(run_id, final, listed)
+    record_looks(store, run_id)
+    return new
+
+
+def registered(questions: Sequence[Question]) -> list[RegisteredQuestion]:
+    """The questions as the store registers them, in order."""
+    return [
+        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
+        for i, q in enumerate(questions)
+    ]
+
+
+def stored_served(store: GateStore, run_id: str) -> Served:
+    """The served models a registered run recorded (to check a resume before asking the servers); the
+    judge's under the key ``judge``."""
+    run = store.get_run(run_id)
+    if run is None:
+        return {JUDGE_ARM: None}
+    reg = run.registered
+    served: Served = {name: identity.get("served_model") for name, identity in reg.arms.items()}
+    served[JUDGE_ARM] = dict(reg.judge.served_model) if reg.judge and reg.judge.served_model else None
+    return served
+
+
+def ask_served(executors: Iterable[Executor], judge: Judge | None = None) -> Served:
+    """What every arm's server, and the judge's, reports serving now (ValueError when one does not serve
+    the model named)."""
+    served: Served = {}
+    for ex in executors:
+        served.update(ex.served_models())
+    if judge is not None:
+        served[JUDGE_ARM] = OpenAIExecutor(judge.endpoint).served_models()[JUDGE_ARM]
+    return served
+
+
+def identified(
+    registration: Registration, arms: Mapping[str, Arm], judge: Judge | None, served: Served
+) -> Registration:
+    """``registration`` with each arm's identity, and the judge's, as registered: an endpoint's with the
+    model ``served`` says its server serves."""
+    identities = {name: arm.identity(served.get(name)) for name, arm in arms.items()}
+    return replace(
+        registration, arms=identities, judge=judge.identity(served.get(JUDGE_ARM)) if judge else None
+    )
 
 
 def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
