@@ -32,6 +32,7 @@ from flyspec.gate.data.questions import QuestionKey
 from flyspec.gate.data.spec import Registration, keeping_bets
 from flyspec.gate.data.store import GateStore, RegisteredQuestion, RunRecord
 from flyspec.gate.runs.session import log
+from flyspec.gate.stats.decide import SUPERPOPULATION
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 
 
@@ -115,6 +116,34 @@ def identified(
     return replace(
         registration, arms=identities, judge=judge.identity(served.get(JUDGE_ARM)) if judge else None
     )
+
+
+def population(store: GateStore, run_id: str, requested: str | None) -> str:
+    """The claim a sequential run makes: as requested, else the one a registered run already makes (runs
+    registered before the claim was a choice are ``finite``), else ``superpopulation``."""
+    if requested is not None:
+        return requested
+    run = store.get_run(run_id)
+    sequential = run.registered.sequential if run is not None else None
+    return sequential.population if sequential is not None else SUPERPOPULATION
+
+
+def store_carried(
+    store: GateStore, run_id: str, carry: str, lanes: Sequence[tuple[str, int]], questions: Sequence[Question]
+) -> None:
+    """Store the carried fixed run's answers in its continuation (once: a resume finds them stored)."""
+    keys = {(q.dataset, q.id) for q in questions}
+    have = store.answered_keys(run_id)
+    records = [
+        a
+        for a in store.answers(carry)
+        if (a.arm, a.repeat) in lanes
+        and (a.dataset, a.question_id) in keys
+        and (a.arm, a.repeat, a.dataset, a.question_id) not in have
+    ]
+    if records:
+        store.add_answers(run_id, records)
+        log(f"gate: run {run_id!r} carries {len(records)} answers of fixed run {carry!r} (counted once)")
 
 
 def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:

@@ -32,10 +32,17 @@ from flyspec.gate.data.spec import (
 from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
 from flyspec.gate.runs.judging import JudgedRunMonitor
-from flyspec.gate.runs.register import identified, ledger, register, stored_served, used_questions
-from flyspec.gate.runs.session import Clock, Session, log
+from flyspec.gate.runs.register import (
+    identified,
+    ledger,
+    population,
+    register,
+    store_carried,
+    stored_served,
+    used_questions,
+)
+from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
 from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
-from flyspec.gate.stats.decide import SUPERPOPULATION
 from flyspec.gate.stats.monitor import JUDGED_METHOD, Monitor, SequentialPlan
 
 ORDER_RULE = "sha256(seed:dataset:id) ascending"
@@ -63,9 +70,6 @@ class RunResult:
     @property
     def interrupted(self) -> bool:
         return self.reason == "interrupted"
-
-
-# -------------------------------------------------------------------------------------------- plan
 
 
 @dataclass(frozen=True)
@@ -258,26 +262,6 @@ def load_datasets(specs: Sequence[str], shuffle_seed: int) -> Datasets:
     return loaded
 
 
-def population(store: GateStore, run_id: str, requested: str | None) -> str:
-    """The claim a sequential run makes: as requested, else the one a registered run already makes (runs
-    registered before the claim was a choice are ``finite``), else ``superpopulation``."""
-    if requested is not None:
-        return requested
-    run = store.get_run(run_id)
-    sequential = run.registered.sequential if run is not None else None
-    return sequential.population if sequential is not None else SUPERPOPULATION
-
-
-def announce_sandbox(graders: set[str], who: str) -> None:
-    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
-    sandbox = sandbox_notes(graders)
-    for missing in sandbox["missing"] if sandbox is not None else []:
-        log(f"{who}: WARNING: the code sandbox runs without {missing}")
-
-
-# ------------------------------------------------------------------------------ gate run, pilot
-
-
 def run(options: GateOptions) -> RunResult:
     """Register (or resume) a gate run or pilot and answer what is not yet stored, until done or stopped."""
     planned = plan(options)
@@ -295,7 +279,7 @@ def run(options: GateOptions) -> RunResult:
         registration = _registration(planned, chosen, comparisons)
         new = register(store, run_id, registration, chosen.questions, executors, planned.arms, planned.judge)
         if chosen.carry is not None:
-            _store_carried(store, run_id, chosen.carry, _lanes(planned), chosen.questions)
+            store_carried(store, run_id, chosen.carry, _lanes(planned), chosen.questions)
         clock = Clock(options.max_minutes)
         session = _session(store, planned, chosen, comparisons)
         log(
@@ -425,24 +409,6 @@ def _registration(planned: GatePlan, chosen: Chosen, comparisons: list[Compariso
     )
 
 
-def _store_carried(
-    store: GateStore, run_id: str, carry: str, lanes: list[Lane], questions: Sequence[Question]
-) -> None:
-    """Store the carried fixed run's answers in its continuation (once: a resume finds them stored)."""
-    keys = {(q.dataset, q.id) for q in questions}
-    have = store.answered_keys(run_id)
-    records = [
-        a
-        for a in store.answers(carry)
-        if (a.arm, a.repeat) in lanes
-        and (a.dataset, a.question_id) in keys
-        and (a.arm, a.repeat, a.dataset, a.question_id) not in have
-    ]
-    if records:
-        store.add_answers(run_id, records)
-        log(f"gate: run {run_id!r} carries {len(records)} answers of fixed run {carry!r} (counted once)")
-
-
 def _session(
     store: GateStore, planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan]
 ) -> Session:
@@ -497,9 +463,6 @@ def _notes(planned: GatePlan, executors: list[Executor]) -> RunNotes:
     return notes
 
 
-# ----------------------------------------------------------------------------------- public API
-
-
 def run_gate(
     store: str | Path,
     datasets: str | Sequence[str],
@@ -509,14 +472,8 @@ def run_gate(
     alpha: float = 0.025,
     **settings: object,
 ) -> str:
-    """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id.
-
-    Arms are dicts, JSON strings or JSON file paths (see flyspec.gate.arms). ``margin`` is the tolerated
-    accuracy loss (0.02 = 2 points) and ``alpha`` the one-sided level; both are registered in the store
-    before the first answer. ``settings`` are the other fields of ``GateOptions`` (``sequential``,
-    ``max_questions``, ``max_minutes``, ``limit``, ``temperature``, ``max_tokens``, ``seed``, ``run_id``,
-    ...).
-    """
+    """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id. Arms are
+    dicts, JSON strings or JSON files; ``settings`` are the other fields of ``GateOptions``."""
     options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="gate", **settings)
     return run(options).run_id
 
@@ -540,7 +497,7 @@ def run_pilot(
 
 
 def describe_interrupt(store_path: str | Path, run_id: str) -> str:
-    """The line printed when a run is interrupted: how much is stored and how to resume."""
+    """The line printed when a run is interrupted."""
     with GateStore(store_path) as store:
         stored = len(store.answered_keys(run_id))
     return (

@@ -16,7 +16,7 @@ from flyspec.gate.data.datasets import Question
 from flyspec.gate.data.questions import QuestionKey
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunNotes
-from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
+from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named, sandbox_notes
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.progress import GateProgress
@@ -62,6 +62,13 @@ def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0
 def log(message: str) -> None:
     """Progress notes go to stderr, so that stdout carries only the report (and --json's last line)."""
     print(message, file=sys.stderr, flush=True)
+
+
+def announce_sandbox(graders: set[str], who: str) -> None:
+    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
+    sandbox = sandbox_notes(graders)
+    for missing in sandbox["missing"] if sandbox is not None else []:
+        log(f"{who}: WARNING: the code sandbox runs without {missing}")
 
 
 class Session:

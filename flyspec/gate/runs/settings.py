@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import KW_ONLY, MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,21 +19,16 @@ from flyspec.gate.stats.decide import FINITE, POPULATIONS, check_margin_alpha
 from flyspec.gate.stats.spending import check_budget
 
 COMMANDS = ("run", "pilot", "tune")
-"""The commands whose options are settings: ``gate run``, ``gate pilot`` and ``gate tune``."""
 RUNS = ("run", "pilot")
 T = TypeVar("T")
 OptionType = type | types.GenericAlias
-"""A setting's type on the command line: ``str``, ``int``, ``float``, ``bool`` or ``list[str]``."""
 
 
 @dataclass(frozen=True)
 class Flag:
-    """How one setting is given: ``option`` (``--margin``), ``help`` (``helps``: another text on the named
-    commands), the ``commands`` that show it, its ``type`` on the command line (``str``, ``int``,
-    ``float``, ``bool``, ``list[str]``), ``parse`` (the given value into the field's; None: as given),
-    ``negate`` (a switch that sets the field to False: ``--fixed``, ``--no-progress``), ``config`` (a
-    ``--config`` file may set it) and ``required``, the commands that need it though the field has a
-    default (a gate run's candidate)."""
+    """How one setting is given: its option, help (``helps``: per command), the commands that show it, its
+    type there, ``parse`` (given value -> field's), ``negate`` (a switch that sets False), whether a
+    ``--config`` file may set it, and the commands that require it though the field has a default."""
 
     option: str
     help: str
@@ -61,7 +56,7 @@ class Flag:
 
 
 def flag(option: str, help: str, **settings: object) -> dict[str, Flag]:
-    """A field's metadata: its ``Flag`` (``settings``: Flag's other fields)."""
+    """A field's metadata: its ``Flag``."""
     return {"flag": Flag(option, help, **settings)}
 
 
@@ -169,10 +164,8 @@ def check_seed(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What every kind of run takes: the store, the datasets, the baseline arm and the margin (positional,
-    in that order), and, by keyword, the sampling every arm uses, the seeds, the budgets and the run's name.
-    Each field's meaning is its flag's help; ``population=None`` keeps a resumed run's registered claim.
-    """
+    """What every kind of run takes: store, datasets, baseline and margin (positional), the rest by keyword.
+    Each field's meaning is its flag's help; ``population=None`` keeps a resumed run's registered claim."""
 
     store: str | Path = field(
         metadata=flag(
@@ -205,9 +198,9 @@ class RunSettings:
             },
         )
     )
+    _: KW_ONLY
     alpha: float = field(
         default=0.025,
-        kw_only=True,
         metadata=flag(
             "--alpha",
             "One-sided level (default 0.025: 95% interval).",
@@ -217,7 +210,6 @@ class RunSettings:
     )
     max_questions: int | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--max-questions",
             "The first N questions of the seeded order over all datasets (a sequential run's maximum; "
@@ -231,7 +223,6 @@ class RunSettings:
     )
     max_minutes: float | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--max-minutes",
             "Stop answering after this long (models load first); rerunning the command continues.",
@@ -240,30 +231,25 @@ class RunSettings:
     )
     temperature: float = field(
         default=0.0,
-        kw_only=True,
         metadata=flag("--temperature", "Sampling temperature (default 0).", type=float),
     )
     top_p: float = field(
         default=1.0,
-        kw_only=True,
         metadata=flag("--top-p", "Nucleus sampling mass (default 1.0).", type=float),
     )
     max_tokens: int = field(
-        default=512, kw_only=True, metadata=flag("--max-tokens", "Answer length cap (default 512).", type=int)
+        default=512, metadata=flag("--max-tokens", "Answer length cap (default 512).", type=int)
     )
     seed: int = field(
         default=0,
-        kw_only=True,
         metadata=flag("--seed", "Run seed; per-question seeds derive from it.", type=int),
     )
     order_seed: int | None = field(
         default=None,
-        kw_only=True,
         metadata=flag("--order-seed", "Question-order seed (default: --seed).", type=int),
     )
     run_id: str | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--run",
             "Run name in the store (default 'gate').",
@@ -275,12 +261,10 @@ class RunSettings:
     )
     shuffle_seed: int = field(
         default=0,
-        kw_only=True,
         metadata=flag("--shuffle-seed", "GPQA's option order.", commands=(), type=int),
     )
     exclude_runs: tuple[str, ...] = field(
         default=(),
-        kw_only=True,
         metadata=flag(
             "--exclude-run",
             "Leave out the questions this run of the store used (repeatable); pilots are always left out. "
@@ -292,7 +276,6 @@ class RunSettings:
     )
     population: str | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--population",
             "What a sequential decision claims: 'superpopulation' (default: the method on questions like "
@@ -303,7 +286,6 @@ class RunSettings:
     )
     alpha_budget: float | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--alpha-budget",
             "The family-wise error of every look at these arms' comparison, on any questions, this run "
@@ -318,7 +300,6 @@ class RunSettings:
     )
     progress: bool = field(
         default=True,
-        kw_only=True,
         metadata=flag("--no-progress", "No progress bar.", type=bool, negate=True, config=False),
     )
 

@@ -28,18 +28,16 @@ from flyspec.gate.data.spec import (
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.tune_tests import setting_status
-from flyspec.gate.runs.register import register, used_questions
+from flyspec.gate.runs.register import population, register, used_questions
 from flyspec.gate.runs.run import (
     ORDER_RULE,
     Chosen,
     Plan,
     RunResult,
-    announce_sandbox,
     choose,
     plan,
-    population,
 )
-from flyspec.gate.runs.session import Clock, Session, log
+from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
 from flyspec.gate.runs.settings import RunSettings, flag
 from flyspec.gate.stats.decide import PASS
 from flyspec.gate.stats.monitor import PAUSES, Monitor, SequentialPlan
