@@ -1,8 +1,7 @@
-"""Questions that earlier runs of a store used, and the alpha each comparison has already spent
-(docs/gate.md, "Error spent once"; the accounting is flyspec/gate/stats/spending.py, the records
-flyspec/gate/data/ledger.py). A run is refused before registering unless its comparisons' budgets have its
-alpha left (``check_alpha_left``); once registered, its looks are checked again under the user ledger's
-write lock and recorded (``record_looks``).
+"""Registering a run before its first answer (``register``): its settings, the arms' identities and its
+questions, a resume with other settings refused, and the alpha ledger's checks (docs/gate.md, "Error spent
+once"; the accounting is flyspec/gate/stats/spending.py, the records flyspec/gate/data/ledger.py): a run
+whose comparisons' budgets lack its alpha is refused, and once registered its looks are recorded.
 """
 
 from __future__ import annotations
@@ -45,16 +44,14 @@ def register(
     arms: Mapping[str, Arm],
     judge: Judge | None = None,
 ) -> bool:
-    """Register ``run_id`` as ``registration`` (with the arms' identities) before its first answer, or
-    check that its resume has these settings; True when it is new.
-
-    First, on the served models the store recorded: a run's comparisons must have their alpha left in the
-    ledger, a sequential run may continue past its maximum (the store records the extension), and a resume
-    with other settings is refused. Then
-    ``executors`` (and the judge) are asked what they serve, the ledger is checked again (a server's card
-    may name the model behind an alias), the run is registered and its looks recorded in the ledger.
-    """
-    listed = registered(questions)
+    """Register ``run_id`` as ``registration`` before its first answer, or check that its resume has these
+    settings; True when it is new. First on the served models the store recorded (the ledger's check, a
+    sequential run's extension, a resume with other settings refused), then on what ``executors`` and the
+    judge serve now (a server's card may name the model behind an alias); then its looks are recorded."""
+    listed = [
+        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
+        for i, q in enumerate(questions)
+    ]
     before = store.get_run(run_id)
     # A run registered under earlier bets resumes with them.
     registration = keeping_bets(registration, before.registered if before is not None else None)
@@ -74,14 +71,6 @@ def register(
     new = store.register(run_id, final, listed)
     record_looks(store, run_id)
     return new
-
-
-def registered(questions: Sequence[Question]) -> list[RegisteredQuestion]:
-    """The questions as the store registers them, in order."""
-    return [
-        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
-        for i, q in enumerate(questions)
-    ]
 
 
 def stored_served(store: GateStore, run_id: str) -> Served:

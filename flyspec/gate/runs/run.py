@@ -52,17 +52,13 @@ FAMILY_PROCEDURE = (
 )
 Options = TypeVar("Options", bound=RunSettings)
 Lane = tuple[str, int]
-Datasets = dict[str, tuple[str, list[Question]]]
-"""Per dataset name in reports: its spec as given and every question."""
-
-__all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
+Datasets = dict[str, tuple[str, list[Question]]]  # by report name: its spec as given, every question
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a call of ``run`` or ``tune`` ended: ``reason`` is ``complete``, ``boundary``,
-    ``max_questions``, ``time_budget``, ``interrupted`` or ``error`` (the last three pause the run: the
-    same call resumes it)."""
+    """How a call of ``run`` or ``tune`` ended: ``complete``, ``boundary``, ``max_questions``, or a pause
+    the same call resumes: ``time_budget``, ``interrupted``, ``error``."""
 
     run_id: str
     reason: str
@@ -211,9 +207,8 @@ def choose(
     first: Sequence[QuestionKey] = (),
     calibration: int | None = None,
 ) -> Chosen:
-    """The run's questions: the seeded order without ``left_out`` (the questions of the runs ``by``), the
-    questions of ``first`` (a carried run's order) leading; a tune's ``calibration`` questions set aside
-    first. ValueError when the datasets hold too few."""
+    """The run's questions: the seeded order without ``left_out`` (used by the runs ``by``), ``first`` (a
+    carried run's order) leading, a tune's ``calibration`` set aside; ValueError when too few."""
     o = planned.options
     by_dataset = {name: qs for name, (_, qs) in planned.datasets.items()}
     limit = o.limit if isinstance(o, GateOptions) else None
@@ -302,8 +297,7 @@ def _lanes(planned: GatePlan) -> list[Lane]:
 
 def _choose(store: GateStore, planned: GatePlan) -> Chosen:
     """The run's questions: the seeded order without every earlier pilot's (for a gate run) and
-    --exclude-run's, led by the fixed run a sequential continuation carries (docs/gate.md, "Error spent
-    once")."""
+    --exclude-run's, led by the fixed run a sequential continuation carries."""
     options = planned.options
     existing = store.get_run(options.name)
     names = list(options.exclude_runs)
@@ -339,9 +333,9 @@ def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
     guess = identified(guess, planned.arms, planned.judge, stored_served(store, o.name))
     carry = ledger(store, o.name, guess, chosen.questions).carry
     fixed = store.get_run(carry) if carry is not None else None
-    return (
-        carry if fixed is not None and fixed.kind == "gate" and fixed.registered.design == "fixed" else None
-    )
+    if fixed is None or fixed.kind != "gate" or fixed.registered.design != "fixed":
+        return None
+    return carry
 
 
 def _comparisons(

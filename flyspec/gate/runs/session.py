@@ -1,6 +1,5 @@
-"""One session of a gate run: feed the unanswered jobs to the arms, then grade, commit and monitor every
-answer in the main thread until the run is done or stops (flyspec/gate/runs/run.py does everything
-before: validation, the lock, the registration)."""
+"""One answering session of a registered run: feed the unanswered jobs to the arms, then grade, commit and
+monitor every answer in the main thread until the run is done or stops."""
 
 from __future__ import annotations
 

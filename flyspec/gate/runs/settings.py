@@ -1,7 +1,6 @@
-"""The settings of a gate run, pilot or tune, stated once: one type per command for the CLI and the Python
-API (``GateOptions``; ``TuneOptions`` in flyspec/gate/runs/tune.py), both ``RunSettings``. Each field a
-command takes carries a ``Flag`` (its option, help and type), the way vLLM's ``EngineArgs`` fields make their
-own arguments; the command line (flyspec/cli/settings.py) generates its options from them.
+"""The settings of a gate run, pilot or tune, stated once for the CLI and the Python API: ``RunSettings``,
+``GateOptions`` (``TuneOptions``: flyspec/gate/runs/tune.py). Each field a command takes carries a ``Flag``,
+from which the command line (flyspec/cli/settings.py) generates its options, as vLLM's ``EngineArgs`` do.
 """
 
 from __future__ import annotations
@@ -128,10 +127,7 @@ def options_from_flags(
 
 KINDS = ("gate", "pilot")
 RESERVED_ARMS = ("baseline", "candidate", "judge")
-CONTROL_SHARE = 5
-"""A control's default share of alpha is alpha / CONTROL_SHARE."""
-
-
+CONTROL_SHARE = 5  # a control's default share of alpha is alpha / CONTROL_SHARE
 ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
 
 
@@ -150,16 +146,12 @@ def controls(values: list[str] | dict[str, ArmSpec]) -> dict[str, ArmSpec]:
     return out
 
 
-def check_count(name: str, value: object) -> None:
-    """None, or a positive integer (a number of questions)."""
-    if value is not None and not is_int(value, 1):
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-
-
-def check_seed(name: str, value: object) -> None:
-    """A seed: an integer >= 0."""
-    if not is_int(value, 0):
-        raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+def check_int(name: str, value: object, least: int) -> None:
+    """An integer >= ``least`` (a seed >= 0, a number of questions >= 1)."""
+    if not is_int(value, least):
+        raise ValueError(
+            f"{name}={value!r}: must be " + ("a positive integer" if least else "an integer >= 0")
+        )
 
 
 @dataclass(frozen=True)
@@ -317,11 +309,12 @@ class RunSettings:
             raise ValueError("datasets: give at least one dataset name or path")
         check_margin_alpha(self.margin, self.alpha)
         self.sampling  # noqa: B018 - validates temperature, top_p and max_tokens
-        check_seed("seed", self.seed)
+        check_int("seed", self.seed, 0)
         if self.order_seed is not None:
-            check_seed("order_seed", self.order_seed)
-        check_seed("shuffle_seed", self.shuffle_seed)
-        check_count("max_questions", self.max_questions)
+            check_int("order_seed", self.order_seed, 0)
+        check_int("shuffle_seed", self.shuffle_seed, 0)
+        if self.max_questions is not None:
+            check_int("max_questions", self.max_questions, 1)
         if self.max_minutes is not None and not is_number(self.max_minutes, above=0):
             raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
@@ -348,10 +341,8 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class GateOptions(RunSettings):
-    """One gate run (``kind="gate"``) or pilot (``kind="pilot"``; without a candidate it runs the baseline
-    twice); the shared settings are RunSettings'. Arms and the judge are dicts, JSON strings or JSON files;
-    each field's meaning is its flag's help.
-    """
+    """One gate run or pilot (``kind``; a pilot without a candidate runs the baseline twice). Arms and the
+    judge are dicts, JSON strings or JSON files; each field's meaning is its flag's help."""
 
     candidate: ArmSpec | None = field(
         default=None,
@@ -450,7 +441,8 @@ class GateOptions(RunSettings):
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}: must be 'gate' or 'pilot'")
         super()._check()
-        check_count("limit", self.limit)
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)
         if self.kind == "gate" and self.candidate is None:
             raise ValueError("candidate: a gate run compares two arms; give --candidate")
         if self.sequential and self.kind != "gate":
@@ -465,7 +457,21 @@ class GateOptions(RunSettings):
                 f"population={self.population!r}: only a sequential run chooses its claim; a fixed run's "
                 "interval is about the method (questions drawn at random)"
             )
-        self._check_controls()
+        if self.controls and self.kind != "gate":
+            raise ValueError("controls: only a gate run has controls (comparisons the gate must FAIL)")
+        for name in self.controls:
+            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_ARMS:
+                raise ValueError(
+                    f"controls: name {name!r}: must be an identifier other than {', '.join(RESERVED_ARMS)}"
+                )
+        share = self.control_alpha_each
+        if self.controls and (not is_number(share, above=0) or share * len(self.controls) >= self.alpha):
+            raise ValueError(
+                f"control_alpha={share!r}: each control's share of alpha must be positive and all of them "
+                f"together less than alpha={self.alpha} (the candidate keeps the rest)"
+            )
+        if self.controls and self.control_margin is not None:
+            check_margin_alpha(self.control_margin, share)
         if self.gold_rate is not None and (
             not is_number(self.gold_rate, above=0, at_most=1) or self.judge is None
         ):
@@ -478,29 +484,9 @@ class GateOptions(RunSettings):
         if self.judge is not None and self.controls:
             raise ValueError("controls: a judged run compares one candidate with the baseline")
 
-    def _check_controls(self) -> None:
-        if not self.controls:
-            return
-        if self.kind != "gate":
-            raise ValueError("controls: only a gate run has controls (comparisons the gate must FAIL)")
-        for name in self.controls:
-            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_ARMS:
-                raise ValueError(
-                    f"controls: name {name!r}: must be an identifier other than {', '.join(RESERVED_ARMS)}"
-                )
-        share = self.control_alpha_each
-        if not is_number(share, above=0) or share * len(self.controls) >= self.alpha:
-            raise ValueError(
-                f"control_alpha={share!r}: each control's share of alpha must be positive and all of them "
-                f"together less than alpha={self.alpha} (the candidate keeps the rest)"
-            )
-        if self.control_margin is not None:
-            check_margin_alpha(self.control_margin, share)
-
     @property
     def control_alpha_each(self) -> float:
-        """Each control's share of the run's alpha (default: a fifth of it: a control is expected to
-        lose far more than the margin, where a smaller alpha costs few questions)."""
+        """Each control's share of alpha (default a fifth: a control loses far more than the margin)."""
         return self.control_alpha if self.control_alpha is not None else self.alpha / CONTROL_SHARE
 
     @property

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flyspec.checks import is_int, load_json
+from flyspec.config import LOSSLESS_PREFIX_FIELD, SpeculativeConfig, lossy_policy_names, verification_policy
 from flyspec.gate.arms.base import Arm, Settings, load_arm_spec
 from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.spec import (
+    BASELINE,
     CalibrationRecord,
     Excluded,
     QuestionOrder,
@@ -29,14 +31,7 @@ from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.tune_tests import setting_status
 from flyspec.gate.runs.register import population, register, used_questions
-from flyspec.gate.runs.run import (
-    ORDER_RULE,
-    Chosen,
-    Plan,
-    RunResult,
-    choose,
-    plan,
-)
+from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan
 from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
 from flyspec.gate.runs.settings import RunSettings, flag
 from flyspec.gate.stats.decide import PASS
@@ -45,9 +40,7 @@ from flyspec.policy_grid import expand_grid, policy_of
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)
 MAX_DEFAULT_WINDOW = 6
-DEFAULT_POLICY = "fly"
-"""The policy of a fragment that names none and sets no policy's fields (and of the default grid)."""
-_ENTRY_KEYS = ("arm", "speculative_config")
+DEFAULT_POLICY = "fly"  # of a fragment that names no policy and sets no policy's fields
 
 
 def numbers(kind: type[int] | type[float], option: str) -> Callable[[str], tuple[float, ...]]:
@@ -211,26 +204,9 @@ class TuneSetting:
         return self.record.title
 
 
-def default_grid(
-    k: int, windows: tuple[int, ...] | None = None, thresholds: tuple[float, ...] | None = None
-) -> list[Settings]:
-    """The default grid, of FLy settings for K draft tokens: every window times every threshold."""
-    if k < 2:
-        raise ValueError(f"num_speculative_tokens={k}: FLy needs K >= 2, so there is nothing to tune")
-    if windows is None:
-        windows = tuple(range(min(MAX_DEFAULT_WINDOW, k - 1), 0, -1))
-    if thresholds is None:
-        thresholds = DEFAULT_THRESHOLDS
-    if not windows or not thresholds:
-        raise ValueError("the grid needs at least one window and one entropy threshold")
-    return [{"fly_window_size": w, "fly_entropy_threshold": t} for w in windows for t in thresholds]
-
-
 def label(spec: Mapping[str, object], reference: Mapping[str, object] | None) -> str:
     """The policy's label of its settings (FLy: ``W=2, theta=0.3``), then ``prefix=L`` for a lossless
     prefix and whatever else differs from the baseline's config (e.g. ``K=5``)."""
-    from flyspec.config import LOSSLESS_PREFIX_FIELD, verification_policy
-
     parts = [verification_policy(spec["rejection_sample_method"]).label(spec)]
     if spec.get(LOSSLESS_PREFIX_FIELD):
         parts.append(f"prefix={spec[LOSSLESS_PREFIX_FIELD]}")
@@ -241,8 +217,6 @@ def label(spec: Mapping[str, object], reference: Mapping[str, object] | None) ->
 
 
 def _lossy_spec(data: object, where: str) -> Settings:
-    from flyspec.config import SpeculativeConfig, lossy_policy_names
-
     if not isinstance(data, dict):
         raise ValueError(f"{where}: speculative_config must be a JSON object, got {type(data).__name__}")
     try:
@@ -264,7 +238,7 @@ def _setting(index: int, entry: object, baseline: Arm, reference: Settings | Non
     if not isinstance(entry, dict) or not entry:
         raise ValueError(f"{where}: must be a non-empty JSON object, got {entry!r:.80}")
     if "arm" in entry:
-        unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+        unknown = sorted(set(entry) - {"arm", "speculative_config"})
         if unknown or "speculative_config" not in entry:
             raise ValueError(
                 f"{where}: an entry with an arm takes exactly 'arm' and 'speculative_config' (the config "
@@ -311,7 +285,6 @@ def parse_settings(baseline: Arm, candidates: list[object]) -> list[TuneSetting]
     return settings
 
 
-BASELINE = ("baseline", 0)
 PROCEDURE = (
     "fixed-sequence testing (Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001): each setting "
     "against the margin at the full alpha, in the registered order; stop at the first that does not PASS"
@@ -381,7 +354,15 @@ def _with_settings(options: TuneOptions) -> tuple[TunePlan, SettingsById]:
                 "fly_window_size and fly_entropy_threshold for its K); with endpoint arms give --candidates"
             )
         k = baseline.speculative_config["num_speculative_tokens"]
-        candidates = default_grid(k, options.windows, options.thresholds)
+        if k < 2:
+            raise ValueError(f"num_speculative_tokens={k}: FLy needs K >= 2, so there is nothing to tune")
+        windows = options.windows
+        if windows is None:
+            windows = tuple(range(min(MAX_DEFAULT_WINDOW, k - 1), 0, -1))
+        thresholds = options.thresholds if options.thresholds is not None else DEFAULT_THRESHOLDS
+        if not windows or not thresholds:
+            raise ValueError("the grid needs at least one window and one entropy threshold")
+        candidates = [{"fly_window_size": w, "fly_entropy_threshold": t} for w in windows for t in thresholds]
     settings = {s.id: s for s in parse_settings(baseline, candidates)}
     judged = planned.model_graded()
     if judged:
@@ -458,8 +439,7 @@ def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, flo
 
 
 def _order(store: GateStore, planned: TunePlan, settings: SettingsById) -> TestOrder:
-    """The registered test order: by calibration speed, slowest first (ties keep the given order), or as
-    given."""
+    """The registered test order: by calibration speed, slowest first (ties as given), or as given."""
     o = planned.options
     given = list(settings)
     if o.order == "given":
@@ -518,6 +498,3 @@ def describe_pause(result: RunResult, store: str | Path) -> str:
         f"gate tune: paused ({result.reason}); every answer of run {result.run_id!r} is stored in {store}; "
         "rerun the same command to continue"
     )
-
-
-__all__ = ["TuneOptions", "calibration_speeds", "describe_pause", "tune"]
