@@ -115,11 +115,6 @@ class Dispatcher:
                 self._release(index, job)
 
     @property
-    def stopped(self) -> bool:
-        """True once ``stop`` (or ``abort``, or an executor error) ended the feeds."""
-        return self._stopped.is_set()
-
-    @property
     def failed(self) -> bool:
         """True once an executor raised (the error is raised by ``raise_error``)."""
         return bool(self._errors)

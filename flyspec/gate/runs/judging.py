@@ -172,11 +172,10 @@ class JudgedPairs:
             self.client.close(wait=wait_for_calls)
 
 
-class JudgedRunMonitor:
+class JudgedRunMonitor(Monitor):
     """The sequential monitor of a judged run registered with gold labels: judged pairs arrive through
-    ``add_pair``; a question graded by its own exact grader arrives answer by answer through ``add`` (as
-    for ``Monitor``) and enters as an exactly predicted pair. Exposes what the progress bar reads
-    (``prefix``, ``plan``, ``low``, ``high``, ``lost``, ``gained``, ``stop``, ``lanes``)."""
+    ``add_pair``; a question its own exact grader grades arrives answer by answer through ``add`` and enters
+    as an exactly predicted pair."""
 
     def __init__(
         self,
@@ -186,17 +185,9 @@ class JudgedRunMonitor:
         gold: Gold,
         graders: dict[QuestionKey, str],
     ) -> None:
-        self.inner = Monitor(order, plan)
-        self.order = order
-        self.plan = plan
-        self.lanes = lanes
+        super().__init__(order, plan, lanes)
         self.gold = gold
         self.graders = graders
-        self.correct: dict[tuple[str, int, str, str], bool] = {}
-
-    def __getattr__(self, name: str) -> object:
-        # prefix, low, high, lost, gained, stop, ...: the inner monitor's
-        return getattr(self.inner, name)
 
     def add(
         self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
@@ -210,8 +201,4 @@ class JudgedRunMonitor:
         second = self.correct.get((*self.lanes[1], *key))
         if first is None or second is None:
             return None
-        return self.inner.add_pair(key, exact_pair(self.gold, dataset, question_id, first, second))
-
-    def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
-        """A judged question's pair (or the same pair again with its gold label)."""
-        return self.inner.add_pair(key, pair)
+        return self.add_pair(key, exact_pair(self.gold, dataset, question_id, first, second))

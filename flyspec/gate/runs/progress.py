@@ -106,8 +106,6 @@ class GateProgress:
             pairs_per_minute=self._pairs_per_minute(),
             minutes_left=left,
         )
-        if self.outlook is None:
-            return
         if self._warned or self.outlook is None:
             return
         # Said once, as a line of its own: a user watching the bar (or reading a log) should know early.

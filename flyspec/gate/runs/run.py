@@ -408,7 +408,7 @@ def _session(
 ) -> Session:
     questions = list(chosen.questions)
     order = [(q.dataset, q.id) for q in questions]
-    monitors: dict[str, Monitor | JudgedRunMonitor] = {}
+    monitors: dict[str, Monitor] = {}
     for c in comparisons:
         if c.sequential is None:
             continue

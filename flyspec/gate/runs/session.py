@@ -337,11 +337,6 @@ class Session:
             self.answering_s += time.monotonic() - started
         return self.reason or "complete"
 
-    @property
-    def _judging(self) -> bool:
-        """True while judge calls are in flight (the session waits for them, like answers in flight)."""
-        return self.judged is not None and self.judged.busy
-
     def _stopped_by(self, stops: dict[str, SequentialStop], dispatcher: Dispatcher, in_flight: str) -> None:
         if not stops or self.reason is not None:
             return
@@ -385,7 +380,8 @@ class Session:
 
     def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
         in_flight = "the answers in flight are finished and stored"
-        while not dispatcher.finished or self._judging:
+        # Judge calls in flight are waited for, like answers in flight.
+        while not dispatcher.finished or (self.judged is not None and self.judged.busy):
             try:
                 answer = dispatcher.next(timeout=0.25) if not dispatcher.finished else None
                 if answer is not None:
