@@ -16,7 +16,7 @@ import typer
 from flyspec.cli.options import App
 from flyspec.cli.settings import settings_command
 from flyspec.gate.runs.settings import GateOptions
-from flyspec.gate.runs.tune_settings import TuneOptions
+from flyspec.gate.runs.tune import TuneOptions
 
 gate_app = App(
     name="gate",

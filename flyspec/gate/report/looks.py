@@ -2,7 +2,7 @@
 looks it was counted with (docs/gate.md, "Error spent once").
 
 A run registered under the per-user ledger keeps in its notes what the ledger said when it was registered
-(flyspec/gate/runs/exclusion.py). A run registered before that was checked only against its own store's
+(flyspec/gate/runs/register.py). A run registered before that was checked only against its own store's
 looks; its report recomputes those and says that looks in other stores are not visible to it.
 """
 

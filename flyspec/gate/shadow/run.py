@@ -35,7 +35,7 @@ from flyspec.gate.data.lock import StoreLock
 from flyspec.gate.data.spec import Registration, keeping_bets
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import Report, build_report
-from flyspec.gate.runs.exclusion import record_looks
+from flyspec.gate.runs.register import record_looks
 from flyspec.gate.shadow.pair_store import SqlitePairStore
 from flyspec.gate.shadow.pairs import MirroredPair
 from flyspec.gate.shadow.registration import ShadowPlan
