@@ -5,11 +5,88 @@ needs (flyspec/gate/stats/forecast.py). Renderers only print them (``Report.expl
 
 from __future__ import annotations
 
-from flyspec.gate.report.model import Comparison, ReportData
-from flyspec.gate.report.wording import POWER_PCT, explain_decision, pct
-from flyspec.gate.stats.decide import INCONCLUSIVE, PASS
+from flyspec.gate.report.model import POWER_PCT, Comparison, ReportData, pct, points
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, classify
 from flyspec.gate.stats.forecast import Design, design_outcome
 from flyspec.gate.stats.sizing import flip_rate_upper_bound
+
+
+def explain_decision(
+    decision: str,
+    low: float,
+    high: float,
+    margin: float,
+    n: int,
+    *,
+    level: float = 0.95,
+    sequential: bool = False,
+) -> list[str]:
+    """Sentences for a newcomer: the interval of candidate minus baseline accuracy, then what it shows.
+
+    ``low, high``: the interval (fractions); ``margin``: the tolerated loss (fraction); ``n``: questions
+    the decision used; ``sequential``: the interval is a confidence sequence at a stopping time.
+    """
+    if n == 0:
+        return ["No question has been answered by both arms yet, so there is nothing to decide."]
+    expected = classify(low, high, margin).decision
+    if decision != expected:
+        raise ValueError(
+            f"decision={decision!r} does not follow from the interval [{low}, {high}] and margin {margin} "
+            f"(the rule gives {expected})"
+        )
+    lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
+    pct = f"{100 * level:g}%"
+    where = (
+        " (a confidence sequence: it holds at every number of questions at once, so stopping where it "
+        "stopped is allowed)"
+        if sequential
+        else ""
+    )
+    return [
+        f"After {n} questions, with {pct} confidence the candidate's accuracy minus the baseline's lies "
+        f"between {lo} and {hi} points{where}.",
+        _what_it_shows(decision, low, high, margin),
+    ]
+
+
+def _what_it_shows(decision: str, low: float, high: float, margin: float) -> str:
+    """The sentence on where the interval lies against zero and the margin, ending with the decision."""
+    m = f"{100 * margin:g}"
+    lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
+    lost_lo, lost_hi = points(-high, 0.0, margin).lstrip("+"), points(-low, 0.0, margin).lstrip("+")
+    if decision == PASS:
+        if low > 0:
+            return (
+                "The whole interval lies above zero: the candidate is more accurate than the baseline, so "
+                f"it is within the margin of {m} points. PASS."
+            )
+        if high < 0:
+            return (
+                "The whole interval lies below zero: the candidate is less accurate than the baseline, but "
+                f"by less than the margin of {m} points (a loss between {lost_lo} and {lost_hi} points). "
+                "PASS: non-inferior within the margin; make sure a loss of that size is acceptable."
+            )
+        return (
+            f"The whole interval lies above -{m} points: the candidate loses less than the margin of {m} "
+            "points (it may be a little worse or a little better than the baseline). PASS: non-inferior."
+        )
+    if decision == FAIL:
+        return (
+            f"The whole interval lies below -{m} points: the candidate loses more than the margin, at least "
+            f"{lost_lo} points of accuracy. FAIL."
+        )
+    if high < 0:
+        return (
+            "The whole interval lies below zero: the candidate is worse than the baseline; whether by more "
+            f"than the margin of {m} points is not yet known (the loss lies between {lost_lo} and {lost_hi} "
+            "points). INCONCLUSIVE (loss detected)."
+        )
+    gain = "no loss at all" if high == 0 else f"a gain of {hi.lstrip('+')} points"
+    return (
+        f"The interval reaches from {lo} points, a loss not smaller than the margin of {m}, to {gain}: "
+        f"the data cannot tell yet whether the candidate stays within {m} points. INCONCLUSIVE."
+    )
+
 
 _STOP_REASONS = {
     "max_questions": "it reached its maximum of {n} questions without crossing a boundary",

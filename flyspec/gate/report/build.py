@@ -27,8 +27,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from flyspec.checks import is_number
+from flyspec.gate.data.ledger import run_entries, store_entries
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.speeds import measure_speeds
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
@@ -46,11 +48,11 @@ from flyspec.gate.report.decisions import (
     warn_incomplete,
 )
 from flyspec.gate.report.html import html_page
-from flyspec.gate.report.looks import ledger_summary
 from flyspec.gate.report.markdown import markdown
 from flyspec.gate.report.model import (
     Comparison,
     JudgeSummary,
+    LedgerSummary,
     NoiseReference,
     PilotSummary,
     ReportData,
@@ -58,6 +60,7 @@ from flyspec.gate.report.model import (
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.sizing import plan_noninferiority
+from flyspec.gate.stats.spending import alpha_left, budget_of, counted
 
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report"]
 
@@ -348,3 +351,81 @@ def _judge_summary(
         undecided=undecided,
         disagreement_rate=undecided / asked if asked else None,
     )
+
+
+def ledger_summary(store: GateStore, run: RunRecord, comparison: str) -> LedgerSummary | None:
+    """The ledger's view of one comparison of ``run`` (None when the run is no look)."""
+    snapshot = run.notes.get("ledger")
+    if isinstance(snapshot, dict):
+        data = snapshot.get("comparisons", {}).get(comparison)
+        if isinstance(data, dict):
+            return LedgerSummary(
+                comparison,
+                str(snapshot.get("path")),
+                data.get("claim"),
+                float(data["alpha"]),
+                float(data["budget"]),
+                float(data["spent_before"]),
+                [str(e) for e in data.get("earlier", [])],
+            )
+    mine = next((e for e in run_entries(store, run) if e.comparison == comparison), None)
+    if mine is None:
+        return None
+    before = [e.look for e in store_entries(store) if e.key == mine.key and e.created_at < run.created_at]
+    earlier = counted(before, mine.look.questions, mine.look.claim)
+    budget = budget_of(earlier) or mine.look.budget or mine.look.alpha
+    spent = budget - alpha_left(budget, earlier)
+    described = list({look.id: look.describe() for look in earlier}.values())
+    return LedgerSummary(comparison, None, mine.look.claim, mine.look.alpha, budget, spent, described, True)
+
+
+class LabelProgress(TypedDict):
+    """What the labelling page shows of a run's report (``label_progress``)."""
+
+    decision: str | None
+    interim: str | None
+    low: float | None
+    high: float | None
+    margin: float
+    judge_agreement: float | None
+    labels_needed: int | None
+    advised_rate: float | None
+    gold_rate: float | None
+    advice: str | None
+
+
+_readings: dict[tuple[Path, str], tuple[tuple[object, ...], LabelProgress]] = {}
+
+
+def label_progress(store_path: Path, run_id: str) -> LabelProgress:
+    """The run's decision as it stands (None while drawn pairs wait: the report's reading is then interim),
+    its interval and margin, the judge's agreement with gold, and the report's label advice (the sentence
+    and ``labels_needed``, the labels that would let the run decide at the label rate ``advised_rate``;
+    None when none would) beside the run's registered ``gold_rate``. The report is built again only when
+    the store's rows for the run changed since the last call (``GateStore.revision``)."""
+    with GateStore(store_path) as store:
+        revision = store.revision(run_id)
+    kept = _readings.get((store_path, run_id))
+    if kept is not None and kept[0] == revision:
+        return kept[1]
+    reading = _read(store_path, run_id)
+    _readings[(store_path, run_id)] = (revision, reading)
+    return reading
+
+
+def _read(store_path: Path, run_id: str) -> LabelProgress:
+    report = build_report(store_path, run_id)
+    pooled, gold = report.pooled, report.gold
+    interim = pooled.interim_decision if pooled is not None else None
+    return {
+        "decision": pooled.decision if pooled is not None and interim is None else None,
+        "interim": interim,
+        "low": pooled.ci_low if pooled is not None else None,
+        "high": pooled.ci_high if pooled is not None else None,
+        "margin": report.registered.margin,
+        "judge_agreement": gold.agreement if gold is not None else None,
+        "labels_needed": gold.labels_needed if gold is not None else None,
+        "advised_rate": gold.advised_rate if gold is not None else None,
+        "gold_rate": gold.rate if gold is not None else None,
+        "advice": gold.advice if gold is not None else None,
+    }

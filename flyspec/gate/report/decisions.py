@@ -7,7 +7,8 @@ on Tango's interval per dataset and pooled); every verdict comes from flyspec/ga
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
@@ -16,7 +17,14 @@ from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSumm
 from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
-from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
+from flyspec.gate.stats.monitor import (
+    Monitor,
+    QuestionKey,
+    SequentialStop,
+    in_order_judged,
+    judged_stop,
+    sequential_stop,
+)
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
 
@@ -421,3 +429,61 @@ def _narrow_warning(walk: JudgedDecision) -> str:
         "this: the values' mean most likely changed along the order, which the interval assumes it does not."
         + cause
     )
+
+
+@dataclass(frozen=True)
+class Step:
+    """The ``1 - 2 alpha`` bounds of the net difference (candidate minus baseline, a fraction) after the
+    first ``n`` pairs in the registered order."""
+
+    n: int
+    low: float
+    high: float
+
+
+def interval_path(store: GateStore, run_id: str) -> list[Step]:
+    """The bounds after each pair the walk of sequential run ``run_id`` counts (empty before the first);
+    ValueError for a run that is not sequential (its interval is only read once, at the end)."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise ValueError(f"run {run_id!r} is not in {store.path}")
+    reg = run.registered
+    if reg.sequential is None:
+        raise ValueError(f"run {run_id!r} is not sequential: its interval is read once, not after each pair")
+    order = [(q.dataset, q.question_id) for q in store.questions(run_id)]
+    monitor = Monitor(order, reg.sequential, reg.lanes)
+    feed = _judged_feed(store, run, monitor) if reg.gold is not None else _graded_feed(store, run_id, monitor)
+    steps: list[Step] = []
+    for key in order:
+        before = monitor.prefix
+        feed(key)
+        if monitor.prefix == before:  # the walk waits here: a pair missing or waiting for its label
+            break
+        steps.append(Step(monitor.prefix, monitor.low, monitor.high))
+        if monitor.stop is not None:
+            break
+    return steps
+
+
+def _judged_feed(store: GateStore, run: RunRecord, monitor: Monitor) -> Callable[[QuestionKey], None]:
+    gold = run.registered.gold
+    assert gold is not None
+    pairs = stored_pairs(store, run, run.registered.lanes, gold)
+
+    def feed(key: QuestionKey) -> None:
+        if key in pairs:
+            monitor.add_pair(key, pairs[key])
+
+    return feed
+
+
+def _graded_feed(store: GateStore, run_id: str, monitor: Monitor) -> Callable[[QuestionKey], None]:
+    by_question: dict[QuestionKey, list[tuple[str, int, bool]]] = {}
+    for a in store.answers(run_id):
+        by_question.setdefault((a.dataset, a.question_id), []).append((a.arm, a.repeat, a.correct))
+
+    def feed(key: QuestionKey) -> None:
+        for arm, repeat, correct in by_question.get(key, []):
+            monitor.add(arm, repeat, *key, correct)
+
+    return feed

@@ -13,8 +13,7 @@ from flyspec.gate.report.markdown_judged import (
     gold_table,
     judge_lines,
 )
-from flyspec.gate.report.model import Comparison, ReportData
-from flyspec.gate.report.wording import POWER_PCT, num, pct, points
+from flyspec.gate.report.model import POWER_PCT, Comparison, ReportData, num, pct, points
 from flyspec.gate.stats.bounded import check_bet
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flyspec.gate.report.model import GoldSummary, JudgeSummary, ReportData
-from flyspec.gate.report.wording import pct
+from flyspec.gate.report.model import GoldSummary, JudgeSummary, ReportData, pct
 from flyspec.gate.stats.decide import INCONCLUSIVE
 
 

@@ -1,8 +1,5 @@
-"""The numbers of a gate report, and their JSON: the paired comparisons, the speeds, a pilot's flips, the
-baseline's noise, the judge's rulings and the decision object (docs/gate.md, "The report").
-
-flyspec/gate/report/build.py builds them from a store; markdown.py and html.py render them.
-"""
+"""The numbers of a gate report and their JSON (docs/gate.md, "The report"), and the words every renderer
+shares: the number formats and the decision rule. build.py fills them from a store."""
 
 from __future__ import annotations
 
@@ -11,8 +8,6 @@ from dataclasses import asdict, dataclass, field
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.speeds import ArmSpeed, SharedThroughput
 from flyspec.gate.data.store import RunRecord
-from flyspec.gate.report.looks import LedgerSummary
-from flyspec.gate.report.wording import decision_rule
 from flyspec.gate.stats.bounded import BET
 from flyspec.gate.stats.decide import SUPERPOPULATION, claim
 from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
@@ -22,6 +17,110 @@ PPI_FIXED_METHOD = (
     "plug-in bet tuned to the registered size), at level 1 - 2 alpha"
 )
 """The method of a fixed judged run with gold labels (a sequential one records its own)."""
+
+
+POWER_PCT = "80%"
+"""The power every sample size in a report is planned for, as the words say it."""
+
+
+def pct(value: float | None) -> str:
+    """A fraction as a percentage with one decimal; ``-`` for None."""
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def num(value: float | None, digits: int) -> str:
+    """A number with ``digits`` decimals; ``-`` for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def points(value: float, *references: float) -> str:
+    """``value`` (a fraction) in signed accuracy points, with enough decimals that it never reads as
+    equal to one of ``references`` (zero, the margin) when it is not."""
+    digits = 1
+    while digits < 4 and any(
+        round(100 * value, digits) == round(100 * ref, digits) and value != ref for ref in references
+    ):
+        digits += 1
+    return f"{100 * value:+.{digits}f}"
+
+
+def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool = False) -> str:
+    """The decision rule in plain words, for a run at ``margin`` and confidence ``level`` (sequential: the
+    confidence sequence; else Tango's interval; ``judged``: the prediction-powered interval of a judged run
+    with gold labels, fixed or sequential)."""
+    m, lvl = f"{100 * margin:g}", f"{100 * level:g}%"
+    if judged:
+        kind = (
+            "a confidence sequence, updated after every question in the registered random order (it holds at "
+            "every number of questions at once, so the run may stop at the first crossing)"
+            if sequential
+            else "an interval whose bet is tuned to the registered number of questions"
+        )
+        interval = (
+            f"a {lvl} prediction-powered betting interval: per question, the judge's verdict corrected by "
+            "the gold label where the pair was drawn for one (drawn at random, independently of the order), "
+            f"averaged by {kind}"
+        )
+        mcnemar = (
+            "McNemar's exact test on the gold labels is reported beside the decision: it asks whether the "
+            "arms differ at all, not whether a loss exceeds the margin."
+        )
+    else:
+        interval = (
+            f"a {lvl} betting confidence sequence, updated after every question in the registered random "
+            "order (it holds at every number of questions at once, so the run may stop at the first crossing)"
+            if sequential
+            else f"Tango's {lvl} score interval"
+        )
+        mcnemar = (
+            "The exact McNemar test is reported beside the decision: it asks whether the arms differ at all, "
+            "not whether a loss exceeds the margin."
+        )
+    return (
+        f"We estimate the candidate's accuracy minus the baseline's on the same questions with {interval}. "
+        f"PASS if its lower end lies above -{m} points (the candidate loses less than the margin: "
+        f"non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the margin). "
+        "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
+        f"baseline, by how much not yet known). {mcnemar}"
+    )
+
+
+@dataclass
+class LedgerSummary:
+    """One comparison's error budget as the ledger saw it when the run was registered.
+
+    ``path``: the ledger file (None for a run registered before the per-user ledger, ``legacy``); ``claim``:
+    what a PASS claims (which earlier looks count); ``alpha``: this look's; ``budget``: the family-wise
+    error of all looks at the comparison together; ``spent_before``: what the counted earlier looks spent;
+    ``earlier``: those looks, described."""
+
+    comparison: str
+    path: str | None
+    claim: str | None
+    alpha: float
+    budget: float
+    spent_before: float
+    earlier: list[str]
+    legacy: bool = False
+
+    def describe(self) -> str:
+        """The budget in words, for the report."""
+        earlier = (
+            f"Earlier looks counted with it: {'; '.join(self.earlier)} (they spent {self.spent_before:g})."
+            if self.earlier
+            else "No earlier look at this comparison was counted."
+        )
+        where = (
+            f"checked against the alpha ledger {self.path}"
+            if self.path is not None
+            else "registered before the per-user ledger, so checked only against the looks in its own "
+            "store; looks at this comparison in other stores are not visible to this report"
+        )
+        return (
+            f"**Error budget.** Every look at this comparison together may wrongly PASS with probability at "
+            f"most {self.budget:g} (the budget its first look registered); this run spends {self.alpha:g} of "
+            f"it. {earlier} This run was {where}."
+        )
 
 
 @dataclass

@@ -20,9 +20,8 @@ from flyspec.gate.data.spec import SettingRecord, titled
 from flyspec.gate.data.speeds import lane_speeds
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.data.tune_tests import SettingStatus, setting_status
-from flyspec.gate.report.build import opened
-from flyspec.gate.report.looks import LedgerSummary, ledger_summary
-from flyspec.gate.report.wording import num, pct, points
+from flyspec.gate.report.build import ledger_summary, opened
+from flyspec.gate.report.model import LedgerSummary, num, pct, points
 from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequence
 
 Speed = dict[str, float | None]

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-from flyspec.gate.report.interval_path import Step
+from flyspec.gate.report.decisions import Step
 
 MAX_POINTS = 400
 WIDTH, HEIGHT = 640, 260
