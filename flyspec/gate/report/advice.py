@@ -283,3 +283,34 @@ def compare_advice(report: ReportData) -> list[str]:
         "registered before the first answer on questions these logs have not used, sequentially so that it "
         "can stop as soon as the evidence is clear: `flyspec gate run --sequential --margin M ...`.",
     ]
+
+
+def control_sentence(control: ReportData) -> str:
+    """One sentence on a control: whether the gate caught it, after how many questions and minutes."""
+    pooled = control.pooled
+    stop = control.sequential
+    if pooled is None or pooled.decision is None:
+        return f"Control `{control.comparison}`: no question has been answered by both arms yet."
+    n = stop.stopped_at if stop is not None else pooled.n
+    minutes = control.decided_after_minutes
+    when = f" ({minutes:.0f} minutes of answering)" if minutes is not None else ""
+    if pooled.decision == FAIL:
+        return (
+            f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
+            f"{when}, losing more than the {control.margin_points}-point margin (interval "
+            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
+        )
+    if pooled.decision == PASS:
+        return (
+            f"Control `{control.comparison}` PASSed after {n} questions{when}: the setting expected to be "
+            "harmful was shown to lose less than the margin, so the control did not do its job here (check "
+            "that it really is worse on these questions)."
+        )
+    return (
+        f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
+        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{control.margin_points})."
+    )
+
+
+def _num_pts(value: float | None) -> str:
+    return "-" if value is None else points(value)

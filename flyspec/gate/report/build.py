@@ -1,24 +1,7 @@
-"""The gate report: paired counts, exact tests, the interval against the margin, the decision, and speed.
-
-The decision (docs/statistics.md, "The decision rule") is taken on the registered margin, on the pooled
-complete pairs:
-
-- a fixed run: ``stats.decide`` on Tango's ``1 - 2 alpha`` interval, once every registered question has
-  both answers (deciding on part of a run would be optional stopping);
-- a sequential run: the confidence sequence along the registered order, at its stopping point
-  (flyspec/gate/stats/monitor.py);
-- a judged run with gold labels: the prediction-powered sequence (flyspec/gate/stats/judged.py),
-
-``build_report`` picks the run, ``_build`` reads its answers and takes the route its design registered
-(``decide_fixed``, ``decide_sequential``, ``decide_judged`` in flyspec/gate/report/decisions.py); the rule
-itself is in flyspec/gate/stats/decide.py.
-
-PASS when the lower bound lies above ``-margin``; FAIL when the upper bound lies below ``-margin``;
-INCONCLUSIVE otherwise, with ``loss_detected`` when the upper bound lies below zero. The exact McNemar
-test is reported beside the decision, never instead of it. ``margin=`` other than the registered one adds
-an exploratory decision and changes nothing else: not ``registered_decision``, not the decision object's
-``decision``, not the exit code.
-"""
+"""``build_report``: a run's report from its store. It picks the run, reads its answers and decides by the
+route its design registered (decisions.py; the rule is flyspec/gate/stats/decide.py's). ``margin=`` other
+than the registered one adds an exploratory decision and changes nothing else (docs/statistics.md, "The
+decision rule"). Also the alpha ledger's view of a comparison and the labelling page's reading."""
 
 from __future__ import annotations
 
@@ -398,11 +381,10 @@ _readings: dict[tuple[Path, str], tuple[tuple[object, ...], LabelProgress]] = {}
 
 
 def label_progress(store_path: Path, run_id: str) -> LabelProgress:
-    """The run's decision as it stands (None while drawn pairs wait: the report's reading is then interim),
-    its interval and margin, the judge's agreement with gold, and the report's label advice (the sentence
-    and ``labels_needed``, the labels that would let the run decide at the label rate ``advised_rate``;
-    None when none would) beside the run's registered ``gold_rate``. The report is built again only when
-    the store's rows for the run changed since the last call (``GateStore.revision``)."""
+    """What the labelling page shows of the run's report: its decision (None while drawn pairs wait), its
+    interval and margin, the judge's agreement with gold and the label advice. The page asks after every
+    label and a sequential report simulates its advice, so the report is built again only when the run's
+    rows changed (``GateStore.revision``)."""
     with GateStore(store_path) as store:
         revision = store.revision(run_id)
     kept = _readings.get((store_path, run_id))
