@@ -1,11 +1,18 @@
-"""The words a report computes once, when it is built: the explanation under the decision and the advice
-on what to do next, including the simulated forecast of how many questions a sequential continuation
-needs (flyspec/gate/stats/forecast.py). Renderers only print them (``Report.explanation``, ``Report.advice``).
-"""
+"""A report's sentences, written from its numbers so that they cannot contradict them: the explanation
+under the decision and the advice on what to do next (computed once, when the report is built, with the
+simulated forecast of flyspec/gate/stats/forecast.py), and the sentences on a control and on a judge."""
 
 from __future__ import annotations
 
-from flyspec.gate.report.model import POWER_PCT, Comparison, ReportData, pct, points
+from flyspec.gate.report.model import (
+    POWER_PCT,
+    Comparison,
+    GoldSummary,
+    JudgeSummary,
+    ReportData,
+    pct,
+    points,
+)
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, classify
 from flyspec.gate.stats.forecast import Design, design_outcome
 from flyspec.gate.stats.sizing import flip_rate_upper_bound
@@ -314,3 +321,38 @@ def control_sentence(control: ReportData) -> str:
 
 def _num_pts(value: float | None) -> str:
     return "-" if value is None else points(value)
+
+
+def position_bias(j: JudgeSummary) -> str:
+    """How often the judge chose the answer shown first, against the half an unbiased judge would."""
+    decisive = j.chose_a + j.chose_b
+    if not decisive:
+        return "Position bias: the judge gave no decisive verdict (only ties or unreadable ones)."
+    bias = (
+        "a strong position bias: treat its verdicts with care"
+        if j.position_p < 0.05
+        else "no significant position bias"
+    )
+    return (
+        f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
+        f"{j.chose_a} ({100 * j.chose_a / decisive:.0f}%); an unbiased judge chooses A about half the time, "
+        f"since each arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias})."
+    )
+
+
+def judged_proof(report: ReportData, g: GoldSummary) -> str:
+    """What the judged decision proves, for the draw the run registered."""
+    design = (
+        "at every number of questions at once" if report.sequential is not None else "at its registered size"
+    )
+    return (
+        f"**What is proven, for this run's draw** (draw {g.draw}: each pair whose answers differ is drawn "
+        f"with probability {g.rate:g}, from a hash of the seed and the question independent of the question "
+        "order and of every answer): given the pairs before it, each question's value has the true "
+        "difference as its mean whatever the judge says, so the betting interval holds "
+        f"{design} (Ville's inequality): P(PASS) <= alpha when the candidate truly loses the margin and "
+        "P(FAIL) <= alpha when it loses nothing, for any judge. The seeded simulations of docs/statistics.md "
+        "check it for seven judges (a coin, position bias, always the candidate, harsh, lenient, reversed, "
+        "fair) through the gate's own order and draw. The truth is the gold source's: with human labels, "
+        "what the person would say on every pair."
+    )

@@ -22,12 +22,13 @@ from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash
 from flyspec.gate.report.advice import advice, explanation
 from flyspec.gate.report.decisions import (
     POWER,
-    Correct,
     Pair,
+    by_dataset,
     decide_fixed,
     decide_judged,
     decide_sequential,
     paired_counts,
+    pooled_pairs,
     warn_incomplete,
 )
 from flyspec.gate.report.html import html_page
@@ -106,7 +107,7 @@ def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
         correct = {
             (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
         }
-        pairs = _pairs(store, other.run_id, other.registered, correct)
+        pairs = pooled_pairs(by_dataset(store, other.run_id, other.registered.lanes, correct))
         n, lost, gained = paired_counts(pairs)
         if n:
             low, high = wilson_interval(lost + gained, n)
@@ -128,18 +129,6 @@ def _margin_conflicts(store: GateStore, run: RunRecord, margin: float) -> str | 
 
 
 # ----------------------------------------------------------------------------------------- build
-
-
-def _pairs(store: GateStore, run_id: str, reg: Registration, correct: Correct) -> list[Pair]:
-    """(first lane correct, second lane correct) for each registered question with both answers."""
-    first, second = reg.lanes
-    out = []
-    for q in store.questions(run_id):
-        a = correct.get((*first, q.dataset, q.question_id))
-        b = correct.get((*second, q.dataset, q.question_id))
-        if a is not None and b is not None:
-            out.append((a, b))
-    return out
 
 
 def build_report(
@@ -218,7 +207,7 @@ def _build(
     report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
     report.judge = _judge_summary(store, run.run_id, reg, answers)
     if run.kind == "pilot":
-        pairs = _pairs(store, run.run_id, reg, correct)
+        pairs = pooled_pairs(by_dataset(store, run.run_id, reg.lanes, correct))
         report.pilot = _pilot(reg, pairs)
         warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report

@@ -7,12 +7,11 @@ on Tango's interval per dataset and pooled); every verdict comes from flyspec/ga
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
-from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
 from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
@@ -129,13 +128,14 @@ def warn_incomplete(report: ReportData, complete: int, registered: int) -> None:
         )
 
 
-def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: int | None = None) -> Groups:
+def by_dataset(
+    store: GateStore, run_id: str, lanes: tuple[Lane, Lane], correct: Correct, limit: int | None = None
+) -> Groups:
     """Per dataset: (registered count, complete pairs), over the first ``limit`` registered questions."""
-    run = report.run
-    first, second = report.registered.lanes
+    first, second = lanes
     registered: dict[str, int] = defaultdict(int)
     pairs: dict[str, list[Pair]] = defaultdict(list)
-    for i, q in enumerate(store.questions(run.run_id)):
+    for i, q in enumerate(store.questions(run_id)):
         registered[q.dataset] += 1
         a = correct.get((*first, q.dataset, q.question_id))
         b = correct.get((*second, q.dataset, q.question_id))
@@ -144,10 +144,15 @@ def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: i
     return {ds: (registered[ds], pairs[ds]) for ds in registered}
 
 
+def pooled_pairs(groups: Groups) -> list[Pair]:
+    """The pairs of every group, pooled."""
+    return [pair for _, pairs in groups.values() for pair in pairs]
+
+
 def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
     """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one:
     counts, exact McNemar, and ``decide`` on Tango's interval (INCONCLUSIVE without pairs)."""
-    pooled = (sum(size for size, _ in groups.values()), [pair for _, p in groups.values() for pair in p])
+    pooled = (sum(size for size, _ in groups.values()), pooled_pairs(groups))
     rows = []
     for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]:
         row = counted(scope, pairs, registered, alpha)
@@ -162,7 +167,7 @@ def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
 def decide_fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
     """A fixed run's rows and decision, at its registered size."""
     reg = report.registered
-    per = _by_dataset(store, report, correct)
+    per = by_dataset(store, report.run.run_id, reg.lanes, correct)
     report.comparisons = fixed_rows(per, reg.margin, reg.alpha)
     pooled = report.comparisons[-1]
     warn_incomplete(report, pooled.n, pooled.registered)
@@ -202,15 +207,14 @@ def decide_sequential(report: ReportData, store: GateStore, correct: Correct) ->
 def _at_stop(
     report: ReportData, store: GateStore, correct: Correct, order: list[tuple[str, str]], stop: SequentialStop
 ) -> tuple[Groups, Comparison]:
-    """A sequential run at its stop: the stop, its plan and the minutes to it on the report; the pairs by
+    """A sequential run at its stop: the stop and the minutes to it on the report; the pairs by
     dataset up to the stop, and the pooled row with the sequence's bounds there."""
     plan = report.registered.sequential
     assert plan is not None
-    report.sequential, report.sequential_plan = stop, plan
+    report.sequential = stop
     report.decided_after_minutes = _answering_minutes(store, report.run, order, report.registered.lanes, stop)
-    per = _by_dataset(store, report, correct, limit=stop.stopped_at)
-    used = [pair for _, p in per.values() for pair in p]
-    return per, sequential_row(stop, used, plan.max_questions, report.alpha)
+    per = by_dataset(store, report.run.run_id, report.registered.lanes, correct, limit=stop.stopped_at)
+    return per, sequential_row(stop, pooled_pairs(per), plan.max_questions, report.alpha)
 
 
 def _answering_minutes(
@@ -272,8 +276,8 @@ def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: 
         walk = judged_decision(seen[:limit], reg.margin, reg.alpha, gold.rate, "sequential", bet=gold.bet)
     else:
         limit = len(order)
-        per = _by_dataset(store, report, correct)
-        everything = [pair for _, p in per.values() for pair in p]
+        per = by_dataset(store, report.run.run_id, reg.lanes, correct)
+        everything = pooled_pairs(per)
         walk = judged_decision(
             seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order), bet=gold.bet
         )
@@ -442,8 +446,9 @@ class Step:
 
 
 def interval_path(store: GateStore, run_id: str) -> list[Step]:
-    """The bounds after each pair the walk of sequential run ``run_id`` counts (empty before the first);
-    ValueError for a run that is not sequential (its interval is only read once, at the end)."""
+    """The bounds after each pair the walk of sequential run ``run_id`` counts (empty before the first),
+    the stored pairs fed to the run's ``Monitor`` one at a time (the shadow's /status plots them); its last
+    step is the report's interval at the stop. ValueError for a run that is not sequential."""
     run = store.get_run(run_id)
     if run is None:
         raise ValueError(f"run {run_id!r} is not in {store.path}")
@@ -452,38 +457,21 @@ def interval_path(store: GateStore, run_id: str) -> list[Step]:
         raise ValueError(f"run {run_id!r} is not sequential: its interval is read once, not after each pair")
     order = [(q.dataset, q.question_id) for q in store.questions(run_id)]
     monitor = Monitor(order, reg.sequential, reg.lanes)
-    feed = _judged_feed(store, run, monitor) if reg.gold is not None else _graded_feed(store, run_id, monitor)
+    judged = stored_pairs(store, run, reg.lanes, reg.gold) if reg.gold is not None else {}
+    graded: dict[QuestionKey, list[AnswerRecord]] = defaultdict(list)
+    if reg.gold is None:
+        for a in store.answers(run_id):
+            graded[(a.dataset, a.question_id)].append(a)
     steps: list[Step] = []
     for key in order:
         before = monitor.prefix
-        feed(key)
+        if key in judged:
+            monitor.add_pair(key, judged[key])
+        for a in graded.get(key, []):
+            monitor.add(a.arm, a.repeat, *key, a.correct)
         if monitor.prefix == before:  # the walk waits here: a pair missing or waiting for its label
             break
         steps.append(Step(monitor.prefix, monitor.low, monitor.high))
         if monitor.stop is not None:
             break
     return steps
-
-
-def _judged_feed(store: GateStore, run: RunRecord, monitor: Monitor) -> Callable[[QuestionKey], None]:
-    gold = run.registered.gold
-    assert gold is not None
-    pairs = stored_pairs(store, run, run.registered.lanes, gold)
-
-    def feed(key: QuestionKey) -> None:
-        if key in pairs:
-            monitor.add_pair(key, pairs[key])
-
-    return feed
-
-
-def _graded_feed(store: GateStore, run_id: str, monitor: Monitor) -> Callable[[QuestionKey], None]:
-    by_question: dict[QuestionKey, list[tuple[str, int, bool]]] = {}
-    for a in store.answers(run_id):
-        by_question.setdefault((a.dataset, a.question_id), []).append((a.arm, a.repeat, a.correct))
-
-    def feed(key: QuestionKey) -> None:
-        for arm, repeat, correct in by_question.get(key, []):
-            monitor.add(arm, repeat, *key, correct)
-
-    return feed

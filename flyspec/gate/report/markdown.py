@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 
 from flyspec.gate.data.spec import SamplingRecord
-from flyspec.gate.report.advice import control_sentence
+from flyspec.gate.report.advice import control_sentence, judged_proof, position_bias
 from flyspec.gate.report.model import (
     POWER_PCT,
     Comparison,
-    GoldSummary,
-    JudgeSummary,
     ReportData,
     num,
     pct,
@@ -19,17 +17,6 @@ from flyspec.gate.report.model import (
 )
 from flyspec.gate.stats.bounded import check_bet
 from flyspec.gate.stats.decide import INCONCLUSIVE
-
-
-def _noise_line(report: ReportData, pooled: Comparison) -> str:
-    noise = report.noise
-    assert noise is not None
-    return (
-        f"The baseline's own noise, next to the candidate's flips: pilot `{noise.run_id}` answered "
-        f"{noise.n} questions twice with the baseline and {noise.flips} flipped ({pct(noise.flip_rate)}, "
-        f"95% interval [{pct(noise.low)}, {pct(noise.high)}]); here the candidate flipped "
-        f"{pooled.lost + pooled.gained} of {pooled.n} against the baseline ({pct(pooled.flip_rate)})."
-    )
 
 
 def _exploratory_lines(report: ReportData) -> list[str]:
@@ -69,8 +56,15 @@ def _gate_lines(report: ReportData) -> list[str]:
             f"two-sided p = {pooled.exact_p:.3g} (mid-p {pooled.mid_p:.3g}).{sig}",
             "",
         ]
-    if report.noise is not None and pooled.n:
-        lines += [_noise_line(report, pooled), ""]
+    noise = report.noise
+    if noise is not None and pooled.n:
+        lines += [
+            f"The baseline's own noise, next to the candidate's flips: pilot `{noise.run_id}` answered "
+            f"{noise.n} questions twice with the baseline and {noise.flips} flipped ({pct(noise.flip_rate)}, "
+            f"95% interval [{pct(noise.low)}, {pct(noise.high)}]); here the candidate flipped "
+            f"{pooled.lost + pooled.gained} of {pooled.n} against the baseline ({pct(pooled.flip_rate)}).",
+            "",
+        ]
     if report.advice:
         lines += [" ".join(report.advice), ""]
     if report.ledger is not None:
@@ -149,8 +143,7 @@ def _paired_table(report: ReportData) -> list[str]:
 
 
 def _gold_lines(report: ReportData) -> list[str]:
-    """Beside a judged run's decision: the gold labels it rests on, the judge's agreement with them and
-    McNemar's exact test on them."""
+    """Beside a judged run's decision: its gold labels, the judge's agreement and McNemar's test on them."""
     g = report.gold
     if g is None:
         return []
@@ -208,7 +201,7 @@ def judge_lines(report: ReportData) -> list[str]:
         "corrected by the gold label (weighted by 1 / rate) where the pair was drawn; the verdicts narrow "
         "the interval as far as the labels show them to be right.",
         "",
-        _proven(report, g),
+        judged_proof(report, g),
         "",
         "| pairs | identical (tie) | judge: baseline better | judge: candidate better | judge: other | drawn "
         "for gold | labelled | waiting | agreement with gold |",
@@ -218,42 +211,7 @@ def judge_lines(report: ReportData) -> list[str]:
         f"[{pct(g.agreement_low)}, {pct(g.agreement_high)}] |",
         "",
     ]
-    return [*lines, _position_bias(j), ""]
-
-
-def _position_bias(j: JudgeSummary) -> str:
-    """How often the judge chose the answer shown first, against the half an unbiased judge would."""
-    decisive = j.chose_a + j.chose_b
-    if not decisive:
-        return "Position bias: the judge gave no decisive verdict (only ties or unreadable ones)."
-    bias = (
-        "a strong position bias: treat its verdicts with care"
-        if j.position_p < 0.05
-        else "no significant position bias"
-    )
-    return (
-        f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
-        f"{j.chose_a} ({100 * j.chose_a / decisive:.0f}%); an unbiased judge chooses A about half the time, "
-        f"since each arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias})."
-    )
-
-
-def _proven(report: ReportData, g: GoldSummary) -> str:
-    """What the judged decision proves, for the draw the run registered."""
-    design = (
-        "at every number of questions at once" if report.sequential is not None else "at its registered size"
-    )
-    return (
-        f"**What is proven, for this run's draw** (draw {g.draw}: each pair whose answers differ is drawn "
-        f"with probability {g.rate:g}, from a hash of the seed and the question independent of the question "
-        "order and of every answer): given the pairs before it, each question's value has the true "
-        "difference as its mean whatever the judge says, so the betting interval holds "
-        f"{design} (Ville's inequality): P(PASS) <= alpha when the candidate truly loses the margin and "
-        "P(FAIL) <= alpha when it loses nothing, for any judge. The seeded simulations of docs/statistics.md "
-        "check it for seven judges (a coin, position bias, always the candidate, harsh, lenient, reversed, "
-        "fair) through the gate's own order and draw. The truth is the gold source's: with human labels, "
-        "what the person would say on every pair."
-    )
+    return [*lines, position_bias(j), ""]
 
 
 def gold_table(report: ReportData) -> list[str]:
@@ -416,8 +374,7 @@ def _registration_lines(report: ReportData) -> list[str]:
     if g is not None:
         lines.append(
             f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} (independent "
-            "of the question order), "
-            f"seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
+            f"of the question order), seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
             f"{'the exact grader' if g.source == 'exact' else 'a person'}; interval bets version {g.bet} "
             f"({check_bet(g.bet).words})"
         )

@@ -87,12 +87,8 @@ def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool
 
 @dataclass
 class LedgerSummary:
-    """One comparison's error budget as the ledger saw it when the run was registered.
-
-    ``path``: the ledger file (None for a run registered before the per-user ledger, ``legacy``); ``claim``:
-    what a PASS claims (which earlier looks count); ``alpha``: this look's; ``budget``: the family-wise
-    error of all looks at the comparison together; ``spent_before``: what the counted earlier looks spent;
-    ``earlier``: those looks, described."""
+    """One comparison's error budget as the ledger saw it when the run was registered (docs/gate.md, "Error
+    spent once"); ``path`` is None for a run registered before the per-user ledger (``legacy``)."""
 
     comparison: str
     path: str | None
@@ -190,16 +186,10 @@ class NoiseReference:
 
 @dataclass
 class JudgeSummary:
-    """How the judge ruled on the judged questions with both answers stored, and its position bias.
-
-    ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
-    ``ties`` (both orders said tie), ``identical`` (the same answer twice: a tie, the judge not asked),
-    ``disagree`` (the orders said different things) and ``unreadable_pairs`` (a verdict could not be read)
-    add up to ``questions``. The last two are ``undecided`` (the judge's prediction there is 0).
-    ``disagreement_rate`` is ``undecided`` over the questions the judge was asked about. ``unreadable``
-    counts the verdicts that could not be read; ``chose_a``/``chose_b`` count the decisive verdicts by the
-    position of the answer chosen.
-    """
+    """How the judge ruled on the judged questions with both answers stored. ``baseline_better`` (lost),
+    ``candidate_better`` (gained), ``ties``, ``identical`` (not asked), ``disagree`` (the two orders
+    differed) and ``unreadable_pairs`` add up to ``questions``; the last two are ``undecided``. ``chose_a``
+    and ``chose_b`` count the decisive verdicts by the position chosen (``position_p``: its bias test)."""
 
     model: str
     template: str
@@ -221,11 +211,8 @@ class JudgeSummary:
 
 @dataclass
 class GoldRow:
-    """One dataset's (or the pooled) pairs of a judged run with gold labels: ``pairs`` complete pairs,
-    ``identical`` of them; the judge's verdicts in both orders (``judge_baseline``: both preferred the
-    baseline's answer, ``judge_candidate``: both the candidate's, ``judge_other``: anything else);
-    ``selected`` pairs drawn for a gold label and ``labelled`` of them labelled, by what the label said
-    (``gold_baseline``: the baseline's answer is better, ``gold_equal``, ``gold_candidate``)."""
+    """One dataset's (or the pooled) pairs of a judged run: the judge's verdicts in both orders and, on
+    the pairs drawn and labelled, what the gold label said."""
 
     scope: str
     pairs: int = 0
@@ -242,21 +229,11 @@ class GoldRow:
 
 @dataclass
 class GoldSummary:
-    """A judged run's gold labels beside its decision (prediction-powered inference, docs/statistics.md).
-
-    ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
-    exact grader or by a person; ``draw`` the draw's version, independent of the question order; ``bet``
-    the version of the interval's bets, flyspec/gate/stats/bounded.py);
-    ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
-    ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
-    still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
-    labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide (when it
-    has not), ``labels_needed`` that number of labels at the label rate ``advised_rate`` (None when no
-    label rate would do). ``rows``: the counts per dataset and pooled; ``gold_exact_p``: McNemar's exact
-    test on the labelled pairs (the labels are a random subset of the differing pairs); ``estimate``: the
-    prediction-powered estimate of the difference where the decision stopped; ``normal_width`` and
-    ``narrow``: the interval is less than half as wide as a normal-theory interval from the same values
-    (or the set emptied), a sign that the values' mean changed along the order."""
+    """A judged run's gold labels beside its decision (docs/statistics.md): the registered rule (``rate``,
+    ``source``, ``draw``, ``bet``), the judge's counts, the labels drawn, given and ``awaiting``, the judge's
+    agreement with gold, the label advice (``labels_needed`` at ``advised_rate``; None when no rate would
+    do), the counts by dataset (``rows``) and the interval's ``estimate``; ``narrow``: the interval is under
+    half a normal-theory one from the same values, a sign that their mean changed along the order."""
 
     rate: float
     source: str
@@ -317,7 +294,6 @@ class ReportData:
     shared: list[SharedThroughput] = field(default_factory=list)
     pilot: PilotSummary | None = None
     sequential: SequentialStop | None = None
-    sequential_plan: SequentialPlan | None = None
     exploratory: Exploratory | None = None
     noise: NoiseReference | None = None
     judge: JudgeSummary | None = None
@@ -330,6 +306,11 @@ class ReportData:
     family_alpha: float | None = None
     decided_after_minutes: float | None = None
     ledger: LedgerSummary | None = None
+
+    @property
+    def sequential_plan(self) -> SequentialPlan | None:
+        """The registered sequential plan of a report decided along it (None otherwise)."""
+        return self.registered.sequential if self.sequential is not None else None
 
     @property
     def comparison(self) -> str:
