@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 from flyspec.gate.data.judged_pairs import stored_pairs
 from flyspec.gate.data.spec import Gold
-from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
+from flyspec.gate.stats.decide import INCONCLUSIVE, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
 from flyspec.gate.stats.monitor import (
@@ -36,18 +36,6 @@ Groups = dict[str, tuple[int, list[Pair]]]
 """Pairs by dataset (or task): (registered questions, complete pairs)."""
 
 POWER = 0.80
-
-
-def _with_plan(comparison: Comparison, flips: int, margin: float, alpha: float) -> Comparison:
-    """An INCONCLUSIVE comparison with the questions a fixed run would need at its flip rate."""
-    plan = plan_noninferiority(flips, comparison.n, margin, alpha, POWER)
-    return replace(
-        comparison,
-        questions_needed=plan.questions,
-        questions_needed_at_observed=plan.questions_at_observed,
-        flip_rate_upper=plan.flip_rate_upper,
-        more_questions=max(0, plan.questions - comparison.n),
-    )
 
 
 def paired_counts(pairs: list[Pair]) -> tuple[int, int, int]:
@@ -81,9 +69,12 @@ def counted(scope: str, pairs: list[Pair], registered: int, alpha: float) -> Com
     )
 
 
-def _decided(row: Comparison, verdict: Decision, margin: float, alpha: float) -> Comparison:
-    """A fixed-size row with its verdict: Tango's interval, the non-inferiority p and, when INCONCLUSIVE,
-    the questions a fixed run would need at its flip rate."""
+def _decided(row: Comparison, margin: float, alpha: float) -> Comparison:
+    """A fixed-size row decided by ``stats.decide`` on Tango's interval (INCONCLUSIVE without pairs), with
+    the non-inferiority p and, when INCONCLUSIVE, the questions a fixed run would need at its flip rate."""
+    if row.n == 0:
+        return replace(row, decision=INCONCLUSIVE)
+    verdict = decide(row.n, row.lost, row.gained, margin, alpha)
     row = replace(
         row,
         ci_low=verdict.low,
@@ -92,18 +83,15 @@ def _decided(row: Comparison, verdict: Decision, margin: float, alpha: float) ->
         decision=verdict.decision,
         loss_detected=verdict.loss_detected,
     )
-    if verdict.decision == INCONCLUSIVE:
-        return _with_plan(row, row.lost + row.gained, margin, alpha)
-    return row
-
-
-def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
-    """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
-    row = counted("pooled", pairs, registered, alpha)
-    if not pairs:
-        return replace(row, decision=INCONCLUSIVE)
+    if verdict.decision != INCONCLUSIVE:
+        return row
+    plan = plan_noninferiority(row.lost + row.gained, row.n, margin, alpha, POWER)
     return replace(
-        row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
+        row,
+        questions_needed=plan.questions,
+        questions_needed_at_observed=plan.questions_at_observed,
+        flip_rate_upper=plan.flip_rate_upper,
+        more_questions=max(0, plan.questions - row.n),
     )
 
 
@@ -153,15 +141,10 @@ def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
     """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one:
     counts, exact McNemar, and ``decide`` on Tango's interval (INCONCLUSIVE without pairs)."""
     pooled = (sum(size for size, _ in groups.values()), pooled_pairs(groups))
-    rows = []
-    for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]:
-        row = counted(scope, pairs, registered, alpha)
-        if row.n == 0:
-            rows.append(replace(row, decision=INCONCLUSIVE))
-            continue
-        verdict = decide(row.n, row.lost, row.gained, margin, alpha)
-        rows.append(_decided(row, verdict, margin, alpha))
-    return rows
+    return [
+        _decided(counted(scope, pairs, registered, alpha), margin, alpha)
+        for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]
+    ]
 
 
 def decide_fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
@@ -207,33 +190,25 @@ def decide_sequential(report: ReportData, store: GateStore, correct: Correct) ->
 def _at_stop(
     report: ReportData, store: GateStore, correct: Correct, order: list[tuple[str, str]], stop: SequentialStop
 ) -> tuple[Groups, Comparison]:
-    """A sequential run at its stop: the stop and the minutes to it on the report; the pairs by
-    dataset up to the stop, and the pooled row with the sequence's bounds there."""
-    plan = report.registered.sequential
-    assert plan is not None
+    """A sequential run at its stop: the stop on the report, with the minutes of answering until the pair
+    that decided was stored (None when it has not decided); the pairs by dataset up to the stop, and the
+    pooled row with the sequence's bounds there."""
+    run, reg = report.run, report.registered
+    assert reg.sequential is not None
     report.sequential = stop
-    report.decided_after_minutes = _answering_minutes(store, report.run, order, report.registered.lanes, stop)
-    per = by_dataset(store, report.run.run_id, report.registered.lanes, correct, limit=stop.stopped_at)
-    return per, sequential_row(stop, pooled_pairs(per), plan.max_questions, report.alpha)
-
-
-def _answering_minutes(
-    store: GateStore,
-    run: RunRecord,
-    order: list[tuple[str, str]],
-    lanes: tuple[Lane, Lane],
-    stop: SequentialStop,
-) -> float | None:
-    """Minutes of answering until the pair that decided a sequential comparison was stored; None when it
-    has not decided."""
-    if stop.reason != "boundary" or stop.stopped_at < 1:
-        return None
-    times = store.answer_times(run.run_id)
-    wanted = {(*lane, *key) for key in order[: stop.stopped_at] for lane in lanes}
-    stamps = [times[k] for k in wanted if k in times]
-    if len(stamps) < len(wanted):
-        return None
-    return answering_minutes(store, run.run_id, max(stamps))
+    if stop.reason == "boundary" and stop.stopped_at >= 1:
+        times = store.answer_times(run.run_id)
+        wanted = {(*lane, *key) for key in order[: stop.stopped_at] for lane in reg.lanes}
+        stamps = [times[k] for k in wanted if k in times]
+        if len(stamps) == len(wanted):
+            report.decided_after_minutes = answering_minutes(store, run.run_id, max(stamps))
+    per = by_dataset(store, run.run_id, reg.lanes, correct, limit=stop.stopped_at)
+    row = counted("pooled", pooled_pairs(per), reg.sequential.max_questions, report.alpha)
+    if row.n == 0:
+        return per, replace(row, decision=INCONCLUSIVE)
+    return per, replace(
+        row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
+    )
 
 
 def answering_minutes(store: GateStore, run_id: str, until: float | None = None) -> float:
