@@ -42,7 +42,7 @@ def explain_decision(
             f"(the rule gives {expected})"
         )
     lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
-    pct = f"{100 * level:g}%"
+    confidence = f"{100 * level:g}%"
     where = (
         " (a confidence sequence: it holds at every number of questions at once, so stopping where it "
         "stopped is allowed)"
@@ -50,8 +50,8 @@ def explain_decision(
         else ""
     )
     return [
-        f"After {n} questions, with {pct} confidence the candidate's accuracy minus the baseline's lies "
-        f"between {lo} and {hi} points{where}.",
+        f"After {n} questions, with {confidence} confidence the candidate's accuracy minus the baseline's "
+        f"lies between {lo} and {hi} points{where}.",
         _what_it_shows(decision, low, high, margin),
     ]
 
