@@ -268,7 +268,8 @@ def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, 
     """Every case of the decision, with intervals entirely above zero, entirely below zero (within and
     beyond the margin) and straddling it: the sentences quote the interval, say where it lies, end with
     the decision, and never call a shown loss "not proof of harm"."""
-    from flyspec.gate.report.wording import explain_decision, points
+    from flyspec.gate.report.advice import explain_decision
+    from flyspec.gate.report.model import points
 
     lines = explain_decision(decision, low, high, 0.02, 250)
     text = " ".join(lines)
@@ -281,7 +282,7 @@ def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, 
 def test_plain_words_refuse_a_decision_the_numbers_do_not_support() -> None:
     """The wording function checks the decision against the interval (so it cannot print a PASS the
     interval does not show), keeps enough decimals near the boundary, and says nothing is decided at 0."""
-    from flyspec.gate.report.wording import explain_decision
+    from flyspec.gate.report.advice import explain_decision
 
     with pytest.raises(ValueError, match="does not follow from the interval"):
         explain_decision("PASS", -0.05, 0.01, 0.02, 100)

@@ -203,7 +203,7 @@ def _plan(
 def _mount_label_page(app: FastAPI, store: Path, run: str, address: str, token: str | None) -> str:
     """Serve the labelling page beside the proxy where the rule allows it (loopback, or a token); say
     where it is, or why it is off."""
-    from flyspec.gate.report.label_progress import label_progress
+    from flyspec.gate.report.build import label_progress
     from flyspec.gate.shadow.label_page import check_label_host, is_loopback, label_router
     from flyspec.gate.shadow.worker import label_requests
 

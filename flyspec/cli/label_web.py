@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flyspec.gate.data.labelling import gold_rule
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.label_progress import label_progress
+from flyspec.gate.report.build import label_progress
 from flyspec.gate.shadow.label_page import check_label_host, label_router
 from flyspec.gate.shadow.worker import label_requests
 

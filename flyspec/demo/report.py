@@ -10,8 +10,8 @@ from typing import Any
 
 from flyspec.gate import Report, build_report
 from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.advice import control_sentence
 from flyspec.gate.report.decisions import answering_minutes
-from flyspec.gate.report.markdown import control_sentence
 from flyspec.gate.stats.sizing import Design, forecast_from_rate
 
 FIRST_SCREEN_LINES = 12

@@ -76,7 +76,7 @@ def label_router(
     """The labelling page and its JSON API under ``/label`` for run ``run_id`` of the store at
     ``store_path`` (the latest judged run when None). ``token``: required on the page and its API when
     given. ``progress``: the run's decision and label advice
-    (``flyspec.gate.report.label_progress.label_progress``; this layer does not import the report).
+    (``flyspec.gate.report.build.label_progress``; this layer does not import the report).
     ``requests``: the request text of each question by prompt hash (default: read from the run's
     datasets, as `gate label` does; the shadow process passes the stored traffic's)."""
     path = Path(store_path)

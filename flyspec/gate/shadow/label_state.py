@@ -87,7 +87,7 @@ def _agreement(queue: Queue) -> dict[str, int]:
 
 Progress = Callable[[Path, str], dict[str, Any]]
 """The run's decision and label advice by store path and run name
-(``flyspec.gate.report.label_progress.label_progress``)."""
+(``flyspec.gate.report.build.label_progress``)."""
 
 
 def progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.interval_path import Step, interval_path
+from flyspec.gate.report.decisions import Step, interval_path
 from flyspec.gate.shadow.metrics import ShadowMetrics
 from flyspec.gate.shadow.run import LiveDecision, ShadowRun
 from flyspec.gate.shadow.status_plot import interval_svg

@@ -1,6 +1,6 @@
 """The plot of /status: the run's interval against the margin over time, as inline SVG built on the server
 (the page loads nothing and runs no script). The steps are the report's own walk replayed
-(flyspec/gate/report/interval_path.py); a long run is thinned to ``MAX_POINTS`` buckets, each drawn at its
+(flyspec/gate/report/decisions.py); a long run is thinned to ``MAX_POINTS`` buckets, each drawn at its
 last step, so the interval as it stands is always the last point. Every text is escaped."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-from flyspec.gate.report.interval_path import Step
+from flyspec.gate.report.decisions import Step
 
 MAX_POINTS = 400
 WIDTH, HEIGHT = 640, 260
