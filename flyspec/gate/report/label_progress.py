@@ -1,4 +1,4 @@
-"""The decision and label advice the labelling page shows (flyspec/gate/shadow/label_page.py), read from
+"""The decision and label advice the labelling page shows (flyspec/gate/shadow/label.py), read from
 the run's report: the page itself sits in the traffic layer, which does not import the report, so whoever
 serves it passes ``label_progress`` in. The page asks after every label, and a sequential run's report
 simulates its label advice (seconds on a long run), so a reading is kept until the run's rows change."""

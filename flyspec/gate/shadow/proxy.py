@@ -20,14 +20,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
-from flyspec.gate.shadow import admission
-from flyspec.gate.shadow.answers import CHAT, COMPLETIONS
-from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink
-from flyspec.gate.shadow.pairs import MIRROR, PROXY
+from flyspec.gate.shadow.mirror import (
+    BaselineCapture,
+    Mirror,
+    PairSink,
+    ShadowSettings,
+    Skip,
+    request_headers,
+    response_headers,
+)
+from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
 from flyspec.gate.shadow.run import ShadowRun
-from flyspec.gate.shadow.settings import ShadowSettings
 from flyspec.gate.shadow.status import add_run_routes
-from flyspec.gate.shadow.upstream import Upstream, request_headers, response_headers
 
 MAX_KEPT_ANSWER_BYTES = 8 << 20
 """A streamed answer longer than this is passed on but not kept for the mirror (``too_long``)."""
@@ -48,8 +52,8 @@ def _bad_gateway(exc: Exception) -> JSONResponse:
 class _Proxy:
     """The request path: forwards to the baseline, passes its answer on, then offers the copy."""
 
-    def __init__(self, baseline: Upstream, mirror: Mirror) -> None:
-        self.baseline, self.mirror = baseline, mirror
+    def __init__(self, mirror: Mirror) -> None:
+        self.baseline, self.mirror = mirror.baseline, mirror
 
     async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
         raw = await request.body()
@@ -67,7 +71,7 @@ class _Proxy:
             upstream = await self.baseline.client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:
             if mirrored:
-                self.mirror.metrics.skip(admission.BASELINE_ERROR)
+                self.mirror.metrics.skip(Skip.BASELINE_ERROR)
             return _bad_gateway(exc)
         headers = response_headers(upstream.headers)
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
@@ -76,7 +80,7 @@ class _Proxy:
             body = await upstream.aread()
         except httpx.HTTPError as exc:
             if mirrored:
-                self.mirror.metrics.skip(admission.BASELINE_ERROR)
+                self.mirror.metrics.skip(Skip.BASELINE_ERROR)
             return _bad_gateway(exc)
         finally:
             await upstream.aclose()
@@ -159,10 +163,10 @@ class _Relay:
     def not_kept(self) -> str | None:
         """Why this answer cannot be paired (the client left before its end, or it was too long), or None."""
         if self.size > MAX_KEPT_ANSWER_BYTES:
-            return admission.TOO_LONG
+            return Skip.TOO_LONG
         # A client that leaves after the stream's terminator has had the whole answer.
         if not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
-            return admission.CLIENT_GONE
+            return Skip.CLIENT_GONE
         return None
 
     def capture(self) -> BaselineCapture:
@@ -175,21 +179,8 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
     """The shadow process's app for ``settings``, handing every mirrored pair to ``sink``. A registered
     ``ShadowRun`` as the sink also gives /decision, /status and the decision's gauges, starts and stops
     with the app, and stops the mirroring once it decides (the proxy keeps serving)."""
-    baseline = Upstream(settings.baseline, connections=None)
-    candidate = Upstream(settings.candidate, connections=settings.candidate_concurrency)
-    mirror = Mirror(
-        baseline=baseline,
-        candidate=candidate,
-        sink=sink,
-        rule=settings.rule(),
-        budget=settings.budget(),
-        caps=settings.caps(),
-        redactor=settings.redactor(),
-        workers=settings.candidate_concurrency,
-        queue_size=settings.queue_size,
-        max_request_bytes=settings.max_request_bytes,
-    )
-    proxy = _Proxy(baseline, mirror)
+    mirror = Mirror(settings, sink)
+    proxy = _Proxy(mirror)
     run = sink if isinstance(sink, ShadowRun) else None
     if run is not None:
         mirror.budget.admitted = run.stored  # --max-pairs counts the pairs of earlier processes too
@@ -204,33 +195,19 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
             yield
         finally:
             await mirror.stop()
-            await baseline.aclose()
-            await candidate.aclose()
             if run is not None:
                 await asyncio.to_thread(run.close)
 
     app = FastAPI(
         title="flyspec gate shadow", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.state.mirror = mirror
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await proxy.forward(request, CHAT, mirrored=True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await proxy.forward(request, COMPLETIONS, mirrored=True)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        return await proxy.forward(request, "/models", mirrored=False)
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
-    async def other(request: Request, rest: str) -> Response:
-        """Every other /v1 route (embeddings, tokenize, ...) is the baseline's business: passed through,
-        never mirrored, so production behind the proxy loses nothing."""
-        return await proxy.forward(request, "/" + rest, mirrored=False)
+    async def forward(request: Request, rest: str) -> Response:
+        """Chat and completions are mirrored; every other /v1 route (models, embeddings, tokenize, ...) is
+        the baseline's business: passed through, never mirrored, so production loses nothing."""
+        route = "/" + rest
+        return await proxy.forward(request, route, request.method == "POST" and route in (CHAT, COMPLETIONS))
 
     @app.post("/mirror/v1/chat/completions", status_code=202)
     async def mirror_chat(request: Request) -> Response:
