@@ -1,14 +1,8 @@
-"""The labelling page (`/label`): a FastAPI router over a judged run's gold-label queue, the same queue
-`flyspec gate label` works on in the terminal (flyspec/gate/data/labelling.py), for people.
-
-The page (static/label.html, label.js, label.css: no framework, nothing fetched from elsewhere) shows the
-request and the two answers side by side, blind (in the order the run's seeded coin drew for the pair),
-takes keys A / B / E (equal) / S (skip), and shows the progress: labelled, waiting, the decision as it
-stands and how many more labels would let the run decide. Every answer is hostile: the script renders it
-with ``textContent`` only, and the Content-Security-Policy lets no inline script run. The first label of
-a pair is its gold label; a second person may label it again, stored beside it and counted as agreement,
-never part of the decision. Whoever serves the router binds it (`gate label --web`, or the shadow
-process); ``check_label_host`` refuses a non-loopback address without a token.
+"""The labelling page (`/label`, docs/shadow.md): a FastAPI router over a judged run's gold-label queue, the
+one `flyspec gate label` works on (flyspec/gate/data/labelling.py). Pairs are shown blind, in the order the
+run's seeded coin drew; every answer is hostile (static/label.js renders it as text only, and the
+Content-Security-Policy lets no inline script run). A pair's first label is its gold label; a second
+person's is stored beside it as agreement, never part of the decision.
 """
 
 from __future__ import annotations
@@ -18,7 +12,6 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -40,50 +33,11 @@ KEYS = {"a": "a", "b": "b", "e": "t"}
 """The page's keys and the label each stores: A better, B better, E equally good (``t`` in the store)."""
 
 Progress = Callable[[Path, str], LabelProgress]
-"""The run's decision and label advice by store path and run name
-(``flyspec.gate.report.label_progress.label_progress``)."""
+"""The run's decision and label advice by store path and run name (``label_progress``)."""
 
 
 class LabelRefused(ValueError):
     """A label the queue does not take (the page answers it 409 with this message)."""
-
-
-class PairView(TypedDict):
-    """One pair as the page shows it; ``mode``: ``gold`` (waiting) or ``second`` (a second label)."""
-
-    dataset: str
-    question_id: str
-    position: int
-    request: str
-    reference: str
-    a: str
-    b: str
-    mode: str
-
-
-class Agreement(TypedDict):
-    """Pairs labelled by two people, and on how many the second label matched the gold one."""
-
-    twice: int
-    agreed: int
-
-
-class ProgressView(LabelProgress):
-    """The run's progress: the report's reading, the pairs labelled and waiting, the labels that would
-    let it decide (``more_labels``) and the agreement between labellers."""
-
-    run: str
-    labelled: int
-    waiting: int
-    more_labels: int | None
-    labellers: Agreement
-
-
-class PageView(TypedDict):
-    """The page's view: the pairs a labeller may label and the progress."""
-
-    pairs: list[PairView]
-    progress: ProgressView
 
 
 @dataclass(frozen=True)
@@ -98,13 +52,12 @@ class Queue:
 def open_queue(
     store: GateStore, run_id: str | None, requests: Callable[[RunRecord], dict[str, str]] = request_texts
 ) -> Queue:
-    """The queue of ``run_id`` (the latest judged run when None) in ``store``; ``requests`` gives a run's
-    request texts by prompt hash."""
+    """The queue of ``run_id`` (the latest judged run when None), with its requests' texts."""
     run, gold = gold_rule(store, run_id)
     return Queue(run, drawn(store, run, gold, requests(run)), store.second_labels(run.run_id))
 
 
-def _pair_view(pair: PendingPair, mode: str) -> PairView:
+def _pair_view(pair: PendingPair, mode: str) -> dict[str, object]:
     q = pair.question
     return {
         "dataset": q.dataset,
@@ -118,9 +71,8 @@ def _pair_view(pair: PendingPair, mode: str) -> PairView:
     }
 
 
-def _progress(store_path: Path, queue: Queue, decision: Progress) -> ProgressView:
-    """``more_labels`` is None when the advice needs a higher label rate than the run registered, which
-    its draw cannot give (the advice's sentence says so)."""
+def _progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, object]:
+    # more_labels is None when the advice needs a higher label rate than the run's draw can give.
     labelled = sum(label is not None for _, label in queue.pairs)
     reading = decision(store_path, queue.run.run_id)
     needed, rate, gold_rate = reading["labels_needed"], reading["advised_rate"], reading["gold_rate"]
@@ -144,7 +96,7 @@ def _progress(store_path: Path, queue: Queue, decision: Progress) -> ProgressVie
     }
 
 
-def state(store_path: Path, queue: Queue, labeller: str, decision: Progress) -> PageView:
+def state(store_path: Path, queue: Queue, labeller: str, decision: Progress) -> dict[str, object]:
     """The pairs ``labeller`` may label (those waiting first, then pairs someone else labelled, for a
     second label) and the progress."""
     waiting = [_pair_view(p, "gold") for p, label in queue.pairs if label is None]
@@ -160,8 +112,7 @@ def state(store_path: Path, queue: Queue, labeller: str, decision: Progress) -> 
 
 
 def submit(store: GateStore, queue: Queue, body: Mapping[str, object]) -> str:
-    """Store one label from the page; returns ``gold`` or ``second`` (which kind was stored). LabelRefused
-    when the pair does not wait for this label; ValueError for a malformed body."""
+    """Store one label from the page; returns which kind was stored (``gold`` or ``second``)."""
     dataset, question_id = str(body.get("dataset", "")), str(body.get("question_id", ""))
     key, labeller, second = body.get("key"), str(body.get("labeller", "")).strip(), bool(body.get("second"))
     if not isinstance(key, str) or key not in KEYS:
@@ -238,10 +189,8 @@ def label_router(
     progress: Progress,
     requests: Callable[[RunRecord], dict[str, str]] = request_texts,
 ) -> APIRouter:
-    """The labelling page and its JSON API under ``/label`` for run ``run_id`` of the store at
-    ``store_path`` (the latest judged run when None). ``token``: required on the page and its API when
-    given. ``progress``: the run's decision and label advice. ``requests``: the request text of each
-    question by prompt hash (default: read from the run's datasets, as `gate label` does)."""
+    """The labelling page and its JSON API under ``/label`` for run ``run_id`` of the store (the latest
+    judged run when None), asking for ``token`` when one is given."""
     path = Path(store_path)
     router = APIRouter()
     # The page and its API need the token; the script and the style sheet are the same for everyone.
@@ -266,8 +215,7 @@ def label_router(
 
     @router.post("/label/api/labels", dependencies=guarded)
     def label(body: dict[str, object] = Body(...)) -> JSONResponse:
-        """Store one label: ``{dataset, question_id, key: a|b|e, labeller, second}``; 409 when the pair
-        does not wait for it, 400 for a malformed one."""
+        """Store one label: ``{dataset, question_id, key: a|b|e, labeller, second}``."""
         with GateStore(path) as store:
             try:
                 stored = submit(store, open_queue(store, run_id, requests), body)

@@ -1,10 +1,8 @@
 """The mirror: which requests are copied (eligibility, the registered sampling rule, the stop after N pairs,
-the candidate's spend caps), a bounded queue, and workers that ask the candidate (and, for a mirror-sink
-copy, the baseline) and hand each ``MirroredPair`` to the sink.
+the candidate's spend caps), a bounded queue, and workers that ask the arms and hand each pair to the sink.
 
-Production first: ``offer`` never waits (a full queue skips the copy), the workers run only on admitted
-copies, and the sink runs in one worker thread so a slow store never holds the event loop that serves
-clients. Every request not mirrored is counted by reason (``Skip``), never dropped silently.
+Production first: ``offer`` never waits, and the sink runs in one worker thread so a slow store never holds
+the event loop that serves clients. Every request not mirrored is counted by reason (``Skip``).
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ from flyspec.gate.shadow.pairs import ArmAnswer, MirroredPair, Redactor, failed,
 
 log = logging.getLogger(__name__)
 
-PairSink = Callable[[MirroredPair], None]
-"""Where pairs go: called in one worker thread, one pair at a time (the SQLite pair store, or a
-registered ``ShadowRun``)."""
+PairSink = Callable[[MirroredPair], object]
+"""Where pairs go, one at a time in one thread: a ``SqlitePairStore`` or a registered ``ShadowRun``."""
 WINDOW_S = 60.0
 _TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
 
@@ -106,8 +103,7 @@ def ineligible(route: str, body: dict[str, object]) -> Skip | None:
 
 
 class PairBudget:
-    """The stop after ``max_pairs`` pairs (None: no stop): each admitted request takes one pair, so no
-    more than ``max_pairs`` are ever asked of the candidate."""
+    """The stop after ``max_pairs`` admitted pairs (None: no stop), or once the run decided (``closed``)."""
 
     def __init__(self, max_pairs: int | None) -> None:
         if max_pairs is not None and not is_int(max_pairs, 1):
@@ -118,7 +114,7 @@ class PairBudget:
 
     @property
     def exhausted(self) -> bool:
-        """True once every pair is admitted or the run decided: mirroring stops, the proxy keeps serving."""
+        """True once mirroring stops (the proxy keeps serving)."""
         return self.closed or (self.max_pairs is not None and self.admitted >= self.max_pairs)
 
     def take(self) -> None:
@@ -135,9 +131,8 @@ class Booking:
 
 
 class SpendCaps:
-    """Caps on the candidate's requests and tokens over a sliding minute (None: no cap). Tokens are booked
-    as estimated when admitted and corrected to the reported usage once it answers. (Its concurrency is
-    capped by the number of mirror workers.)"""
+    """Caps on the candidate's requests and tokens over a sliding minute (None: no cap); tokens are booked
+    as estimated, then as reported. (The number of mirror workers caps its concurrency.)"""
 
     def __init__(
         self,
@@ -157,8 +152,7 @@ class SpendCaps:
         self._booked: deque[Booking] = deque()  # oldest first
 
     def admit(self, estimated_tokens: int) -> Booking | Skip:
-        """A booking when the request fits (``settle`` it once the candidate answers), else the cap it
-        exceeds."""
+        """A booking when the request fits (``settle`` it once the candidate answers), else the cap hit."""
         cutoff = self._clock() - WINDOW_S
         while self._booked and self._booked[0].at <= cutoff:
             self._booked.popleft()
@@ -176,37 +170,6 @@ class SpendCaps:
         """Replace a booking's estimate with the tokens the candidate reported (kept when unreported)."""
         if used_tokens is not None:
             booking.tokens = float(used_tokens)
-
-
-# Hop-by-hop headers (RFC 9110 7.6.1) and those the HTTP layer sets itself are never copied across.
-_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-}
-# Answers travel uncompressed from the upstream so the proxy can read the text it passes through.
-_REQUEST_DROP = _HOP | {"accept-encoding"}
-_RESPONSE_DROP = _HOP | {"date", "server"}
-
-
-def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """A client's request headers as forwarded upstream (authorization and content-type kept)."""
-    out = {k: v for k, v in headers.items() if k.lower() not in _REQUEST_DROP}
-    out["accept-encoding"] = "identity"
-    return out
-
-
-def response_headers(headers: httpx.Headers) -> dict[str, str]:
-    """An upstream's response headers as passed back to the client (content-type kept)."""
-    return {k: v for k, v in headers.items() if k.lower() not in _RESPONSE_DROP}
 
 
 class Upstream:
@@ -228,8 +191,7 @@ class Upstream:
         return next(self._next) + route
 
     async def ask(self, route: str, request: Mapping[str, object]) -> ArmAnswer:
-        """This arm's whole answer to a request, asked with its model and extra fields; an error or a
-        timeout is an error answer."""
+        """This arm's whole answer, asked with its model and extra fields (an error answer on failure)."""
         body = {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
         start = time.monotonic()
         try:
@@ -255,12 +217,8 @@ def endpoint_arm(name: str, spec: ArmSpec) -> OpenAIArm:
 
 @dataclass(frozen=True)
 class ShadowSettings:
-    """The traffic's settings, each checked once here (ValueError naming the option). baseline /
-    candidate: endpoint arms (``endpoint_arm``). sample: the mirrored share of eligible requests, drawn by
-    ``rule()``. max_pairs: stop mirroring after this many pairs (None: never). candidate_concurrency:
-    candidate requests in flight at most. The per-minute caps: None for none. redact: patterns masked
-    before storing or asking the candidate. queue_size: copies waiting at most (more are skipped).
-    max_request_bytes: longer request bodies are not mirrored."""
+    """The options of `flyspec gate shadow`'s traffic (its --help says each), checked once here (ValueError
+    naming the option); queue_size: copies waiting at most, max_request_bytes: longer bodies are skipped."""
 
     baseline: OpenAIArm
     candidate: OpenAIArm
@@ -295,9 +253,7 @@ class ShadowSettings:
 
 
 class ShadowMetrics:
-    """The traffic's Prometheus series in the app's own registry (several apps may share a process):
-    ``flyspec_shadow_pairs_total``, ``flyspec_shadow_skipped_total{reason}``,
-    ``flyspec_shadow_queue_depth`` and ``flyspec_shadow_mirroring`` (1 while mirroring, 0 once stopped)."""
+    """The traffic's Prometheus series, in the app's own registry (several apps may share a process)."""
 
     def __init__(self, queue_depth: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
@@ -332,8 +288,7 @@ class ShadowMetrics:
 
 @dataclass(frozen=True)
 class BaselineCapture:
-    """What the client received from the baseline: status, body bytes (the whole stream for a streamed
-    answer), whether it was streamed, its latency and, for a stream, the time to its first chunk."""
+    """What the client received from the baseline (a stream's body is all of its events)."""
 
     status: int
     body: bytes
@@ -350,8 +305,7 @@ class BaselineCapture:
 
 @dataclass(frozen=True)
 class MirrorJob:
-    """One admitted copy: its route, the redacted request, when it arrived, where from, and the baseline's
-    answer when the proxy passed one to the client (None for a mirror-sink copy)."""
+    """One admitted copy: the redacted request, and the baseline's answer (None for a mirror-sink copy)."""
 
     route: str
     request: dict[str, object]
@@ -361,8 +315,7 @@ class MirrorJob:
 
 
 class Mirror:
-    """Both upstreams, the rules that admit a copy, the bounded queue and its workers (as many as the
-    candidate's concurrency)."""
+    """Both upstreams, the rules that admit a copy, the bounded queue and its workers."""
 
     def __init__(self, settings: ShadowSettings, sink: PairSink) -> None:
         self.baseline = Upstream(settings.baseline, connections=None)
@@ -395,8 +348,7 @@ class Mirror:
         return reason, body
 
     def offer(self, route: str, raw: bytes, source: str, baseline: BaselineCapture | None) -> None:
-        """Admit a copy of a request (with the baseline's answer when the proxy has one) or count why not.
-        Never waits and never raises."""
+        """Admit a copy of a request or count why not; never waits and never raises."""
         received_at = time.time()
         reason, body = self._reason(route, raw, baseline.status if baseline else None)
         if reason is None:
@@ -428,8 +380,7 @@ class Mirror:
         self._tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
 
     async def stop(self) -> None:
-        """Stop the workers (copies still queued or in flight are not stored), the sink thread and both
-        connection pools."""
+        """Stop the workers (copies queued or in flight are not stored), the sink thread and both pools."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

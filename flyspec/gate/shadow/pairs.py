@@ -1,6 +1,5 @@
 """The record of one mirrored request (``MirroredPair``: both arms' answers, read from their OpenAI response
-bodies, whole or streamed), the ``--redact`` masks applied before anything is kept, and the
-``shadow_pairs`` table that keeps each pair in SQLite as it arrives."""
+bodies), the ``--redact`` masks, and the ``shadow_pairs`` table that keeps each pair as it arrives."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ MASK = "[REDACTED]"
 
 @dataclass(frozen=True)
 class ArmAnswer:
-    """One arm's answer to a mirrored request. An error or timeout is an answer too (``error`` set,
-    ``text`` None): the gate scores it as wrong, so it is recorded, never dropped."""
+    """One arm's answer to a mirrored request; an error or timeout is an answer too (``error`` set, ``text``
+    None), scored as wrong."""
 
     text: str | None
     status: int | None
@@ -56,8 +55,7 @@ def failed(error: str, latency_s: float, status: int | None = None) -> ArmAnswer
 
 @dataclass(frozen=True)
 class MirroredPair:
-    """One request answered by both arms: when it was received (Unix time), where from (``PROXY`` or
-    ``MIRROR``), its route (``CHAT`` or ``COMPLETIONS``), the request body and both answers (redacted)."""
+    """One request answered by both arms, received at a Unix time from ``PROXY`` or ``MIRROR``, redacted."""
 
     received_at: float
     source: str
@@ -72,11 +70,6 @@ def _choice_text(route: str, choice: dict[str, object], streamed: bool) -> str:
         return choice.get("text") or ""
     part = choice.get("delta" if streamed else "message") or {}
     return part.get("content") or ""
-
-
-def _tokens(usage: object, key: str) -> int | None:
-    value = usage.get(key) if isinstance(usage, dict) else None
-    return value if is_int(value, 0) else None
 
 
 def from_json(route: str, status: int, body: bytes, latency_s: float) -> ArmAnswer:
@@ -105,8 +98,8 @@ def from_json(route: str, status: int, body: bytes, latency_s: float) -> ArmAnsw
 def from_stream(
     route: str, status: int, body: bytes, latency_s: float, first_token_s: float | None
 ) -> ArmAnswer:
-    """The answer assembled from a streamed response's `data:` events as the client received them: the
-    first choice's text pieces in order, and usage and acceptance from whichever event carries them."""
+    """The answer assembled from a streamed response's `data:` events: the first choice's text pieces in
+    order, and usage and acceptance from whichever event carries them."""
     if status != 200:
         return failed(f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}", latency_s, status)
     events: list[dict[str, object]] = []
@@ -143,9 +136,14 @@ def from_stream(
     )
 
 
+def _tokens(usage: object, key: str) -> int | None:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if is_int(value, 0) else None
+
+
 class Redactor:
-    """The compiled ``--redact`` patterns: each match in a request and in both answers is masked before
-    anything is stored or sent to the candidate or a judge (none: values pass unchanged)."""
+    """The compiled ``--redact`` patterns, masked in a request and both answers before anything is stored or
+    sent on."""
 
     def __init__(self, patterns: list[str] | tuple[str, ...] = ()) -> None:
         self.patterns: list[re.Pattern[str]] = []
@@ -217,8 +215,7 @@ CREATE TABLE IF NOT EXISTS shadow_pairs (
 
 
 def create_private(path: Path) -> None:
-    """Create ``path`` readable and writable by its owner only; an existing file that others may read or
-    write is refused (ValueError naming the mode), since it would expose the traffic stored in it."""
+    """Create ``path`` readable and writable by its owner only; refuse an existing file others may read."""
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
@@ -230,9 +227,8 @@ def create_private(path: Path) -> None:
 
 
 class SqlitePairStore:
-    """A sink for the mirror keeping the pairs of run ``run_id`` in ``shadow_pairs`` (in the gate's store
-    for a shadow run: the row id is the pair's question id there), each committed as it arrives; safe to
-    call from several threads."""
+    """A sink for the mirror keeping the pairs of run ``run_id``, each committed as it arrives (a shadow
+    run's table is in its gate store, the row id the pair's question id); thread-safe."""
 
     def __init__(self, path: str | Path, run_id: str = "") -> None:
         self.path = Path(path)

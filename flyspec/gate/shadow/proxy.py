@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import httpx
@@ -26,13 +26,17 @@ from flyspec.gate.shadow.mirror import (
     PairSink,
     ShadowSettings,
     Skip,
-    request_headers,
-    response_headers,
 )
 from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
 from flyspec.gate.shadow.run import ShadowRun
 from flyspec.gate.shadow.status import add_run_routes
 
+# Hop-by-hop headers (RFC 9110 7.6.1) and those the HTTP layer sets itself are never copied across.
+_HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
+_HOP |= {"proxy-authenticate", "proxy-authorization", "proxy-connection"}
+# Answers travel uncompressed from the upstream so the proxy can read the text it passes through.
+_REQUEST_DROP = _HOP | {"accept-encoding"}
+_RESPONSE_DROP = _HOP | {"date", "server"}
 MAX_KEPT_ANSWER_BYTES = 8 << 20
 """A streamed answer longer than this is passed on but not kept for the mirror (``too_long``)."""
 SHADOW_HOST_SUFFIX = "-shadow"
@@ -44,44 +48,52 @@ def _is_shadow_copy(request: Request) -> bool:
     return host.endswith(SHADOW_HOST_SUFFIX)
 
 
-def _bad_gateway(exc: Exception) -> JSONResponse:
-    message = f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
-    return JSONResponse({"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502)
+def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A client's request headers as forwarded upstream (authorization and content-type kept)."""
+    out = {k: v for k, v in headers.items() if k.lower() not in _REQUEST_DROP}
+    out["accept-encoding"] = "identity"
+    return out
+
+
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    """An upstream's response headers as passed back to the client (content-type kept)."""
+    return {k: v for k, v in headers.items() if k.lower() not in _RESPONSE_DROP}
 
 
 class _Proxy:
     """The request path: forwards to the baseline, passes its answer on, then offers the copy."""
 
     def __init__(self, mirror: Mirror) -> None:
-        self.baseline, self.mirror = mirror.baseline, mirror
+        self.mirror = mirror
 
     async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
         raw = await request.body()
         if _is_shadow_copy(request):  # a copy of a route that is not paired is dropped, not forwarded
             return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
         start = time.monotonic()
-        outgoing = self.baseline.client.build_request(
+        baseline = self.mirror.baseline
+        outgoing = baseline.client.build_request(
             request.method,
-            self.baseline.url(route),
+            baseline.url(route),
             content=raw or None,
             headers=request_headers(request.headers),
             params=request.query_params,
         )
         try:
-            upstream = await self.baseline.client.send(outgoing, stream=True)
+            upstream = await baseline.client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:
-            if mirrored:
-                self.mirror.metrics.skip(Skip.BASELINE_ERROR)
-            return _bad_gateway(exc)
+            return self._bad_gateway(exc, mirrored)
         headers = response_headers(upstream.headers)
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return self._relay(upstream, headers, route, raw, start, mirrored)
+            relay = _Relay(upstream, start, route, raw, self.mirror if mirrored else None)
+            # The copy is offered after the last chunk: by the background task when the response ends, or
+            # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
+            background = BackgroundTask(relay.offer_after)
+            return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
         try:
             body = await upstream.aread()
         except httpx.HTTPError as exc:
-            if mirrored:
-                self.mirror.metrics.skip(Skip.BASELINE_ERROR)
-            return _bad_gateway(exc)
+            return self._bad_gateway(exc, mirrored)
         finally:
             await upstream.aclose()
         background = None
@@ -90,36 +102,14 @@ class _Proxy:
             background = BackgroundTask(self._offer, route, raw, capture)
         return Response(body, status_code=upstream.status_code, headers=headers, background=background)
 
-    def _relay(
-        self,
-        upstream: httpx.Response,
-        headers: dict[str, str],
-        route: str,
-        raw: bytes,
-        start: float,
-        mirrored: bool,
-    ) -> StreamingResponse:
-        relay = _Relay(upstream, start)
-
-        def offer() -> None:
-            if mirrored and not relay.offered:
-                relay.offered = True
-                reason = relay.not_kept()
-                if reason is not None:
-                    self.mirror.metrics.skip(reason)
-                else:
-                    self.mirror.offer(route, raw, PROXY, relay.capture())
-
-        async def offer_after() -> None:
-            offer()
-
-        # The copy is offered after the last chunk: by the background task when the response ends, or when
-        # the client hangs up (the official openai client closes the connection at `data: [DONE]`).
-        return StreamingResponse(
-            relay.chunks(offer),
-            status_code=upstream.status_code,
-            headers=headers,
-            background=BackgroundTask(offer_after),
+    def _bad_gateway(self, exc: Exception, mirrored: bool) -> JSONResponse:
+        if mirrored:
+            self.mirror.metrics.skip(Skip.BASELINE_ERROR)
+        message = (
+            f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
+        )
+        return JSONResponse(
+            {"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502
         )
 
     async def _offer(self, route: str, raw: bytes, capture: BaselineCapture) -> None:
@@ -135,17 +125,18 @@ class _Proxy:
 
 class _Relay:
     """One streamed answer passed on chunk by chunk and kept (up to ``MAX_KEPT_ANSWER_BYTES``) for the
-    mirror."""
+    mirror (None: not mirrored)."""
 
-    def __init__(self, upstream: httpx.Response, start: float) -> None:
-        self.upstream, self.start = upstream, start
+    def __init__(
+        self, upstream: httpx.Response, start: float, route: str, raw: bytes, mirror: Mirror | None
+    ) -> None:
+        self.upstream, self.start, self.route, self.raw, self.mirror = upstream, start, route, raw, mirror
         self.kept: list[bytes] = []
         self.size = 0
         self.first: float | None = None
         self.finished = False
-        self.offered = False
 
-    async def chunks(self, on_hang_up: Callable[[], None]) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self.upstream.aiter_raw():
                 if self.first is None:
@@ -157,22 +148,28 @@ class _Relay:
             self.finished = True
         finally:
             if not self.finished:
-                on_hang_up()
+                self.offer()
             await self.upstream.aclose()
 
-    def not_kept(self) -> str | None:
-        """Why this answer cannot be paired (the client left before its end, or it was too long), or None."""
+    def offer(self) -> None:
+        """Offer the copy once, as the client received it, or count why it cannot be paired: too long, or
+        the client left before the stream's terminator."""
+        mirror, self.mirror = self.mirror, None
+        if mirror is None:
+            return
         if self.size > MAX_KEPT_ANSWER_BYTES:
-            return Skip.TOO_LONG
-        # A client that leaves after the stream's terminator has had the whole answer.
-        if not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
-            return Skip.CLIENT_GONE
-        return None
+            mirror.metrics.skip(Skip.TOO_LONG)
+        elif not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
+            mirror.metrics.skip(Skip.CLIENT_GONE)
+        else:
+            latency = time.monotonic() - self.start
+            capture = BaselineCapture(
+                self.upstream.status_code, b"".join(self.kept), True, latency, self.first
+            )
+            mirror.offer(self.route, self.raw, PROXY, capture)
 
-    def capture(self) -> BaselineCapture:
-        """The answer as the client received it."""
-        latency = time.monotonic() - self.start
-        return BaselineCapture(self.upstream.status_code, b"".join(self.kept), True, latency, self.first)
+    async def offer_after(self) -> None:
+        self.offer()
 
 
 def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> FastAPI:
