@@ -86,8 +86,7 @@ class SamplingRule:
 
 
 def ineligible(route: str, body: dict[str, object]) -> Skip | None:
-    """Why a well-formed request cannot be paired, or None when it can: one choice (``n`` and ``best_of``
-    at most 1), no tools, and one prompt on /completions."""
+    """Why a well-formed request cannot be paired (several choices, tools, several prompts), or None."""
     for key in ("n", "best_of"):
         value = body.get(key, 1)
         if value is not None and value != 1:
@@ -173,8 +172,7 @@ class SpendCaps:
 
 
 class Upstream:
-    """An endpoint arm's connection pool (one ``httpx.AsyncClient``; ``connections`` None: unbounded) and
-    its base URLs, used in turn."""
+    """An endpoint arm's connection pool (``connections`` None: unbounded) and its base URLs, in turn."""
 
     def __init__(self, arm: OpenAIArm, connections: int | None) -> None:
         self.arm = arm
@@ -204,8 +202,7 @@ class Upstream:
 
 
 def endpoint_arm(name: str, spec: ArmSpec) -> OpenAIArm:
-    """An endpoint arm from the same JSON as `gate run` takes (dict, JSON string or JSON file); the shadow
-    process forwards HTTP, so an engine arm is refused."""
+    """An endpoint arm from the JSON `gate run` takes; the shadow forwards HTTP, so an engine is refused."""
     arm = parse_arm(name, spec)
     if arm.kind != "openai":
         raise ValueError(

@@ -28,8 +28,7 @@ MASK = "[REDACTED]"
 
 @dataclass(frozen=True)
 class ArmAnswer:
-    """One arm's answer to a mirrored request; an error or timeout is an answer too (``error`` set, ``text``
-    None), scored as wrong."""
+    """One arm's answer; an error or timeout is an answer too (``error`` set, ``text`` None), scored wrong."""
 
     text: str | None
     status: int | None
@@ -73,8 +72,7 @@ def _choice_text(route: str, choice: dict[str, object], streamed: bool) -> str:
 
 
 def from_json(route: str, status: int, body: bytes, latency_s: float) -> ArmAnswer:
-    """The answer in a whole response; an error answer for a non-200 status or a body that is not an
-    OpenAI completion."""
+    """The answer in a whole response (an error answer for a non-200 status or a non-completion)."""
     if status != 200:
         return failed(f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}", latency_s, status)
     try:
@@ -142,8 +140,7 @@ def _tokens(usage: object, key: str) -> int | None:
 
 
 class Redactor:
-    """The compiled ``--redact`` patterns, masked in a request and both answers before anything is stored or
-    sent on."""
+    """The compiled ``--redact`` patterns, masked before anything is stored or sent on."""
 
     def __init__(self, patterns: list[str] | tuple[str, ...] = ()) -> None:
         self.patterns: list[re.Pattern[str]] = []

@@ -20,13 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
-from flyspec.gate.shadow.mirror import (
-    BaselineCapture,
-    Mirror,
-    PairSink,
-    ShadowSettings,
-    Skip,
-)
+from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink, ShadowSettings, Skip
 from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
 from flyspec.gate.shadow.run import ShadowRun
 from flyspec.gate.shadow.status import add_run_routes
@@ -39,13 +33,6 @@ _REQUEST_DROP = _HOP | {"accept-encoding"}
 _RESPONSE_DROP = _HOP | {"date", "server"}
 MAX_KEPT_ANSWER_BYTES = 8 << 20
 """A streamed answer longer than this is passed on but not kept for the mirror (``too_long``)."""
-SHADOW_HOST_SUFFIX = "-shadow"
-
-
-def _is_shadow_copy(request: Request) -> bool:
-    """True for a copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow)."""
-    host = request.headers.get("host", "").rsplit(":", 1)[0]
-    return host.endswith(SHADOW_HOST_SUFFIX)
 
 
 def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -68,7 +55,9 @@ class _Proxy:
 
     async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
         raw = await request.body()
-        if _is_shadow_copy(request):  # a copy of a route that is not paired is dropped, not forwarded
+        # A copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow); a copy of a
+        # route that is not paired is dropped, not forwarded.
+        if request.headers.get("host", "").rsplit(":", 1)[0].endswith("-shadow"):
             return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
         start = time.monotonic()
         baseline = self.mirror.baseline
@@ -124,8 +113,7 @@ class _Proxy:
 
 
 class _Relay:
-    """One streamed answer passed on chunk by chunk and kept (up to ``MAX_KEPT_ANSWER_BYTES``) for the
-    mirror (None: not mirrored)."""
+    """One streamed answer passed on chunk by chunk and kept for the mirror (None: not mirrored)."""
 
     def __init__(
         self, upstream: httpx.Response, start: float, route: str, raw: bytes, mirror: Mirror | None
@@ -152,8 +140,7 @@ class _Relay:
             await self.upstream.aclose()
 
     def offer(self) -> None:
-        """Offer the copy once, as the client received it, or count why it cannot be paired: too long, or
-        the client left before the stream's terminator."""
+        """Offer the copy once, or count why it cannot be paired (too long, or the client left early)."""
         mirror, self.mirror = self.mirror, None
         if mirror is None:
             return
@@ -173,9 +160,8 @@ class _Relay:
 
 
 def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> FastAPI:
-    """The shadow process's app for ``settings``, handing every mirrored pair to ``sink``. A registered
-    ``ShadowRun`` as the sink also gives /decision, /status and the decision's gauges, starts and stops
-    with the app, and stops the mirroring once it decides (the proxy keeps serving)."""
+    """The shadow process's app, handing every mirrored pair to ``sink``; a registered ``ShadowRun`` also
+    starts and stops with the app, adds its routes, and stops the mirroring once it decides."""
     mirror = Mirror(settings, sink)
     proxy = _Proxy(mirror)
     run = sink if isinstance(sink, ShadowRun) else None
@@ -201,8 +187,7 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def forward(request: Request, rest: str) -> Response:
-        """Chat and completions are mirrored; every other /v1 route (models, embeddings, tokenize, ...) is
-        the baseline's business: passed through, never mirrored, so production loses nothing."""
+        """Chat and completions are mirrored; every other /v1 route (models, embeddings, ...) is passed on."""
         route = "/" + rest
         return await proxy.forward(request, route, request.method == "POST" and route in (CHAT, COMPLETIONS))
 

@@ -1,15 +1,9 @@
 """A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md, SPEC 11.6).
 
-``ShadowRun`` is the mirror's sink. It registers the run when it is built, before the first mirrored
-request (a resume with other settings is refused, as ``gate run`` refuses it). One worker thread owns the
-store (``PairWorker``): a pair handed to the sink is committed to ``shadow_pairs`` and registered as the
-run's next question (its id the row id: arrival order is the registered order) before the sink returns,
-so a ``kill -9`` loses at most the pairs in flight. The pair is then judged in both orders by the gate's
-judged-run machinery (``JudgedPairs``), or graded against the baseline's answer by a pairwise grader. A
-pair whose candidate errored is a known loss without asking the judge (the registered rule ``ERRORS``). A
-restart grades whatever a kill left half done; a judge that fails is asked again later.
-
-The decision is the report's (``build_report``: the same object as ``gate report --json``), refreshed as
+``ShadowRun`` registers the run before the first mirrored request. Its worker thread (``PairWorker``)
+commits each pair and registers it as the run's next question before the sink returns (arrival order is
+the registered order; a ``kill -9`` loses at most the pairs in flight), then judges it in both orders
+(``JudgedPairs``) or grades it against the baseline's answer. The decision is the report's, rebuilt as
 verdicts and labels arrive; once it is PASS or FAIL, ``on_decided`` stops the mirroring.
 """
 
@@ -82,9 +76,8 @@ JUDGE_RETRY_S = 10.0
 
 @dataclass(frozen=True)
 class ShadowPlan:
-    """The decision settings of a shadow run: run name, margin, alpha, how pairs are graded (``judge``: a
-    judged run, its gold labels drawn at ``gold_rate`` with ``seed``; or ``grader``, a pairwise exact
-    grader such as ``equivalent_to_baseline:whitespace``), and the registered maximum of pairs."""
+    """The decision settings of a shadow run: pairs are judged (``judge``, gold labels drawn at
+    ``gold_rate``) or graded by a pairwise ``grader`` such as ``equivalent_to_baseline:whitespace``."""
 
     run_id: str
     margin: float
@@ -122,16 +115,14 @@ class ShadowPlan:
 
     @property
     def gold(self) -> Gold | None:
-        """The registered gold-label draw of a judged run (the current draw, labels given by people)."""
+        """The registered gold-label draw of a judged run (labels given by people)."""
         return Gold(self.gold_rate, self.seed, "human") if self.judge is not None else None
 
 
 def shadow_registration(
     plan: ShadowPlan, baseline: OpenAIArm, candidate: OpenAIArm, sampling: Mapping[str, object]
 ) -> Registration:
-    """The registration of a shadow run: a sequential gate run (i.i.d. claim) of ``candidate`` against
-    ``baseline``, judged (the prediction-powered sequence on gold labels) or graded exactly against the
-    baseline's answer, with ``sampling`` the sampling rule's description."""
+    """A sequential gate run (i.i.d. claim) of ``candidate`` against ``baseline``, sampled by ``sampling``."""
     gold = plan.gold
     judged = (
         {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
@@ -174,9 +165,7 @@ def pair_question(pair: StoredPair, grader: str) -> Question:
 
 
 def label_requests(path: str | Path) -> Callable[[RunRecord], dict[str, str]]:
-    """The request texts a labeller sees for a run of the store at ``path``, by prompt hash: its datasets'
-    (as `gate label` reads them) and, for a live-traffic run, its stored pairs' (the prompt, or each
-    message as ``[role] content``)."""
+    """A run's request texts by prompt hash: its datasets' and, for a live-traffic run, its pairs'."""
 
     def requests(run: RunRecord) -> dict[str, str]:
         texts = request_texts(run)
@@ -222,17 +211,13 @@ def _record(job: Job, completion: Completion, grade: Grade) -> AnswerRecord:
         prompt_tokens=completion.prompt_tokens,
         completion_tokens=completion.completion_tokens,
         latency_s=completion.latency_s,
-        num_drafts=acc.num_drafts if acc else None,
-        num_draft_tokens=acc.num_draft_tokens if acc else None,
-        num_accepted_tokens=acc.num_accepted_tokens if acc else None,
-        num_forgiven_tokens=acc.num_forgiven_tokens if acc else None,
         source=completion.source,
+        **(acc.to_dict() if acc is not None else {}),  # the four acceptance counters, None where unreported
     )
 
 
 class PairWorker:
-    """What the run's worker thread does with its own store connection (open it in that thread): commit
-    and register pairs, grade or judge them, store what comes back."""
+    """The run's worker thread's part, with its own store connection: commit, register, grade or judge."""
 
     def __init__(self, path: Path, plan: ShadowPlan, pairs: SqlitePairStore) -> None:
         self.plan = plan
@@ -249,8 +234,7 @@ class PairWorker:
         return JudgedPairs(self.store, self.run_id, judge, LANES, self.plan.gold) if judge else None
 
     def recover(self) -> None:
-        """Register the stored pairs a kill left without a question, and grade or judge every registered
-        pair without its answers (in the stored order)."""
+        """Register and grade, in the stored order, what a kill left half done."""
         registered = {q.question_id for q in self.store.questions(self.run_id)}
         answered = {k[3] for k in self.store.answered_keys(self.run_id)}
         for pair in self.pairs.pairs():
@@ -260,15 +244,14 @@ class PairWorker:
                 self._grade(pair)
 
     def take(self, pair: MirroredPair) -> int:
-        """Commit a new pair, register its question and grade it (or send it to the judge); returns its id."""
+        """Commit a new pair, register its question and grade it (or ask the judge); returns its id."""
         stored = self.pairs(pair)
         self._register(stored)
         self._grade(stored)
         return stored.id
 
     def _question(self, pair: StoredPair) -> Question:
-        """The pair's question under the registered grader, or for a judged run's pair whose candidate
-        errored, the exact comparison with the baseline: such a pair is a known loss, labelled by itself."""
+        """The pair's question; a judged run's pair whose candidate errored is a known loss, graded so."""
         grader = self.plan.grader or (JUDGE if pair.candidate.get("error") is None else EQUIVALENCE)
         return pair_question(pair, grader)
 
@@ -329,8 +312,7 @@ class PairWorker:
 
 @dataclass(frozen=True)
 class LiveDecision:
-    """The decision as it stands: the report's decision object, its bounds, the gold labels waiting, the
-    judge's agreement with gold (None before the first label or without a judge) and the pairs stored."""
+    """The decision as it stands: the report's decision object and what /status and the gauges show."""
 
     decision: dict[str, object]
     low: float
@@ -346,8 +328,7 @@ class LiveDecision:
 
 
 class ShadowRun:
-    """The mirror's sink for a registered shadow run (see the module's docstring). ``start`` before the
-    first pair; ``close`` at the end."""
+    """The mirror's sink for a registered shadow run: ``start`` before the first pair, ``close`` last."""
 
     def __init__(self, path: str | Path, plan: ShadowPlan, registration: Registration) -> None:
         self.path = Path(path)
@@ -381,8 +362,7 @@ class ShadowRun:
         self.error: BaseException | None = None
 
     def __call__(self, pair: MirroredPair) -> None:
-        """Commit one pair (and register it as the run's next question) before returning; raises when the
-        worker could not start (the mirror counts the pair as not stored)."""
+        """Commit one pair and register it before returning; raises when the worker could not start."""
         if self.error is not None:
             raise RuntimeError(f"the shadow run's worker is not running: {self.error}")
         done: Future[int] = Future()
@@ -403,9 +383,8 @@ class ShadowRun:
         self._lock.release()
 
     def decision(self) -> LiveDecision:
-        """The decision as the store holds it now (the same build as ``gate report``), built again only
-        when the run's rows or its stored pairs changed: the worker asks every second and /metrics at
-        every scrape, and a sequential run's report simulates its label advice (seconds on a long run)."""
+        """The decision as the store holds it now (the same build as ``gate report``); rebuilt only when the
+        run's rows changed, since a sequential run's report simulates its label advice (seconds)."""
         with GateStore(self.path) as store:
             revision = (store.revision(self.run_id), self.pairs.count())
         if self._built is not None and self._built[0] == revision:

@@ -1,12 +1,8 @@
 """What production tooling and people read of a registered shadow run: ``/decision`` (the decision object
-of ``gate report --json``), ``/status`` (the run for a person: the interval against the margin over time,
-the counts, the judge's agreement with gold, the claim in words) and the decision's gauges on ``/metrics``.
-Each is built from the store when asked, in a worker thread, so it agrees with ``gate report`` run at the
-same moment and never holds the event loop that serves clients.
-
-The plot is inline SVG built on the server from the report's own walk (flyspec/gate/report/interval_path.py;
-the page loads nothing and runs no script, every text is escaped); a long run is thinned to ``MAX_POINTS``
-buckets, each drawn at its last step, so the interval as it stands is always the last point.
+of ``gate report --json``), ``/status`` (the run for a person, with the interval against the margin over
+time as inline SVG from the report's own walk: the page loads nothing, every text is escaped) and the
+decision's gauges on ``/metrics``. Each is built from the store when asked, in a worker thread, so it
+agrees with ``gate report`` at the same moment and never holds the event loop that serves clients.
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ _GAUGES = (
 
 
 def add_run_routes(app: FastAPI, run: ShadowRun, metrics: ShadowMetrics) -> None:
-    """Add /decision and /status for ``run``, and its decision gauges to ``metrics`` (brought up to date
-    before each scrape)."""
+    """Add /decision and /status for ``run``, and its decision gauges (updated per scrape) to ``metrics``."""
     gauges = [Gauge(name, help_text, registry=metrics.registry) for name, help_text in _GAUGES]
 
     async def current() -> LiveDecision:
@@ -107,19 +102,16 @@ def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ())
     )
 
 
-def thinned(steps: Sequence[Step], limit: int = MAX_POINTS) -> list[Step]:
-    """At most ``limit`` steps: all of them, or the last step of each of ``limit`` equal buckets."""
-    if limit < 1:
-        raise ValueError(f"limit={limit}: must be at least 1")
-    if len(steps) <= limit:
+def thinned(steps: Sequence[Step]) -> list[Step]:
+    """At most ``MAX_POINTS`` steps: all of them, or the last step of each of ``MAX_POINTS`` equal buckets."""
+    if len(steps) <= MAX_POINTS:
         return list(steps)
-    size = len(steps) / limit
-    return [steps[math.ceil((i + 1) * size) - 1] for i in range(limit)]
+    size = len(steps) / MAX_POINTS
+    return [steps[math.ceil((i + 1) * size) - 1] for i in range(MAX_POINTS)]
 
 
 def interval_svg(steps: Sequence[Step], margin: float, title: str) -> str:
-    """The SVG (or a sentence before the first counted pair): the band between the bounds after each pair,
-    in points, with the lines at ``-margin`` and at 0."""
+    """The band between the bounds after each pair, in points, against ``-margin`` and 0 (as SVG)."""
     points = thinned(steps)
     if not points:
         return "<p>No pair is counted yet: the plot starts with the first pair in arrival order.</p>"
