@@ -170,17 +170,6 @@ def check_label_host(host: str, token: str | None) -> None:
         )
 
 
-def _guard(token: str | None) -> Callable[[Request], None]:
-    def authorised(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("x-label-token") or request.query_params.get("token") or ""
-        if not secrets.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(401, "the labelling page needs its token (?token=... or X-Label-Token)")
-
-    return authorised
-
-
 def label_router(
     store_path: str | Path,
     run_id: str | None,
@@ -193,8 +182,14 @@ def label_router(
     judged run when None), asking for ``token`` when one is given."""
     path = Path(store_path)
     router = APIRouter()
+
+    def authorised(request: Request) -> None:
+        given = request.headers.get("x-label-token") or request.query_params.get("token") or ""
+        if token is not None and not secrets.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "the labelling page needs its token (?token=... or X-Label-Token)")
+
     # The page and its API need the token; the script and the style sheet are the same for everyone.
-    guarded = [Depends(_guard(token))]
+    guarded = [Depends(authorised)]
 
     @router.get("/label", include_in_schema=False, dependencies=guarded)
     def page() -> FileResponse:

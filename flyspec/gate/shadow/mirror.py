@@ -1,9 +1,7 @@
 """The mirror: which requests are copied (eligibility, the registered sampling rule, the stop after N pairs,
 the candidate's spend caps), a bounded queue, and workers that ask the arms and hand each pair to the sink.
-
-Production first: ``offer`` never waits, and the sink runs in one worker thread so a slow store never holds
-the event loop that serves clients. Every request not mirrored is counted by reason (``Skip``).
-"""
+Production first: ``offer`` never waits, and the sink runs in its own thread so a slow store never holds
+the event loop that serves clients. Every request not mirrored is counted by reason (``Skip``)."""
 
 from __future__ import annotations
 
@@ -32,8 +30,6 @@ log = logging.getLogger(__name__)
 
 PairSink = Callable[[MirroredPair], object]
 """Where pairs go, one at a time in one thread: a ``SqlitePairStore`` or a registered ``ShadowRun``."""
-WINDOW_S = 60.0
-_TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
 
 
 class Skip(StrEnum):
@@ -91,7 +87,7 @@ def ineligible(route: str, body: dict[str, object]) -> Skip | None:
         value = body.get(key, 1)
         if value is not None and value != 1:
             return Skip.SEVERAL_CHOICES
-    if any(body.get(key) for key in _TOOL_FIELDS):
+    if any(body.get(key) for key in ("tools", "tool_choice", "functions", "function_call")):
         return Skip.TOOLS
     prompt = body.get("prompt")
     # A list of token ids is one prompt; a list of strings or of token-id lists is one prompt per item.
@@ -152,7 +148,7 @@ class SpendCaps:
 
     def admit(self, estimated_tokens: int) -> Booking | Skip:
         """A booking when the request fits (``settle`` it once the candidate answers), else the cap hit."""
-        cutoff = self._clock() - WINDOW_S
+        cutoff = self._clock() - 60.0  # a sliding minute
         while self._booked and self._booked[0].at <= cutoff:
             self._booked.popleft()
         tokens = sum(b.tokens for b in self._booked)

@@ -1,10 +1,9 @@
 """The shadow app: an OpenAI-compatible proxy to the baseline, a mirror sink, and /metrics.
 
-Every /v1 request goes to the baseline and its answer goes back unchanged (status, body, content-type;
-server-sent events passed on chunk by chunk as they arrive). Only after the client has the whole answer is
-a copy offered to the mirror (flyspec/gate/shadow/mirror.py), which never waits. Copies from nginx's
-``mirror`` arrive at /mirror/v1/...; Envoy and Istio send theirs to the same /v1 path with ``-shadow``
-appended to the Host header. Both are answered 202 at once.
+Every /v1 request goes to the baseline and its answer goes back unchanged (server-sent events passed on as
+they arrive); only after the client has the whole answer is a copy offered to the mirror. Copies from
+nginx arrive at /mirror/v1/...; Envoy and Istio send theirs to /v1 with ``-shadow`` appended to the Host.
+Both are answered 202 at once.
 """
 
 from __future__ import annotations
