@@ -1,4 +1,4 @@
-"""A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md, SPEC 11.6).
+"""A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md).
 
 ``ShadowRun`` registers the run before the first mirrored request. Its worker thread (``PairWorker``)
 commits each pair and registers it as the run's next question before the sink returns (arrival order is
