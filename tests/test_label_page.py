@@ -1,4 +1,4 @@
-"""The labelling page's JSON API (flyspec/gate/shadow/label_page.py) on a real judged run, through FastAPI's
+"""The labelling page's JSON API (flyspec/gate/shadow/label.py) on a real judged run, through FastAPI's
 TestClient: the same queue as `flyspec gate label`, labels stored with the labeller and the time, a label
 for a pair that does not wait refused 409, a second labeller counted as agreement, the token, the page's
 Content-Security-Policy, and `gate label --web` refusing to serve off loopback without a token."""
@@ -21,7 +21,7 @@ from flyspec.bench.peers import free_port
 from flyspec.gate.data.labelling import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report, label_progress
-from flyspec.gate.shadow.label_page import check_label_host, label_router
+from flyspec.gate.shadow.label import check_label_host, label_router
 
 
 @pytest.fixture(scope="module")
