@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 from flyspec.gate.stats import questions_needed_noninferiority
-from flyspec.gate.stats.forecast import Design, judged_questions_needed, simulate
 from flyspec.gate.stats.simulation import judged_runs
+from flyspec.gate.stats.sizing import Design, judged_questions_needed, simulate
 
 JUDGES = (("fair", 0.0), ("fair", 0.02), ("fair", 0.05), ("coin", 0.0))
 

@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from flyspec.gate.stats import decide, questions_needed_noninferiority, sequential_decisions
+from flyspec.gate.stats import decide, questions_needed_noninferiority
+from flyspec.gate.stats.simulation import sequential_decisions
 
 FLIP_RATES = (0.06, 0.2, 0.3)
 DELTAS = (0.0, -0.01, -0.02, -0.05, -0.10, -0.20)

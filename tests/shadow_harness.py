@@ -18,11 +18,10 @@ from flyspec.bench.scripted_openai import Script, scripted_app
 from flyspec.gate.arms.judge import parse_judge
 from flyspec.gate.data.results import gold_rule, pending, record
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.shadow.pair_store import SqlitePairStore
+from flyspec.gate.shadow.mirror import ShadowSettings, endpoint_arm
+from flyspec.gate.shadow.pairs import SqlitePairStore
 from flyspec.gate.shadow.proxy import create_shadow_app
-from flyspec.gate.shadow.registration import ShadowPlan, shadow_registration
-from flyspec.gate.shadow.run import ShadowRun
-from flyspec.gate.shadow.settings import ShadowSettings, endpoint_arm
+from flyspec.gate.shadow.run import ShadowPlan, ShadowRun, shadow_registration
 
 
 @contextmanager

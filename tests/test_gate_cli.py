@@ -268,7 +268,8 @@ def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, 
     """Every case of the decision, with intervals entirely above zero, entirely below zero (within and
     beyond the margin) and straddling it: the sentences quote the interval, say where it lies, end with
     the decision, and never call a shown loss "not proof of harm"."""
-    from flyspec.gate.report.wording import explain_decision, points
+    from flyspec.gate.report.advice import explain_decision
+    from flyspec.gate.report.model import points
 
     lines = explain_decision(decision, low, high, 0.02, 250)
     text = " ".join(lines)
@@ -281,7 +282,7 @@ def test_plain_words_follow_the_numbers(decision: str, low: float, high: float, 
 def test_plain_words_refuse_a_decision_the_numbers_do_not_support() -> None:
     """The wording function checks the decision against the interval (so it cannot print a PASS the
     interval does not show), keeps enough decimals near the boundary, and says nothing is decided at 0."""
-    from flyspec.gate.report.wording import explain_decision
+    from flyspec.gate.report.advice import explain_decision
 
     with pytest.raises(ValueError, match="does not follow from the interval"):
         explain_decision("PASS", -0.05, 0.01, 0.02, 100)
@@ -328,7 +329,7 @@ def test_significant_mcnemar_beside_a_pass(tmp_path: Path) -> None:
 def test_zero_flips_plan_from_an_upper_bound(tmp_path: Path) -> None:
     """With no flipped question the flip rate is unknown: the advice says so and plans from the flip
     rate's one-sided upper confidence bound, never from a rate of zero."""
-    from flyspec.gate.stats import plan_noninferiority
+    from flyspec.gate.stats.sizing import plan_noninferiority
 
     report = build_report(_store(tmp_path / "s.sqlite", 40, 0, 0))
     d = report.to_dict()["decision"]
@@ -608,7 +609,7 @@ def test_an_inconclusive_sequential_run_is_continued(flyspec, yes_server: str, t
     with that --max-questions continues it: the stored answers are kept, not asked again, the registration
     records the extension, and the confidence sequence goes on along the same order."""
     from flyspec.gate.report.advice import sequential_questions
-    from flyspec.gate.stats import flip_rate_upper_bound
+    from flyspec.gate.stats.sizing import flip_rate_upper_bound
 
     store = tmp_path / "g.db"
     args = ("--sequential", "--max-questions", "8", "--json")

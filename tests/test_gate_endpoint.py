@@ -38,7 +38,8 @@ from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
 from flyspec.gate.runs.session import question_seed
-from flyspec.gate.stats import questions_needed_noninferiority, wilson_interval
+from flyspec.gate.stats import questions_needed_noninferiority
+from flyspec.gate.stats.paired import wilson_interval
 
 API_KEY = "sk-test-secret-7f3a"
 MODELS = ("base", "cand", "noisy", "vllm", "plain", "held")
@@ -481,7 +482,7 @@ def test_candidate_pilot_plans_and_its_questions_are_left_out(
     candidate's flips with a plan from the flip rate's upper bound; a later gate run in the same store
     leaves exactly those questions out (recorded in its registration), so its questions are disjoint."""
     from flyspec.gate.runs.run import run_pilot
-    from flyspec.gate.stats import plan_noninferiority
+    from flyspec.gate.stats.sizing import plan_noninferiority
 
     _, urls = servers
     store = tmp_path / "gate.sqlite"

@@ -1,5 +1,5 @@
 """The gate's settings on the command line and in --config files, stated once on the settings' fields
-(flyspec/gate/runs/flags.py): the options `gate run`, `gate pilot` and `gate tune` show are generated from
+(flyspec/gate/runs/settings.py): the options `gate run`, `gate pilot` and `gate tune` show are generated from
 the fields, a --config file takes the keys it always took, and what is given becomes one typed object."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import pytest
 import typer.main
 
 from flyspec.cli.gate import gate_app
-from flyspec.gate.runs.flags import config_keys, flags, options_from_flags
-from flyspec.gate.runs.settings import GateOptions
-from flyspec.gate.runs.tune_settings import TuneOptions
+from flyspec.gate.runs.settings import GateOptions, config_keys, flags, options_from_flags
+from flyspec.gate.runs.tune import TuneOptions
 
 CONFIG_KEYS = {
     "store", "dataset", "limit", "max_questions", "baseline", "candidate", "margin", "alpha", "sequential",

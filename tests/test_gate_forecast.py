@@ -1,4 +1,4 @@
-"""The sequential run's forecast (flyspec/gate/stats/forecast.py) and the progress bar that shows it.
+"""The sequential run's forecast (flyspec/gate/stats/sizing.py) and the progress bar that shows it.
 
 The forecast is checked against the thing it predicts: runs simulated at known rates with the real
 sequential rule. It must land near their median stopping point, name the decision they reach, and turn its
@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from flyspec.gate.runs.progress import GateProgress
-from flyspec.gate.stats.forecast import (
+from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, Monitor, SequentialPlan
+from flyspec.gate.stats.simulation import sequential_decisions
+from flyspec.gate.stats.sizing import (
     EFFECT,
     MIN_PAIRS,
     PRIOR,
@@ -21,8 +23,6 @@ from flyspec.gate.stats.forecast import (
     forecast,
     forecast_from_rate,
 )
-from flyspec.gate.stats.monitor import BASELINE, CANDIDATE, Monitor, SequentialPlan
-from flyspec.gate.stats.simulation import sequential_decisions
 
 RUN = {"margin": 0.02, "alpha": 0.025, "max_questions": 1319, "population_size": 1319}
 

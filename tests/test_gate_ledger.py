@@ -1,4 +1,4 @@
-"""The per-user alpha ledger (flyspec/gate/data/ledger.py, flyspec/gate/runs/exclusion.py) with real stores
+"""The per-user alpha ledger (flyspec/gate/data/ledger.py, flyspec/gate/runs/register.py) with real stores
 on disk and a real ledger file (each test its own, tests/conftest.py): which arms are one comparison, which
 questions are the same, which looks count, and what survives moving a store.
 
@@ -17,7 +17,7 @@ from flyspec.gate.data.ledger import UserLedger, comparison_key_of, ledger_path,
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.report.build import build_report
-from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
+from flyspec.gate.runs.register import check_alpha_left, record_looks
 
 SPEC = {"method": "draft_model", "model": "draft", "num_speculative_tokens": 4}
 

@@ -15,11 +15,10 @@ import math
 import numpy as np
 import pytest
 
-from flyspec.gate.stats import sequential_decisions
 from flyspec.gate.stats.decide import claim
 from flyspec.gate.stats.judged import JudgedPair
 from flyspec.gate.stats.monitor import CS_METHOD, JUDGED_METHOD, Monitor, SequentialPlan, judged_stop
-from flyspec.gate.stats.simulation import draw_differences, draw_judged
+from flyspec.gate.stats.simulation import draw_differences, draw_judged, sequential_decisions
 
 MARGIN, ALPHA = 0.02, 0.025
 

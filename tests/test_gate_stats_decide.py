@@ -20,16 +20,14 @@ from scipy.stats import binom
 
 from flyspec.gate.stats import (
     decide,
-    fixed_sequence,
-    flip_rate_upper_bound,
     mcnemar,
     net_difference_ci,
-    plan_noninferiority,
     questions_needed_noninferiority,
     sequential_decision,
 )
-from flyspec.gate.stats.forecast import Design, simulate
+from flyspec.gate.stats.decide import fixed_sequence
 from flyspec.gate.stats.simulation import draw_differences
+from flyspec.gate.stats.sizing import Design, flip_rate_upper_bound, plan_noninferiority, simulate
 
 GATE = Path(__file__).resolve().parent.parent / "flyspec" / "gate"
 RULE_HOMES = {

@@ -16,7 +16,6 @@ from judged_draws import run_draws
 
 from flyspec.gate.data.questions import Question, select_questions
 from flyspec.gate.data.spec import Gold
-from flyspec.gate.stats.bounded import BoundedMeanSequence, log_capital
 from flyspec.gate.stats.judged import (
     GOLD_DRAW,
     JudgedPair,
@@ -28,6 +27,7 @@ from flyspec.gate.stats.judged import (
     usable_prefix,
     value_range,
 )
+from flyspec.gate.stats.sequence import BoundedMeanSequence, log_capital
 from flyspec.gate.stats.simulation import draw_judged, judged_runs
 
 MARGIN, ALPHA = 0.02, 0.025

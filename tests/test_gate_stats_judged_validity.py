@@ -12,7 +12,7 @@ a fair judge wrong 5% of the time per order. The grid: 3%, 16% and 40% of answer
 rates 0.05, 0.2 and 1 (at rate 1 every differing pair is labelled and the value is the gold difference
 itself, so one judge stands for all); fixed runs (the plug-in bet tuned to n) and sequential runs (the
 anytime mixture, looked at after every question), 2,000 questions each; a margin of 2 points, alpha 0.025;
-the full grid for each version of the interval's bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``).
+the full grid for each version of the interval's bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``).
 
 Monte Carlo error: R runs give a rate's standard error sqrt(p (1 - p) / R): 0.0049 at alpha with 1,000
 runs, 0.0078 with 400; each bound allows 2.5 of them. The fast tier runs a few cells with 400 runs; the
@@ -30,10 +30,10 @@ import pytest
 from judged_draws import run_draws
 from scipy.stats import norm
 
-from flyspec.gate.stats import sequential_decisions, simulation
-from flyspec.gate.stats.bounded import BET, BET_VERSIONS
+from flyspec.gate.stats import simulation
 from flyspec.gate.stats.judged import GOLD_DRAW
-from flyspec.gate.stats.simulation import JudgedBlock, draw_judged, judged_runs
+from flyspec.gate.stats.sequence import BET, BET_VERSIONS
+from flyspec.gate.stats.simulation import JudgedBlock, draw_judged, judged_runs, sequential_decisions
 
 MARGIN, ALPHA = 0.02, 0.025
 QUESTIONS = 2000

@@ -11,13 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from flyspec.gate.stats import (
-    ConfidenceSequence,
-    confidence_sequence,
-    sequential_decision,
-    sequential_decisions,
-)
-from flyspec.gate.stats.sequence import BETS, GRID_STEPS
+from flyspec.gate.stats import confidence_sequence, sequential_decision
+from flyspec.gate.stats.sequence import BETS, GRID_STEPS, ConfidenceSequence
+from flyspec.gate.stats.simulation import sequential_decisions
 
 
 def _draw(seed: int, p_lost: float, p_gained: float, size: int | tuple[int, int]) -> np.ndarray:

@@ -22,9 +22,8 @@ from scipy.stats import norm
 
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion
-from flyspec.gate.runs.exclusion import check_alpha_left, record_looks
-from flyspec.gate.stats import sequential_decisions
-from flyspec.gate.stats.simulation import draw_differences
+from flyspec.gate.runs.register import check_alpha_left, record_looks
+from flyspec.gate.stats.simulation import draw_differences, sequential_decisions
 from flyspec.gate.stats.spending import Look, alpha_left, budget_of, comparison_key, next_look
 
 MARGIN, ALPHA = 0.02, 0.025

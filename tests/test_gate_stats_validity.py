@@ -15,14 +15,11 @@ import numpy as np
 import pytest
 from scipy.stats import binom, norm
 
-from flyspec.gate.stats import (
-    decide,
-    fixed_sequence,
-    plan_noninferiority,
-    questions_needed_noninferiority,
-    sequential_decisions,
-    tango_statistic,
-)
+from flyspec.gate.stats import decide, questions_needed_noninferiority
+from flyspec.gate.stats.decide import fixed_sequence
+from flyspec.gate.stats.paired import tango_statistic
+from flyspec.gate.stats.simulation import sequential_decisions
+from flyspec.gate.stats.sizing import plan_noninferiority
 
 ALPHA = 0.025
 MARGIN = 0.02

@@ -33,9 +33,9 @@ from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.results import setting_status
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.tune_report import build_tune_report
-from flyspec.gate.runs.tune import TuneOptions, calibration_speeds, tune
-from flyspec.gate.runs.tune_settings import expand_grid, parse_settings
+from flyspec.gate.runs.tune import TuneOptions, calibration_speeds, parse_settings, tune
 from flyspec.gate.stats.decide import NOT_TESTED, PASS, fixed_sequence
+from flyspec.policy_grid import expand_grid
 
 MAX_TOKENS = 10
 QUESTIONS = 16

@@ -390,7 +390,7 @@ def test_the_gate_is_eight_layered_subpackages() -> None:
     ("importer", "target"),
     [
         ("flyspec.gate.stats.monitor", "flyspec.gate.data.store"),
-        ("flyspec.gate.report.tune_report", "flyspec.gate.runs.tune_settings"),
+        ("flyspec.gate.report.tune_report", "flyspec.gate.runs.tune"),
         ("flyspec.gate.grading.judge", "flyspec.gate.arms.endpoint"),
         ("flyspec.gate.logs.compare", "flyspec.gate.runs.settings"),
         ("flyspec.gate.runs.run", "flyspec.gate"),

@@ -1,4 +1,4 @@
-"""The labelling page's JSON API (flyspec/gate/shadow/label_page.py) on a real judged run, through FastAPI's
+"""The labelling page's JSON API (flyspec/gate/shadow/label.py) on a real judged run, through FastAPI's
 TestClient: the same queue as `flyspec gate label`, labels stored with the labeller and the time, a label
 for a pair that does not wait refused 409, a second labeller counted as agreement, the token, the page's
 Content-Security-Policy, and `gate label --web` refusing to serve off loopback without a token."""
@@ -20,9 +20,8 @@ from label_runs import hostile_run
 from flyspec.bench.peers import free_port
 from flyspec.gate.data.results import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.build import build_report
-from flyspec.gate.report.label_progress import label_progress
-from flyspec.gate.shadow.label_page import check_label_host, label_router
+from flyspec.gate.report.build import build_report, label_progress
+from flyspec.gate.shadow.label import check_label_host, label_router
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +195,7 @@ def test_the_reading_is_built_again_only_when_the_run_changes(
     """The page asks for the decision and advice after every label, and a long sequential run's report
     simulates its advice for seconds: the reading is kept while the run's rows are unchanged, and read
     again (with the new count) after a label or a second label."""
-    import flyspec.gate.report.label_progress as progress_module
+    import flyspec.gate.report.build as progress_module
 
     c, store, run_id = client
     builds: list[str] = []

@@ -17,9 +17,8 @@ from loopback import serve_app
 
 from flyspec.gate.data.results import gold_rule, pending, request_texts
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.build import build_report
-from flyspec.gate.report.label_progress import label_progress
-from flyspec.gate.shadow.label_page import label_router
+from flyspec.gate.report.build import build_report, label_progress
+from flyspec.gate.shadow.label import label_router
 
 pytestmark = pytest.mark.slow
 INSTALL = "apt-get install -y chromium chromium-driver (Debian; .ci/run does it) and pip install -e '.[dev]'"

@@ -8,11 +8,16 @@ import math
 
 import pytest
 
-from flyspec.gate.shadow.admission import PairBudget, SamplingRule, ineligible
-from flyspec.gate.shadow.answers import from_stream
-from flyspec.gate.shadow.redact import Redactor
-from flyspec.gate.shadow.settings import ShadowSettings, endpoint_arm
-from flyspec.gate.shadow.spend import Booking, SpendCaps
+from flyspec.gate.shadow.mirror import (
+    Booking,
+    PairBudget,
+    SamplingRule,
+    ShadowSettings,
+    SpendCaps,
+    endpoint_arm,
+    ineligible,
+)
+from flyspec.gate.shadow.pairs import Redactor, from_stream
 
 ARM = {"base_urls": ["http://127.0.0.1:9/v1"], "model": "m"}
 

@@ -25,9 +25,9 @@ from shadow_harness import arm, judge_preferring, label_all, metric, shadow_run,
 from flyspec.bench.peers import free_port
 from flyspec.bench.scripted_openai import Script
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.shadow import worker
-from flyspec.gate.shadow.admission import SamplingRule
-from flyspec.gate.shadow.registration import CLAIM, DATASET, ERRORS
+from flyspec.gate.shadow import run as worker
+from flyspec.gate.shadow.mirror import SamplingRule
+from flyspec.gate.shadow.run import CLAIM, DATASET, ERRORS
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = [sys.executable, "-c", "from flyspec.cli import main; main()", "gate"]

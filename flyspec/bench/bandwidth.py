@@ -19,8 +19,11 @@ from flyspec import huge_pages
 READ_BYTES = 512 << 20
 """The buffer `read_bandwidth` reads: far beyond any CPU's last-level cache."""
 
+READ_PASSES = 5
+"""The timed passes `read_bandwidth` keeps the best of."""
 
-def read_bandwidth(threads: int, nbytes: int = READ_BYTES, passes: int = 5) -> float:
+
+def read_bandwidth(threads: int, nbytes: int = READ_BYTES, passes: int = READ_PASSES) -> float:
     """Bytes per second of a full read of an `nbytes` float32 buffer (a sum over it) with `threads`
     torch threads: the best of `passes` after one untimed pass that faults the pages in. The buffer lies
     in huge-page-advised memory, as the quantized weights do (flyspec/huge_pages.py)."""

@@ -33,6 +33,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from flyspec.bench.bandwidth import READ_BYTES, READ_PASSES
+
 __all__ = ["DecodeRate", "FlyspecColumn", "LlamaCppReport", "LlamaCppRuns", "render"]
 
 
@@ -227,7 +229,7 @@ def _bandwidth_line(report: LlamaCppReport, bandwidth: float) -> str:
     ]
     return (
         f"One sequence against the memory bandwidth: this machine read {bandwidth:.1f} GB/s (a sum over "
-        f"512 MB, {report.threads} threads, the best of 5); "
+        f"{READ_BYTES >> 20} MB, {report.threads} threads, the best of {READ_PASSES}); "
         + ("; ".join(cells) or "no target-only column at one sequence")
         + "."
     )

@@ -16,7 +16,7 @@ import typer
 from flyspec.cli.options import App
 from flyspec.cli.settings import settings_command
 from flyspec.gate.runs.settings import GateOptions
-from flyspec.gate.runs.tune_settings import TuneOptions
+from flyspec.gate.runs.tune import TuneOptions
 
 gate_app = App(
     name="gate",
@@ -440,7 +440,7 @@ def label_command(
     console = Console(highlight=False)
     with GateStore(store) as opened:
         run, gold = gold_rule(opened, run_id)
-        from flyspec.gate.shadow.worker import label_requests
+        from flyspec.gate.shadow.run import label_requests
 
         todo = pending(opened, run, gold, label_requests(opened.path)(run))
         if not todo:

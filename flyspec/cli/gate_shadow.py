@@ -1,6 +1,6 @@
 """`flyspec gate shadow`: gate live traffic (docs/shadow.md).
 
-The options are checked (flyspec/gate/shadow/settings.py, registration.py) and the run is registered in
+The options are checked (flyspec/gate/shadow/mirror.py, run.py) and the run is registered in
 the store before anything is started; the server runs on uvicorn until Ctrl-C. The same command resumes
 the same run.
 """
@@ -18,7 +18,7 @@ from flyspec.cli.options import opt
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from flyspec.gate.shadow.registration import ShadowPlan
+    from flyspec.gate.shadow.run import ShadowPlan
 
 _ARM = (
     "an OpenAI-compatible endpoint as the JSON `gate run` takes (or a JSON file): "
@@ -136,10 +136,9 @@ def shadow_command(
     process then asks both arms. What is not mirrored is counted by reason at /metrics
     (flyspec_shadow_skipped_total).
     """
+    from flyspec.gate.shadow.mirror import ShadowSettings, endpoint_arm
     from flyspec.gate.shadow.proxy import create_shadow_app
-    from flyspec.gate.shadow.registration import shadow_registration
-    from flyspec.gate.shadow.run import ShadowRun
-    from flyspec.gate.shadow.settings import ShadowSettings, endpoint_arm
+    from flyspec.gate.shadow.run import ShadowRun, shadow_registration
 
     settings = ShadowSettings(
         baseline=endpoint_arm("baseline", baseline),
@@ -184,7 +183,7 @@ def _plan(
 ) -> ShadowPlan:
     """The run's plan from the options (ValueError naming the option that does not fit)."""
     from flyspec.gate.arms.judge import parse_judge
-    from flyspec.gate.shadow.registration import DEFAULT_MAX_PAIRS, ShadowPlan
+    from flyspec.gate.shadow.run import DEFAULT_MAX_PAIRS, ShadowPlan
 
     if gold_rate is not None and judge is None:
         raise ValueError("--gold-rate: gold labels anchor a judge's verdicts; it goes with --judge only")
@@ -203,9 +202,9 @@ def _plan(
 def _mount_label_page(app: FastAPI, store: Path, run: str, address: str, token: str | None) -> str:
     """Serve the labelling page beside the proxy where the rule allows it (loopback, or a token); say
     where it is, or why it is off."""
-    from flyspec.gate.report.label_progress import label_progress
-    from flyspec.gate.shadow.label_page import check_label_host, is_loopback, label_router
-    from flyspec.gate.shadow.worker import label_requests
+    from flyspec.gate.report.build import label_progress
+    from flyspec.gate.shadow.label import check_label_host, is_loopback, label_router
+    from flyspec.gate.shadow.run import label_requests
 
     host = address.rpartition(":")[0]
     if token is None and not is_loopback(host):

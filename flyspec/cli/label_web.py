@@ -1,4 +1,4 @@
-"""`flyspec gate label --web`: the labelling page (flyspec/gate/shadow/label_page.py) for a store's judged
+"""`flyspec gate label --web`: the labelling page (flyspec/gate/shadow/label.py) for a store's judged
 run, served on its own by uvicorn until Ctrl-C; the terminal `gate label` keeps working on the same queue."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 from flyspec.gate.data.results import gold_rule
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.report.label_progress import label_progress
-from flyspec.gate.shadow.label_page import check_label_host, label_router
-from flyspec.gate.shadow.worker import label_requests
+from flyspec.gate.report.build import label_progress
+from flyspec.gate.shadow.label import check_label_host, label_router
+from flyspec.gate.shadow.run import label_requests
 
 
 def serve_label_page(store: Path, run_id: str | None, host: str, port: int, token: str | None) -> None:

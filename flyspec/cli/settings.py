@@ -1,5 +1,5 @@
 """Command options generated from a run's settings: each field of ``GateOptions`` or ``TuneOptions`` that a
-command takes says how in its ``Flag`` (flyspec/gate/runs/flags.py), and ``settings_command`` makes those
+command takes says how in its ``Flag`` (flyspec/gate/runs/settings.py), and ``settings_command`` makes those
 the command's options, so each option is stated once, on its field.
 
 typer reads a command's options from its signature; the generated command's signature is the settings'
@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flyspec.gate.runs.flags import Flag, flags, is_required, options_from_flags
+from flyspec.gate.runs.settings import Flag, flags, is_required, options_from_flags
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 Config = Annotated[Path | None, typer.Option("--config", help="JSON file with any of these settings.")]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyspec.gate.stats.forecast import Design, DesignOutcome, design_outcome
+from flyspec.gate.stats.sizing import Design, DesignOutcome, design_outcome
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"

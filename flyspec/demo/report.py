@@ -10,9 +10,9 @@ from typing import Any
 
 from flyspec.gate import Report, build_report
 from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.advice import control_sentence
 from flyspec.gate.report.decisions import answering_minutes
-from flyspec.gate.report.markdown import control_sentence
-from flyspec.gate.stats.forecast import Design, forecast_from_rate
+from flyspec.gate.stats.sizing import Design, forecast_from_rate
 
 FIRST_SCREEN_LINES = 12
 CONTINUE = "flyspec demo --until-decided"

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
     from flyspec.gate.report.tune_report import build_tune_report
     from flyspec.gate.runs.run import RunResult, run, run_gate, run_pilot
     from flyspec.gate.runs.settings import GateOptions
-    from flyspec.gate.runs.tune import tune
-    from flyspec.gate.runs.tune_settings import TuneOptions
+    from flyspec.gate.runs.tune import TuneOptions, tune
 
 __all__ = [
     "GateOptions",
@@ -50,7 +49,7 @@ _HOMES = {
     "run_gate": "flyspec.gate.runs.run",
     "run_pilot": "flyspec.gate.runs.run",
     "compare_logs": "flyspec.gate.logs.compare",
-    "TuneOptions": "flyspec.gate.runs.tune_settings",
+    "TuneOptions": "flyspec.gate.runs.tune",
     "tune": "flyspec.gate.runs.tune",
     "build_tune_report": "flyspec.gate.report.tune_report",
 }

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from flyspec.gate.data.storefile import refuse_retired
 from flyspec.gate.grading.graders import model_graded
-from flyspec.gate.stats.bounded import BET, check_bet
 from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
 from flyspec.gate.stats.monitor import SequentialPlan
+from flyspec.gate.stats.sequence import BET, check_bet
 
 Record = TypeVar("Record")
 Lane = tuple[str, int]
@@ -212,7 +212,7 @@ class JudgeRecord:
 class Gold:
     """A judged run's gold-label rule: the share of differing pairs drawn (``rate``) and the draw's ``seed``
     and version; ``source`` ``exact`` (each question's grader labels) or ``human``; ``every_question``: the
-    judge grades every question; ``bet``: the version of the interval's bets (stats/bounded.py)."""
+    judge grades every question; ``bet``: the version of the interval's bets (stats/sequence.py)."""
 
     rate: float
     seed: int

@@ -1,15 +1,98 @@
-"""The words a report computes once, when it is built: the explanation under the decision and the advice
-on what to do next, including the simulated forecast of how many questions a sequential continuation
-needs (flyspec/gate/stats/forecast.py). Renderers only print them (``Report.explanation``, ``Report.advice``).
-"""
+"""A report's sentences, written from its numbers so that they cannot contradict them: the explanation
+under the decision and the advice on what to do next (computed once, when the report is built, with the
+simulated forecast of flyspec/gate/stats/sizing.py), and the sentences on a control and on a judge."""
 
 from __future__ import annotations
 
-from flyspec.gate.report.model import Comparison, ReportData
-from flyspec.gate.report.wording import POWER_PCT, explain_decision, pct
-from flyspec.gate.stats.decide import INCONCLUSIVE, PASS
-from flyspec.gate.stats.forecast import Design, design_outcome
-from flyspec.gate.stats.sizing import flip_rate_upper_bound
+from flyspec.gate.report.model import (
+    POWER_PCT,
+    Comparison,
+    GoldSummary,
+    JudgeSummary,
+    ReportData,
+    pct,
+    points,
+)
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, classify
+from flyspec.gate.stats.sizing import Design, design_outcome, flip_rate_upper_bound
+
+
+def explain_decision(
+    decision: str,
+    low: float,
+    high: float,
+    margin: float,
+    n: int,
+    *,
+    level: float = 0.95,
+    sequential: bool = False,
+) -> list[str]:
+    """Sentences for a newcomer: the interval of candidate minus baseline accuracy, then what it shows.
+
+    ``low, high``: the interval (fractions); ``margin``: the tolerated loss (fraction); ``n``: questions
+    the decision used; ``sequential``: the interval is a confidence sequence at a stopping time.
+    """
+    if n == 0:
+        return ["No question has been answered by both arms yet, so there is nothing to decide."]
+    expected = classify(low, high, margin).decision
+    if decision != expected:
+        raise ValueError(
+            f"decision={decision!r} does not follow from the interval [{low}, {high}] and margin {margin} "
+            f"(the rule gives {expected})"
+        )
+    lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
+    confidence = f"{100 * level:g}%"
+    where = (
+        " (a confidence sequence: it holds at every number of questions at once, so stopping where it "
+        "stopped is allowed)"
+        if sequential
+        else ""
+    )
+    return [
+        f"After {n} questions, with {confidence} confidence the candidate's accuracy minus the baseline's "
+        f"lies between {lo} and {hi} points{where}.",
+        _what_it_shows(decision, low, high, margin),
+    ]
+
+
+def _what_it_shows(decision: str, low: float, high: float, margin: float) -> str:
+    """The sentence on where the interval lies against zero and the margin, ending with the decision."""
+    m = f"{100 * margin:g}"
+    lo, hi = points(low, 0.0, -margin), points(high, 0.0, -margin)
+    lost_lo, lost_hi = points(-high, 0.0, margin).lstrip("+"), points(-low, 0.0, margin).lstrip("+")
+    if decision == PASS:
+        if low > 0:
+            return (
+                "The whole interval lies above zero: the candidate is more accurate than the baseline, so "
+                f"it is within the margin of {m} points. PASS."
+            )
+        if high < 0:
+            return (
+                "The whole interval lies below zero: the candidate is less accurate than the baseline, but "
+                f"by less than the margin of {m} points (a loss between {lost_lo} and {lost_hi} points). "
+                "PASS: non-inferior within the margin; make sure a loss of that size is acceptable."
+            )
+        return (
+            f"The whole interval lies above -{m} points: the candidate loses less than the margin of {m} "
+            "points (it may be a little worse or a little better than the baseline). PASS: non-inferior."
+        )
+    if decision == FAIL:
+        return (
+            f"The whole interval lies below -{m} points: the candidate loses more than the margin, at least "
+            f"{lost_lo} points of accuracy. FAIL."
+        )
+    if high < 0:
+        return (
+            "The whole interval lies below zero: the candidate is worse than the baseline; whether by more "
+            f"than the margin of {m} points is not yet known (the loss lies between {lost_lo} and {lost_hi} "
+            "points). INCONCLUSIVE (loss detected)."
+        )
+    gain = "no loss at all" if high == 0 else f"a gain of {hi.lstrip('+')} points"
+    return (
+        f"The interval reaches from {lo} points, a loss not smaller than the margin of {m}, to {gain}: "
+        f"the data cannot tell yet whether the candidate stays within {m} points. INCONCLUSIVE."
+    )
+
 
 _STOP_REASONS = {
     "max_questions": "it reached its maximum of {n} questions without crossing a boundary",
@@ -115,7 +198,7 @@ def sequential_questions(
 ) -> int | None:
     """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
     design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
-    it (flyspec/gate/stats/forecast.py); None when fewer than 90% decide even at the design's limit."""
+    it (flyspec/gate/stats/sizing.py); None when fewer than 90% decide even at the design's limit."""
     limit = population_size if population_size is not None else UNLIMITED
     return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 
@@ -206,3 +289,69 @@ def compare_advice(report: ReportData) -> list[str]:
         "registered before the first answer on questions these logs have not used, sequentially so that it "
         "can stop as soon as the evidence is clear: `flyspec gate run --sequential --margin M ...`.",
     ]
+
+
+def control_sentence(control: ReportData) -> str:
+    """One sentence on a control: whether the gate caught it, after how many questions and minutes."""
+    pooled = control.pooled
+    stop = control.sequential
+    if pooled is None or pooled.decision is None:
+        return f"Control `{control.comparison}`: no question has been answered by both arms yet."
+    n = stop.stopped_at if stop is not None else pooled.n
+    minutes = control.decided_after_minutes
+    when = f" ({minutes:.0f} minutes of answering)" if minutes is not None else ""
+    if pooled.decision == FAIL:
+        return (
+            f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
+            f"{when}, losing more than the {control.margin_points}-point margin (interval "
+            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
+        )
+    if pooled.decision == PASS:
+        return (
+            f"Control `{control.comparison}` PASSed after {n} questions{when}: the setting expected to be "
+            "harmful was shown to lose less than the margin, so the control did not do its job here (check "
+            "that it really is worse on these questions)."
+        )
+    return (
+        f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
+        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{control.margin_points})."
+    )
+
+
+def _num_pts(value: float | None) -> str:
+    return "-" if value is None else points(value)
+
+
+def position_bias(j: JudgeSummary) -> str:
+    """How often the judge chose the answer shown first, against the half an unbiased judge would."""
+    decisive = j.chose_a + j.chose_b
+    if not decisive:
+        return "Position bias: the judge gave no decisive verdict (only ties or unreadable ones)."
+    bias = (
+        "a strong position bias: treat its verdicts with care"
+        if j.position_p < 0.05
+        else "no significant position bias"
+    )
+    return (
+        f"Position bias: of {decisive} decisive verdicts the judge chose the answer shown first (A) in "
+        f"{j.chose_a} ({100 * j.chose_a / decisive:.0f}%); an unbiased judge chooses A about half the time, "
+        f"since each arm is shown first once per question (exact binomial p = {j.position_p:.3g}: {bias})."
+    )
+
+
+def judged_proof(report: ReportData, g: GoldSummary) -> str:
+    """What the judged decision proves, for the draw the run registered."""
+    design = (
+        "at every number of questions at once" if report.sequential is not None else "at its registered size"
+    )
+    return (
+        f"**What is proven, for this run's draw** (draw {g.draw}: each pair whose answers differ is drawn "
+        f"with probability {g.rate:g}, from a hash of the seed and the question independent of the question "
+        "order and of every answer): given the pairs before it, each question's value has the true "
+        "difference as its mean whatever the judge says, so the betting interval holds "
+        f"{design} (Ville's inequality): P(PASS) <= alpha when the candidate truly loses the margin and "
+        "P(FAIL) <= alpha when it loses nothing, for any judge. The seeded simulations of docs/statistics.md "
+        "check it for seven judges (a coin, position bias, always the candidate, harsh, lenient, reversed, "
+        "fair) through the gate's own order and draw. The truth is the gold source's: with human labels, "
+        "what the person would say on every pair."
+    )

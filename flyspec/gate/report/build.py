@@ -1,24 +1,7 @@
-"""The gate report: paired counts, exact tests, the interval against the margin, the decision, and speed.
-
-The decision (docs/statistics.md, "The decision rule") is taken on the registered margin, on the pooled
-complete pairs:
-
-- a fixed run: ``stats.decide`` on Tango's ``1 - 2 alpha`` interval, once every registered question has
-  both answers (deciding on part of a run would be optional stopping);
-- a sequential run: the confidence sequence along the registered order, at its stopping point
-  (flyspec/gate/stats/monitor.py);
-- a judged run with gold labels: the prediction-powered sequence (flyspec/gate/stats/judged.py),
-
-``build_report`` picks the run, ``_build`` reads its answers and takes the route its design registered
-(``decide_fixed``, ``decide_sequential``, ``decide_judged`` in flyspec/gate/report/decisions.py); the rule
-itself is in flyspec/gate/stats/decide.py.
-
-PASS when the lower bound lies above ``-margin``; FAIL when the upper bound lies below ``-margin``;
-INCONCLUSIVE otherwise, with ``loss_detected`` when the upper bound lies below zero. The exact McNemar
-test is reported beside the decision, never instead of it. ``margin=`` other than the registered one adds
-an exploratory decision and changes nothing else: not ``registered_decision``, not the decision object's
-``decision``, not the exit code.
-"""
+"""``build_report``: a run's report from its store. It picks the run, reads its answers and decides by the
+route its design registered (decisions.py; the rule is flyspec/gate/stats/decide.py's). ``margin=`` other
+than the registered one adds an exploratory decision and changes nothing else (docs/statistics.md, "The
+decision rule"). Also the alpha ledger's view of a comparison and the labelling page's reading."""
 
 from __future__ import annotations
 
@@ -27,8 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from flyspec.checks import is_number
+from flyspec.gate.data.ledger import run_entries, store_entries
 from flyspec.gate.data.results import measure_speeds
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
@@ -37,20 +22,21 @@ from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash
 from flyspec.gate.report.advice import advice, explanation
 from flyspec.gate.report.decisions import (
     POWER,
-    Correct,
     Pair,
+    by_dataset,
     decide_fixed,
     decide_judged,
     decide_sequential,
     paired_counts,
+    pooled_pairs,
     warn_incomplete,
 )
 from flyspec.gate.report.html import html_page
-from flyspec.gate.report.looks import ledger_summary
 from flyspec.gate.report.markdown import markdown
 from flyspec.gate.report.model import (
     Comparison,
     JudgeSummary,
+    LedgerSummary,
     NoiseReference,
     PilotSummary,
     ReportData,
@@ -58,6 +44,7 @@ from flyspec.gate.report.model import (
 from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import mcnemar, wilson_interval
 from flyspec.gate.stats.sizing import plan_noninferiority
+from flyspec.gate.stats.spending import alpha_left, budget_of, counted
 
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Comparison", "Report", "build_report"]
 
@@ -120,7 +107,7 @@ def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
         correct = {
             (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
         }
-        pairs = _pairs(store, other.run_id, other.registered, correct)
+        pairs = pooled_pairs(by_dataset(store, other.run_id, other.registered.lanes, correct))
         n, lost, gained = paired_counts(pairs)
         if n:
             low, high = wilson_interval(lost + gained, n)
@@ -142,18 +129,6 @@ def _margin_conflicts(store: GateStore, run: RunRecord, margin: float) -> str | 
 
 
 # ----------------------------------------------------------------------------------------- build
-
-
-def _pairs(store: GateStore, run_id: str, reg: Registration, correct: Correct) -> list[Pair]:
-    """(first lane correct, second lane correct) for each registered question with both answers."""
-    first, second = reg.lanes
-    out = []
-    for q in store.questions(run_id):
-        a = correct.get((*first, q.dataset, q.question_id))
-        b = correct.get((*second, q.dataset, q.question_id))
-        if a is not None and b is not None:
-            out.append((a, b))
-    return out
 
 
 def build_report(
@@ -232,7 +207,7 @@ def _build(
     report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
     report.judge = _judge_summary(store, run.run_id, reg, answers)
     if run.kind == "pilot":
-        pairs = _pairs(store, run.run_id, reg, correct)
+        pairs = pooled_pairs(by_dataset(store, run.run_id, reg.lanes, correct))
         report.pilot = _pilot(reg, pairs)
         warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report
@@ -348,3 +323,80 @@ def _judge_summary(
         undecided=undecided,
         disagreement_rate=undecided / asked if asked else None,
     )
+
+
+def ledger_summary(store: GateStore, run: RunRecord, comparison: str) -> LedgerSummary | None:
+    """The ledger's view of one comparison of ``run`` (None when the run is no look)."""
+    snapshot = run.notes.get("ledger")
+    if isinstance(snapshot, dict):
+        data = snapshot.get("comparisons", {}).get(comparison)
+        if isinstance(data, dict):
+            return LedgerSummary(
+                comparison,
+                str(snapshot.get("path")),
+                data.get("claim"),
+                float(data["alpha"]),
+                float(data["budget"]),
+                float(data["spent_before"]),
+                [str(e) for e in data.get("earlier", [])],
+            )
+    mine = next((e for e in run_entries(store, run) if e.comparison == comparison), None)
+    if mine is None:
+        return None
+    before = [e.look for e in store_entries(store) if e.key == mine.key and e.created_at < run.created_at]
+    earlier = counted(before, mine.look.questions, mine.look.claim)
+    budget = budget_of(earlier) or mine.look.budget or mine.look.alpha
+    spent = budget - alpha_left(budget, earlier)
+    described = list({look.id: look.describe() for look in earlier}.values())
+    return LedgerSummary(comparison, None, mine.look.claim, mine.look.alpha, budget, spent, described, True)
+
+
+class LabelProgress(TypedDict):
+    """What the labelling page shows of a run's report (``label_progress``)."""
+
+    decision: str | None
+    interim: str | None
+    low: float | None
+    high: float | None
+    margin: float
+    judge_agreement: float | None
+    labels_needed: int | None
+    advised_rate: float | None
+    gold_rate: float | None
+    advice: str | None
+
+
+_readings: dict[tuple[Path, str], tuple[tuple[object, ...], LabelProgress]] = {}
+
+
+def label_progress(store_path: Path, run_id: str) -> LabelProgress:
+    """What the labelling page shows of the run's report: its decision (None while drawn pairs wait), its
+    interval and margin, the judge's agreement with gold and the label advice. The page asks after every
+    label and a sequential report simulates its advice, so the report is built again only when the run's
+    rows changed (``GateStore.revision``)."""
+    with GateStore(store_path) as store:
+        revision = store.revision(run_id)
+    kept = _readings.get((store_path, run_id))
+    if kept is not None and kept[0] == revision:
+        return kept[1]
+    reading = _read(store_path, run_id)
+    _readings[(store_path, run_id)] = (revision, reading)
+    return reading
+
+
+def _read(store_path: Path, run_id: str) -> LabelProgress:
+    report = build_report(store_path, run_id)
+    pooled, gold = report.pooled, report.gold
+    interim = pooled.interim_decision if pooled is not None else None
+    return {
+        "decision": pooled.decision if pooled is not None and interim is None else None,
+        "interim": interim,
+        "low": pooled.ci_low if pooled is not None else None,
+        "high": pooled.ci_high if pooled is not None else None,
+        "margin": report.registered.margin,
+        "judge_agreement": gold.agreement if gold is not None else None,
+        "labels_needed": gold.labels_needed if gold is not None else None,
+        "advised_rate": gold.advised_rate if gold is not None else None,
+        "gold_rate": gold.rate if gold is not None else None,
+        "advice": gold.advice if gold is not None else None,
+    }

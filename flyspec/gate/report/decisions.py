@@ -7,16 +7,23 @@ on Tango's interval per dataset and pooled); every verdict comes from flyspec/ga
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from flyspec.gate.data.results import stored_pairs
 from flyspec.gate.data.spec import Gold
-from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, Decision, decide
+from flyspec.gate.stats.decide import INCONCLUSIVE, decide
 from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
-from flyspec.gate.stats.monitor import SequentialStop, in_order_judged, judged_stop, sequential_stop
+from flyspec.gate.stats.monitor import (
+    Monitor,
+    QuestionKey,
+    SequentialStop,
+    in_order_judged,
+    judged_stop,
+    sequential_stop,
+)
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
 
@@ -29,18 +36,6 @@ Groups = dict[str, tuple[int, list[Pair]]]
 """Pairs by dataset (or task): (registered questions, complete pairs)."""
 
 POWER = 0.80
-
-
-def _with_plan(comparison: Comparison, flips: int, margin: float, alpha: float) -> Comparison:
-    """An INCONCLUSIVE comparison with the questions a fixed run would need at its flip rate."""
-    plan = plan_noninferiority(flips, comparison.n, margin, alpha, POWER)
-    return replace(
-        comparison,
-        questions_needed=plan.questions,
-        questions_needed_at_observed=plan.questions_at_observed,
-        flip_rate_upper=plan.flip_rate_upper,
-        more_questions=max(0, plan.questions - comparison.n),
-    )
 
 
 def paired_counts(pairs: list[Pair]) -> tuple[int, int, int]:
@@ -74,9 +69,12 @@ def counted(scope: str, pairs: list[Pair], registered: int, alpha: float) -> Com
     )
 
 
-def _decided(row: Comparison, verdict: Decision, margin: float, alpha: float) -> Comparison:
-    """A fixed-size row with its verdict: Tango's interval, the non-inferiority p and, when INCONCLUSIVE,
-    the questions a fixed run would need at its flip rate."""
+def _decided(row: Comparison, margin: float, alpha: float) -> Comparison:
+    """A fixed-size row decided by ``stats.decide`` on Tango's interval (INCONCLUSIVE without pairs), with
+    the non-inferiority p and, when INCONCLUSIVE, the questions a fixed run would need at its flip rate."""
+    if row.n == 0:
+        return replace(row, decision=INCONCLUSIVE)
+    verdict = decide(row.n, row.lost, row.gained, margin, alpha)
     row = replace(
         row,
         ci_low=verdict.low,
@@ -85,18 +83,15 @@ def _decided(row: Comparison, verdict: Decision, margin: float, alpha: float) ->
         decision=verdict.decision,
         loss_detected=verdict.loss_detected,
     )
-    if verdict.decision == INCONCLUSIVE:
-        return _with_plan(row, row.lost + row.gained, margin, alpha)
-    return row
-
-
-def sequential_row(stop: SequentialStop, pairs: list[Pair], registered: int, alpha: float) -> Comparison:
-    """The pooled row of a sequential run: the pairs up to the stop and the sequence's bounds there."""
-    row = counted("pooled", pairs, registered, alpha)
-    if not pairs:
-        return replace(row, decision=INCONCLUSIVE)
+    if verdict.decision != INCONCLUSIVE:
+        return row
+    plan = plan_noninferiority(row.lost + row.gained, row.n, margin, alpha, POWER)
     return replace(
-        row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
+        row,
+        questions_needed=plan.questions,
+        questions_needed_at_observed=plan.questions_at_observed,
+        flip_rate_upper=plan.flip_rate_upper,
+        more_questions=max(0, plan.questions - row.n),
     )
 
 
@@ -121,13 +116,14 @@ def warn_incomplete(report: ReportData, complete: int, registered: int) -> None:
         )
 
 
-def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: int | None = None) -> Groups:
+def by_dataset(
+    store: GateStore, run_id: str, lanes: tuple[Lane, Lane], correct: Correct, limit: int | None = None
+) -> Groups:
     """Per dataset: (registered count, complete pairs), over the first ``limit`` registered questions."""
-    run = report.run
-    first, second = report.registered.lanes
+    first, second = lanes
     registered: dict[str, int] = defaultdict(int)
     pairs: dict[str, list[Pair]] = defaultdict(list)
-    for i, q in enumerate(store.questions(run.run_id)):
+    for i, q in enumerate(store.questions(run_id)):
         registered[q.dataset] += 1
         a = correct.get((*first, q.dataset, q.question_id))
         b = correct.get((*second, q.dataset, q.question_id))
@@ -136,25 +132,25 @@ def _by_dataset(store: GateStore, report: ReportData, correct: Correct, limit: i
     return {ds: (registered[ds], pairs[ds]) for ds in registered}
 
 
+def pooled_pairs(groups: Groups) -> list[Pair]:
+    """The pairs of every group, pooled."""
+    return [pair for _, pairs in groups.values() for pair in pairs]
+
+
 def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
     """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one:
     counts, exact McNemar, and ``decide`` on Tango's interval (INCONCLUSIVE without pairs)."""
-    pooled = (sum(size for size, _ in groups.values()), [pair for _, p in groups.values() for pair in p])
-    rows = []
-    for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]:
-        row = counted(scope, pairs, registered, alpha)
-        if row.n == 0:
-            rows.append(replace(row, decision=INCONCLUSIVE))
-            continue
-        verdict = decide(row.n, row.lost, row.gained, margin, alpha)
-        rows.append(_decided(row, verdict, margin, alpha))
-    return rows
+    pooled = (sum(size for size, _ in groups.values()), pooled_pairs(groups))
+    return [
+        _decided(counted(scope, pairs, registered, alpha), margin, alpha)
+        for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]
+    ]
 
 
 def decide_fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
     """A fixed run's rows and decision, at its registered size."""
     reg = report.registered
-    per = _by_dataset(store, report, correct)
+    per = by_dataset(store, report.run.run_id, reg.lanes, correct)
     report.comparisons = fixed_rows(per, reg.margin, reg.alpha)
     pooled = report.comparisons[-1]
     warn_incomplete(report, pooled.n, pooled.registered)
@@ -194,34 +190,25 @@ def decide_sequential(report: ReportData, store: GateStore, correct: Correct) ->
 def _at_stop(
     report: ReportData, store: GateStore, correct: Correct, order: list[tuple[str, str]], stop: SequentialStop
 ) -> tuple[Groups, Comparison]:
-    """A sequential run at its stop: the stop, its plan and the minutes to it on the report; the pairs by
-    dataset up to the stop, and the pooled row with the sequence's bounds there."""
-    plan = report.registered.sequential
-    assert plan is not None
-    report.sequential, report.sequential_plan = stop, plan
-    report.decided_after_minutes = _answering_minutes(store, report.run, order, report.registered.lanes, stop)
-    per = _by_dataset(store, report, correct, limit=stop.stopped_at)
-    used = [pair for _, p in per.values() for pair in p]
-    return per, sequential_row(stop, used, plan.max_questions, report.alpha)
-
-
-def _answering_minutes(
-    store: GateStore,
-    run: RunRecord,
-    order: list[tuple[str, str]],
-    lanes: tuple[Lane, Lane],
-    stop: SequentialStop,
-) -> float | None:
-    """Minutes of answering until the pair that decided a sequential comparison was stored; None when it
-    has not decided."""
-    if stop.reason != "boundary" or stop.stopped_at < 1:
-        return None
-    times = store.answer_times(run.run_id)
-    wanted = {(*lane, *key) for key in order[: stop.stopped_at] for lane in lanes}
-    stamps = [times[k] for k in wanted if k in times]
-    if len(stamps) < len(wanted):
-        return None
-    return answering_minutes(store, run.run_id, max(stamps))
+    """A sequential run at its stop: the stop on the report, with the minutes of answering until the pair
+    that decided was stored (None when it has not decided); the pairs by dataset up to the stop, and the
+    pooled row with the sequence's bounds there."""
+    run, reg = report.run, report.registered
+    assert reg.sequential is not None
+    report.sequential = stop
+    if stop.reason == "boundary" and stop.stopped_at >= 1:
+        times = store.answer_times(run.run_id)
+        wanted = {(*lane, *key) for key in order[: stop.stopped_at] for lane in reg.lanes}
+        stamps = [times[k] for k in wanted if k in times]
+        if len(stamps) == len(wanted):
+            report.decided_after_minutes = answering_minutes(store, run.run_id, max(stamps))
+    per = by_dataset(store, run.run_id, reg.lanes, correct, limit=stop.stopped_at)
+    row = counted("pooled", pooled_pairs(per), reg.sequential.max_questions, report.alpha)
+    if row.n == 0:
+        return per, replace(row, decision=INCONCLUSIVE)
+    return per, replace(
+        row, ci_low=stop.low, ci_high=stop.high, decision=stop.decision, loss_detected=stop.loss_detected
+    )
 
 
 def answering_minutes(store: GateStore, run_id: str, until: float | None = None) -> float:
@@ -264,8 +251,8 @@ def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: 
         walk = judged_decision(seen[:limit], reg.margin, reg.alpha, gold.rate, "sequential", bet=gold.bet)
     else:
         limit = len(order)
-        per = _by_dataset(store, report, correct)
-        everything = [pair for _, p in per.values() for pair in p]
+        per = by_dataset(store, report.run.run_id, reg.lanes, correct)
+        everything = pooled_pairs(per)
         walk = judged_decision(
             seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order), bet=gold.bet
         )
@@ -421,3 +408,45 @@ def _narrow_warning(walk: JudgedDecision) -> str:
         "this: the values' mean most likely changed along the order, which the interval assumes it does not."
         + cause
     )
+
+
+@dataclass(frozen=True)
+class Step:
+    """The ``1 - 2 alpha`` bounds of the net difference (candidate minus baseline, a fraction) after the
+    first ``n`` pairs in the registered order."""
+
+    n: int
+    low: float
+    high: float
+
+
+def interval_path(store: GateStore, run_id: str) -> list[Step]:
+    """The bounds after each pair the walk of sequential run ``run_id`` counts (empty before the first),
+    the stored pairs fed to the run's ``Monitor`` one at a time (the shadow's /status plots them); its last
+    step is the report's interval at the stop. ValueError for a run that is not sequential."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise ValueError(f"run {run_id!r} is not in {store.path}")
+    reg = run.registered
+    if reg.sequential is None:
+        raise ValueError(f"run {run_id!r} is not sequential: its interval is read once, not after each pair")
+    order = [(q.dataset, q.question_id) for q in store.questions(run_id)]
+    monitor = Monitor(order, reg.sequential, reg.lanes)
+    judged = stored_pairs(store, run, reg.lanes, reg.gold) if reg.gold is not None else {}
+    graded: dict[QuestionKey, list[AnswerRecord]] = defaultdict(list)
+    if reg.gold is None:
+        for a in store.answers(run_id):
+            graded[(a.dataset, a.question_id)].append(a)
+    steps: list[Step] = []
+    for key in order:
+        before = monitor.prefix
+        if key in judged:
+            monitor.add_pair(key, judged[key])
+        for a in graded.get(key, []):
+            monitor.add(a.arm, a.repeat, *key, a.correct)
+        if monitor.prefix == before:  # the walk waits here: a pair missing or waiting for its label
+            break
+        steps.append(Step(monitor.prefix, monitor.low, monitor.high))
+        if monitor.stop is not None:
+            break
+    return steps

@@ -1,51 +1,22 @@
-"""The gate report as markdown: each section a function of the built report (``SECTIONS``), in order; the
-judge's sections are in ``markdown_judged.py``. Nothing here computes a statistic: the numbers and the
-words under the decision were computed when the report was built (build.py, advice.py)."""
+"""The gate report as markdown: each section a function of the built report (``SECTIONS``), in order.
+Nothing here computes a statistic: the numbers and the words were computed when the report was built."""
 
 from __future__ import annotations
 
 import json
 
 from flyspec.gate.data.spec import SamplingRecord
-from flyspec.gate.report.markdown_judged import (
-    gold_line,
-    gold_mcnemar_line,
-    gold_table,
-    judge_lines,
+from flyspec.gate.report.advice import control_sentence, judged_proof, position_bias
+from flyspec.gate.report.model import (
+    POWER_PCT,
+    Comparison,
+    ReportData,
+    num,
+    pct,
+    points,
 )
-from flyspec.gate.report.model import Comparison, ReportData
-from flyspec.gate.report.wording import POWER_PCT, num, pct, points
-from flyspec.gate.stats.bounded import check_bet
-from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
-
-
-def _decision_heading(pooled: Comparison) -> str:
-    loss = " (loss detected)" if pooled.decision == INCONCLUSIVE and pooled.loss_detected else ""
-    return f"## Decision: **{pooled.decision}**{loss}"
-
-
-def _mcnemar_line(report: ReportData, pooled: Comparison) -> str:
-    sig = (
-        " The candidate loses significantly more questions than it gains."
-        if pooled.significant_loss
-        else " The arms do not differ significantly by this test."
-    )
-    when = " (descriptive at a stopping point the data chose)" if report.sequential is not None else ""
-    return (
-        f"Exact McNemar test, beside the decision{when}: lost {pooled.lost}, gained {pooled.gained}, "
-        f"two-sided p = {pooled.exact_p:.3g} (mid-p {pooled.mid_p:.3g}).{sig}"
-    )
-
-
-def _noise_line(report: ReportData, pooled: Comparison) -> str:
-    noise = report.noise
-    assert noise is not None
-    return (
-        f"The baseline's own noise, next to the candidate's flips: pilot `{noise.run_id}` answered "
-        f"{noise.n} questions twice with the baseline and {noise.flips} flipped ({pct(noise.flip_rate)}, "
-        f"95% interval [{pct(noise.low)}, {pct(noise.high)}]); here the candidate flipped "
-        f"{pooled.lost + pooled.gained} of {pooled.n} against the baseline ({pct(pooled.flip_rate)})."
-    )
+from flyspec.gate.stats.decide import INCONCLUSIVE
+from flyspec.gate.stats.sequence import check_bet
 
 
 def _exploratory_lines(report: ReportData) -> list[str]:
@@ -70,15 +41,30 @@ def _exploratory_lines(report: ReportData) -> list[str]:
 def _gate_lines(report: ReportData) -> list[str]:
     pooled = report.pooled
     assert pooled is not None
-    lines = [_decision_heading(pooled), "", " ".join(report.explanation), ""]
-    if report.gold is not None:
-        lines += [gold_line(report), ""]
-        if report.gold.gold_exact_p is not None:
-            lines += [gold_mcnemar_line(report.gold), ""]
+    loss = " (loss detected)" if pooled.decision == INCONCLUSIVE and pooled.loss_detected else ""
+    lines = [f"## Decision: **{pooled.decision}**{loss}", "", " ".join(report.explanation), ""]
+    lines += _gold_lines(report)
     if pooled.n and report.gold is None:
-        lines += [_mcnemar_line(report, pooled), ""]
-    if report.noise is not None and pooled.n:
-        lines += [_noise_line(report, pooled), ""]
+        sig = (
+            " The candidate loses significantly more questions than it gains."
+            if pooled.significant_loss
+            else " The arms do not differ significantly by this test."
+        )
+        when = " (descriptive at a stopping point the data chose)" if report.sequential is not None else ""
+        lines += [
+            f"Exact McNemar test, beside the decision{when}: lost {pooled.lost}, gained {pooled.gained}, "
+            f"two-sided p = {pooled.exact_p:.3g} (mid-p {pooled.mid_p:.3g}).{sig}",
+            "",
+        ]
+    noise = report.noise
+    if noise is not None and pooled.n:
+        lines += [
+            f"The baseline's own noise, next to the candidate's flips: pilot `{noise.run_id}` answered "
+            f"{noise.n} questions twice with the baseline and {noise.flips} flipped ({pct(noise.flip_rate)}, "
+            f"95% interval [{pct(noise.low)}, {pct(noise.high)}]); here the candidate flipped "
+            f"{pooled.lost + pooled.gained} of {pooled.n} against the baseline ({pct(pooled.flip_rate)}).",
+            "",
+        ]
     if report.advice:
         lines += [" ".join(report.advice), ""]
     if report.ledger is not None:
@@ -114,6 +100,16 @@ def _sequential_lines(report: ReportData) -> list[str]:
     ]
 
 
+def _verdict_cells(c: Comparison) -> tuple[str, str]:
+    """A table row's interval (points) and decision cells, an interim reading beside its decision."""
+    ci = "-"
+    if c.ci_low is not None and c.ci_high is not None:
+        ci = f"[{100 * c.ci_low:+.2f}, {100 * c.ci_high:+.2f}]"
+    if c.interim_decision is not None:
+        return ci, f"{c.decision} (interim {c.interim_decision})"
+    return ci, c.decision or "-"
+
+
 def _paired_table(report: ReportData) -> list[str]:
     m = report.margin_points
     kind = "confidence sequence" if report.sequential is not None else "CI"
@@ -126,15 +122,8 @@ def _paired_table(report: ReportData) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for c in report.comparisons:
-        ci = (
-            f"[{100 * c.ci_low:+.2f}, {100 * c.ci_high:+.2f}]"
-            if c.ci_low is not None and c.ci_high is not None
-            else "-"
-        )
+        ci, decision = _verdict_cells(c)
         n = f"{c.n}" if c.n == c.registered else f"{c.n} of {c.registered}"
-        decision = c.decision or "-"
-        if c.interim_decision is not None:
-            decision = f"{c.decision} (interim {c.interim_decision})"
         lines.append(
             f"| {c.scope} | {n} | {pct(c.baseline_accuracy)} | {pct(c.candidate_accuracy)} | {c.lost} | "
             f"{c.gained} | {c.net:+d} | {c.exact_p:.3g} | {c.mid_p:.3g} | {ci} | -{m} | {decision} |"
@@ -148,8 +137,116 @@ def _paired_table(report: ReportData) -> list[str]:
         *lines,
         "",
         f"lost = baseline right, candidate wrong; gained = the reverse; net = gained - lost. {detail} The "
-        "exact p is McNemar's conditional binomial test. The pooled row "
-        "decides.",
+        "exact p is McNemar's conditional binomial test. The pooled row decides.",
+        "",
+    ]
+
+
+def _gold_lines(report: ReportData) -> list[str]:
+    """Beside a judged run's decision: its gold labels, the judge's agreement and McNemar's test on them."""
+    g = report.gold
+    if g is None:
+        return []
+    who = "the exact grader" if g.source == "exact" else "a person (`flyspec gate label`)"
+    agreement = (
+        f"The judge agreed with gold on {pct(g.agreement)} of the {g.labelled} labelled pairs (95% interval "
+        f"[{pct(g.agreement_low)}, {pct(g.agreement_high)}])."
+        if g.agreement is not None
+        else "No pair has a gold label yet, so the run decides nothing: a judge's verdicts alone cannot show "
+        "that the candidate is within the margin, whatever they say."
+    )
+    waiting = (
+        f" {g.awaiting} drawn pair(s) wait for a label, and the decision's prefix stops at the first of "
+        f"them: `flyspec gate label --store {report.store} --run {report.run.run_id}` labels them."
+        if g.awaiting
+        else ""
+    )
+    advice = f" {g.advice}" if g.advice and report.decision == INCONCLUSIVE else ""
+    lines = [
+        f"Gold labels: {g.labelled} of the {g.selected} pairs drawn for one ({100 * g.rate:g}% of the pairs "
+        "whose answers differ, drawn at random, independently of the question order, by a rule fixed before "
+        f"the first answer), labelled by {who}. {agreement}{waiting}{advice}",
+        "",
+    ]
+    if g.gold_exact_p is None:
+        return lines
+    row = g.rows[-1]
+    return [
+        *lines,
+        f"Exact McNemar test on the gold labels, beside the decision: of the {row.labelled} labelled pairs, "
+        f"the label found the baseline's answer better in {row.gold_baseline}, the candidate's in "
+        f"{row.gold_candidate} and neither in {row.gold_equal} (two-sided p = {g.gold_exact_p:.3g}).",
+        "",
+    ]
+
+
+def judge_lines(report: ReportData) -> list[str]:
+    """How a judged run decides on its gold labels (prediction-powered inference), in words and counts."""
+    j, g = report.judge, report.gold
+    if j is None or g is None:
+        return []
+    judge = report.run.registered.judge
+    sampling = judge.sampling if judge is not None else {}
+    lines = [
+        "## Judge and gold labels",
+        "",
+        f"The judge model `{j.model}` (prompt {j.template}; temperature 0, max_tokens "
+        f"{sampling.get('max_tokens')}) saw each request and both answers and said which is better, "
+        "twice, with the answers' positions swapped; two identical answers are a tie without asking it. "
+        "Its verdicts are predictions, not the truth: a judge can be biased, noisy or useless (a coin "
+        "agrees with itself on the wrong winner a quarter of the time). So the decision rests on gold "
+        f"labels for a random subset of the pairs ({100 * g.rate:g}% of the pairs whose answers differ, "
+        "drawn by a rule registered before the first answer), combined with the judge's verdicts on every "
+        "pair by prediction-powered inference (docs/statistics.md): per question, the judge's verdict, "
+        "corrected by the gold label (weighted by 1 / rate) where the pair was drawn; the verdicts narrow "
+        "the interval as far as the labels show them to be right.",
+        "",
+        judged_proof(report, g),
+        "",
+        "| pairs | identical (tie) | judge: baseline better | judge: candidate better | judge: other | drawn "
+        "for gold | labelled | waiting | agreement with gold |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {g.pairs} | {g.identical} | {g.lost} | {g.gained} | {g.undecided} | {g.selected} | "
+        f"{g.labelled} | {g.awaiting} | {pct(g.agreement)} "
+        f"[{pct(g.agreement_low)}, {pct(g.agreement_high)}] |",
+        "",
+    ]
+    return [*lines, position_bias(j), ""]
+
+
+def gold_table(report: ReportData) -> list[str]:
+    """A judged run's pairs per dataset: the judge's verdicts and the gold labels, never an accuracy."""
+    g = report.gold
+    pooled = report.pooled
+    assert g is not None and pooled is not None
+    m = report.margin_points
+    kind = "confidence sequence" if report.sequential is not None else "interval"
+    scope = "task" if report.run.kind == "compare" else "dataset"
+    lines = [
+        "## Judged pairs and gold labels",
+        "",
+        f"| {scope} | pairs | identical | judge: baseline better | judge: candidate better | judge: other | "
+        "drawn for gold | labelled | gold: baseline better | gold: equal | gold: candidate better | "
+        f"{100 * report.level:g}% {kind} of net (points) | margin | decision |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for row in g.rows:
+        decided = row.scope == "pooled" and pooled.ci_low is not None and pooled.ci_high is not None
+        interval, decision = _verdict_cells(pooled) if decided else ("-", "-")
+        lines.append(
+            f"| {row.scope} | {row.pairs} | {row.identical} | {row.judge_baseline} | {row.judge_candidate} | "
+            f"{row.judge_other} | {row.selected} | {row.labelled} | {row.gold_baseline} | {row.gold_equal} | "
+            f"{row.gold_candidate} | {interval} | -{m} | {decision} |"
+        )
+    estimate = f"{100 * g.estimate:+.2f} points" if g.estimate is not None else "none yet"
+    return [
+        *lines,
+        "",
+        "judge: what the judge said in both orders (other: the orders disagreed, a tie, or a verdict could "
+        "not be read); gold: what the label said on the pairs drawn and labelled. No accuracy is shown: a "
+        "judge's verdict says which answer is better, not whether either is right. The pooled row counts "
+        "the pairs the decision used and decides, on the prediction-powered "
+        f"{kind} (its estimate of the difference: {estimate}).",
         "",
     ]
 
@@ -244,17 +341,19 @@ def _speed_lines(report: ReportData) -> list[str]:
 
 
 def _registration_lines(report: ReportData) -> list[str]:
+    """What was compared: the run's registration, or the logs of ``gate compare``."""
+    if report.run.kind == "compare":
+        return _source_lines(report)
     run, reg = report.run, report.registered
-    lines = ["## Registration", ""]
-    lines.append(
-        f"- margin {reg.margin:g} ({report.margin_points} points), alpha {reg.alpha:g} (one-sided), seed "
-        f"{run.seed}, registered before the first answer; design: {reg.design_name}"
-    )
     sampling = reg.sampling or SamplingRecord()
-    lines.append(
+    lines = [
+        "## Registration",
+        "",
+        f"- margin {reg.margin:g} ({report.margin_points} points), alpha {reg.alpha:g} (one-sided), seed "
+        f"{run.seed}, registered before the first answer; design: {reg.design_name}",
         f"- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, "
-        f"max_tokens {sampling.max_tokens}; per-question seeds shared by the arms"
-    )
+        f"max_tokens {sampling.max_tokens}; per-question seeds shared by the arms",
+    ]
     order = reg.order
     if order is not None:
         lines.append(f"- question order: {order.rule} with seed {order.seed} (pool {order.pool})")
@@ -275,8 +374,7 @@ def _registration_lines(report: ReportData) -> list[str]:
     if g is not None:
         lines.append(
             f"- gold labels: {100 * g.rate:g}% of the pairs whose answers differ, draw {g.draw} (independent "
-            "of the question order), "
-            f"seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
+            f"of the question order), seed {reg.gold.seed if reg.gold is not None else None}, labelled by "
             f"{'the exact grader' if g.source == 'exact' else 'a person'}; interval bets version {g.bet} "
             f"({check_bet(g.bet).words})"
         )
@@ -337,79 +435,33 @@ def _source_lines(report: ReportData) -> list[str]:
 
 
 def _title_lines(report: ReportData) -> list[str]:
+    """The title, then each warning."""
     kind = report.run.kind
-    if kind == "compare":
-        return ["# flyspec quality gate: comparing existing logs (margin declared after the data)", ""]
-    design = f", {report.design}" if kind == "gate" else ""
-    return [f"# flyspec quality gate: run `{report.run.run_id}` ({kind}{design})", ""]
-
-
-def _warning_lines(report: ReportData) -> list[str]:
-    return [line for warning in report.warnings for line in (f"> **WARNING:** {warning}", "")]
+    title = "comparing existing logs (margin declared after the data)"
+    if kind != "compare":
+        design = f", {report.design}" if kind == "gate" else ""
+        title = f"run `{report.run.run_id}` ({kind}{design})"
+    warnings = [line for warning in report.warnings for line in (f"> **WARNING:** {warning}", "")]
+    return [f"# flyspec quality gate: {title}", "", *warnings]
 
 
 def _result_lines(report: ReportData) -> list[str]:
-    """A pilot's flips, or a run's (or comparison's) decision and paired results: first each control's (a
-    setting known to be harmful, which the gate must catch), then the candidate's."""
+    """A pilot's flips, or a run's decision and paired results: first each control's (a setting known to
+    be harmful, which the gate must catch), then the candidate's."""
     if report.run.kind == "pilot":
         return _pilot_lines(report)
     lines: list[str] = []
     for control in report.family:
-        lines += _control_lines(control)
+        alpha = f"alpha {control.alpha:g} of the run's {control.family_alpha or control.alpha:g}"
+        lines += [f"# Control: `{control.comparison}` against the baseline (must FAIL; {alpha})", ""]
+        lines += [control_sentence(control), "", *_gate_lines(control)]
     if report.family:
         lines += [f"# The candidate: `{report.comparison}` against the baseline", ""]
     return lines + _gate_lines(report)
 
 
-def control_sentence(control: ReportData) -> str:
-    """One sentence on a control: whether the gate caught it, after how many questions and minutes."""
-    pooled = control.pooled
-    stop = control.sequential
-    if pooled is None or pooled.decision is None:
-        return f"Control `{control.comparison}`: no question has been answered by both arms yet."
-    n = stop.stopped_at if stop is not None else pooled.n
-    minutes = control.decided_after_minutes
-    when = f" ({minutes:.0f} minutes of answering)" if minutes is not None else ""
-    if pooled.decision == FAIL:
-        return (
-            f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
-            f"{when}, losing more than the {control.margin_points}-point margin (interval "
-            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
-        )
-    if pooled.decision == PASS:
-        return (
-            f"Control `{control.comparison}` PASSed after {n} questions{when}: the setting expected to be "
-            "harmful was shown to lose less than the margin, so the control did not do its job here (check "
-            "that it really is worse on these questions)."
-        )
-    return (
-        f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
-        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{control.margin_points})."
-    )
-
-
-def _num_pts(value: float | None) -> str:
-    return "-" if value is None else points(value)
-
-
-def _control_lines(control: ReportData) -> list[str]:
-    alpha = f"alpha {control.alpha:g} of the run's {control.family_alpha or control.alpha:g}"
-    return [
-        f"# Control: `{control.comparison}` against the baseline (must FAIL; {alpha})",
-        "",
-        control_sentence(control),
-        "",
-        *_gate_lines(control),
-    ]
-
-
-def _provenance_lines(report: ReportData) -> list[str]:
-    """What was compared: the logs (``gate compare``) or the run's registration."""
-    return _source_lines(report) if report.run.kind == "compare" else _registration_lines(report)
-
-
 # The report's sections, in order: a new section is a function of the report here.
-SECTIONS = (_title_lines, _warning_lines, _result_lines, _speed_lines, _provenance_lines)
+SECTIONS = (_title_lines, _result_lines, _speed_lines, _registration_lines)
 
 
 def markdown(report: ReportData) -> str:

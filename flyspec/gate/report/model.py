@@ -1,8 +1,5 @@
-"""The numbers of a gate report, and their JSON: the paired comparisons, the speeds, a pilot's flips, the
-baseline's noise, the judge's rulings and the decision object (docs/gate.md, "The report").
-
-flyspec/gate/report/build.py builds them from a store; markdown.py and html.py render them.
-"""
+"""The numbers of a gate report and their JSON (docs/gate.md, "The report"), and the words every renderer
+shares: the number formats and the decision rule. build.py fills them from a store."""
 
 from __future__ import annotations
 
@@ -11,17 +8,115 @@ from dataclasses import asdict, dataclass, field
 from flyspec.gate.data.results import ArmSpeed, SharedThroughput
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import RunRecord
-from flyspec.gate.report.looks import LedgerSummary
-from flyspec.gate.report.wording import decision_rule
-from flyspec.gate.stats.bounded import BET
 from flyspec.gate.stats.decide import SUPERPOPULATION, claim
 from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
+from flyspec.gate.stats.sequence import BET
 
 PPI_FIXED_METHOD = (
     "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and Ramdas: the "
     "plug-in bet tuned to the registered size), at level 1 - 2 alpha"
 )
 """The method of a fixed judged run with gold labels (a sequential one records its own)."""
+
+
+POWER_PCT = "80%"
+"""The power every sample size in a report is planned for, as the words say it."""
+
+
+def pct(value: float | None) -> str:
+    """A fraction as a percentage with one decimal; ``-`` for None."""
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def num(value: float | None, digits: int) -> str:
+    """A number with ``digits`` decimals; ``-`` for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def points(value: float, *references: float) -> str:
+    """``value`` (a fraction) in signed accuracy points, with enough decimals that it never reads as
+    equal to one of ``references`` (zero, the margin) when it is not."""
+    digits = 1
+    while digits < 4 and any(
+        round(100 * value, digits) == round(100 * ref, digits) and value != ref for ref in references
+    ):
+        digits += 1
+    return f"{100 * value:+.{digits}f}"
+
+
+def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool = False) -> str:
+    """The decision rule in plain words, for a run at ``margin`` and confidence ``level`` (sequential: the
+    confidence sequence; else Tango's interval; ``judged``: the prediction-powered interval of a judged run
+    with gold labels, fixed or sequential)."""
+    m, lvl = f"{100 * margin:g}", f"{100 * level:g}%"
+    if judged:
+        kind = (
+            "a confidence sequence, updated after every question in the registered random order (it holds at "
+            "every number of questions at once, so the run may stop at the first crossing)"
+            if sequential
+            else "an interval whose bet is tuned to the registered number of questions"
+        )
+        interval = (
+            f"a {lvl} prediction-powered betting interval: per question, the judge's verdict corrected by "
+            "the gold label where the pair was drawn for one (drawn at random, independently of the order), "
+            f"averaged by {kind}"
+        )
+        mcnemar = (
+            "McNemar's exact test on the gold labels is reported beside the decision: it asks whether the "
+            "arms differ at all, not whether a loss exceeds the margin."
+        )
+    else:
+        interval = (
+            f"a {lvl} betting confidence sequence, updated after every question in the registered random "
+            "order (it holds at every number of questions at once, so the run may stop at the first crossing)"
+            if sequential
+            else f"Tango's {lvl} score interval"
+        )
+        mcnemar = (
+            "The exact McNemar test is reported beside the decision: it asks whether the arms differ at all, "
+            "not whether a loss exceeds the margin."
+        )
+    return (
+        f"We estimate the candidate's accuracy minus the baseline's on the same questions with {interval}. "
+        f"PASS if its lower end lies above -{m} points (the candidate loses less than the margin: "
+        f"non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the margin). "
+        "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
+        f"baseline, by how much not yet known). {mcnemar}"
+    )
+
+
+@dataclass
+class LedgerSummary:
+    """One comparison's error budget as the ledger saw it when the run was registered (docs/gate.md, "Error
+    spent once"); ``path`` is None for a run registered before the per-user ledger (``legacy``)."""
+
+    comparison: str
+    path: str | None
+    claim: str | None
+    alpha: float
+    budget: float
+    spent_before: float
+    earlier: list[str]
+    legacy: bool = False
+
+    def describe(self) -> str:
+        """The budget in words, for the report."""
+        earlier = (
+            f"Earlier looks counted with it: {'; '.join(self.earlier)} (they spent {self.spent_before:g})."
+            if self.earlier
+            else "No earlier look at this comparison was counted."
+        )
+        where = (
+            f"checked against the alpha ledger {self.path}"
+            if self.path is not None
+            else "registered before the per-user ledger, so checked only against the looks in its own "
+            "store; looks at this comparison in other stores are not visible to this report"
+        )
+        return (
+            f"**Error budget.** Every look at this comparison together may wrongly PASS with probability at "
+            f"most {self.budget:g} (the budget its first look registered); this run spends {self.alpha:g} of "
+            f"it. {earlier} This run was {where}."
+        )
 
 
 @dataclass
@@ -91,16 +186,10 @@ class NoiseReference:
 
 @dataclass
 class JudgeSummary:
-    """How the judge ruled on the judged questions with both answers stored, and its position bias.
-
-    ``baseline_better`` (both orders preferred the baseline: lost), ``candidate_better`` (gained),
-    ``ties`` (both orders said tie), ``identical`` (the same answer twice: a tie, the judge not asked),
-    ``disagree`` (the orders said different things) and ``unreadable_pairs`` (a verdict could not be read)
-    add up to ``questions``. The last two are ``undecided`` (the judge's prediction there is 0).
-    ``disagreement_rate`` is ``undecided`` over the questions the judge was asked about. ``unreadable``
-    counts the verdicts that could not be read; ``chose_a``/``chose_b`` count the decisive verdicts by the
-    position of the answer chosen.
-    """
+    """How the judge ruled on the judged questions with both answers stored. ``baseline_better`` (lost),
+    ``candidate_better`` (gained), ``ties``, ``identical`` (not asked), ``disagree`` (the two orders
+    differed) and ``unreadable_pairs`` add up to ``questions``; the last two are ``undecided``. ``chose_a``
+    and ``chose_b`` count the decisive verdicts by the position chosen (``position_p``: its bias test)."""
 
     model: str
     template: str
@@ -122,11 +211,8 @@ class JudgeSummary:
 
 @dataclass
 class GoldRow:
-    """One dataset's (or the pooled) pairs of a judged run with gold labels: ``pairs`` complete pairs,
-    ``identical`` of them; the judge's verdicts in both orders (``judge_baseline``: both preferred the
-    baseline's answer, ``judge_candidate``: both the candidate's, ``judge_other``: anything else);
-    ``selected`` pairs drawn for a gold label and ``labelled`` of them labelled, by what the label said
-    (``gold_baseline``: the baseline's answer is better, ``gold_equal``, ``gold_candidate``)."""
+    """One dataset's (or the pooled) pairs of a judged run: the judge's verdicts in both orders and, on
+    the pairs drawn and labelled, what the gold label said."""
 
     scope: str
     pairs: int = 0
@@ -143,21 +229,11 @@ class GoldRow:
 
 @dataclass
 class GoldSummary:
-    """A judged run's gold labels beside its decision (prediction-powered inference, docs/statistics.md).
-
-    ``rate``/``source``/``draw``: the registered rule (a share of differing pairs drawn, labelled by the
-    exact grader or by a person; ``draw`` the draw's version, independent of the question order; ``bet``
-    the version of the interval's bets, flyspec/gate/stats/bounded.py);
-    ``pairs`` complete pairs, ``identical`` of them; the judge's ``lost``, ``gained`` and
-    ``undecided`` verdicts; ``selected`` pairs drawn, ``labelled`` of them labelled and ``awaiting``
-    still waiting (the decision's prefix stops at the first); the judge's ``agreement`` with gold on the
-    labelled pairs with its 95% interval; ``advice``: how many labels would let the run decide (when it
-    has not), ``labels_needed`` that number of labels at the label rate ``advised_rate`` (None when no
-    label rate would do). ``rows``: the counts per dataset and pooled; ``gold_exact_p``: McNemar's exact
-    test on the labelled pairs (the labels are a random subset of the differing pairs); ``estimate``: the
-    prediction-powered estimate of the difference where the decision stopped; ``normal_width`` and
-    ``narrow``: the interval is less than half as wide as a normal-theory interval from the same values
-    (or the set emptied), a sign that the values' mean changed along the order."""
+    """A judged run's gold labels beside its decision (docs/statistics.md): the registered rule (``rate``,
+    ``source``, ``draw``, ``bet``), the judge's counts, the labels drawn, given and ``awaiting``, the judge's
+    agreement with gold, the label advice (``labels_needed`` at ``advised_rate``; None when no rate would
+    do), the counts by dataset (``rows``) and the interval's ``estimate``; ``narrow``: the interval is under
+    half a normal-theory one from the same values, a sign that their mean changed along the order."""
 
     rate: float
     source: str
@@ -218,7 +294,6 @@ class ReportData:
     shared: list[SharedThroughput] = field(default_factory=list)
     pilot: PilotSummary | None = None
     sequential: SequentialStop | None = None
-    sequential_plan: SequentialPlan | None = None
     exploratory: Exploratory | None = None
     noise: NoiseReference | None = None
     judge: JudgeSummary | None = None
@@ -231,6 +306,11 @@ class ReportData:
     family_alpha: float | None = None
     decided_after_minutes: float | None = None
     ledger: LedgerSummary | None = None
+
+    @property
+    def sequential_plan(self) -> SequentialPlan | None:
+        """The registered sequential plan of a report decided along it (None otherwise)."""
+        return self.registered.sequential if self.sequential is not None else None
 
     @property
     def comparison(self) -> str:

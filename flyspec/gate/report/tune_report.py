@@ -1,12 +1,6 @@
-"""The report of a ``gate tune``: every setting in its registered order with its speed and its test, the
-fixed-sequence answer in plain words, and the chosen ``speculative_config`` to paste.
-
-Each setting's test is recomputed from the stored answers (flyspec/gate/runs/tune.py runs them;
-flyspec/gate/data/results.py recomputes them). ``stats.fixed_sequence`` then walks the registered
-order: the answer is the last PASS before the first setting that did not pass, and every setting after
-that one is NOT TESTED. Speeds come from the calibration questions, where the baseline and each setting
-answered the same questions alone in their own engines, so they compare directly.
-"""
+"""The report of a ``gate tune``: every setting in its registered order with its speed and its test
+(recomputed from the stored answers by flyspec/gate/data/results.py), the fixed-sequence answer
+(``stats.fixed_sequence``) in plain words, and the chosen ``speculative_config`` to paste."""
 
 from __future__ import annotations
 
@@ -18,9 +12,8 @@ from pathlib import Path
 from flyspec.gate.data.results import SettingStatus, lane_speeds, setting_status
 from flyspec.gate.data.spec import SettingRecord, titled, to_json
 from flyspec.gate.data.store import GateStore, RunRecord
-from flyspec.gate.report.build import opened
-from flyspec.gate.report.looks import LedgerSummary, ledger_summary
-from flyspec.gate.report.wording import num, pct, points
+from flyspec.gate.report.build import ledger_summary, opened
+from flyspec.gate.report.model import LedgerSummary, num, pct, points
 from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequence
 
 Speed = dict[str, float | None]
@@ -116,11 +109,6 @@ class TuneReport:
     ledger: list[LedgerSummary] = field(default_factory=list)
 
     @property
-    def margin(self) -> float:
-        """The registered margin every setting is tested against."""
-        return self.run.margin
-
-    @property
     def margin_points(self) -> str:
         """The margin in accuracy points, as the report writes it."""
         return f"{100 * self.run.margin:g}"
@@ -180,12 +168,6 @@ def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, Speed]:
     return lane_speeds(store, run_id)
 
 
-def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
-    """The report of a tune run (the latest one when ``run_id`` is None)."""
-    with opened(store) as gate_store:
-        return _build(gate_store, run_id)
-
-
 def _tune_run(store: GateStore, run_id: str | None) -> RunRecord:
     tunes = [r for r in store.runs() if r.kind == "tune"]
     if run_id is None:
@@ -199,8 +181,14 @@ def _tune_run(store: GateStore, run_id: str | None) -> RunRecord:
     return found
 
 
-def _build(store: GateStore, run_id: str | None) -> TuneReport:
-    run = _tune_run(store, run_id)
+def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
+    """The report of a tune run (the latest one when ``run_id`` is None). Speeds come from the calibration
+    questions (each setting alone in its own engine), else from the test questions."""
+    with opened(store) as gate_store:
+        return _build(gate_store, _tune_run(gate_store, run_id))
+
+
+def _build(store: GateStore, run: RunRecord) -> TuneReport:
     reg = run.registered
     assert reg.tune is not None
     order = reg.tune.order.settings

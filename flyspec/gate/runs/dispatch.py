@@ -1,21 +1,11 @@
-"""Run every executor of a gate run at once and hand their answers to the main thread through one queue.
+"""Run every executor of a session at once and hand their answers to the main thread through one queue.
 
-Each executor says how it is driven (``Executor.drive``, flyspec/gate/arms/base.py):
-
-- ``in_turns`` (engines): from one background thread, taking turns answer by answer, so two engines in
-  one process never compete for the CPU and each one's busy time is its own (its tokens/s is honest);
-- ``concurrently`` (endpoints): on one asyncio loop in another background thread, each with its own
-  bounded concurrency;
-- the main thread receives every answer (``Dispatcher.next``) and grades, stores and monitors it, so the
-  graders' signal-based timeouts and the single SQLite connection stay in the main thread.
-
-Each executor takes its jobs from a ``Feed`` in the run's order. ``Dispatcher.stop`` ends every feed (no new
-question is started) and the requests in flight still finish and arrive (a time budget, an arm's error);
-``abort`` gives up on them (Ctrl-C). An
-endpoint arm may not start a question more than ``window`` positions ahead of the slowest other arm, so
-that the arms move together and an interrupted run holds complete pairs. (An engine cannot be paused
-that way without stalling the requests it is running; sharing one engine is what keeps its arms
-together.)
+Engines (``in_turns``) take turns answer by answer on one background thread, so each one's busy time is its
+own; endpoints (``concurrently``) share one asyncio loop on another. The main thread grades, stores and
+monitors every answer (signal-based grader timeouts and the one SQLite connection stay there). ``stop``
+starts no new job (what is in flight still arrives); ``abort`` gives up on it (Ctrl-C). An endpoint may
+not start a question more than ``window`` positions ahead of the slowest other arm, so an interrupted run
+holds complete pairs.
 """
 
 from __future__ import annotations
@@ -123,11 +113,6 @@ class Dispatcher:
                 continue
             for job in cancel(lambda j: not keep(j)):
                 self._release(index, job)
-
-    @property
-    def stopped(self) -> bool:
-        """True once ``stop`` (or ``abort``, or an executor error) ended the feeds."""
-        return self._stopped.is_set()
 
     @property
     def failed(self) -> bool:

@@ -1,23 +1,9 @@
 """The judge-graded questions of one gate session: pair the two lanes' answers, ask the judge in both
-orders, store every verdict as it arrives, and grade the pair once both verdicts are in
-(flyspec/gate/grading/judge.py has the prompt, the verdicts and the rule; flyspec/gate/arms/judge.py calls
-the judge).
-
-Everything that touches the store runs in the session's main thread; only the HTTP calls run in the
-judge client's threads. A verdict is committed the moment it arrives, keyed by the question, the two
-lanes, the position and the hash of the two outputs, so a resumed run never asks the judge twice about
-the same pair. The two answers of a judged question are committed together, once both verdicts are in:
-after a crash before that, the question is answered again, and its stored verdicts are reused if the
-answers come out the same (at temperature 0 with the shared seeds they normally do). Two identical answers
-are a tie without a judge call.
-
-The grades: lost (baseline right, candidate wrong), gained (the reverse), tie (both right) and undecided
-(both wrong: only a judged pair is ever graded so). They are what the judge said, for the accuracies the
-report shows; the decision uses the pair (flyspec/gate/data/results.py): the judge's prediction and,
-for the pairs the registered rule drew, a gold label. With an exact gold source (every question judged,
-its own grader labelling the drawn pairs) the label is computed and stored with the verdicts; a person's
-labels arrive later (``flyspec gate label``). ``JudgedRunMonitor`` feeds the pairs to the sequential
-monitor of flyspec/gate/stats/monitor.py.
+orders, commit each verdict as it arrives (keyed by the pair's hash, so a resume never asks twice) and grade
+the pair once both are in (the prompt and rule: flyspec/gate/grading/judge.py). Store work stays in the
+main thread; only the HTTP calls run in the judge client's threads. Both answers of a judged question are
+committed together. The decision uses the pair (flyspec/gate/data/results.py): the judge's prediction
+and, for the drawn pairs, a gold label (computed here from an exact grader, or a person's, later).
 """
 
 from __future__ import annotations
@@ -186,11 +172,10 @@ class JudgedPairs:
             self.client.close(wait=wait_for_calls)
 
 
-class JudgedRunMonitor:
+class JudgedRunMonitor(Monitor):
     """The sequential monitor of a judged run registered with gold labels: judged pairs arrive through
-    ``add_pair``; a question graded by its own exact grader arrives answer by answer through ``add`` (as
-    for ``Monitor``) and enters as an exactly predicted pair. Exposes what the progress bar reads
-    (``prefix``, ``plan``, ``low``, ``high``, ``lost``, ``gained``, ``stop``, ``lanes``)."""
+    ``add_pair``; a question its own exact grader grades arrives answer by answer through ``add`` and enters
+    as an exactly predicted pair."""
 
     def __init__(
         self,
@@ -200,17 +185,9 @@ class JudgedRunMonitor:
         gold: Gold,
         graders: dict[QuestionKey, str],
     ) -> None:
-        self.inner = Monitor(order, plan)
-        self.order = order
-        self.plan = plan
-        self.lanes = lanes
+        super().__init__(order, plan, lanes)
         self.gold = gold
         self.graders = graders
-        self.correct: dict[tuple[str, int, str, str], bool] = {}
-
-    def __getattr__(self, name: str) -> object:
-        # prefix, low, high, lost, gained, stop, ...: the inner monitor's
-        return getattr(self.inner, name)
 
     def add(
         self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
@@ -224,8 +201,4 @@ class JudgedRunMonitor:
         second = self.correct.get((*self.lanes[1], *key))
         if first is None or second is None:
             return None
-        return self.inner.add_pair(key, exact_pair(self.gold, dataset, question_id, first, second))
-
-    def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
-        """A judged question's pair (or the same pair again with its gold label)."""
-        return self.inner.add_pair(key, pair)
+        return self.add_pair(key, exact_pair(self.gold, dataset, question_id, first, second))

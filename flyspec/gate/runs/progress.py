@@ -1,12 +1,6 @@
-"""The gate's progress on stderr (stdout carries only the report).
-
-On a terminal, a rich progress bar. A fixed run shows answers stored and each arm's accuracy so far. A
-sequential run shows the pairs along the registered order, the current confidence interval against the
-margin (and each control's, or its decision once it stopped), answers per minute and a forecast of when a
-decision is expected (flyspec/gate/stats/forecast.py), then the time left of the budget.
-
-Without a terminal (a log file, a CI job, ``nohup``), a bar is invisible, so one plain line is printed per
-LINE_EVERY pairs instead: pairs, interval, rate and the forecast.
+"""The gate's progress on stderr (stdout carries only the report): a rich bar on a terminal (a fixed run's
+accuracies; a sequential run's interval against the margin, rate and forecast, flyspec/gate/stats/
+sizing.py), else one plain line per LINE_EVERY pairs.
 """
 
 from __future__ import annotations
@@ -18,8 +12,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flyspec.gate.stats.forecast import MIN_PAIRS, Forecast, forecast
 from flyspec.gate.stats.monitor import Monitor, in_order_diffs
+from flyspec.gate.stats.sizing import MIN_PAIRS, Forecast, forecast
 
 Lane = tuple[str, int]
 FORECAST_EVERY = 10
@@ -112,8 +106,6 @@ class GateProgress:
             pairs_per_minute=self._pairs_per_minute(),
             minutes_left=left,
         )
-        if self.outlook is None:
-            return
         if self._warned or self.outlook is None:
             return
         # Said once, as a line of its own: a user watching the bar (or reading a log) should know early.

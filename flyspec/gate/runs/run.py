@@ -1,82 +1,64 @@
-"""The runner of every kind of run: plan -> register -> answer. ``gate run`` and ``gate pilot`` (``run``
-here, which ``flyspec demo`` calls too) and ``gate tune`` with its calibration (flyspec/gate/runs/tune.py)
-differ only in what they plan, register and answer, never in how.
-
-The order of work is what makes the numbers trustworthy (docs/gate.md, "Running the gate"):
-
-1. ``plan`` (flyspec/gate/runs/plan.py): every setting, arm, dataset row and reference answer is
-   validated before the store is touched;
-2. the store is locked (one writer process at a time) and the questions are chosen: the seeded order of
-   flyspec/gate/data/questions.py, without the questions that pilots (and ``--exclude-run`` runs) used;
-3. ``register``, before the first answer: margin, alpha, arms (an endpoint with the model its server
-   reports), sampling, seeds, dataset and prompt hashes, and for a sequential run the method, the maximum
-   number of questions and the order seed. A resume with other settings, or a comparison whose alpha the
-   ledger has spent, is refused before any server is asked which model it serves;
-4. ``answer``, per session: the executors start (an engine loads and warms up, outside the time budget),
-   every arm answers at once in the registered order (flyspec/gate/runs/dispatch.py), each answer is
-   graded in the main thread and committed the moment it arrives, and the store records why the session
-   stopped, an error included;
-5. a sequential run stops at the first crossing along the registered order (flyspec/gate/stats/monitor.py),
-   at ``max_questions`` or at the time budget (answers already in flight are still stored), or at Ctrl-C
-   (at once: answers in flight are dropped and asked again when the run continues).
+"""The runner of every kind of run: plan -> register (flyspec/gate/runs/register.py) -> answer
+(flyspec/gate/runs/session.py). ``gate run``, ``gate pilot``, ``flyspec demo`` and ``gate tune`` differ only
+in what they plan, register and answer (docs/gate.md, "Running the gate").
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Generic, TypeVar
 
-from flyspec.gate.arms.base import Executor
+from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.engine import size_for_work
-from flyspec.gate.arms.registry import make_executors
-from flyspec.gate.data.questions import Question
-from flyspec.gate.data.spec import BASELINE, ComparisonPlan, Family, Gold, Registration
+from flyspec.gate.arms.judge import Judge, parse_judge
+from flyspec.gate.arms.registry import make_executors, parse_arm
+from flyspec.gate.data.datasets import dataset_info, load_dataset
+from flyspec.gate.data.questions import Question, QuestionKey, select_questions
+from flyspec.gate.data.spec import (
+    BASELINE,
+    DEFAULT_GOLD_RATE,
+    ComparisonPlan,
+    DatasetEntry,
+    Excluded,
+    Family,
+    Gold,
+    QuestionOrder,
+    Registration,
+    SamplingRecord,
+)
 from flyspec.gate.data.store import GateStore, RunNotes
-from flyspec.gate.grading.graders import sandbox_notes
-from flyspec.gate.runs.exclusion import (
-    carried_answers,
-    carried_order,
-    check_alpha_left,
-    fixed_run,
+from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
+from flyspec.gate.runs.judging import JudgedRunMonitor
+from flyspec.gate.runs.register import (
+    identified,
     ledger,
-    record_looks,
+    population,
+    register,
+    store_carried,
+    stored_served,
     used_questions,
 )
-from flyspec.gate.runs.judging import JudgedRunMonitor
-from flyspec.gate.runs.plan import (
-    ORDER_RULE,
-    Chosen,
-    Options,
-    Plan,
-    ask_served,
-    choose,
-    plan,
-    registered,
-    stored_served,
-)
-from flyspec.gate.runs.session import Session, SessionSettings, log
-from flyspec.gate.runs.settings import ArmSpec, GateOptions
-from flyspec.gate.stats.decide import SUPERPOPULATION
+from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
+from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
 from flyspec.gate.stats.monitor import JUDGED_METHOD, Monitor, SequentialPlan
 
-Lane = tuple[str, int]
-GatePlan = Plan[GateOptions]
+ORDER_RULE = "sha256(seed:dataset:id) ascending"
 FAMILY_PROCEDURE = (
     "Bonferroni: each comparison is tested at its own share of alpha, and the shares add up to the run's "
     "alpha, so the chance of any wrong PASS or FAIL among them is at most alpha"
 )
-
-__all__ = ["RunResult", "describe_interrupt", "run", "run_gate", "run_pilot"]
+Options = TypeVar("Options", bound=RunSettings)
+Lane = tuple[str, int]
+Datasets = dict[str, tuple[str, list[Question]]]  # by report name: its spec as given, every question
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a call of ``run`` or ``tune`` ended: ``reason`` is ``complete``, ``boundary``,
-    ``max_questions``, ``time_budget``, ``interrupted`` or ``error`` (the last three pause the run: the
-    same call resumes it)."""
+    """How a call of ``run`` or ``tune`` ended: ``complete``, ``boundary``, ``max_questions``, or a pause
+    the same call resumes: ``time_budget``, ``interrupted``, ``error``."""
 
     run_id: str
     reason: str
@@ -86,125 +68,193 @@ class RunResult:
         return self.reason == "interrupted"
 
 
-class Clock:
-    """The answering time budget of one call, shared by every session of it."""
+@dataclass(frozen=True)
+class Plan(Generic[Options]):
+    """A validated run: its settings, its arms by name (a tune's settings among them), every question of its
+    datasets; for a judged run the judge and the gold-label rule."""
 
-    def __init__(self, minutes: float | None) -> None:
-        self.left = 60 * minutes if minutes is not None else None
-
-    def spend(self, seconds: float) -> None:
-        if self.left is not None:
-            self.left -= seconds
+    options: Options
+    arms: dict[str, Arm]
+    datasets: Datasets
+    judge: Judge | None = None
+    gold: Gold | None = None
 
     @property
-    def out(self) -> bool:
-        return self.left is not None and self.left <= 0
+    def baseline(self) -> Arm:
+        return self.arms["baseline"]
+
+    def model_graded(self) -> list[tuple[str, str]]:
+        """``(dataset, grader)`` of each dataset with questions a model grades (the first such grader)."""
+        found = []
+        for name, (_, questions) in self.datasets.items():
+            grader = next((q.grader for q in questions if model_graded(q.grader)), None)
+            if grader is not None:
+                found.append((name, grader))
+        return found
+
+    def registration(self, kind: str, questions: Sequence[Question] | None = None) -> Registration:
+        """What every kind registers (the served models apart): margin, alpha, seeds, sampling, the alpha
+        budget, and each dataset's sha256 and size (with ``questions``, how many the run registered)."""
+        o = self.options
+        counts: dict[str, int] = {name: 0 for name in self.datasets}
+        for q in questions or ():
+            counts[q.dataset] += 1
+        datasets = {
+            name: DatasetEntry(
+                dataset_info(spec).sha256, counts[name] if questions is not None else None, len(qs)
+            )
+            for name, (spec, qs) in self.datasets.items()
+        }
+        return Registration(
+            kind=kind,
+            margin=float(o.margin),
+            alpha=float(o.alpha),
+            seed=o.seed,
+            sampling=SamplingRecord(o.temperature, o.top_p, o.max_tokens),
+            shuffle_seed=o.shuffle_seed,
+            alpha_budget=float(o.alpha_budget) if o.alpha_budget is not None else None,
+            datasets=datasets,
+        )
 
 
-# ---------------------------------------------------------------------------- register, answer
+GatePlan = Plan[GateOptions]
 
 
-def register(
-    store: GateStore,
+@dataclass(frozen=True)
+class Chosen:
+    """A run's questions in their registered order, the number they were drawn from, the questions left out
+    and the runs that used them, a tune's calibration questions, and the fixed run a continuation carries."""
+
+    questions: tuple[Question, ...]
+    pool: int
+    left_out: frozenset[QuestionKey] = frozenset()
+    left_out_by: tuple[str, ...] = ()
+    calibration: tuple[Question, ...] = ()
+    carry: str | None = None
+
+
+def plan(options: Options) -> Plan[Options]:
+    """The plan of a gate run, pilot or tune: its arms parsed (ValueError naming the first bad one), its
+    datasets read, every reference answer checked against its grader; a gate run's judge, and too few
+    questions refused (a tune adds its settings and checks its own). Nothing touches the store."""
+    specs: dict[str, ArmSpec] = {"baseline": options.baseline}
+    if isinstance(options, GateOptions):
+        if options.candidate is not None:
+            specs["candidate"] = options.candidate
+        specs.update(options.controls)
+    arms = {name: parse_arm(name, spec) for name, spec in specs.items()}
+    planned = Plan(options, arms, load_datasets(options.datasets, options.shuffle_seed))
+    if not isinstance(options, GateOptions):
+        return planned
+    planned = _with_judge(planned)
+    choose(planned)
+    return planned
+
+
+def _with_judge(planned: Plan[Options]) -> Plan[Options]:
+    """A gate run's or pilot's plan: a pilot that would measure nothing refused; for a run with
+    model-graded questions (or ``judge_all``) the judge and the gold-label rule."""
+    options = planned.options
+    if "candidate" not in planned.arms and options.temperature == 0 and planned.baseline.greedy_repeats:
+        raise ValueError(
+            "gate pilot at temperature 0 would run the baseline twice and measure nothing: in "
+            "batch-invariant mode this engine's greedy decoding gives the same answers both times. "
+            "To plan a run, pilot the candidate instead: `flyspec gate pilot --candidate ARM ...` "
+            "runs both arms once on questions that later `gate run`s leave out, and measures the "
+            "candidate's flip rate. "
+            "(To measure sampling noise, give --temperature > 0.)"
+        )
+    judge = _judge(planned)
+    if judge is None:
+        return planned
+    rate = options.gold_rate if options.gold_rate is not None else DEFAULT_GOLD_RATE
+    gold = Gold(rate, options.seed, "exact" if options.judge_all else "human", options.judge_all)
+    return replace(planned, judge=judge, gold=gold)
+
+
+def _judge(planned: Plan[GateOptions]) -> Judge | None:
+    """The run's judge: given exactly when some question is graded by a model (or with judge_all)."""
+    options = planned.options
+    judged = planned.model_graded()
+    judge = parse_judge(options.judge) if options.judge is not None else None
+    if judged and judge is None:
+        name, grader = judged[0]
+        raise ValueError(
+            f"dataset {name!r} has questions with grader {grader!r}: give the judge endpoint with --judge "
+            '\'{"base_url": "http://HOST:PORT/v1", "model": "NAME"}\''
+        )
+    if judge is not None and not judged and not options.judge_all:
+        graders = " or ".join(repr(name) for name in model_graded_names())
+        raise ValueError(
+            f"--judge: no question of the run has grader {graders}, so there is nothing to judge "
+            "(--judge-all has the judge grade every question, each question's own grader labelling the drawn "
+            "pairs)"
+        )
+    if options.judge_all and judged:
+        name, grader = judged[0]
+        raise ValueError(
+            f"--judge-all: dataset {name!r} has questions with grader {grader!r}, which have no exact "
+            "grader to label the drawn pairs; run them in a judged run of their own (labelled with `flyspec "
+            "gate label`)"
+        )
+    return judge
+
+
+def choose(
     planned: Plan[Options],
-    run_id: str,
-    registration: Registration,
-    questions: Sequence[Question],
-    executors: Sequence[Executor],
-) -> bool:
-    """Register ``run_id`` as ``registration`` (with the arms' identities) before its first answer, or
-    check that its resume has these settings; True when it is new.
-
-    First, on the served models the store recorded: a run's comparisons must have their alpha left in the
-    ledger, a sequential run may continue past its maximum (the store records the extension), and a resume
-    with other settings is refused. Then
-    ``executors`` (and the judge) are asked what they serve, the ledger is checked again (a server's card
-    may name the model behind an alias), the run is registered and its looks recorded in the ledger.
-    """
-    listed = registered(questions)
-    registration = store.keeping_bets(run_id, registration)
-    guessed = planned.identified(registration, stored_served(store, run_id))
-    if registration.comparisons:
-        check_alpha_left(store, run_id, guessed, questions)
-    if guessed.sequential is not None and store.extend_sequential(run_id, guessed, listed):
-        log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
-    existing = store.get_run(run_id)
-    extensions = existing.registered.extensions if existing is not None else ()
-    store.check_resumable(run_id, replace(guessed, extensions=extensions), listed)
-    final = replace(
-        planned.identified(registration, ask_served(executors, planned.judge)), extensions=extensions
-    )
-    if registration.comparisons:
-        check_alpha_left(store, run_id, final, questions)
-    new = store.register(run_id, final, listed)
-    record_looks(store, run_id)
-    return new
-
-
-def answer(
-    store: GateStore,
-    session: Session,
-    executors: list[Executor],
-    who: str,
-    clock: Clock,
-    detail: dict[str, str] | None = None,
-    notes: Callable[[], RunNotes] | None = None,
-) -> str:
-    """Answer what ``session`` lacks with ``executors``, which are freed afterwards (so one engine is gone
-    before the next one loads); returns why the session ended. The executors start (an engine loads and
-    warms up, outside the time budget), the store records the session's start (and the run's ``notes``,
-    facts the started executors know), then the session answers until done or stopped, and the store
-    records why it stopped (``detail`` says which part of a tune), an error too."""
-    run_id, monitor, detail = session.run_id, session.monitor, detail or {}
-    try:
-        if session.stopped and monitor is not None and monitor.stop is not None:
-            stop = monitor.stop
-            log(f"{who}: run {run_id!r} already stopped after {stop.stopped_at} questions; nothing to do")
-            store.add_event(run_id, "stop", stop.reason, stop.stopped_at, {**detail, **session.stop_detail})
-            return stop.reason
-        if not any(session.jobs(ex) for ex in executors):
-            store.add_event(run_id, "stop", "complete", detail=detail)
-            return "complete"
-        if clock.out:
-            return "time_budget"
-        for ex in executors:
-            log(f"{who}: starting {ex.describe()}")
-            ex.start()
-        # After loading: a session's time from start to stop is answering time.
-        store.add_event(run_id, "start", detail=detail)
-        if notes is not None:
-            store.update_notes(run_id, notes())
-        reason = "error"
-        try:
-            reason = session.answer(executors)
-        finally:
-            why = session.reason or reason
-            store.add_event(run_id, "stop", why, session.stopped_at, {**detail, **session.stop_detail})
-        clock.spend(session.answering_s)
-        return reason
-    finally:
-        executors.clear()
-        gc.collect()
+    left_out: Collection[QuestionKey] = frozenset(),
+    by: Sequence[str] = (),
+    first: Sequence[QuestionKey] = (),
+    calibration: int | None = None,
+) -> Chosen:
+    """The run's questions: the seeded order without ``left_out`` (used by the runs ``by``), ``first`` (a
+    carried run's order) leading, a tune's ``calibration`` set aside; ValueError when too few."""
+    o = planned.options
+    by_dataset = {name: qs for name, (_, qs) in planned.datasets.items()}
+    limit = o.limit if isinstance(o, GateOptions) else None
+    pool = select_questions(by_dataset, seed=o.question_order_seed, limit=limit, excluded=left_out)
+    if first:
+        lead = {key: i for i, key in enumerate(first)}
+        led = sorted((q for q in pool if (q.dataset, q.id) in lead), key=lambda q: lead[(q.dataset, q.id)])
+        pool = led + [q for q in pool if (q.dataset, q.id) not in lead]
+    if calibration is not None and len(pool) <= calibration:
+        raise ValueError(
+            f"calibration_questions={calibration}: the datasets hold {len(pool)} questions, which leaves "
+            "none to test"
+        )
+    aside, rest = pool[: calibration or 0], pool[calibration or 0 :]
+    if o.max_questions is not None and o.max_questions > len(rest):
+        if calibration is not None:
+            raise ValueError(
+                f"max_questions={o.max_questions}: {len(rest)} questions remain once the {calibration} "
+                "calibration questions are set aside"
+            )
+        used = f" once the {len(left_out)} used by {', '.join(by)} are left out" if by else ""
+        raise ValueError(f"max_questions={o.max_questions}: the datasets hold {len(pool)} questions{used}")
+    questions = rest[: o.max_questions] if o.max_questions is not None else rest
+    return Chosen(tuple(questions), len(rest), frozenset(left_out), tuple(by), tuple(aside))
 
 
-def population(store: GateStore, run_id: str, requested: str | None) -> str:
-    """The claim a sequential run makes: as requested, else the one a registered run already makes (runs
-    registered before the claim was a choice are ``finite``), else ``superpopulation``."""
-    if requested is not None:
-        return requested
-    run = store.get_run(run_id)
-    sequential = run.registered.sequential if run is not None else None
-    return sequential.population if sequential is not None else SUPERPOPULATION
-
-
-def announce_sandbox(graders: set[str], who: str) -> None:
-    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
-    sandbox = sandbox_notes(graders)
-    for missing in sandbox["missing"] if sandbox is not None else []:
-        log(f"{who}: WARNING: the code sandbox runs without {missing}")
-
-
-# ------------------------------------------------------------------------------ gate run, pilot
+def load_datasets(specs: Sequence[str], shuffle_seed: int) -> Datasets:
+    """Every question of each dataset, by its report name, with its spec as given; every reference answer
+    checked against its grader (ValueError naming the dataset and question)."""
+    loaded: Datasets = {}
+    for spec in specs:
+        questions = load_dataset(spec, None, shuffle_seed=shuffle_seed)
+        name = questions[0].dataset
+        if name in loaded:
+            raise ValueError(
+                f"two datasets are both named {name!r}; rename one file so reports can tell them apart"
+            )
+        for q in questions:
+            try:
+                check_reference(q.grader, q.answer)
+            except ValueError as exc:
+                raise ValueError(
+                    f"dataset {name!r}, question {q.id!r}: bad reference answer: {exc}"
+                ) from None
+        loaded[name] = (spec, questions)
+    return loaded
 
 
 def run(options: GateOptions) -> RunResult:
@@ -222,11 +272,11 @@ def run(options: GateOptions) -> RunResult:
         # An engine's KV cache holds what this run can use, not max_num_seqs requests of max_model_len.
         size_for_work(executors, chosen.questions, options.max_tokens)
         registration = _registration(planned, chosen, comparisons)
-        new = register(store, planned, run_id, registration, chosen.questions, executors)
+        new = register(store, run_id, registration, chosen.questions, executors, planned.arms, planned.judge)
         if chosen.carry is not None:
-            _store_carried(store, run_id, chosen.carry, _lanes(planned), chosen.questions)
+            store_carried(store, run_id, chosen.carry, _lanes(planned), chosen.questions)
         clock = Clock(options.max_minutes)
-        session = _session(store, planned, chosen, comparisons, clock)
+        session = _session(store, planned, chosen, comparisons)
         log(
             f"gate: run {run_id!r} {'registered' if new else 'resumed'} in {store.path} "
             f"({len(session.done)} of {session.total} answers stored; margin {options.margin}, alpha "
@@ -234,7 +284,7 @@ def run(options: GateOptions) -> RunResult:
         )
         announce_sandbox({q.grader for q in chosen.questions}, "gate")
         notes = partial(_notes, planned, executors)  # read once the executors started
-        reason = answer(store, session, executors, "gate", clock, notes=notes)
+        reason = session.answer(executors, "gate", clock, notes=notes)
     return RunResult(run_id, reason)
 
 
@@ -247,8 +297,7 @@ def _lanes(planned: GatePlan) -> list[Lane]:
 
 def _choose(store: GateStore, planned: GatePlan) -> Chosen:
     """The run's questions: the seeded order without every earlier pilot's (for a gate run) and
-    --exclude-run's, led by the fixed run a sequential continuation carries (docs/gate.md, "Error spent
-    once")."""
+    --exclude-run's, led by the fixed run a sequential continuation carries."""
     options = planned.options
     existing = store.get_run(options.name)
     names = list(options.exclude_runs)
@@ -262,7 +311,8 @@ def _choose(store: GateStore, planned: GatePlan) -> Chosen:
     carry = _carry(store, planned, chosen)
     if carry is None:
         return chosen
-    return replace(choose(planned, left_out, names, carried_order(store, carry)), carry=carry)
+    first = [(q.dataset, q.question_id) for q in store.questions(carry)]
+    return replace(choose(planned, left_out, names, first), carry=carry)
 
 
 def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
@@ -280,9 +330,12 @@ def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
     guess = Registration(
         "gate", o.margin, o.alpha, alpha_budget=budget, design="sequential", sequential=sequential
     )
-    guess = planned.identified(guess, stored_served(store, o.name))
+    guess = identified(guess, planned.arms, planned.judge, stored_served(store, o.name))
     carry = ledger(store, o.name, guess, chosen.questions).carry
-    return carry if carry is not None and fixed_run(store, carry) is not None else None
+    fixed = store.get_run(carry) if carry is not None else None
+    if fixed is None or fixed.kind != "gate" or fixed.registered.design != "fixed":
+        return None
+    return carry
 
 
 def _comparisons(
@@ -338,8 +391,8 @@ def _registration(planned: GatePlan, chosen: Chosen, comparisons: list[Compariso
         repeats=tuple(sorted({r for _, r in _lanes(planned)})),
         limit=o.limit,
         max_questions=o.max_questions,
-        order=planned.order(chosen.pool, rule),
-        excluded=planned.excluded(chosen.left_out_by, len(chosen.left_out)),
+        order=QuestionOrder(o.question_order_seed, rule, chosen.pool),
+        excluded=Excluded(chosen.left_out_by, len(chosen.left_out)),
         design="sequential" if sequential is not None else "fixed",
         carries=chosen.carry,
         sequential=sequential,
@@ -350,28 +403,12 @@ def _registration(planned: GatePlan, chosen: Chosen, comparisons: list[Compariso
     )
 
 
-def _store_carried(
-    store: GateStore, run_id: str, carry: str, lanes: list[Lane], questions: Sequence[Question]
-) -> None:
-    """Store the carried fixed run's answers in its continuation (once: a resume finds them stored)."""
-    keys = {(q.dataset, q.id) for q in questions}
-    have = store.answered_keys(run_id)
-    records = [
-        a
-        for a in carried_answers(store, carry, lanes)
-        if (a.dataset, a.question_id) in keys and (a.arm, a.repeat, a.dataset, a.question_id) not in have
-    ]
-    if records:
-        store.add_answers(run_id, records)
-        log(f"gate: run {run_id!r} carries {len(records)} answers of fixed run {carry!r} (counted once)")
-
-
 def _session(
-    store: GateStore, planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan], clock: Clock
+    store: GateStore, planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan]
 ) -> Session:
     questions = list(chosen.questions)
     order = [(q.dataset, q.id) for q in questions]
-    monitors: dict[str, Monitor | JudgedRunMonitor] = {}
+    monitors: dict[str, Monitor] = {}
     for c in comparisons:
         if c.sequential is None:
             continue
@@ -381,8 +418,9 @@ def _session(
         else:
             monitors[c.name] = Monitor(order, c.sequential, c.lanes)
     o = planned.options
-    settings = SessionSettings.of(o, o.name, clock.left, judge=planned.judge, gold=planned.gold)
-    return Session(store, settings, _lanes(planned), questions, monitors)
+    return Session(
+        store, o, o.name, _lanes(planned), questions, monitors, judge=planned.judge, gold=planned.gold
+    )
 
 
 def _notes(planned: GatePlan, executors: list[Executor]) -> RunNotes:
@@ -419,9 +457,6 @@ def _notes(planned: GatePlan, executors: list[Executor]) -> RunNotes:
     return notes
 
 
-# ----------------------------------------------------------------------------------- public API
-
-
 def run_gate(
     store: str | Path,
     datasets: str | Sequence[str],
@@ -431,14 +466,8 @@ def run_gate(
     alpha: float = 0.025,
     **settings: object,
 ) -> str:
-    """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id.
-
-    Arms are dicts, JSON strings or JSON file paths (see flyspec.gate.arms). ``margin`` is the tolerated
-    accuracy loss (0.02 = 2 points) and ``alpha`` the one-sided level; both are registered in the store
-    before the first answer. ``settings`` are the other fields of ``GateOptions`` (``sequential``,
-    ``max_questions``, ``max_minutes``, ``limit``, ``temperature``, ``max_tokens``, ``seed``, ``run_id``,
-    ...).
-    """
+    """Run (or resume) the paired gate of ``candidate`` against ``baseline``; returns the run id. Arms are
+    dicts, JSON strings or JSON files; ``settings`` are the other fields of ``GateOptions``."""
     options = GateOptions(store, datasets, baseline, margin, candidate, alpha=alpha, kind="gate", **settings)
     return run(options).run_id
 
@@ -462,7 +491,7 @@ def run_pilot(
 
 
 def describe_interrupt(store_path: str | Path, run_id: str) -> str:
-    """The line printed when a run is interrupted: how much is stored and how to resume."""
+    """The line printed when a run is interrupted."""
     with GateStore(store_path) as store:
         stored = len(store.answered_keys(run_id))
     return (

@@ -1,20 +1,20 @@
-"""One session of a gate run: feed the unanswered jobs to the arms, then grade, commit and monitor every
-answer in the main thread until the run is done or stops (flyspec/gate/runs/run.py does everything
-before: validation, the lock, the registration)."""
+"""One answering session of a registered run: feed the unanswered jobs to the arms, then grade, commit and
+monitor every answer in the main thread until the run is done or stops."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from flyspec.gate.arms.base import Completion, Executor, Job, Sampling
+from flyspec.gate.arms.base import Completion, Executor, Job
 from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import Gold
-from flyspec.gate.data.store import AnswerRecord, GateStore
-from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunNotes
+from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named, sandbox_notes
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.progress import GateProgress
@@ -32,36 +32,19 @@ GRACE_S = 60.0
 """Past the budget by this much, the answers still in flight are dropped."""
 
 
-@dataclass(frozen=True)
-class SessionSettings:
-    """What one answering session needs from its run: where to store, the seeds, the sampling, whether
-    to show a bar, the answering time budget in seconds (counted from the first answer request, after the
-    models are loaded), whether answers are graded (a tune's calibration answers are not: they only
-    measure speed, so no quality data can influence the order of the tests), and the judge of ``judge``
-    questions."""
+class Clock:
+    """The answering time budget of one call, shared by every session of it."""
 
-    run_id: str
-    seed: int
-    sampling: Sampling
-    progress: bool = True
-    max_seconds: float | None = None
-    graded: bool = True
-    judge: Judge | None = None
-    gold: Gold | None = None
+    def __init__(self, minutes: float | None) -> None:
+        self.left = 60 * minutes if minutes is not None else None
 
-    @classmethod
-    def of(
-        cls,
-        options: RunSettings,
-        run_id: str,
-        max_seconds: float | None,
-        graded: bool = True,
-        judge: Judge | None = None,
-        gold: Gold | None = None,
-    ) -> SessionSettings:
-        """The settings of one session of run ``run_id`` (a gate run, a pilot, a tune or its calibration),
-        with ``max_seconds`` left of the call's answering budget."""
-        return cls(run_id, options.seed, options.sampling, options.progress, max_seconds, graded, judge, gold)
+    def spend(self, seconds: float) -> None:
+        if self.left is not None:
+            self.left -= seconds
+
+    @property
+    def out(self) -> bool:
+        return self.left is not None and self.left <= 0
 
 
 def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0) -> int:
@@ -79,21 +62,36 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def announce_sandbox(graders: set[str], who: str) -> None:
+    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
+    sandbox = sandbox_notes(graders)
+    for missing in sandbox["missing"] if sandbox is not None else []:
+        log(f"{who}: WARNING: the code sandbox runs without {missing}")
+
+
 class Session:
     """One call of ``run`` on a registered run: what is stored, what to answer, and how it is recorded."""
 
     def __init__(
         self,
         store: GateStore,
-        settings: SessionSettings,
+        options: RunSettings,
+        run_id: str,
         lanes: list[Lane],
         questions: list[Question],
         monitors: dict[str, Monitor],
+        *,
+        graded: bool = True,
+        judge: Judge | None = None,
+        gold: Gold | None = None,
     ) -> None:
         self.store = store
-        self.settings = settings
+        self.options = options
+        # A tune's calibration answers are not graded: no quality data may order the tests.
+        self.graded = graded
+        self.gold = gold
         self.lanes = lanes
-        self.run_id = settings.run_id
+        self.run_id = run_id
         self.questions = questions
         # One sequential monitor per comparison (the candidate's first; none for a fixed run); a run stops
         # once all have.
@@ -116,12 +114,8 @@ class Session:
             (r.dataset, r.question_id): r.output for r in self.stored if (r.arm, r.repeat) == first
         }
         self.waiting: dict[QuestionKey, list[tuple[Job, Completion]]] = {}
-        judge = settings.judge
-        self.judged = (
-            JudgedPairs(store, self.run_id, judge, lanes, settings.gold)
-            if judge is not None and settings.graded
-            else None
-        )
+        self.judged = JudgedPairs(store, run_id, judge, lanes, gold) if judge is not None and graded else None
+        self.max_seconds: float | None = None
         for record in self.stored:
             for monitor in self.monitors.values():
                 monitor.add(record.arm, record.repeat, record.dataset, record.question_id, record.correct)
@@ -152,7 +146,7 @@ class Session:
         comparison's in-order prefix advances together (a control's decision and the candidate's pairs
         come in the same minutes, and no comparison waits for another to finish)."""
         live = self.live_lanes()
-        seed = self.settings.seed
+        seed = self.options.seed
         lanes = [lane for lane in self.lanes if lane[0] in executor.arms and lane in live]
         jobs = [
             Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
@@ -192,9 +186,9 @@ class Session:
         answered again after a crash, never stored ungraded)."""
         job, completion = answer.job, answer.completion
         q = job.question
-        if not self.settings.graded:
+        if not self.graded:
             return [(job, completion, Grade(None, False, NOT_GRADED))]
-        gold = self.settings.gold
+        gold = self.gold
         grader = grader_named(q.grader)[0]
         if grader.model_graded or (gold is not None and gold.every_question):
             if self.judged is None:
@@ -265,10 +259,53 @@ class Session:
         reached = {name: m.stop.stopped_at if m.stop else m.prefix for name, m in self.monitors.items()}
         return {"stopped_at": reached}
 
-    def answer(self, executors: list[Executor]) -> str:
+    def answer(
+        self,
+        executors: list[Executor],
+        who: str,
+        clock: Clock,
+        detail: dict[str, str] | None = None,
+        notes: Callable[[], RunNotes] | None = None,
+    ) -> str:
+        """Answer what the session lacks with ``executors``, which are freed afterwards (so one engine is
+        gone before the next loads); returns why it ended. The store records the session's start (after
+        loading: the time budget counts answering), the run's ``notes`` (facts the started executors know)
+        and why it stopped (``detail``: which part of a tune), an error too."""
+        store, monitor, detail, run_id = self.store, self.monitor, detail or {}, self.run_id
+        try:
+            if self.stopped and monitor is not None and monitor.stop is not None:
+                stop = monitor.stop
+                log(f"{who}: run {run_id!r} already stopped after {stop.stopped_at} questions; nothing to do")
+                store.add_event(run_id, "stop", stop.reason, stop.stopped_at, {**detail, **self.stop_detail})
+                return stop.reason
+            if not any(self.jobs(ex) for ex in executors):
+                store.add_event(run_id, "stop", "complete", detail=detail)
+                return "complete"
+            if clock.out:
+                return "time_budget"
+            for ex in executors:
+                log(f"{who}: starting {ex.describe()}")
+                ex.start()
+            store.add_event(run_id, "start", detail=detail)
+            if notes is not None:
+                store.update_notes(run_id, notes())
+            self.max_seconds = clock.left
+            reason = "error"
+            try:
+                reason = self._dispatch(executors)
+            finally:
+                why = self.reason or reason
+                store.add_event(run_id, "stop", why, self.stopped_at, {**detail, **self.stop_detail})
+            clock.spend(self.answering_s)
+            return reason
+        finally:
+            executors.clear()
+            gc.collect()
+
+    def _dispatch(self, executors: list[Executor]) -> str:
         """Answer every unanswered job (or until a stop); returns why it ended."""
         jobs = [self.jobs(ex) for ex in executors]
-        budget = self.settings.max_seconds
+        budget = self.max_seconds
         deadline = time.monotonic() + budget if budget is not None else None
         progress = GateProgress(
             self.lanes,
@@ -276,14 +313,14 @@ class Session:
             len(self.done),
             monitors=self.monitors,
             deadline=deadline,
-            enabled=self.settings.progress,
+            enabled=self.options.progress,
         )
         for record in self.stored:
             progress.add((record.arm, record.repeat), record.correct, new=False)
         started = time.monotonic()
         aborted = True
         try:
-            with progress as bar, Dispatcher(executors, jobs, self.settings.sampling) as dispatcher:
+            with progress as bar, Dispatcher(executors, jobs, self.options.sampling) as dispatcher:
                 try:
                     self._loop(dispatcher, bar, deadline)
                     aborted = False
@@ -298,11 +335,6 @@ class Session:
         finally:
             self.answering_s += time.monotonic() - started
         return self.reason or "complete"
-
-    @property
-    def _judging(self) -> bool:
-        """True while judge calls are in flight (the session waits for them, like answers in flight)."""
-        return self.judged is not None and self.judged.busy
 
     def _stopped_by(self, stops: dict[str, SequentialStop], dispatcher: Dispatcher, in_flight: str) -> None:
         if not stops or self.reason is not None:
@@ -330,7 +362,7 @@ class Session:
         GRACE_S, drop what is still in flight (a rerun asks it again)."""
         now = time.monotonic()
         drain = DRAIN_SHARE * sum(self._latencies) / len(self._latencies) if self._latencies else 0.0
-        drain = min(drain, MAX_DRAIN_SHARE * (self.settings.max_seconds or 0.0))
+        drain = min(drain, MAX_DRAIN_SHARE * (self.max_seconds or 0.0))
         if self.reason is None and now > deadline - drain:
             early = f" {drain:.0f} s early" if drain >= 1 else ""
             self._pause(
@@ -347,7 +379,8 @@ class Session:
 
     def _loop(self, dispatcher: Dispatcher, bar: GateProgress, deadline: float | None) -> None:
         in_flight = "the answers in flight are finished and stored"
-        while not dispatcher.finished or self._judging:
+        # Judge calls in flight are waited for, like answers in flight.
+        while not dispatcher.finished or (self.judged is not None and self.judged.busy):
             try:
                 answer = dispatcher.next(timeout=0.25) if not dispatcher.finished else None
                 if answer is not None:

@@ -1,30 +1,133 @@
-"""The settings of a gate run or pilot: one type for the CLI and the Python API.
-
-``gate run``, ``gate pilot``, ``flyspec demo``, ``run_gate`` and ``run_pilot`` all build a ``GateOptions``
-and hand it to ``flyspec.gate.runs.run.run``; ``gate tune`` builds a ``TuneOptions``
-(flyspec/gate/runs/tune_settings.py). What both take (sampling, seeds, budgets, the run's name) is
-``RunSettings``, with its defaults and rules written once; every rule about which settings go together lives
-here or, for a tune, beside its candidates. Each field a command takes says how (its option, help and type:
-``flag``, flyspec/gate/runs/flags.py), and the command line generates its options from that.
+"""The settings of a gate run, pilot or tune, stated once for the CLI and the Python API: ``RunSettings``,
+``GateOptions`` (``TuneOptions``: flyspec/gate/runs/tune.py). Each field a command takes carries a ``Flag``,
+from which the command line (flyspec/cli/settings.py) generates its options, as vLLM's ``EngineArgs`` do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, MISSING, Field, dataclass, field, fields
 from pathlib import Path
+from typing import TypeVar
 
 from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import ArmSpec, Sampling
-from flyspec.gate.runs.flags import RUNS, flag
 from flyspec.gate.stats.decide import FINITE, POPULATIONS, check_margin_alpha
 from flyspec.gate.stats.spending import check_budget
 
+COMMANDS = ("run", "pilot", "tune")
+RUNS = ("run", "pilot")
+T = TypeVar("T")
+OptionType = type | types.GenericAlias
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one setting is given: its option, help (``helps``: per command), the commands that show it, its
+    type there, ``parse`` (given value -> field's), ``negate`` (a switch that sets False), whether a
+    ``--config`` file may set it, and the commands that require it though the field has a default."""
+
+    option: str
+    help: str
+    commands: tuple[str, ...] = COMMANDS
+    type: OptionType = str
+    helps: Mapping[str, str] = field(default_factory=dict)
+    parse: Callable[..., object] | None = None
+    negate: bool = False
+    config: bool = True
+    required: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Its name in a ``--config`` file (``--exclude-run``: ``exclude_run``)."""
+        return self.option.removeprefix("--").removeprefix("no-").replace("-", "_")
+
+    def help_for(self, command: str) -> str:
+        return self.helps.get(command, self.help)
+
+    def value(self, given: object) -> object:
+        """The field's value for a given value."""
+        if self.negate:
+            return not given
+        return self.parse(given) if self.parse is not None else given
+
+
+def flag(option: str, help: str, **settings: object) -> dict[str, Flag]:
+    """A field's metadata: its ``Flag``."""
+    return {"flag": Flag(option, help, **settings)}
+
+
+def is_required(item: Field[object]) -> bool:
+    """Whether a field has no default (the settings every run needs: store, datasets, baseline, margin)."""
+    return item.default is MISSING and item.default_factory is MISSING
+
+
+def flags(options: type, command: str | None = None) -> list[tuple[str, Flag]]:
+    """``(field, flag)`` of each setting of ``options`` (on ``command``: those it shows), in the order the
+    command shows them: the settings every run needs, then the command's own, then the shared ones."""
+    every = [(f, f.metadata["flag"]) for f in fields(options) if "flag" in f.metadata]
+    shown = [(f, x) for f, x in every if command is None or command in x.commands]
+    own = set(getattr(options, "__annotations__", {}))
+    first = [(f.name, x) for f, x in shown if is_required(f)]
+    mine = [(f.name, x) for f, x in shown if not is_required(f) and f.name in own]
+    rest = [(f.name, x) for f, x in shown if not is_required(f) and f.name not in own]
+    return first + mine + rest
+
+
+def config_keys(options: type) -> list[str]:
+    """The keys a ``--config`` file may hold: every setting's option name a file may set."""
+    return [x.key for _, x in flags(options) if x.config]
+
+
+def read_config(options: type, path: Path) -> dict[str, object]:
+    """A ``--config`` file's settings by option name; a list setting may be spelt in the plural and given
+    as one string. ValueError for a file that is not a JSON object or holds an unknown key."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config {path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: must hold a JSON object")
+    for _, x in flags(options):
+        if x.type == list[str]:
+            if x.key + "s" in data and x.key not in data:
+                data[x.key] = data.pop(x.key + "s")
+            if isinstance(data.get(x.key), str):
+                data[x.key] = [data[x.key]]
+    allowed = config_keys(options)
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"--config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
+        )
+    return data
+
+
+def options_from_flags(
+    options: type[T], command: str, given: Mapping[str, object], config: Path | None = None, **fixed: object
+) -> T:
+    """The settings of ``command`` from its options (``given``, by field name; None, an empty list or an
+    unset switch: not given) over a ``--config`` file's: a given option overrides the file, and what
+    neither sets keeps the field's default. ``fixed``: fields the command sets itself (a run's kind)."""
+    by_key = read_config(options, config) if config is not None else {}
+    for name, x in flags(options, command):
+        value = given.get(name)
+        if not (value is None or value is False or value == []):  # 0 is given; an unset switch is not
+            by_key[x.key] = value
+    for item in fields(options):  # type: ignore[arg-type]
+        x = item.metadata.get("flag")
+        needed = x is not None and (is_required(item) or command in x.required)
+        if needed and by_key.get(x.key) in (None, []):
+            raise ValueError(f"{x.option} is required (on the command line or in --config)")
+    values = {name: x.value(by_key[x.key]) for name, x in flags(options) if by_key.get(x.key) is not None}
+    return options(**values, **fixed)
+
+
 KINDS = ("gate", "pilot")
 RESERVED_ARMS = ("baseline", "candidate", "judge")
-CONTROL_SHARE = 5
-"""A control's default share of alpha is alpha / CONTROL_SHARE."""
-
-
+CONTROL_SHARE = 5  # a control's default share of alpha is alpha / CONTROL_SHARE
 ARM_HELP = 'Arm as a JSON object or a JSON file, e.g. \'{"kind": "engine", "model": "...", ...}\'.'
 
 
@@ -43,24 +146,18 @@ def controls(values: list[str] | dict[str, ArmSpec]) -> dict[str, ArmSpec]:
     return out
 
 
-def check_count(name: str, value: object) -> None:
-    """None, or a positive integer (a number of questions)."""
-    if value is not None and not is_int(value, 1):
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-
-
-def check_seed(name: str, value: object) -> None:
-    """A seed: an integer >= 0."""
-    if not is_int(value, 0):
-        raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+def check_int(name: str, value: object, least: int) -> None:
+    """An integer >= ``least`` (a seed >= 0, a number of questions >= 1)."""
+    if not is_int(value, least):
+        raise ValueError(
+            f"{name}={value!r}: must be " + ("a positive integer" if least else "an integer >= 0")
+        )
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What every kind of run takes: the store, the datasets, the baseline arm and the margin (positional,
-    in that order), and, by keyword, the sampling every arm uses, the seeds, the budgets and the run's name.
-    Each field's meaning is its flag's help; ``population=None`` keeps a resumed run's registered claim.
-    """
+    """What every kind of run takes: store, datasets, baseline and margin (positional), the rest by keyword.
+    Each field's meaning is its flag's help; ``population=None`` keeps a resumed run's registered claim."""
 
     store: str | Path = field(
         metadata=flag(
@@ -93,9 +190,9 @@ class RunSettings:
             },
         )
     )
+    _: KW_ONLY
     alpha: float = field(
         default=0.025,
-        kw_only=True,
         metadata=flag(
             "--alpha",
             "One-sided level (default 0.025: 95% interval).",
@@ -105,7 +202,6 @@ class RunSettings:
     )
     max_questions: int | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--max-questions",
             "The first N questions of the seeded order over all datasets (a sequential run's maximum; "
@@ -119,7 +215,6 @@ class RunSettings:
     )
     max_minutes: float | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--max-minutes",
             "Stop answering after this long (models load first); rerunning the command continues.",
@@ -128,30 +223,25 @@ class RunSettings:
     )
     temperature: float = field(
         default=0.0,
-        kw_only=True,
         metadata=flag("--temperature", "Sampling temperature (default 0).", type=float),
     )
     top_p: float = field(
         default=1.0,
-        kw_only=True,
         metadata=flag("--top-p", "Nucleus sampling mass (default 1.0).", type=float),
     )
     max_tokens: int = field(
-        default=512, kw_only=True, metadata=flag("--max-tokens", "Answer length cap (default 512).", type=int)
+        default=512, metadata=flag("--max-tokens", "Answer length cap (default 512).", type=int)
     )
     seed: int = field(
         default=0,
-        kw_only=True,
         metadata=flag("--seed", "Run seed; per-question seeds derive from it.", type=int),
     )
     order_seed: int | None = field(
         default=None,
-        kw_only=True,
         metadata=flag("--order-seed", "Question-order seed (default: --seed).", type=int),
     )
     run_id: str | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--run",
             "Run name in the store (default 'gate').",
@@ -163,12 +253,10 @@ class RunSettings:
     )
     shuffle_seed: int = field(
         default=0,
-        kw_only=True,
         metadata=flag("--shuffle-seed", "GPQA's option order.", commands=(), type=int),
     )
     exclude_runs: tuple[str, ...] = field(
         default=(),
-        kw_only=True,
         metadata=flag(
             "--exclude-run",
             "Leave out the questions this run of the store used (repeatable); pilots are always left out. "
@@ -180,7 +268,6 @@ class RunSettings:
     )
     population: str | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--population",
             "What a sequential decision claims: 'superpopulation' (default: the method on questions like "
@@ -191,7 +278,6 @@ class RunSettings:
     )
     alpha_budget: float | None = field(
         default=None,
-        kw_only=True,
         metadata=flag(
             "--alpha-budget",
             "The family-wise error of every look at these arms' comparison, on any questions, this run "
@@ -206,7 +292,6 @@ class RunSettings:
     )
     progress: bool = field(
         default=True,
-        kw_only=True,
         metadata=flag("--no-progress", "No progress bar.", type=bool, negate=True, config=False),
     )
 
@@ -224,11 +309,12 @@ class RunSettings:
             raise ValueError("datasets: give at least one dataset name or path")
         check_margin_alpha(self.margin, self.alpha)
         self.sampling  # noqa: B018 - validates temperature, top_p and max_tokens
-        check_seed("seed", self.seed)
+        check_int("seed", self.seed, 0)
         if self.order_seed is not None:
-            check_seed("order_seed", self.order_seed)
-        check_seed("shuffle_seed", self.shuffle_seed)
-        check_count("max_questions", self.max_questions)
+            check_int("order_seed", self.order_seed, 0)
+        check_int("shuffle_seed", self.shuffle_seed, 0)
+        if self.max_questions is not None:
+            check_int("max_questions", self.max_questions, 1)
         if self.max_minutes is not None and not is_number(self.max_minutes, above=0):
             raise ValueError(f"max_minutes={self.max_minutes!r}: must be a positive number of minutes")
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
@@ -255,10 +341,8 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class GateOptions(RunSettings):
-    """One gate run (``kind="gate"``) or pilot (``kind="pilot"``; without a candidate it runs the baseline
-    twice); the shared settings are RunSettings'. Arms and the judge are dicts, JSON strings or JSON files;
-    each field's meaning is its flag's help.
-    """
+    """One gate run or pilot (``kind``; a pilot without a candidate runs the baseline twice). Arms and the
+    judge are dicts, JSON strings or JSON files; each field's meaning is its flag's help."""
 
     candidate: ArmSpec | None = field(
         default=None,
@@ -357,7 +441,8 @@ class GateOptions(RunSettings):
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}: must be 'gate' or 'pilot'")
         super()._check()
-        check_count("limit", self.limit)
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)
         if self.kind == "gate" and self.candidate is None:
             raise ValueError("candidate: a gate run compares two arms; give --candidate")
         if self.sequential and self.kind != "gate":
@@ -372,7 +457,21 @@ class GateOptions(RunSettings):
                 f"population={self.population!r}: only a sequential run chooses its claim; a fixed run's "
                 "interval is about the method (questions drawn at random)"
             )
-        self._check_controls()
+        if self.controls and self.kind != "gate":
+            raise ValueError("controls: only a gate run has controls (comparisons the gate must FAIL)")
+        for name in self.controls:
+            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_ARMS:
+                raise ValueError(
+                    f"controls: name {name!r}: must be an identifier other than {', '.join(RESERVED_ARMS)}"
+                )
+        share = self.control_alpha_each
+        if self.controls and (not is_number(share, above=0) or share * len(self.controls) >= self.alpha):
+            raise ValueError(
+                f"control_alpha={share!r}: each control's share of alpha must be positive and all of them "
+                f"together less than alpha={self.alpha} (the candidate keeps the rest)"
+            )
+        if self.controls and self.control_margin is not None:
+            check_margin_alpha(self.control_margin, share)
         if self.gold_rate is not None and (
             not is_number(self.gold_rate, above=0, at_most=1) or self.judge is None
         ):
@@ -385,29 +484,9 @@ class GateOptions(RunSettings):
         if self.judge is not None and self.controls:
             raise ValueError("controls: a judged run compares one candidate with the baseline")
 
-    def _check_controls(self) -> None:
-        if not self.controls:
-            return
-        if self.kind != "gate":
-            raise ValueError("controls: only a gate run has controls (comparisons the gate must FAIL)")
-        for name in self.controls:
-            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_ARMS:
-                raise ValueError(
-                    f"controls: name {name!r}: must be an identifier other than {', '.join(RESERVED_ARMS)}"
-                )
-        share = self.control_alpha_each
-        if not is_number(share, above=0) or share * len(self.controls) >= self.alpha:
-            raise ValueError(
-                f"control_alpha={share!r}: each control's share of alpha must be positive and all of them "
-                f"together less than alpha={self.alpha} (the candidate keeps the rest)"
-            )
-        if self.control_margin is not None:
-            check_margin_alpha(self.control_margin, share)
-
     @property
     def control_alpha_each(self) -> float:
-        """Each control's share of the run's alpha (default: a fifth of it: a control is expected to
-        lose far more than the margin, where a smaller alpha costs few questions)."""
+        """Each control's share of alpha (default a fifth: a control loses far more than the margin)."""
         return self.control_alpha if self.control_alpha is not None else self.alpha / CONTROL_SHARE
 
     @property

@@ -1,42 +1,287 @@
-"""The mirror: admits copies of requests into a bounded queue, and workers that ask the candidate (and,
-for mirror-sink copies, the baseline) and hand each ``MirroredPair`` to the sink.
-
-Production first: ``offer`` never waits (a full queue skips the copy, counted as ``queue_full``), the
-workers run only on admitted copies, and the sink runs in one worker thread so a slow store never holds the
-event loop that serves clients. The number of workers caps the candidate's concurrency.
-"""
+"""The mirror: which requests are copied (eligibility, the registered sampling rule, the stop after N pairs,
+the candidate's spend caps), a bounded queue, and workers that ask the arms and hand each pair to the sink.
+Production first: ``offer`` never waits, and the sink runs in its own thread so a slow store never holds
+the event loop that serves clients. Every request not mirrored is counted by reason (``Skip``)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from flyspec.gate.shadow import admission
-from flyspec.gate.shadow.admission import PairBudget, SamplingRule
-from flyspec.gate.shadow.answers import from_json, from_stream
-from flyspec.gate.shadow.metrics import ShadowMetrics
-from flyspec.gate.shadow.pairs import ArmAnswer, MirroredPair, failed
-from flyspec.gate.shadow.redact import Redactor
-from flyspec.gate.shadow.spend import SpendCaps
-from flyspec.gate.shadow.upstream import Upstream
+from flyspec.checks import is_int, is_number
+from flyspec.gate.arms.base import ArmSpec
+from flyspec.gate.arms.endpoint import OpenAIArm
+from flyspec.gate.arms.registry import parse_arm
+from flyspec.gate.shadow.pairs import ArmAnswer, MirroredPair, Redactor, failed, from_json, from_stream
 
 log = logging.getLogger(__name__)
 
-PairSink = Callable[[MirroredPair], None]
-"""Where pairs go: called in one worker thread, one pair at a time (the SQLite pair store, or the gate's
-store and judge)."""
+PairSink = Callable[[MirroredPair], object]
+"""Where pairs go, one at a time in one thread: a ``SqlitePairStore`` or a registered ``ShadowRun``."""
+
+
+class Skip(StrEnum):
+    """Every reason a request is not mirrored (or a pair not stored), in the order /metrics lists them."""
+
+    MALFORMED = "malformed_body"
+    BASELINE_ERROR = "baseline_error"
+    SEVERAL_CHOICES = "n_gt_1"
+    TOOLS = "tools"
+    SEVERAL_PROMPTS = "several_prompts"
+    TOO_LONG = "too_long"
+    NOT_SAMPLED = "not_sampled"
+    STOPPED = "stopped"
+    QUEUE_FULL = "queue_full"
+    OVER_REQUEST_CAP = "over_request_cap"
+    OVER_TOKEN_CAP = "over_token_cap"
+    CLIENT_GONE = "client_disconnected"
+    STORE_ERROR = "store_error"
+
+
+@dataclass(frozen=True)
+class SamplingRule:
+    """The registered draw of mirrored requests: a request is drawn when the SHA-256 of the seed and its
+    body, read as a number in [0, 1), is below ``share``. Deterministic (the same body is always drawn or
+    never), independent of any answer, and fixed before the first request."""
+
+    share: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not is_number(self.share, above=0, at_most=1):
+            raise ValueError(f"--sample={self.share!r}: the mirrored share must be in (0, 1]")
+        if not is_int(self.seed, 0):
+            raise ValueError(f"sampling seed={self.seed!r}: must be an integer >= 0")
+
+    def draws(self, body: bytes) -> bool:
+        """True when the request with this raw body is mirrored."""
+        if self.share >= 1:
+            return True
+        digest = hashlib.sha256(self.seed.to_bytes(8, "big") + body).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.share
+
+    def describe(self) -> dict[str, object]:
+        """The rule as the run's registration records it."""
+        return {
+            "rule": "sha256(seed as 8 big-endian bytes + raw request body)[:8] / 2**64 < share",
+            "share": self.share,
+            "seed": self.seed,
+        }
+
+
+def ineligible(route: str, body: dict[str, object]) -> Skip | None:
+    """Why a well-formed request cannot be paired (several choices, tools, several prompts), or None."""
+    for key in ("n", "best_of"):
+        value = body.get(key, 1)
+        if value is not None and value != 1:
+            return Skip.SEVERAL_CHOICES
+    if any(body.get(key) for key in ("tools", "tool_choice", "functions", "function_call")):
+        return Skip.TOOLS
+    prompt = body.get("prompt")
+    # A list of token ids is one prompt; a list of strings or of token-id lists is one prompt per item.
+    several = isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int)
+    if route == "/completions" and several:
+        return Skip.SEVERAL_PROMPTS
+    return None
+
+
+class PairBudget:
+    """The stop after ``max_pairs`` admitted pairs (None: no stop), or once the run decided (``closed``)."""
+
+    def __init__(self, max_pairs: int | None) -> None:
+        if max_pairs is not None and not is_int(max_pairs, 1):
+            raise ValueError(f"--max-pairs={max_pairs!r}: must be a positive integer")
+        self.max_pairs = max_pairs
+        self.admitted = 0
+        self.closed = False
+
+    @property
+    def exhausted(self) -> bool:
+        """True once mirroring stops (the proxy keeps serving)."""
+        return self.closed or (self.max_pairs is not None and self.admitted >= self.max_pairs)
+
+    def take(self) -> None:
+        """Admit one pair."""
+        self.admitted += 1
+
+
+@dataclass
+class Booking:
+    """One admitted candidate request: when, and its tokens (estimated, then as reported)."""
+
+    at: float
+    tokens: float
+
+
+class SpendCaps:
+    """Caps on the candidate's requests and tokens over a sliding minute (None: no cap); tokens are booked
+    as estimated, then as reported. (The number of mirror workers caps its concurrency.)"""
+
+    def __init__(
+        self,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        for option, value in (
+            ("--max-candidate-requests-per-minute", requests_per_minute),
+            ("--max-candidate-tokens-per-minute", tokens_per_minute),
+        ):
+            if value is not None and not is_int(value, 1):
+                raise ValueError(f"{option}={value!r}: must be a positive integer")
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self._clock = clock
+        self._booked: deque[Booking] = deque()  # oldest first
+
+    def admit(self, estimated_tokens: int) -> Booking | Skip:
+        """A booking when the request fits (``settle`` it once the candidate answers), else the cap hit."""
+        cutoff = self._clock() - 60.0  # a sliding minute
+        while self._booked and self._booked[0].at <= cutoff:
+            self._booked.popleft()
+        tokens = sum(b.tokens for b in self._booked)
+        if self.requests_per_minute is not None and len(self._booked) + 1 > self.requests_per_minute:
+            return Skip.OVER_REQUEST_CAP
+        if self.tokens_per_minute is not None and tokens + estimated_tokens > self.tokens_per_minute:
+            return Skip.OVER_TOKEN_CAP
+        booking = Booking(self._clock(), float(estimated_tokens))
+        self._booked.append(booking)
+        return booking
+
+    @staticmethod
+    def settle(booking: Booking, used_tokens: int | None) -> None:
+        """Replace a booking's estimate with the tokens the candidate reported (kept when unreported)."""
+        if used_tokens is not None:
+            booking.tokens = float(used_tokens)
+
+
+class Upstream:
+    """An endpoint arm's connection pool (``connections`` None: unbounded) and its base URLs, in turn."""
+
+    def __init__(self, arm: OpenAIArm, connections: int | None) -> None:
+        self.arm = arm
+        self._next = itertools.cycle(arm.base_urls)
+        keepalive = connections if connections is not None else 1024
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(arm.timeout, connect=min(arm.timeout, 10.0)),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=keepalive),
+            headers={"Authorization": f"Bearer {arm.api_key}"} if arm.api_key else None,
+        )
+
+    def url(self, route: str) -> str:
+        """The next base URL joined with ``route`` (``/chat/completions``, ``/models``)."""
+        return next(self._next) + route
+
+    async def ask(self, route: str, request: Mapping[str, object]) -> ArmAnswer:
+        """This arm's whole answer, asked with its model and extra fields (an error answer on failure)."""
+        body = {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
+        start = time.monotonic()
+        try:
+            response = await self.client.post(
+                self.url(route), json={**body, "model": self.arm.model, **self.arm.extra_body}
+            )
+        except httpx.HTTPError as exc:
+            return failed(f"{type(exc).__name__}: {exc or 'no detail'}", time.monotonic() - start)
+        return from_json(route, response.status_code, response.content, time.monotonic() - start)
+
+
+def endpoint_arm(name: str, spec: ArmSpec) -> OpenAIArm:
+    """An endpoint arm from the JSON `gate run` takes; the shadow forwards HTTP, so an engine is refused."""
+    arm = parse_arm(name, spec)
+    if arm.kind != "openai":
+        raise ValueError(
+            f"--{name}: gate shadow forwards traffic to OpenAI-compatible endpoints; give "
+            '{"base_urls": [...], "model": ...}, not an arm of kind ' + repr(arm.kind)
+        )
+    return arm
+
+
+@dataclass(frozen=True)
+class ShadowSettings:
+    """The options of `flyspec gate shadow`'s traffic (its --help says each), checked once here (ValueError
+    naming the option); queue_size: copies waiting at most, max_request_bytes: longer bodies are skipped."""
+
+    baseline: OpenAIArm
+    candidate: OpenAIArm
+    sample: float = 1.0
+    sample_seed: int = 0
+    max_pairs: int | None = None
+    candidate_concurrency: int = 4
+    max_candidate_requests_per_minute: int | None = None
+    max_candidate_tokens_per_minute: int | None = None
+    redact: tuple[str, ...] = field(default_factory=tuple)
+    queue_size: int = 256
+    max_request_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for option, value in (
+            ("--candidate-concurrency", self.candidate_concurrency),
+            ("queue_size", self.queue_size),
+            ("max_request_bytes", self.max_request_bytes),
+        ):
+            if not is_int(value, 1):
+                raise ValueError(f"{option}={value!r}: must be a positive integer")
+        self.parts()  # each part checks its own options: a bad value fails here, before the server starts
+
+    def rule(self) -> SamplingRule:
+        """The registered sampling rule."""
+        return SamplingRule(self.sample, self.sample_seed)
+
+    def parts(self) -> tuple[SamplingRule, PairBudget, SpendCaps, Redactor]:
+        """Fresh admission parts: the sampling rule, the pair budget, the spend caps, the redactor."""
+        caps = SpendCaps(self.max_candidate_requests_per_minute, self.max_candidate_tokens_per_minute)
+        return self.rule(), PairBudget(self.max_pairs), caps, Redactor(self.redact)
+
+
+class ShadowMetrics:
+    """The traffic's Prometheus series, in the app's own registry (several apps may share a process)."""
+
+    def __init__(self, queue_depth: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        self.pairs = Counter(
+            "flyspec_shadow_pairs", "Mirrored pairs handed to the sink.", registry=self.registry
+        )
+        self._skipped = Counter(
+            "flyspec_shadow_skipped",
+            "Requests not mirrored (or pairs not stored), by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in Skip:  # every reason is listed from the start, at 0
+            self._skipped.labels(reason=reason)
+        depth = Gauge(
+            "flyspec_shadow_queue_depth", "Mirror jobs waiting for a worker.", registry=self.registry
+        )
+        depth.set_function(queue_depth)
+        self.mirroring = Gauge(
+            "flyspec_shadow_mirroring",
+            "1 while requests are mirrored, 0 once mirroring stopped.",
+            registry=self.registry,
+        )
+        self.mirroring.set(1)
+        # A registered run's decision gauges, brought up to date before each scrape (status.py).
+        self.refresh: Callable[[], Awaitable[object]] | None = None
+
+    def skip(self, reason: Skip) -> None:
+        """Count one request not mirrored for ``reason``."""
+        self._skipped.labels(reason=reason).inc()
 
 
 @dataclass(frozen=True)
 class BaselineCapture:
-    """What the client received from the baseline: status, body bytes (the whole stream for a streamed
-    answer), whether it was streamed, its latency and, for a stream, the time to its first chunk."""
+    """What the client received from the baseline (a stream's body is all of its events)."""
 
     status: int
     body: bytes
@@ -44,11 +289,16 @@ class BaselineCapture:
     latency_s: float
     first_token_s: float | None = None
 
+    def answer(self, route: str) -> ArmAnswer:
+        """The baseline's answer read from what the client received."""
+        if self.streamed:
+            return from_stream(route, self.status, self.body, self.latency_s, self.first_token_s)
+        return from_json(route, self.status, self.body, self.latency_s)
+
 
 @dataclass(frozen=True)
 class MirrorJob:
-    """One admitted copy: its route, the redacted request, when it arrived, where from, and the baseline's
-    answer when the proxy passed one to the client (None for a mirror-sink copy)."""
+    """One admitted copy: the redacted request, and the baseline's answer (None for a mirror-sink copy)."""
 
     route: str
     request: dict[str, object]
@@ -58,61 +308,48 @@ class MirrorJob:
 
 
 class Mirror:
-    """The bounded queue, its workers and the rules that admit a copy."""
+    """Both upstreams, the rules that admit a copy, the bounded queue and its workers."""
 
-    def __init__(
-        self,
-        *,
-        baseline: Upstream,
-        candidate: Upstream,
-        sink: PairSink,
-        rule: SamplingRule,
-        budget: PairBudget,
-        caps: SpendCaps,
-        redactor: Redactor,
-        workers: int,
-        queue_size: int,
-        max_request_bytes: int,
-    ) -> None:
-        self.baseline, self.candidate, self.sink = baseline, candidate, sink
-        self.rule, self.budget, self.caps, self.redactor = rule, budget, caps, redactor
-        self.max_request_bytes = max_request_bytes
-        self.queue: asyncio.Queue[MirrorJob] = asyncio.Queue(maxsize=queue_size)
+    def __init__(self, settings: ShadowSettings, sink: PairSink) -> None:
+        self.baseline = Upstream(settings.baseline, connections=None)
+        self.candidate = Upstream(settings.candidate, connections=settings.candidate_concurrency)
+        self.sink = sink
+        self.rule, self.budget, self.caps, self.redactor = settings.parts()
+        self.max_request_bytes = settings.max_request_bytes
+        self.queue: asyncio.Queue[MirrorJob] = asyncio.Queue(maxsize=settings.queue_size)
         self.metrics = ShadowMetrics(self.queue.qsize)
-        self._workers = workers
+        self._workers = settings.candidate_concurrency
         self._tasks: list[asyncio.Task] = []
         self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-sink")
 
-    # ------------------------------------------------------------------------------------ admission
-
-    def _reason(
-        self, route: str, raw: bytes, status: int | None
-    ) -> tuple[str | None, dict[str, object] | None]:
+    def _reason(self, route: str, raw: bytes, status: int | None) -> tuple[Skip | None, dict[str, object]]:
         if len(raw) > self.max_request_bytes:
-            return admission.TOO_LONG, None
-        body = admission.parse_body(raw)
-        if body is None:
-            return admission.MALFORMED, None
+            return Skip.TOO_LONG, {}
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            return Skip.MALFORMED, {}
         if status is not None and status != 200:
-            return admission.BASELINE_ERROR, None
-        reason = admission.ineligible(route, body)
+            return Skip.BASELINE_ERROR, body
+        reason = ineligible(route, body)
         if reason is None and self.budget.exhausted:
-            reason = admission.STOPPED
+            reason = Skip.STOPPED
         if reason is None and not self.rule.draws(raw):
-            reason = admission.NOT_SAMPLED
+            reason = Skip.NOT_SAMPLED
         return reason, body
 
     def offer(self, route: str, raw: bytes, source: str, baseline: BaselineCapture | None) -> None:
-        """Admit a copy of a request (with the baseline's answer when the proxy has one) or count why not.
-        Never waits and never raises."""
+        """Admit a copy of a request or count why not; never waits and never raises."""
         received_at = time.time()
         reason, body = self._reason(route, raw, baseline.status if baseline else None)
-        if reason is None and body is not None:
+        if reason is None:
             job = MirrorJob(route, self.redactor.value(body), received_at, source, baseline)
             try:
                 self.queue.put_nowait(job)
             except asyncio.QueueFull:
-                reason = admission.QUEUE_FULL
+                reason = Skip.QUEUE_FULL
             else:
                 self.budget.take()
                 if self.budget.exhausted:
@@ -127,22 +364,22 @@ class Mirror:
     def close(self, decision: object = None) -> None:
         """Stop mirroring because the run decided (called from the run's thread); the proxy keeps serving."""
         if not self.budget.closed:
-            self.budget.close()
+            self.budget.closed = True
             self.metrics.mirroring.set(0)
             log.warning("shadow: the run decided: mirroring stops; the proxy keeps serving")
-
-    # -------------------------------------------------------------------------------------- workers
 
     def start(self) -> None:
         """Start the workers on the running event loop."""
         self._tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
 
     async def stop(self) -> None:
-        """Stop the workers (copies still queued or in flight are not stored) and the sink thread."""
+        """Stop the workers (copies queued or in flight are not stored), the sink thread and both pools."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._store_thread.shutdown(wait=True)
+        await self.baseline.client.aclose()
+        await self.candidate.client.aclose()
 
     async def _work(self) -> None:
         while True:
@@ -151,73 +388,40 @@ class Mirror:
                 await self._pair(job)
             except Exception:  # a worker must outlive any one copy; the copy is counted as not stored
                 log.exception("shadow: a mirrored request failed unexpectedly")
-                self.metrics.skip(admission.STORE_ERROR)
+                self.metrics.skip(Skip.STORE_ERROR)
             finally:
                 self.queue.task_done()
 
-    async def _ask(self, upstream: Upstream, job: MirrorJob) -> ArmAnswer:
-        """The arm's answer to the job's request; an error or timeout is an error answer."""
-        start = time.monotonic()
-        try:
-            response = await upstream.client.post(upstream.url(job.route), json=upstream.body(job.request))
-        except httpx.HTTPError as exc:
-            return failed(f"{type(exc).__name__}: {exc or 'no detail'}", time.monotonic() - start)
-        return from_json(job.route, response.status_code, response.content, time.monotonic() - start)
-
-    def _passed_baseline(self, job: MirrorJob) -> ArmAnswer:
-        capture = job.baseline
-        assert capture is not None
-        if capture.streamed:
-            return from_stream(
-                job.route, capture.status, capture.body, capture.latency_s, capture.first_token_s
-            )
-        return from_json(job.route, capture.status, capture.body, capture.latency_s)
-
-    def _estimate(self, job: MirrorJob, baseline: ArmAnswer | None) -> int:
-        """Tokens the candidate will likely use: the baseline's where known, else the request's max_tokens."""
-        if baseline is not None and baseline.prompt_tokens is not None:
-            return baseline.prompt_tokens + (baseline.completion_tokens or 0)
-        limit = job.request.get("max_tokens") or job.request.get("max_completion_tokens")
-        return limit if isinstance(limit, int) and limit > 0 else 0
-
     async def _pair(self, job: MirrorJob) -> None:
-        baseline = self._passed_baseline(job) if job.baseline is not None else None
+        baseline = job.baseline.answer(job.route) if job.baseline is not None else None
         if baseline is not None and not baseline.ok:  # a 200 that is not an OpenAI completion
-            self.metrics.skip(admission.BASELINE_ERROR)
+            self.metrics.skip(Skip.BASELINE_ERROR)
             return
-        booking = self.caps.admit(self._estimate(job, baseline))
-        if isinstance(booking, str):  # over a cap: the reason
+        # The candidate's likely tokens: the baseline's where known, else the request's max_tokens.
+        if baseline is not None and baseline.prompt_tokens is not None:
+            estimate = baseline.prompt_tokens + (baseline.completion_tokens or 0)
+        else:
+            limit = job.request.get("max_tokens") or job.request.get("max_completion_tokens")
+            estimate = limit if isinstance(limit, int) and limit > 0 else 0
+        booking = self.caps.admit(estimate)
+        if isinstance(booking, Skip):
             self.metrics.skip(booking)
             return
         if baseline is None:  # a mirror-sink copy: production's answer is asked for here
-            baseline = await self._ask(self.baseline, job)
+            baseline = await self.baseline.ask(job.route, job.request)
             if not baseline.ok:
                 self.caps.settle(booking, 0)
-                self.metrics.skip(admission.BASELINE_ERROR)
+                self.metrics.skip(Skip.BASELINE_ERROR)
                 return
-        candidate = await self._ask(self.candidate, job)
+        candidate = await self.candidate.ask(job.route, job.request)
         used = candidate.prompt_tokens
         self.caps.settle(booking, None if used is None else used + (candidate.completion_tokens or 0))
-        pair = MirroredPair(
-            received_at=job.received_at,
-            source=job.source,
-            route=job.route,
-            request=job.request,
-            baseline=self._redacted(baseline),
-            candidate=self._redacted(candidate),
-        )
+        answers = self.redactor.answer(baseline), self.redactor.answer(candidate)
+        pair = MirroredPair(job.received_at, job.source, job.route, job.request, *answers)
         try:
             await asyncio.get_running_loop().run_in_executor(self._store_thread, self.sink, pair)
         except Exception:
             log.exception("shadow: the pair sink failed; the pair is lost")
-            self.metrics.skip(admission.STORE_ERROR)
+            self.metrics.skip(Skip.STORE_ERROR)
             return
         self.metrics.pairs.inc()
-
-    def _redacted(self, answer: ArmAnswer) -> ArmAnswer:
-        """The answer with its text and error (which may quote a response body) redacted."""
-        if not self.redactor.patterns:
-            return answer
-        text = None if answer.text is None else self.redactor.text(answer.text)
-        error = None if answer.error is None else self.redactor.text(answer.error)
-        return replace(answer, text=text, error=error)

@@ -1,17 +1,16 @@
 """The shadow app: an OpenAI-compatible proxy to the baseline, a mirror sink, and /metrics.
 
-Every /v1 request goes to the baseline and its answer goes back unchanged (status, body, content-type;
-server-sent events passed on chunk by chunk as they arrive). Only after the client has the whole answer is
-a copy offered to the mirror (flyspec/gate/shadow/mirror.py), which never waits. Copies from nginx's
-``mirror`` arrive at /mirror/v1/...; Envoy and Istio send theirs to the same /v1 path with ``-shadow``
-appended to the Host header. Both are answered 202 at once.
+Every /v1 request goes to the baseline and its answer goes back unchanged (server-sent events passed on as
+they arrive); only after the client has the whole answer is a copy offered to the mirror. Copies from
+nginx arrive at /mirror/v1/...; Envoy and Istio send theirs to /v1 with ``-shadow`` appended to the Host.
+Both are answered 202 at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import httpx
@@ -20,64 +19,69 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
-from flyspec.gate.shadow import admission
-from flyspec.gate.shadow.answers import CHAT, COMPLETIONS
-from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink
-from flyspec.gate.shadow.pairs import MIRROR, PROXY
+from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink, ShadowSettings, Skip
+from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
 from flyspec.gate.shadow.run import ShadowRun
-from flyspec.gate.shadow.settings import ShadowSettings
 from flyspec.gate.shadow.status import add_run_routes
-from flyspec.gate.shadow.upstream import Upstream, request_headers, response_headers
 
+# Hop-by-hop headers (RFC 9110 7.6.1) and those the HTTP layer sets itself are never copied across.
+_HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
+_HOP |= {"proxy-authenticate", "proxy-authorization", "proxy-connection"}
+# Answers travel uncompressed from the upstream so the proxy can read the text it passes through.
+_REQUEST_DROP = _HOP | {"accept-encoding"}
+_RESPONSE_DROP = _HOP | {"date", "server"}
 MAX_KEPT_ANSWER_BYTES = 8 << 20
 """A streamed answer longer than this is passed on but not kept for the mirror (``too_long``)."""
-SHADOW_HOST_SUFFIX = "-shadow"
 
 
-def _is_shadow_copy(request: Request) -> bool:
-    """True for a copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow)."""
-    host = request.headers.get("host", "").rsplit(":", 1)[0]
-    return host.endswith(SHADOW_HOST_SUFFIX)
+def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A client's request headers as forwarded upstream (authorization and content-type kept)."""
+    out = {k: v for k, v in headers.items() if k.lower() not in _REQUEST_DROP}
+    out["accept-encoding"] = "identity"
+    return out
 
 
-def _bad_gateway(exc: Exception) -> JSONResponse:
-    message = f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
-    return JSONResponse({"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502)
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    """An upstream's response headers as passed back to the client (content-type kept)."""
+    return {k: v for k, v in headers.items() if k.lower() not in _RESPONSE_DROP}
 
 
 class _Proxy:
     """The request path: forwards to the baseline, passes its answer on, then offers the copy."""
 
-    def __init__(self, baseline: Upstream, mirror: Mirror) -> None:
-        self.baseline, self.mirror = baseline, mirror
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
 
     async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
         raw = await request.body()
-        if _is_shadow_copy(request):  # a copy of a route that is not paired is dropped, not forwarded
+        # A copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow); a copy of a
+        # route that is not paired is dropped, not forwarded.
+        if request.headers.get("host", "").rsplit(":", 1)[0].endswith("-shadow"):
             return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
         start = time.monotonic()
-        outgoing = self.baseline.client.build_request(
+        baseline = self.mirror.baseline
+        outgoing = baseline.client.build_request(
             request.method,
-            self.baseline.url(route),
+            baseline.url(route),
             content=raw or None,
             headers=request_headers(request.headers),
             params=request.query_params,
         )
         try:
-            upstream = await self.baseline.client.send(outgoing, stream=True)
+            upstream = await baseline.client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:
-            if mirrored:
-                self.mirror.metrics.skip(admission.BASELINE_ERROR)
-            return _bad_gateway(exc)
+            return self._bad_gateway(exc, mirrored)
         headers = response_headers(upstream.headers)
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return self._relay(upstream, headers, route, raw, start, mirrored)
+            relay = _Relay(upstream, start, route, raw, self.mirror if mirrored else None)
+            # The copy is offered after the last chunk: by the background task when the response ends, or
+            # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
+            background = BackgroundTask(relay.offer_after)
+            return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
         try:
             body = await upstream.aread()
         except httpx.HTTPError as exc:
-            if mirrored:
-                self.mirror.metrics.skip(admission.BASELINE_ERROR)
-            return _bad_gateway(exc)
+            return self._bad_gateway(exc, mirrored)
         finally:
             await upstream.aclose()
         background = None
@@ -86,36 +90,14 @@ class _Proxy:
             background = BackgroundTask(self._offer, route, raw, capture)
         return Response(body, status_code=upstream.status_code, headers=headers, background=background)
 
-    def _relay(
-        self,
-        upstream: httpx.Response,
-        headers: dict[str, str],
-        route: str,
-        raw: bytes,
-        start: float,
-        mirrored: bool,
-    ) -> StreamingResponse:
-        relay = _Relay(upstream, start)
-
-        def offer() -> None:
-            if mirrored and not relay.offered:
-                relay.offered = True
-                reason = relay.not_kept()
-                if reason is not None:
-                    self.mirror.metrics.skip(reason)
-                else:
-                    self.mirror.offer(route, raw, PROXY, relay.capture())
-
-        async def offer_after() -> None:
-            offer()
-
-        # The copy is offered after the last chunk: by the background task when the response ends, or when
-        # the client hangs up (the official openai client closes the connection at `data: [DONE]`).
-        return StreamingResponse(
-            relay.chunks(offer),
-            status_code=upstream.status_code,
-            headers=headers,
-            background=BackgroundTask(offer_after),
+    def _bad_gateway(self, exc: Exception, mirrored: bool) -> JSONResponse:
+        if mirrored:
+            self.mirror.metrics.skip(Skip.BASELINE_ERROR)
+        message = (
+            f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
+        )
+        return JSONResponse(
+            {"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502
         )
 
     async def _offer(self, route: str, raw: bytes, capture: BaselineCapture) -> None:
@@ -130,18 +112,18 @@ class _Proxy:
 
 
 class _Relay:
-    """One streamed answer passed on chunk by chunk and kept (up to ``MAX_KEPT_ANSWER_BYTES``) for the
-    mirror."""
+    """One streamed answer passed on chunk by chunk and kept for the mirror (None: not mirrored)."""
 
-    def __init__(self, upstream: httpx.Response, start: float) -> None:
-        self.upstream, self.start = upstream, start
+    def __init__(
+        self, upstream: httpx.Response, start: float, route: str, raw: bytes, mirror: Mirror | None
+    ) -> None:
+        self.upstream, self.start, self.route, self.raw, self.mirror = upstream, start, route, raw, mirror
         self.kept: list[bytes] = []
         self.size = 0
         self.first: float | None = None
         self.finished = False
-        self.offered = False
 
-    async def chunks(self, on_hang_up: Callable[[], None]) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self.upstream.aiter_raw():
                 if self.first is None:
@@ -153,43 +135,34 @@ class _Relay:
             self.finished = True
         finally:
             if not self.finished:
-                on_hang_up()
+                self.offer()
             await self.upstream.aclose()
 
-    def not_kept(self) -> str | None:
-        """Why this answer cannot be paired (the client left before its end, or it was too long), or None."""
+    def offer(self) -> None:
+        """Offer the copy once, or count why it cannot be paired (too long, or the client left early)."""
+        mirror, self.mirror = self.mirror, None
+        if mirror is None:
+            return
         if self.size > MAX_KEPT_ANSWER_BYTES:
-            return admission.TOO_LONG
-        # A client that leaves after the stream's terminator has had the whole answer.
-        if not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
-            return admission.CLIENT_GONE
-        return None
+            mirror.metrics.skip(Skip.TOO_LONG)
+        elif not self.finished and b"data: [DONE]" not in b"".join(self.kept[-3:]):
+            mirror.metrics.skip(Skip.CLIENT_GONE)
+        else:
+            latency = time.monotonic() - self.start
+            capture = BaselineCapture(
+                self.upstream.status_code, b"".join(self.kept), True, latency, self.first
+            )
+            mirror.offer(self.route, self.raw, PROXY, capture)
 
-    def capture(self) -> BaselineCapture:
-        """The answer as the client received it."""
-        latency = time.monotonic() - self.start
-        return BaselineCapture(self.upstream.status_code, b"".join(self.kept), True, latency, self.first)
+    async def offer_after(self) -> None:
+        self.offer()
 
 
 def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> FastAPI:
-    """The shadow process's app for ``settings``, handing every mirrored pair to ``sink``. A registered
-    ``ShadowRun`` as the sink also gives /decision, /status and the decision's gauges, starts and stops
-    with the app, and stops the mirroring once it decides (the proxy keeps serving)."""
-    baseline = Upstream(settings.baseline, connections=None)
-    candidate = Upstream(settings.candidate, connections=settings.candidate_concurrency)
-    mirror = Mirror(
-        baseline=baseline,
-        candidate=candidate,
-        sink=sink,
-        rule=settings.rule(),
-        budget=settings.budget(),
-        caps=settings.caps(),
-        redactor=settings.redactor(),
-        workers=settings.candidate_concurrency,
-        queue_size=settings.queue_size,
-        max_request_bytes=settings.max_request_bytes,
-    )
-    proxy = _Proxy(baseline, mirror)
+    """The shadow process's app, handing every mirrored pair to ``sink``; a registered ``ShadowRun`` also
+    starts and stops with the app, adds its routes, and stops the mirroring once it decides."""
+    mirror = Mirror(settings, sink)
+    proxy = _Proxy(mirror)
     run = sink if isinstance(sink, ShadowRun) else None
     if run is not None:
         mirror.budget.admitted = run.stored  # --max-pairs counts the pairs of earlier processes too
@@ -204,33 +177,18 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
             yield
         finally:
             await mirror.stop()
-            await baseline.aclose()
-            await candidate.aclose()
             if run is not None:
                 await asyncio.to_thread(run.close)
 
     app = FastAPI(
         title="flyspec gate shadow", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.state.mirror = mirror
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await proxy.forward(request, CHAT, mirrored=True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await proxy.forward(request, COMPLETIONS, mirrored=True)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        return await proxy.forward(request, "/models", mirrored=False)
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
-    async def other(request: Request, rest: str) -> Response:
-        """Every other /v1 route (embeddings, tokenize, ...) is the baseline's business: passed through,
-        never mirrored, so production behind the proxy loses nothing."""
-        return await proxy.forward(request, "/" + rest, mirrored=False)
+    async def forward(request: Request, rest: str) -> Response:
+        """Chat and completions are mirrored; every other /v1 route (models, embeddings, ...) is passed on."""
+        route = "/" + rest
+        return await proxy.forward(request, route, request.method == "POST" and route in (CHAT, COMPLETIONS))
 
     @app.post("/mirror/v1/chat/completions", status_code=202)
     async def mirror_chat(request: Request) -> Response:

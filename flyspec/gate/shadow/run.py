@@ -1,68 +1,317 @@
 """A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md).
 
-``ShadowRun`` is the mirror's sink. Registration happens when it is built, before the first mirrored
-request: the sequential run of flyspec/gate/shadow/registration.py, in the gate's store, refused
-when the same run name was registered with other settings (as ``gate run`` refuses a changed resume).
-
-One worker thread owns the store (its work: flyspec/gate/shadow/worker.py). A pair handed to the sink is
-committed at once to ``shadow_pairs`` (the request, both answers, timings, token counts, acceptance) and
-registered as the next question of the run (its id the row id: arrival order is the registered order);
-only then does the sink return, so a
-``kill -9`` loses at most the pairs in flight. The pair is then judged in both orders by the gate's own
-judged-run machinery (``JudgedPairs``: verdicts committed as they arrive, both answers committed together
-once both verdicts are in), or, in a run registered with a pairwise grader (``equivalent_to_baseline``),
-graded against the baseline's answer at once. A pair whose candidate errored is a known loss without
-asking the judge (the registered rule), stored as an exact question so its gold label is the loss itself.
-A restart registers and grades whatever a kill left half done. A judge that fails is asked again later;
-clients never notice.
-
-The decision is the report's (``build_report``: the same object as ``gate report --json``), refreshed as
+``ShadowRun`` registers the run before the first mirrored request. Its worker thread (``PairWorker``)
+commits each pair and registers it as the run's next question before the sink returns (arrival order is
+the registered order; a ``kill -9`` loses at most the pairs in flight), then judges it in both orders
+(``JudgedPairs``) or grades it against the baseline's answer. The decision is the report's, rebuilt as
 verdicts and labels arrive; once it is PASS or FAIL, ``on_decided`` stops the mirroring.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from flyspec.gate.data.spec import Registration
-from flyspec.gate.data.store import GateStore
+from flyspec.checks import is_int, is_number
+from flyspec.gate.arms.base import Completion, Job
+from flyspec.gate.arms.endpoint import OpenAIArm
+from flyspec.gate.arms.judge import Judge
+from flyspec.gate.data.questions import Question
+from flyspec.gate.data.results import request_texts
+from flyspec.gate.data.spec import (
+    DEFAULT_GOLD_RATE,
+    DatasetEntry,
+    Gold,
+    QuestionOrder,
+    Registration,
+    ShadowRecord,
+)
+from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion, RunRecord
 from flyspec.gate.data.storefile import StoreLock
-from flyspec.gate.report.build import Report, build_report
-from flyspec.gate.runs.exclusion import record_looks
-from flyspec.gate.shadow.pair_store import SqlitePairStore
-from flyspec.gate.shadow.pairs import MirroredPair
-from flyspec.gate.shadow.registration import ShadowPlan
-from flyspec.gate.shadow.worker import PairWorker
+from flyspec.gate.grading.graders import (
+    EQUIVALENCE,
+    JUDGE,
+    Grade,
+    check_grader,
+    grade_against_baseline,
+    grader_named,
+)
+from flyspec.gate.report.build import build_report
+from flyspec.gate.runs.judging import Item, JudgedPairs
+from flyspec.gate.runs.register import record_looks
+from flyspec.gate.shadow.pairs import COMPLETIONS, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
 from flyspec.gate.stats.decide import FAIL, PASS
+from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialPlan
 
 log = logging.getLogger(__name__)
 
+DATASET = "shadow"
+"""The dataset name of a shadow run's questions in the store and its reports."""
+DEFAULT_MAX_PAIRS = 100_000
+"""The registered maximum of a run started without --max-pairs (the sequence is valid at every size)."""
+ORDER_RULE = "arrival order: each mirrored request is the next question once both arms have answered it"
+CLAIM = (
+    "the candidate against production on this traffic: each mirrored request is a random draw from the "
+    "requests clients sent while the run lasted (by the registered sampling rule), so a decision speaks for "
+    "that traffic in that period. Traffic drifts: a later mix of requests may differ."
+)
+ERRORS = (
+    "a candidate answer that is an HTTP error, a timeout or not a completion is a wrong answer on that "
+    "request (the baseline's is right there): the pair counts as a known loss, never as a skip"
+)
+LANES = [("baseline", 0), ("candidate", 0)]
 REFRESH_S = 1.0
 """How often the worker rebuilds the decision (labels arrive from other processes too)."""
+JUDGE_RETRY_S = 10.0
+"""How long after a failed judge call the waiting pairs are asked again."""
 
 
-def register_shadow(store: GateStore, run_id: str, registration: Registration, has_pairs: bool) -> bool:
-    """Register the shadow run, or check that this resume has its settings; True when it is new. A
-    changed registration is refused once the run holds an answer or a stored pair (ValueError listing
-    what changed, as ``gate run`` does)."""
-    questions = store.questions(run_id)
-    store.check_resumable(run_id, registration, questions, holds_data=has_pairs)
-    new = store.register(run_id, registration, questions)
-    record_looks(store, run_id)
-    return new
+@dataclass(frozen=True)
+class ShadowPlan:
+    """The decision settings of a shadow run: pairs are judged (``judge``, gold labels drawn at
+    ``gold_rate``) or graded by a pairwise ``grader`` such as ``equivalent_to_baseline:whitespace``."""
+
+    run_id: str
+    margin: float
+    alpha: float
+    judge: Judge | None
+    gold_rate: float = DEFAULT_GOLD_RATE
+    seed: int = 0
+    max_pairs: int = DEFAULT_MAX_PAIRS
+    grader: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.judge is None) == (self.grader is None):
+            raise ValueError(
+                "gate shadow grades each pair one way: give --judge JUDGE or --grader "
+                "equivalent_to_baseline[:normaliser], not both and not neither"
+            )
+        if self.grader is not None:
+            found, _ = grader_named(self.grader)
+            if found.grade_pair is None or found.model_graded:
+                raise ValueError(
+                    f"--grader={self.grader!r}: live traffic has no reference answers, so the grader must "
+                    "compare the candidate's answer with production's (equivalent_to_baseline[:normaliser])"
+                )
+            object.__setattr__(self, "grader", check_grader(self.grader))
+        if not is_number(self.margin, above=0, below=1):
+            raise ValueError(f"--margin={self.margin!r}: the tolerated loss must be in (0, 1)")
+        if not is_number(self.alpha, above=0, below=0.5):
+            raise ValueError(f"--alpha={self.alpha!r}: must be in (0, 0.5)")
+        if not is_number(self.gold_rate, above=0, at_most=1):
+            raise ValueError(f"--gold-rate={self.gold_rate!r}: the share of pairs labelled must be in (0, 1]")
+        if not is_int(self.max_pairs, 1):
+            raise ValueError(f"--max-pairs={self.max_pairs!r}: must be a positive integer")
+        if not self.run_id:
+            raise ValueError("--run: a shadow run needs a name")
+
+    @property
+    def gold(self) -> Gold | None:
+        """The registered gold-label draw of a judged run (labels given by people)."""
+        return Gold(self.gold_rate, self.seed, "human") if self.judge is not None else None
+
+
+def shadow_registration(
+    plan: ShadowPlan, baseline: OpenAIArm, candidate: OpenAIArm, sampling: Mapping[str, object]
+) -> Registration:
+    """A sequential gate run (i.i.d. claim) of ``candidate`` against ``baseline``, sampled by ``sampling``."""
+    gold = plan.gold
+    judged = (
+        {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
+    )
+    sequential = SequentialPlan(plan.margin, plan.alpha, plan.max_pairs, plan.max_pairs, plan.seed, **judged)
+    return Registration(
+        kind="gate",
+        margin=plan.margin,
+        alpha=plan.alpha,
+        seed=plan.seed,
+        arms={"baseline": baseline.identity(None), "candidate": candidate.identity(None)},
+        datasets={DATASET: DatasetEntry()},
+        repeats=(0,),
+        max_questions=plan.max_pairs,
+        order=QuestionOrder(plan.seed, ORDER_RULE, plan.max_pairs),
+        design="sequential",
+        sequential=sequential,
+        judge=plan.judge.identity(None) if plan.judge is not None else None,
+        gold=gold,
+        shadow=ShadowRecord(CLAIM, sampling, ERRORS),
+    )
+
+
+def pair_question(pair: StoredPair, grader: str) -> Question:
+    """The pair's request as a gate question (what the judge is shown): its prompt or its messages."""
+    qid = str(pair.id)
+    if pair.route == COMPLETIONS:
+        prompt = pair.request.get("prompt")
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        return Question(qid, "", grader, DATASET, prompt=text)
+    messages = [
+        {
+            "role": str(m.get("role", "")),
+            "content": c if isinstance(c := m.get("content"), str) else json.dumps(c),
+        }
+        for m in pair.request.get("messages") or []
+        if isinstance(m, dict)
+    ]
+    return Question(qid, "", grader, DATASET, messages=messages)
+
+
+def label_requests(path: str | Path) -> Callable[[RunRecord], dict[str, str]]:
+    """A run's request texts by prompt hash: its datasets' and, for a live-traffic run, its pairs'."""
+
+    def requests(run: RunRecord) -> dict[str, str]:
+        texts = request_texts(run)
+        if run.registered.shadow is None:
+            return texts
+        pairs = SqlitePairStore(path, run.run_id)
+        try:
+            questions = [pair_question(pair, JUDGE) for pair in pairs.pairs()]
+        finally:
+            pairs.close()
+        for q in questions:
+            turns = (f"[{m['role']}] {m['content']}" for m in q.messages or [])
+            texts[q.prompt_hash] = q.prompt if q.prompt is not None else "\n".join(turns)
+        return texts
+
+    return requests
+
+
+def _completion(answer: ArmAnswer, source: str) -> Completion:
+    return Completion(
+        text=answer.text or "",
+        finish_reason=answer.finish_reason,
+        prompt_tokens=answer.prompt_tokens or 0,
+        completion_tokens=answer.completion_tokens or 0,
+        latency_s=answer.latency_s,
+        source=source,
+        acceptance=answer.acceptance,
+    )
+
+
+def _record(job: Job, completion: Completion, grade: Grade) -> AnswerRecord:
+    acc = completion.acceptance
+    return AnswerRecord(
+        arm=job.arm,
+        repeat=job.repeat,
+        dataset=job.question.dataset,
+        question_id=job.question.id,
+        seed=job.seed,
+        output=completion.text,
+        extracted=grade.extracted,
+        correct=grade.correct,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        latency_s=completion.latency_s,
+        source=completion.source,
+        **(acc.to_dict() if acc is not None else {}),  # the four acceptance counters, None where unreported
+    )
+
+
+class PairWorker:
+    """The run's worker thread's part, with its own store connection: commit, register, grade or judge."""
+
+    def __init__(self, path: Path, plan: ShadowPlan, pairs: SqlitePairStore) -> None:
+        self.plan = plan
+        self.pairs = pairs
+        self.run_id = plan.run_id
+        self.store = GateStore(path)
+        self.positions = len(self.store.questions(self.run_id))
+        self.judged = self._judged()
+        self.waiting: dict[str, StoredPair] = {}
+        self.failed_at: float | None = None
+
+    def _judged(self) -> JudgedPairs | None:
+        judge = self.plan.judge
+        return JudgedPairs(self.store, self.run_id, judge, LANES, self.plan.gold) if judge else None
+
+    def recover(self) -> None:
+        """Register and grade, in the stored order, what a kill left half done."""
+        registered = {q.question_id for q in self.store.questions(self.run_id)}
+        answered = {k[3] for k in self.store.answered_keys(self.run_id)}
+        for pair in self.pairs.pairs():
+            if str(pair.id) not in registered:
+                self._register(pair)
+            if str(pair.id) not in answered:
+                self._grade(pair)
+
+    def take(self, pair: MirroredPair) -> int:
+        """Commit a new pair, register its question and grade it (or ask the judge); returns its id."""
+        stored = self.pairs(pair)
+        self._register(stored)
+        self._grade(stored)
+        return stored.id
+
+    def _question(self, pair: StoredPair) -> Question:
+        """The pair's question; a judged run's pair whose candidate errored is a known loss, graded so."""
+        grader = self.plan.grader or (JUDGE if pair.candidate.get("error") is None else EQUIVALENCE)
+        return pair_question(pair, grader)
+
+    def _register(self, pair: StoredPair) -> None:
+        q = self._question(pair)
+        self.store.add_question(
+            self.run_id, RegisteredQuestion(DATASET, q.id, self.positions, q.prompt_hash, "", q.grader)
+        )
+        self.positions += 1
+
+    def _grade(self, pair: StoredPair) -> None:
+        q = self._question(pair)
+        baseline, candidate = pair.answers()
+        jb, cb = Job("baseline", 0, q, 0, pair.id), _completion(baseline, pair.source)
+        jc, cc = Job("candidate", 0, q, 0, pair.id), _completion(candidate, pair.source)
+        self.waiting[q.id] = pair
+        if candidate.error is not None:  # the registered rule: an error is a wrong answer, no judge asked
+            wrong = Grade(None, False, f"error: {candidate.error}")
+            self._store([(jb, cb, Grade(None, True, ERRORS)), (jc, cc, wrong)])
+        elif self.judged is None:  # graded against the baseline's answer
+            base, cand = grade_against_baseline(q.grader, cb.text, cc.text)
+            self._store([(jb, cb, base), (jc, cc, cand)])
+        else:
+            self._store(self.judged.add(jb, cb) + self.judged.add(jc, cc))
+
+    def _store(self, items: list[Item]) -> None:
+        """Commit graded answers in one transaction (a pair's two answers together)."""
+        if not items:
+            return
+        self.store.add_answers(self.run_id, [_record(*item) for item in items])
+        for job, _, _ in items:
+            self.waiting.pop(job.question.id, None)
+        if self.judged is not None:
+            self.judged.take_pairs()  # the decision is the report's, built from the store
+
+    def poll(self) -> None:
+        """Store the verdicts that arrived; after a failed judge call, ask the waiting pairs again later."""
+        if self.judged is None:
+            return
+        self._store(self.judged.poll(0))
+        if self.judged.error is not None and self.failed_at is None:
+            self.failed_at = time.monotonic()
+            log.warning(
+                "shadow: the judge failed (%s); asking again in %.0f s", self.judged.error, JUDGE_RETRY_S
+            )
+        if self.failed_at is not None and time.monotonic() - self.failed_at >= JUDGE_RETRY_S:
+            self.failed_at = None
+            self.judged.close(wait_for_calls=False)
+            self.judged = self._judged()
+            for pair in list(self.waiting.values()):
+                self._grade(pair)
+
+    def close(self) -> None:
+        if self.judged is not None:
+            self.judged.close(wait_for_calls=False)
+        self.store.close()
 
 
 @dataclass(frozen=True)
 class LiveDecision:
-    """The decision as it stands: the report's decision object, its bounds, the gold labels waiting, the
-    judge's agreement with gold (None before the first label or without a judge) and the pairs stored."""
+    """The decision as it stands: the report's decision object and what /status and the gauges show."""
 
     decision: dict[str, object]
     low: float
@@ -77,37 +326,23 @@ class LiveDecision:
         return {"FAIL": -1, "PASS": 1}.get(str(self.decision.get("decision")), 0)
 
 
-def live_decision(report: Report, pairs: int) -> LiveDecision:
-    """The live decision read from a shadow run's report."""
-    decision = report.decision_object()
-    gold = report.gold
-    low, high = decision.get("low"), decision.get("high")
-    return LiveDecision(
-        decision=decision,
-        low=-1.0 if low is None else float(low),
-        high=1.0 if high is None else float(high),
-        labels_waiting=gold.awaiting if gold is not None else 0,
-        judge_agreement=gold.agreement if gold is not None else None,
-        pairs=pairs,
-    )
-
-
 class ShadowRun:
-    """The mirror's sink for a registered shadow run (see the module's docstring). ``start`` before the
-    first pair; ``close`` at the end."""
+    """The mirror's sink for a registered shadow run: ``start`` before the first pair, ``close`` last."""
 
     def __init__(self, path: str | Path, plan: ShadowPlan, registration: Registration) -> None:
         self.path = Path(path)
         self.plan = plan
         self.run_id = plan.run_id
-        self.pairs = SqlitePairStore(
-            self.path, self.run_id
-        )  # creates the file 0600 before the store opens it
+        self.pairs = SqlitePairStore(self.path, self.run_id)  # creates the file 0600 before the store opens
         self._lock = StoreLock(self.path, self.run_id).acquire()
         try:
             with GateStore(self.path) as store:
                 registration = store.keeping_bets(self.run_id, registration)
-                self.new = register_shadow(store, self.run_id, registration, self.pairs.count() > 0)
+                questions = store.questions(self.run_id)
+                holds_data = self.pairs.count() > 0  # a changed registration is refused once it holds data
+                store.check_resumable(self.run_id, registration, questions, holds_data=holds_data)
+                self.new = store.register(self.run_id, registration, questions)
+                record_looks(store, self.run_id)
         except BaseException:
             self._lock.release()
             self.pairs.close()
@@ -118,16 +353,11 @@ class ShadowRun:
         self._inbox: queue.Queue[tuple[MirroredPair, Future[int]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="shadow-run", daemon=True)
         self._ready = threading.Event()
-        self._state_lock = threading.Lock()
-        self._state: LiveDecision | None = None
         self._built: tuple[tuple[object, ...], LiveDecision] | None = None
         self.error: BaseException | None = None
 
-    # ------------------------------------------------------------------------------------- the sink
-
     def __call__(self, pair: MirroredPair) -> None:
-        """Commit one pair (and register it as the run's next question) before returning; raises when the
-        worker could not start (the mirror counts the pair as not stored)."""
+        """Commit one pair and register it before returning; raises when the worker could not start."""
         if self.error is not None:
             raise RuntimeError(f"the shadow run's worker is not running: {self.error}")
         done: Future[int] = Future()
@@ -148,32 +378,25 @@ class ShadowRun:
         self._lock.release()
 
     def decision(self) -> LiveDecision:
-        """The decision as the store holds it now (the same build as ``gate report``)."""
-        state = self._build()
-        with self._state_lock:
-            self._state = state
-        return state
-
-    @property
-    def last(self) -> LiveDecision | None:
-        """The decision as the worker last built it (None before the first)."""
-        with self._state_lock:
-            return self._state
-
-    def _build(self) -> LiveDecision:
-        """The report's decision, built again only when the run's rows or the stored pairs changed: the
-        worker asks every second and /metrics at every scrape, and a sequential run's report simulates
-        its label advice (seconds on a long run)."""
+        """The decision as the store holds it now (the same build as ``gate report``); rebuilt only when the
+        run's rows changed, since a sequential run's report simulates its label advice (seconds)."""
         with GateStore(self.path) as store:
             revision = (store.revision(self.run_id), self.pairs.count())
-        kept = self._built
-        if kept is not None and kept[0] == revision:
-            return kept[1]
-        state = live_decision(build_report(self.path, self.run_id), revision[1])
+        if self._built is not None and self._built[0] == revision:
+            return self._built[1]
+        report = build_report(self.path, self.run_id)
+        decision, gold = report.decision_object(), report.gold
+        low, high = decision.get("low"), decision.get("high")
+        state = LiveDecision(
+            decision=decision,
+            low=-1.0 if low is None else float(low),
+            high=1.0 if high is None else float(high),
+            labels_waiting=gold.awaiting if gold is not None else 0,
+            judge_agreement=gold.agreement if gold is not None else None,
+            pairs=revision[1],
+        )
         self._built = (revision, state)
         return state
-
-    # ----------------------------------------------------------------------------------- the worker
 
     def _work(self) -> None:
         try:

@@ -1,33 +1,18 @@
-"""The gate's decision: the names of its verdicts, the one rule that turns an interval into PASS, FAIL or
-INCONCLUSIVE, the routes that apply it to a run, the family rule of ``gate tune`` and what a sequential
-decision claims (docs/statistics.md, "The decision rule").
-
-The rule (``classify``), for an interval ``[low, high]`` of delta = candidate accuracy - baseline
-accuracy against the non-inferiority ``margin``:
-
-- PASS: the lower bound lies above ``-margin``: the candidate loses less than the margin (non-inferior);
-- FAIL: the upper bound lies below ``-margin``: the candidate loses more than the margin;
-- INCONCLUSIVE otherwise. ``loss_detected`` (upper bound below 0) says the candidate is shown to be worse,
-  whether or not by more than the margin; with INCONCLUSIVE it means "worse, by how much not yet known".
-
-Every verdict of the gate comes from ``classify``: a fixed run's on Tango's ``1 - 2 alpha`` interval
-(``decide``); a sequential or judged run's at the first crossing of its
-confidence sequence (``Walk``: ``SequentialWalk`` here, ``JudgedWalk`` in flyspec/gate/stats/judged.py;
-``sequential_decision``, ``judged_decision``, the run's ``Monitor`` and the report's replay,
-flyspec/gate/stats/monitor.py, all walk with them); and the simulations' many runs at once
-(``crossing_verdicts``, pinned to the rule on the same draws by tests/test_gate_stats_decide.py, which
-also fails if a verdict is assigned anywhere else in the gate).
-
-The settings' checks and the command line read the verdicts' names, the checks of a margin and alpha and
-the claims from here without loading numpy or scipy: the routes import the statistics they apply inside
-their functions.
+"""The gate's decision (docs/statistics.md, "The decision rule"): the verdicts' names, the one rule that
+turns an interval of delta into PASS, FAIL or INCONCLUSIVE (``classify``), and every route to it: a fixed
+run's Tango interval (``decide``); a sequential or judged run's first crossing (``Walk``, taken by
+``sequential_decision``, ``judged_decision``, the run's ``Monitor`` and the report's replay); the
+simulations' many runs at once (``crossing_verdicts``, which tests/test_gate_stats_decide.py pins to the
+rule on the same draws, and which also fails if a verdict is assigned anywhere else in the gate); and the
+family rule of ``gate tune`` (``fixed_sequence``). Standard library only at import, so that the command
+line reads the names and checks without numpy or scipy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from flyspec.checks import is_number
 
@@ -37,6 +22,7 @@ if TYPE_CHECKING:
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 NOT_TESTED = "NOT TESTED"
 DECISIONS = (PASS, FAIL, INCONCLUSIVE)
+ItemT = TypeVar("ItemT")
 
 SUPERPOPULATION = "superpopulation"
 FINITE = "finite"
@@ -64,14 +50,6 @@ def claim(population: str, population_size: int | None = None) -> str:
     return CLAIMS[population].format(n=population_size if population_size is not None else "N")
 
 
-def check_margin(margin: float) -> None:
-    """Raise ValueError unless ``margin`` is a number in (0, 1)."""
-    if not is_number(margin):
-        raise ValueError(f"margin={margin!r}: must be a number")
-    if not 0 < margin < 1:
-        raise ValueError(f"margin={margin!r}: must lie in (0, 1)")
-
-
 def check_margin_alpha(margin: float, alpha: float) -> None:
     """Validate a run's non-inferiority margin and one-sided alpha (set before its first answer)."""
     if not is_number(margin, above=0, below=1):
@@ -85,12 +63,7 @@ def check_margin_alpha(margin: float, alpha: float) -> None:
 
 @dataclass(frozen=True)
 class Decision:
-    """The gate's decision on an interval: the outcome, whether a loss is shown, and the interval.
-
-    ``low, high``: the ``1 - 2 alpha`` interval of delta (Tango's for a fixed-size run). ``loss_detected``:
-    ``high < 0`` (the candidate is shown worse than the baseline; with INCONCLUSIVE, not shown worse than
-    the margin).
-    """
+    """The gate's decision on the ``1 - 2 alpha`` interval ``[low, high]`` of delta (``classify``)."""
 
     decision: str
     loss_detected: bool
@@ -99,9 +72,9 @@ class Decision:
 
 
 def classify(low: float, high: float, margin: float, can_decide: bool = True) -> Decision:
-    """The rule on an interval ``[low, high]`` of delta against ``margin`` (the module docstring).
-    ``can_decide=False`` (a judged run without a gold label yet) gives INCONCLUSIVE with no loss shown,
-    whatever the interval."""
+    """The rule: PASS when ``low > -margin`` (non-inferior), FAIL when ``high < -margin`` (worse than the
+    margin), INCONCLUSIVE otherwise; ``loss_detected = high < 0`` (shown worse, with INCONCLUSIVE not by
+    how much). ``can_decide=False`` (a judged run without a gold label yet): INCONCLUSIVE, no loss shown."""
     if not can_decide:
         return Decision(INCONCLUSIVE, False, low, high)
     if low > -margin:
@@ -123,19 +96,12 @@ def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
 
 
 def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
-    """The gate's rule on Tango's ``1 - 2 alpha`` interval ``[low, high]`` of delta.
-
-    PASS when ``low > -margin`` (non-inferior); FAIL when ``high < -margin`` (worse than the margin);
-    INCONCLUSIVE otherwise. ``loss_detected = high < 0``. A significant McNemar test alone never makes a
-    FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside this.
-    """
-    from flyspec.gate.stats.paired import check_counts, check_probability, net_difference_ci
+    """``classify`` on Tango's ``1 - 2 alpha`` interval of delta. A significant McNemar test alone never
+    makes a FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside it."""
+    from flyspec.gate.stats.paired import check_counts, net_difference_ci
 
     check_counts(n, lost, gained)
-    check_margin(margin)
-    check_probability("alpha", alpha)
-    if alpha >= 0.5:
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, 0.5) (the interval has level 1 - 2 alpha)")
+    check_margin_alpha(margin, alpha)
     low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
     return classify(low, high, margin)
 
@@ -151,16 +117,11 @@ class SequentialDecision:
     loss_detected: bool
 
 
-class Walk:
-    """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each pair and
-    the rule on them, stopping at the first crossing of ``-margin`` (``stop``, the ``Decision`` there);
-    ``n`` pairs seen, the ``lost``/``gained`` ones among them and the ``labelled`` ones.
-
-    ``SequentialWalk`` walks exact-graded differences, ``JudgedWalk`` (flyspec/gate/stats/judged.py)
-    judged pairs. ``sequential_decision`` and ``judged_decision`` walk a list with them, the run's
-    ``Monitor`` (flyspec/gate/stats/monitor.py) the pairs as they complete and the report the stored
-    pairs, so every route reaches the same stop on the same data.
-    """
+class Walk(Generic[ItemT]):
+    """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each of ``n``
+    pairs and the rule on them; ``stop``: the ``Decision`` at the first crossing of ``-margin``. Every
+    route walks with it (``SequentialWalk``, or ``JudgedWalk`` of judged.py), so all reach the same stop
+    on the same data."""
 
     def __init__(self, margin: float) -> None:
         self.margin = margin
@@ -190,8 +151,19 @@ class Walk:
         """The rule on the bounds reached so far."""
         return classify(self.low, self.high, self.margin, self.can_decide)
 
+    def add(self, item: ItemT) -> Decision | None:
+        """Observe the next pair; the decision if the bounds now cross, else None."""
+        raise NotImplementedError
 
-class SequentialWalk(Walk):
+    def run(self, items: Iterable[ItemT]) -> Walk[ItemT]:
+        """Observe ``items`` in order up to the first crossing."""
+        for item in items:
+            if self.add(item) is not None:
+                break
+        return self
+
+
+class SequentialWalk(Walk[int]):
     """The exact-graded walk: the confidence sequence of the paired differences."""
 
     def __init__(self, margin: float, alpha: float, population_size: int | None = None) -> None:
@@ -208,32 +180,16 @@ class SequentialWalk(Walk):
 def sequential_decision(
     diffs: Sequence[int], margin: float, alpha: float = 0.025, population_size: int | None = None
 ) -> SequentialDecision:
-    """Walk the ``1 - 2 alpha`` confidence sequence and stop at the first boundary crossing.
-
-    PASS at the first n with ``low_n > -margin``; FAIL at the first n with ``high_n < -margin``;
-    INCONCLUSIVE when neither happens within ``diffs`` (``stopped_at = len(diffs)``). Because the
-    sequence holds at every n at once, stopping at a crossing keeps P(PASS) <= alpha when delta <= -margin
-    and P(FAIL) <= alpha when delta >= -margin, however long one keeps looking.
-    """
-    from flyspec.gate.stats.sequence import as_diffs, check_alpha, check_population
+    """Walk the ``1 - 2 alpha`` confidence sequence of ``diffs`` and stop at its first crossing of
+    ``-margin`` (INCONCLUSIVE at ``len(diffs)`` without one): valid however long one keeps looking."""
+    from flyspec.gate.stats.sequence import as_diffs, check_population
 
     values = as_diffs(diffs, ndim=1)
-    check_margin(margin)
-    check_alpha(alpha, upper=0.5)
+    check_margin_alpha(margin, alpha)
     check_population(population_size, len(values))
     walk = SequentialWalk(margin, alpha, population_size)
-    for d in values.tolist():
-        if walk.add(d) is not None:
-            break
-    end = walk.decision()
+    end = walk.run(values.tolist()).decision()
     return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
-
-
-# The family rule of ``gate tune``: fixed-sequence testing. Settings are tested against one baseline in an
-# order registered before any quality data is seen, least aggressive first, each at the full alpha;
-# testing stops at the first setting that does not PASS. A later hypothesis is tested only when every
-# earlier one was rejected, so the chance of choosing a setting truly worse than the margin stays at most
-# alpha with no alpha splitting (Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001).
 
 
 class FixedSequenceResult(NamedTuple):
@@ -245,11 +201,9 @@ class FixedSequenceResult(NamedTuple):
 
 
 def fixed_sequence(decisions: Sequence[str | None]) -> FixedSequenceResult:
-    """Apply the fixed-sequence procedure to decisions listed in the registered test order.
-
-    Entries after the first non-PASS are never looked at (they may be None for settings that were not
-    run) and are labelled "NOT TESTED"; an entry up to and including that point must be a decision.
-    """
+    """The family rule of ``gate tune`` (docs/statistics.md, "Choosing among settings"): settings tested
+    in their registered order, each at the full alpha, up to the first that does not PASS; the entries
+    after it are never looked at (None for settings not run) and are labelled "NOT TESTED"."""
     labels: list[str] = []
     chosen: int | None = None
     stopped = False

@@ -1,45 +1,13 @@
-"""Judged comparisons anchored on gold labels: prediction-powered inference with a betting interval.
+"""Judged comparisons anchored on gold labels (docs/statistics.md, "Judged runs"): a judge's verdict is a
+prediction, not the truth, so a random subset of the pairs drawn by a rule fixed before any answer
+(``gold_draw``) gets a gold label, and each pair's prediction-powered value (Angelopoulos et al. 2023;
+PPI++'s predictable weight ``lam``, 2024)
 
-A judge's verdict is a prediction of which answer is better, not the truth: a coin agrees with itself on
-the wrong winner a quarter of the time, so no rule over verdicts alone holds for every judge. The gate
-therefore draws a random subset of the pairs for a **gold label** (the exact grader where references
-exist, else a person's blind label) and combines the labels with the judge's verdicts on every pair.
+    Y_i = 0 (identical answers),   Y_i = lam_i f_i + (xi_i / rate) (D_i - lam_i f_i)   (xi_i: drawn for gold)
 
-Per question, along the registered order:
-
-- ``identical``: both answers are the same text. The true difference D is 0; the judge is not asked and
-  the pair is never labelled.
-- ``prediction`` f in [-1, 1]: the mean over the judge's two orders of +1 (that order prefers the
-  candidate), -1 (prefers the baseline) or 0 (a tie, or a verdict that could not be read).
-- ``selected``: drawn for a gold label by a rule fixed before any answer: Bernoulli(rate) from a sha256
-  of the seed, dataset and question of its own (``gold_draw``, draw 2), among pairs that are not
-  identical. Its own: the question order sorts by ``sha256(seed:dataset:question)``; a draw from that same
-  digest (draw 1 of earlier runs, refused now: flyspec/gate/data/storefile.py) drew exactly the first ~rate
-  of the order and none after, a prefix rather than a random subset.
-- ``gold``: D in {-1, 0, 1} for a selected pair once labelled (candidate better, equal, baseline better).
-
-The value of question i (inverse-probability-weighted prediction-powered inference: Angelopoulos et al.,
-"Prediction-powered inference", Science 2023; the power-tuned weight of PPI++, Angelopoulos, Duchi and
-Zrnic 2024; labels drawn at random as in Zrnic and Candes, "Active statistical inference", 2024) is
-
-    Y_i = 0                                           (identical)
-    Y_i = lam_i f_i + (xi_i / rate) (D_i - lam_i f_i)   (xi_i = selected)
-
-with ``lam_i = clip((sum xi D f + 1/2) / (sum xi f^2 + 1), 0, 1)`` over the labelled pairs *before* i
-(PPI++'s variance-minimising weight, started at 1/2 as if one labelled pair had been seen). Because xi_i
-is drawn independently of everything the judge and the answers do, and lam_i is fixed before question i,
-``E[Y_i | the past, D_i, f_i] = D_i`` for any judge at all: the mean of Y is the true net difference.
-``Var(Y) = Var(D) + (1/rate - 1) E[(D - lam f)^2]``: a judge that always agrees with gold loses nothing
-against labelling every pair; a coin leaves only the labelled pairs' information (and the extra noise).
-Y lies in ``[1 - 2/rate, 2/rate - 1]`` for lam in [0, 1], so the betting confidence sequences for bounded
-means (flyspec/gate/stats/bounded.py) apply: the anytime mixture for sequential runs, the predictable
-plug-in bet tuned to the registered size for fixed runs.
-
-A selected pair whose label has not arrived blocks the in-order prefix (``usable_prefix``): skipping it
-would make which pairs count depend on which labels came first. A judged run with no gold label decides
-nothing. Judged runs use the i.i.d. sequence even over a finite question set (the without-replacement
-centring needs the D of past questions, which unlabelled pairs do not give); docs/statistics.md has the
-simulation showing this keeps its error for the finite set's mean too.
+has the true difference D_i as its conditional mean for any judge. Y lies in ``[1 - 2/rate, 2/rate - 1]``,
+so the bounded-mean betting sequences of flyspec/gate/stats/sequence.py apply. A pair waiting for its
+label blocks the in-order prefix (``usable_prefix``); a run with no gold label decides nothing.
 """
 
 from __future__ import annotations
@@ -53,9 +21,9 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.bounded import BET, BoundedMeanSequence
 from flyspec.gate.stats.decide import Decision, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
+from flyspec.gate.stats.sequence import BET, BoundedMeanSequence
 
 DESIGNS = ("fixed", "sequential")
 LAM_PRIOR, LAM_PRIOR_WEIGHT = 0.5, 1.0
@@ -66,7 +34,9 @@ GOLD_DRAW = 2
 
 @dataclass(frozen=True)
 class JudgedPair:
-    """One question of a judged run: see the module docstring for the fields."""
+    """One question of a judged run: ``identical`` answers (D = 0, never judged or labelled), the judge's
+    ``prediction`` f in [-1, 1] (the mean of its two orders' votes), ``selected`` for a gold label, and
+    its ``gold`` D in {-1, 0, 1} once labelled."""
 
     identical: bool
     prediction: float = 0.0
@@ -177,11 +147,9 @@ def judged_values(pairs: Sequence[JudgedPair], rate: float) -> np.ndarray:
 class JudgeCounts:
     """What the judge said, and how it fared against gold.
 
-    ``n`` pairs; ``identical`` of them (never judged); ``lost``/``gained``: both orders preferred the
-    baseline / the candidate; ``undecided``: any other verdict on a non-identical pair; ``selected`` and
-    ``labelled`` pairs; ``agreement``: labelled pairs whose judge verdict had the gold label's sign (a
-    judge undecided on a pair of equal answers agrees), with its 95% Wilson interval (None without
-    labels).
+    ``lost``/``gained``: both orders preferred the baseline / the candidate; ``undecided``: any other
+    verdict on differing answers; ``agreement``: the share of labelled pairs whose verdict had the gold
+    label's sign, with its 95% Wilson interval (None without labels).
     """
 
     n: int
@@ -230,7 +198,7 @@ class JudgedSequence:
     ``(low, high)``; with probability at least ``1 - alpha`` the true difference lies in every interval
     returned, whatever the judge does. ``horizon=None`` (sequential runs) bets the anytime mixture;
     ``horizon=n`` (fixed runs of n questions) bets the plug-in tuned to n; ``bet``: the registered version
-    of the bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``).
+    of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``).
     """
 
     def __init__(self, rate: float, alpha: float = 0.05, horizon: int | None = None, bet: int = BET) -> None:
@@ -280,7 +248,7 @@ class JudgedSequence:
         return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
 
 
-class JudgedWalk(Walk):
+class JudgedWalk(Walk[JudgedPair]):
     """A judged run's walk (``Walk``): the prediction-powered sequence, which decides nothing before the
     first gold label. The judge's verdicts count as ``judge_counts`` counts them."""
 
@@ -302,17 +270,9 @@ class JudgedWalk(Walk):
 
 @dataclass(frozen=True)
 class JudgedDecision:
-    """A judged run's decision: the fields of ``SequentialDecision`` plus the judge's counts.
-
-    ``low``/``high``: the ``1 - 2 alpha`` bounds where the walk stopped (``stopped_at`` pairs; for a fixed
-    run, every usable pair); ``usable``: the pairs before the first one waiting for a label (only those
-    count). How many gold labels would let such a run decide is the label advice's question
-    (flyspec/gate/stats/label_advice.py), not the decision's. ``normal_width``: the width of a
-    normal-theory interval at the stop from the values seen, and ``emptied_at``: the pair after which
-    every difference was rejected (None if never); ``narrow`` says the interval is suspect (see there).
-    ``estimate``: the mean of the values up to the stop, the prediction-powered estimate of the difference.
-    ``bet``: the version of the bets the interval used (flyspec/gate/stats/bounded.py).
-    """
+    """A judged run's decision: the fields of ``SequentialDecision`` (a fixed run stops at its last usable
+    pair) plus the judge's ``counts``, the ``usable`` pairs (before the first waiting for a label), and
+    what ``narrow`` reads: ``JudgedSequence``'s ``normal_width``, ``emptied_at`` and ``estimate`` there."""
 
     decision: str
     stopped_at: int
@@ -348,15 +308,10 @@ def judged_decision(
     horizon: int | None = None,
     bet: int = BET,
 ) -> JudgedDecision:
-    """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence.
-
-    ``design="fixed"``: the plug-in bet tuned to ``horizon`` (the registered size; default the number of
-    pairs), decided on the running bounds after the last usable pair. ``design="sequential"``: the anytime
-    mixture, stopping at the first n with ``low > -margin`` (PASS) or ``high < -margin`` (FAIL). Only the
-    usable prefix counts, and without a single gold label the run decides nothing (INCONCLUSIVE).
-    P(PASS) <= alpha when the true difference is at most -margin, and P(FAIL) <= alpha when it is at least
-    -margin, for any judge. ``bet``: the registered version of the bets.
-    """
+    """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence of its usable
+    prefix, valid for any judge: ``design="fixed"`` bets the plug-in tuned to ``horizon`` (the registered
+    size, default the pairs) and decides on the bounds at the end; ``"sequential"`` bets the anytime
+    mixture and stops at the first crossing. Without a gold label the run decides nothing."""
     check_margin_alpha(margin, alpha)
     check_rate(rate)
     if design not in DESIGNS:

@@ -1,14 +1,8 @@
-"""The label advice of a judged run: how many gold labels would let a run like it decide.
-
-A judged run's interval is a betting confidence sequence whose width depends on the range of its values
-(``[1 - 2/rate, 2/rate - 1]``, flyspec/gate/stats/judged.py) as much as on their variance, so no normal
-approximation says when it decides. ``smallest_label_rate`` simulates the judged rule itself
-(``walk_judged`` of flyspec/gate/stats/simulation.py, which a test pins to ``judged_decision``) on pairs
-drawn from a ``PairModel`` of the run's own pairs, and returns the smallest rate of ``LABEL_RATES`` at
-which at least ``ADVICE_POWER`` of the simulated runs decide; ``labels_needed`` wraps it in the words of
-the report (``LabelAdvice``). The closed-form growth model this replaces aimed at the median run (a coin
-flip) and erred further: an outside run at the rate it advised stayed INCONCLUSIVE. docs/statistics.md,
-"The label advice".
+"""The label advice of a judged run (docs/statistics.md, "The label advice"): the smallest label rate of
+``LABEL_RATES`` at which at least ``ADVICE_POWER`` of simulated runs decide, simulating the judged rule
+itself (``walk_judged``, pinned to ``judged_decision`` by a test) on pairs drawn from a ``PairModel`` of
+the run's own pairs; a judged interval's width depends on its values' range as much as on their variance,
+so no normal approximation says when it decides.
 """
 
 from __future__ import annotations
@@ -19,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flyspec.gate.stats.bounded import BET
 from flyspec.gate.stats.decide import INCONCLUSIVE
 from flyspec.gate.stats.judged import DESIGNS, JudgeCounts, JudgedPair
+from flyspec.gate.stats.sequence import BET
 from flyspec.gate.stats.simulation import JudgedBlock, walk_judged
 
 ASSUMED_AGREEMENT = 0.95
@@ -41,20 +35,11 @@ ADVICE_RUNS = 400
 
 @dataclass(frozen=True)
 class PairModel:
-    """What a run's pairs say about the next ones (``from_pairs``), for the label advice.
-
-    ``identical``: pairs whose answers were the same text; ``shown`` (5): the pairs that differ, by the
-    judge's prediction ``PREDICTIONS[i]``; ``seen`` (5 x 3): their gold labels ``GOLDS[j]``; ``prior``
-    (5 x 3): one pseudo-label per prediction, spread as a judge agreeing with gold ``agreement`` of the
-    time would (the prediction's sign with that probability, the two other values equally otherwise).
-
-    ``sample`` gives each simulated run its shares: identical pairs and each prediction as seen (plugged
-    in: every pair shows them, so they are known far better than the judge), and the gold given each
-    prediction drawn from its posterior given the labels (Dirichlet, ``seen`` plus ``prior``; ``prior``
-    itself before any label, the assumed agreement held fixed), so that a judge seen on few labels is not
-    taken at its point estimate: what it says about the difference is only as certain as the labels make
-    it (a coin's estimate rests on the labels alone).
-    """
+    """What a run's pairs say about the next ones (``from_pairs``): the ``identical`` pairs, the differing
+    ones by the judge's prediction (``shown``, 5) and their gold labels (``seen``, 5 x 3), and the judge's
+    ``agreement`` behind the ``prior`` pseudo-labels. ``sample`` plugs in the shares every pair shows, and
+    draws the gold given each prediction from its Dirichlet posterior, so that a judge seen on few labels
+    is only as certain as the labels make it."""
 
     identical: int
     shown: np.ndarray
@@ -166,11 +151,8 @@ def decide_share(
     bet: int = BET,
 ) -> float:
     """The share of ``runs`` simulated judged runs of ``questions`` pairs at label rate ``rate`` that decide
-    (PASS or FAIL) under the gate's own rule (``walk_judged``: the fixed run's plug-in bet tuned to
-    ``questions``, or the sequential run's mixture stopping at its first crossing), each run's pairs drawn
-    from its own posterior draw of the model's shares. ``settle``: a sequential walk may stop once whether
-    that share is reached is known (``walk_judged``); the share returned is then exact only for that
-    comparison. ``bet``: the run's registered version of the bets."""
+    under the gate's own rule (``walk_judged``), each drawn from its own posterior draw of the model's
+    shares; with ``settle`` the share is exact only as compared with ``settle`` (``walk_judged``)."""
     if design not in DESIGNS:
         raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
     rng = np.random.default_rng(seed)
@@ -222,16 +204,9 @@ def smallest_label_rate(
 
 @dataclass(frozen=True)
 class LabelAdvice:
-    """How many gold labels a judged run of ``questions`` pairs needs to decide, and on what assumption.
-
-    At label rate ``rate`` (a rate of ``LABEL_RATES``; ``labels`` = rate x the pairs expected to differ),
-    at least a share ``power`` of simulated runs of this ``design`` decide (PASS or FAIL), with pairs
-    drawn like the ones seen (``PairModel``): the true difference ``effect`` and the judge's
-    ``agreement`` with gold on the ``labelled`` pairs so far (``assumed``: none yet, so
-    ASSUMED_AGREEMENT). ``weight``: PPI++'s weight under that model (near 0 the judge carries nothing and
-    the labels alone carry the run). ``rate`` and ``labels`` are None when not even labelling every
-    differing pair reaches ``power``.
-    """
+    """The label advice: at label ``rate`` (about ``labels`` gold labels) a share ``power`` of simulated runs
+    like this one decide, assuming the ``effect`` and the judge's ``agreement`` (``assumed`` before any
+    label); None when no rate reaches it. ``weight``: PPI++'s weight (near 0 the labels alone carry it)."""
 
     questions: int
     rate: float | None
@@ -293,15 +268,9 @@ def labels_needed(
     pairs: Sequence[JudgedPair],
     bet: int = BET,
 ) -> LabelAdvice:
-    """The smallest label rate (and about how many gold labels) at which at least ``ADVICE_POWER`` of
-    simulated judged runs of ``questions`` pairs like ``pairs`` decide under the run's own rule.
-
-    Simulates the gate's rule (``smallest_label_rate``) on pairs drawn from the ``PairModel`` of
-    ``pairs`` (a run's complete pairs): the share of identical answers, the judge's predictions, and
-    the gold labels seen with each (before any label, a judge agreeing ASSUMED_AGREEMENT of the time).
-    ``counts`` are ``judge_counts(pairs)``; ``bet`` the run's registered version of the bets. ValueError
-    without a pair: nothing is known to advise on.
-    """
+    """The smallest label rate (and about how many gold labels) at which ``ADVICE_POWER`` of simulated
+    judged runs of ``questions`` pairs like ``pairs`` (``PairModel``) decide under the run's own rule;
+    ``counts``: ``judge_counts(pairs)``. ValueError without a pair: nothing is known to advise on."""
     model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)  # ValueError without a pair
     rate = smallest_label_rate(model, margin, alpha, design, questions, bet=bet)
     # Rounded first: 0.4 x 0.3 x 400 is 48.000000000000007 in floating point.

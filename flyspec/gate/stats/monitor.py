@@ -1,45 +1,19 @@
-"""The sequential run's stopping rule, applied while answers arrive out of order.
-
-A sequential run registers its questions in a seeded random order (flyspec/gate/data/questions.py) and the
-confidence sequence is defined on the paired differences ``D_i = candidate correct - baseline correct``
-*in that order*. Answers complete out of order (many are in flight at once, and long answers take longer),
-so the run monitors the longest prefix of the registered order in which every question has both answers:
-when question ``i`` completes before question ``i - 1``, it waits until ``i - 1`` completes too.
-
-Why not the order in which pairs complete: that order depends on how long the answers are, and answer
-length is related to correctness (a model that rambles is often wrong), so the sequence would no longer
-be a random-order sample of the questions, which the confidence sequence assumes. With the registered
-order, the stopping point is a function of ``D_1, D_2, ...`` only: the same data always stop at the same
-question, whichever answers happened to finish first, and a report or a resumed run recomputes the
-same stop from the stored answers. Answers that complete after the stop (they were already in flight)
-lie beyond it in the order and are stored without changing the decision.
-
-Stops that do not come from the data (the time budget, Ctrl-C, an endpoint failing) are recorded as
-events in the store with the prefix length at that moment, and the report decides there (INCONCLUSIVE,
-with the interval at that point) even if answers in flight completed later. Such a run is paused, not
-finished: rerunning the same command continues along the same order, which the confidence sequence
-allows (it holds at every stopping time at once, however the time was chosen).
-
-The plan (``SequentialPlan``) records what a PASS claims (``population``: about the method, the i.i.d.
-sequence, by default; about the pool's questions in this run, the without-replacement sequence, only when
-declared) and the method key. Judged runs (the prediction-powered method) stop by ``judged_stop``: the
-prefix also waits for the gold label of every pair drawn for one (flyspec/gate/stats/judged.py).
-
-One ``Monitor`` walks a run as its answers (or judged pairs) arrive, with the walk of
-flyspec/gate/stats/decide.py (``SequentialWalk``) or of judged.py (``JudgedWalk``) that its plan names;
-the report replays the stored pairs through the same walk (``sequential_stop``, ``judged_stop``), so both
-reach the same stop on the same data.
+"""A sequential run's stopping rule along its registered order (docs/gate.md, "Sequential runs: the
+in-order rule"): the plan it registers, the one ``Monitor`` that walks the run as answers or judged pairs
+complete, and the report's replay of the stored pairs through the same walk (``sequential_stop``,
+``judged_stop``), so both reach the same stop on the same data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Protocol
 
-from flyspec.gate.stats.bounded import check_bet
 from flyspec.gate.stats.decide import POPULATIONS, SequentialWalk, claim
 from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, usable_prefix
+from flyspec.gate.stats.sequence import check_bet
 
 CS_METHOD = (
     "betting confidence sequence (Waudby-Smith and Ramdas: hedged capital, a mixture of constant bets), "
@@ -60,9 +34,8 @@ PAUSES = ("time_budget", "interrupted", "error")
 
 QuestionKey = tuple[str, str]
 Lane = tuple[str, int]
-Item = tuple[int] | tuple[JudgedPair]
-"""One question's entry in a walk, the arguments of its ``add``: ``(difference,)`` of an exact-graded
-pair, ``(pair,)`` of a judged one."""
+Item = int | JudgedPair
+"""One question's entry in a walk: an exact-graded pair's difference, or a judged pair."""
 Walk = SequentialWalk | JudgedWalk
 BASELINE: Lane = ("baseline", 0)
 CANDIDATE: Lane = ("candidate", 0)
@@ -84,17 +57,10 @@ class SessionEvent(Protocol):
 
 @dataclass(frozen=True)
 class SequentialPlan:
-    """What a sequential run registers before its first answer.
-
-    ``population``: "superpopulation" (the default claim, about the method on questions like these: the
-    i.i.d. sequence) or "finite" (about these ``population_size`` questions in this run's outputs: the
-    without-replacement sequence; only with ``--population finite``). Registrations made before the field
-    existed used the finite sequence and are read back so. ``method``: a key of ``METHODS``; runs keep the
-    method they registered. ``label_rate``: for a judged run with the prediction-powered method, the
-    share of differing pairs drawn for a gold label, and ``label_bet`` the version of its bets
-    (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``; 1 for plans registered before the versions).
-    Judged runs always use the i.i.d. sequence.
-    """
+    """What a sequential run registers before its first answer: the claim (``population``: the i.i.d.
+    sequence, or the finite pool's without-replacement one, which registrations older than the field
+    used), the ``method`` (a key of ``METHODS``), and for a judged run its ``label_rate`` and the version
+    of its bets (``label_bet``, ``BET_VERSIONS``). Judged runs always use the i.i.d. sequence."""
 
     margin: float
     alpha: float
@@ -177,16 +143,9 @@ class SequentialPlan:
 
 @dataclass(frozen=True)
 class SequentialStop:
-    """Where and why a sequential run stopped, the bounds there and the counts of the pairs it used.
-
-    ``reason``: ``boundary`` (a bound crossed -margin), ``max_questions`` (every registered question has
-    both answers), ``time_budget``, ``interrupted`` or ``error`` (paused: a rerun continues), or
-    ``in_progress`` (still running, or killed before it could record a stop: a rerun continues).
-    ``lost``/``gained`` count the pairs' differences. A judged run (``judged_stop``) counts the judge's
-    verdicts there
-    (``lost``/``gained``: both orders preferred the baseline / the candidate), ``labelled`` its gold labels
-    in the prefix, and ``awaiting_label`` says the prefix stops at a pair whose gold label is missing.
-    """
+    """Where and why a sequential run stopped (``reason``: one of ``DATA_STOPS``, ``PAUSES`` or
+    ``in_progress``), the bounds there and the pairs' counts (a judged run's: the judge's verdicts, its
+    gold labels, and whether the prefix waits for one, ``awaiting_label``)."""
 
     decision: str
     reason: str
@@ -213,13 +172,8 @@ def in_order_diffs(
 ) -> list[int]:
     """Paired differences (second lane minus first) along the registered order, up to the first question
     missing an answer."""
-    diffs = []
-    for key in order:
-        d = _difference(key, correct, lanes)
-        if d is None:
-            break
-        diffs.append(d)
-    return diffs
+    found = (_difference(key, correct, lanes) for key in order)
+    return list(takewhile(lambda d: d is not None, found))
 
 
 def _difference(
@@ -266,17 +220,12 @@ def _stopped(walk: Walk, reason: str, complete_prefix: int, awaiting: bool = Fal
 def _replayed(
     items: Sequence[Item], plan: SequentialPlan, events: Sequence[SessionEvent], awaiting: bool = False
 ) -> SequentialStop:
-    """Where a run stopped, replaying its walk over its ``items`` (its complete in-order pairs): at a pause
-    recorded last (answers that completed after it wait for a resume), else at the first crossing, else at
-    ``max_questions`` once every registered pair is in, else ``in_progress``. ``awaiting``: the items end
-    at a pair waiting for its gold label."""
+    """Where a run stopped, replaying its walk over its complete in-order ``items``: at a pause recorded
+    last (answers completed after it wait for a resume), else at the first crossing, else at
+    ``max_questions`` once every registered pair is in, else ``in_progress``."""
 
     def walked(reason: str, upto: int) -> SequentialStop:
-        walk = _walk(plan)
-        for item in items[:upto]:
-            if walk.add(*item) is not None:
-                break
-        return _stopped(walk, reason, len(items), awaiting)
+        return _stopped(_walk(plan).run(items[:upto]), reason, len(items), awaiting)
 
     last = events[-1] if events else None
     if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
@@ -294,29 +243,16 @@ def sequential_stop(
     events: Sequence[SessionEvent] = (),
     lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
 ) -> SequentialStop:
-    """The stop a sequential run reached, recomputed from its stored answers and session events.
-
-    When the last session ended with a pause (time budget, Ctrl-C, error), the stop is where that pause
-    was recorded: answers that completed after it are stored but wait for a resume. Otherwise the first
-    crossing along the complete prefix decides; without one, a prefix covering every registered question
-    stops at ``max_questions``; else the run is ``in_progress`` (running, or killed). ``lanes`` are the
-    baseline and candidate lanes (``gate tune`` pairs the baseline with each setting in turn) and
-    ``events`` that pair's session events.
-    """
-    return _replayed([(d,) for d in in_order_diffs(order, correct, lanes)], plan, events)
+    """The stop a sequential run reached, replayed from its stored answers and session ``events``;
+    ``lanes``: the baseline's and candidate's (``gate tune`` pairs the baseline with each setting)."""
+    return _replayed(in_order_diffs(order, correct, lanes), plan, events)
 
 
 def in_order_judged(
     order: Sequence[QuestionKey], pairs: Mapping[QuestionKey, JudgedPair]
 ) -> list[JudgedPair]:
     """The judged pairs along the registered order, up to the first question without a pair."""
-    out = []
-    for key in order:
-        pair = pairs.get(key)
-        if pair is None:
-            break
-        out.append(pair)
-    return out
+    return list(takewhile(lambda pair: pair is not None, (pairs.get(key) for key in order)))
 
 
 def judged_stop(
@@ -325,29 +261,19 @@ def judged_stop(
     plan: SequentialPlan,
     events: Sequence[SessionEvent] = (),
 ) -> SequentialStop:
-    """``sequential_stop`` for a judged run registered with the prediction-powered method.
-
-    The prefix ends at the first question without a pair or at the first pair waiting for its gold label
-    (``usable_prefix``); the walk is ``JudgedWalk`` (no decision before the first gold label), the one
-    ``judged_decision(..., design="sequential")`` takes. A recorded pause stops where it was recorded, as
-    in ``sequential_stop``.
-    """
+    """``sequential_stop`` for a judged run, whose prefix also ends at the first pair waiting for its gold
+    label (``usable_prefix``)."""
     if plan.method != JUDGED_METHOD:
         raise ValueError(f"a judged stop needs a plan registered with method {JUDGED_METHOD!r}")
     seen = in_order_judged(order, pairs)
     usable = usable_prefix(seen)
-    return _replayed([(pair,) for pair in seen[:usable]], plan, events, awaiting=usable < len(seen))
+    return _replayed(seen[:usable], plan, events, awaiting=usable < len(seen))
 
 
 class Monitor:
     """A sequential run's stopping rule while answers arrive in any order: the walk its plan names advances
-    along the registered order as pairs complete, and stops once.
-
-    Exact-graded answers arrive through ``add``, judged pairs through ``add_pair`` (a gold label may arrive
-    later than its pair: add the pair again with it). The same data give the same stop as
-    ``sequential_stop`` / ``judged_stop``, which replay the stored pairs through the same walk. The
-    progress bar reads ``low``, ``high``, ``lost``, ``gained``, ``labelled`` and ``prefix``.
-    """
+    along the registered order as pairs complete (``add`` an exact-graded answer, ``add_pair`` a judged
+    pair, again once its gold label arrives), and stops once."""
 
     def __init__(
         self,
@@ -385,15 +311,15 @@ class Monitor:
         key = (dataset, question_id)
         d = _difference(key, self.correct, self.lanes)
         if d is not None:
-            self.items[key] = (d,)
+            self.items[key] = d
         return self._advance()
 
     def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
         """Record a judged pair (or its gold label); returns the stop if this completed it, else None."""
         known = self.items.get(key)
-        if known is not None and self.order.index(key) < self.prefix and known != (pair,):
-            raise ValueError(f"question {key}: already counted with {known[0]}; a counted pair cannot change")
-        self.items[key] = (pair,)
+        if known is not None and self.order.index(key) < self.prefix and known != pair:
+            raise ValueError(f"question {key}: already counted with {known}; a counted pair cannot change")
+        self.items[key] = pair
         return self._advance()
 
     def _advance(self) -> SequentialStop | None:
@@ -404,7 +330,7 @@ class Monitor:
             if item is None or _waiting(item):
                 return None
             self.prefix += 1
-            crossed = self.walk.add(*item) is not None
+            crossed = self.walk.add(item) is not None
             if crossed or self.prefix >= self.plan.max_questions:
                 self.stop = _stopped(self.walk, "max_questions", self.prefix)
                 return self.stop
@@ -412,4 +338,4 @@ class Monitor:
 
 
 def _waiting(item: Item) -> bool:
-    return isinstance(item[0], JudgedPair) and item[0].waiting
+    return isinstance(item, JudgedPair) and item.waiting

@@ -1,15 +1,7 @@
-"""The fixed-size statistics of the paired quality gate: McNemar's test, Tango's score statistic and
-interval, the non-inferiority test and Wilson's interval (docs/statistics.md explains each test; the
-decision on Tango's interval is ``flyspec.gate.stats.decide``).
-
-Notation: ``n`` paired questions; ``lost`` = baseline right and candidate wrong; ``gained`` = the reverse;
-``delta = (gained - lost) / n`` (the candidate's accuracy minus the baseline's); flip rate
-``psi = (lost + gained) / n``. Only the discordant pairs carry information about ``delta``, which is why
-the fixed-size tests below need nothing but ``n``, ``lost`` and ``gained``.
-
-Sample sizes are in ``flyspec.gate.stats.sizing``, the sequential (anytime-valid) statistics in
-``flyspec.gate.stats.sequence`` and the fixed-sequence procedure for choosing among settings in
-``flyspec.gate.stats.decide``; ``flyspec.gate.stats`` re-exports every statistic of the gate.
+"""The fixed-size statistics of the paired gate (docs/statistics.md, "Fixed-size tests"): McNemar's test,
+Tango's score statistic and interval, the non-inferiority test and Wilson's interval. Notation: ``n``
+pairs, ``lost`` (baseline right, candidate wrong), ``gained`` (the reverse), ``delta = (gained - lost) /
+n``; only the discordant pairs carry information about ``delta``.
 """
 
 from __future__ import annotations

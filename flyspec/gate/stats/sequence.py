@@ -1,49 +1,20 @@
-"""Anytime-valid inference for the paired gate: a betting confidence sequence and where it crosses a margin.
+"""Anytime-valid confidence sequences by betting (docs/statistics.md, "Sequential runs" and "Judged runs").
 
-Each question gives a paired difference ``D = candidate correct - baseline correct`` in {-1, 0, 1}; the
-gate wants the mean ``delta = E[D]`` and looks after every question. We map ``X = (D + 1) / 2`` into [0, 1]
-and use the hedged capital process of Waudby-Smith and Ramdas, "Estimating means of bounded random
-variables by betting" (JRSS-B 2023; arXiv:2010.09686), each side of the hedge betting a mixture of
-constant bets (their "diversified Kelly" capital), and, for a finite question set visited in random order
-without replacement, the same processes centred on the mean of the questions not yet seen (Waudby-Smith
-and Ramdas, "Confidence sequences for sampling without replacement", NeurIPS 2020). For a candidate mean
-``m`` of X:
-
-    K+_t(m) = (1/B) sum_b prod_{i<=t} (1 + min(l_b, c / m_i) (X_i - m_i))
-    K-_t(m) = (1/B) sum_b prod_{i<=t} (1 - min(l_b, c / (1 - m_i)) (X_i - m_i))
-    m_i = m (i.i.d.)   or   m_i = (N m - sum_{j<i} X_j) / (N - i + 1)   (N questions, without replacement)
-    l_b = 2^-b for b = 0 .. 7 (B = 8),  c = 1/2
-
-If m is the true mean, every product is a non-negative martingale with expectation 1 (each bet is fixed
-before X_i is seen and E[X_i - m_i | past] = 0), hence so are K+, K- and (K+ + K-) / 2, and by Ville's
-inequality ``max(K+_t, K-_t) / 2`` ever reaches ``1 / alpha`` with probability at most alpha. The
-confidence set at time t is every m where it has not; we keep the running intersection over time, so the
-bounds never widen. K+ falls and K- rises in m, so every set is an interval, and its lower end passes a
-value v exactly when K+(v) reaches the threshold: the sequential decision needs only K+ and K- at the
-margin.
-
-I.i.d. case: the bets are constant in time and X takes three values, so each product is a closed form of
-the counts of lost, tied and gained questions; the bounds are exact roots (no grid), found only when the
-new observation moves them. Without replacement the centre m_i moves with the data, so each candidate
-mean needs its own running product: a grid of 4,000 steps in X (0.0005 in D), each bound reported as the
-nearest rejected grid point, so the grid can only widen the interval.
-
-Why this bet: the paper's default predictable plug-in bet shrinks like 1/sqrt(t log t), which at the
-effects the gate must resolve (a 2-point margin, thousands of questions) bets far less than the
-growth-optimal amount; in our simulations it needed about twice as many questions as this mixture, whose
-bets are a factor 2 apart, so one is always within a factor sqrt(2) of the best constant bet.
-
-Why our own code: the reference implementation (the ``confseq`` package) recomputes every capital process
-from the start on a grid for each call, needs a C++ build and pulls pandas and pytest at run time, while
-the gate updates after every answer. See docs/statistics.md.
-
-Values in any known range (a judged run's): flyspec/gate/stats/bounded.py.
+``ConfidenceSequence``: the paired differences D in {-1, 0, 1} as ``X = (D + 1) / 2``, the hedged capital
+of Waudby-Smith and Ramdas (JRSS-B 2023, arXiv:2010.09686), each side a mixture of constant bets ``2^-b``
+capped at ``c / m``; i.i.d., exact roots from the counts, or without replacement over a finite pool
+(NeurIPS 2020), on a grid of candidate means. ``BoundedMeanSequence``: values in a known range (a judged
+run's), the anytime mixture or the plug-in bet tuned to a fixed size, in registered versions
+(``BET_VERSIONS``). Every bound is the first rejected candidate, so a grid can only widen the interval.
+Our own code rather than ``confseq``: the gate updates after every answer, and ``confseq`` recomputes from
+the start, needs a C++ build and pulls pandas and pytest at run time.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
@@ -61,11 +32,9 @@ _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroin
 _ROOT_TOLERANCE = 1e-13
 
 
-def check_alpha(alpha: float, upper: float = 1.0) -> None:
-    if not is_number(alpha):
-        raise ValueError(f"alpha={alpha!r}: must be a number")
-    if not 0 < alpha < upper:
-        raise ValueError(f"alpha={alpha!r}: must lie in (0, {upper:g})")
+def check_alpha(alpha: float) -> None:
+    if not is_number(alpha, above=0, below=1):
+        raise ValueError(f"alpha={alpha!r}: must be a number in (0, 1)")
 
 
 def check_population(population_size: int | None, observations: int) -> None:
@@ -102,16 +71,13 @@ def bet_terms(m: float, side: int) -> list[tuple[float, float, float]]:
     return terms
 
 
-def _log_mean_exp(logs: list[float]) -> float:
-    top = max(logs)
-    return top + math.log(math.fsum(math.exp(v - top) for v in logs) / len(logs))
-
-
 def _log_capital(counts: list[int], terms: list[tuple[float, float, float]]) -> float:
     """log K at one candidate mean after i.i.d. observations with these counts (lost, tied, gained): with
     constant bets each product is prod_x (1 + s lam (x - m))^count_x, so only the counts matter."""
     lost, tied, gained = counts
-    return _log_mean_exp([lost * a + tied * b + gained * c for a, b, c in terms])
+    logs = [lost * a + tied * b + gained * c for a, b, c in terms]
+    top = max(logs)
+    return top + math.log(math.fsum(math.exp(v - top) for v in logs) / len(logs))
 
 
 class _ExactSequence:
@@ -234,62 +200,48 @@ class Capital:
         return (self.km.sum(axis=2) >= self.limit_m) | self.too_high
 
 
+def _live_window(live: np.ndarray) -> tuple[int, int] | None:
+    """The first and last candidate means not yet rejected (indices into ``live``); None when none is."""
+    if not live.any():
+        return None
+    return int(np.argmax(live)), live.size - 1 - int(np.argmax(live[::-1]))
+
+
+def _grid_bounds(first: int, last: int) -> tuple[float, float]:
+    """The nearest rejected grid points around the live ones ``first..last``, so that the grid can only
+    widen the interval."""
+    return float(GRID[max(first - 1, 0)]), float(GRID[min(last + 1, GRID_STEPS)])
+
+
 class _GridConfidenceSequence:
-    """Without replacement: the confidence sequence on a grid for R rows (live window, running intersection).
+    """Without replacement: the confidence sequence on the grid, tracking only the window of live points
+    (from grid index ``lo``) and keeping the running intersection."""
 
-    Grid points are ``d_j = -1 + 2 j / GRID_STEPS`` in D (X = (d + 1) / 2). The window ``[lo, hi]`` (grid
-    indices) is the union of the rows' live points; ``live`` marks, per row, the points not yet rejected.
-    """
+    def __init__(self, alpha: float, population_size: int) -> None:
+        self.capital = Capital((GRID + 1.0) / 2.0, 1, alpha, population_size)
+        self.lo = 0
+        self.live = np.ones(GRID_STEPS + 1, dtype=bool)
+        self.low, self.high = -1.0, 1.0
 
-    def __init__(self, rows: int, alpha: float, population_size: int) -> None:
-        self.grid = GRID
-        self.capital = Capital((self.grid + 1.0) / 2.0, rows, alpha, population_size)
-        self.population = population_size
-        self.lo, self.hi = 0, GRID_STEPS
-        self.live = np.ones((rows, GRID_STEPS + 1), dtype=bool)
-        self.low = np.full(rows, -1.0)
-        self.high = np.full(rows, 1.0)
-
-    def keep_rows(self, rows: np.ndarray) -> None:
-        self.capital.keep_rows(rows)
-        self.live, self.low, self.high = self.live[rows], self.low[rows], self.high[rows]
-
-    def update(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Observe one X per row; return each row's running (low, high) for delta."""
+    def update(self, x: float) -> tuple[float, float]:
+        """Observe one X; return the running (low, high) for delta."""
         capital = self.capital
-        capital.step(x)
-        self.live &= ~(capital.rejected_plus() | capital.rejected_minus())
-        self._refresh_bounds()
-        logical_low, logical_high = capital.logical_bounds()
-        low = np.maximum(self.low, logical_low)
-        high = np.minimum(self.high, logical_high)
+        capital.step(np.array([x]))
+        self.live &= ~(capital.rejected_plus()[0] | capital.rejected_minus()[0])
+        # With every grid point rejected the last bounds stay: they still contain the continuous
+        # confidence set, which can be narrower than one grid step.
+        window = _live_window(self.live)
+        if window is not None:
+            first, last = window
+            self.low, self.high = _grid_bounds(self.lo + first, self.lo + last)
+            if (first, last) != (0, self.live.size - 1):
+                capital.keep_columns(slice(first, last + 1))
+                self.live = self.live[first : last + 1]
+                self.lo += first
+        logical_low, logical_high = (float(bound[0]) for bound in capital.logical_bounds())
+        low, high = max(self.low, logical_low), min(self.high, logical_high)
         # Only after a miss (probability <= alpha) can the grid exclude every feasible value.
-        crossed = low > high
-        low[crossed], high[crossed] = logical_low[crossed], logical_high[crossed]
-        return low, high
-
-    def _refresh_bounds(self) -> None:
-        width = self.live.shape[1]
-        first = np.argmax(self.live, axis=1)
-        last = width - 1 - np.argmax(self.live[:, ::-1], axis=1)
-        # A row whose every grid point is rejected keeps its last bounds: they still contain the
-        # continuous confidence set, which can be narrower than one grid step.
-        alive = self.live[np.arange(first.size), first]
-        rows: slice | np.ndarray = slice(None)
-        if not alive.all():
-            if not alive.any():
-                return
-            rows = np.flatnonzero(alive)
-            first, last = first[rows], last[rows]
-        first, last = first + self.lo, last + self.lo
-        self.low[rows] = self.grid[np.maximum(first - 1, 0)]
-        self.high[rows] = self.grid[np.minimum(last + 1, GRID_STEPS)]
-        new_lo, new_hi = int(first.min()), int(last.max())
-        if (new_lo, new_hi) != (self.lo, self.hi):
-            cut = slice(new_lo - self.lo, new_hi - self.lo + 1)
-            self.capital.keep_columns(cut)
-            self.live = self.live[:, cut]
-            self.lo, self.hi = new_lo, new_hi
+        return (logical_low, logical_high) if low > high else (low, high)
 
 
 class ConfidenceSequence:
@@ -307,7 +259,7 @@ class ConfidenceSequence:
         self.alpha = alpha
         self.population_size = population_size
         self._exact = _ExactSequence(alpha) if population_size is None else None
-        self._grid = None if population_size is None else _GridConfidenceSequence(1, alpha, population_size)
+        self._grid = None if population_size is None else _GridConfidenceSequence(alpha, population_size)
         self.n = 0
         self.low, self.high = -1.0, 1.0
 
@@ -322,8 +274,7 @@ class ConfidenceSequence:
             self.low, self.high = 2.0 * low_x - 1.0, 2.0 * high_x - 1.0
         else:
             assert self._grid is not None
-            lows, highs = self._grid.update(np.array([(d + 1) / 2.0]))
-            self.low, self.high = float(lows[0]), float(highs[0])
+            self.low, self.high = self._grid.update((d + 1) / 2.0)
         return self.low, self.high
 
 
@@ -348,3 +299,170 @@ def confidence_sequence(
         lows.append(low)
         highs.append(high)
     return lows, highs
+
+
+@dataclass(frozen=True)
+class Bets:
+    """One version of the bounded-mean bets: ``fractions``, the anytime mixture's constant bets as
+    fractions of the largest bet the range allows (``1 / m`` for K+), ``truncation``, the largest
+    fraction of it the fixed-horizon bet may take, and ``words`` for the report. Every fraction is below
+    1, so no factor reaches 0."""
+
+    fractions: np.ndarray
+    truncation: float
+    words: str
+
+
+BET_VERSIONS = {
+    1: Bets(
+        np.array([0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13, 0.09]),
+        0.9,
+        "at most 0.9 of the largest safe bet in a fixed run, 0.95 in the sequential mixture",
+    ),
+    2: Bets(
+        np.array([0.99, 0.95, 0.8, 0.6, 0.45, 0.3, 0.2, 0.13]),
+        0.99,
+        "at most 0.99 of the largest safe bet",
+    ),
+}
+"""The bets judged runs register by version. Version 2 reaches 0.99 of the largest bet: with a judge that
+agrees with gold the values' spread is far inside their range, the best bet sits at that cap, and the
+capped bet sets how many pairs (so labels) a decision takes (docs/statistics.md, "Fewer labels for a good
+judge"); the smallest fraction, which only a weak judge's very noisy values want, made room for it."""
+BET = 2
+"""The version new runs register; a run registered before versions existed reads as 1."""
+
+
+def check_bet(bet: int) -> Bets:
+    """The bets of version ``bet``; ValueError for a version this flyspec does not know."""
+    if not is_int(bet) or bet not in BET_VERSIONS:
+        raise ValueError(f"bet={bet!r}: a version of the bounded-mean bets, one of {sorted(BET_VERSIONS)}")
+    return BET_VERSIONS[bet]
+
+
+ENDPOINT_ROOM = 1e-12
+"""The room given a grid end at ``m = 0`` or ``1`` (see ``BoundedMeanSequence.update``)."""
+PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
+"""The paper's start for the plug-in's running mean and variance in [0, 1]."""
+
+
+class BoundedMeanSequence:
+    """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
+
+    ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
+    ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
+    the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
+    tuned to n (see the module docstring), each as ``bet`` (a key of ``BET_VERSIONS``) sets them. Only the
+    grid points still in the set are tracked.
+    """
+
+    def __init__(
+        self, lo: float, hi: float, alpha: float, horizon: int | None = None, bet: int = BET
+    ) -> None:
+        if not (is_number(lo) and is_number(hi) and lo < hi):
+            raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
+        check_alpha(alpha)
+        if horizon is not None and not is_int(horizon, 1):
+            raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
+        if lo > -1.0 or hi < 1.0:
+            raise ValueError(f"range [{lo}, {hi}] must contain the target's range [-1, 1]")
+        self.lo, self.hi, self.alpha, self.horizon = lo, hi, alpha, horizon
+        self.bets = check_bet(bet)
+        self.threshold = math.log(2.0 / alpha)
+        self.grid = GRID
+        self.live = np.ones(self.grid.size, dtype=bool)
+        self._first, self._last = 0, self.grid.size - 1  # the window of live grid points
+        self._m = (self.grid - lo) / (hi - lo)
+        width = self.bets.fractions.size if horizon is None else 1
+        self._plus = np.zeros((self.grid.size, width))
+        self._minus = np.zeros((self.grid.size, width))
+        self._sum_sq = 0.0
+        self._sum = 0.0
+        self.n = 0
+        self.low, self.high = -1.0, 1.0
+        self.emptied_at: int | None = None
+        """The observation after which every candidate mean was rejected (None while some survive)."""
+
+    def update(self, y: float) -> tuple[float, float]:
+        """Add one value (it must lie in ``[lo, hi]``) and return the running bounds of the mean."""
+        if not is_number(y) or not self.lo - 1e-12 <= y <= self.hi + 1e-12:
+            raise ValueError(f"y={y!r}: must be a number in [{self.lo}, {self.hi}]")
+        x = min(max((y - self.lo) / (self.hi - self.lo), 0.0), 1.0)
+        window = slice(self._first, self._last + 1)
+        m = self._m[window, None]
+        # When the range is exactly the target's ([-1, 1], every pair labelled) the grid's ends sit at m = 0
+        # and 1, where the largest bet is unbounded. Betting it as the limit of a tiny room keeps its meaning
+        # (an observation beyond the end rejects it, one at the end costs the fraction) instead of
+        # inf * 0 = NaN, which left the end live for ever and the bound stuck at -1 or 1.
+        room_up, room_down = np.maximum(m, ENDPOINT_ROOM), np.maximum(1.0 - m, ENDPOINT_ROOM)
+        if self.horizon is None:
+            up, down = self.bets.fractions / room_up, self.bets.fractions / room_down
+        else:
+            sigma2 = (PRIOR_VARIANCE + self._sum_sq) / (self.n + 1)  # from the observations before this one
+            lam = math.sqrt(2.0 * math.log(2.0 / self.alpha) / (self.horizon * sigma2))
+            cap = self.bets.truncation
+            up, down = np.minimum(lam, cap / room_up), np.minimum(lam, cap / room_down)
+            self._sum += x
+            self._sum_sq += (x - (PRIOR_MEAN + self._sum) / (self.n + 2)) ** 2
+        plus = self._plus[window]
+        minus = self._minus[window]
+        plus += np.log1p(up * (x - m))
+        minus += np.log1p(-down * (x - m))
+        self.n += 1
+        rejected = (log_mean_exp(plus) >= self.threshold) | (log_mean_exp(minus) >= self.threshold)
+        self.live[window] &= ~rejected
+        self._refresh()
+        return self.low, self.high
+
+    def _refresh(self) -> None:
+        window = _live_window(self.live[self._first : self._last + 1])
+        if window is None:
+            # Keep the last bounds: the set empties only after a miss (probability <= alpha) or when the
+            # values' conditional mean was not constant, which the report flags.
+            if self.emptied_at is None:
+                self.emptied_at = self.n
+            return
+        self._first, self._last = self._first + window[0], self._first + window[1]
+        self.low, self.high = _grid_bounds(self._first, self._last)
+
+
+def _plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
+    """The fixed-horizon bet before each observation (untruncated), for rows of observations in [0, 1].
+
+    ``lambda_t = sqrt(2 log(2 / alpha) / (horizon sigma_{t-1}^2))`` with the running estimates
+    ``mu_t = (1/2 + sum_{i<=t} x_i) / (t + 1)`` and
+    ``sigma_t^2 = (1/4 + sum_{i<=t} (x_i - mu_i)^2) / (t + 1)``
+    (Waudby-Smith and Ramdas 2024, section 4: the predictable plug-in tuned to n); each bet uses only
+    earlier observations.
+    """
+    steps = np.arange(1, x.shape[-1] + 1, dtype=float)
+    mu = (PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
+    sigma2 = (PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
+    before = np.concatenate([np.full(x.shape[:-1] + (1,), PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
+    return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
+
+
+def log_capital(
+    x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None, bet: int = BET
+) -> np.ndarray:
+    """Running log capital of one side at the candidate mean ``m`` (in X units) for rows of observations
+    ``x`` in [0, 1] (shape (runs, n)): ``side=1`` is K+ (it grows when the mean is above m), ``-1`` K-.
+
+    ``BoundedMeanSequence`` for many rows at once (its test reference); a PASS happens exactly when K+ at
+    the margin reaches the threshold.
+    """
+    if not 0.0 < m < 1.0:
+        raise ValueError(f"m={m!r}: must lie strictly inside (0, 1)")
+    room = m if side > 0 else 1.0 - m
+    deviation = side * (x - m)
+    if horizon is None:
+        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in check_bet(bet).fractions]
+        return log_mean_exp(np.stack(logs), axis=0)
+    bets = np.minimum(_plug_in_bets(x, alpha, horizon), check_bet(bet).truncation / room)
+    return np.cumsum(np.log1p(bets * deviation), axis=-1)
+
+
+def log_mean_exp(logs: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log of the mean of exp over ``axis`` (a mixture's average capital from its components' logs)."""
+    top = logs.max(axis=axis, keepdims=True)
+    return (top + np.log(np.exp(logs - top).mean(axis=axis, keepdims=True))).squeeze(axis)

@@ -1,26 +1,9 @@
-"""Seeded simulations of gate runs, vectorised over runs: the engine behind the validity tests, the design
-outcomes of flyspec/gate/stats/sizing.py and the scripts that print docs/statistics.md's tables.
-
-- ``draw_differences``: exact-graded paired differences D in {-1, 0, 1} at a flip rate and a true
-  difference.
-- ``draw_judged``: judged pairs (identical, the judge's prediction, selected for gold, the gold D) for a
-  share of differing answers, a true difference, a judge and a label rate. The judges: ``"always-A"``
-  prefers the answer shown first in both orders (position bias: its two orders always disagree),
-  ``"coin"`` flips a fair coin per order, ``"fair"`` names the better answer and errs with probability
-  ``noise`` per order, ``"always-candidate"`` says the candidate is better every time, ``"harsh"`` is
-  right on the candidate's losses and calls its gains ties (its errors make the candidate look worse:
-  the adversary of a draw correlated with the order, which then PASSes a harmful candidate),
-  ``"lenient"`` is its mirror (right on the gains, ties on the losses) and ``"reversed"`` names the wrong
-  winner every time. The draw of the pairs for gold is Bernoulli(rate) from ``rng``, or, given ``draws``
-  (each pair's uniform number along the run's order), ``draws < rate``: the tests pass the gate's own
-  order and draw (``flyspec.gate.data.questions``, ``flyspec.gate.stats.judged.gold_draw``) this way.
-- ``JudgedStream`` turns blocks of judged pairs into the prediction-powered values Y of
-  flyspec/gate/stats/judged.py (the same predictable PPI++ weight); ``CapitalAtMargin`` tracks the two
-  betting capitals of ``BoundedMeanSequence`` at the margin only, ``iid_stops`` and ``crossing_stops``
-  those of ``ConfidenceSequence`` (flyspec/gate/stats/sequence.py): a bound passes ``-margin`` exactly
-  when the capital on its side there reaches the threshold, so two numbers per run decide it, block by
-  block (a run of 50,000 questions never needs its whole matrix at once); ``crossing_verdicts`` of
-  flyspec/gate/stats/decide.py names the verdicts.
+"""Seeded simulations of gate runs, vectorised over runs: the kernels behind ``simulate(design)``
+(flyspec/gate/stats/sizing.py), the label advice, the validity tests and the scripts that print
+docs/statistics.md's tables. A bound passes ``-margin`` exactly when the betting capital on its side
+there reaches the threshold, so two capitals per run decide it, block by block (a run of 50,000 questions
+never needs its whole matrix at once); ``crossing_verdicts`` of flyspec/gate/stats/decide.py names the
+verdicts, and tests/test_gate_stats_decide.py pins them to ``decide`` on the same draws.
 """
 
 from __future__ import annotations
@@ -30,13 +13,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
-from flyspec.gate.stats.bounded import BET, PRIOR_MEAN, PRIOR_VARIANCE, check_bet, log_mean_exp
-from flyspec.gate.stats.decide import check_margin, crossing_verdicts
+from flyspec.gate.stats.decide import check_margin_alpha, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
-from flyspec.gate.stats.sequence import GRID, Capital, as_diffs, bet_terms, check_alpha, check_population
+from flyspec.gate.stats.paired import tango_statistic
+from flyspec.gate.stats.sequence import (
+    BET,
+    GRID,
+    PRIOR_MEAN,
+    PRIOR_VARIANCE,
+    Capital,
+    as_diffs,
+    bet_terms,
+    check_bet,
+    check_population,
+    log_mean_exp,
+)
 
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
+"""Simulated judges: ``always-A`` prefers the answer shown first (its two orders always disagree),
+``coin`` flips a coin per order, ``fair`` errs with probability ``noise`` per order, ``always-candidate``
+prefers the candidate; ``harsh`` is right on the candidate's losses and calls its gains ties (the
+adversary of a draw correlated with the order), ``lenient`` its mirror, ``reversed`` always wrong."""
 
 
 def draw_differences(
@@ -117,11 +116,8 @@ def draw_judged(
     d: np.ndarray | None = None,
     draws: np.ndarray | None = None,
 ) -> JudgedBlock:
-    """i.i.d. judged pairs: a share ``differing`` of answers differ, each such pair has a better answer
-    (D = -1 with probability (differing - delta) / (2 differing), else +1); identical pairs have D = 0.
-    ``d`` (optional) gives the differences instead (a finite population's order), with D = 0 meaning
-    identical. ``draws`` (optional, the block's shape): each pair's uniform number of the gold draw, a
-    pair drawn when it is below ``rate``; else the draw is Bernoulli(rate) from ``rng``."""
+    """i.i.d. judged pairs, a share ``differing`` with a better answer (or the differences ``d``, 0 when
+    identical); a pair is drawn for gold when its ``draws`` number (else a uniform) is below ``rate``."""
     if d is None:
         d = draw_differences(rng, rows, cols, differing, delta)
     identical = d == 0
@@ -162,14 +158,9 @@ class JudgedStream:
 
 
 class CapitalAtMargin:
-    """K+ and K- beside ``y = -margin`` for rows of values in ``[lo, hi]``, block by block.
-
-    ``horizon=None``: the anytime mixture; else the plug-in bet tuned to ``horizon``; ``bet``: the
-    version of the bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``). The
-    sequence has level ``1 - 2 alpha``: each side reaches its threshold ``log(1 / alpha)`` with
-    probability at most alpha at the true mean. As in ``BoundedMeanSequence``, whose bounds are grid
-    points, a PASS needs K+ at the first grid point above ``-margin`` and a FAIL K- at the last one below.
-    """
+    """``BoundedMeanSequence``'s K+ and K- (level ``1 - 2 alpha``) for rows of values in ``[lo, hi]``, block
+    by block, at the grid's neighbours of ``-margin`` only: a PASS needs K+ at the first grid point above
+    it, a FAIL K- at the last one below. ``horizon=None``: the anytime mixture, else the plug-in bet."""
 
     def __init__(
         self,
@@ -272,17 +263,10 @@ def judged_runs(
     orders: np.ndarray | None = None,
     bet: int = BET,
 ) -> Outcomes:
-    """Simulate judged runs under the rule of ``judged_decision``: a sequential run stops at the first
-    crossing once a label exists; a fixed run of ``questions`` decides on its running bounds at the end.
-
-    ``population``: a finite set of gold differences (0: identical answers) visited in a random order per
-    run (``questions`` <= its size) instead of i.i.d. draws; ``orders`` (runs x questions indices into it)
-    gives those orders, else they are drawn from ``rng``. ``draws`` (runs x questions): each pair's uniform
-    number of the gold draw along its run's order (see ``draw_judged``). ``fail_side=False`` skips the
-    FAIL side (twice as fast; a run then never stops at a FAIL, so its P(PASS) can only be overstated:
-    enough for a validity check); ``pass_side=False`` skips the PASS side likewise for P(FAIL). ``bet``:
-    the version of the bets.
-    """
+    """``walk_judged`` on pairs from ``judge``: i.i.d., or a finite ``population`` of differences in each
+    run's order (``orders``, else random); ``draws``: each pair's number of the gold draw (``draw_judged``).
+    ``fail_side=False`` skips the FAIL side (faster; P(PASS) can then only be overstated, enough for a
+    validity check), ``pass_side=False`` the PASS side likewise."""
     if population is not None and orders is None:
         orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
 
@@ -310,13 +294,9 @@ def walk_judged(
     settle: float | None = None,
     bet: int = BET,
 ) -> Outcomes:
-    """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs:
-    ``block_of(active, start, cols)`` gives the pairs from ``start`` on of the runs still undecided
-    (``judged_runs`` draws them from a judge; the label advice, flyspec/gate/stats/label_advice.py, from
-    a ``PairModel``). ``settle`` (sequential runs): stop walking as soon as whether a share ``settle`` of
-    the runs decide is settled (that many have, or too few are left to); the runs not walked to the end
-    then count as undecided, so only that comparison of the outcome is exact. ``bet``: the version of the
-    bets (flyspec/gate/stats/bounded.py, ``BET_VERSIONS``)."""
+    """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs, ``block_of(active,
+    start, cols)`` giving the undecided runs' pairs from ``start`` on. ``settle`` (sequential runs): stop
+    once whether a share ``settle`` of the runs decide is settled; the runs left then count as undecided."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
@@ -343,7 +323,7 @@ def walk_judged(
         # -margin (checked first, as classify); without a label a run decides nothing.
         stops.passed &= stream.labelled > 0
         stops.failed &= stream.labelled > 0
-    return Outcomes(crossing_verdicts(stops.passed, stops.failed), stops.stopped_at)
+    return stops.outcomes()
 
 
 def _settled(decided: int, undecided: int, runs: int, share: float) -> bool:
@@ -352,10 +332,8 @@ def _settled(decided: int, undecided: int, runs: int, share: float) -> bool:
 
 
 class Stops:
-    """Where many runs first cross: ``passed`` (the lower bound passed -margin), ``failed`` (only the upper
-    bound dropped below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed).
-    The vectorised kernels record into it block by block;
-    ``flyspec.gate.stats.decide.crossing_verdicts`` names the verdicts."""
+    """Where many runs first cross: ``passed`` (the lower bound above -margin), ``failed`` (only the upper
+    bound below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed)."""
 
     def __init__(self, rows: int, length: int) -> None:
         self.passed = np.zeros(rows, dtype=bool)
@@ -363,9 +341,8 @@ class Stops:
         self.stopped_at = np.full(rows, length, dtype=np.int64)
 
     def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-        """Record the first crossing in a block of the runs ``active``: ``up``/``down`` (runs x columns from
-        question ``begin``) mark where the lower bound lies above -margin / the upper bound below it, the
-        lower bound's crossing counted first where both hold. Returns the mask of runs still undecided."""
+        """Record the first crossing of the runs ``active`` in a block from ``begin`` (``up`` counted first
+        where both hold); returns the mask of runs still undecided."""
         either = up | down
         hit = either.any(axis=1)
         rows = np.flatnonzero(hit)
@@ -376,29 +353,9 @@ class Stops:
         self.stopped_at[active[rows]] = begin + first + 1
         return ~hit
 
-    def outcome(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(passed, failed, stopped_at)``."""
-        return self.passed, self.failed, self.stopped_at
-
-
-def crossing_stops(
-    values: np.ndarray, margin: float, alpha: float, population_size: int | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Where each row's ``1 - 2 alpha`` sequence first crosses ``-margin``, for many sequences at once:
-    ``(passed, failed, stopped_at)``, ``passed`` where the lower bound passed it, ``failed`` where the upper
-    bound dropped below it (only), ``stopped_at`` the questions used (the row's length when neither). The
-    lower bound first exceeds -margin exactly when K+ at -margin first exceeds the threshold, and the upper
-    bound first drops below it when K- there does, so two capital processes per row replace the bounds:
-    closed forms of the running counts in the i.i.d. case (computed a block of columns at a time), the
-    grid's two neighbours of -margin without replacement. ``values``: checked differences, one row each;
-    ``flyspec.gate.stats.decide.sequential_decisions`` names the verdicts.
-    """
-    if population_size is None:
-        rows, length = values.shape
-        return iid_stops(
-            rows, length, lambda active, begin, cols: values[active, begin : begin + cols], margin, alpha
-        )
-    return _without_replacement_stops(values, margin, alpha, population_size)
+    def outcomes(self) -> Outcomes:
+        """The verdicts where the runs crossed, and their stops."""
+        return Outcomes(crossing_verdicts(self.passed, self.failed), self.stopped_at)
 
 
 def iid_stops(
@@ -409,12 +366,11 @@ def iid_stops(
     alpha: float,
     start: tuple[int, int, int] = (0, 0, 0),
     block: int = 512,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``crossing_stops`` for the i.i.d. sequence, its ``rows`` sequences of ``length`` differences read a
-    block at a time: ``block_of(active, begin, cols)`` gives the differences of the rows still undecided
-    from column ``begin`` on (a simulation draws them there, so rows that decided stop drawing).
-    ``start``: counts (lost, tied, gained) already observed, which every row continues from (the i.i.d.
-    capital depends on the counts only); stops count from the first question."""
+) -> Stops:
+    """Where ``rows`` i.i.d. sequences of ``length`` differences first cross ``-margin``, from the closed-form
+    capital at the margin: ``block_of(active, begin, cols)`` gives the undecided rows' differences from
+    ``begin`` on (drawn there, so decided rows stop drawing); ``start``: counts (lost, tied, gained)
+    every row continues from."""
     m = (1.0 - margin) / 2.0
     threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
     terms = {side: np.array(bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
@@ -433,7 +389,7 @@ def iid_stops(
         ]
         if active.size == 0:
             break
-    return stops.outcome()
+    return stops
 
 
 def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
@@ -454,7 +410,7 @@ def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float)
 
 def _without_replacement_stops(
     values: np.ndarray, margin: float, alpha: float, population_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Stops:
     rows, length = values.shape
     grid = GRID
     above = int(np.flatnonzero(grid > -margin)[0])
@@ -473,21 +429,69 @@ def _without_replacement_stops(
             capital.keep_rows(keep)
             if active.size == 0:
                 break
-    return stops.outcome()
+    return stops
+
+
+def fixed_runs(
+    rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
+) -> Outcomes:
+    """Fixed-size exact-graded runs of ``n`` questions: ``decide`` on seeded multinomial tables."""
+    tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
+    t = tango_statistic(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
+    # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
+    z = float(norm.ppf(1 - alpha))
+    return Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
+
+
+def iid_runs(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    flip_rate: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+    start: tuple[int, int, int] = (0, 0, 0),
+) -> Outcomes:
+    """Runs of the exact-graded i.i.d. sequential rule, continuing from the counts ``start`` (lost, tied,
+    gained), on which alone the i.i.d. capital depends."""
+
+    def draw(active: np.ndarray, _begin: int, cols: int) -> np.ndarray:
+        return draw_differences(rng, active.size, cols, flip_rate, delta)
+
+    return iid_stops(runs, questions, draw, margin, alpha, start, block=1024).outcomes()
+
+
+def finite_runs(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    population_size: int,
+    flip_rate: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+) -> Outcomes:
+    """Without-replacement runs, each over its own order of a pool at this flip rate and mean."""
+    lost = round(population_size * (flip_rate - delta) / 2)
+    gained = min(round(population_size * (flip_rate + delta) / 2), population_size - lost)
+    pool = np.array([-1] * lost + [1] * gained + [0] * (population_size - lost - gained), dtype=np.int8)
+    orders = np.stack([rng.permutation(pool)[:questions] for _ in range(runs)])
+    return Outcomes(*sequential_decisions(orders, margin, alpha, population_size))
 
 
 def sequential_decisions(
     diffs: np.ndarray, margin: float, alpha: float = 0.025, population_size: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decisions and stopping points of ``sequential_decision`` for many sequences (rows), for simulations.
-
-    Returns ``(decision, stopped_at)`` arrays, from the capital processes at the margin
-    (``crossing_stops``): the answers equal ``sequential_decision``'s except after a miss that empties the
-    set.
-    """
+    """``sequential_decision`` for many sequences (rows): ``(decision, stopped_at)`` arrays, equal to its
+    answers except after a miss that empties the set."""
     values = as_diffs(diffs, ndim=2)
-    check_margin(margin)
-    check_alpha(alpha, upper=0.5)
+    check_margin_alpha(margin, alpha)
     check_population(population_size, values.shape[1])
-    passed, failed, stopped_at = crossing_stops(values, margin, alpha, population_size)
-    return crossing_verdicts(passed, failed), stopped_at
+    if population_size is None:
+        rows, length = values.shape
+        stops = iid_stops(rows, length, lambda active, b, cols: values[active, b : b + cols], margin, alpha)
+    else:
+        stops = _without_replacement_stops(values, margin, alpha, population_size)
+    out = stops.outcomes()
+    return out.decisions, out.stopped_at

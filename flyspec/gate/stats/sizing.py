@@ -1,32 +1,42 @@
-"""How many questions a run needs: the closed forms of a fixed-size run (McNemar: Connor 1987; the
-non-inferiority score test: Nam 1997, Liu et al. 2002) and the plan a pilot's flips imply. What a
-registered design does by simulated runs is flyspec/gate/stats/forecast.py; how many gold labels a judged
-run needs, flyspec/gate/stats/label_advice.py. docs/statistics.md, "Planning a fixed-size run".
-
-**Pilots.** A plan is made at the flip rate's exact upper confidence bound, not at the observed rate,
-which a small pilot (and above all one with no flips) underestimates too often.
+"""How many questions a run needs, and what a registered design will do (docs/statistics.md, "Planning a
+fixed-size run" and "Plans and forecasts"): the closed forms of a fixed-size run, ``simulate(design)`` on
+seeded runs (the kernels of flyspec/gate/stats/simulation.py, pinned to ``decide`` by
+tests/test_gate_stats_decide.py), and the forecast of when a sequential run will decide, which describes
+the data and never enters the decision.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from scipy.stats import beta, norm
 
 from flyspec.checks import is_int
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.paired import check_probability, restricted_lost_rate
+from flyspec.gate.stats.simulation import (
+    Outcomes,
+    finite_runs,
+    fixed_runs,
+    iid_runs,
+    judged_runs,
+    sequential_decisions,
+)
+
+KINDS = ("fixed", "sequential")
+MIN_PAIRS = 20
+"""Pairs before the observed effect may be used at all."""
+PRIOR, EFFECT = "no-harm prior", "effect seen"
 
 
 @dataclass(frozen=True)
 class SampleSizePlan:
-    """Questions a fixed-size non-inferiority run needs, planned from a pilot's flip count.
-
-    ``flip_rate``: observed; ``flip_rate_upper``: its one-sided upper confidence bound, the rate the plan
-    uses (more flips need more questions, so this errs towards enough); ``questions``: the plan;
-    ``questions_at_observed``: the plan at the observed rate (None when no flip was seen: it would claim
-    certainty the pilot does not have).
-    """
+    """A fixed-size run's plan from a pilot's flips: ``questions`` at the flip rate's upper bound
+    ``flip_rate_upper``, ``questions_at_observed`` at the observed rate (None without a flip)."""
 
     flips: int
     pilot_questions: int
@@ -59,13 +69,8 @@ def questions_needed(net_loss: float, flip_rate: float, alpha: float = 0.05, pow
 def questions_needed_noninferiority(
     margin: float, flip_rate: float, true_diff: float = 0.0, alpha: float = 0.025, power: float = 0.80
 ) -> int:
-    """Questions needed for the paired non-inferiority score test to pass with the given power.
-
-    Nam (1997) / Liu et al. (2002): with ``delta0 = -margin`` and the true difference ``true_diff``,
-    ``n = ceil((z(1-alpha) sigma0 + z(power) sigma1)^2 / (true_diff + margin)^2)``, where ``sigma1^2 =
-    psi - true_diff^2`` and ``sigma0^2 = 2 p~ + delta0 (1 - delta0)`` uses the restricted lost-cell rate
-    ``p~`` of Tango's statistic evaluated at the true cell probabilities.
-    """
+    """Questions for the paired non-inferiority score test to pass with ``power`` (Nam 1997; Liu et al.
+    2002), ``sigma0`` from Tango's restricted lost-cell rate at the true cell probabilities."""
     check_probability("margin", margin)
     check_probability("flip_rate", flip_rate, allow_zero=True, allow_one=True)
     check_probability("alpha", alpha)
@@ -88,11 +93,8 @@ def questions_needed_noninferiority(
 
 
 def flip_rate_upper_bound(flips: int, n: int, level: float = 0.95) -> float:
-    """Exact one-sided (Clopper-Pearson) upper confidence bound for the flip rate from ``flips`` of ``n``.
-
-    The ``level`` quantile of Beta(flips + 1, n - flips); 1 when every question flipped. With zero flips it
-    is ``1 - (1 - level)^(1/n)``, about 3/n at 95%: a pilot with no flips still allows a rate that large.
-    """
+    """Exact one-sided (Clopper-Pearson) upper bound for the flip rate from ``flips`` of ``n``: the
+    ``level`` quantile of Beta(flips + 1, n - flips); 1 when every question flipped."""
     for name, value in (("flips", flips), ("n", n)):
         if not is_int(value, 0):
             raise ValueError(f"{name}={value!r}: must be a non-negative integer")
@@ -115,11 +117,8 @@ def plan_noninferiority(
     level: float = 0.95,
     true_diff: float = 0.0,
 ) -> SampleSizePlan:
-    """Plan a fixed-size run from a pilot that saw ``flips`` flipped questions out of ``n``.
-
-    Plans at the one-sided ``level`` upper bound of the flip rate (``flip_rate_upper_bound``), not at the
-    observed rate, which a small pilot (and above all one with no flips) underestimates too often.
-    """
+    """Plan a fixed-size run from a pilot's ``flips`` of ``n`` at the flip rate's one-sided ``level``
+    upper bound, which a small pilot's observed rate underestimates too often."""
     upper = flip_rate_upper_bound(flips, n, level)
     observed = flips / n
     # A flip rate below |true_diff| is an impossible table; the plan then uses the smallest possible rate.
@@ -137,3 +136,347 @@ def plan_noninferiority(
         questions=planned,
         questions_at_observed=at_observed,
     )
+
+
+@dataclass(frozen=True)
+class Design:
+    """A registered design: ``questions``, a fixed run's size or a sequential run's most; ``population_size``,
+    a finite pool (None: the i.i.d. claim); ``label_rate`` and ``judge_noise`` for a judged run."""
+
+    kind: str
+    questions: int
+    population_size: int | None = None
+    label_rate: float | None = None
+    judge_noise: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}: one of {', '.join(KINDS)}")
+        if self.questions < 1:
+            raise ValueError(f"questions={self.questions}: must be at least 1")
+        if self.population_size is not None:
+            if self.kind != "sequential" or self.label_rate is not None:
+                raise ValueError("a finite pool goes with an exact-graded sequential design only")
+            if self.questions > self.population_size:
+                raise ValueError(f"questions={self.questions} exceed the pool of {self.population_size}")
+
+    def describe(self) -> str:
+        """The design in a few words."""
+        words = (
+            f"{self.kind} run of {'at most ' if self.kind == 'sequential' else ''}{self.questions} questions"
+        )
+        if self.population_size is not None:
+            words += f" (finite pool of {self.population_size})"
+        if self.label_rate is not None:
+            words += f", judged with gold labels on {100 * self.label_rate:.0f}% of differing pairs"
+        return words
+
+
+@dataclass(frozen=True)
+class DesignOutcome:
+    """Simulated runs of a design: ``median``/``q90``, the questions by which half / 90% decided (None when
+    fewer did); the shares of each verdict; each run's ``stops`` and ``decisions``."""
+
+    median: int | None
+    q90: int | None
+    pass_rate: float
+    fail_rate: float
+    undecided: float
+    runs: int
+    stops: np.ndarray
+    decisions: np.ndarray
+
+    def describe(self) -> str:
+        """E.g. 'median 1,074 questions, 90% of runs by 2,150; PASS 0.98, FAIL 0.00, undecided 0.02'."""
+
+        def q(v: int | None) -> str:
+            return "not reached" if v is None else f"{v:,}"
+
+        return (
+            f"median {q(self.median)} questions, 90% of runs by {q(self.q90)}; PASS {self.pass_rate:.2f}, "
+            f"FAIL {self.fail_rate:.2f}, undecided {self.undecided:.2f} ({self.runs} simulated runs)"
+        )
+
+
+def _quantile(stops: np.ndarray, decided: np.ndarray, share: float) -> int | None:
+    """The questions by which a ``share`` of the runs decided; None when fewer did."""
+    if decided.mean() < share:
+        return None
+    ordered = np.sort(np.where(decided, stops, np.iinfo(np.int64).max))
+    return int(ordered[math.ceil(share * stops.size) - 1])
+
+
+def _outcome(out: Outcomes) -> DesignOutcome:
+    decided = out.decisions != INCONCLUSIVE
+    return DesignOutcome(
+        median=_quantile(out.stopped_at, decided, 0.5),
+        q90=_quantile(out.stopped_at, decided, 0.9),
+        pass_rate=out.share(PASS),
+        fail_rate=out.share(FAIL),
+        undecided=out.share(INCONCLUSIVE),
+        runs=out.decisions.size,
+        stops=out.stopped_at,
+        decisions=out.decisions,
+    )
+
+
+def simulate(
+    design: Design,
+    flip_rate: float,
+    margin: float,
+    alpha: float,
+    true_diff: float = 0.0,
+    runs: int = 400,
+    seed: int = 0,
+) -> DesignOutcome:
+    """Simulate ``runs`` runs of ``design`` at this flip rate (judged: share of differing answers) and true
+    difference (uncached; ``design_outcome`` caches)."""
+    if not 0.0 <= flip_rate <= 1.0 or abs(true_diff) > flip_rate + 1e-12:
+        raise ValueError(f"flip_rate={flip_rate}, true_diff={true_diff}: need |true_diff| <= flip rate <= 1")
+    rng = np.random.default_rng(seed)
+    n = design.questions
+    if design.label_rate is not None:
+        noise, rate = design.judge_noise, design.label_rate
+        out = judged_runs(rng, runs, n, flip_rate, true_diff, margin, alpha, "fair", noise, rate, design.kind)
+    elif design.kind == "fixed":
+        out = fixed_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
+    elif design.population_size is None:
+        out = iid_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
+    else:
+        out = finite_runs(rng, runs, n, design.population_size, flip_rate, true_diff, margin, alpha)
+    return _outcome(out)
+
+
+def rounded_rate(flip_rate: float) -> float:
+    """The flip rate to two significant digits (the cache key): 0.1637 -> 0.16, 0.0234 -> 0.023."""
+    if flip_rate <= 0:
+        return 0.0
+    return float(f"{flip_rate:.2g}")
+
+
+_cached = functools.lru_cache(maxsize=256)(simulate)
+
+
+def design_outcome(
+    design: Design,
+    flip_rate: float,
+    margin: float,
+    alpha: float,
+    true_diff: float = 0.0,
+    runs: int = 400,
+    seed: int = 0,
+) -> DesignOutcome:
+    """``simulate``, cached by the flip rate rounded to two significant digits."""
+    rate = rounded_rate(flip_rate)
+    diff = min(max(round(true_diff, 4), -rate), rate)
+    return _cached(design, rate, round(margin, 6), round(alpha, 6), diff, runs, seed)
+
+
+def judged_questions_needed(
+    differing: float,
+    margin: float,
+    alpha: float,
+    label_rate: float,
+    judge_noise: float,
+    true_diff: float = 0.0,
+    power: float = 0.8,
+    runs: int = 400,
+    most: int = 200_000,
+    seed: int = 0,
+) -> int | None:
+    """Questions a fixed judged run needs for ``power`` (of PASS when ``true_diff > -margin``, else FAIL):
+    a bisection on n with one seed at every n; None when even ``most`` fall short."""
+
+    def power_at(n: int) -> float:
+        design = Design("fixed", n, label_rate=label_rate, judge_noise=judge_noise)
+        out = simulate(design, differing, margin, alpha, true_diff, runs, seed)
+        return out.pass_rate if true_diff > -margin else out.fail_rate
+
+    low, high = 1, 1000
+    while power_at(high) < power:
+        low, high = high, high * 2
+        if high > most:
+            return None if power_at(most) < power else _bisect(power_at, low, most, power)
+    return _bisect(power_at, low, high, power)
+
+
+def _bisect(power_at: Callable[[int], float], low: int, high: int, power: float) -> int:
+    # To 1% of n: the simulated power itself has a standard error of about 0.02.
+    while high - low > max(1, high // 100):
+        mid = (low + high) // 2
+        if power_at(mid) >= power:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A sequential run's simulated outlook after ``pairs`` pairs: the pairs by which half / 90% of the
+    runs decide, the likely verdict, the minutes to the median, the share deciding ``within_budget``, and
+    the ``basis`` (``PRIOR``: no true effect at ``flip_rate``; ``EFFECT``: the effect seen)."""
+
+    pairs: int
+    pairs_per_minute: float
+    median_pairs: int | None
+    likely: str | None
+    minutes: float | None
+    within_budget: float
+    q90_pairs: int | None = None
+    basis: str = EFFECT
+    flip_rate: float | None = None
+
+    def describe(self) -> str:
+        """A phrase for the progress bar: 'PASS expected at ~3,400 pairs (~14 min; 80% within budget)'."""
+        head = ""
+        if self.basis == PRIOR and self.flip_rate is not None:
+            head = f"if no true effect (flip rate {100 * self.flip_rate:.1f}%): "
+        if self.median_pairs is None:
+            return (
+                f"{head}no decision expected within the question limit "
+                f"({100 * self.within_budget:.0f}% chance)"
+            )
+        when = f"~{self.minutes:.0f} min" if self.minutes is not None else "rate unknown"
+        return (
+            f"{head}{self.likely} expected at ~{self.median_pairs:,} pairs ({when}; "
+            f"{100 * self.within_budget:.0f}% within budget)"
+        )
+
+    def outlook(self) -> str:
+        """Quantiles in words, for a run's first line: 'median 1,074 questions, 90% by 1,206'."""
+        if self.median_pairs is None:
+            return f"fewer than half the simulated runs decide ({100 * self.within_budget:.0f}% do)"
+        q90 = "beyond the limit" if self.q90_pairs is None else f"{self.q90_pairs:,}"
+        return f"median {self.median_pairs:,} questions, 90% by {q90}"
+
+
+def _summarise(
+    decisions: np.ndarray,
+    stops: np.ndarray,
+    n: int,
+    max_questions: int,
+    pairs_per_minute: float,
+    minutes_left: float | None,
+    basis: str,
+    flip_rate: float | None,
+) -> Forecast:
+    decided = decisions != INCONCLUSIVE
+    reachable = max_questions
+    if minutes_left is not None and pairs_per_minute > 0:
+        reachable = min(max_questions, n + int(pairs_per_minute * minutes_left))
+    within = float((decided & (stops <= reachable)).mean())
+    median, q90 = _quantile(stops, decided, 0.5), _quantile(stops, decided, 0.9)
+    if median is None:
+        return Forecast(n, pairs_per_minute, None, None, None, within, None, basis, flip_rate)
+    values, votes = np.unique(decisions[decided], return_counts=True)
+    likely = str(values[np.argmax(votes)])
+    minutes = max(0, median - n) / pairs_per_minute if pairs_per_minute > 0 else None
+    return Forecast(n, pairs_per_minute, median, likely, minutes, within, q90, basis, flip_rate)
+
+
+def forecast_from_rate(
+    flip_rate: float,
+    design: Design,
+    *,
+    margin: float,
+    alpha: float,
+    pairs: int = 0,
+    pairs_per_minute: float = 0.0,
+    minutes_left: float | None = None,
+    paths: int = 200,
+    seed: int = 0,
+) -> Forecast:
+    """The design's outlook at ``flip_rate`` with no true effect, among the simulated runs still undecided
+    after ``pairs`` pairs."""
+    outcome = design_outcome(design, flip_rate, margin, alpha, 0.0, runs=paths, seed=seed)
+    alive = (outcome.decisions == INCONCLUSIVE) | (outcome.stops > pairs)
+    if not alive.any():
+        alive[:] = True  # every simulated run decided already: fall back on all of them
+    return _summarise(
+        outcome.decisions[alive],
+        outcome.stops[alive],
+        pairs,
+        design.questions,
+        pairs_per_minute,
+        minutes_left,
+        PRIOR,
+        rounded_rate(flip_rate),
+    )
+
+
+def forecast(
+    diffs: Sequence[int],
+    *,
+    margin: float,
+    alpha: float,
+    max_questions: int,
+    population_size: int | None,
+    pairs_per_minute: float,
+    minutes_left: float | None,
+    paths: int = 200,
+    seed: int = 0,
+    design: Design | None = None,
+) -> Forecast | None:
+    """The outlook of a sequential run from its observed ``diffs`` in order (None before the first pair or
+    at the limit); ``design`` replaces the exact-graded one simulated under the no-harm prior."""
+    observed = np.asarray(diffs, dtype=np.int8)
+    n = len(observed)
+    if n == 0 or max_questions - n <= 0:
+        return None
+    lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
+    psi, delta = (lost + gained) / n, (gained - lost) / n
+    standard_error = math.sqrt(max(psi - delta * delta, 0.0) / n)
+    # An early effect is noise (docs/statistics.md, "Plans and forecasts"): until it is measured, the
+    # no-harm prior simulates the registered design with no true effect.
+    if n < MIN_PAIRS or standard_error > margin:
+        registered = design or Design("sequential", max_questions, population_size)
+        # A rate of exactly zero flips would forecast the easiest case; half a flip keeps it honest.
+        rate = max(psi, 0.5 / n)
+        return forecast_from_rate(
+            rate,
+            registered,
+            margin=margin,
+            alpha=alpha,
+            pairs=n,
+            pairs_per_minute=pairs_per_minute,
+            minutes_left=minutes_left,
+            paths=paths,
+            seed=seed,
+        )
+    decisions, stopped_at = _continued(observed, margin, alpha, max_questions, population_size, paths, seed)
+    return _summarise(decisions, stopped_at, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
+
+
+def _continued(
+    observed: np.ndarray,
+    margin: float,
+    alpha: float,
+    max_questions: int,
+    population_size: int | None,
+    paths: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``paths`` continuations of the observed run at the effect seen (each count plus half a pair), decided
+    as the run would be: ``(decisions, stopped_at)``."""
+    n = len(observed)
+    lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
+    rng = np.random.default_rng(seed)
+    p_lost, p_gained = (lost + 0.5) / (n + 1.5), (gained + 0.5) / (n + 1.5)
+    if population_size is None:
+        # The i.i.d. capital depends on the counts only: continue from them, drawing as far as needed.
+        out = iid_runs(
+            rng,
+            paths,
+            max_questions,
+            p_lost + p_gained,
+            p_gained - p_lost,
+            margin,
+            alpha,
+            start=(lost, n - lost - gained, gained),
+        )
+        return out.decisions, out.stopped_at
+    probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
+    future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
+    walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
+    return sequential_decisions(walks, margin, alpha, population_size)

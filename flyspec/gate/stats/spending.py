@@ -1,31 +1,9 @@
-"""Error spent once: the alpha ledger of one comparison (docs/statistics.md, "Error spent once: the
-alpha ledger").
-
-A **comparison** is one baseline against one candidate (``comparison_key`` of what makes their outputs:
-flyspec/gate/data/ledger.py decides which fields count). Every run that can declare PASS on it is a
-**look**: a fixed run, a sequential run (one look for all its continuations, extensions and resumes: its
-confidence sequence holds at every stop), or a ``gate tune`` (one look: the fixed sequence keeps its
-family-wise error at its alpha). The comparison has one **budget**, registered by its first look (by
-default that look's alpha, never above ``MAX_BUDGET`` unless that alpha is): the family-wise error of
-all its looks together, the chance that any of them wrongly PASSes. A new look may use only what the
-earlier looks it is counted with left (``alpha_left``): Bonferroni over looks, whatever their dependence
-(each look's own error is at most its alpha, and the probability of a union at most the sum).
-
-Which earlier looks count depends on what the new look claims:
-
-- **about the method** (``superpopulation``, the default; every fixed run and tune): every earlier look at
-  the comparison, on any questions. They all test the same hypothesis, "the candidate loses at most the
-  margin on questions like these", so a look on fresh questions is another chance to PASS it wrongly.
-- **about a finite set of questions** (``finite``, a sequential run's ``--population finite``): the earlier
-  looks linked to its questions through shared questions (directly or through other looks). A claim about
-  other questions is another hypothesis.
-
-A sequential continuation of a fixed run carries the fixed run's answers into its sequence (they count
-once, in the same order, at the head of the registered order) and runs at the alpha left. With the
-default budget a fixed run at alpha leaves nothing: to keep the option of continuing, register the fixed
-run with a budget larger than its alpha (for example alpha 0.0125 of a budget of 0.025).
-tests/test_gate_stats_spending.py simulates the routes a user can take under this ledger and under the
-old one.
+"""Error spent once: the alpha ledger of one comparison (docs/statistics.md, "Error spent once: the alpha
+ledger"). A comparison (``comparison_key``: one baseline against one candidate) has one budget, registered
+by its first look; every run that can declare PASS on it is a look, and a new look may use only what the
+earlier looks it is counted with left (Bonferroni over looks, ``alpha_left``): all of them for a claim
+about the method, those linked to its questions for a claim about a finite set (``counted``). A
+sequential continuation of a fixed run carries the fixed run's answers, which count once.
 """
 
 from __future__ import annotations

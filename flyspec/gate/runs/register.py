@@ -1,25 +1,19 @@
-"""Questions that earlier runs of a store used, and the alpha each comparison has already spent
-(docs/gate.md, "Error spent once"; the accounting is flyspec/gate/stats/spending.py, the records
-flyspec/gate/data/ledger.py).
-
-``--exclude-run`` leaves a run's questions out. The ledger keeps every route a user can take within one
-budget per comparison: a fixed run and then a sequential continuation, a rerun under another name, in
-another store or on a renamed copy of the dataset, a tune after a run, and (under the default claim,
-about the method) a look on fresh questions. The looks it counts are the user's (the per-user ledger file)
-and the store's own. Before registering, a run is refused unless its comparisons' budgets have its alpha
-left (``check_alpha_left``); after registering, its looks are recorded in the user's ledger, checked again
-under the ledger's write lock (``record_looks``), and the run's notes keep what the ledger said, for the
-report. A sequential run that continues a fixed run of the same store carries that run's answers
-(``carry``): they lead its registered order and are stored in it, so they count once.
+"""Registering a run before its first answer (``register``): its settings, the arms' identities and its
+questions, a resume with other settings refused, and the alpha ledger's checks (docs/gate.md, "Error spent
+once"; the accounting is flyspec/gate/stats/spending.py, the records flyspec/gate/data/ledger.py): a run
+whose comparisons' budgets lack its alpha is refused, and once registered its looks are recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from flyspec.gate.arms.base import Arm, Executor, Served
+from flyspec.gate.arms.endpoint import OpenAIExecutor
+from flyspec.gate.arms.judge import JUDGE_ARM, Judge
 from flyspec.gate.data.ledger import (
     Entry,
     HasContent,
@@ -32,10 +26,110 @@ from flyspec.gate.data.ledger import (
     run_entries,
     store_entries,
 )
-from flyspec.gate.data.questions import QuestionKey
+from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import Registration
-from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
+from flyspec.gate.data.store import GateStore, RegisteredQuestion, RunRecord
+from flyspec.gate.runs.session import log
+from flyspec.gate.stats.decide import SUPERPOPULATION
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
+
+
+def register(
+    store: GateStore,
+    run_id: str,
+    registration: Registration,
+    questions: Sequence[Question],
+    executors: Sequence[Executor],
+    arms: Mapping[str, Arm],
+    judge: Judge | None = None,
+) -> bool:
+    """Register ``run_id`` as ``registration`` before its first answer, or check that its resume has these
+    settings; True when it is new. First on the served models the store recorded (the ledger's check, a
+    sequential run's extension, a resume with other settings refused), then on what ``executors`` and the
+    judge serve now (a server's card may name the model behind an alias); then its looks are recorded."""
+    listed = [
+        RegisteredQuestion(q.dataset, q.id, i, q.prompt_hash, q.answer, q.grader)
+        for i, q in enumerate(questions)
+    ]
+    registration = store.keeping_bets(run_id, registration)
+    guessed = identified(registration, arms, judge, stored_served(store, run_id))
+    if registration.comparisons:
+        check_alpha_left(store, run_id, guessed, questions)
+    if guessed.sequential is not None and store.extend_sequential(run_id, guessed, listed):
+        log(f"gate: run {run_id!r} continues to at most {len(questions)} questions")
+    existing = store.get_run(run_id)
+    extensions = existing.registered.extensions if existing is not None else ()
+    store.check_resumable(run_id, replace(guessed, extensions=extensions), listed)
+    final = replace(
+        identified(registration, arms, judge, ask_served(executors, judge)), extensions=extensions
+    )
+    if registration.comparisons:
+        check_alpha_left(store, run_id, final, questions)
+    new = store.register(run_id, final, listed)
+    record_looks(store, run_id)
+    return new
+
+
+def stored_served(store: GateStore, run_id: str) -> Served:
+    """The served models a registered run recorded (to check a resume before asking the servers); the
+    judge's under the key ``judge``."""
+    run = store.get_run(run_id)
+    if run is None:
+        return {JUDGE_ARM: None}
+    reg = run.registered
+    served: Served = {name: identity.get("served_model") for name, identity in reg.arms.items()}
+    served[JUDGE_ARM] = dict(reg.judge.served_model) if reg.judge and reg.judge.served_model else None
+    return served
+
+
+def ask_served(executors: Iterable[Executor], judge: Judge | None = None) -> Served:
+    """What every arm's server, and the judge's, reports serving now (ValueError when one does not serve
+    the model named)."""
+    served: Served = {}
+    for ex in executors:
+        served.update(ex.served_models())
+    if judge is not None:
+        served[JUDGE_ARM] = OpenAIExecutor(judge.endpoint).served_models()[JUDGE_ARM]
+    return served
+
+
+def identified(
+    registration: Registration, arms: Mapping[str, Arm], judge: Judge | None, served: Served
+) -> Registration:
+    """``registration`` with each arm's identity, and the judge's, as registered: an endpoint's with the
+    model ``served`` says its server serves."""
+    identities = {name: arm.identity(served.get(name)) for name, arm in arms.items()}
+    return replace(
+        registration, arms=identities, judge=judge.identity(served.get(JUDGE_ARM)) if judge else None
+    )
+
+
+def population(store: GateStore, run_id: str, requested: str | None) -> str:
+    """The claim a sequential run makes: as requested, else the one a registered run already makes (runs
+    registered before the claim was a choice are ``finite``), else ``superpopulation``."""
+    if requested is not None:
+        return requested
+    run = store.get_run(run_id)
+    sequential = run.registered.sequential if run is not None else None
+    return sequential.population if sequential is not None else SUPERPOPULATION
+
+
+def store_carried(
+    store: GateStore, run_id: str, carry: str, lanes: Sequence[tuple[str, int]], questions: Sequence[Question]
+) -> None:
+    """Store the carried fixed run's answers in its continuation (once: a resume finds them stored)."""
+    keys = {(q.dataset, q.id) for q in questions}
+    have = store.answered_keys(run_id)
+    records = [
+        a
+        for a in store.answers(carry)
+        if (a.arm, a.repeat) in lanes
+        and (a.dataset, a.question_id) in keys
+        and (a.arm, a.repeat, a.dataset, a.question_id) not in have
+    ]
+    if records:
+        store.add_answers(run_id, records)
+        log(f"gate: run {run_id!r} carries {len(records)} answers of fixed run {carry!r} (counted once)")
 
 
 def used_questions(store: GateStore, names: Sequence[str]) -> set[QuestionKey]:
@@ -88,7 +182,7 @@ def ledger(
     keys = frozenset(question_key(q) for q in questions)
     entries = store_entries(store)
     here = str(store.path.resolve())
-    with _opened(user) as opened:
+    with nullcontext(user) if user is not None else UserLedger() as opened:
         looks: dict[str, NextLook] = {}
         names: dict[str, str] = {}
         for plan in registration.comparisons:
@@ -108,16 +202,6 @@ def ledger(
                 verdict = replace(verdict, carry=None)
             looks[plan.name], names[plan.name] = verdict, key
         return Ledger(looks, names, opened.path)
-
-
-@contextmanager
-def _opened(user: UserLedger | None) -> Iterator[UserLedger]:
-    """``user`` as given, or the user's ledger opened (and closed) here."""
-    if user is not None:
-        yield user
-        return
-    with UserLedger() as mine:
-        yield mine
 
 
 def check_alpha_left(
@@ -179,22 +263,3 @@ def _snapshot(run: RunRecord, verdict: Ledger, entries: list[Entry]) -> dict[str
             "earlier": [e.describe() for e in {e.id: e for e in look.earlier}.values()],
         }
     return {"path": str(verdict.path), "comparisons": comparisons}
-
-
-def carried_answers(store: GateStore, carry: str, lanes: Sequence[tuple[str, int]]) -> list[AnswerRecord]:
-    """The answers of fixed run ``carry`` in ``lanes``, to be stored in the continuation that carries them."""
-    wanted = set(lanes)
-    return [a for a in store.answers(carry) if (a.arm, a.repeat) in wanted]
-
-
-def carried_order(store: GateStore, carry: str) -> list[QuestionKey]:
-    """The registered order of the fixed run a continuation carries (its questions lead the new order)."""
-    return [(q.dataset, q.question_id) for q in store.questions(carry)]
-
-
-def fixed_run(store: GateStore, run_id: str) -> RunRecord | None:
-    """``run_id`` if it is a fixed gate run of the store, else None."""
-    run = store.get_run(run_id)
-    if run is None or run.kind != "gate" or run.registered.design != "fixed":
-        return None
-    return run
