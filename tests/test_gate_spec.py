@@ -22,12 +22,13 @@ from flyspec.gate.data.spec import (
     SettingRecord,
     TuneRecord,
     from_json,
-    keeping_bets,
+    plan_json,
     to_json,
 )
 from flyspec.gate.data.spec import (
     TestOrder as SettingOrder,  # not Test*: pytest would collect it
 )
+from flyspec.gate.data.store import keeping_bets
 from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialPlan
 
 SEQUENTIAL = SequentialPlan(0.02, 0.025, 100, 100, 3)
@@ -99,7 +100,7 @@ def test_the_stored_layout_keeps_its_keys() -> None:
         "margin": 0.02,
         "alpha": 0.0125,
         "role": "control",
-        "sequential": SEQUENTIAL.to_dict(),
+        "sequential": plan_json(SEQUENTIAL),
     }
     assert gate["judge"]["sampling"] == {"temperature": 0.0, "max_tokens": 32, "seed": 0}
     assert gate["judge"]["kind"] == "openai" and "settings" not in gate and "pilot" not in gate
@@ -136,13 +137,13 @@ OLDER = {
         "gate",
         {
             "gold": {"rate": 0.2, "seed": 0, "source": "human", "draw": 2},
-            "sequential": {**SEQUENTIAL.to_dict(), "method_key": "ppi-mixture", "label_rate": 0.2},
+            "sequential": {**plan_json(SEQUENTIAL), "method_key": "ppi-mixture", "label_rate": 0.2},
         },
         lambda r: r.gold.bet == 1 and r.sequential.label_bet == 1,
     ),
     "a sequential run before its design": (
         "gate",
-        {"sequential": {k: v for k, v in SEQUENTIAL.to_dict().items() if k != "population"}},
+        {"sequential": {k: v for k, v in plan_json(SEQUENTIAL).items() if k != "population"}},
         lambda r: r.design == "sequential" and r.sequential.population == "finite",
     ),
 }
@@ -184,7 +185,7 @@ def test_a_resumed_judged_run_keeps_the_bets_it_registered() -> None:
     old = Registration.read(
         "gate", {**new.to_dict(), "gold": {"rate": 0.2, "seed": 0, "source": "human", "draw": 2}}
     )
-    old = Registration.read("gate", {**old.to_dict(), "sequential": {**judged.to_dict(), "label_bet": 1}})
+    old = Registration.read("gate", {**old.to_dict(), "sequential": {**plan_json(judged), "label_bet": 1}})
     kept = keeping_bets(new, old)
     assert kept.gold is not None and kept.gold.bet == 1
     assert kept.sequential is not None and kept.sequential.label_bet == 1

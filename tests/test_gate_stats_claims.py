@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from flyspec.gate.data.spec import plan_from_json, plan_json
 from flyspec.gate.stats.decide import claim
 from flyspec.gate.stats.judged import JudgedPair
 from flyspec.gate.stats.monitor import CS_METHOD, JUDGED_METHOD, Monitor, SequentialPlan, judged_stop
@@ -39,12 +40,12 @@ def test_the_default_plan_claims_the_method_and_old_registrations_stay_finite() 
         "population_size": 1319,
         "order_seed": 5,
     }
-    read = SequentialPlan.from_registration(old)
+    read = plan_from_json(old)
     assert (read.population, read.method, read.sequence_population) == ("finite", "wsr-mixture", 1319)
     assert "without replacement" in read.description
     assert "these 1319 questions" in read.claim
     for p in (plan, read, dataclasses.replace(plan, method=JUDGED_METHOD, label_rate=0.2, label_bet=2)):
-        assert SequentialPlan.from_registration(p.to_dict()) == p
+        assert plan_from_json(plan_json(p)) == p
     with pytest.raises(ValueError, match="population"):
         claim("everything")
     with pytest.raises(ValueError, match="label rate"):

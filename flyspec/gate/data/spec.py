@@ -1,8 +1,6 @@
-"""The records a run registers, typed, and their one codec: ``to_json``/``from_json`` work from a record's
-fields and type hints, and a field's ``stored(...)`` says where its stored layout differs from its name and
-type. ``Registration.read`` reads every layout flyspec has written (``upgrade``, the one reader of older
-layouts; two retired judged rules are refused, ``refuse_retired``), ``Registration.to_dict`` writes the
-current one (docs/architecture.md, "typed records"; the family rule: docs/statistics.md)."""
+"""The records a run registers, typed, and their one codec (``to_json``/``from_json``, from a record's fields
+and type hints; ``stored(...)`` where a field's layout differs). ``Registration.read`` reads every layout
+flyspec has written (``upgrade``), ``Registration.to_dict`` writes the current one (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any, TypeVar
 from flyspec.gate.data.storefile import refuse_retired
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
-from flyspec.gate.stats.monitor import SequentialPlan
+from flyspec.gate.stats.monitor import DEFAULT_METHOD, SequentialPlan
 from flyspec.gate.stats.sequence import BET, check_bet
 
 Record = TypeVar("Record")
@@ -128,6 +126,37 @@ def _decode(hint: object, value: object) -> object:
 # --------------------------------------------------------------------------------------- the records
 
 
+_PLAN_KEYS = ("margin", "alpha", "max_questions", "population_size", "order_seed")
+_PLAN_ABSENT = {"population": "finite", "method_key": DEFAULT_METHOD, "label_rate": None, "label_bet": 1}
+"""The plan's keys a registration omits at these values: what registrations meant before the keys were
+recorded (the finite claim, the mixture, bets version 1), so those registrations, and their resumes, stay
+as they were."""
+
+
+def plan_json(plan: SequentialPlan) -> dict[str, object]:
+    """A sequential plan as a registration stores it: its method in words and its level beside its fields."""
+    out: dict[str, object] = {"method": plan.description, "margin": plan.margin, "alpha": plan.alpha}
+    out |= {"level": 1 - 2 * plan.alpha} | {key: getattr(plan, key) for key in _PLAN_KEYS[2:]}
+    for key, absent in _PLAN_ABSENT.items():
+        value = getattr(plan, "method" if key == "method_key" else key)
+        if value not in (None, absent):
+            out[key] = value
+    return out
+
+
+def plan_from_json(data: Mapping[str, object]) -> SequentialPlan:
+    """The sequential plan a registration stored (``plan_json``), of any layout."""
+    get = {key: data.get(key, absent) for key, absent in _PLAN_ABSENT.items()}
+    judged = get["label_rate"] is not None
+    return SequentialPlan(
+        **{key: data[key] for key in _PLAN_KEYS},  # type: ignore[arg-type]
+        population=str(get["population"]),
+        method=str(get["method_key"]),
+        label_rate=get["label_rate"] if judged else None,  # type: ignore[arg-type]
+        label_bet=get["label_bet"] if judged else None,  # type: ignore[arg-type]
+    )
+
+
 @dataclass(frozen=True)
 class ComparisonPlan:
     """One registered comparison: the lanes it pairs, its margin, alpha and sequential plan (None: fixed),
@@ -142,7 +171,7 @@ class ComparisonPlan:
     alpha: float
     role: str = "candidate"
     sequential: SequentialPlan | None = stored(
-        default=None, absent=None, encode=SequentialPlan.to_dict, decode=SequentialPlan.from_registration
+        default=None, absent=None, encode=plan_json, decode=plan_from_json
     )
 
     @property
@@ -356,7 +385,7 @@ class Registration:
     order: QuestionOrder | None = None
     design: str | None = stored(default=None, absent=None)
     sequential: SequentialPlan | None = stored(
-        default=None, absent=None, encode=SequentialPlan.to_dict, decode=SequentialPlan.from_registration
+        default=None, absent=None, encode=plan_json, decode=plan_from_json
     )
     listed: tuple[ComparisonPlan, ...] = stored("comparisons", default=(), absent=())
     family: Family | None = stored(default=None, absent=None)
@@ -443,27 +472,6 @@ class Registration:
             out["question_order"] = out.pop("order")
             out.update(to_json(self.tune) if self.tune is not None else {})
         return {key: value for key, value in out.items() if key in _KEYS[self.kind]}
-
-
-def keeping_bets(registration: Registration, stored: Registration | None) -> Registration:
-    """``registration`` with the version of the interval's bets that ``stored`` (the run it resumes, if
-    any) registered: a judged run keeps the bets its first pairs were registered with, so the same
-    command resumes a run registered before the current version."""
-    if stored is None or stored.gold is None or registration.gold is None:
-        return registration
-    bet = stored.gold.bet
-
-    def plan(sequential: SequentialPlan | None) -> SequentialPlan | None:
-        if sequential is None or sequential.label_bet is None:
-            return sequential
-        return replace(sequential, label_bet=bet)
-
-    return replace(
-        registration,
-        gold=replace(registration.gold, bet=bet),
-        sequential=plan(registration.sequential),
-        listed=tuple(replace(c, sequential=plan(c.sequential)) for c in registration.listed),
-    )
 
 
 def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, object]:

@@ -12,8 +12,9 @@ from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TypedDict, TypeVar
 
-from flyspec.gate.data.spec import Extension, Registration, keeping_bets
+from flyspec.gate.data.spec import Extension, Registration
 from flyspec.gate.data.storefile import StoreLock, connect
+from flyspec.gate.stats.monitor import SequentialPlan
 
 Row = TypeVar("Row")
 # Every table that holds a run's rows, besides ``runs``.
@@ -156,6 +157,27 @@ class RunRecord:
             object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
 
 
+def keeping_bets(registration: Registration, stored: Registration | None) -> Registration:
+    """``registration`` with the version of the interval's bets that ``stored`` (the run it resumes, if
+    any) registered: a judged run keeps the bets its first pairs were registered with, so the same
+    command resumes a run registered before the current version."""
+    if stored is None or stored.gold is None or registration.gold is None:
+        return registration
+    bet = stored.gold.bet
+
+    def plan(sequential: SequentialPlan | None) -> SequentialPlan | None:
+        if sequential is None or sequential.label_bet is None:
+            return sequential
+        return replace(sequential, label_bet=bet)
+
+    return replace(
+        registration,
+        gold=replace(registration.gold, bet=bet),
+        sequential=plan(registration.sequential),
+        listed=tuple(replace(c, sequential=plan(c.sequential)) for c in registration.listed),
+    )
+
+
 class GateStore:
     """A gate store file. Use as a context manager or call ``close()``."""
 
@@ -183,7 +205,7 @@ class GateStore:
 
     def keeping_bets(self, run_id: str, registration: Registration) -> Registration:
         """``registration`` keeping the interval's bets that ``run_id`` was registered with, if it is: a
-        resumed judged run goes on with the bets of its first pairs (``spec.keeping_bets``)."""
+        resumed judged run goes on with the bets of its first pairs (``keeping_bets``)."""
         stored = self.get_run(run_id)
         return keeping_bets(registration, stored.registered if stored is not None else None)
 

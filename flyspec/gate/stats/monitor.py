@@ -103,43 +103,6 @@ class SequentialPlan:
         """What a decision of this run speaks about, in one sentence."""
         return claim(self.population, self.population_size)
 
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "method": self.description,
-            "margin": self.margin,
-            "alpha": self.alpha,
-            "level": 1 - 2 * self.alpha,
-            "max_questions": self.max_questions,
-            "population_size": self.population_size,
-            "order_seed": self.order_seed,
-        }
-        # Absent keys read back as the values registrations had before they were recorded (finite, the
-        # mixture), so those registrations, and their resumes, stay exactly as they were.
-        if self.population != "finite":
-            out["population"] = self.population
-        if self.method != DEFAULT_METHOD:
-            out["method_key"] = self.method
-        if self.label_rate is not None:
-            out["label_rate"] = self.label_rate
-        if self.label_bet not in (None, 1):
-            out["label_bet"] = self.label_bet
-        return out
-
-    @classmethod
-    def from_registration(cls, data: Mapping[str, object]) -> SequentialPlan:
-        rate = data.get("label_rate")
-        return cls(
-            margin=float(data["margin"]),  # type: ignore[arg-type]
-            alpha=float(data["alpha"]),  # type: ignore[arg-type]
-            max_questions=int(data["max_questions"]),  # type: ignore[call-overload]
-            population_size=int(data["population_size"]),  # type: ignore[call-overload]
-            order_seed=int(data["order_seed"]),  # type: ignore[call-overload]
-            population=str(data.get("population", "finite")),
-            method=str(data.get("method_key", DEFAULT_METHOD)),
-            label_rate=None if rate is None else float(rate),  # type: ignore[arg-type]
-            label_bet=None if rate is None else int(data.get("label_bet", 1)),  # type: ignore[call-overload]
-        )
-
 
 @dataclass(frozen=True)
 class SequentialStop:

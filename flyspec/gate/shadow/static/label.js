@@ -1,4 +1,4 @@
-// The labelling page (flyspec/gate/shadow/label_page.py). Every answer and request is hostile: text goes
+// The labelling page (flyspec/gate/shadow/label.py). Every answer and request is hostile: text goes
 // into the page through textContent only, never as HTML, so no script, tag or link in it can run.
 "use strict";
 
