@@ -426,42 +426,6 @@ class BoundedMeanSequence:
         self.low, self.high = _grid_bounds(self._first, self._last)
 
 
-def _plug_in_bets(x: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
-    """The fixed-horizon bet before each observation (untruncated), for rows of observations in [0, 1].
-
-    ``lambda_t = sqrt(2 log(2 / alpha) / (horizon sigma_{t-1}^2))`` with the running estimates
-    ``mu_t = (1/2 + sum_{i<=t} x_i) / (t + 1)`` and
-    ``sigma_t^2 = (1/4 + sum_{i<=t} (x_i - mu_i)^2) / (t + 1)``
-    (Waudby-Smith and Ramdas 2024, section 4: the predictable plug-in tuned to n); each bet uses only
-    earlier observations.
-    """
-    steps = np.arange(1, x.shape[-1] + 1, dtype=float)
-    mu = (PRIOR_MEAN + np.cumsum(x, axis=-1)) / (steps + 1)
-    sigma2 = (PRIOR_VARIANCE + np.cumsum((x - mu) ** 2, axis=-1)) / (steps + 1)
-    before = np.concatenate([np.full(x.shape[:-1] + (1,), PRIOR_VARIANCE), sigma2[..., :-1]], axis=-1)
-    return np.sqrt(2.0 * math.log(2.0 / alpha) / (horizon * before))
-
-
-def log_capital(
-    x: np.ndarray, m: float, side: int, alpha: float, horizon: int | None, bet: int = BET
-) -> np.ndarray:
-    """Running log capital of one side at the candidate mean ``m`` (in X units) for rows of observations
-    ``x`` in [0, 1] (shape (runs, n)): ``side=1`` is K+ (it grows when the mean is above m), ``-1`` K-.
-
-    ``BoundedMeanSequence`` for many rows at once (its test reference); a PASS happens exactly when K+ at
-    the margin reaches the threshold.
-    """
-    if not 0.0 < m < 1.0:
-        raise ValueError(f"m={m!r}: must lie strictly inside (0, 1)")
-    room = m if side > 0 else 1.0 - m
-    deviation = side * (x - m)
-    if horizon is None:
-        logs = [np.cumsum(np.log1p((f / room) * deviation), axis=-1) for f in check_bet(bet).fractions]
-        return log_mean_exp(np.stack(logs), axis=0)
-    bets = np.minimum(_plug_in_bets(x, alpha, horizon), check_bet(bet).truncation / room)
-    return np.cumsum(np.log1p(bets * deviation), axis=-1)
-
-
 def log_mean_exp(logs: np.ndarray, axis: int = -1) -> np.ndarray:
     """log of the mean of exp over ``axis`` (a mixture's average capital from its components' logs)."""
     top = logs.max(axis=axis, keepdims=True)
