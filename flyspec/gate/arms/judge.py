@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import httpx
 
 from flyspec.checks import is_int
+from flyspec.gate.arms import parse_arm
 from flyspec.gate.arms.base import ArmSpec, ServedModel, Settings, load_arm_spec
 from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
-from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.questions import Question
 from flyspec.gate.data.spec import JudgeRecord
-from flyspec.gate.grading.judge import (
+from flyspec.gate.grading.graders import (
     DEFAULT_TEMPLATE,
     POSITIONS,
     RULE,
