@@ -206,8 +206,9 @@ def load_arm_spec(spec: ArmSpec, name: str) -> Settings:
     return data
 
 
-def unknown_keys(name: str, data: Mapping[str, object], keys: tuple[str, ...], what: str) -> None:
-    """ValueError naming the keys of ``data`` outside ``keys`` (``what``: the kind of arm, in words)."""
+def unknown_keys(who: str, data: Mapping[str, object], keys: tuple[str, ...], takes: str) -> None:
+    """ValueError naming the keys of ``data`` outside ``keys`` (``who``: ``arm 'x'``; ``takes``: ``engine
+    arms take``)."""
     unknown = sorted(set(data) - set(keys))
     if unknown:
-        raise ValueError(f"arm {name!r}: unknown key(s) {', '.join(unknown)}; {what} take {', '.join(keys)}")
+        raise ValueError(f"{who}: unknown key(s) {', '.join(unknown)}; {takes} {', '.join(keys)}")
