@@ -1,12 +1,7 @@
-"""The arms being compared and the executors that answer for them (docs/gate.md, "Arms"), and the
-registry of their kinds: the only code that knows them all.
-
-``base.py`` holds what every kind shares; a kind is a module (this package's engine in-process,
-``engine.py``; any OpenAI-compatible endpoint, ``endpoint.py``) with ``KIND`` (its name in an arm's
-``kind``), ``KEYS`` (the keys its JSON object takes), ``parse(name, data) -> Arm`` and
-``executors(arms) -> list[Executor]`` (engine arms that differ only in the verifier share one engine). A
-new kind is one such module and one line in ``KINDS``, or, from outside the package, a call of
-``register_arm_kind``. ``judge.py`` is the judge's endpoint: not an arm, but called like one.
+"""The arms being compared and the executors that answer for them (docs/gate.md, "Arms"), and the registry
+of their kinds, the only code that knows them all: a kind is a module (``engine.py``, ``endpoint.py``) with
+``KIND``, ``KEYS``, ``parse`` and ``executors`` (docs/architecture.md, "A kind of arm"). ``judge.py`` is
+the judge's endpoint: not an arm, but called like one.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ KINDS: dict[str, ArmKind] = {
 
 
 def register_arm_kind(kind: str, parse: Callable[[str, Settings], Arm], executors: GroupArms) -> None:
-    """Register a kind of arm from outside the package: ``parse(name, data)`` validates an arm's JSON
-    object (``kind`` included) into an ``Arm``, ``executors(arms)`` groups that kind's arms into
-    ``Executor`` objects (docs/architecture.md, "Adding to the gate"). ValueError for a taken kind."""
+    """Register a kind of arm from outside the package (docs/architecture.md, "Adding to the gate");
+    ValueError for a taken kind."""
     known = KINDS.get(kind)
     if known is not None and (known.parse, known.executors) != (parse, executors):
         raise ValueError(f"arm kind {kind!r} is registered already")

@@ -240,22 +240,10 @@ def grade_against_baseline(grader: str, baseline_output: str, candidate_output: 
 
 @dataclass(frozen=True)
 class Grader:
-    """A grader as the gate knows it, registered once (``register_grader``), the way Inspect registers its
-    scorers. Callers ask the record what the grader needs, never its name.
-
-    ``grade(output, answer)`` grades one answer against its reference; a **pairwise** grader grades the
-    second lane's answer against the first lane's instead (``grade_pair(first, second, argument)``: the two
-    grades), and the run waits for both answers. A **model-graded** grader (``model_graded``: the built-in
-    ``judge``, or a rubric judge registered from outside) is pairwise and asks a model: the run's judge
-    endpoint (``--judge``) compares the two answers in both orders (flyspec/gate/runs/judging.py), so it
-    has neither function and a run with its questions needs a judge. ``reference`` says what a dataset
-    row's ``answer`` must be: ``required``, ``optional`` (shown to a judge) or ``none``; ``parse_reference``
-    turns a structured one (a JSON object) into its text (None: text or a number only).
-    ``check_reference(answer)`` refuses a reference the grader cannot use; by default, grading an empty
-    output with it. ``argument``: the choices after a colon in the grader's name (``NAME:choice``), with
-    the default first, or None when it takes none. ``sandboxed``: it runs the answer's code in the code
-    sandbox (a run says which protections the sandbox has here). ``exact``: it decides right or wrong by a
-    program (so it can label a judged pair as gold)."""
+    """A grader as the gate knows it, registered once (``register_grader``); callers ask the record what
+    the grader needs, never its name (docs/architecture.md, "A grader"). ``check_reference(answer)``
+    refuses a reference the grader cannot use (by default: grading an empty output with it); ``exact``:
+    it decides right or wrong by a program (so it can label a judged pair as gold)."""
 
     name: str
     grade: Callable[[str, str], Grade] | None = None
