@@ -98,7 +98,10 @@ _CODE_START = re.compile(r"^(?:import |from |def |class |@|async def )", re.MULT
 
 @dataclass(frozen=True)
 class CodeTask:
-    """The reference of a code question: the tests, the function under test and the code before it."""
+    """The reference of a code question, stored as JSON (``to_answer``): ``tests``, code that raises when
+    the program is wrong (HumanEval's ``check`` and ``check(entry_point)``, MBPP's asserts);
+    ``entry_point``, the function under test (picks the code block; may be None); ``prefix``, code placed
+    before the model's (HumanEval's prompt: imports, helpers and the stub)."""
 
     tests: str
     entry_point: str | None = None
@@ -177,13 +180,9 @@ def extract_code(output: str, entry_point: str | None = None) -> str:
 
 
 def build_run(code: str, task: CodeTask) -> CodeRun:
-    """What the sandbox runs: the program (``prefix`` then the candidate's code) and the tests.
-
-    Code that defines the entry point is a whole function and goes after the prefix (overriding its
-    stub); anything else continues the prefix directly (a completion of the stub's body). The tests run
-    apart from the program, with the prefix's own definitions and the program's entry point
-    (flyspec/gate/grading/code_exec.py).
-    """
+    """What the sandbox runs: the program (``prefix`` then the candidate's code) and the tests. Code that
+    defines the entry point is a whole function and goes after the prefix (overriding its stub); anything
+    else continues the prefix directly (a completion of the stub's body)."""
     if task.entry_point is not None and not _defines(code, task.entry_point):
         program = task.prefix + code
     else:
