@@ -19,8 +19,8 @@ def test_demo_arms_share_one_engine_and_differ_only_in_who_decodes() -> None:
     """The three arms are one engine configuration (same models, K, dtype, weights): the baseline's requests
     are verified losslessly (standard), the control's decoded by the draft model alone, FLy's by the
     engine's lossy verifier. Arms that differ in anything else could not share the engine's batches."""
+    from flyspec.gate.arms import parse_arm
     from flyspec.gate.arms.engine import engine_groups
-    from flyspec.gate.arms.registry import parse_arm
 
     arms = demo_arms("t", "d", 4, "bfloat16", 8)
     assert [arms[n].get("verification") for n in ("baseline", "control", "candidate")] == [

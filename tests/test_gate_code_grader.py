@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from flyspec.gate.data.datasets import dataset_info, load_dataset
-from flyspec.gate.grading.code_exec import CodeRun, SandboxLimits, run_many
-from flyspec.gate.grading.code_grader import CodeTask, build_run, extract_code
+from flyspec.gate.grading.code_exec import CodeRun, CodeTask, SandboxLimits, build_run, extract_code, run_many
 from flyspec.gate.grading.graders import check_reference, grade
 
 # Generous wall clock (the machine may be busy), short CPU limit (a corrupted solution may loop).

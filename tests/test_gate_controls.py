@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from flyspec.gate import build_report, run_gate
+from flyspec.gate.arms import register_arm_kind
 from flyspec.gate.arms.base import Completion, Job, Sampling
-from flyspec.gate.arms.registry import register_arm_kind
 from flyspec.gate.data.store import GateStore
 
 

@@ -425,9 +425,9 @@ def test_cancelling_an_arm_in_a_shared_engine_frees_its_slots(setup: Setup) -> N
     """EngineExecutor.cancel (what the session asks once a control has decided) aborts that arm's requests
     in flight: none of them is answered afterwards, the slots they held take the other arm's next jobs at
     once, and every job of the arm still deciding is answered with its full greedy output."""
+    from flyspec.gate.arms import parse_arm
     from flyspec.gate.arms.base import Job, Sampling
     from flyspec.gate.arms.engine import EngineExecutor
-    from flyspec.gate.arms.registry import parse_arm
     from flyspec.gate.data.questions import Question
 
     spec = {"kind": "engine", "model": str(setup.target), "dtype": "float32", "max_num_seqs": 4}

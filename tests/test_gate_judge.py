@@ -29,7 +29,7 @@ from tiny_llm import TinyModels
 
 from flyspec.gate.arms.endpoint import EndpointError
 from flyspec.gate.data.store import GateStore
-from flyspec.gate.grading.judge import UNDECIDED, outcome, parse_verdict, preferred
+from flyspec.gate.grading.graders import UNDECIDED, outcome, parse_verdict, preferred
 from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.run import run_gate
 

@@ -28,8 +28,8 @@ from registrations import assert_registrations_round_trip
 from test_gate_cli import _last_json, flyspec  # noqa: F401 - flyspec is a fixture
 from tiny_llm import save_perturbed, save_tiny
 
+from flyspec.gate.arms import parse_arm
 from flyspec.gate.arms.engine import engine_groups
-from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.data.results import setting_status
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.tune_report import build_tune_report

@@ -229,8 +229,8 @@ def test_gate_tune_orders_and_tests_toy_settings(models: Models, tmp_path: Path)
     one engine (they differ only in the verifier), the settings are labelled by the toy's own short
     names, r = 1 (no forgiveness) is ordered first by calibration speed with the baseline's acceptance,
     and the registered settings carry the toy's config to paste."""
+    from flyspec.gate.arms import parse_arm
     from flyspec.gate.arms.engine import engine_groups
-    from flyspec.gate.arms.registry import parse_arm
     from flyspec.gate.report.tune_report import build_tune_report
     from flyspec.gate.runs.tune import TuneOptions, tune
 

@@ -348,8 +348,8 @@ def start(settings: DemoSettings, choice: MarginChoice) -> float:
     longest prompt plus max_tokens, and return the questions a minute it answers here, all three arms
     together (``probe_rate``)."""
     from flyspec.gate import load_dataset
+    from flyspec.gate.arms import parse_arm
     from flyspec.gate.arms.engine import preload
-    from flyspec.gate.arms.registry import parse_arm
 
     arms = settings.arms()
     questions = [q for name in choice.datasets for q in load_dataset(name)]

@@ -1,15 +1,8 @@
 """What every kind of arm shares: the sampling of a run, a job, a completion, and the two protocols an arm
-kind implements (``Arm``, its validated settings, and ``Executor``, what answers its jobs).
-
-The kinds are registered in flyspec/gate/arms/registry.py, which is the only code that knows them: this
-package's engine in-process (engine.py) and any OpenAI-compatible endpoint (endpoint.py). An executor is
-driven in one of two ways (``Executor.drive``, read by flyspec/gate/runs/dispatch.py):
-
-- ``"in_turns"`` (``TurnExecutor``): it computes answers itself and pulls its jobs lazily
-  (``answers``); such executors take turns answer by answer in one thread, so two engines in one process
-  never compete for the CPU and each one's busy time is its own;
-- ``"concurrently"`` (``ConcurrentExecutor``): it waits on others (``serve`` on an asyncio loop), with its
-  own bounded concurrency.
+kind implements (``Arm``, its validated settings, and ``Executor``, what answers its jobs). An executor is
+driven ``"in_turns"`` (``TurnExecutor``: it computes answers itself and pulls its jobs lazily, taking turns
+with the others in one thread, so two engines never compete for the CPU) or ``"concurrently"``
+(``ConcurrentExecutor``: it waits on servers on an asyncio loop); flyspec/gate/runs/dispatch.py drives both.
 """
 
 from __future__ import annotations
@@ -213,8 +206,9 @@ def load_arm_spec(spec: ArmSpec, name: str) -> Settings:
     return data
 
 
-def unknown_keys(name: str, data: Mapping[str, object], keys: tuple[str, ...], what: str) -> None:
-    """ValueError naming the keys of ``data`` outside ``keys`` (``what``: the kind of arm, in words)."""
+def unknown_keys(who: str, data: Mapping[str, object], keys: tuple[str, ...], takes: str) -> None:
+    """ValueError naming the keys of ``data`` outside ``keys`` (``who``: ``arm 'x'``; ``takes``: ``engine
+    arms take``)."""
     unknown = sorted(set(data) - set(keys))
     if unknown:
-        raise ValueError(f"arm {name!r}: unknown key(s) {', '.join(unknown)}; {what} take {', '.join(keys)}")
+        raise ValueError(f"{who}: unknown key(s) {', '.join(unknown)}; {takes} {', '.join(keys)}")

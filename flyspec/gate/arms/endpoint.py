@@ -1,19 +1,10 @@
-"""Endpoint arms: answer gate jobs through an OpenAI-compatible server (vLLM, flyspec serve).
+"""Endpoint arms: answer gate jobs through an OpenAI-compatible server (vLLM, flyspec serve); docs/gate.md,
+"Arms", says what an arm takes, how failed requests are retried and which served model is registered.
 
-``{"kind": "openai", "base_urls": [...], "model", "api_key", "extra_body": {...}, "concurrency", "timeout",
-"max_retries", "backoff"}``: ``concurrency`` requests are in flight per base URL; failed requests
-(connection errors, timeouts, HTTP 429/5xx) are retried with exponential backoff on the next base URL;
-after ``max_retries`` retries the run stops with a clear error and every answer stored so far is kept.
-
-Before the run, each base URL's ``/v1/models`` is read so the registration can say which model the arm
-really is (the card's ``id`` and ``root``); the ``system_fingerprint`` of the first response from each URL
-goes to the run's notes. Per-request acceptance counters are read where the server reports them:
-
-- flyspec serve: the ``spec_decode`` object (all four counters, forgiven tokens included);
-- vLLM with ``--per-request-spec-decode-metrics``: ``metrics.speculative_decoding`` with
-  ``num_spec_steps``, ``num_draft_tokens`` and ``num_accepted_draft_tokens`` (no forgiven count);
-
-otherwise the counters are stored as NULL and the report says "not reported", never zero.
+Per-request acceptance counters are read where the server reports them: flyspec serve's ``spec_decode``
+object (all four counters), vLLM's ``metrics.speculative_decoding`` with
+``--per-request-spec-decode-metrics`` (no forgiven count); otherwise they are stored as NULL and the
+report says "not reported", never zero.
 """
 
 from __future__ import annotations
@@ -127,7 +118,7 @@ def _normalise_url(url: object, name: str) -> str:
 
 def parse(name: str, data: Settings) -> OpenAIArm:
     """An endpoint arm from its JSON object; ValueError names the arm, the field and the rule."""
-    unknown_keys(name, data, KEYS, "endpoint arms")
+    unknown_keys(f"arm {name!r}", data, KEYS, "endpoint arms take")
     if ("base_urls" in data) == ("base_url" in data):
         raise ValueError(f"arm {name!r}: give exactly one of base_url (a URL) or base_urls (a list of URLs)")
     urls = data["base_urls"] if "base_urls" in data else [data["base_url"]]
@@ -232,22 +223,27 @@ class OpenAIExecutor:
         self.served: dict[str, ModelCard] = {}
 
     def describe(self) -> str:
-        """One line for logs: what this executor runs, for which arm."""
         return f"endpoint {', '.join(self.arm.base_urls)} (model {self.arm.model}) for arm {self.arm.name}"
 
     @property
     def max_in_flight(self) -> int:
-        """Requests in flight at once over all base URLs."""
         return self.arm.concurrency * len(self.arm.base_urls)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.arm.api_key}"} if self.arm.api_key else {}
 
-    def prepare(self) -> None:
-        """Read every base URL's /v1/models card for the arm's model (ValueError if it is not served)."""
+    def served_models(self) -> Served:
+        """The arm's served model (``id`` and ``root``), read now from every base URL's /v1/models card;
+        ValueError when a URL does not serve the arm's model or two URLs serve different models."""
         with httpx.Client(timeout=min(self.arm.timeout, 30.0), headers=self._headers()) as client:
             for url in self.arm.base_urls:
                 self.served[url] = self._model_card(client, url)
+        cards = {(c["id"], c["root"]) for c in self.served.values()}
+        if len(cards) > 1:
+            listing = "; ".join(f"{u}: id {c['id']}, root {c['root']}" for u, c in self.served.items())
+            raise ValueError(f"arm {self.arm.name!r}: its base URLs serve different models ({listing})")
+        (served_id, root), *_ = cards
+        return {self.arm.name: {"id": served_id, "root": root}}
 
     def _model_card(self, client: httpx.Client, url: str) -> ModelCard:
         last_error = ""
@@ -284,34 +280,14 @@ class OpenAIExecutor:
             )
         return {"id": card.get("id"), "root": card.get("root"), "reported": True}
 
-    def served_models(self) -> Served:
-        """The arm's served model, read now from every base URL's /v1/models (``served_model``)."""
-        self.prepare()
-        return {self.arm.name: self.served_model()}
-
     def start(self) -> None:
-        """Nothing to load: the server is running (its cards are read by ``served_models``)."""
-
-    def served_model(self) -> ServedModel:
-        """The served model's id and root (from the first base URL) for the registration.
-
-        ValueError when two base URLs of one arm serve different models: they would not be one arm.
-        """
-        if not self.served:
-            self.prepare()
-        cards = {(c["id"], c["root"]) for c in self.served.values()}
-        if len(cards) > 1:
-            listing = "; ".join(f"{u}: id {c['id']}, root {c['root']}" for u, c in self.served.items())
-            raise ValueError(f"arm {self.arm.name!r}: its base URLs serve different models ({listing})")
-        first = next(iter(self.served.values()))
-        return {"id": first["id"], "root": first["root"]}
+        """Nothing to load: the server is running."""
 
     def take_prefix_cache(self) -> None:
         """A server's prefix cache is its own business (see its /metrics)."""
         return None
 
     def facts(self) -> dict[str, object]:
-        """What the run's notes record about this executor."""
         return {
             "kind": KIND,
             "arms": [self.arm.name],

@@ -1,26 +1,13 @@
 """Engine arms: this package's engine, in-process, answering through the public `LLM.stream` API.
 
-``{"kind": "engine", "model", "speculative_config", "dtype", "device", "max_num_seqs", ...}``: the fields
-of ``EngineConfig`` (flyspec/config.py), validated by it. The identity records the verification policy: the
-canonical ``speculative_config`` names it (``rejection_sample_method``) with every setting of it (FLy's or
-typical acceptance's fields, a lossless prefix when there is one). Two engine arms that differ only in the
-verifier (standard vs a lossy policy, same model, draft, dtype and quantization) share ONE engine started
-with the lossy policy; the standard arm's requests ask for ``verification="standard"``, which is lossless
-(docs/verification.md). An arm's ``verification`` ("target_only" or "draft_only") chooses who decodes its
-requests in that shared engine: the target alone (lossless, without drafts) or the draft model alone (the
-limit of lossy verification: every draft token kept; ``flyspec demo``'s control).
-
-Work is fed continuously in the run's order: `LLM.stream` pulls the next request the moment a slot frees
-up, so the batch stays full and no answer waits for the longest answer of a chunk. When two arms share the
-engine, the jobs of both arms for one question arrive side by side, so a pair completes at about the same
-time. The number in flight is the engine's admission cap (min(max_num_seqs, max_num_batched_tokens //
-(1 + K))): more would only wait in the scheduler's queue.
-
-The KV cache is sized for the run's work (``size_for_work``, before the engine starts): the admission
-cap times the longest prompt of the run's questions plus the registered max_tokens
-(``kv_cache_request_len``), not times max_model_len. An arm that sets ``kv_cache_request_len`` or
-``kv_cache_memory_bytes`` itself keeps its own. The size is not part of an arm's identity: it decides
-no answer's tokens, only how much memory the engine may hold.
+An arm is the fields of ``EngineConfig`` (flyspec/config.py, which validates them) with an optional
+``verification``; its identity is its canonical settings, the verification policy included. Arms that
+differ only in the verifier share ONE engine started with the lossy policy (docs/gate.md, "Arms"); an
+arm's ``verification`` chooses who decodes its requests there (``REQUEST_MODES``). `LLM.stream` pulls the
+next request the moment a slot frees up, so the batch stays full; the two arms' jobs for one question
+arrive side by side. The KV cache is sized for the run's work (``size_for_work``: the admission cap times
+the longest prompt plus max_tokens), unless the arm sizes it itself; the size decides no answer's tokens,
+so it is not part of the identity.
 """
 
 from __future__ import annotations
@@ -113,7 +100,7 @@ def _default(f: dataclasses.Field[object]) -> object:
 
 def parse(name: str, data: Settings) -> EngineArm:
     """An engine arm from its JSON object; ValueError names the arm, the field and the rule."""
-    unknown_keys(name, data, KEYS, "engine arms")
+    unknown_keys(f"arm {name!r}", data, KEYS, "engine arms take")
     settings = {k: v for k, v in data.items() if k not in ("kind", "verification")}
     mode = data.get("verification")
     if mode is not None and mode not in REQUEST_MODES:
@@ -247,12 +234,9 @@ def executors(arms: list[EngineArm]) -> list[EngineExecutor]:
 
 
 class EngineExecutor:
-    """Answers the jobs of one or more engine arms with one engine started from the first arm's config
-    (a ``TurnExecutor``: flyspec/gate/arms/base.py).
-
-    A standard arm inside an engine started with a lossy policy asks for ``verification="standard"`` per
-    request, which is lossless (docs/verification.md).
-    """
+    """Answers the jobs of one or more engine arms with one engine started from the first arm's config (a
+    ``TurnExecutor``); a standard arm in an engine started with a lossy policy asks for
+    ``verification="standard"`` per request, which is lossless (docs/verification.md)."""
 
     drive = "in_turns"
 
@@ -275,11 +259,9 @@ class EngineExecutor:
 
     @property
     def shared(self) -> bool:
-        """Whether several arms share this engine."""
         return len(self.arms) > 1
 
     def describe(self) -> str:
-        """One line for logs: what this executor runs, for which arms."""
         return f"engine {self.lead.config['model']} for arm(s) {', '.join(self.arms)}"
 
     def served_models(self) -> Served:
@@ -315,7 +297,6 @@ class EngineExecutor:
         return queries, hits
 
     def facts(self) -> dict[str, object]:
-        """What the run's notes record about this executor."""
         return {
             "kind": KIND,
             "arms": sorted(self.arms),
@@ -327,11 +308,8 @@ class EngineExecutor:
         }
 
     def answers(self, jobs: Iterable[Job], sampling: Sampling) -> Iterator[tuple[Job, Completion]]:
-        """Answer ``jobs`` (pulled lazily, in order) and yield each answer as soon as it finishes.
-
-        Ending ``jobs`` early lets the requests in flight finish (they are still yielded); closing this
-        generator aborts them.
-        """
+        """``TurnExecutor.answers``; ending ``jobs`` early lets the requests in flight finish (they are
+        still yielded)."""
         from flyspec.llm import GenerationRequest, RequestRejected
         from flyspec.sampling_params import SamplingParams
 

@@ -1,8 +1,6 @@
 """The judge's endpoint: its settings (``parse_judge``), the prompt it is shown for a question and the
-client that asks it, from a small thread pool, with the retries of an endpoint arm.
-
-What the verdicts mean, the prompt templates and how two verdicts make an outcome are the judge's rule
-(flyspec/gate/grading/judge.py); which pairs are asked, and when, is the run's (flyspec/gate/runs/judging.py).
+client that asks it, with the retries of an endpoint arm. The judge's rule is in
+flyspec/gate/grading/graders.py; which pairs are asked, and when, is the run's (flyspec/gate/runs/judging.py).
 """
 
 from __future__ import annotations
@@ -15,12 +13,11 @@ from dataclasses import dataclass
 import httpx
 
 from flyspec.checks import is_int
-from flyspec.gate.arms.base import ArmSpec, ServedModel, Settings, load_arm_spec
-from flyspec.gate.arms.endpoint import EndpointError, OpenAIArm, retry_reason
-from flyspec.gate.arms.registry import parse_arm
+from flyspec.gate.arms.base import ArmSpec, ServedModel, Settings, load_arm_spec, unknown_keys
+from flyspec.gate.arms.endpoint import KEYS, EndpointError, OpenAIArm, parse, retry_reason
 from flyspec.gate.data.questions import Question
 from flyspec.gate.data.spec import JudgeRecord
-from flyspec.gate.grading.judge import (
+from flyspec.gate.grading.graders import (
     DEFAULT_TEMPLATE,
     POSITIONS,
     RULE,
@@ -32,20 +29,7 @@ from flyspec.gate.grading.judge import (
 
 JUDGE_ARM = "judge"
 """The judge endpoint's name among a run's arms: the model its server reports is recorded under it."""
-_JUDGE_KEYS = (
-    "kind",
-    "base_url",
-    "base_urls",
-    "model",
-    "api_key",
-    "max_tokens",
-    "seed",
-    "template",
-    "concurrency",
-    "timeout",
-    "max_retries",
-    "backoff",
-)
+_JUDGE_KEYS = (*(k for k in KEYS if k != "extra_body"), "max_tokens", "seed", "template")
 
 
 def request_text(question: Question) -> str:
@@ -99,11 +83,7 @@ def parse_judge(spec: ArmSpec) -> Judge:
     """A judge given as a dict, a JSON object string or a JSON file: ``{"base_url" | "base_urls", "model",
     "api_key", "max_tokens", "seed", "template", "concurrency", "timeout", "max_retries", "backoff"}``."""
     data = load_arm_spec(spec, JUDGE_ARM)
-    unknown = sorted(set(data) - set(_JUDGE_KEYS))
-    if unknown:
-        raise ValueError(
-            f"judge: unknown key(s) {', '.join(unknown)}; a judge takes {', '.join(_JUDGE_KEYS)}"
-        )
+    unknown_keys("judge", data, _JUDGE_KEYS, "a judge takes")
     if data.get("kind", "openai") != "openai":
         raise ValueError(f"judge: kind={data['kind']!r}: a judge is an OpenAI-compatible endpoint ('openai')")
     max_tokens = data.pop("max_tokens", 512)
@@ -115,8 +95,7 @@ def parse_judge(spec: ArmSpec) -> Judge:
         raise ValueError(f"judge: seed={seed!r}: must be an integer >= 0")
     if template not in TEMPLATES:
         raise ValueError(f"judge: template={template!r}: must be one of {', '.join(TEMPLATES)}")
-    endpoint = parse_arm(JUDGE_ARM, {**data, "kind": "openai", "concurrency": data.get("concurrency", 2)})
-    assert isinstance(endpoint, OpenAIArm)
+    endpoint = parse(JUDGE_ARM, {**data, "kind": "openai", "concurrency": data.get("concurrency", 2)})
     return Judge(endpoint, max_tokens, seed, template)
 
 

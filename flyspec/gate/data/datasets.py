@@ -27,7 +27,7 @@ from pathlib import Path
 
 from flyspec.checks import is_int
 from flyspec.gate.data.questions import DatasetInfo, Question, Row, jsonl_rows, table_rows, text_field
-from flyspec.gate.grading.code_grader import CodeTask
+from flyspec.gate.grading.code_exec import CodeTask
 from flyspec.gate.grading.graders import check_grader, check_reference, grader_named
 
 # name -> (package, file inside it, the install command that provides it)

@@ -25,7 +25,7 @@ class Question:
     """One gate question: exactly one of ``prompt`` (plain text) or ``messages`` (chat) is set.
 
     ``answer`` is the reference as the grader reads it: a number or string, a ``code`` question's JSON
-    tests (``flyspec.gate.grading.code_grader.CodeTask``), or empty for ``equivalent_to_baseline``.
+    tests (``flyspec.gate.grading.code_exec.CodeTask``), or empty for ``equivalent_to_baseline``.
     """
 
     id: str

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from flyspec.gate.data.questions import QuestionKey
 from flyspec.gate.data.spec import BASELINE, Gold, Lane
 from flyspec.gate.data.store import AnswerRecord, GateStore, LabelRecord, RegisteredQuestion, RunRecord
-from flyspec.gate.grading.judge import lane_label, pair_hash, preferred
+from flyspec.gate.grading.graders import lane_label, pair_hash, preferred
 from flyspec.gate.stats.decide import INCONCLUSIVE, decide
 from flyspec.gate.stats.judged import JudgedPair, judge_prediction
 from flyspec.gate.stats.monitor import sequential_stop

@@ -1,3 +1,3 @@
-"""Grading: how a model's output becomes right or wrong. The graders (``graders.py``), the code sandbox
-that runs a ``code`` answer against its tests (``code_grader.py``, ``code_exec.py`` and its two processes)
-and the judge's rule for open-ended answers (``judge.py``)."""
+"""Grading: how a model's output becomes right or wrong. The graders and the judge's rule (``graders.py``),
+and code answers with the sandbox that runs them against their tests (``code_exec.py`` and its two
+processes)."""

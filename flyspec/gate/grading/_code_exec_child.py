@@ -1,17 +1,9 @@
-"""The sandbox's own process (see ``flyspec.gate.grading.code_exec``); run as a script, never imported.
+"""The sandbox's own process (flyspec/gate/grading/code_exec.py); run as a script, never imported.
 
 argv: ``CONFIG_JSON STATUS_FD``; stdin: the job as JSON (``program``, ``tests``, ``prefix``,
-``entry_point``, ``limits``). This process (the sandbox's first, in its own namespaces when the kernel
-allows them) builds the file tree the sandbox may see, then starts two processes that share nothing but two
-pipes:
-
-- the **program** process: a fresh interpreter (``_code_exec_program.py``) that executes the model's code
-  and answers calls, with data only;
-- the **test harness**: a fork of this process that runs the prefix and the tests, calling the program's
-  functions through the pipes, and sends its verdict to this process.
-
-This process writes the verdict line, ``{"status", "detail"}`` as JSON, to STATUS_FD. The program process
-never holds STATUS_FD, the verdict pipe or the tests: it cannot reach them, so it cannot forge a pass.
+``entry_point``, ``limits``). It builds the file tree the sandbox may see, starts the program process
+(``_code_exec_program.py``) and forks the test harness, which share only two pipes, and writes the
+harness's verdict, ``{"status", "detail"}`` as JSON, to STATUS_FD, which the program never holds.
 """
 
 import builtins

@@ -1,14 +1,11 @@
-"""The program's side of the code sandbox (see ``flyspec.gate.grading.code_exec``), and the data codec both
-sides use. Run as a script in the program's own process, or loaded by path by ``_code_exec_child.py`` for the
-codec; never imported as part of the package (the sandbox sees only the standard library).
+"""The program's side of the code sandbox (flyspec/gate/grading/code_exec.py), and the data codec both
+sides use; run as a script in the program's own process, or loaded by path by ``_code_exec_child.py`` for
+the codec (it uses only the standard library).
 
-argv: ``REQUEST_FD REPLY_FD LIMITS_JSON``. The process applies its resource limits, disables destructive
-calls, then serves the test harness, which runs in another process: ``load`` executes the model's program,
-``call`` calls one of its functions (or classes) with arguments, and a few more requests let the tests use
-an object the program returned (``getattr``, ``iter``/``next``, ``len``, ``bool``, ``getitem``,
-``contains``). Only data crosses: the tests get numbers, strings, bytes, lists, tuples, dicts, sets,
-ranges and None as plain values the harness builds itself; anything else stays here and is named by a
-handle. Nothing in this process can say whether the tests passed: the verdict is the harness's.
+argv: ``REQUEST_FD REPLY_FD LIMITS_JSON``. It applies its limits, disables destructive calls, then serves
+the harness: ``load`` executes the model's program, ``call`` calls one of its functions, and a few more
+requests use an object the program returned (``getattr``, ``iter``/``next``, ``len``, ``bool``,
+``getitem``, ``contains``). Plain data crosses as values; anything else stays here, named by a handle.
 """
 
 import base64

@@ -1,46 +1,27 @@
-"""Run an untrusted program (a model's code) against trusted tests in a sandbox whose verdict the program
-cannot forge and that reads nothing it does not need.
+"""Code answers and the sandbox that grades them (docs/code-sandbox.md: what it promises, which protections
+each machine gets, what it still allows).
 
-**The verdict.** The program and the tests never share a process. One sandboxed process
-(``_code_exec_child.py``) starts two others that share only two pipes: the **program process**, a fresh
-interpreter that executes the model's code and answers calls (``_code_exec_program.py``), and the
-**test harness**, which runs the tests (and the dataset's prefix code) and calls the program's
-functions through the pipes. Only data crosses: a result is rebuilt in the harness as a plain number,
-string, bytes, list, tuple, dict, set, range or None, so an object that claims to equal everything, a
-patched ``assert``, ``math.isclose`` or ``abs``, or a replaced helper of the prefix stays in the program's
-process; anything else the program returns stays there too and equals only itself. The harness sends its
-verdict to the first process, which writes it to the parent: the program never holds those descriptors or
-the tests, runs as another user than the harness (as root) in a process namespace where it cannot see the
-harness, and the harness is not dumpable, so no frame walk, ``gc`` search, ``/proc`` read, descriptor
-write, exit code or signal can make a pass. A program that exits, crashes, is killed, or breaks the
-protocol fails; so does one whose call was blocked, even when the tests catch the error.
-
-**The sandbox** (what ``isolation()`` finds on this machine, strongest first):
-
-- as root with mount namespaces: a new mount, process and network namespace; a minimal file tree built on
-  a tmpfs (the interpreter and its standard library, the system's shared libraries, /dev/null and
-  friends, all read-only; a private writable /tmp of the file-size limit for the program), nothing else
-  of the machine; a /proc of the sandbox's own process namespace mounted with ``hidepid``; the program
-  and the harness as two unprivileged users (65534 and 65533), which leaves them no capability;
-- Landlock (Linux 5.13+) where the kernel has it, in every mode: reading only those same paths, writing
-  only the program's directory, no TCP (ABI 4), no signal to a process outside (ABI 6);
-- without root: unprivileged user namespaces for the process and network namespaces when allowed, and
-  Landlock for the files.
-
-Every process gets hard resource limits (address space, CPU seconds, file size, open files, processes,
-no core dumps), ``PR_SET_NO_NEW_PRIVS``, an environment of four variables, and a wall-clock timeout after
-which the parent kills them all. ``isolation().missing`` says in plain words which protections this
-machine lacks; the gate prints them once at the start of a run with code questions (docs/code-sandbox.md).
+A ``code`` question's reference is a ``CodeTask``; ``extract_code`` takes the program from a model's output
+and ``build_run`` puts it together with the tests as a ``CodeRun``. ``run_tests`` runs it: the untrusted
+program and the trusted tests never share a process. One sandboxed process (``_code_exec_child.py``)
+starts the **program process** (``_code_exec_program.py``: a fresh interpreter that executes the model's
+code and answers calls) and the **test harness** (the tests and the dataset's prefix, calling the
+program's functions through two pipes; only data crosses). The harness's verdict goes to the first
+process, which writes it to the parent; the program never holds those descriptors nor the tests.
+``isolation()`` finds the strongest sandbox this machine gives (namespaces, a minimal file tree,
+Landlock, two unprivileged users) and ``Isolation.missing`` says what it lacks.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import ctypes
 import ctypes.util
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,6 +85,109 @@ class CodeRun:
             isinstance(self.entry_point, str) and self.entry_point.isidentifier()
         ):
             raise ValueError(f"CodeRun.entry_point={self.entry_point!r}: must be a function name or None")
+
+
+_PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
+# A fence opens at the start of a line (models indent fences inside lists) and closes at a line holding
+# only backticks, or at the end of a truncated output.
+_FENCE = re.compile(
+    r"^[ \t]*```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.MULTILINE | re.DOTALL
+)
+_CODE_START = re.compile(r"^(?:import |from |def |class |@|async def )", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    """The reference of a code question, stored as JSON (``to_answer``): ``tests``, code that raises when
+    the program is wrong (HumanEval's ``check`` and ``check(entry_point)``, MBPP's asserts);
+    ``entry_point``, the function under test (picks the code block; may be None); ``prefix``, code placed
+    before the model's (HumanEval's prompt: imports, helpers and the stub)."""
+
+    tests: str
+    entry_point: str | None = None
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tests, str) or not self.tests.strip():
+            raise ValueError("code answer: 'tests' must be a non-empty string of Python test code")
+        if self.entry_point is not None and (
+            not isinstance(self.entry_point, str) or not self.entry_point.isidentifier()
+        ):
+            raise ValueError(
+                f"code answer: 'entry_point'={self.entry_point!r} must be a Python function name or null"
+            )
+        if not isinstance(self.prefix, str):
+            raise ValueError("code answer: 'prefix' must be a string (code placed before the model's)")
+
+    def to_answer(self) -> str:
+        """The canonical JSON string stored as the question's reference answer."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_answer(cls, answer: str | dict[str, object]) -> CodeTask:
+        """Parse a reference answer (JSON text or an already-parsed object); ValueError names the problem."""
+        if isinstance(answer, str):
+            try:
+                answer = json.loads(answer)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"code answer: must be a JSON object with 'tests' (and optional 'entry_point', "
+                    f"'prefix'); it is not JSON ({exc.msg})"
+                ) from None
+        if not isinstance(answer, dict):
+            raise ValueError(f"code answer: must be an object with 'tests', got {type(answer).__name__}")
+        unknown = set(answer) - {"tests", "entry_point", "prefix"}
+        if unknown:
+            raise ValueError(f"code answer: unknown field(s) {', '.join(sorted(unknown))}")
+        if "tests" not in answer:
+            raise ValueError("code answer: 'tests' is missing")
+        return cls(answer["tests"], answer.get("entry_point"), answer.get("prefix", ""))  # type: ignore[arg-type]
+
+
+def _defines(code: str, entry_point: str) -> bool:
+    pattern = rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\("
+    return re.search(pattern, code, re.MULTILINE) is not None
+
+
+def _compiles(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def extract_code(output: str, entry_point: str | None = None) -> str:
+    """The program in a model's output.
+
+    With markdown fences: among the Python (or untagged) blocks, the last one that defines
+    ``entry_point``; else the only block; else all of them joined. Without fences: the output itself, or,
+    when it does not parse, the text from its first ``import``/``from``/``def``/``class`` line on (prose
+    before the code dropped).
+    """
+    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(output)]
+    if blocks:
+        python = [body for tag, body in blocks if tag in _PYTHON_TAGS] or [body for _, body in blocks]
+        if entry_point is not None:
+            defining = [body for body in python if _defines(body, entry_point)]
+            if defining:
+                return defining[-1]
+        return python[0] if len(python) == 1 else "\n\n".join(python)
+    if _compiles(output):
+        return output
+    start = _CODE_START.search(output)
+    return output[start.start() :] if start else output
+
+
+def build_run(code: str, task: CodeTask) -> CodeRun:
+    """What the sandbox runs: the program (``prefix`` then the candidate's code) and the tests. Code that
+    defines the entry point is a whole function and goes after the prefix (overriding its stub); anything
+    else continues the prefix directly (a completion of the stub's body)."""
+    if task.entry_point is not None and not _defines(code, task.entry_point):
+        program = task.prefix + code
+    else:
+        program = f"{task.prefix}\n\n{code}" if task.prefix else code
+    return CodeRun(program, task.tests, task.prefix, task.entry_point)
 
 
 @dataclass(frozen=True)

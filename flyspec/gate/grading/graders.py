@@ -1,26 +1,23 @@
-"""Graders: turn a model's output and a reference answer into a deterministic right/wrong (docs/gate.md).
+"""Graders: turn a model's output and a reference answer into a deterministic right/wrong (docs/gate.md),
+and the judge's rule for open-ended answers.
 
-- ``gsm8k``: the number after the last ``####``, else the last number in the output; commas, ``$`` and
-  spaces are stripped and values compared as exact rationals (``18.00`` equals ``18``, ``3/4`` equals
-  ``0.75``).
-- ``math``: MATH and AIME answers, compared by ``math-verify`` (LaTeX aware: ``\\boxed{}`` with nested
-  braces, fractions, intervals, ...). math-verify times out with SIGALRM, which only works in the main
-  thread, so this grader refuses to run anywhere else instead of silently grading wrong.
+- ``gsm8k``: the number after the last ``####``, else the last number; commas, ``$`` and spaces stripped,
+  values compared as exact rationals (``18.00`` equals ``18``, ``3/4`` equals ``0.75``).
+- ``math``: MATH and AIME answers, compared by ``math-verify`` (LaTeX aware). math-verify times out with
+  SIGALRM, which only works in the main thread, so this grader refuses to run anywhere else.
 - ``choice``: multiple choice by letter (``Answer: C``, ``\\boxed{C}``, ``(C)``).
 - ``exact``: the whole output, whitespace-trimmed, equals the answer.
-- ``code``: the program in the output (``flyspec.gate.grading.code_grader``) is run with the reference's
-  tests in a separate, limited process (``flyspec.gate.grading.code_exec``); right only if every test
-  passes. A crash, timeout, memory error or ``sys.exit`` is wrong, never an error of the gate.
-- ``judge``: open-ended answers, graded by a judge model that compares both arms' answers in both orders
-  (``flyspec.gate.grading.judge``); like ``equivalent_to_baseline`` it grades a pair, never one answer.
-- ``equivalent_to_baseline[:normaliser]``: for traffic with no reference. Not a per-answer grader: the
-  candidate's output is right when it equals the baseline arm's output for the same question after the
-  named normaliser (``NORMALISERS``), and the baseline is always right (``grade_equivalence``). This
-  measures deviation from the baseline, which is not the same as loss: a deviating answer may be as good.
+- ``code``: the output's program runs against the reference's tests in the sandbox
+  (flyspec/gate/grading/code_exec.py); right only if every test passes.
+- ``judge``: a judge model compares both arms' answers in both orders (the rule below; docs/gate.md,
+  "Open-ended answers: the judge"); like ``equivalent_to_baseline`` it grades a pair, never one answer.
+- ``equivalent_to_baseline[:normaliser]``: for traffic with no reference, the candidate is right when its
+  output equals the baseline's after the normaliser (``NORMALISERS``); this measures deviation, not loss.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -28,8 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from flyspec.gate.grading.code_exec import SandboxLimits, isolation, run_tests
-from flyspec.gate.grading.code_grader import CodeTask, build_run, extract_code
+from flyspec.gate.grading.code_exec import (
+    CodeTask,
+    SandboxLimits,
+    build_run,
+    extract_code,
+    isolation,
+    run_tests,
+)
 
 EQUIVALENCE = "equivalent_to_baseline"
 JUDGE = "judge"
@@ -237,22 +240,10 @@ def grade_against_baseline(grader: str, baseline_output: str, candidate_output: 
 
 @dataclass(frozen=True)
 class Grader:
-    """A grader as the gate knows it, registered once (``register_grader``), the way Inspect registers its
-    scorers. Callers ask the record what the grader needs, never its name.
-
-    ``grade(output, answer)`` grades one answer against its reference; a **pairwise** grader grades the
-    second lane's answer against the first lane's instead (``grade_pair(first, second, argument)``: the two
-    grades), and the run waits for both answers. A **model-graded** grader (``model_graded``: the built-in
-    ``judge``, or a rubric judge registered from outside) is pairwise and asks a model: the run's judge
-    endpoint (``--judge``) compares the two answers in both orders (flyspec/gate/runs/judging.py), so it
-    has neither function and a run with its questions needs a judge. ``reference`` says what a dataset
-    row's ``answer`` must be: ``required``, ``optional`` (shown to a judge) or ``none``; ``parse_reference``
-    turns a structured one (a JSON object) into its text (None: text or a number only).
-    ``check_reference(answer)`` refuses a reference the grader cannot use; by default, grading an empty
-    output with it. ``argument``: the choices after a colon in the grader's name (``NAME:choice``), with
-    the default first, or None when it takes none. ``sandboxed``: it runs the answer's code in the code
-    sandbox (a run says which protections the sandbox has here). ``exact``: it decides right or wrong by a
-    program (so it can label a judged pair as gold)."""
+    """A grader as the gate knows it, registered once (``register_grader``); callers ask the record what
+    the grader needs, never its name (docs/architecture.md, "A grader"). ``check_reference(answer)``
+    refuses a reference the grader cannot use (by default: grading an empty output with it); ``exact``:
+    it decides right or wrong by a program (so it can label a judged pair as gold)."""
 
     name: str
     grade: Callable[[str, str], Grade] | None = None
@@ -389,3 +380,96 @@ def grade(grader: str, output: str, answer: str) -> Grade:
         how = "a judge (--judge)" if found.model_graded else "grade_against_baseline(grader, first, second)"
         raise ValueError(f"the {found.name} grader grades a pair of answers, not one: use {how}")
     return found.grade(output, answer)
+
+
+# ---------------------------------------------------------------------------- the judge's rule
+# The judge is shown the request and both answers twice, the baseline's as A (``AB``) and as B (``BA``),
+# because judges favour a position; the verdicts are predictions that gold labels check
+# (flyspec/gate/stats/judged.py). Its endpoint and client are flyspec/gate/arms/judge.py.
+
+POSITIONS = ("AB", "BA")
+UNDECIDED = ("disagree", "unreadable")
+RULE = (
+    "lost: both orders prefer the baseline; gained: both prefer the candidate; tie: both say tie, or the "
+    "answers are identical; otherwise undecided. The decision rests on gold labels for a random subset of "
+    "the pairs, with the verdicts as predictions (prediction-powered inference)"
+)
+
+TEMPLATES = {
+    "pairwise-v1": (
+        "You are judging two responses to the same request. Decide which response is better: more correct, "
+        "more complete and more useful for what was asked. The order of the responses says nothing about "
+        "their quality, and a longer response is not better for being longer. If they are equally good or "
+        "equally bad, the verdict is a tie.\n\n"
+        "[Request]\n{request}\n{reference}\n"
+        "[Response A]\n{response_a}\n\n"
+        "[Response B]\n{response_b}\n\n"
+        "Explain your reasoning in at most three sentences. Then write the final line exactly as one of:\n"
+        "Verdict: A\nVerdict: B\nVerdict: tie"
+    ),
+}
+DEFAULT_TEMPLATE = "pairwise-v1"
+REFERENCE_BLOCK = "\n[Reference answer, which may be incomplete]\n{reference}\n"
+
+_VERDICT_LINE = re.compile(r"verdict(?:\s+is)?\s*[:=]?\s*[\s*_\[(\"'`]*(A|B|tie)\b", re.IGNORECASE)
+_BRACKETS = re.compile(r"\[\[\s*(A|B|tie)\s*\]\]", re.IGNORECASE)
+# A last line that is only the choice, possibly as "Answer: B" or "The answer is B." (small judges).
+_LAST_LINE = re.compile(
+    r"^(?:(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*[:=]?\s*)?[*_(\[\"']*(A|B|tie)[*_)\]\"']*\.?$",
+    re.IGNORECASE,
+)
+
+
+def parse_verdict(text: str) -> str | None:
+    """``A``, ``B`` or ``tie`` from the judge's output: the last ``Verdict: X`` (markdown emphasis and
+    brackets allowed), else the last ``[[X]]``, else a last line that is only the choice (``B``,
+    ``Answer: B``, ``The answer is B.``); None when there is none of these."""
+    found = _VERDICT_LINE.findall(text) or _BRACKETS.findall(text)
+    if not found:
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        match = _LAST_LINE.match(lines[-1]) if lines else None
+        found = [match.group(1)] if match else []
+    if not found:
+        return None
+    value = found[-1]
+    return "tie" if value.lower() == "tie" else value.upper()
+
+
+def preferred(position: str, verdict: str | None) -> str:
+    """Which lane a verdict prefers: ``first`` (the baseline), ``second`` (the candidate), ``tie``, or
+    ``unreadable`` (no verdict could be read)."""
+    if verdict is None:
+        return "unreadable"
+    if verdict not in ("A", "B"):
+        return "tie"
+    first_is_a = position == "AB"
+    return "first" if (verdict == "A") == first_is_a else "second"
+
+
+def outcome(first: str, second: str) -> str:
+    """The question's outcome from the preferences of the two orders: ``first`` (both prefer the baseline:
+    lost), ``second`` (both prefer the candidate: gained), ``tie`` (both say tie), ``unreadable`` (a
+    verdict could not be read) or ``disagree`` (the orders said different things: the position, not the
+    answer, decided at least one of them). The last two are undecided (``UNDECIDED``)."""
+    if "unreadable" in (first, second):
+        return "unreadable"
+    return first if first == second else "disagree"
+
+
+def pair_hash(first_output: str, second_output: str) -> str:
+    """sha256 of the two outputs judged (a stored judgement is reused only for exactly these)."""
+    return hashlib.sha256(f"{len(first_output)}:{first_output}{second_output}".encode()).hexdigest()
+
+
+def judge_prompt(template: str, request: str, reference: str, response_a: str, response_b: str) -> str:
+    """The judge's prompt for one position: the template filled with the request, the reference block (when
+    the question has a reference answer) and the two responses in this position's order."""
+    block = REFERENCE_BLOCK.format(reference=reference) if reference else ""
+    return TEMPLATES[template].format(
+        request=request, reference=block, response_a=response_a, response_b=response_b
+    )
+
+
+def lane_label(lane: tuple[str, int]) -> str:
+    """How a lane is named in the judgements table (``baseline#0``)."""
+    return f"{lane[0]}#{lane[1]}"

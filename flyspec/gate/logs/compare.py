@@ -1,23 +1,12 @@
-"""``gate compare``: a paired decision from two finished evaluations' per-sample logs, nothing re-run.
+"""``gate compare``: a paired decision from two finished evaluations' per-sample logs, nothing re-run
+(docs/gate.md, "Comparing existing logs").
 
-Each side is an lm-evaluation-harness samples log, an Inspect AI log or one arm of a gate store
-(flyspec/gate/logs/evallogs.py); the two are paired question by question (``pair_logs``) and decided with
-the same rows as a fixed gate run (``report.decisions.fixed_rows``: ``stats.decide`` on Tango's interval at
-level ``1 - 2 alpha``), per task and pooled.
-
-Pairing: both logs must hold exactly the same questions, the same ``(task, question id, epoch)`` keys, and,
-where both logs carry a hash of the same kind (lm-eval's doc/prompt/target hashes, Inspect's input/target,
-the gate store's prompt hash), the same hash. Anything else is refused with a message naming the first few
-mismatching questions each way and how many there are: pairing different questions would make the
-lost/gained counts meaningless.
-
-The logs existed before the margin was chosen, so the margin and alpha are declared after the data and the
-report says so at its top: a margin picked after seeing the results can be picked to give any answer.
-
-Several epochs of one question (Inspect's ``epochs``, a store's repeats) are not independent pairs: the
-paired tests would count one question several times and report an interval that is too narrow. A log
-with several epochs is refused unless ``epoch`` picks one of them (one for both logs, or one per side: two
-runs need not number their epochs alike).
+The two logs (flyspec/gate/logs/evallogs.py) must hold exactly the same ``(task, question id, epoch)``
+keys, with equal hashes where both carry one of a kind (``pair_logs``): pairing different questions would
+make the lost/gained counts meaningless. They are decided with the rows of a fixed gate run
+(``report.decisions.fixed_rows``), per task and pooled, with the margin declared after the data, which the
+report says at its top. Several epochs of one question are not independent pairs, so a log with several is
+refused unless ``epoch`` picks one (for both logs, or one per side).
 """
 
 from __future__ import annotations

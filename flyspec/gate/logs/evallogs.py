@@ -1,23 +1,11 @@
-"""Per-sample results of finished evaluations, read for ``flyspec gate compare`` (nothing is re-run).
+"""Per-sample results of finished evaluations, read for ``flyspec gate compare`` (docs/gate.md, "Comparing
+existing logs", says which formats and how each is keyed and scored).
 
-``read_eval_log(spec)`` reads one side of a comparison and returns an ``EvalLog``: one ``SampleScore``
-``(task, question id, epoch, correct, hashes)`` per question and epoch. ``spec`` is one of:
-
-- an lm-evaluation-harness ``--log_samples`` file ``samples_<task>_<timestamp>.jsonl``, or a folder
-  holding them (searched recursively: lm-eval writes them into a subfolder named after the model). Rows
-  are keyed by task and ``doc_id``; the score is the row's ``metric`` field (default: the first name in
-  the row's ``metrics`` list, i.e. the task's first metric), for one ``filter`` (required when several
-  were logged). ``doc_hash``, ``prompt_hash`` and ``target_hash`` (lm-eval 0.4) are kept.
-- an Inspect AI log (``.eval`` or ``.json``) or a folder of them, read with Inspect's own
-  ``inspect_ai.log.read_eval_log`` (so the format is theirs): keyed by sample id and epoch, scored by
-  the named scorer (required when there are several); the sha256 of each sample's input and target is
-  kept as its hashes.
-- ``STORE.db:RUN:ARM``: one arm of a run in flyspec's gate store (``repeat`` is the epoch, the dataset
-  the task, the registered prompt hash the hash).
-
-Only right/wrong scores are accepted (1/0, 1.0/0.0, true/false, Inspect's ``C``/``I``, and ``N`` for no
-answer, which is wrong): the paired tests count lost and gained questions, so partial credit is refused
-with the file, the question and the value.
+``read_eval_log(spec)`` reads one side: an lm-evaluation-harness ``--log_samples`` file or folder, an
+Inspect AI log or folder (read with Inspect's own ``read_eval_log``), or ``STORE.db:RUN:ARM`` (one arm of
+a gate store). It returns an ``EvalLog``: one ``SampleScore`` per question and epoch. Only right/wrong
+scores are accepted: the paired tests count lost and gained questions, so partial credit is refused with
+the file, the question and the value.
 """
 
 from __future__ import annotations
@@ -196,8 +184,6 @@ def read_lm_eval_samples(
     one (a list of them); a task that logged one filter needs none. Rows of lm-eval versions that wrote
     no ``filter`` or ``metrics`` key are read too (see ``_filter_names`` and ``_metric_names``)."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such lm-eval samples file or folder")
     default, per_task = parse_filters(filter)
     by_task = _lm_eval_tasks(path)
     unknown = sorted(set(per_task) - set(by_task))
@@ -333,8 +319,6 @@ def read_inspect_log(path: str | Path, scorer: str | None = None) -> EvalLog:
             f"{path}: reading Inspect logs needs the inspect-ai package (pip install inspect-ai)"
         ) from None
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such Inspect log file or folder")
     samples: list[SampleScore] = []
     tasks: dict[str, str] = {}
     chosen_scorers: set[str] = set()

@@ -17,8 +17,7 @@ from flyspec.gate.data.ledger import run_entries, store_entries
 from flyspec.gate.data.results import measure_speeds
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
-from flyspec.gate.grading.graders import model_graded
-from flyspec.gate.grading.judge import UNDECIDED, lane_label, outcome, pair_hash, preferred
+from flyspec.gate.grading.graders import UNDECIDED, lane_label, model_graded, outcome, pair_hash, preferred
 from flyspec.gate.report.advice import advice, explanation
 from flyspec.gate.report.decisions import (
     POWER,

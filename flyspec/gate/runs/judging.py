@@ -1,6 +1,6 @@
 """The judge-graded questions of one gate session: pair the two lanes' answers, ask the judge in both
 orders, commit each verdict as it arrives (keyed by the pair's hash, so a resume never asks twice) and grade
-the pair once both are in (the prompt and rule: flyspec/gate/grading/judge.py). Store work stays in the
+the pair once both are in (the prompt and rule: flyspec/gate/grading/graders.py). Store work stays in the
 main thread; only the HTTP calls run in the judge client's threads. Both answers of a judged question are
 committed together. The decision uses the pair (flyspec/gate/data/results.py): the judge's prediction
 and, for the drawn pairs, a gold label (computed here from an exact grader, or a person's, later).
@@ -16,8 +16,16 @@ from flyspec.gate.data.questions import QuestionKey
 from flyspec.gate.data.results import exact_pair, make_pair
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore, JudgementRecord, LabelRecord
-from flyspec.gate.grading.graders import Grade, grade
-from flyspec.gate.grading.judge import POSITIONS, UNDECIDED, lane_label, outcome, pair_hash, preferred
+from flyspec.gate.grading.graders import (
+    POSITIONS,
+    UNDECIDED,
+    Grade,
+    grade,
+    lane_label,
+    outcome,
+    pair_hash,
+    preferred,
+)
 from flyspec.gate.stats.judged import JudgedPair
 from flyspec.gate.stats.monitor import Monitor, SequentialPlan, SequentialStop
 

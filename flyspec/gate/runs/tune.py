@@ -15,8 +15,8 @@ from pathlib import Path
 
 from flyspec.checks import is_int, load_json
 from flyspec.config import LOSSLESS_PREFIX_FIELD, SpeculativeConfig, lossy_policy_names, verification_policy
+from flyspec.gate.arms import make_executors, parse_arm
 from flyspec.gate.arms.base import Arm, Settings, load_arm_spec
-from flyspec.gate.arms.registry import make_executors, parse_arm
 from flyspec.gate.data.results import lane_speeds, setting_status
 from flyspec.gate.data.spec import (
     BASELINE,

@@ -21,9 +21,9 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from flyspec.checks import is_int, is_number
+from flyspec.gate.arms import parse_arm
 from flyspec.gate.arms.base import ArmSpec
 from flyspec.gate.arms.endpoint import OpenAIArm
-from flyspec.gate.arms.registry import parse_arm
 from flyspec.gate.shadow.pairs import ArmAnswer, MirroredPair, Redactor, failed, from_json, from_stream
 
 log = logging.getLogger(__name__)
