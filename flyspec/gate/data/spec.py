@@ -128,9 +128,8 @@ def _decode(hint: object, value: object) -> object:
 
 _PLAN_KEYS = ("margin", "alpha", "max_questions", "population_size", "order_seed")
 _PLAN_ABSENT = {"population": "finite", "method_key": DEFAULT_METHOD, "label_rate": None, "label_bet": 1}
-"""The plan's keys a registration omits at these values: what registrations meant before the keys were
-recorded (the finite claim, the mixture, bets version 1), so those registrations, and their resumes, stay
-as they were."""
+"""The plan's keys left out at these values: what registrations meant before the keys were recorded (the
+finite claim, the mixture, bets version 1), so those registrations and their resumes stay as they were."""
 
 
 def plan_json(plan: SequentialPlan) -> dict[str, object]:
