@@ -8,6 +8,7 @@ yes or no.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 from pathlib import Path
@@ -54,3 +55,11 @@ def load_json(spec: str | Path, who: str, *, inline: str = "{", expected: str = 
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{who}: invalid JSON ({exc.msg} at position {exc.pos})") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -16,11 +16,8 @@ import torch
 
 from flyspec import huge_pages
 
-READ_BYTES = 512 << 20
-"""The buffer `read_bandwidth` reads: far beyond any CPU's last-level cache."""
-
-READ_PASSES = 5
-"""The timed passes `read_bandwidth` keeps the best of."""
+READ_BYTES, READ_PASSES = 512 << 20, 5
+"""The buffer `read_bandwidth` reads (far beyond any CPU's last-level cache) and its timed passes."""
 
 
 def read_bandwidth(threads: int, nbytes: int = READ_BYTES, passes: int = READ_PASSES) -> float:

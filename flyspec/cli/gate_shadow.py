@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flyspec.checks import is_loopback
 from flyspec.cli.options import opt
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def _mount_label_page(app: FastAPI, store: Path, run: str, address: str, token: 
     """Serve the labelling page beside the proxy where the rule allows it (loopback, or a token); say
     where it is, or why it is off."""
     from flyspec.gate.report.build import label_progress
-    from flyspec.gate.shadow.label import check_label_host, is_loopback, label_router
+    from flyspec.gate.shadow.label import check_label_host, label_router
     from flyspec.gate.shadow.run import label_requests
 
     host = address.rpartition(":")[0]

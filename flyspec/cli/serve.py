@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flyspec.checks import is_loopback
 from flyspec.cli.logs import configure_logging
 from flyspec.cli.options import (
     AutoQuantizationOption,
@@ -43,15 +43,6 @@ DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _check_serving(
     host: str,
     port: int,
@@ -81,7 +72,7 @@ def _check_serving(
             raise ValueError(f"{name}={value} is invalid: it must be a number of seconds > 0")
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key is empty: give a key or leave the option out")
-    if not _is_loopback(host) and api_key is None:
+    if not is_loopback(host) and api_key is None:
         logger.warning("binding to %s without --api-key: anyone who can reach this port can use it", host)
 
 

@@ -7,7 +7,6 @@ person's is stored beside it as agreement, never part of the decision.
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 
+from flyspec.checks import is_loopback
 from flyspec.gate.data.results import PendingPair, drawn, gold_rule, record, record_second, request_texts
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
 from flyspec.gate.report.build import LabelProgress
@@ -149,14 +149,6 @@ def submit(store: GateStore, queue: Queue, body: Mapping[str, object]) -> str:
     if by == labeller or not record_second(store, queue.run, pair, KEYS[key], labeller):
         raise LabelRefused(f"{where}: {labeller} labelled it already")
     return "second"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an address) is this machine's loopback."""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_label_host(host: str, token: str | None) -> None:
