@@ -2,7 +2,8 @@
 benchmark) and for tests of proxy mechanics. Not a model: every answer is ``ANSWER`` prefixed with the
 server's name, so who answered is plain to see.
 
-Run one process of it with ``python -m flyspec.bench.scripted_openai NAME PORT``.
+Run one process of it with ``python -m flyspec.bench.scripted_openai NAME PORT [DELAY_MS GAP_MS]`` (the
+wait before answering and between a stream's events: a model's pace).
 """
 
 from __future__ import annotations
@@ -147,4 +148,7 @@ def scripted_app(script: Script) -> FastAPI:
 if __name__ == "__main__":
     import uvicorn
 
-    uvicorn.run(scripted_app(Script(sys.argv[1])), host="127.0.0.1", port=int(sys.argv[2]), log_level="error")
+    name, port, *pace = sys.argv[1:]
+    delay_ms, gap_ms = (float(ms) for ms in pace) if pace else (0.0, 0.0)
+    script = Script(name, delay_s=delay_ms / 1000, gap_s=gap_ms / 1000)
+    uvicorn.run(scripted_app(script), host="127.0.0.1", port=int(port), log_level="error")

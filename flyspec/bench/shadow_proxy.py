@@ -3,9 +3,11 @@ chat requests through `flyspec gate shadow` against the same requests sent to th
 each concurrency, on loopback.
 
 Three processes: a scripted baseline and a scripted candidate (flyspec/bench/scripted_openai.py: fixed
-streamed answers with no generation time, so the proxy's own cost is all that differs) and the shadow
-process, mirroring a share of the requests. The client runs in this process. Direct and proxied rounds
-alternate, so drift in the machine's load falls on both.
+streamed answers, by default with no generation time, so the proxy's own cost is all that differs; or at a
+model's pace, a first event after ``first_ms`` and the next ones ``gap_ms`` apart, where the client, the
+servers and the proxy no longer queue on the same cores as they do against answers that take nothing)
+and the shadow process, mirroring a share of the requests. The client runs in this process. Direct and
+proxied rounds alternate, so drift in the machine's load falls on both.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ def _process(argv: list[str], url: str, log: Path, env: dict[str, str] | None = 
         process.wait(timeout=30)
 
 
-def _scripted(name: str) -> tuple[list[str], str]:
+def _scripted(name: str, first_ms: float, gap_ms: float) -> tuple[list[str], str]:
     port = free_port()
-    argv = [sys.executable, "-m", "flyspec.bench.scripted_openai", name, str(port)]
+    argv = [sys.executable, "-m", "flyspec.bench.scripted_openai", name, str(port), str(first_ms)]
+    argv.append(str(gap_ms))
     return argv, f"http://127.0.0.1:{port}"
 
 
@@ -89,14 +92,19 @@ def _summary(direct: dict[str, Any], proxy: dict[str, Any], concurrency: int) ->
 
 
 def run_shadow_bench(
-    levels: tuple[int, ...] = (1, 8, 32), requests: int = 400, rounds: int = 3, sample: float = 1.0
+    levels: tuple[int, ...] = (1, 8, 32),
+    requests: int = 400,
+    rounds: int = 3,
+    sample: float = 1.0,
+    pace: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, Any]:
     """Measure the proxy at each concurrency of ``levels``: ``rounds`` alternating direct and proxied
-    rounds of ``requests`` requests each, after a warm-up; the shadow mirrors ``sample`` of them."""
+    rounds of ``requests`` requests each, after a warm-up; the shadow mirrors ``sample`` of them. The
+    scripted servers answer at ``pace`` (milliseconds to the first event, between events)."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        base_argv, base = _scripted("base")
-        cand_argv, cand = _scripted("cand")
+        base_argv, base = _scripted("base", *pace)
+        cand_argv, cand = _scripted("cand", *pace)
         port = free_port()
         proxy = f"http://127.0.0.1:{port}"
         shadow_argv = [*CLI, "gate", "shadow", "--baseline", f'{{"base_urls": ["{base}"], "model": "base"}}']
@@ -134,7 +142,8 @@ def run_shadow_bench(
         (line.split()[-1] for line in pairs.splitlines() if line.startswith("flyspec_shadow_pairs_total")),
         "0",
     )
-    settings = {"requests": requests, "rounds": rounds, "sample": sample, "pairs_stored": float(stored)}
+    settings = {"requests": requests, "rounds": rounds, "sample": sample, "pace_ms": list(pace)}
+    settings["pairs_stored"] = float(stored)
     return {"machine": machine, "settings": settings, "levels": results}
 
 
@@ -143,7 +152,8 @@ def to_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Shadow proxy on loopback, {cpu_label(result['machine'])}; streamed chat requests, "
         f"{result['settings']['requests']} x {result['settings']['rounds']} per level and target, "
-        f"share mirrored {result['settings']['sample']:g}.",
+        f"share mirrored {result['settings']['sample']:g}; "
+        + _pace_words(result["settings"].get("pace_ms", [0.0, 0.0])),
         "",
         "| concurrency | direct p50 ms | proxy p50 ms | added p50 ms | direct p99 ms | proxy p99 ms "
         "| added p99 ms | direct req/s | proxy req/s | throughput ratio |",
@@ -155,3 +165,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         cells += [f"{r['direct_rps']:.0f}", f"{r['proxy_rps']:.0f}", f"{r['throughput_ratio']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _pace_words(pace_ms: list[float]) -> str:
+    if not any(pace_ms):
+        return "scripted answers with no generation time."
+    first, gap = pace_ms
+    return f"scripted answers at a model's pace: first event after {first:g} ms, then every {gap:g} ms."

@@ -15,6 +15,10 @@ Levels = Annotated[str, opt("Concurrent streams, comma list, e.g. 1,8,32.")]
 Requests = Annotated[int, opt("Requests per round, for each target (direct and through the proxy).")]
 Rounds = Annotated[int, opt("Alternating rounds per concurrency level.")]
 Sample = Annotated[float, opt("Share of requests the shadow mirrors to the candidate, in (0, 1].")]
+FirstMs = Annotated[
+    float, opt("Milliseconds the scripted servers wait before a stream's first event (0: answers at once).")
+]
+GapMs = Annotated[float, opt("Milliseconds between a stream's events (a model's pace; 0: all at once).")]
 Output = Annotated[Path | None, opt("Write the result (machine, settings, levels) as JSON here.")]
 
 
@@ -23,11 +27,15 @@ def bench_shadow(
     requests: Requests = 400,
     rounds: Rounds = 3,
     sample: Sample = 1.0,
+    first_ms: FirstMs = 0.0,
+    gap_ms: GapMs = 0.0,
     output: Output = None,
 ) -> None:
     """Added latency (p50, p99) and throughput of streamed requests through `flyspec gate shadow`, against
     the same requests sent to the baseline directly, on loopback with scripted servers (no generation
-    time, so the proxy's own cost is all that differs). Run it on an otherwise idle machine."""
+    time, so the proxy's own cost is all that differs; --first-ms and --gap-ms give them a model's pace, so
+    that the client, the servers and the proxy do not all queue on the same cores). Run it on an otherwise
+    idle machine."""
     from flyspec.bench.shadow_proxy import run_shadow_bench, to_markdown
 
     levels = parse_levels(concurrency)
@@ -36,7 +44,10 @@ def bench_shadow(
             raise ValueError(f"{option}={value}: must be at least 1")
     if not 0 < sample <= 1:
         raise ValueError(f"--sample={sample}: must be in (0, 1]")
-    result = run_shadow_bench(levels, requests, rounds, sample)
+    for option, ms in (("--first-ms", first_ms), ("--gap-ms", gap_ms)):
+        if not 0 <= ms <= 60_000:
+            raise ValueError(f"--{option.lstrip('-')}={ms}: must be in [0, 60000] milliseconds")
+    result = run_shadow_bench(levels, requests, rounds, sample, (first_ms, gap_ms))
     print(to_markdown(result))
     if output is not None:
         output.write_text(json.dumps(result, indent=2) + "\n")
