@@ -176,6 +176,10 @@ class VocabMap:
         """Number of draft ids in the intersection."""
         return int(self.allowed.sum())
 
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of draft ids in the intersection (-1 for ids outside it)."""
+        return self.draft_to_target.to(draft_ids.device)[draft_ids]
+
     def greedy_pick(self, draft_logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Argmax draft ids [N] of draft logits [N, draft_vocab_size] over the intersection only.
 
