@@ -152,8 +152,7 @@ def to_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Shadow proxy on loopback, {cpu_label(result['machine'])}; streamed chat requests, "
         f"{result['settings']['requests']} x {result['settings']['rounds']} per level and target, "
-        f"share mirrored {result['settings']['sample']:g}; "
-        + _pace_words(result["settings"].get("pace_ms", [0.0, 0.0])),
+        f"share mirrored {result['settings']['sample']:g}; " + _pace_words(result["settings"]["pace_ms"]),
         "",
         "| concurrency | direct p50 ms | proxy p50 ms | added p50 ms | direct p99 ms | proxy p99 ms "
         "| added p99 ms | direct req/s | proxy req/s | throughput ratio |",

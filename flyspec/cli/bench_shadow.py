@@ -46,7 +46,7 @@ def bench_shadow(
         raise ValueError(f"--sample={sample}: must be in (0, 1]")
     for option, ms in (("--first-ms", first_ms), ("--gap-ms", gap_ms)):
         if not 0 <= ms <= 60_000:
-            raise ValueError(f"--{option.lstrip('-')}={ms}: must be in [0, 60000] milliseconds")
+            raise ValueError(f"{option}={ms}: must be in [0, 60000] milliseconds")
     result = run_shadow_bench(levels, requests, rounds, sample, (first_ms, gap_ms))
     print(to_markdown(result))
     if output is not None:
