@@ -147,13 +147,9 @@ def plan_from_json(data: Mapping[str, object]) -> SequentialPlan:
     """The sequential plan a registration stored (``plan_json``), of any layout."""
     get = {key: data.get(key, absent) for key, absent in _PLAN_ABSENT.items()}
     judged = get["label_rate"] is not None
-    return SequentialPlan(
-        **{key: data[key] for key in _PLAN_KEYS},  # type: ignore[arg-type]
-        population=str(get["population"]),
-        method=str(get["method_key"]),
-        label_rate=get["label_rate"] if judged else None,  # type: ignore[arg-type]
-        label_bet=get["label_bet"] if judged else None,  # type: ignore[arg-type]
-    )
+    values = {key: data[key] for key in _PLAN_KEYS if key in data} | {"population": get["population"]}
+    values |= {"method": get["method_key"], "label_rate": get["label_rate"] if judged else None}
+    return from_json(SequentialPlan, values | {"label_bet": get["label_bet"] if judged else None})
 
 
 @dataclass(frozen=True)
