@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import inspect
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import binom
 
+from flyspec.gate.data.spec import Registration, SamplingRecord
+from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.report.build import build_report
 from flyspec.gate.stats import (
     decide,
     mcnemar,
@@ -25,7 +31,8 @@ from flyspec.gate.stats import (
     questions_needed_noninferiority,
     sequential_decision,
 )
-from flyspec.gate.stats.decide import fixed_sequence
+from flyspec.gate.stats.decide import Evidence, Rule, fixed_sequence
+from flyspec.gate.stats.monitor import SequentialPlan
 from flyspec.gate.stats.simulation import draw_differences
 from flyspec.gate.stats.sizing import Design, flip_rate_upper_bound, plan_noninferiority, simulate
 
@@ -227,3 +234,100 @@ def test_the_public_decide_survives_its_module() -> None:
         [sys.executable, "-c", "import sys; " + script], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "FAIL"
+
+
+def _report_depths(tmp_path: Path, registration: Registration, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Build the report of a run of 40 questions (every baseline answer right, the candidate wrong on 12)
+    and return how many calls below ``build_report`` each ``classify`` made by ``Rule.decide`` was."""
+    questions = [RegisteredQuestion("ds", f"q{i}", i, f"h{i}", "1", "exact") for i in range(40)]
+    with GateStore(tmp_path / "s.sqlite") as store:
+        store.register("r", registration, questions)
+        for i, arm in ((i, arm) for i in range(40) for arm in ("baseline", "candidate")):
+            right = arm == "baseline" or i % 10 > 2
+            store.add_answer(
+                "r",
+                AnswerRecord(arm, 0, "ds", f"q{i}", 7, "x", "1", right, "stop", 1, 1, 0.1, 1, 1, 1, 1, "e"),
+            )
+    depths: list[int] = []
+    rule_module = importlib.import_module("flyspec.gate.stats.decide")
+    rule = rule_module.classify
+
+    def watched(*args: object) -> object:
+        stack = [frame.function for frame in inspect.stack()[1:]]
+        if stack[0] == "decide" and "build_report" in stack:
+            depths.append(stack.index("build_report") + 1)
+        return rule(*args)
+
+    monkeypatch.setattr(rule_module, "classify", watched)
+    build_report(tmp_path / "s.sqlite", "r")
+    return depths
+
+
+@pytest.mark.parametrize("design", ["fixed", "sequential"])
+def test_a_report_reaches_the_rule_in_three_calls(
+    tmp_path: Path, design: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "Which line decided my run?": ``flyspec gate run`` calls ``build_report``, which reaches the rule in
+    three calls (``_build`` -> ``Rule.decide`` -> ``classify``) for a fixed and a sequential run alike, so
+    from the command to ``classify`` is four (a dataset's row of a fixed run is decided further down, by
+    the same ``Rule.decide``). Fails if a layer is put back between them."""
+    arms = {"baseline": {"kind": "engine", "model": "a"}, "candidate": {"kind": "engine", "model": "b"}}
+    plan = SequentialPlan(0.05, 0.025, 40, 40, 0) if design == "sequential" else None
+    registration = Registration(
+        "gate",
+        margin=0.05,
+        alpha=0.025,
+        seed=0,
+        arms=arms,
+        sampling=SamplingRecord(temperature=0.0),
+        design=design,
+        sequential=plan,
+    )
+    depths = _report_depths(tmp_path, registration, monkeypatch)
+    assert depths and min(depths) == 3
+
+
+def test_a_fixed_rule_decides_only_at_its_registered_size() -> None:
+    """A fixed comparison of 300 questions with 200 pairs in hand: INCONCLUSIVE (not final), on the same
+    interval that the rule at 200 questions decides on; with all 300 in, the spec's ``decide`` on the
+    counts, and final."""
+    diffs = [-1] * 40 + [1] * 5 + [0] * 255
+    partial = Rule(0.02, 0.025, 300).decide(Evidence(diffs[:200]))
+    at_hand = Rule(0.02, 0.025, 200).decide(Evidence(diffs[:200]))
+    assert at_hand.decision == "FAIL" and at_hand.final
+    assert (partial.decision, partial.reason, partial.final) == ("INCONCLUSIVE", "in_progress", False)
+    assert (partial.low, partial.high, partial.stopped_at) == (at_hand.low, at_hand.high, 200)
+    whole = Rule(0.02, 0.025, 300).decide(Evidence(diffs))
+    expected = decide(300, 40, 5, 0.02)
+    assert (whole.decision, whole.low, whole.high, whole.reason) == (
+        expected.decision,
+        expected.low,
+        expected.high,
+        "complete",
+    )
+
+
+def test_a_sequential_rule_stops_at_a_pause_or_its_most_questions() -> None:
+    """Pairs completed past a sequential comparison's most questions are never walked (a crossing there
+    would be a look the plan did not register), and a pause recorded last holds the decision where the
+    run was; with neither, the first crossing decides."""
+    diffs = [0, 1] * 10 + [-1] * 400
+    rule = Rule(0.05, 0.025, 20, sequential=True)
+    capped = rule.decide(Evidence(diffs))
+    assert (capped.decision, capped.reason, capped.stopped_at) == ("INCONCLUSIVE", "max_questions", 20)
+    crossed = replace(rule, size=len(diffs)).decide(Evidence(diffs))
+    assert (crossed.decision, crossed.reason) == ("FAIL", "boundary") and 20 < crossed.stopped_at < 420
+
+    @dataclasses.dataclass
+    class Stop:
+        event: str = "stop"
+        reason: str | None = "time_budget"
+        stopped_at: int | None = 30
+
+    paused = replace(rule, size=len(diffs)).decide(Evidence(diffs, [Stop()]))
+    assert (paused.decision, paused.reason, paused.stopped_at, paused.final) == (
+        "INCONCLUSIVE",
+        "time_budget",
+        30,
+        False,
+    )

@@ -14,9 +14,9 @@ from flyspec.gate.data.questions import QuestionKey
 from flyspec.gate.data.spec import BASELINE, Gold, Lane
 from flyspec.gate.data.store import AnswerRecord, GateStore, LabelRecord, RegisteredQuestion, RunRecord
 from flyspec.gate.grading.graders import lane_label, pair_hash, preferred
-from flyspec.gate.stats.decide import INCONCLUSIVE, decide
+from flyspec.gate.stats.decide import Evidence, Rule
 from flyspec.gate.stats.judged import JudgedPair, judge_prediction
-from flyspec.gate.stats.monitor import sequential_stop
+from flyspec.gate.stats.monitor import in_order_diffs, paired_diffs
 
 CANDIDATE: Lane = ("candidate", 0)
 VOTES = {"second": 1, "first": -1}
@@ -247,44 +247,24 @@ class SettingStatus:
 
 
 def setting_status(store: GateStore, run: RunRecord, setting_id: str) -> SettingStatus:
-    """One setting's test, recomputed from the stored answers and its session events: a sequential test
-    stops where its confidence sequence first crossed (or a pause was recorded); a fixed test is decided,
-    on Tango's interval, once every test question has both answers."""
-    reg, lane = run.registered, (setting_id, 0)
+    """One setting's test, decided by its registered rule on the stored answers and its session events: a
+    sequential test stops where its confidence sequence first crossed (or a pause was recorded); a fixed
+    test is decided, on Tango's interval, once every test question has both answers."""
+    reg, lanes = run.registered, (BASELINE, (setting_id, 0))
     correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run.run_id)}
-    questions = store.questions(run.run_id)
+    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     if reg.design == "sequential" and reg.sequential is not None:
-        order = [(q.dataset, q.question_id) for q in questions]
         events = [e for e in store.events(run.run_id) if e.detail.get("setting") == setting_id]
-        s = sequential_stop(order, correct, reg.sequential, events, (BASELINE, lane))
-        low, high = (s.low, s.high) if s.stopped_at else (None, None)
-        return SettingStatus(
-            setting_id,
-            s.decision,
-            s.final,
-            s.reason,
-            s.stopped_at,
-            s.lost,
-            s.gained,
-            low,
-            high,
-            s.loss_detected,
+        rule, evidence = reg.sequential.rule, Evidence(in_order_diffs(order, correct, lanes), events)
+    else:
+        rule, evidence = (
+            Rule(run.margin, run.alpha, len(order)),
+            Evidence(paired_diffs(order, correct, lanes)),
         )
-    pairs = []
-    for q in questions:
-        base = correct.get((*BASELINE, q.dataset, q.question_id))
-        cand = correct.get((*lane, q.dataset, q.question_id))
-        if base is not None and cand is not None:
-            pairs.append((base, cand))
-    lost, gained = sum(b and not c for b, c in pairs), sum(c and not b for b, c in pairs)
-    final = len(pairs) == len(questions)
-    reason = "complete" if final else "in_progress"
-    if not pairs:
-        return SettingStatus(setting_id, INCONCLUSIVE, final, reason, 0, 0, 0, None, None, False)
-    t = decide(len(pairs), lost, gained, run.margin, run.alpha)
-    decision = t.decision if final else INCONCLUSIVE
+    s = rule.decide(evidence)
+    low, high = (s.low, s.high) if s.stopped_at else (None, None)
     return SettingStatus(
-        setting_id, decision, final, reason, len(pairs), lost, gained, t.low, t.high, t.loss_detected
+        setting_id, s.decision, s.final, s.reason, s.stopped_at, s.lost, s.gained, low, high, s.loss_detected
     )
 
 

@@ -23,11 +23,12 @@ from flyspec.gate.report.decisions import (
     POWER,
     Pair,
     by_dataset,
-    decide_fixed,
-    decide_judged,
-    decide_sequential,
+    evidence,
     paired_counts,
     pooled_pairs,
+    report_fixed,
+    report_judged,
+    report_sequential,
     warn_incomplete,
 )
 from flyspec.gate.report.html import html_page
@@ -210,12 +211,14 @@ def _build(
         report.pilot = _pilot(reg, pairs)
         warn_incomplete(report, len(pairs), len(store.questions(run.run_id)))
         return report
+    rule, data = evidence(store, run, reg, correct)
+    decided = (rule, data, rule.decide(data))
     if reg.gold is not None:
-        decide_judged(report, store, correct, reg.gold)
+        report_judged(report, store, correct, decided)
     elif reg.sequential is not None:
-        decide_sequential(report, store, correct)
+        report_sequential(report, store, correct, decided)
     else:
-        decide_fixed(report, store, correct)
+        report_fixed(report, store, correct, decided)
     report.noise = _noise(store, run)
     if run.kind == "gate":
         report.ledger = ledger_summary(store, run, report.comparison)

@@ -1,7 +1,7 @@
-"""How a report reaches its decision, by the run's registered design (docs/statistics.md, "The decision
-rule"): ``decide_judged`` (prediction-powered, on gold labels), ``decide_sequential`` (the run's walk
-replayed along the registered order, flyspec/gate/stats/monitor.py) or ``decide_fixed`` (``stats.decide``
-on Tango's interval per dataset and pooled); every verdict comes from flyspec/gate/stats/decide.py.
+"""How a report reaches its decision (docs/statistics.md, "The decision rule"): ``evidence`` gathers one
+comparison's registered rule and its stored pairs, ``Rule.decide`` (flyspec/gate/stats/decide.py) decides,
+and ``report_fixed``, ``report_sequential`` or ``report_judged`` lay the outcome out in rows beside the
+counts, the exact McNemar test and, for a judged run, the gold labels.
 """
 
 from __future__ import annotations
@@ -10,20 +10,13 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from flyspec.gate.data.results import stored_pairs
-from flyspec.gate.data.spec import Gold
-from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent
+from flyspec.gate.data.spec import Gold, Registration
+from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, decide
-from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
+from flyspec.gate.stats.decide import INCONCLUSIVE, Evidence, Outcome, Rule
+from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision, usable_prefix
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
-from flyspec.gate.stats.monitor import (
-    Monitor,
-    QuestionKey,
-    SequentialStop,
-    in_order_judged,
-    judged_stop,
-    sequential_stop,
-)
+from flyspec.gate.stats.monitor import Monitor, QuestionKey, in_order_diffs, in_order_judged, paired_diffs
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
 
@@ -34,6 +27,8 @@ Correct = dict[tuple[str, int, str, str], bool]
 """Whether each stored answer is correct, by (arm, repeat, dataset, question id)."""
 Groups = dict[str, tuple[int, list[Pair]]]
 """Pairs by dataset (or task): (registered questions, complete pairs)."""
+Decided = tuple[Rule, Evidence, Outcome]
+"""A comparison's registered rule, its evidence and the outcome ``Rule.decide`` gave on it."""
 
 POWER = 0.80
 
@@ -69,21 +64,27 @@ def counted(scope: str, pairs: list[Pair], registered: int, alpha: float) -> Com
     )
 
 
-def _decided(row: Comparison, margin: float, alpha: float) -> Comparison:
-    """A fixed-size row decided by ``stats.decide`` on Tango's interval (INCONCLUSIVE without pairs), with
-    the non-inferiority p and, when INCONCLUSIVE, the questions a fixed run would need at its flip rate."""
+def _decided(
+    row: Comparison, pairs: list[Pair], margin: float, alpha: float, final: Outcome | None = None
+) -> Comparison:
+    """A fixed-size row decided by ``Rule.decide`` at its registered size (INCONCLUSIVE before, with the
+    reading at the pairs in hand kept as ``interim_decision``), with the non-inferiority p and, when
+    INCONCLUSIVE, the questions a fixed run would need at its flip rate."""
     if row.n == 0:
         return replace(row, decision=INCONCLUSIVE)
-    verdict = decide(row.n, row.lost, row.gained, margin, alpha)
+    evidence = Evidence([int(c) - int(b) for b, c in pairs])
+    final = final or Rule(margin, alpha, row.registered).decide(evidence)
+    now = final if final.final else Rule(margin, alpha, row.n).decide(evidence)
     row = replace(
         row,
-        ci_low=verdict.low,
-        ci_high=verdict.high,
+        ci_low=now.low,
+        ci_high=now.high,
         noninferiority_p=noninferiority(row.n, row.lost, row.gained, margin, alpha).p_value,
-        decision=verdict.decision,
-        loss_detected=verdict.loss_detected,
+        decision=final.decision,
+        interim_decision=None if final.final else now.decision,
+        loss_detected=now.loss_detected,
     )
-    if verdict.decision != INCONCLUSIVE:
+    if now.decision != INCONCLUSIVE:
         return row
     plan = plan_noninferiority(row.lost + row.gained, row.n, margin, alpha, POWER)
     return replace(
@@ -137,58 +138,70 @@ def pooled_pairs(groups: Groups) -> list[Pair]:
     return [pair for _, pairs in groups.values() for pair in pairs]
 
 
-def fixed_rows(groups: Groups, margin: float, alpha: float) -> list[Comparison]:
+def fixed_rows(
+    groups: Groups, margin: float, alpha: float, pooled_outcome: Outcome | None = None
+) -> list[Comparison]:
     """Each group's fixed-size comparison (a dataset's, or a compared log's task), then the pooled one:
     counts, exact McNemar, and ``decide`` on Tango's interval (INCONCLUSIVE without pairs)."""
     pooled = (sum(size for size, _ in groups.values()), pooled_pairs(groups))
     return [
-        _decided(counted(scope, pairs, registered, alpha), margin, alpha)
-        for scope, (registered, pairs) in [*groups.items(), ("pooled", pooled)]
-    ]
+        _decided(counted(scope, pairs, registered, alpha), pairs, margin, alpha)
+        for scope, (registered, pairs) in groups.items()
+    ] + [_decided(counted("pooled", pooled[1], pooled[0], alpha), pooled[1], margin, alpha, pooled_outcome)]
 
 
-def decide_fixed(report: ReportData, store: GateStore, correct: Correct) -> None:
-    """A fixed run's rows and decision, at its registered size."""
+def evidence(store: GateStore, run: RunRecord, reg: Registration, correct: Correct) -> tuple[Rule, Evidence]:
+    """The rule ``reg`` registered for its comparison and the stored pairs it decides on: a fixed run's
+    every complete pair; a sequential run's along the registered order up to the first one missing, with
+    the sessions' events; a judged run's judged pairs up to the first waiting for its gold label."""
+    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
+    events = _comparison_events(store.events(run.run_id), reg.lanes[1][0])
+    plan = reg.sequential
+    if reg.gold is not None:
+        seen = in_order_judged(order, stored_pairs(store, run, reg.lanes, reg.gold))
+        usable = usable_prefix(seen)
+        if plan is not None:
+            return plan.rule, Evidence(seen[:usable], events, awaiting=usable < len(seen))
+        judged = Rule(reg.margin, reg.alpha, len(order), label_rate=reg.gold.rate, label_bet=reg.gold.bet)
+        return judged, Evidence(seen[:usable])
+    if plan is not None:
+        return plan.rule, Evidence(in_order_diffs(order, correct, reg.lanes), events)
+    return Rule(reg.margin, reg.alpha, len(order)), Evidence(paired_diffs(order, correct, reg.lanes))
+
+
+def report_fixed(report: ReportData, store: GateStore, correct: Correct, decided: Decided) -> None:
+    """A fixed run's rows at its registered size: each dataset's, and the pooled one that decides."""
     reg = report.registered
     per = by_dataset(store, report.run.run_id, reg.lanes, correct)
-    report.comparisons = fixed_rows(per, reg.margin, reg.alpha)
+    report.comparisons = fixed_rows(per, reg.margin, reg.alpha, decided[2])
     pooled = report.comparisons[-1]
     warn_incomplete(report, pooled.n, pooled.registered)
-    # A pre-registered run is decided at its registered size: deciding on a partial run would be optional
-    # stopping. The interim reading is kept, labelled as such.
-    for c in report.comparisons:
-        if 0 < c.n < c.registered:
-            c.interim_decision, c.decision = c.decision, INCONCLUSIVE
     if report.margin_overridden and pooled.n:
-        other = fixed_rows(per, report.margin, reg.alpha)[-1]
-        decision = other.decision if pooled.n == pooled.registered else INCONCLUSIVE
+        rule, evidence, _ = decided
+        other = replace(rule, margin=report.margin).decide(evidence)
         report.exploratory = Exploratory(
-            report.margin, decision or INCONCLUSIVE, other.ci_low, other.ci_high, other.n, other.loss_detected
+            report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
         )
 
 
-def decide_sequential(report: ReportData, store: GateStore, correct: Correct) -> None:
-    """A sequential run's rows and decision, at the stop its walk reaches along the registered order."""
-    run, reg = report.run, report.registered
-    plan = reg.sequential
-    assert plan is not None
-    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
-    lanes = reg.lanes
-    events = _comparison_events(store.events(run.run_id), lanes[1][0])
-    stop = sequential_stop(order, correct, plan, events, lanes)
+def report_sequential(report: ReportData, store: GateStore, correct: Correct, decided: Decided) -> None:
+    """A sequential run's rows, at the stop its walk reaches along the registered order."""
+    reg = report.registered
+    rule, evidence, stop = decided
+    order = [(q.dataset, q.question_id) for q in store.questions(report.run.run_id)]
     per, pooled = _at_stop(report, store, correct, order, stop)
     # Dataset rows count the pairs the decision used; a fixed-n interval at a stop the data chose would not
     # be valid, and only the pooled sequence decides.
     report.comparisons = [*(counted(ds, p, size, reg.alpha) for ds, (size, p) in per.items()), pooled]
     if report.margin_overridden:
-        other = sequential_stop(order, correct, replace(plan, margin=report.margin), events, lanes)
+        other = replace(rule, margin=report.margin).decide(evidence)
         report.exploratory = Exploratory(
             report.margin, other.decision, other.low, other.high, other.stopped_at, other.loss_detected
         )
 
 
 def _at_stop(
-    report: ReportData, store: GateStore, correct: Correct, order: list[tuple[str, str]], stop: SequentialStop
+    report: ReportData, store: GateStore, correct: Correct, order: list[tuple[str, str]], stop: Outcome
 ) -> tuple[Groups, Comparison]:
     """A sequential run at its stop: the stop on the report, with the minutes of answering until the pair
     that decided was stored (None when it has not decided); the pairs by dataset up to the stop, and the
@@ -230,40 +243,38 @@ def answering_minutes(store: GateStore, run_id: str, until: float | None = None)
     return sum(max(0.0, min(end, until) - start) for start, end in sessions) / 60
 
 
-def decide_judged(report: ReportData, store: GateStore, correct: Correct, gold: Gold) -> None:
+def report_judged(report: ReportData, store: GateStore, correct: Correct, decided: Decided) -> None:
     """A judged run registered with gold labels: the prediction-powered decision (docs/statistics.md), fixed
     (the plug-in bet tuned to the registered size, once every registered pair is in and labelled) or
     sequential (the anytime mixture along the registered order, stopping at its first crossing). The rows
     count pairs, the judge's verdicts and the gold labels; no accuracy is built from the judge's verdicts
     (a judge's "the baseline is at least as good" is not "the baseline is right")."""
     run, reg = report.run, report.registered
-    lanes = reg.lanes
+    gold, (_, _, outcome) = reg.gold, decided
+    assert gold is not None
     order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
     judged = {(q.dataset, q.question_id) for q in store.questions(run.run_id) if gold.judged(q.grader)}
-    pairs = stored_pairs(store, run, lanes, gold)
-    seen = in_order_judged(order, pairs)
+    seen = in_order_judged(order, stored_pairs(store, run, reg.lanes, gold))
     plan = reg.sequential
     if plan is not None:
-        events = _comparison_events(store.events(run.run_id), lanes[1][0])
-        stop = judged_stop(order, pairs, plan, events)
-        per, row = _at_stop(report, store, correct, order, stop)
-        limit = stop.stopped_at
+        per, row = _at_stop(report, store, correct, order, outcome)
+        limit = outcome.stopped_at
         walk = judged_decision(seen[:limit], reg.margin, reg.alpha, gold.rate, "sequential", bet=gold.bet)
     else:
         limit = len(order)
         per = by_dataset(store, report.run.run_id, reg.lanes, correct)
         everything = pooled_pairs(per)
+        # The reading at the pairs in hand (and the values behind it) for the interim and the gold rows.
         walk = judged_decision(
             seen, reg.margin, reg.alpha, gold.rate, "fixed", horizon=len(order), bet=gold.bet
         )
-        complete = walk.usable == len(order)
         row = replace(
             counted("pooled", everything, len(order), reg.alpha),
-            ci_low=walk.low,
-            ci_high=walk.high,
-            decision=walk.decision if complete else INCONCLUSIVE,
-            interim_decision=None if complete or not walk.usable else walk.decision,
-            loss_detected=walk.loss_detected,
+            ci_low=outcome.low,
+            ci_high=outcome.high,
+            decision=outcome.decision,
+            interim_decision=None if outcome.final or not walk.usable else walk.decision,
+            loss_detected=outcome.loss_detected,
         )
         _warn_unlabelled(report, len(everything), len(order), walk.usable)
     rows = [

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from flyspec.gate.data.results import ArmSpeed, SharedThroughput
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import RunRecord
-from flyspec.gate.stats.decide import SUPERPOPULATION, claim
-from flyspec.gate.stats.monitor import SequentialPlan, SequentialStop
+from flyspec.gate.stats.decide import SUPERPOPULATION, Outcome, claim
+from flyspec.gate.stats.monitor import SequentialPlan
 from flyspec.gate.stats.sequence import BET
 
 PPI_FIXED_METHOD = (
@@ -293,7 +293,7 @@ class ReportData:
     speeds: list[ArmSpeed] = field(default_factory=list)
     shared: list[SharedThroughput] = field(default_factory=list)
     pilot: PilotSummary | None = None
-    sequential: SequentialStop | None = None
+    sequential: Outcome | None = None
     exploratory: Exploratory | None = None
     noise: NoiseReference | None = None
     judge: JudgeSummary | None = None

@@ -26,8 +26,9 @@ from flyspec.gate.grading.graders import (
     pair_hash,
     preferred,
 )
+from flyspec.gate.stats.decide import Outcome
 from flyspec.gate.stats.judged import JudgedPair
-from flyspec.gate.stats.monitor import Monitor, SequentialPlan, SequentialStop
+from flyspec.gate.stats.monitor import Monitor, SequentialPlan
 
 Lane = tuple[str, int]
 Item = tuple[Job, Completion, Grade]
@@ -197,9 +198,7 @@ class JudgedRunMonitor(Monitor):
         self.gold = gold
         self.graders = graders
 
-    def add(
-        self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
-    ) -> SequentialStop | None:
+    def add(self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool) -> Outcome | None:
         """One graded answer; only a question its own exact grader grades becomes a pair here."""
         self.correct[(arm, repeat, dataset, question_id)] = correct
         key = (dataset, question_id)

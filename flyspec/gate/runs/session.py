@@ -19,7 +19,8 @@ from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.progress import GateProgress
 from flyspec.gate.runs.settings import RunSettings
-from flyspec.gate.stats.monitor import Monitor, SequentialStop
+from flyspec.gate.stats.decide import Outcome
+from flyspec.gate.stats.monitor import Monitor
 
 Lane = tuple[str, int]
 NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
@@ -156,7 +157,7 @@ class Session:
         ]
         return jobs
 
-    def _store(self, items: list[Item], bar: GateProgress) -> dict[str, SequentialStop]:
+    def _store(self, items: list[Item], bar: GateProgress) -> dict[str, Outcome]:
         """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
         update the monitors and the bar; returns the comparisons' sequential stops they caused."""
         if not items:
@@ -164,7 +165,7 @@ class Session:
         self.store.add_answers(
             self.run_id, [self._record(job, completion, g) for job, completion, g in items]
         )
-        stops: dict[str, SequentialStop] = {}
+        stops: dict[str, Outcome] = {}
         for job, completion, g in items:
             self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
             q = job.question
@@ -336,7 +337,7 @@ class Session:
             self.answering_s += time.monotonic() - started
         return self.reason or "complete"
 
-    def _stopped_by(self, stops: dict[str, SequentialStop], dispatcher: Dispatcher, in_flight: str) -> None:
+    def _stopped_by(self, stops: dict[str, Outcome], dispatcher: Dispatcher, in_flight: str) -> None:
         if not stops or self.reason is not None:
             return
         several = len(self.monitors) > 1

@@ -33,8 +33,8 @@ from flyspec.gate.runs.register import population, register, used_questions
 from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan
 from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
 from flyspec.gate.runs.settings import RunSettings, flag
-from flyspec.gate.stats.decide import PASS
-from flyspec.gate.stats.monitor import PAUSES, Monitor, SequentialPlan
+from flyspec.gate.stats.decide import PASS, PAUSES
+from flyspec.gate.stats.monitor import Monitor, SequentialPlan
 from flyspec.policy_grid import expand_grid, policy_of
 
 DEFAULT_THRESHOLDS = (0.6, 0.3)

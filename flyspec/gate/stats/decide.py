@@ -1,23 +1,26 @@
 """The gate's decision (docs/statistics.md, "The decision rule"): the verdicts' names, the one rule that
-turns an interval of delta into PASS, FAIL or INCONCLUSIVE (``classify``), and every route to it: a fixed
-run's Tango interval (``decide``); a sequential or judged run's first crossing (``Walk``, taken by
-``sequential_decision``, ``judged_decision``, the run's ``Monitor`` and the report's replay); the
-simulations' many runs at once (``crossing_verdicts``, which tests/test_gate_stats_decide.py pins to the
-rule on the same draws, and which also fails if a verdict is assigned anywhere else in the gate); and the
-family rule of ``gate tune`` (``fixed_sequence``). Standard library only at import, so that the command
-line reads the names and checks without numpy or scipy.
+turns an interval of delta into PASS, FAIL or INCONCLUSIVE (``classify``), and ``Rule.decide``, the one
+decision of a comparison on its ``Evidence``, which every run, report, tune setting and compared log
+calls: a fixed run's interval (Tango's for exact grades; the spec's ``decide`` is this on counts), or a
+sequential or judged run's walk to its first crossing (``Walk``). Also the simulations' many runs at once
+(``crossing_verdicts``, which tests/test_gate_stats_decide.py pins to the rule on the same draws, and which
+also fails if a verdict is assigned anywhere else in the gate), and the family rule of ``gate tune``
+(``fixed_sequence``). Standard library only at import, so that the command line reads the names and
+checks without numpy or scipy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
 
 from flyspec.checks import is_number
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from flyspec.gate.stats.judged import JudgedPair
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 NOT_TESTED = "NOT TESTED"
@@ -96,14 +99,14 @@ def crossing_verdicts(passed: np.ndarray, failed: np.ndarray) -> np.ndarray:
 
 
 def decide(n: int, lost: int, gained: int, margin: float, alpha: float = 0.025) -> Decision:
-    """``classify`` on Tango's ``1 - 2 alpha`` interval of delta. A significant McNemar test alone never
-    makes a FAIL: a loss smaller than the margin is what the margin allows; report ``mcnemar`` beside it."""
-    from flyspec.gate.stats.paired import check_counts, net_difference_ci
+    """``classify`` on Tango's ``1 - 2 alpha`` interval of delta (``Rule.decide`` of a fixed run of ``n``
+    pairs). A significant McNemar test alone never makes a FAIL: a loss smaller than the margin is what
+    the margin allows; report ``mcnemar`` beside it."""
+    from flyspec.gate.stats.paired import check_counts
 
     check_counts(n, lost, gained)
-    check_margin_alpha(margin, alpha)
-    low, high = net_difference_ci(n, lost, gained, level=1 - 2 * alpha)
-    return classify(low, high, margin)
+    end = Rule(margin, alpha, n).decide(Evidence([-1] * lost + [1] * gained + [0] * (n - lost - gained)))
+    return Decision(end.decision, end.loss_detected, end.low, end.high)
 
 
 @dataclass(frozen=True)
@@ -118,49 +121,33 @@ class SequentialDecision:
 
 
 class Walk(Generic[ItemT]):
-    """A run's walk along the registered order: the running ``1 - 2 alpha`` bounds after each of ``n``
-    pairs and the rule on them; ``stop``: the ``Decision`` at the first crossing of ``-margin``. Every
-    route walks with it (``SequentialWalk``, or ``JudgedWalk`` of judged.py), so all reach the same stop
-    on the same data."""
+    """The running ``1 - 2 alpha`` bounds of delta along the registered order (``SequentialWalk``, or
+    ``JudgedWalk`` of judged.py) and the counts of the pairs seen; ``Rule.decide`` applies the rule."""
 
     def __init__(self, margin: float) -> None:
         self.margin = margin
         self.n = self.lost = self.gained = self.labelled = 0
         self.low, self.high = -1.0, 1.0
-        self.stop: Decision | None = None
 
     @property
     def can_decide(self) -> bool:
         """Whether the bounds may decide yet (a judged walk waits for its first gold label)."""
         return True
 
-    def _moved(self, bounds: tuple[float, float], d: int, labelled: bool) -> Decision | None:
-        """Count the pair just observed and apply the rule to the new bounds: the decision if they cross."""
+    def _moved(self, bounds: tuple[float, float], d: int, labelled: bool) -> None:
         self.low, self.high = bounds
         self.n += 1
         self.lost += d == -1
         self.gained += d == 1
         self.labelled += labelled
-        now = self.decision()
-        if now.decision == INCONCLUSIVE:
-            return None
-        self.stop = now
-        return now
 
     def decision(self) -> Decision:
         """The rule on the bounds reached so far."""
         return classify(self.low, self.high, self.margin, self.can_decide)
 
-    def add(self, item: ItemT) -> Decision | None:
-        """Observe the next pair; the decision if the bounds now cross, else None."""
+    def add(self, item: ItemT) -> None:
+        """Observe the next pair."""
         raise NotImplementedError
-
-    def run(self, items: Iterable[ItemT]) -> Walk[ItemT]:
-        """Observe ``items`` in order up to the first crossing."""
-        for item in items:
-            if self.add(item) is not None:
-                break
-        return self
 
 
 class SequentialWalk(Walk[int]):
@@ -172,9 +159,144 @@ class SequentialWalk(Walk[int]):
         super().__init__(margin)
         self._sequence = ConfidenceSequence(2.0 * alpha, population_size)
 
-    def add(self, d: int) -> Decision | None:
-        """Observe the next pair's difference; returns the decision if the bounds now cross, else None."""
-        return self._moved(self._sequence.update(d), d, False)
+    def add(self, d: int) -> None:
+        """Observe the next pair's difference."""
+        self._moved(self._sequence.update(d), d, False)
+
+
+DATA_STOPS = ("boundary", "max_questions", "complete")
+"""Reasons a comparison stopped that the data decided: a rerun answers nothing more for it."""
+PAUSES = ("time_budget", "interrupted", "error")
+
+
+class SessionEvent(Protocol):
+    """A session's start or stop as the store records it (``flyspec.gate.data.store.RunEvent``): a stop
+    names why (``reason``) and the in-order prefix reached then (``stopped_at``)."""
+
+    @property
+    def event(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def stopped_at(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Evidence(Generic[ItemT]):
+    """One comparison's data: its complete pairs along the registered order (an exact-graded pair's
+    difference, or a judged pair; a sequential run's up to the first one missing), the run's session
+    ``events`` (a pause recorded last holds the decision where it was), and whether the next pair waits
+    for its gold label (``awaiting``)."""
+
+    items: Sequence[ItemT]
+    events: Sequence[SessionEvent] = ()
+    awaiting: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A comparison's decision and why it stands there (``reason``: one of ``DATA_STOPS``, ``PAUSES`` or
+    ``in_progress``), the pairs it used (``stopped_at``) and the bounds there, the judge's verdicts or the
+    lost/gained counts, the complete pairs (``complete_prefix``), the gold labels a judged run used and
+    whether its prefix waits for one (``awaiting_label``)."""
+
+    decision: str
+    reason: str
+    stopped_at: int
+    low: float
+    high: float
+    loss_detected: bool
+    lost: int
+    gained: int
+    complete_prefix: int
+    labelled: int = 0
+    awaiting_label: bool = False
+
+    @property
+    def final(self) -> bool:
+        """True when the data decided (a rerun answers nothing more)."""
+        return self.reason in DATA_STOPS
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one comparison registered before its first answer, which is all ``decide`` needs besides the
+    data: the margin and one-sided alpha, the registered ``size`` (a sequential run's most questions), the
+    design, and for a judged run its label rate and bets (``label_bet``, sequence.py's ``BET_VERSIONS``)."""
+
+    margin: float
+    alpha: float
+    size: int
+    sequential: bool = False
+    population_size: int | None = None
+    label_rate: float | None = None
+    label_bet: int | None = None
+
+    def __post_init__(self) -> None:
+        check_margin_alpha(self.margin, self.alpha)
+
+    def walk(self) -> Walk[int] | Walk[JudgedPair]:
+        """A fresh walk of this rule's sequence: the prediction-powered one for a judged run (the plug-in
+        bet tuned to ``size`` for a fixed one), else the exact one."""
+        if self.label_rate is None or self.label_bet is None:
+            return SequentialWalk(self.margin, self.alpha, self.population_size)
+        from flyspec.gate.stats.judged import JudgedWalk
+
+        horizon = None if self.sequential else self.size
+        return JudgedWalk(self.label_rate, self.margin, self.alpha, horizon, self.label_bet)
+
+    def decide(
+        self, evidence: Evidence[int] | Evidence[JudgedPair], walk: Walk[int] | Walk[JudgedPair] | None = None
+    ) -> Outcome:
+        """THE decision of one comparison: every run, report, tune setting and compared log reaches PASS,
+        FAIL or INCONCLUSIVE here. A fixed run applies the rule once, on the interval of all its pairs
+        (Tango's for exact grades), and decides only at its registered size; a sequential run walks its
+        confidence sequence along the order and stops at the first crossing of ``-margin``, at a pause
+        recorded last, or at its most questions. ``walk``: one already along the first ``walk.n`` items
+        (a running run's), which goes on from there."""
+        items = evidence.items
+        upto, reason = min(len(items), self.size), "in_progress"
+        last = evidence.events[-1] if evidence.events else None
+        paused = last is not None and last.event == "stop" and last.reason in PAUSES
+        if self.sequential and paused and last.stopped_at is not None:
+            upto, reason = min(last.stopped_at, upto), str(last.reason)
+        elif len(items) >= self.size:
+            reason = "max_questions" if self.sequential else "complete"
+        if not self.sequential and self.label_rate is None:
+            from flyspec.gate.stats.paired import net_difference_ci
+
+            n, lost, gained = len(items), items.count(-1), items.count(1)  # type: ignore[arg-type]
+            if not n:
+                return Outcome(INCONCLUSIVE, reason, 0, -1.0, 1.0, False, 0, 0, 0)
+            low, high = net_difference_ci(n, lost, gained, level=1 - 2 * self.alpha)
+            end = classify(low, high, self.margin, reason == "complete")
+            return Outcome(end.decision, reason, n, low, high, high < 0, lost, gained, n)
+        walk = walk or self.walk()
+        end = classify(walk.low, walk.high, self.margin, walk.can_decide)
+        for item in items[walk.n : upto]:
+            if self.sequential and end.decision != INCONCLUSIVE:
+                break
+            walk.add(item)  # type: ignore[arg-type]
+            end = classify(walk.low, walk.high, self.margin, walk.can_decide)
+        if self.sequential and end.decision != INCONCLUSIVE:
+            reason = "boundary"
+        elif reason == "in_progress" and not self.sequential:
+            end = Decision(INCONCLUSIVE, end.loss_detected, end.low, end.high)
+        return Outcome(
+            end.decision,
+            reason,
+            walk.n,
+            end.low,
+            end.high,
+            end.loss_detected,
+            walk.lost,
+            walk.gained,
+            len(items),
+            walk.labelled,
+            evidence.awaiting and reason != "boundary",
+        )
 
 
 def sequential_decision(
@@ -187,9 +309,9 @@ def sequential_decision(
     values = as_diffs(diffs, ndim=1)
     check_margin_alpha(margin, alpha)
     check_population(population_size, len(values))
-    walk = SequentialWalk(margin, alpha, population_size)
-    end = walk.run(values.tolist()).decision()
-    return SequentialDecision(end.decision, walk.n, end.low, end.high, end.loss_detected)
+    rule = Rule(margin, alpha, len(values), sequential=True, population_size=population_size)
+    end = rule.decide(Evidence(values.tolist()))
+    return SequentialDecision(end.decision, end.stopped_at, end.low, end.high, end.loss_detected)
 
 
 class FixedSequenceResult(NamedTuple):

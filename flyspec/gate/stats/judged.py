@@ -21,7 +21,7 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decide import Decision, Walk, check_margin_alpha
+from flyspec.gate.stats.decide import INCONCLUSIVE, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
 from flyspec.gate.stats.sequence import BET, BoundedMeanSequence
 
@@ -262,10 +262,10 @@ class JudgedWalk(Walk[JudgedPair]):
     def can_decide(self) -> bool:
         return self.labelled > 0
 
-    def add(self, pair: JudgedPair) -> Decision | None:
+    def add(self, pair: JudgedPair) -> None:
         """Observe the next pair (not one waiting for its label)."""
         verdict = int(pair.prediction) if abs(pair.prediction) == 1 else 0
-        return self._moved(self.sequence.update(pair), verdict, pair.gold is not None)
+        self._moved(self.sequence.update(pair), verdict, pair.gold is not None)
 
 
 @dataclass(frozen=True)
@@ -326,7 +326,8 @@ def judged_decision(
         raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
     walk = JudgedWalk(rate, margin, alpha, horizon if design == "fixed" else None, bet)
     for pair in used:
-        if walk.add(pair) is not None and design == "sequential":
+        walk.add(pair)
+        if design == "sequential" and walk.decision().decision != INCONCLUSIVE:
             break
     sequence, stopped, end = walk.sequence, walk.n, walk.decision()
     counts = judge_counts(used[:stopped])

@@ -1,7 +1,7 @@
-"""A sequential run's stopping rule along its registered order (docs/gate.md, "Sequential runs: the
-in-order rule"): the plan it registers, the one ``Monitor`` that walks the run as answers or judged pairs
-complete, and the report's replay of the stored pairs through the same walk (``sequential_stop``,
-``judged_stop``), so both reach the same stop on the same data.
+"""A sequential run along its registered order (docs/gate.md, "Sequential runs: the in-order rule"): the
+plan it registers (``SequentialPlan.rule`` is what ``Rule.decide`` reads), its pairs in that order, and the
+one ``Monitor`` that walks a running run as answers or judged pairs complete and stops it where
+``Rule.decide`` on the same pairs stops.
 """
 
 from __future__ import annotations
@@ -9,10 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
-from typing import Protocol
 
-from flyspec.gate.stats.decide import POPULATIONS, SequentialWalk, claim
-from flyspec.gate.stats.judged import JudgedPair, JudgedWalk, usable_prefix
+from flyspec.gate.stats.decide import (
+    INCONCLUSIVE,
+    POPULATIONS,
+    Evidence,
+    Outcome,
+    Rule,
+    SessionEvent,
+    claim,
+)
+from flyspec.gate.stats.judged import JudgedPair, usable_prefix
 from flyspec.gate.stats.sequence import check_bet
 
 CS_METHOD = (
@@ -29,30 +36,13 @@ METHODS = {
 """Method keys a plan may record: how its confidence sequence is computed (docs/statistics.md)."""
 DEFAULT_METHOD = "wsr-mixture"
 JUDGED_METHOD = "ppi-mixture"
-DATA_STOPS = ("boundary", "max_questions")
-PAUSES = ("time_budget", "interrupted", "error")
 
 QuestionKey = tuple[str, str]
 Lane = tuple[str, int]
 Item = int | JudgedPair
 """One question's entry in a walk: an exact-graded pair's difference, or a judged pair."""
-Walk = SequentialWalk | JudgedWalk
 BASELINE: Lane = ("baseline", 0)
 CANDIDATE: Lane = ("candidate", 0)
-
-
-class SessionEvent(Protocol):
-    """A session's start or stop as the store records it (``flyspec.gate.data.store.RunEvent``): a stop
-    names why (``reason``) and the in-order prefix reached then (``stopped_at``)."""
-
-    @property
-    def event(self) -> str: ...
-
-    @property
-    def reason(self) -> str | None: ...
-
-    @property
-    def stopped_at(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -103,29 +93,19 @@ class SequentialPlan:
         """What a decision of this run speaks about, in one sentence."""
         return claim(self.population, self.population_size)
 
-
-@dataclass(frozen=True)
-class SequentialStop:
-    """Where and why a sequential run stopped (``reason``: one of ``DATA_STOPS``, ``PAUSES`` or
-    ``in_progress``), the bounds there and the pairs' counts (a judged run's: the judge's verdicts, its
-    gold labels, and whether the prefix waits for one, ``awaiting_label``)."""
-
-    decision: str
-    reason: str
-    stopped_at: int
-    low: float
-    high: float
-    loss_detected: bool
-    lost: int
-    gained: int
-    complete_prefix: int
-    labelled: int = 0
-    awaiting_label: bool = False
-
     @property
-    def final(self) -> bool:
-        """True when the data decided the stop (a rerun answers nothing more)."""
-        return self.reason in DATA_STOPS
+    def rule(self) -> Rule:
+        """What ``verdict`` needs of this plan."""
+        judged = self.method == JUDGED_METHOD
+        return Rule(
+            self.margin,
+            self.alpha,
+            self.max_questions,
+            sequential=True,
+            population_size=self.sequence_population,
+            label_rate=self.label_rate if judged else None,
+            label_bet=self.label_bet if judged else None,
+        )
 
 
 def in_order_diffs(
@@ -139,6 +119,13 @@ def in_order_diffs(
     return list(takewhile(lambda d: d is not None, found))
 
 
+def paired_diffs(
+    order: Sequence[QuestionKey], correct: Mapping[tuple[str, int, str, str], bool], lanes: tuple[Lane, Lane]
+) -> list[int]:
+    """The differences of every question with both answers, in the registered order (a fixed run's)."""
+    return [d for d in (_difference(key, correct, lanes) for key in order) if d is not None]
+
+
 def _difference(
     key: QuestionKey, correct: Mapping[tuple[str, int, str, str], bool], lanes: tuple[Lane, Lane]
 ) -> int | None:
@@ -148,67 +135,6 @@ def _difference(
     if base is None or cand is None:
         return None
     return int(cand) - int(base)
-
-
-def _walk(plan: SequentialPlan) -> Walk:
-    """The walk the plan registered: the prediction-powered one for a judged run, else the exact one."""
-    if plan.method != JUDGED_METHOD:
-        return SequentialWalk(plan.margin, plan.alpha, plan.sequence_population)
-    if plan.label_rate is None or plan.label_bet is None:
-        raise ValueError(
-            f"a judged walk needs a plan registered with method {JUDGED_METHOD!r} and a label rate"
-        )
-    return JudgedWalk(plan.label_rate, plan.margin, plan.alpha, bet=plan.label_bet)
-
-
-def _stopped(walk: Walk, reason: str, complete_prefix: int, awaiting: bool = False) -> SequentialStop:
-    """The stop of a walk: at its crossing (``boundary``) or where it ended for ``reason``."""
-    end = walk.decision()
-    reason = "boundary" if walk.stop is not None else reason
-    return SequentialStop(
-        decision=end.decision,
-        reason=reason,
-        stopped_at=walk.n,
-        low=end.low,
-        high=end.high,
-        loss_detected=end.loss_detected,
-        lost=walk.lost,
-        gained=walk.gained,
-        complete_prefix=complete_prefix,
-        labelled=walk.labelled,
-        awaiting_label=awaiting and reason != "boundary",
-    )
-
-
-def _replayed(
-    items: Sequence[Item], plan: SequentialPlan, events: Sequence[SessionEvent], awaiting: bool = False
-) -> SequentialStop:
-    """Where a run stopped, replaying its walk over its complete in-order ``items``: at a pause recorded
-    last (answers completed after it wait for a resume), else at the first crossing, else at
-    ``max_questions`` once every registered pair is in, else ``in_progress``."""
-
-    def walked(reason: str, upto: int) -> SequentialStop:
-        return _stopped(_walk(plan).run(items[:upto]), reason, len(items), awaiting)
-
-    last = events[-1] if events else None
-    if last is not None and last.event == "stop" and last.reason in PAUSES and last.stopped_at is not None:
-        return walked(last.reason, min(last.stopped_at, len(items)))
-    stop = walked("in_progress", len(items))
-    if stop.reason == "in_progress" and len(items) >= plan.max_questions:
-        return walked("max_questions", plan.max_questions)
-    return stop
-
-
-def sequential_stop(
-    order: Sequence[QuestionKey],
-    correct: Mapping[tuple[str, int, str, str], bool],
-    plan: SequentialPlan,
-    events: Sequence[SessionEvent] = (),
-    lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
-) -> SequentialStop:
-    """The stop a sequential run reached, replayed from its stored answers and session ``events``;
-    ``lanes``: the baseline's and candidate's (``gate tune`` pairs the baseline with each setting)."""
-    return _replayed(in_order_diffs(order, correct, lanes), plan, events)
 
 
 def in_order_judged(
@@ -223,14 +149,14 @@ def judged_stop(
     pairs: Mapping[QuestionKey, JudgedPair],
     plan: SequentialPlan,
     events: Sequence[SessionEvent] = (),
-) -> SequentialStop:
+) -> Outcome:
     """``sequential_stop`` for a judged run, whose prefix also ends at the first pair waiting for its gold
     label (``usable_prefix``)."""
     if plan.method != JUDGED_METHOD:
         raise ValueError(f"a judged stop needs a plan registered with method {JUDGED_METHOD!r}")
     seen = in_order_judged(order, pairs)
     usable = usable_prefix(seen)
-    return _replayed(seen[:usable], plan, events, awaiting=usable < len(seen))
+    return plan.rule.decide(Evidence(seen[:usable], events, awaiting=usable < len(seen)))
 
 
 class Monitor:
@@ -250,8 +176,8 @@ class Monitor:
         self.correct: dict[tuple[str, int, str, str], bool] = {}
         self.items: dict[QuestionKey, Item] = {}
         self.prefix = 0
-        self.stop: SequentialStop | None = None
-        self.walk = _walk(plan)
+        self.stop: Outcome | None = None
+        self.walk = plan.rule.walk()
 
     low = property(lambda self: self.walk.low)
     high = property(lambda self: self.walk.high)
@@ -265,9 +191,7 @@ class Monitor:
         nxt = self.items.get(self.order[self.prefix]) if self.prefix < len(self.order) else None
         return nxt is not None and _waiting(nxt)
 
-    def add(
-        self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool
-    ) -> SequentialStop | None:
+    def add(self, arm: str, repeat: int, dataset: str, question_id: str, correct: bool) -> Outcome | None:
         """Record one exact-graded answer; returns the stop if this answer completed the pair that crossed
         (or the last registered pair), else None. After the stop, answers are recorded but change nothing."""
         self.correct[(arm, repeat, dataset, question_id)] = correct
@@ -277,7 +201,7 @@ class Monitor:
             self.items[key] = d
         return self._advance()
 
-    def add_pair(self, key: QuestionKey, pair: JudgedPair) -> SequentialStop | None:
+    def add_pair(self, key: QuestionKey, pair: JudgedPair) -> Outcome | None:
         """Record a judged pair (or its gold label); returns the stop if this completed it, else None."""
         known = self.items.get(key)
         if known is not None and self.order.index(key) < self.prefix and known != pair:
@@ -285,7 +209,7 @@ class Monitor:
         self.items[key] = pair
         return self._advance()
 
-    def _advance(self) -> SequentialStop | None:
+    def _advance(self) -> Outcome | None:
         if self.stop is not None:
             return None
         while self.prefix < len(self.order):
@@ -293,9 +217,11 @@ class Monitor:
             if item is None or _waiting(item):
                 return None
             self.prefix += 1
-            crossed = self.walk.add(item) is not None
-            if crossed or self.prefix >= self.plan.max_questions:
-                self.stop = _stopped(self.walk, "max_questions", self.prefix)
+            self.walk.add(item)  # type: ignore[arg-type]
+            if self.walk.decision().decision != INCONCLUSIVE or self.prefix >= self.plan.max_questions:
+                # The stop is the report's: the rule's decision on the same in-order pairs.
+                done = [self.items[key] for key in self.order[: self.prefix]]
+                self.stop = self.plan.rule.decide(Evidence(done), self.walk)  # type: ignore[arg-type]
                 return self.stop
         return None
 
