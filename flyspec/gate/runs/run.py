@@ -15,8 +15,7 @@ from flyspec.gate.arms import make_executors, parse_arm
 from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.judge import Judge, parse_judge
-from flyspec.gate.data.datasets import dataset_info, load_dataset
-from flyspec.gate.data.questions import Question, QuestionKey, select_questions
+from flyspec.gate.data.questions import Question, QuestionKey, dataset_info, load_dataset, select_questions
 from flyspec.gate.data.spec import (
     BASELINE,
     DEFAULT_GOLD_RATE,
