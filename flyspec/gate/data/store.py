@@ -8,12 +8,13 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, astuple, dataclass, field, fields, replace
+from dataclasses import asdict, astuple, dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TypedDict, TypeVar
 
 from flyspec.gate.data.spec import Extension, Registration
-from flyspec.gate.data.storefile import StoreLock, connect
+from flyspec.gate.data.storefile import connect
 from flyspec.gate.stats.monitor import SequentialPlan
 
 Row = TypeVar("Row")
@@ -137,24 +138,31 @@ class RunNotes(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha and seed (the
-    registration's), its registration as stored (what a resume is compared with, what a report's JSON
-    shows) and typed (``registered``: read it, not the JSON; a report of one comparison replaces it with
-    that comparison's view), and its notes."""
+    """A registered run: its kind (``gate``, ``pilot``, ``tune`` or ``calibration``), its registration as
+    stored (what a resume is compared with, what a report's JSON shows) and typed (``registered``: read
+    it, not the JSON), and its notes."""
 
     run_id: str
     kind: str
     created_at: float
-    margin: float
-    alpha: float
-    seed: int
     registration: dict[str, object]
     notes: RunNotes
-    registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
-    def __post_init__(self) -> None:
-        if self.registered is None:
-            object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
+    @cached_property
+    def registered(self) -> Registration:
+        return Registration.read(self.kind, self.registration)
+
+    @property
+    def margin(self) -> float:
+        return self.registered.margin
+
+    @property
+    def alpha(self) -> float:
+        return self.registered.alpha
+
+    @property
+    def seed(self) -> int:
+        return self.registered.seed
 
 
 def keeping_bets(registration: Registration, stored: Registration | None) -> Registration:
@@ -196,10 +204,6 @@ class GateStore:
     def close(self) -> None:
         """Close the connection (every row is already committed)."""
         self._db.close()
-
-    def lock(self, run_id: str) -> StoreLock:
-        """The store's writer lock for ``run_id`` (a context manager; StoreBusyError names the holder)."""
-        return StoreLock(self.path, run_id)
 
     # ------------------------------------------------------------------------------ registering
 
@@ -386,9 +390,7 @@ class GateStore:
         ).fetchone()
         if row is None:
             return None
-        kind, created_at, stored, notes = row[0], row[1], json.loads(row[2]), json.loads(row[3])
-        r = Registration.read(kind, stored)
-        return RunRecord(run_id, kind, created_at, r.margin, r.alpha, r.seed, stored, notes, r)
+        return RunRecord(run_id, row[0], row[1], json.loads(row[2]), json.loads(row[3]))
 
     def runs(self) -> list[RunRecord]:
         """Every run in the store, oldest first."""

@@ -29,6 +29,7 @@ from flyspec.gate.data.spec import (
     SamplingRecord,
 )
 from flyspec.gate.data.store import GateStore, RunNotes
+from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
 from flyspec.gate.runs.judging import JudgedRunMonitor
 from flyspec.gate.runs.register import (
@@ -260,7 +261,7 @@ def run(options: GateOptions) -> RunResult:
     """Register (or resume) a gate run or pilot and answer what is not yet stored, until done or stopped."""
     planned = plan(options)
     run_id = options.name
-    with GateStore(options.store) as store, store.lock(run_id):
+    with GateStore(options.store) as store, StoreLock(store.path, run_id):
         chosen = _choose(store, planned)
         if chosen.left_out_by:
             by = ", ".join(chosen.left_out_by)
