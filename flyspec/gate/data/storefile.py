@@ -183,18 +183,13 @@ def _describe(holder: dict[str, object]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
     alive = ""
     if holder.get("host") == socket.gethostname() and isinstance(pid := holder.get("pid"), int):
-        alive = "" if _pid_alive(pid) else " (that PID is gone; its lock is being released)"
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            alive = " (that PID is gone; its lock is being released)"
+        except PermissionError:  # it exists, under another user
+            pass
     return (
         f"gate run {holder.get('run_id')!r} (PID {holder.get('pid')}{alive} on {holder.get('host')}, "
         f"started {when}: {holder.get('command')})"
     )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
