@@ -127,6 +127,7 @@ def _columns(record: type) -> dict[str, object]:
 
 
 _WRITTEN = {"created_at": float}
+_BATCH = dict(arm=str, repeat=int, num_answers=int, completion_tokens=int, wall_s=float)
 # The tables of a run's rows besides ``runs``: their columns after ``run_id`` (a record's fields, and when
 # the row was written) and their key. second_labels (a second person's label of a labelled pair, which
 # the decision never reads) was added within version 4: a flyspec that does not know it ignores it.
@@ -143,10 +144,7 @@ _TABLES: dict[str, tuple[dict[str, object], str]] = {
         dict(dataset=str, question_id=str, labeller=str, pair_sha256=str, value=int, detail=dict) | _WRITTEN,
         "UNIQUE (run_id, dataset, question_id, labeller)",
     ),
-    "batches": (
-        dict(arm=str, repeat=int, num_answers=int, completion_tokens=int, wall_s=float) | _WRITTEN,
-        "",
-    ),
+    "batches": (_BATCH | _WRITTEN, ""),
 }
 
 
@@ -460,10 +458,7 @@ class GateStore:
 
     def batches(self, run_id: str) -> list[tuple[str, int, int, int, float]]:
         """``(arm, repeat, num_answers, completion_tokens, wall_s)`` of every recorded batch."""
-        rows = self._db.execute(
-            "SELECT arm, repeat, num_answers, completion_tokens, wall_s FROM batches WHERE run_id = ?",
-            (run_id,),
-        )
+        rows = self._db.execute(f"SELECT {', '.join(_BATCH)} FROM batches WHERE run_id = ?", (run_id,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
 

@@ -18,7 +18,6 @@ SCHEMA_VERSION = 4
 # Version 2 added the judgements table, version 3 the labels table (an older store gains them, empty, when
 # opened); version 4 keeps a run's margin, alpha and seed in its registration only (an older store's
 # copies in the runs table are dropped when opened: they were written from the registration).
-_READABLE_VERSIONS = (0, 1, 2, 3, SCHEMA_VERSION)
 _DROPPED_COLUMNS = ("margin", "alpha", "seed")
 # The judged rules this flyspec no longer decides, with what each did, and the last flyspec (0.1.0, by its
 # git commit) that reads runs registered under them.
@@ -67,7 +66,7 @@ def connect(path: Path, tables: Mapping[str, tuple[Mapping[str, object], str]]) 
         # negligible next to generating it.
         db.execute("PRAGMA synchronous=FULL")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in _READABLE_VERSIONS:
+        if not 0 <= version <= SCHEMA_VERSION:
             raise ValueError(
                 f"store {path}: schema version {version}, this flyspec reads versions up to {SCHEMA_VERSION}"
             )
