@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.data.datasets import dataset_info, load_dataset
+from flyspec.gate.data.questions import dataset_info, load_dataset
 from flyspec.gate.grading.code_exec import CodeRun, CodeTask, SandboxLimits, build_run, extract_code, run_many
 from flyspec.gate.grading.graders import check_reference, grade
 

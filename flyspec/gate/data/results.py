@@ -149,7 +149,7 @@ def request_texts(run: RunRecord) -> dict[str, str]:
     dataset that can no longer be read is left out: its requests show as missing, the labels do not
     depend on them)."""
     # Imported here: reading datasets pulls in the graders, which only a labelling session needs.
-    from flyspec.gate.data.datasets import load_dataset
+    from flyspec.gate.data.questions import load_dataset
 
     out: dict[str, str] = {}
     for spec in run.notes.get("dataset_sources", {}).values():

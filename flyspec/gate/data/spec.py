@@ -11,7 +11,6 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from functools import cache
 from typing import Any, TypeVar
 
-from flyspec.gate.data.storefile import refuse_retired
 from flyspec.gate.grading.graders import model_graded
 from flyspec.gate.stats.judged import GOLD_DRAW, gold_selected
 from flyspec.gate.stats.monitor import DEFAULT_METHOD, SequentialPlan
@@ -471,7 +470,6 @@ class Registration:
 
 def upgrade(kind: str, stored: Mapping[str, object]) -> dict[str, object]:
     """A registration stored by any version of flyspec, in the current layout (what ``read`` decodes)."""
-    refuse_retired(kind, stored, "this run")
     data = dict(stored)
     if kind in ("gate", "pilot") and "design" not in data:
         data["design"] = "sequential" if isinstance(data.get("sequential"), Mapping) else "fixed"

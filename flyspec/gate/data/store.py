@@ -7,18 +7,18 @@ from __future__ import annotations
 import json
 import re
 import time
+import typing
 from collections.abc import Callable
-from dataclasses import asdict, astuple, dataclass, field, fields, replace
+from dataclasses import asdict, astuple, dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TypedDict, TypeVar
 
 from flyspec.gate.data.spec import Extension, Registration
-from flyspec.gate.data.storefile import StoreLock, connect
+from flyspec.gate.data.storefile import connect
 from flyspec.gate.stats.monitor import SequentialPlan
 
 Row = TypeVar("Row")
-# Every table that holds a run's rows, besides ``runs``.
-_TABLES = ("questions", "answers", "judgements", "labels", "second_labels", "events", "batches")
 # What continuing a sequential run past its maximum may change (paths ``_differences`` gives): the run's,
 # its plan's and each comparison's max_questions, the datasets' question counts, and its extensions.
 _GROWN = re.compile(
@@ -27,7 +27,9 @@ _GROWN = re.compile(
 )
 _MISSING = object()
 # How a stored column reads back where SQLite keeps it as another type.
-_READ: dict[str, Callable[[object], object]] = {"correct": bool, "detail": lambda text: json.loads(str(text))}
+_READ: dict[str, Callable[..., object]] = {"correct": bool} | dict.fromkeys(
+    ("detail", "registration", "notes"), json.loads
+)
 
 
 def _same(value: object) -> object:
@@ -119,6 +121,33 @@ class RunEvent:
     created_at: float
 
 
+def _columns(record: type) -> dict[str, object]:
+    hints = typing.get_type_hints(record)
+    return {f.name: hints[f.name] for f in fields(record)}  # type: ignore[arg-type]
+
+
+_WRITTEN = {"created_at": float}
+_BATCH = dict(arm=str, repeat=int, num_answers=int, completion_tokens=int, wall_s=float)
+# The tables of a run's rows besides ``runs``: their columns after ``run_id`` (a record's fields, and when
+# the row was written) and their key. second_labels (a second person's label of a labelled pair, which
+# the decision never reads) was added within version 4: a flyspec that does not know it ignores it.
+_TABLES: dict[str, tuple[dict[str, object], str]] = {
+    "questions": (_columns(RegisteredQuestion), "PRIMARY KEY (run_id, dataset, question_id)"),
+    "answers": (_columns(AnswerRecord) | _WRITTEN, "UNIQUE (run_id, arm, repeat, dataset, question_id)"),
+    "events": (_columns(RunEvent), ""),
+    "judgements": (
+        _columns(JudgementRecord) | _WRITTEN,
+        "UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)",
+    ),
+    "labels": (_columns(LabelRecord) | _WRITTEN, "UNIQUE (run_id, dataset, question_id)"),
+    "second_labels": (
+        dict(dataset=str, question_id=str, labeller=str, pair_sha256=str, value=int, detail=dict) | _WRITTEN,
+        "UNIQUE (run_id, dataset, question_id, labeller)",
+    ),
+    "batches": (_BATCH | _WRITTEN, ""),
+}
+
+
 class RunNotes(TypedDict, total=False):
     """What a run notes while it runs, beside its registration: facts learned, not choices made (settings
     never hold a secret; ``ledger``: what the alpha ledger said when the run was registered)."""
@@ -137,24 +166,31 @@ class RunNotes(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A registered run: kind (``gate``, ``pilot``, ``tune`` or ``calibration``), margin, alpha and seed (the
-    registration's), its registration as stored (what a resume is compared with, what a report's JSON
-    shows) and typed (``registered``: read it, not the JSON; a report of one comparison replaces it with
-    that comparison's view), and its notes."""
+    """A registered run: its kind (``gate``, ``pilot``, ``tune`` or ``calibration``), its registration as
+    stored (what a resume is compared with, what a report's JSON shows) and typed (``registered``: read
+    it, not the JSON), and its notes."""
 
     run_id: str
     kind: str
     created_at: float
-    margin: float
-    alpha: float
-    seed: int
     registration: dict[str, object]
     notes: RunNotes
-    registered: Registration = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
-    def __post_init__(self) -> None:
-        if self.registered is None:
-            object.__setattr__(self, "registered", Registration.read(self.kind, self.registration))
+    @cached_property
+    def registered(self) -> Registration:
+        return Registration.read(self.kind, self.registration)
+
+    @property
+    def margin(self) -> float:
+        return self.registered.margin
+
+    @property
+    def alpha(self) -> float:
+        return self.registered.alpha
+
+    @property
+    def seed(self) -> int:
+        return self.registered.seed
 
 
 def keeping_bets(registration: Registration, stored: Registration | None) -> Registration:
@@ -185,7 +221,7 @@ class GateStore:
         self.path = Path(path)
         if not self.path.parent.exists():
             raise FileNotFoundError(f"store {self.path}: folder {self.path.parent} does not exist")
-        self._db = connect(self.path)
+        self._db = connect(self.path, _TABLES)
 
     def __enter__(self) -> GateStore:
         return self
@@ -197,15 +233,10 @@ class GateStore:
         """Close the connection (every row is already committed)."""
         self._db.close()
 
-    def lock(self, run_id: str) -> StoreLock:
-        """The store's writer lock for ``run_id`` (a context manager; StoreBusyError names the holder)."""
-        return StoreLock(self.path, run_id)
-
     # ------------------------------------------------------------------------------ registering
 
     def keeping_bets(self, run_id: str, registration: Registration) -> Registration:
-        """``registration`` keeping the interval's bets that ``run_id`` was registered with, if it is: a
-        resumed judged run goes on with the bets of its first pairs (``keeping_bets``)."""
+        """``keeping_bets`` with the run ``run_id`` as stored, if it is."""
         stored = self.get_run(run_id)
         return keeping_bets(registration, stored.registered if stored is not None else None)
 
@@ -217,23 +248,15 @@ class GateStore:
         notes: RunNotes | None = None,
     ) -> bool:
         """Record a run before its first answer; True if (re)registered, False if an identical run resumes.
-
-        A run id that exists with a different registration or question list is refused with ValueError
-        listing what changed, and nothing stored is touched. The one exception is a run with no answer at
-        all (e.g. its model failed to load): nothing has been seen yet, so its registration is replaced.
-        """
+        A changed run is refused (``check_resumable``), unless it holds no answer: then it is replaced."""
         existing = self.get_run(run_id)
         if existing is not None and not self.check_resumable(run_id, registration, questions):
             return False
-        stored = json.dumps(registration.to_dict(), sort_keys=True)
         with self._db:  # one transaction: an empty run's old registration is replaced atomically
             if existing is not None:
                 for table in (*_TABLES, "runs"):
                     self._db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            self._db.execute(
-                "INSERT INTO runs (run_id, kind, created_at, registration, notes) VALUES (?, ?, ?, ?, ?)",
-                (run_id, registration.kind, time.time(), stored, json.dumps(notes or {}, sort_keys=True)),
-            )
+            self._insert("runs", run_id, registration.kind, time.time(), registration.to_dict(), notes or {})
             for question in questions:
                 self._insert("questions", run_id, *astuple(question))
         return True
@@ -315,8 +338,7 @@ class GateStore:
         return self._db.execute(sql, values).rowcount == 1
 
     def add_question(self, run_id: str, question: RegisteredQuestion) -> bool:
-        """Register one more question of a run whose questions arrive while it runs (live traffic: each
-        mirrored request is the next question in the order); False (nothing written) when it is stored."""
+        """Register the next question of a run fed by live traffic; False (nothing written) if stored."""
         with self._db:
             return self._insert("questions", run_id, *astuple(question))
 
@@ -325,8 +347,8 @@ class GateStore:
         return self.add_answers(run_id, [record]) == 1
 
     def add_answers(self, run_id: str, records: list[AnswerRecord]) -> int:
-        """Commit several answers in one transaction (both answers of a judged pair are stored together or
-        not at all); keys already stored are skipped. Returns how many rows were written."""
+        """Commit answers in one transaction (a judged pair's two together or not at all), skipping keys
+        already stored; how many were written."""
         with self._db:
             return sum(self._insert("answers", run_id, *astuple(r), time.time()) for r in records)
 
@@ -355,14 +377,12 @@ class GateStore:
             return self._insert("judgements", run_id, *astuple(record), time.time())
 
     def add_label(self, run_id: str, record: LabelRecord) -> bool:
-        """Commit a gold label; False (nothing written) when the question has one: a label is never
-        replaced."""
+        """Commit a gold label; False (nothing written) when the question has one (never replaced)."""
         with self._db:
             return self._insert("labels", run_id, *astuple(record), time.time())
 
     def add_second_label(self, run_id: str, labeller: str, record: LabelRecord) -> bool:
-        """Commit a second person's label of a pair that has its gold label (agreement between labellers;
-        never part of the decision); False (nothing written) when ``labeller`` already labelled it."""
+        """Commit a second person's label of a labelled pair; False (nothing written) if they labelled it."""
         r = record
         row = (r.dataset, r.question_id, labeller, r.pair_sha256, r.value, r.detail, time.time())
         with self._db:
@@ -381,14 +401,7 @@ class GateStore:
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The registered run, or None."""
-        row = self._db.execute(
-            "SELECT kind, created_at, registration, notes FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        kind, created_at, stored, notes = row[0], row[1], json.loads(row[2]), json.loads(row[3])
-        r = Registration.read(kind, stored)
-        return RunRecord(run_id, kind, created_at, r.margin, r.alpha, r.seed, stored, notes, r)
+        return next(iter(self._records(RunRecord, "runs", run_id)), None)
 
     def runs(self) -> list[RunRecord]:
         """Every run in the store, oldest first."""
@@ -433,8 +446,7 @@ class GateStore:
         return [LabelRecord(d, q, h, v, "human", json.loads(t)) for d, q, h, v, t in rows]
 
     def answer_times(self, run_id: str) -> dict[tuple[str, int, str, str], float]:
-        """When each answer of a run was stored (seconds since the epoch), by ``(arm, repeat, dataset,
-        question_id)``."""
+        """When each answer was stored (epoch seconds), by ``(arm, repeat, dataset, question_id)``."""
         rows = self._db.execute(
             "SELECT arm, repeat, dataset, question_id, created_at FROM answers WHERE run_id = ?", (run_id,)
         )
@@ -446,10 +458,7 @@ class GateStore:
 
     def batches(self, run_id: str) -> list[tuple[str, int, int, int, float]]:
         """``(arm, repeat, num_answers, completion_tokens, wall_s)`` of every recorded batch."""
-        rows = self._db.execute(
-            "SELECT arm, repeat, num_answers, completion_tokens, wall_s FROM batches WHERE run_id = ?",
-            (run_id,),
-        )
+        rows = self._db.execute(f"SELECT {', '.join(_BATCH)} FROM batches WHERE run_id = ?", (run_id,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
 

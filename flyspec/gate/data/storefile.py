@@ -1,4 +1,4 @@
-"""The gate store's file: its tables, opening it (the one migration to the current schema version; a run
+"""The gate store's file: opening it (the one migration to the current schema version; a run
 under a retired judged rule refused), and its one-writer lock (docs/architecture.md, "The gate's store")."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import sys
 import time
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,7 +18,6 @@ SCHEMA_VERSION = 4
 # Version 2 added the judgements table, version 3 the labels table (an older store gains them, empty, when
 # opened); version 4 keeps a run's margin, alpha and seed in its registration only (an older store's
 # copies in the runs table are dropped when opened: they were written from the registration).
-_READABLE_VERSIONS = (0, 1, 2, 3, SCHEMA_VERSION)
 _DROPPED_COLUMNS = ("margin", "alpha", "seed")
 # The judged rules this flyspec no longer decides, with what each did, and the last flyspec (0.1.0, by its
 # git commit) that reads runs registered under them.
@@ -27,7 +27,7 @@ RETIRED_RULES = {
 }
 LAST_READER = "82c2716"
 
-_SCHEMA = """
+_RUNS = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -35,101 +35,26 @@ CREATE TABLE IF NOT EXISTS runs (
     registration TEXT NOT NULL,
     notes TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS questions (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    prompt_hash TEXT NOT NULL,
-    answer TEXT NOT NULL,
-    grader TEXT NOT NULL,
-    PRIMARY KEY (run_id, dataset, question_id)
-);
-CREATE TABLE IF NOT EXISTS answers (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    arm TEXT NOT NULL,
-    repeat INTEGER NOT NULL,
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    seed INTEGER NOT NULL,
-    output TEXT NOT NULL,
-    extracted TEXT,
-    correct INTEGER NOT NULL,
-    finish_reason TEXT,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    latency_s REAL NOT NULL,
-    num_drafts INTEGER,
-    num_draft_tokens INTEGER,
-    num_accepted_tokens INTEGER,
-    num_forgiven_tokens INTEGER,
-    source TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, arm, repeat, dataset, question_id)
-);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    event TEXT NOT NULL,
-    reason TEXT,
-    stopped_at INTEGER,
-    detail TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS judgements (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    first_lane TEXT NOT NULL,
-    second_lane TEXT NOT NULL,
-    position TEXT NOT NULL,
-    pair_sha256 TEXT NOT NULL,
-    verdict TEXT,
-    preferred TEXT NOT NULL,
-    output TEXT NOT NULL,
-    latency_s REAL NOT NULL,
-    source TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, dataset, question_id, first_lane, second_lane, position, pair_sha256)
-);
-CREATE TABLE IF NOT EXISTS labels (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    pair_sha256 TEXT NOT NULL,
-    value INTEGER NOT NULL,
-    source TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, dataset, question_id)
-);
--- A second person's label of a labelled pair (agreement between labellers; the decision never reads it).
--- Added within version 4: a store gains it, empty, when opened; a flyspec that does not know it ignores it.
-CREATE TABLE IF NOT EXISTS second_labels (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    dataset TEXT NOT NULL,
-    question_id TEXT NOT NULL,
-    labeller TEXT NOT NULL,
-    pair_sha256 TEXT NOT NULL,
-    value INTEGER NOT NULL,
-    detail TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (run_id, dataset, question_id, labeller)
-);
-CREATE TABLE IF NOT EXISTS batches (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    arm TEXT NOT NULL,
-    repeat INTEGER NOT NULL,
-    num_answers INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    wall_s REAL NOT NULL,
-    created_at REAL NOT NULL
-);
 """
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """The store at ``path``, opened and brought to ``SCHEMA_VERSION`` (ValueError: not a gate store, one a
-    newer flyspec wrote, or one holding a run under a retired judged rule)."""
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER", dict: "TEXT"}
+
+
+def _create(table: str, columns: Mapping[str, object], key: str) -> str:
+    """The table's CREATE statement: a column per type, NOT NULL unless the type admits None."""
+    lines = ["run_id TEXT NOT NULL REFERENCES runs(run_id)"]
+    for name, hint in columns.items():
+        optional = type(None) in typing.get_args(hint)
+        (kind,) = [a for a in typing.get_args(hint) if a is not type(None)] if optional else [hint]
+        lines.append(f"{name} {_SQL_TYPES[typing.get_origin(kind) or kind]}{'' if optional else ' NOT NULL'}")
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join([*lines, key] if key else lines)});\n"
+
+
+def connect(path: Path, tables: Mapping[str, tuple[Mapping[str, object], str]]) -> sqlite3.Connection:
+    """The store at ``path``, opened and brought to ``SCHEMA_VERSION``: the ``runs`` table and ``tables``
+    (name -> columns after ``run_id`` by type, and key) created where missing. ValueError: not a gate
+    store, one a newer flyspec wrote, or one holding a run under a retired judged rule."""
     try:
         db = sqlite3.connect(path, timeout=30.0)
         # Before anything is written, so a refused store stays as it was, for the flyspec that reads it.
@@ -141,12 +66,12 @@ def connect(path: Path) -> sqlite3.Connection:
         # negligible next to generating it.
         db.execute("PRAGMA synchronous=FULL")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in _READABLE_VERSIONS:
+        if not 0 <= version <= SCHEMA_VERSION:
             raise ValueError(
                 f"store {path}: schema version {version}, this flyspec reads versions up to {SCHEMA_VERSION}"
             )
         with db:
-            db.executescript(_SCHEMA)
+            db.executescript(_RUNS + "".join(_create(name, *spec) for name, spec in tables.items()))
             columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
             for column in set(_DROPPED_COLUMNS) & columns:
                 db.execute(f"ALTER TABLE runs DROP COLUMN {column}")
@@ -257,18 +182,13 @@ def _describe(holder: dict[str, object]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
     alive = ""
     if holder.get("host") == socket.gethostname() and isinstance(pid := holder.get("pid"), int):
-        alive = "" if _pid_alive(pid) else " (that PID is gone; its lock is being released)"
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            alive = " (that PID is gone; its lock is being released)"
+        except PermissionError:  # it exists, under another user
+            pass
     return (
         f"gate run {holder.get('run_id')!r} (PID {holder.get('pid')}{alive} on {holder.get('host')}, "
         f"started {when}: {holder.get('command')})"
     )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True

@@ -231,7 +231,7 @@ def compare_logs(
 
 def _report(registration: dict[str, object], rows: list[Comparison], margin: float, alpha: float) -> Report:
     """The report of a comparison, its margin declared after the data (said loudly, and in the advice)."""
-    run = RunRecord(KIND, KIND, time.time(), float(margin), float(alpha), 0, registration, {})
+    run = RunRecord(KIND, KIND, time.time(), registration, {})
     report = Report(
         store="",
         run=run,

@@ -15,8 +15,7 @@ from flyspec.gate.arms import make_executors, parse_arm
 from flyspec.gate.arms.base import Arm, Executor
 from flyspec.gate.arms.engine import size_for_work
 from flyspec.gate.arms.judge import Judge, parse_judge
-from flyspec.gate.data.datasets import dataset_info, load_dataset
-from flyspec.gate.data.questions import Question, QuestionKey, select_questions
+from flyspec.gate.data.questions import Question, QuestionKey, dataset_info, load_dataset, select_questions
 from flyspec.gate.data.spec import (
     BASELINE,
     DEFAULT_GOLD_RATE,
@@ -30,6 +29,7 @@ from flyspec.gate.data.spec import (
     SamplingRecord,
 )
 from flyspec.gate.data.store import GateStore, RunNotes
+from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
 from flyspec.gate.runs.judging import JudgedRunMonitor
 from flyspec.gate.runs.register import (
@@ -261,7 +261,7 @@ def run(options: GateOptions) -> RunResult:
     """Register (or resume) a gate run or pilot and answer what is not yet stored, until done or stopped."""
     planned = plan(options)
     run_id = options.name
-    with GateStore(options.store) as store, store.lock(run_id):
+    with GateStore(options.store) as store, StoreLock(store.path, run_id):
         chosen = _choose(store, planned)
         if chosen.left_out_by:
             by = ", ".join(chosen.left_out_by)

@@ -29,6 +29,7 @@ from flyspec.gate.data.spec import (
     TuneRecord,
 )
 from flyspec.gate.data.store import GateStore
+from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.runs.register import population, register, used_questions
 from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan
 from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
@@ -297,7 +298,7 @@ def tune(options: TuneOptions) -> RunResult:
     planned, settings = _with_settings(options)
     name = options.name
     clock = Clock(options.max_minutes)
-    with GateStore(options.store) as store, store.lock(name):
+    with GateStore(options.store) as store, StoreLock(store.path, name):
         claim = population(store, name, options.population)
         names = [n for n in options.exclude_runs if n not in (name, options.calibration_run)]
         chosen = choose(
