@@ -1,23 +1,13 @@
 """Code answers and the sandbox that grades them (docs/code-sandbox.md: what it promises, which protections
-each machine gets, what it still allows).
-
-A ``code`` question's reference is a ``CodeTask``; ``extract_code`` takes the program from a model's output
-and ``build_run`` puts it together with the tests as a ``CodeRun``. ``run_tests`` runs it: the untrusted
-program and the trusted tests never share a process. One sandboxed process (``_code_exec_child.py``)
-starts the **program process** (``_code_exec_program.py``: a fresh interpreter that executes the model's
-code and answers calls) and the **test harness** (the tests and the dataset's prefix, calling the
-program's functions through two pipes; only data crosses). The harness's verdict goes to the first
-process, which writes it to the parent; the program never holds those descriptors nor the tests.
-``isolation()`` finds the strongest sandbox this machine gives (namespaces, a minimal file tree,
-Landlock, two unprivileged users) and ``Isolation.missing`` says what it lacks.
+each machine gets, what it still allows). ``extract_code`` and ``build_run`` turn a model's output and a
+``CodeTask`` into a ``CodeRun``; ``run_tests`` runs it in the sandbox process (``_code_exec_child.py``),
+which keeps the program (``_code_exec_program.py``) and the tests in separate processes.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import json
 import os
@@ -36,8 +26,8 @@ from pathlib import Path
 import psutil
 
 from flyspec.checks import is_int, is_number
+from flyspec.gate.grading import _code_exec_child as child
 
-_CHILD = Path(__file__).with_name("_code_exec_child.py")
 _PROGRAM = Path(__file__).with_name("_code_exec_program.py")
 PROGRAM_UID = 65534  # nobody
 HARNESS_UID = 65533  # another unprivileged user, so the program cannot signal or read the harness
@@ -255,17 +245,10 @@ class Isolation:
         return out
 
 
-def landlock_abi() -> int:
-    """The Landlock ABI version of this kernel (0 when it has none)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    version = libc.syscall(444, None, ctypes.c_size_t(0), 1)  # LANDLOCK_CREATE_RULESET_VERSION
-    return max(0, int(version))
-
-
 def _candidates() -> list[Isolation]:
     """Sandbox modes to try, strongest first; the first that grades a probe right wins."""
     unshare, euid = shutil.which("unshare"), os.geteuid()
-    abi = landlock_abi()
+    abi = child.landlock_abi()
     rules = [abi, 0] if abi else [0]
     out: list[Isolation] = []
     if unshare is not None:
@@ -394,7 +377,7 @@ def _run(job: CodeRun, limits: SandboxLimits, sandbox: Isolation) -> ExecResult:
         status_read, status_write = os.pipe()
         command = [
             *sandbox.prefix,
-            *(sys.executable, "-S", "-s", "-P", "-B", str(_CHILD), json.dumps(config), str(status_write)),
+            *(sys.executable, *child.PYTHON_FLAGS, child.__file__, json.dumps(config), str(status_write)),
         ]
         try:
             with open(f"{tmp}/stderr", "wb") as err:
