@@ -31,9 +31,11 @@ FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL
 NET_ALL = 3  # bind and connect TCP (ABI 4)
 SCOPE_ALL = 3  # abstract unix sockets and signals of processes outside the domain (ABI 6)
 # Where the program's interpreter finds shared libraries; bound read-only into the tree when present.
-LIBRARY_DIRS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib")
+LIBRARIES = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib")
+LIBRARIES += ("/etc/ld.so.cache",)  # the loader's index of them
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 PYTHON_FLAGS = ("-S", "-s", "-P", "-B")  # no site, no user site, no script folder on the path, no .pyc
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_exec_program.py")
 
 
 def _check(result, what):
@@ -60,7 +62,7 @@ def _mount(source, target, fstype, flags, data=None):
 
 
 def _bind(root, path, writable=False):
-    """Bind ``path`` read-only at the same place under ``root`` (a symlink is copied as a symlink)."""
+    """Bind ``path`` at the same place under ``root``, read-only unless ``writable`` (a symlink is copied)."""
     inside = root + path
     os.makedirs(os.path.dirname(inside), exist_ok=True)
     if os.path.islink(path):
@@ -84,14 +86,9 @@ def build_tree(root, config, limits):
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     os.makedirs(root, exist_ok=True)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    for path in (*config["read"], *LIBRARY_DIRS):
+    for path in (*config["read"], *LIBRARIES, *DEVICES):
         if os.path.lexists(path):
-            _bind(root, path)
-    for path in DEVICES:
-        if os.path.exists(path):
             _bind(root, path, writable=path == "/dev/null")
-    if os.path.exists("/etc/ld.so.cache"):
-        _bind(root, "/etc/ld.so.cache")
     tmp = root + "/tmp"
     os.makedirs(tmp)
     uid = config["program_uid"]
@@ -170,8 +167,7 @@ def _confine(config, uid, cwd, writable):
         os.setresuid(uid, uid, uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     if config["landlock"]:
-        readable = [*config["read"], *LIBRARY_DIRS, *DEVICES, "/etc/ld.so.cache"]
-        landlock(config["landlock"], readable, writable)
+        landlock(config["landlock"], [*config["read"], *LIBRARIES, *DEVICES], writable)
 
 
 def start_program(config, job, fds):
@@ -412,7 +408,7 @@ def main():
     config = json.loads(sys.argv[1])
     status_fd = int(sys.argv[2])
     job = json.loads(sys.stdin.buffer.read())
-    spec = importlib.util.spec_from_file_location("_code_exec_program", config["codec"])
+    spec = importlib.util.spec_from_file_location("_code_exec_program", PROGRAM)
     codec = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(codec)
     _prctl(PR_SET_DUMPABLE, 0)
@@ -420,7 +416,7 @@ def main():
         build_tree(config["root"], config, job["limits"])
         config["program_dir"] = "/tmp"
     program_dir = (config["root"] if config["tree"] else "") + config["program_dir"]
-    shutil.copyfile(config["codec"], program_dir + "/runner.py")
+    shutil.copyfile(PROGRAM, program_dir + "/runner.py")
     if config["program_uid"] is not None and not config["tree"]:
         os.chown(program_dir, config["program_uid"], config["program_uid"])
     request_r, request_w = os.pipe()

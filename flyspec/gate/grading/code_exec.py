@@ -28,7 +28,6 @@ import psutil
 from flyspec.checks import is_int, is_number
 from flyspec.gate.grading import _code_exec_child as child
 
-_PROGRAM = Path(__file__).with_name("_code_exec_program.py")
 PROGRAM_UID = 65534  # nobody
 HARNESS_UID = 65533  # another unprivileged user, so the program cannot signal or read the harness
 _TAIL_BYTES = 8192
@@ -114,7 +113,7 @@ class CodeTask:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_answer(cls, answer: str | dict[str, object]) -> CodeTask:
+    def from_answer(cls, answer: object) -> CodeTask:
         """Parse a reference answer (JSON text or an already-parsed object); ValueError names the problem."""
         if isinstance(answer, str):
             try:
@@ -125,7 +124,7 @@ class CodeTask:
                     f"'prefix'); it is not JSON ({exc.msg})"
                 ) from None
         if not isinstance(answer, dict):
-            raise ValueError(f"code answer: must be an object with 'tests', got {type(answer).__name__}")
+            raise ValueError(f"a code answer must be an object with 'tests', got {type(answer).__name__}")
         unknown = set(answer) - {"tests", "entry_point", "prefix"}
         if unknown:
             raise ValueError(f"code answer: unknown field(s) {', '.join(sorted(unknown))}")
@@ -303,21 +302,6 @@ def _read_tail(path: Path) -> str:
         return handle.read().decode("utf-8", errors="replace")
 
 
-def _read_available(fd: int) -> str:
-    """What is in a pipe now, without waiting for EOF (a straggler may still hold the write end)."""
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace")
-
-
 def _kill(proc: subprocess.Popen[bytes], sandbox: Isolation) -> None:
     """Kill the sandbox and everything in its process group, and reap it."""
     if proc.poll() is None and sandbox.pid_namespace:
@@ -345,14 +329,13 @@ def _config(sandbox: Isolation, work: str) -> dict[str, object]:
         "python": python,
         # The interpreter and the folder of its standard library and shared library (prefix/lib).
         "read": [python, os.path.dirname(os.path.dirname(os.__file__))],
-        "codec": str(_PROGRAM),
         "program_dir": f"{work}/program",
     }
 
 
-def _outcome(line: str, stderr: str, returncode: int) -> tuple[str, str]:
+def _outcome(line: bytes, stderr: str, returncode: int) -> tuple[str, str]:
     try:
-        verdict = json.loads(line)
+        verdict = json.loads(line.decode("utf-8", errors="replace"))
         status, detail = str(verdict["status"]), str(verdict["detail"])
     except (ValueError, KeyError, TypeError):
         last = (stderr.strip().splitlines() or ["no output"])[-1]
@@ -401,7 +384,12 @@ def _run(job: CodeRun, limits: SandboxLimits, sandbox: Isolation) -> ExecResult:
                     timed_out = True
                 # Kill the group even after a normal exit: anything left behind goes with it.
                 _kill(proc, sandbox)
-            line = _read_available(status_read)
+            # What is in the pipe now, without waiting for EOF (a straggler may still hold the write end); the
+            # sandbox wrote its one line, far below a pipe's capacity, before it ended.
+            os.set_blocking(status_read, False)
+            line = b""
+            with contextlib.suppress(BlockingIOError):
+                line = os.read(status_read, 1 << 16)
         finally:
             os.close(status_read)
         wall = time.monotonic() - start
