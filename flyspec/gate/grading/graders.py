@@ -13,7 +13,6 @@ from fractions import Fraction
 
 from flyspec.gate.grading.code_exec import (
     CodeTask,
-    SandboxLimits,
     build_run,
     extract_code,
     isolation,
@@ -138,19 +137,18 @@ def grade_exact(output: str, answer: str) -> Grade:
     return Grade(text, text == answer.strip())
 
 
-def grade_code(output: str, answer: str, limits: SandboxLimits | None = None) -> Grade:
+def grade_code(output: str, answer: str) -> Grade:
     """Code by execution: the reference's tests must run to their end against the extracted program (in a
     sandbox whose verdict the program cannot forge)."""
     task = CodeTask.from_answer(answer)
     code = extract_code(output, task.entry_point)
-    result = run_tests(build_run(code, task), limits)
+    result = run_tests(build_run(code, task))
     return Grade(code, result.passed, f"{result.status}: {result.detail}" if result.detail else result.status)
 
 
 def sandbox_notes(graders: set[str]) -> dict[str, object] | None:
-    """For a run with questions whose grader runs code: the code sandbox this machine gives
-    (flyspec/gate/grading/code_exec.py), with ``missing``, the protections it lacks in plain words; None
-    without such questions."""
+    """The code sandbox this machine gives, with ``missing``, the protections it lacks in plain words; None
+    when none of ``graders`` runs code."""
     if not any(grader_named(name)[0].sandboxed for name in graders):
         return None
     sandbox = isolation()
