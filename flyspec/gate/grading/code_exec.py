@@ -306,8 +306,8 @@ def _kill(proc: subprocess.Popen[bytes], sandbox: Isolation) -> None:
         # Kill unshare's child first so that unshare reaps it; killing both at once would leave the
         # child to whatever reaps orphans on this machine.
         with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(proc.pid).children():
-                child.kill()
+            for process in psutil.Process(proc.pid).children():
+                process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
     with contextlib.suppress(ProcessLookupError, PermissionError):

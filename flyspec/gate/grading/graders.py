@@ -225,8 +225,8 @@ def grade_against_baseline(grader: str, baseline_output: str, candidate_output: 
 @dataclass(frozen=True)
 class Grader:
     """A grader as the gate knows it, registered once (``register_grader``); callers ask the record what
-    the grader needs, never its name (docs/architecture.md, "A grader"). ``check_reference(answer)``
-    refuses a reference the grader cannot use (by default: grading an empty output with it)."""
+    the grader needs, never its name (docs/architecture.md, "A grader"). ``check`` refuses a reference the
+    grader cannot use (by default: grading an empty output with it)."""
 
     name: str
     grade: Callable[[str, str], Grade] | None = None
@@ -241,13 +241,6 @@ class Grader:
     @property
     def pairwise(self) -> bool:
         return self.grade_pair is not None or self.model_graded
-
-    def check_reference(self, answer: str) -> None:
-        if self.check is not None:
-            self.check(answer)
-        elif self.grade is not None:
-            # Grading an empty output exercises exactly the reference parsing each grader does.
-            self.grade("", answer)
 
 
 def _check_no_reference(answer: str) -> None:
@@ -338,7 +331,13 @@ def check_grader(name: str) -> str:
 def check_reference(grader: str, answer: str) -> None:
     """Raise ValueError if ``answer`` cannot serve as a reference for ``grader`` (checked before a run,
     so that a bad reference stops the run before its first answer instead of in the middle)."""
-    grader_named(grader)[0].check_reference(answer)
+    found = grader_named(grader)[0]
+    if found.check is not None:
+        found.check(answer)
+    elif found.grade is not None:
+        found.grade(
+            "", answer
+        )  # grading an empty output exercises exactly the grader's reading of references
 
 
 def grade(grader: str, output: str, answer: str) -> Grade:
