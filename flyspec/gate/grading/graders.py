@@ -11,13 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from flyspec.gate.grading.code_exec import (
-    CodeTask,
-    build_run,
-    extract_code,
-    isolation,
-    run_tests,
-)
+from flyspec.gate.grading.code_exec import CodeTask, build_run, extract_code, isolation, run_tests
 
 EQUIVALENCE = "equivalent_to_baseline"
 JUDGE = "judge"
@@ -335,9 +329,8 @@ def check_reference(grader: str, answer: str) -> None:
     if found.check is not None:
         found.check(answer)
     elif found.grade is not None:
-        found.grade(
-            "", answer
-        )  # grading an empty output exercises exactly the grader's reading of references
+        # Grading an empty output exercises exactly the grader's reading of references.
+        found.grade("", answer)
 
 
 def grade(grader: str, output: str, answer: str) -> Grade:
