@@ -360,36 +360,31 @@ def _run(job: CodeRun, limits: SandboxLimits, sandbox: Isolation) -> ExecResult:
             *sandbox.prefix,
             *(sys.executable, *child.PYTHON_FLAGS, child.__file__, json.dumps(config), str(status_write)),
         ]
-        try:
-            with open(f"{tmp}/stderr", "wb") as err:
-                try:
-                    proc = subprocess.Popen(
-                        command,
-                        cwd=tmp,
-                        env=env,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                        pass_fds=(status_write,),
-                        start_new_session=True,
-                    )
-                finally:
-                    os.close(status_write)
-                timed_out = False
-                try:
-                    proc.communicate(json.dumps(request).encode(), timeout=limits.timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                # Kill the group even after a normal exit: anything left behind goes with it.
-                _kill(proc, sandbox)
-            # What is in the pipe now, without waiting for EOF (a straggler may still hold the write end); the
-            # sandbox wrote its one line, far below a pipe's capacity, before it ended.
+        with open(status_read, "rb", buffering=0) as status, open(f"{tmp}/stderr", "wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=tmp,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    pass_fds=(status_write,),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(status_write)
+            timed_out = False
+            try:
+                proc.communicate(json.dumps(request).encode(), timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            # Kill the group even after a normal exit: anything left behind goes with it.
+            _kill(proc, sandbox)
+            # What is in the pipe now, without waiting for EOF (a straggler may still hold the write end):
+            # the sandbox wrote its one line, far below a pipe's capacity, before it ended.
             os.set_blocking(status_read, False)
-            line = b""
-            with contextlib.suppress(BlockingIOError):
-                line = os.read(status_read, 1 << 16)
-        finally:
-            os.close(status_read)
+            line = status.read(1 << 16) or b""
         wall = time.monotonic() - start
         if timed_out:
             return ExecResult(False, "timeout", f"no result within {limits.timeout_s:g} s (wall clock)", wall)
