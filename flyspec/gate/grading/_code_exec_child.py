@@ -7,6 +7,7 @@ writes the harness's verdict to STATUS_FD, which the program never holds. Standa
 import builtins
 import ctypes
 import ctypes.util
+import functools
 import importlib.util
 import json
 import os
@@ -16,7 +17,6 @@ import stat
 import subprocess
 import sys
 
-LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -38,6 +38,12 @@ PYTHON_FLAGS = ("-S", "-s", "-P", "-B")  # no site, no user site, no script fold
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_exec_program.py")
 
 
+@functools.cache
+def _libc():
+    # Loaded on first use: find_library runs ldconfig, and the gate imports this module for landlock_abi.
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
 def _check(result, what):
     if result < 0:
         code = ctypes.get_errno()
@@ -46,7 +52,7 @@ def _check(result, what):
 
 
 def _prctl(option, value):
-    _check(LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0), "prctl")
+    _check(_libc().prctl(option, ctypes.c_ulong(value), 0, 0, 0), "prctl")
 
 
 def _bytes(value):
@@ -55,7 +61,7 @@ def _bytes(value):
 
 def _mount(source, target, fstype, flags, data=None):
     args = (_bytes(source), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags), _bytes(data))
-    _check(LIBC.mount(*args), f"mount {target}")
+    _check(_libc().mount(*args), f"mount {target}")
 
 
 # -------------------------------------------------------------------------------- the file tree
@@ -116,7 +122,7 @@ class _PathBeneath(ctypes.Structure):
 
 def landlock_abi():
     """The Landlock ABI version of this kernel (0 when it has none)."""
-    version = LIBC.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), 1)  # ..._VERSION
+    version = _libc().syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), 1)  # ..._VERSION
     return max(0, int(version))
 
 
@@ -126,7 +132,7 @@ def landlock(abi, readable, writable):
     fs_all = FS_ALL[min(abi, 5)]
     attr = _RulesetAttr(fs_all, NET_ALL if abi >= 4 else 0, SCOPE_ALL if abi >= 6 else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24
-    syscall = LIBC.syscall
+    syscall = _libc().syscall
     ruleset = _check(
         syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0), "landlock"
     )

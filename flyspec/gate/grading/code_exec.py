@@ -333,7 +333,7 @@ def _config(sandbox: Isolation, work: str) -> dict[str, object]:
 
 def _outcome(line: bytes, stderr: str, returncode: int) -> tuple[str, str]:
     try:
-        verdict = json.loads(line.decode("utf-8", errors="replace"))
+        verdict = json.loads(line)
         status, detail = str(verdict["status"]), str(verdict["detail"])
     except (ValueError, KeyError, TypeError):
         last = (stderr.strip().splitlines() or ["no output"])[-1]
