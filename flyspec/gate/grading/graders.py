@@ -1,19 +1,5 @@
-"""Graders: turn a model's output and a reference answer into a deterministic right/wrong (docs/gate.md),
-and the judge's rule for open-ended answers.
-
-- ``gsm8k``: the number after the last ``####``, else the last number; commas, ``$`` and spaces stripped,
-  values compared as exact rationals (``18.00`` equals ``18``, ``3/4`` equals ``0.75``).
-- ``math``: MATH and AIME answers, compared by ``math-verify`` (LaTeX aware). math-verify times out with
-  SIGALRM, which only works in the main thread, so this grader refuses to run anywhere else.
-- ``choice``: multiple choice by letter (``Answer: C``, ``\\boxed{C}``, ``(C)``).
-- ``exact``: the whole output, whitespace-trimmed, equals the answer.
-- ``code``: the output's program runs against the reference's tests in the sandbox
-  (flyspec/gate/grading/code_exec.py); right only if every test passes.
-- ``judge``: a judge model compares both arms' answers in both orders (the rule below; docs/gate.md,
-  "Open-ended answers: the judge"); like ``equivalent_to_baseline`` it grades a pair, never one answer.
-- ``equivalent_to_baseline[:normaliser]``: for traffic with no reference, the candidate is right when its
-  output equals the baseline's after the normaliser (``NORMALISERS``); this measures deviation, not loss.
-"""
+"""Graders: a model's output and a reference answer to a deterministic right or wrong (docs/gate.md, "Gate
+your own traffic"), registered as ``Grader`` records; and the judge's rule for open-ended answers."""
 
 from __future__ import annotations
 
@@ -25,14 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from flyspec.gate.grading.code_exec import (
-    CodeTask,
-    SandboxLimits,
-    build_run,
-    extract_code,
-    isolation,
-    run_tests,
-)
+from flyspec.gate.grading.code_exec import CodeTask, build_run, extract_code, isolation, run_tests
 
 EQUIVALENCE = "equivalent_to_baseline"
 JUDGE = "judge"
@@ -82,10 +61,8 @@ def _format_number(value: Fraction) -> str:
 def parse_number(text: str, *, last: bool = True) -> Fraction | None:
     """The last (or first) number in ``text`` as an exact fraction, or None when there is none."""
     text = text.replace("\u2212", "-")  # the Unicode minus sign models sometimes emit
-    matches = [m for m in _NUMBER.finditer(text) if _to_fraction(m) is not None]
-    if not matches:
-        return None
-    return _to_fraction(matches[-1] if last else matches[0])
+    values = [v for m in _NUMBER.finditer(text) if (v := _to_fraction(m)) is not None]
+    return (values[-1] if last else values[0]) if values else None
 
 
 def extract_gsm8k(output: str) -> Fraction | None:
@@ -99,7 +76,8 @@ def extract_gsm8k(output: str) -> Fraction | None:
 
 
 def grade_gsm8k(output: str, answer: str) -> Grade:
-    """GSM8K grading by exact numeric equality of the final number."""
+    """GSM8K: the final number equals the reference's as an exact rational (``18.00`` is ``18``, ``3/4`` is
+    ``0.75``); commas, ``$`` and spaces are ignored."""
     gold = extract_gsm8k(answer)
     if gold is None:
         raise ValueError(f"GSM8K reference answer {answer!r} contains no number")
@@ -110,7 +88,8 @@ def grade_gsm8k(output: str, answer: str) -> Grade:
 
 
 def grade_math(output: str, answer: str) -> Grade:
-    """MATH/AIME grading by math-verify: the reference is parsed as ``\\boxed{answer}``."""
+    """MATH/AIME by math-verify (LaTeX aware), the reference parsed as ``\\boxed{answer}``; main thread only,
+    since math-verify's timeouts use SIGALRM."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
             "the math grader must run in the main thread: math-verify's timeouts use SIGALRM "
@@ -138,7 +117,7 @@ def extract_choice(output: str) -> str | None:
 
 
 def grade_choice(output: str, answer: str) -> Grade:
-    """Multiple choice: the extracted letter equals the reference letter."""
+    """Multiple choice: the extracted letter (``Answer: C``, ``\\boxed{C}``, ``(C)``) equals the reference."""
     gold = answer.strip().strip("()").upper()
     if not re.fullmatch(r"[A-J]", gold):
         raise ValueError(f"multiple-choice reference answer {answer!r} is not a single letter A-J")
@@ -152,19 +131,18 @@ def grade_exact(output: str, answer: str) -> Grade:
     return Grade(text, text == answer.strip())
 
 
-def grade_code(output: str, answer: str, limits: SandboxLimits | None = None) -> Grade:
+def grade_code(output: str, answer: str) -> Grade:
     """Code by execution: the reference's tests must run to their end against the extracted program (in a
     sandbox whose verdict the program cannot forge)."""
     task = CodeTask.from_answer(answer)
     code = extract_code(output, task.entry_point)
-    result = run_tests(build_run(code, task), limits)
+    result = run_tests(build_run(code, task))
     return Grade(code, result.passed, f"{result.status}: {result.detail}" if result.detail else result.status)
 
 
 def sandbox_notes(graders: set[str]) -> dict[str, object] | None:
-    """For a run with questions whose grader runs code: the code sandbox this machine gives
-    (flyspec/gate/grading/code_exec.py), with ``missing``, the protections it lacks in plain words; None
-    without such questions."""
+    """The code sandbox this machine gives, with ``missing``, the protections it lacks in plain words; None
+    when none of ``graders`` runs code."""
     if not any(grader_named(name)[0].sandboxed for name in graders):
         return None
     sandbox = isolation()
@@ -192,7 +170,7 @@ def _json_canonical(text: str) -> str | None:
 
 
 def _last_number(text: str) -> str | None:
-    value = parse_number(text.replace("−", "-"))
+    value = parse_number(text)
     return None if value is None else _format_number(value)
 
 
@@ -241,15 +219,14 @@ def grade_against_baseline(grader: str, baseline_output: str, candidate_output: 
 @dataclass(frozen=True)
 class Grader:
     """A grader as the gate knows it, registered once (``register_grader``); callers ask the record what
-    the grader needs, never its name (docs/architecture.md, "A grader"). ``check_reference(answer)``
-    refuses a reference the grader cannot use (by default: grading an empty output with it); ``exact``:
-    it decides right or wrong by a program (so it can label a judged pair as gold)."""
+    the grader needs, never its name (docs/architecture.md, "A grader"). ``check`` refuses a reference the
+    grader cannot use (by default: grading an empty output with it)."""
 
     name: str
     grade: Callable[[str, str], Grade] | None = None
     grade_pair: Callable[[str, str, str], tuple[Grade, Grade]] | None = None
     reference: str = "required"
-    check: Callable[[str], None] | None = None
+    check: Callable[[str], object] | None = None
     argument: tuple[str, ...] | None = None
     model_graded: bool = False
     sandboxed: bool = False
@@ -258,29 +235,6 @@ class Grader:
     @property
     def pairwise(self) -> bool:
         return self.grade_pair is not None or self.model_graded
-
-    @property
-    def exact(self) -> bool:
-        return self.grade is not None
-
-    def check_reference(self, answer: str) -> None:
-        if self.check is not None:
-            self.check(answer)
-        elif self.grade is not None:
-            # Grading an empty output exercises exactly the reference parsing each grader does.
-            self.grade("", answer)
-
-
-def _check_code(answer: str) -> None:
-    CodeTask.from_answer(answer)
-
-
-def _code_reference(answer: object) -> str:
-    """A code task, given as an object ``{"tests", "entry_point", "prefix"}`` or its JSON, as canonical
-    JSON."""
-    if not isinstance(answer, dict | str):
-        raise ValueError("a code answer must be an object {'tests', 'entry_point', 'prefix'}")
-    return CodeTask.from_answer(answer).to_answer()
 
 
 def _check_no_reference(answer: str) -> None:
@@ -314,7 +268,8 @@ for _grader in (
     Grader("math", grade_math),
     Grader("choice", grade_choice),
     Grader("exact", grade_exact),
-    Grader("code", grade_code, check=_check_code, sandboxed=True, parse_reference=_code_reference),
+    Grader("code", grade_code, check=CodeTask.from_answer, sandboxed=True,
+           parse_reference=lambda answer: CodeTask.from_answer(answer).to_answer()),
     Grader(JUDGE, reference="optional", check=lambda answer: None, model_graded=True),
     Grader(EQUIVALENCE, grade_pair=_grade_against, reference="none", check=_check_no_reference,
            argument=tuple(NORMALISERS)),
@@ -370,7 +325,12 @@ def check_grader(name: str) -> str:
 def check_reference(grader: str, answer: str) -> None:
     """Raise ValueError if ``answer`` cannot serve as a reference for ``grader`` (checked before a run,
     so that a bad reference stops the run before its first answer instead of in the middle)."""
-    grader_named(grader)[0].check_reference(answer)
+    found = grader_named(grader)[0]
+    if found.check is not None:
+        found.check(answer)
+    elif found.grade is not None:
+        # Grading an empty output exercises exactly the grader's reading of references.
+        found.grade("", answer)
 
 
 def grade(grader: str, output: str, answer: str) -> Grade:
