@@ -18,7 +18,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from flyspec.checks import is_loopback
 from flyspec.gate.data.results import PendingPair, drawn, gold_rule, record, record_second, request_texts
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
+from flyspec.gate.grading.graders import JUDGE
 from flyspec.gate.report.build import LabelProgress
+from flyspec.gate.shadow.pairs import SqlitePairStore
 
 STATIC = Path(__file__).with_name("static")
 ASSETS = {"label.js": "text/javascript", "label.css": "text/css"}
@@ -55,6 +57,26 @@ def open_queue(
     """The queue of ``run_id`` (the latest judged run when None), with its requests' texts."""
     run, gold = gold_rule(store, run_id)
     return Queue(run, drawn(store, run, gold, requests(run)), store.second_labels(run.run_id))
+
+
+def label_requests(path: str | Path) -> Callable[[RunRecord], dict[str, str]]:
+    """A run's request texts by prompt hash: its datasets' and, for a live-traffic run, its pairs'."""
+
+    def requests(run: RunRecord) -> dict[str, str]:
+        texts = request_texts(run)
+        if run.registered.shadow is None:
+            return texts
+        pairs = SqlitePairStore(path, run.run_id)
+        try:
+            questions = [pair.question(JUDGE) for pair in pairs.pairs()]
+        finally:
+            pairs.close()
+        for q in questions:
+            turns = (f"[{m['role']}] {m['content']}" for m in q.messages or [])
+            texts[q.prompt_hash] = q.prompt if q.prompt is not None else "\n".join(turns)
+        return texts
+
+    return requests
 
 
 def _pair_view(pair: PendingPair, mode: str) -> dict[str, object]:
