@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -254,8 +254,6 @@ class ShadowMetrics:
             registry=self.registry,
         )
         self.mirroring.set(1)
-        # A registered run's decision gauges, brought up to date before each scrape (status.py).
-        self.refresh: Callable[[], Awaitable[object]] | None = None
 
     def skip(self, reason: Skip) -> None:
         """Count one request not mirrored for ``reason``."""
@@ -369,8 +367,8 @@ class Mirror:
             job = await self.queue.get()
             try:
                 await self._pair(job)
-            except Exception:  # a worker must outlive any one copy; the copy is counted as not stored
-                log.exception("shadow: a mirrored request failed unexpectedly")
+            except Exception:  # a worker must outlive any one copy (a sink that failed, say): it is counted
+                log.exception("shadow: a mirrored pair was not stored")
                 self.metrics.skip(Skip.STORE_ERROR)
             finally:
                 self.queue.task_done()
@@ -381,9 +379,8 @@ class Mirror:
             self.metrics.skip(Skip.BASELINE_ERROR)
             return
         # The candidate's likely tokens: the baseline's where known, else the request's max_tokens.
-        if baseline is not None and baseline.prompt_tokens is not None:
-            estimate = baseline.prompt_tokens + (baseline.completion_tokens or 0)
-        else:
+        estimate = baseline.tokens if baseline is not None else None
+        if estimate is None:
             limit = job.request.get("max_tokens") or job.request.get("max_completion_tokens")
             estimate = limit if isinstance(limit, int) and limit > 0 else 0
         booking = self.caps.admit(estimate)
@@ -397,14 +394,8 @@ class Mirror:
                 self.metrics.skip(Skip.BASELINE_ERROR)
                 return
         candidate = await self.candidate.ask(job.route, job.request)
-        used = candidate.prompt_tokens
-        self.caps.settle(booking, None if used is None else used + (candidate.completion_tokens or 0))
+        self.caps.settle(booking, candidate.tokens)
         answers = self.redactor.answer(baseline), self.redactor.answer(candidate)
         pair = MirroredPair(job.received_at, job.source, job.route, job.request, *answers)
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._store_thread, self.sink, pair)
-        except Exception:
-            log.exception("shadow: the pair sink failed; the pair is lost")
-            self.metrics.skip(Skip.STORE_ERROR)
-            return
+        await asyncio.get_running_loop().run_in_executor(self._store_thread, self.sink, pair)
         self.metrics.pairs.inc()

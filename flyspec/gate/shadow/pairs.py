@@ -49,6 +49,11 @@ class ArmAnswer:
         """True when the arm answered with text (HTTP 200 and a completion)."""
         return self.error is None and self.text is not None
 
+    @property
+    def tokens(self) -> int | None:
+        """Prompt and completion tokens as reported (None when the prompt's are not)."""
+        return None if self.prompt_tokens is None else self.prompt_tokens + (self.completion_tokens or 0)
+
 
 def failed(error: str, latency_s: float, status: int | None = None) -> ArmAnswer:
     """The answer of an arm that errored or timed out."""

@@ -41,8 +41,7 @@ from flyspec.gate.grading.graders import (
     grade_against_baseline,
     grader_named,
 )
-from flyspec.gate.report.build import build_report
-from flyspec.gate.report.model import Report
+from flyspec.gate.report.build import Report, build_report
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.register import record_looks
 from flyspec.gate.shadow.pairs import DATASET, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
