@@ -55,66 +55,59 @@ async def _on_loop(offer: Callable[..., None], *args: object) -> None:
     offer(*args)
 
 
-class _Proxy:
-    """The request path: forwards to the baseline, passes its answer on, then offers the copy."""
+async def _forward(mirror: Mirror, request: Request, route: str, mirrored: bool) -> Response:
+    """The request path: forward to the baseline, pass its answer on, then offer the copy (``mirrored``)."""
+    raw = await request.body()
+    # A copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow); a copy of a
+    # route that is not paired is dropped, not forwarded.
+    if request.headers.get("host", "").rsplit(":", 1)[0].endswith("-shadow"):
+        return _accept_copy(mirror, route, raw) if mirrored else Response(status_code=202)
+    start = time.monotonic()
+    baseline = mirror.baseline
+    sent = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP}
+    sent["accept-encoding"] = "identity"
+    outgoing = baseline.client.build_request(
+        request.method,
+        baseline.url(route),
+        content=raw or None,
+        headers=sent,
+        params=request.query_params,
+    )
+    try:
+        upstream = await baseline.client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        return _bad_gateway(mirror, exc, mirrored)
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
+    if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        relay = _Relay(upstream, start, route, raw, mirror if mirrored else None)
+        # The copy is offered after the last chunk: by the background task when the response ends, or
+        # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
+        background = BackgroundTask(_on_loop, relay.offer)
+        return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
+    try:
+        body = await upstream.aread()
+    except httpx.HTTPError as exc:
+        return _bad_gateway(mirror, exc, mirrored)
+    finally:
+        await upstream.aclose()
+    background = None
+    if mirrored:
+        capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
+        background = BackgroundTask(_on_loop, mirror.offer, route, raw, PROXY, capture)
+    return Response(body, status_code=upstream.status_code, headers=headers, background=background)
 
-    def __init__(self, mirror: Mirror) -> None:
-        self.mirror = mirror
 
-    async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
-        raw = await request.body()
-        # A copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow); a copy of a
-        # route that is not paired is dropped, not forwarded.
-        if request.headers.get("host", "").rsplit(":", 1)[0].endswith("-shadow"):
-            return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
-        start = time.monotonic()
-        baseline = self.mirror.baseline
-        sent = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP}
-        sent["accept-encoding"] = "identity"
-        outgoing = baseline.client.build_request(
-            request.method,
-            baseline.url(route),
-            content=raw or None,
-            headers=sent,
-            params=request.query_params,
-        )
-        try:
-            upstream = await baseline.client.send(outgoing, stream=True)
-        except httpx.HTTPError as exc:
-            return self._bad_gateway(exc, mirrored)
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            relay = _Relay(upstream, start, route, raw, self.mirror if mirrored else None)
-            # The copy is offered after the last chunk: by the background task when the response ends, or
-            # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
-            background = BackgroundTask(_on_loop, relay.offer)
-            return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
-        try:
-            body = await upstream.aread()
-        except httpx.HTTPError as exc:
-            return self._bad_gateway(exc, mirrored)
-        finally:
-            await upstream.aclose()
-        background = None
-        if mirrored:
-            capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
-            background = BackgroundTask(_on_loop, self.mirror.offer, route, raw, PROXY, capture)
-        return Response(body, status_code=upstream.status_code, headers=headers, background=background)
+def _bad_gateway(mirror: Mirror, exc: Exception, mirrored: bool) -> JSONResponse:
+    if mirrored:
+        mirror.metrics.skip(Skip.BASELINE_ERROR)
+    message = f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
+    return JSONResponse({"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502)
 
-    def _bad_gateway(self, exc: Exception, mirrored: bool) -> JSONResponse:
-        if mirrored:
-            self.mirror.metrics.skip(Skip.BASELINE_ERROR)
-        message = (
-            f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
-        )
-        return JSONResponse(
-            {"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502
-        )
 
-    def accept_copy(self, route: str, raw: bytes) -> Response:
-        """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
-        self.mirror.offer(route, raw, MIRROR, None)
-        return JSONResponse({"status": "accepted"}, status_code=202)
+def _accept_copy(mirror: Mirror, route: str, raw: bytes) -> Response:
+    """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
+    mirror.offer(route, raw, MIRROR, None)
+    return JSONResponse({"status": "accepted"}, status_code=202)
 
 
 class _Relay:
@@ -165,7 +158,6 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
     """The shadow process's app, handing every mirrored pair to ``sink``; a registered ``ShadowRun`` also
     starts and stops with the app, adds its routes, and stops the mirroring once it decides."""
     mirror = Mirror(settings, sink)
-    proxy = _Proxy(mirror)
     run = sink if isinstance(sink, ShadowRun) else None
     if run is not None:
         mirror.budget.admitted = run.stored  # --max-pairs counts the pairs of earlier processes too
@@ -191,15 +183,17 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
     async def forward(request: Request, rest: str) -> Response:
         """Chat and completions are mirrored; every other /v1 route (models, embeddings, ...) is passed on."""
         route = "/" + rest
-        return await proxy.forward(request, route, request.method == "POST" and route in (CHAT, COMPLETIONS))
+        return await _forward(
+            mirror, request, route, request.method == "POST" and route in (CHAT, COMPLETIONS)
+        )
 
     @app.post("/mirror/v1/chat/completions", status_code=202)
     async def mirror_chat(request: Request) -> Response:
-        return proxy.accept_copy(CHAT, await request.body())
+        return _accept_copy(mirror, CHAT, await request.body())
 
     @app.post("/mirror/v1/completions", status_code=202)
     async def mirror_completions(request: Request) -> Response:
-        return proxy.accept_copy(COMPLETIONS, await request.body())
+        return _accept_copy(mirror, COMPLETIONS, await request.body())
 
     @app.get("/health")
     async def health() -> PlainTextResponse:
@@ -248,10 +242,6 @@ def _add_run_routes(
     return current
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:+.1f} pts"
-
-
 def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ()) -> str:
     """The /status page: plain HTML with the interval over time as inline SVG, every value escaped."""
     d = state.decision
@@ -260,10 +250,10 @@ def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ())
         "no gold label yet" if state.judge_agreement is None else f"{100 * state.judge_agreement:.0f}%"
     )
     shadow = run.registration.shadow
-    claim = shadow.claim if shadow is not None else ""
+    assert shadow is not None  # a shadow run registers its claim
     rows = [
         ("Decision", str(d.get("decision"))),
-        ("Interval of the net difference", f"[{_pct(state.low)}, {_pct(state.high)}]"),
+        ("Interval of the net difference", f"[{100 * state.low:+.1f} pts, {100 * state.high:+.1f} pts]"),
         (
             "Margin",
             f"-{100 * margin:.1f} pts (PASS once the low end is above it, FAIL once the high end is below)",
@@ -284,8 +274,7 @@ def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ())
         f"<h1>flyspec gate shadow: run {escape(run.run_id)}</h1><table>{table}</table>"
         "<h2>The interval against the margin, pair by pair</h2>"
         f"{interval_svg(steps, margin, f'The interval of run {run.run_id} against -margin')}"
-        f"<h2>The claim</h2><p>{escape(claim)}</p>"
-        f"<p>{escape(shadow.errors if shadow is not None else '')}</p></body></html>"
+        f"<h2>The claim</h2><p>{escape(shadow.claim)}</p><p>{escape(shadow.errors)}</p></body></html>"
     )
 
 

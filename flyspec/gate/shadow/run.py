@@ -1,10 +1,7 @@
-"""A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md).
-
-``ShadowRun`` registers the run before the first mirrored request. Its worker thread (``PairWorker``)
-commits each pair and registers it as the run's next question before the sink returns (arrival order is
-the registered order; a ``kill -9`` loses at most the pairs in flight), then judges it in both orders
-(``JudgedPairs``) or grades it against the baseline's answer. The decision is the report's, rebuilt as
-verdicts and labels arrive; once it is PASS or FAIL, ``on_decided`` stops the mirroring.
+"""A shadow run (docs/shadow.md): registered before the first mirrored request; its worker thread
+(``PairWorker``) commits each pair and registers it as the next question before the sink returns (a
+``kill -9`` loses at most the pairs in flight), then grades it against the baseline's answer or has it
+judged in both orders. The decision is the report's; once it is PASS or FAIL, ``on_decided`` runs.
 """
 
 from __future__ import annotations
