@@ -192,12 +192,11 @@ class PairWorker:
             if str(pair.id) not in answered:
                 self._grade(pair)
 
-    def take(self, pair: MirroredPair) -> int:
-        """Commit a new pair, register its question and grade it (or ask the judge); returns its id."""
+    def take(self, pair: MirroredPair) -> None:
+        """Commit a new pair, register its question and grade it (or ask the judge)."""
         stored = self.pairs(pair)
         self._register(stored)
         self._grade(stored)
-        return stored.id
 
     def _question(self, pair: StoredPair) -> Question:
         """The pair's question; a judged run's pair whose candidate errored is a known loss, graded so."""
@@ -314,7 +313,7 @@ class ShadowRun:
         self.registration = registration
         self.stored = self.pairs.count()
         self.on_decided: Callable[[], object] = lambda: None
-        self._inbox: queue.Queue[tuple[MirroredPair, Future[int]] | None] = queue.Queue()
+        self._inbox: queue.Queue[tuple[MirroredPair, Future[None]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="shadow-run", daemon=True)
         self._ready = threading.Event()
         self._building = threading.Lock()
@@ -325,7 +324,7 @@ class ShadowRun:
         """Commit one pair and register it before returning; raises when the worker could not start."""
         if self.error is not None:
             raise RuntimeError(f"the shadow run's worker is not running: {self.error}")
-        done: Future[int] = Future()
+        done: Future[None] = Future()
         self._inbox.put((pair, done))
         done.result()
 
