@@ -397,7 +397,7 @@ def test_the_gate_is_eight_layered_subpackages() -> None:
         ("flyspec.gate.runs.tune", "flyspec.gate.report.tune_report"),
         ("flyspec.gate.runs.judging", "flyspec.gate.report.build"),
         ("flyspec.gate.shadow.mirror", "flyspec.gate.logs.compare"),
-        ("flyspec.gate.report.build", "flyspec.gate.shadow.status"),
+        ("flyspec.gate.report.build", "flyspec.gate.shadow.proxy"),
         ("flyspec.gate.runs.run", "flyspec.gate.shadow.proxy"),
     ],
 )

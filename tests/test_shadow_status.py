@@ -15,7 +15,7 @@ from shadow_harness import arm, judge_preferring, label_all, shadow_run, upstrea
 from flyspec.bench.scripted_openai import Script
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.decisions import Step, interval_path
-from flyspec.gate.shadow.status import MAX_POINTS, interval_svg, thinned
+from flyspec.gate.shadow.proxy import MAX_POINTS, interval_svg, thinned
 
 
 def _points(page: str, name: str) -> list[tuple[float, float]]:

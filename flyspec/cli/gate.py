@@ -440,7 +440,7 @@ def label_command(
     console = Console(highlight=False)
     with GateStore(store) as opened:
         run, gold = gold_rule(opened, run_id)
-        from flyspec.gate.shadow.run import label_requests
+        from flyspec.gate.shadow.label import label_requests
 
         todo = pending(opened, run, gold, label_requests(opened.path)(run))
         if not todo:

@@ -204,8 +204,7 @@ def _mount_label_page(app: FastAPI, store: Path, run: str, address: str, token: 
     """Serve the labelling page beside the proxy where the rule allows it (loopback, or a token); say
     where it is, or why it is off."""
     from flyspec.gate.report.build import label_progress
-    from flyspec.gate.shadow.label import check_label_host, label_router
-    from flyspec.gate.shadow.run import label_requests
+    from flyspec.gate.shadow.label import check_label_host, label_requests, label_router
 
     host = address.rpartition(":")[0]
     if token is None and not is_loopback(host):

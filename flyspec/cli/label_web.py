@@ -8,8 +8,7 @@ from pathlib import Path
 from flyspec.gate.data.results import gold_rule
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.build import label_progress
-from flyspec.gate.shadow.label import check_label_host, label_router
-from flyspec.gate.shadow.run import label_requests
+from flyspec.gate.shadow.label import check_label_host, label_requests, label_router
 
 
 def serve_label_page(store: Path, run_id: str | None, host: str, port: int, token: str | None) -> None:

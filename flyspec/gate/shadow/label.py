@@ -18,7 +18,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from flyspec.checks import is_loopback
 from flyspec.gate.data.results import PendingPair, drawn, gold_rule, record, record_second, request_texts
 from flyspec.gate.data.store import GateStore, LabelRecord, RunRecord
+from flyspec.gate.grading.graders import JUDGE
 from flyspec.gate.report.build import LabelProgress
+from flyspec.gate.shadow.pairs import SqlitePairStore
 
 STATIC = Path(__file__).with_name("static")
 ASSETS = {"label.js": "text/javascript", "label.css": "text/css"}
@@ -42,19 +44,44 @@ class LabelRefused(ValueError):
 
 @dataclass(frozen=True)
 class Queue:
-    """One look at a run's drawn pairs: each with its gold label (None: it waits) and the second labels."""
+    """One look at a run's drawn pairs, in order, by (dataset, question id): each with its gold label (None:
+    it waits); and the second labels."""
 
     run: RunRecord
-    pairs: list[tuple[PendingPair, LabelRecord | None]]
+    pairs: dict[tuple[str, str], tuple[PendingPair, LabelRecord | None]]
     seconds: list[LabelRecord]
 
 
 def open_queue(
-    store: GateStore, run_id: str | None, requests: Callable[[RunRecord], dict[str, str]] = request_texts
+    store: GateStore, run_id: str | None, requests: Callable[[RunRecord], dict[str, str]]
 ) -> Queue:
     """The queue of ``run_id`` (the latest judged run when None), with its requests' texts."""
     run, gold = gold_rule(store, run_id)
-    return Queue(run, drawn(store, run, gold, requests(run)), store.second_labels(run.run_id))
+    pairs = {
+        (p.question.dataset, p.question.question_id): (p, label)
+        for p, label in drawn(store, run, gold, requests(run))
+    }
+    return Queue(run, pairs, store.second_labels(run.run_id))
+
+
+def label_requests(path: str | Path) -> Callable[[RunRecord], dict[str, str]]:
+    """A run's request texts by prompt hash: its datasets' and, for a live-traffic run, its pairs'."""
+
+    def requests(run: RunRecord) -> dict[str, str]:
+        texts = request_texts(run)
+        if run.registered.shadow is None:
+            return texts
+        pairs = SqlitePairStore(path, run.run_id)
+        try:
+            questions = [pair.question(JUDGE) for pair in pairs.pairs()]
+        finally:
+            pairs.close()
+        for q in questions:
+            turns = (f"[{m['role']}] {m['content']}" for m in q.messages or [])
+            texts[q.prompt_hash] = q.prompt if q.prompt is not None else "\n".join(turns)
+        return texts
+
+    return requests
 
 
 def _pair_view(pair: PendingPair, mode: str) -> dict[str, object]:
@@ -73,13 +100,12 @@ def _pair_view(pair: PendingPair, mode: str) -> dict[str, object]:
 
 def _progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, object]:
     # more_labels is None when the advice needs a higher label rate than the run's draw can give.
-    labelled = sum(label is not None for _, label in queue.pairs)
+    first = {key: label for key, (_, label) in queue.pairs.items() if label is not None}
     reading = decision(store_path, queue.run.run_id)
     needed, rate, gold_rate = reading["labels_needed"], reading["advised_rate"], reading["gold_rate"]
     more = None
     if needed is not None and rate is not None and gold_rate is not None and rate <= gold_rate:
-        more = max(0, needed - labelled)
-    first = {(p.question.dataset, p.question.question_id): label for p, label in queue.pairs if label}
+        more = max(0, needed - len(first))
     twice = agreed = 0
     for second in queue.seconds:
         gold = first.get((second.dataset, second.question_id))
@@ -88,8 +114,8 @@ def _progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, o
             agreed += gold.value == second.value
     return {
         "run": queue.run.run_id,
-        "labelled": labelled,
-        "waiting": len(queue.pairs) - labelled,
+        "labelled": len(first),
+        "waiting": len(queue.pairs) - len(first),
         **reading,
         "more_labels": more,
         "labellers": {"twice": twice, "agreed": agreed},
@@ -99,15 +125,13 @@ def _progress(store_path: Path, queue: Queue, decision: Progress) -> dict[str, o
 def state(store_path: Path, queue: Queue, labeller: str, decision: Progress) -> dict[str, object]:
     """The pairs ``labeller`` may label (those waiting first, then pairs someone else labelled, for a
     second label) and the progress."""
-    waiting = [_pair_view(p, "gold") for p, label in queue.pairs if label is None]
     done = {(s.dataset, s.question_id) for s in queue.seconds if s.detail.get("labeller") == labeller}
-    second = [
-        _pair_view(p, "second")
-        for p, label in queue.pairs
-        if label is not None
-        and label.detail.get("labeller") != labeller
-        and (p.question.dataset, p.question.question_id) not in done
-    ]
+    waiting, second = [], []
+    for key, (pair, label) in queue.pairs.items():
+        if label is None:
+            waiting.append(_pair_view(pair, "gold"))
+        elif label.detail.get("labeller") != labeller and key not in done:
+            second.append(_pair_view(pair, "second"))
     return {"pairs": waiting + second, "progress": _progress(store_path, queue, decision)}
 
 
@@ -120,26 +144,18 @@ def submit(store: GateStore, queue: Queue, body: Mapping[str, object]) -> str:
     if not labeller or len(labeller) > 80:
         raise ValueError("labeller: give your name (1 to 80 characters); it is stored with each label")
     where = f"pair {dataset}/{question_id}"
-    found = next(
-        (
-            p
-            for p in queue.pairs
-            if (p[0].question.dataset, p[0].question.question_id) == (dataset, question_id)
-        ),
-        None,
-    )
-    if found is None:
+    if (dataset, question_id) not in queue.pairs:
         raise LabelRefused(
             f"{where} is not waiting for a label: the run did not draw it for a gold label, or its two "
             "answers are missing or identical"
         )
-    pair, gold = found
-    if gold is None and not second:
+    pair, gold = queue.pairs[(dataset, question_id)]
+    if gold is None:
+        if second:
+            raise LabelRefused(f"{where} has no gold label yet: label it first, not a second time")
         if record(store, queue.run, pair, KEYS[key], labeller) is None:
             raise LabelRefused(f"{where} was labelled meanwhile; reload for the next pair")
         return "gold"
-    if gold is None:
-        raise LabelRefused(f"{where} has no gold label yet: label it first, not a second time")
     by = gold.detail.get("labeller", "someone in the terminal")
     if not second:
         raise LabelRefused(

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -59,12 +59,6 @@ class SamplingRule:
     share: float
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if not is_number(self.share, above=0, at_most=1):
-            raise ValueError(f"--sample={self.share!r}: the mirrored share must be in (0, 1]")
-        if not is_int(self.seed, 0):
-            raise ValueError(f"sampling seed={self.seed!r}: must be an integer >= 0")
-
     def draws(self, body: bytes) -> bool:
         """True when the request with this raw body is mirrored."""
         if self.share >= 1:
@@ -97,15 +91,13 @@ def ineligible(route: str, body: dict[str, object]) -> Skip | None:
     return None
 
 
+@dataclass
 class PairBudget:
     """The stop after ``max_pairs`` admitted pairs (None: no stop), or once the run decided (``closed``)."""
 
-    def __init__(self, max_pairs: int | None) -> None:
-        if max_pairs is not None and not is_int(max_pairs, 1):
-            raise ValueError(f"--max-pairs={max_pairs!r}: must be a positive integer")
-        self.max_pairs = max_pairs
-        self.admitted = 0
-        self.closed = False
+    max_pairs: int | None
+    admitted: int = 0
+    closed: bool = False
 
     @property
     def exhausted(self) -> bool:
@@ -125,39 +117,28 @@ class Booking:
     tokens: float
 
 
+@dataclass
 class SpendCaps:
     """Caps on the candidate's requests and tokens over a sliding minute (None: no cap); tokens are booked
     as estimated, then as reported. (The number of mirror workers caps its concurrency.)"""
 
-    def __init__(
-        self,
-        requests_per_minute: int | None,
-        tokens_per_minute: int | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        for option, value in (
-            ("--max-candidate-requests-per-minute", requests_per_minute),
-            ("--max-candidate-tokens-per-minute", tokens_per_minute),
-        ):
-            if value is not None and not is_int(value, 1):
-                raise ValueError(f"{option}={value!r}: must be a positive integer")
-        self.requests_per_minute = requests_per_minute
-        self.tokens_per_minute = tokens_per_minute
-        self._clock = clock
-        self._booked: deque[Booking] = deque()  # oldest first
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    clock: Callable[[], float] = time.monotonic
+    booked: deque[Booking] = field(default_factory=deque, init=False)  # oldest first
 
     def admit(self, estimated_tokens: int) -> Booking | Skip:
         """A booking when the request fits (``settle`` it once the candidate answers), else the cap hit."""
-        cutoff = self._clock() - 60.0  # a sliding minute
-        while self._booked and self._booked[0].at <= cutoff:
-            self._booked.popleft()
-        tokens = sum(b.tokens for b in self._booked)
-        if self.requests_per_minute is not None and len(self._booked) + 1 > self.requests_per_minute:
+        cutoff = self.clock() - 60.0  # a sliding minute
+        while self.booked and self.booked[0].at <= cutoff:
+            self.booked.popleft()
+        tokens = sum(b.tokens for b in self.booked)
+        if self.requests_per_minute is not None and len(self.booked) + 1 > self.requests_per_minute:
             return Skip.OVER_REQUEST_CAP
         if self.tokens_per_minute is not None and tokens + estimated_tokens > self.tokens_per_minute:
             return Skip.OVER_TOKEN_CAP
-        booking = Booking(self._clock(), float(estimated_tokens))
-        self._booked.append(booking)
+        booking = Booking(self.clock(), float(estimated_tokens))
+        self.booked.append(booking)
         return booking
 
     @staticmethod
@@ -226,23 +207,25 @@ class ShadowSettings:
     max_request_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
+        if not is_number(self.sample, above=0, at_most=1):
+            raise ValueError(f"--sample={self.sample!r}: the mirrored share must be in (0, 1]")
+        if not is_int(self.sample_seed, 0):
+            raise ValueError(f"sample_seed={self.sample_seed!r}: must be an integer >= 0")
         for option, value in (
+            ("--max-pairs", self.max_pairs),
             ("--candidate-concurrency", self.candidate_concurrency),
+            ("--max-candidate-requests-per-minute", self.max_candidate_requests_per_minute),
+            ("--max-candidate-tokens-per-minute", self.max_candidate_tokens_per_minute),
             ("queue_size", self.queue_size),
             ("max_request_bytes", self.max_request_bytes),
         ):
-            if not is_int(value, 1):
+            if value is not None and not is_int(value, 1):
                 raise ValueError(f"{option}={value!r}: must be a positive integer")
-        self.parts()  # each part checks its own options: a bad value fails here, before the server starts
+        Redactor(self.redact)  # a bad pattern fails here, before the server starts
 
     def rule(self) -> SamplingRule:
         """The registered sampling rule."""
         return SamplingRule(self.sample, self.sample_seed)
-
-    def parts(self) -> tuple[SamplingRule, PairBudget, SpendCaps, Redactor]:
-        """Fresh admission parts: the sampling rule, the pair budget, the spend caps, the redactor."""
-        caps = SpendCaps(self.max_candidate_requests_per_minute, self.max_candidate_tokens_per_minute)
-        return self.rule(), PairBudget(self.max_pairs), caps, Redactor(self.redact)
 
 
 class ShadowMetrics:
@@ -271,8 +254,6 @@ class ShadowMetrics:
             registry=self.registry,
         )
         self.mirroring.set(1)
-        # A registered run's decision gauges, brought up to date before each scrape (status.py).
-        self.refresh: Callable[[], Awaitable[object]] | None = None
 
     def skip(self, reason: Skip) -> None:
         """Count one request not mirrored for ``reason``."""
@@ -314,16 +295,20 @@ class Mirror:
         self.baseline = Upstream(settings.baseline, connections=None)
         self.candidate = Upstream(settings.candidate, connections=settings.candidate_concurrency)
         self.sink = sink
-        self.rule, self.budget, self.caps, self.redactor = settings.parts()
-        self.max_request_bytes = settings.max_request_bytes
+        self.settings = settings
+        self.rule = settings.rule()
+        self.budget = PairBudget(settings.max_pairs)
+        self.caps = SpendCaps(
+            settings.max_candidate_requests_per_minute, settings.max_candidate_tokens_per_minute
+        )
+        self.redactor = Redactor(settings.redact)
         self.queue: asyncio.Queue[MirrorJob] = asyncio.Queue(maxsize=settings.queue_size)
         self.metrics = ShadowMetrics(self.queue.qsize)
-        self._workers = settings.candidate_concurrency
         self._tasks: list[asyncio.Task] = []
         self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-sink")
 
     def _reason(self, route: str, raw: bytes, status: int | None) -> tuple[Skip | None, dict[str, object]]:
-        if len(raw) > self.max_request_bytes:
+        if len(raw) > self.settings.max_request_bytes:
             return Skip.TOO_LONG, {}
         try:
             body = json.loads(raw)
@@ -353,24 +338,20 @@ class Mirror:
             else:
                 self.budget.take()
                 if self.budget.exhausted:
-                    self.metrics.mirroring.set(0)
-                    log.warning(
-                        "shadow: %d pairs admitted (--max-pairs): mirroring stops; the proxy keeps serving",
-                        self.budget.admitted,
-                    )
+                    self.close(f"{self.budget.admitted} pairs admitted (--max-pairs)")
         if reason is not None:
             self.metrics.skip(reason)
 
-    def close(self, decision: object = None) -> None:
-        """Stop mirroring because the run decided (called from the run's thread); the proxy keeps serving."""
+    def close(self, why: str = "the run decided") -> None:
+        """Stop mirroring, once (also from the run's thread); the proxy keeps serving."""
         if not self.budget.closed:
             self.budget.closed = True
             self.metrics.mirroring.set(0)
-            log.warning("shadow: the run decided: mirroring stops; the proxy keeps serving")
+            log.warning("shadow: %s: mirroring stops; the proxy keeps serving", why)
 
     def start(self) -> None:
         """Start the workers on the running event loop."""
-        self._tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
+        self._tasks = [asyncio.create_task(self._work()) for _ in range(self.settings.candidate_concurrency)]
 
     async def stop(self) -> None:
         """Stop the workers (copies queued or in flight are not stored), the sink thread and both pools."""
@@ -386,8 +367,8 @@ class Mirror:
             job = await self.queue.get()
             try:
                 await self._pair(job)
-            except Exception:  # a worker must outlive any one copy; the copy is counted as not stored
-                log.exception("shadow: a mirrored request failed unexpectedly")
+            except Exception:  # a worker must outlive any one copy (a sink that failed, say): it is counted
+                log.exception("shadow: a mirrored pair was not stored")
                 self.metrics.skip(Skip.STORE_ERROR)
             finally:
                 self.queue.task_done()
@@ -398,9 +379,8 @@ class Mirror:
             self.metrics.skip(Skip.BASELINE_ERROR)
             return
         # The candidate's likely tokens: the baseline's where known, else the request's max_tokens.
-        if baseline is not None and baseline.prompt_tokens is not None:
-            estimate = baseline.prompt_tokens + (baseline.completion_tokens or 0)
-        else:
+        estimate = baseline.tokens if baseline is not None else None
+        if estimate is None:
             limit = job.request.get("max_tokens") or job.request.get("max_completion_tokens")
             estimate = limit if isinstance(limit, int) and limit > 0 else 0
         booking = self.caps.admit(estimate)
@@ -414,14 +394,8 @@ class Mirror:
                 self.metrics.skip(Skip.BASELINE_ERROR)
                 return
         candidate = await self.candidate.ask(job.route, job.request)
-        used = candidate.prompt_tokens
-        self.caps.settle(booking, None if used is None else used + (candidate.completion_tokens or 0))
+        self.caps.settle(booking, candidate.tokens)
         answers = self.redactor.answer(baseline), self.redactor.answer(candidate)
         pair = MirroredPair(job.received_at, job.source, job.route, job.request, *answers)
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._store_thread, self.sink, pair)
-        except Exception:
-            log.exception("shadow: the pair sink failed; the pair is lost")
-            self.metrics.skip(Skip.STORE_ERROR)
-            return
+        await asyncio.get_running_loop().run_in_executor(self._store_thread, self.sink, pair)
         self.metrics.pairs.inc()

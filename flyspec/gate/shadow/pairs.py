@@ -15,12 +15,15 @@ from pathlib import Path
 from flyspec.checks import is_int
 from flyspec.gate.arms.endpoint import read_acceptance
 from flyspec.gate.data import spec as codec
+from flyspec.gate.data.questions import Question
 from flyspec.outputs import AcceptanceCounts
 
 PROXY = "proxy"
 """A pair whose baseline answer is the one the proxy passed to the client."""
 MIRROR = "mirror"
 """A pair from a mirror-sink copy: the shadow process asked both arms itself."""
+DATASET = "shadow"
+"""The dataset name of a shadow run's questions in the store and its reports."""
 CHAT = "/chat/completions"
 COMPLETIONS = "/completions"
 MASK = "[REDACTED]"
@@ -45,6 +48,11 @@ class ArmAnswer:
     def ok(self) -> bool:
         """True when the arm answered with text (HTTP 200 and a completion)."""
         return self.error is None and self.text is not None
+
+    @property
+    def tokens(self) -> int | None:
+        """Prompt and completion tokens as reported (None when the prompt's are not)."""
+        return None if self.prompt_tokens is None else self.prompt_tokens + (self.completion_tokens or 0)
 
 
 def failed(error: str, latency_s: float, status: int | None = None) -> ArmAnswer:
@@ -195,6 +203,22 @@ class StoredPair:
         """The baseline's and the candidate's answers."""
         return codec.from_json(ArmAnswer, self.baseline), codec.from_json(ArmAnswer, self.candidate)
 
+    def question(self, grader: str) -> Question:
+        """The request as a gate question (what the judge is shown): its prompt or its messages."""
+        if self.route == COMPLETIONS:
+            prompt = self.request.get("prompt")
+            text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+            return Question(str(self.id), "", grader, DATASET, prompt=text)
+        messages = [
+            {
+                "role": str(m.get("role", "")),
+                "content": c if isinstance(c := m.get("content"), str) else json.dumps(c),
+            }
+            for m in self.request.get("messages") or []
+            if isinstance(m, dict)
+        ]
+        return Question(str(self.id), "", grader, DATASET, messages=messages)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS shadow_pairs (
@@ -211,18 +235,6 @@ CREATE TABLE IF NOT EXISTS shadow_pairs (
 """
 
 
-def create_private(path: Path) -> None:
-    """Create ``path`` readable and writable by its owner only; refuse an existing file others may read."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            raise ValueError(
-                f"--store {path}: mode {mode:o} lets others read stored traffic; run `chmod 600 {path}`"
-            ) from None
-
-
 class SqlitePairStore:
     """A sink for the mirror keeping the pairs of run ``run_id``, each committed as it arrives (a shadow
     run's table is in its gate store, the row id the pair's question id); thread-safe."""
@@ -230,7 +242,14 @@ class SqlitePairStore:
     def __init__(self, path: str | Path, run_id: str = "") -> None:
         self.path = Path(path)
         self.run_id = run_id
-        create_private(self.path)
+        try:  # readable and writable by its owner only; an existing file others may read is refused
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            mode = stat.S_IMODE(self.path.stat().st_mode)
+            if mode & 0o077:
+                raise ValueError(
+                    f"--store {path}: mode {mode:o} lets others read stored traffic; run `chmod 600 {path}`"
+                ) from None
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
         self._db.execute(_SCHEMA)

@@ -1,28 +1,33 @@
-"""The shadow app: an OpenAI-compatible proxy to the baseline, a mirror sink, and /metrics.
+"""The shadow app: an OpenAI-compatible proxy to the baseline, a mirror sink, /metrics and, for a
+registered run, /decision (the decision object of ``gate report --json``) and /status (for a person).
 
 Every /v1 request goes to the baseline and its answer goes back unchanged (server-sent events passed on as
 they arrive); only after the client has the whole answer is a copy offered to the mirror. Copies from
 nginx arrive at /mirror/v1/...; Envoy and Istio send theirs to /v1 with ``-shadow`` appended to the Host.
-Both are answered 202 at once.
+Both are answered 202 at once. /status plots the interval against the margin as inline SVG from the
+report's own walk: the page loads nothing, and every text in it is escaped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from html import escape
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from starlette.background import BackgroundTask
 
-from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink, ShadowSettings, Skip
+from flyspec.gate.data.store import GateStore
+from flyspec.gate.report.decisions import Step, interval_path
+from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink, ShadowMetrics, ShadowSettings, Skip
 from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
-from flyspec.gate.shadow.run import ShadowRun
-from flyspec.gate.shadow.status import add_run_routes
+from flyspec.gate.shadow.run import LiveDecision, ShadowRun
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the HTTP layer sets itself are never copied across.
 _HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -32,83 +37,77 @@ _REQUEST_DROP = _HOP | {"accept-encoding"}
 _RESPONSE_DROP = _HOP | {"date", "server"}
 MAX_KEPT_ANSWER_BYTES = 8 << 20
 """A streamed answer longer than this is passed on but not kept for the mirror (``too_long``)."""
+MAX_POINTS = 400
+WIDTH, HEIGHT = 640, 260
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 12, 40
+_GAUGES = (
+    ("flyspec_shadow_interval_low", "Low end of the run's interval of the net difference."),
+    ("flyspec_shadow_interval_high", "High end of the run's interval of the net difference."),
+    ("flyspec_shadow_decision", "The run's decision: -1 FAIL, 0 INCONCLUSIVE, 1 PASS."),
+    ("flyspec_shadow_labels_waiting", "Drawn pairs waiting for a person's gold label."),
+    ("flyspec_shadow_judge_agreement", "The judge's agreement with gold (NaN before a label)."),
+)
 
 
-def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """A client's request headers as forwarded upstream (authorization and content-type kept)."""
-    out = {k: v for k, v in headers.items() if k.lower() not in _REQUEST_DROP}
-    out["accept-encoding"] = "identity"
-    return out
+async def _on_loop(offer: Callable[..., None], *args: object) -> None:
+    # A coroutine, so Starlette runs it on the event loop: a plain function would run in a worker thread,
+    # and the mirror's asyncio queue is not thread-safe.
+    offer(*args)
 
 
-def response_headers(headers: httpx.Headers) -> dict[str, str]:
-    """An upstream's response headers as passed back to the client (content-type kept)."""
-    return {k: v for k, v in headers.items() if k.lower() not in _RESPONSE_DROP}
+async def _forward(mirror: Mirror, request: Request, route: str, mirrored: bool) -> Response:
+    """The request path: forward to the baseline, pass its answer on, then offer the copy (``mirrored``)."""
+    raw = await request.body()
+    # A copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow); a copy of a
+    # route that is not paired is dropped, not forwarded.
+    if request.headers.get("host", "").rsplit(":", 1)[0].endswith("-shadow"):
+        return _accept_copy(mirror, route, raw) if mirrored else Response(status_code=202)
+    start = time.monotonic()
+    baseline = mirror.baseline
+    sent = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP}
+    sent["accept-encoding"] = "identity"
+    outgoing = baseline.client.build_request(
+        request.method,
+        baseline.url(route),
+        content=raw or None,
+        headers=sent,
+        params=request.query_params,
+    )
+    try:
+        upstream = await baseline.client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        return _bad_gateway(mirror, exc, mirrored)
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
+    if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        relay = _Relay(upstream, start, route, raw, mirror if mirrored else None)
+        # The copy is offered after the last chunk: by the background task when the response ends, or
+        # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
+        background = BackgroundTask(_on_loop, relay.offer)
+        return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
+    try:
+        body = await upstream.aread()
+    except httpx.HTTPError as exc:
+        return _bad_gateway(mirror, exc, mirrored)
+    finally:
+        await upstream.aclose()
+    background = None
+    if mirrored:
+        capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
+        background = BackgroundTask(_on_loop, mirror.offer, route, raw, PROXY, capture)
+    return Response(body, status_code=upstream.status_code, headers=headers, background=background)
 
 
-class _Proxy:
-    """The request path: forwards to the baseline, passes its answer on, then offers the copy."""
+def _bad_gateway(mirror: Mirror, exc: Exception, mirrored: bool) -> JSONResponse:
+    if mirrored:
+        mirror.metrics.skip(Skip.BASELINE_ERROR)
+    message = f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
+    return JSONResponse({"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502)
 
-    def __init__(self, mirror: Mirror) -> None:
-        self.mirror = mirror
 
-    async def forward(self, request: Request, route: str, mirrored: bool) -> Response:
-        raw = await request.body()
-        # A copy sent by Envoy's request_mirror_policies or Istio (Host ends with -shadow); a copy of a
-        # route that is not paired is dropped, not forwarded.
-        if request.headers.get("host", "").rsplit(":", 1)[0].endswith("-shadow"):
-            return self.accept_copy(route, raw) if mirrored else Response(status_code=202)
-        start = time.monotonic()
-        baseline = self.mirror.baseline
-        outgoing = baseline.client.build_request(
-            request.method,
-            baseline.url(route),
-            content=raw or None,
-            headers=request_headers(request.headers),
-            params=request.query_params,
-        )
-        try:
-            upstream = await baseline.client.send(outgoing, stream=True)
-        except httpx.HTTPError as exc:
-            return self._bad_gateway(exc, mirrored)
-        headers = response_headers(upstream.headers)
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            relay = _Relay(upstream, start, route, raw, self.mirror if mirrored else None)
-            # The copy is offered after the last chunk: by the background task when the response ends, or
-            # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
-            background = BackgroundTask(relay.offer_after)
-            return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
-        try:
-            body = await upstream.aread()
-        except httpx.HTTPError as exc:
-            return self._bad_gateway(exc, mirrored)
-        finally:
-            await upstream.aclose()
-        background = None
-        if mirrored:
-            capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
-            background = BackgroundTask(self._offer, route, raw, capture)
-        return Response(body, status_code=upstream.status_code, headers=headers, background=background)
-
-    def _bad_gateway(self, exc: Exception, mirrored: bool) -> JSONResponse:
-        if mirrored:
-            self.mirror.metrics.skip(Skip.BASELINE_ERROR)
-        message = (
-            f"flyspec gate shadow: the baseline did not answer ({type(exc).__name__}: {exc or 'no detail'})"
-        )
-        return JSONResponse(
-            {"error": {"message": message, "type": "bad_gateway", "code": 502}}, status_code=502
-        )
-
-    async def _offer(self, route: str, raw: bytes, capture: BaselineCapture) -> None:
-        # A coroutine, so Starlette runs it on the event loop: a plain function would run in a worker
-        # thread, and the mirror's asyncio queue is not thread-safe.
-        self.mirror.offer(route, raw, PROXY, capture)
-
-    def accept_copy(self, route: str, raw: bytes) -> Response:
-        """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
-        self.mirror.offer(route, raw, MIRROR, None)
-        return JSONResponse({"status": "accepted"}, status_code=202)
+def _accept_copy(mirror: Mirror, route: str, raw: bytes) -> Response:
+    """A mirrored copy: answered 202 at once; both arms are asked by the mirror's workers."""
+    mirror.offer(route, raw, MIRROR, None)
+    return JSONResponse({"status": "accepted"}, status_code=202)
 
 
 class _Relay:
@@ -154,15 +153,11 @@ class _Relay:
             )
             mirror.offer(self.route, self.raw, PROXY, capture)
 
-    async def offer_after(self) -> None:
-        self.offer()
-
 
 def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> FastAPI:
     """The shadow process's app, handing every mirrored pair to ``sink``; a registered ``ShadowRun`` also
     starts and stops with the app, adds its routes, and stops the mirroring once it decides."""
     mirror = Mirror(settings, sink)
-    proxy = _Proxy(mirror)
     run = sink if isinstance(sink, ShadowRun) else None
     if run is not None:
         mirror.budget.admitted = run.stored  # --max-pairs counts the pairs of earlier processes too
@@ -188,27 +183,150 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
     async def forward(request: Request, rest: str) -> Response:
         """Chat and completions are mirrored; every other /v1 route (models, embeddings, ...) is passed on."""
         route = "/" + rest
-        return await proxy.forward(request, route, request.method == "POST" and route in (CHAT, COMPLETIONS))
+        return await _forward(
+            mirror, request, route, request.method == "POST" and route in (CHAT, COMPLETIONS)
+        )
 
     @app.post("/mirror/v1/chat/completions", status_code=202)
     async def mirror_chat(request: Request) -> Response:
-        return proxy.accept_copy(CHAT, await request.body())
+        return _accept_copy(mirror, CHAT, await request.body())
 
     @app.post("/mirror/v1/completions", status_code=202)
     async def mirror_completions(request: Request) -> Response:
-        return proxy.accept_copy(COMPLETIONS, await request.body())
+        return _accept_copy(mirror, COMPLETIONS, await request.body())
 
     @app.get("/health")
     async def health() -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    if run is not None:
-        add_run_routes(app, run, mirror.metrics)
+    refresh = _add_run_routes(app, run, mirror.metrics) if run is not None else None
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        if mirror.metrics.refresh is not None:
-            await mirror.metrics.refresh()
+        if refresh is not None:
+            await refresh()
         return Response(generate_latest(mirror.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _add_run_routes(
+    app: FastAPI, run: ShadowRun, metrics: ShadowMetrics
+) -> Callable[[], Awaitable[LiveDecision]]:
+    """Add /decision and /status for ``run`` and its decision gauges to ``metrics``; returns what brings
+    the gauges up to date (before each scrape). Each is built from the store when asked, in a worker
+    thread, so it agrees with ``gate report`` at that moment and never holds the event loop."""
+    gauges = [Gauge(name, help_text, registry=metrics.registry) for name, help_text in _GAUGES]
+
+    async def current() -> LiveDecision:
+        state = await asyncio.to_thread(run.decision)
+        agreement = float("nan") if state.judge_agreement is None else state.judge_agreement
+        values = (state.low, state.high, state.code, state.labels_waiting, agreement)
+        for gauge, value in zip(gauges, values, strict=True):
+            gauge.set(value)
+        return state
+
+    @app.get("/decision")
+    async def decision() -> JSONResponse:
+        return JSONResponse((await current()).decision)
+
+    def steps() -> list[Step]:  # the run's interval after each pair it counts, replayed from the store
+        with GateStore(run.path) as store:
+            return interval_path(store, run.run_id)
+
+    @app.get("/status")
+    async def status() -> HTMLResponse:
+        state = await current()
+        return HTMLResponse(status_page(run, state, await asyncio.to_thread(steps)))
+
+    return current
+
+
+def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ()) -> str:
+    """The /status page: plain HTML with the interval over time as inline SVG, every value escaped."""
+    d = state.decision
+    margin = float(d.get("margin") or run.plan.margin)
+    agreement = (
+        "no gold label yet" if state.judge_agreement is None else f"{100 * state.judge_agreement:.0f}%"
+    )
+    shadow = run.registration.shadow
+    assert shadow is not None  # a shadow run registers its claim
+    rows = [
+        ("Decision", str(d.get("decision"))),
+        ("Interval of the net difference", f"[{100 * state.low:+.1f} pts, {100 * state.high:+.1f} pts]"),
+        (
+            "Margin",
+            f"-{100 * margin:.1f} pts (PASS once the low end is above it, FAIL once the high end is below)",
+        ),
+        ("Pairs stored", str(state.pairs)),
+        ("Pairs the decision counts (in arrival order)", str(d.get("n"))),
+        ("Alpha", str(d.get("alpha"))),
+    ]
+    if run.plan.judge is not None:
+        label = f"flyspec gate label --store {run.path} --run {run.run_id}"
+        rows += [
+            ("Gold labels waiting", f"{state.labels_waiting} (give them with `{label}`)"),
+            ("Judge agreement with gold", agreement),
+        ]
+    table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>flyspec gate shadow</title></head><body>"
+        f"<h1>flyspec gate shadow: run {escape(run.run_id)}</h1><table>{table}</table>"
+        "<h2>The interval against the margin, pair by pair</h2>"
+        f"{interval_svg(steps, margin, f'The interval of run {run.run_id} against -margin')}"
+        f"<h2>The claim</h2><p>{escape(shadow.claim)}</p><p>{escape(shadow.errors)}</p></body></html>"
+    )
+
+
+def thinned(steps: Sequence[Step]) -> list[Step]:
+    """At most ``MAX_POINTS`` steps: all of them, or the last step of each of ``MAX_POINTS`` equal buckets."""
+    if len(steps) <= MAX_POINTS:
+        return list(steps)
+    size = len(steps) / MAX_POINTS
+    return [steps[math.ceil((i + 1) * size) - 1] for i in range(MAX_POINTS)]
+
+
+def interval_svg(steps: Sequence[Step], margin: float, title: str) -> str:
+    """The band between the bounds after each pair, in points, against ``-margin`` and 0 (as SVG)."""
+    points = thinned(steps)
+    if not points:
+        return "<p>No pair is counted yet: the plot starts with the first pair in arrival order.</p>"
+    lows = [100 * s.low for s in points]
+    highs = [100 * s.high for s in points]
+    floor = min(*lows, -100 * margin, 0.0)
+    ceiling = max(*highs, -100 * margin, 0.0)
+    pad = 0.05 * (ceiling - floor) or 1.0
+    floor, ceiling = floor - pad, ceiling + pad
+    last = points[-1].n
+    width, height = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(n: int) -> float:
+        return LEFT + width * n / last
+
+    def y(value: float) -> float:
+        return TOP + height * (ceiling - value) / (ceiling - floor)
+
+    def line(values: list[float]) -> str:
+        return " ".join(f"{x(s.n):.1f},{y(v):.1f}" for s, v in zip(points, values, strict=True))
+
+    def level(value: float, colour: str, text: str, dash: str = "") -> str:
+        return (
+            f'<line x1="{LEFT}" x2="{LEFT + width}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+            f'stroke="{colour}"{dash}/><text x="{LEFT - 4}" y="{y(value) + 4:.1f}" text-anchor="end" '
+            f'font-size="11" fill="{colour}">{escape(text)}</text>'
+        )
+
+    band = line(highs) + " " + " ".join(reversed(line(lows).split()))
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" role="img" '
+        f'class="interval-plot" data-steps="{len(points)}" data-pairs="{last}">'
+        f"<title>{escape(title)}</title>"
+        f'<polygon points="{band}" fill="#cfe2f3" stroke="none"/>'
+        f'<polyline class="high" points="{line(highs)}" fill="none" stroke="#1f77b4"/>'
+        f'<polyline class="low" points="{line(lows)}" fill="none" stroke="#1f77b4"/>'
+        + level(0.0, "#555555", "0")
+        + level(-100 * margin, "#d62728", f"-margin {-100 * margin:+.1f}", ' stroke-dasharray="6 4"')
+        + f'<text x="{LEFT + width / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle" font-size="11">'
+        f"{escape(f'pairs in arrival order (1 to {last}); the band is the interval in points')}</text>"
+        "</svg>"
+    )

@@ -1,15 +1,11 @@
-"""A shadow run: the mirror's pairs become a registered, resumable gate run (docs/shadow.md).
-
-``ShadowRun`` registers the run before the first mirrored request. Its worker thread (``PairWorker``)
-commits each pair and registers it as the run's next question before the sink returns (arrival order is
-the registered order; a ``kill -9`` loses at most the pairs in flight), then judges it in both orders
-(``JudgedPairs``) or grades it against the baseline's answer. The decision is the report's, rebuilt as
-verdicts and labels arrive; once it is PASS or FAIL, ``on_decided`` stops the mirroring.
+"""A shadow run (docs/shadow.md): registered before the first mirrored request; its worker thread
+(``PairWorker``) commits each pair and registers it as the next question before the sink returns (a
+``kill -9`` loses at most the pairs in flight), then grades it against the baseline's answer or has it
+judged in both orders. The decision is the report's; once it is PASS or FAIL, ``on_decided`` runs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -19,12 +15,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from flyspec.checks import is_int, is_number
+from flyspec.checks import is_number
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.arms.endpoint import OpenAIArm
 from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.questions import Question
-from flyspec.gate.data.results import request_texts
 from flyspec.gate.data.spec import (
     DEFAULT_GOLD_RATE,
     DatasetEntry,
@@ -33,7 +28,7 @@ from flyspec.gate.data.spec import (
     Registration,
     ShadowRecord,
 )
-from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion, RunRecord
+from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
 from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.grading.graders import (
     EQUIVALENCE,
@@ -43,17 +38,15 @@ from flyspec.gate.grading.graders import (
     grade_against_baseline,
     grader_named,
 )
-from flyspec.gate.report.build import build_report
+from flyspec.gate.report.build import Report, build_report
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.register import record_looks
-from flyspec.gate.shadow.pairs import COMPLETIONS, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
-from flyspec.gate.stats.decide import FAIL, PASS
+from flyspec.gate.shadow.pairs import DATASET, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
+from flyspec.gate.stats.decide import FAIL, PASS, check_margin_alpha
 from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialPlan
 
 log = logging.getLogger(__name__)
 
-DATASET = "shadow"
-"""The dataset name of a shadow run's questions in the store and its reports."""
 DEFAULT_MAX_PAIRS = 100_000
 """The registered maximum of a run started without --max-pairs (the sequence is valid at every size)."""
 ORDER_RULE = "arrival order: each mirrored request is the next question once both arms have answered it"
@@ -101,14 +94,9 @@ class ShadowPlan:
                     "compare the candidate's answer with production's (equivalent_to_baseline[:normaliser])"
                 )
             object.__setattr__(self, "grader", check_grader(self.grader))
-        if not is_number(self.margin, above=0, below=1):
-            raise ValueError(f"--margin={self.margin!r}: the tolerated loss must be in (0, 1)")
-        if not is_number(self.alpha, above=0, below=0.5):
-            raise ValueError(f"--alpha={self.alpha!r}: must be in (0, 0.5)")
+        check_margin_alpha(self.margin, self.alpha)
         if not is_number(self.gold_rate, above=0, at_most=1):
             raise ValueError(f"--gold-rate={self.gold_rate!r}: the share of pairs labelled must be in (0, 1]")
-        if not is_int(self.max_pairs, 1):
-            raise ValueError(f"--max-pairs={self.max_pairs!r}: must be a positive integer")
         if not self.run_id:
             raise ValueError("--run: a shadow run needs a name")
 
@@ -143,44 +131,6 @@ def shadow_registration(
         gold=gold,
         shadow=ShadowRecord(CLAIM, sampling, ERRORS),
     )
-
-
-def pair_question(pair: StoredPair, grader: str) -> Question:
-    """The pair's request as a gate question (what the judge is shown): its prompt or its messages."""
-    qid = str(pair.id)
-    if pair.route == COMPLETIONS:
-        prompt = pair.request.get("prompt")
-        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-        return Question(qid, "", grader, DATASET, prompt=text)
-    messages = [
-        {
-            "role": str(m.get("role", "")),
-            "content": c if isinstance(c := m.get("content"), str) else json.dumps(c),
-        }
-        for m in pair.request.get("messages") or []
-        if isinstance(m, dict)
-    ]
-    return Question(qid, "", grader, DATASET, messages=messages)
-
-
-def label_requests(path: str | Path) -> Callable[[RunRecord], dict[str, str]]:
-    """A run's request texts by prompt hash: its datasets' and, for a live-traffic run, its pairs'."""
-
-    def requests(run: RunRecord) -> dict[str, str]:
-        texts = request_texts(run)
-        if run.registered.shadow is None:
-            return texts
-        pairs = SqlitePairStore(path, run.run_id)
-        try:
-            questions = [pair_question(pair, JUDGE) for pair in pairs.pairs()]
-        finally:
-            pairs.close()
-        for q in questions:
-            turns = (f"[{m['role']}] {m['content']}" for m in q.messages or [])
-            texts[q.prompt_hash] = q.prompt if q.prompt is not None else "\n".join(turns)
-        return texts
-
-    return requests
 
 
 def _completion(answer: ArmAnswer, source: str) -> Completion:
@@ -242,17 +192,16 @@ class PairWorker:
             if str(pair.id) not in answered:
                 self._grade(pair)
 
-    def take(self, pair: MirroredPair) -> int:
-        """Commit a new pair, register its question and grade it (or ask the judge); returns its id."""
+    def take(self, pair: MirroredPair) -> None:
+        """Commit a new pair, register its question and grade it (or ask the judge)."""
         stored = self.pairs(pair)
         self._register(stored)
         self._grade(stored)
-        return stored.id
 
     def _question(self, pair: StoredPair) -> Question:
         """The pair's question; a judged run's pair whose candidate errored is a known loss, graded so."""
         grader = self.plan.grader or (JUDGE if pair.candidate.get("error") is None else EQUIVALENCE)
-        return pair_question(pair, grader)
+        return pair.question(grader)
 
     def _register(self, pair: StoredPair) -> None:
         q = self._question(pair)
@@ -320,10 +269,24 @@ class LiveDecision:
     judge_agreement: float | None
     pairs: int
 
+    @classmethod
+    def of(cls, report: Report, pairs: int) -> LiveDecision:
+        """The decision of ``report`` (an interval not yet read is [-1, 1])."""
+        decision, gold = report.decision_object(), report.gold
+        low, high = decision.get("low"), decision.get("high")
+        return cls(
+            decision=decision,
+            low=-1.0 if low is None else float(low),
+            high=1.0 if high is None else float(high),
+            labels_waiting=gold.awaiting if gold is not None else 0,
+            judge_agreement=gold.agreement if gold is not None else None,
+            pairs=pairs,
+        )
+
     @property
     def code(self) -> int:
         """-1 FAIL, 0 INCONCLUSIVE, 1 PASS (``flyspec_shadow_decision``)."""
-        return {"FAIL": -1, "PASS": 1}.get(str(self.decision.get("decision")), 0)
+        return {FAIL: -1, PASS: 1}.get(str(self.decision.get("decision")), 0)
 
 
 class ShadowRun:
@@ -349,10 +312,11 @@ class ShadowRun:
             raise
         self.registration = registration
         self.stored = self.pairs.count()
-        self.on_decided: Callable[[LiveDecision], None] = lambda decision: None
-        self._inbox: queue.Queue[tuple[MirroredPair, Future[int]] | None] = queue.Queue()
+        self.on_decided: Callable[[], object] = lambda: None
+        self._inbox: queue.Queue[tuple[MirroredPair, Future[None]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="shadow-run", daemon=True)
         self._ready = threading.Event()
+        self._building = threading.Lock()
         self._built: tuple[tuple[object, ...], LiveDecision] | None = None
         self.error: BaseException | None = None
 
@@ -360,7 +324,7 @@ class ShadowRun:
         """Commit one pair and register it before returning; raises when the worker could not start."""
         if self.error is not None:
             raise RuntimeError(f"the shadow run's worker is not running: {self.error}")
-        done: Future[int] = Future()
+        done: Future[None] = Future()
         self._inbox.put((pair, done))
         done.result()
 
@@ -378,25 +342,13 @@ class ShadowRun:
         self._lock.release()
 
     def decision(self) -> LiveDecision:
-        """The decision as the store holds it now (the same build as ``gate report``); rebuilt only when the
-        run's rows changed, since a sequential run's report simulates its label advice (seconds)."""
-        with GateStore(self.path) as store:
+        """The decision as the store holds it now (the same build as ``gate report``), built by one thread
+        at a time and only when the run's rows changed: a sequential report simulates its label advice."""
+        with self._building, GateStore(self.path) as store:
             revision = (store.revision(self.run_id), self.pairs.count())
-        if self._built is not None and self._built[0] == revision:
+            if self._built is None or self._built[0] != revision:
+                self._built = (revision, LiveDecision.of(build_report(store, self.run_id), revision[1]))
             return self._built[1]
-        report = build_report(self.path, self.run_id)
-        decision, gold = report.decision_object(), report.gold
-        low, high = decision.get("low"), decision.get("high")
-        state = LiveDecision(
-            decision=decision,
-            low=-1.0 if low is None else float(low),
-            high=1.0 if high is None else float(high),
-            labels_waiting=gold.awaiting if gold is not None else 0,
-            judge_agreement=gold.agreement if gold is not None else None,
-            pairs=revision[1],
-        )
-        self._built = (revision, state)
-        return state
 
     def _work(self) -> None:
         try:
@@ -437,5 +389,5 @@ class ShadowRun:
         except Exception:  # a report that cannot be built yet (a store being written elsewhere) waits
             log.exception("shadow: the decision could not be built; retrying")
             return
-        if state.decision.get("decision") in (PASS, FAIL):
-            self.on_decided(state)
+        if state.code != 0:
+            self.on_decided()
