@@ -1,6 +1,6 @@
 """A report's sentences, written from its numbers so that they cannot contradict them: the explanation
-under the decision and the advice on what to do next (computed once, when the report is built, with the
-simulated forecast of flyspec/gate/stats/sizing.py), and the sentences on a control and on a judge."""
+under the decision, the advice on what to do next (computed when the report is built), and the sentences
+on a control and on a judge."""
 
 from __future__ import annotations
 
@@ -27,11 +27,8 @@ def explain_decision(
     level: float = 0.95,
     sequential: bool = False,
 ) -> list[str]:
-    """Sentences for a newcomer: the interval of candidate minus baseline accuracy, then what it shows.
-
-    ``low, high``: the interval (fractions); ``margin``: the tolerated loss (fraction); ``n``: questions
-    the decision used; ``sequential``: the interval is a confidence sequence at a stopping time.
-    """
+    """Sentences for a newcomer: the interval (fractions) of candidate minus baseline accuracy after ``n``
+    questions, then what it shows against ``margin``; ValueError when ``decision`` does not follow."""
     if n == 0:
         return ["No question has been answered by both arms yet, so there is nothing to decide."]
     expected = classify(low, high, margin).decision
@@ -159,11 +156,6 @@ def explanation(report: ReportData) -> list[str]:
     )
 
 
-def _continuation_command(questions: int | None, alpha: float) -> str:
-    size = f" --max-questions {questions}" if questions else " --max-questions N"
-    return f"`flyspec gate run --sequential{size} --alpha {alpha:g} --run NEW ...`, same arms and data"
-
-
 def _plan_sentence(pooled: Comparison, margin: str) -> str:
     if pooled.loss_detected:
         return (
@@ -190,15 +182,14 @@ def _plan_sentence(pooled: Comparison, margin: str) -> str:
 
 
 UNLIMITED = 200_000
-"""The question limit of the simulated design behind the advice when the claim is about the method."""
+"""The question limit of a simulated design whose claim is about the method (no population)."""
 
 
 def sequential_questions(
     flip_rate: float, margin: float, alpha: float = 0.025, population_size: int | None = None
 ) -> int | None:
-    """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
-    design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
-    it (flyspec/gate/stats/sizing.py); None when fewer than 90% decide even at the design's limit."""
+    """Questions by which 90% of simulated sequential runs with no true loss decide (without replacement
+    over ``population_size`` if given); None when fewer than 90% decide even at the design's limit."""
     limit = population_size if population_size is not None else UNLIMITED
     return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 
@@ -261,9 +252,12 @@ def _next_look(report: ReportData, pooled: Comparison) -> str:
     left = ledger.budget - ledger.spent_before - ledger.alpha if ledger is not None else 0.0
     size = None if pooled.loss_detected else pooled.questions_needed
     if ledger is not None and left > 1e-12:
+        command = (
+            f"`flyspec gate run --sequential --max-questions {size or 'N'} --alpha {left:g} --run NEW ...`"
+        )
         return (
             f"This comparison's error budget ({ledger.budget:g}) has {left:g} left, so a sequential "
-            f"continuation at that alpha is valid ({_continuation_command(size, left)}): it carries "
+            f"continuation at that alpha is valid ({command}, same arms and data): it carries "
             "this run's answers first, in their order (counted once), and holds whenever it stops."
         )
     budget = f" ({ledger.budget:g})" if ledger is not None else ""
@@ -304,7 +298,7 @@ def control_sentence(control: ReportData) -> str:
         return (
             f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
             f"{when}, losing more than the {control.margin_points}-point margin (interval "
-            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
+            f"[{points(pooled.ci_low)}, {points(pooled.ci_high)}] points)."
         )
     if pooled.decision == PASS:
         return (
@@ -314,12 +308,8 @@ def control_sentence(control: ReportData) -> str:
         )
     return (
         f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
-        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{control.margin_points})."
+        f"[{points(pooled.ci_low)}, {points(pooled.ci_high)}] points against -{control.margin_points})."
     )
-
-
-def _num_pts(value: float | None) -> str:
-    return "-" if value is None else points(value)
 
 
 def position_bias(j: JudgeSummary) -> str:
