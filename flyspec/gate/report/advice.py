@@ -125,9 +125,7 @@ def explanation(report: ReportData) -> list[str]:
     """The plain words under the decision; they follow the numbers in every case."""
     pooled = report.pooled
     assert pooled is not None
-    lines: list[str] = []
-    if report.sequential is not None:
-        lines.append(_stop_sentence(report))
+    lines = [_stop_sentence(report)] if report.sequential is not None else []
     if pooled.interim_decision is not None:
         if report.gold is not None and pooled.n == pooled.registered:
             return [
@@ -156,29 +154,30 @@ def explanation(report: ReportData) -> list[str]:
     )
 
 
-def _plan_sentence(pooled: Comparison, margin: str) -> str:
+def _plan_sentence(pooled: Comparison, margin: str) -> list[str]:
+    """The fixed run's plan from the flip rate's upper bound, if one applies."""
     if pooled.loss_detected:
-        return (
+        return [
             "The candidate is shown to be worse than the baseline, so a plan that assumes it is as accurate "
             f"does not apply: more questions can only tell whether the loss exceeds {margin} points."
-        )
+        ]
     if pooled.questions_needed is None or pooled.flip_rate_upper is None:
-        return ""
+        return []
     flips = pooled.lost + pooled.gained
     if flips == 0:
-        return (
+        return [
             f"No question flipped in these {pooled.n} pairs, so the flip rate is not known: a rate as high "
             f"as {pct(pooled.flip_rate_upper)} (its one-sided 95% upper confidence bound) would often give "
             f"no flip either. Planned from that bound, a fixed run needs about {pooled.questions_needed} "
             f"questions for {POWER_PCT} power to show non-inferiority within {margin} points."
-        )
-    return (
+        ]
+    return [
         "Planned from the flip rate's one-sided 95% upper confidence bound "
         f"({pct(pooled.flip_rate_upper)}; observed {pct(pooled.flip_rate)}), a fixed run needs about "
         f"{pooled.questions_needed} questions for {POWER_PCT} power to show non-inferiority within {margin} "
         f"points if the candidate is truly as accurate (about {pooled.questions_needed_at_observed} at the "
         "observed rate)."
-    )
+    ]
 
 
 UNLIMITED = 200_000
@@ -235,15 +234,13 @@ def advice(report: ReportData) -> list[str]:
         return []
     if stop is not None:
         return _continue_sequential(report)
-    m = report.margin_points
     why = (
         "Do not add questions to this run, rerun it, or test again on other questions to decide again: "
         "looking at a result and then collecting more data until it looks better is optional stopping, and "
         "every further look at this comparison is another chance of a wrong PASS, on fresh questions too "
         "(the claim is about the method, the same hypothesis whatever questions test it)."
     )
-    plan = _plan_sentence(pooled, m)
-    return [*([plan] if plan else []), f"{why} {_next_look(report, pooled)}"]
+    return [*_plan_sentence(pooled, report.margin_points), f"{why} {_next_look(report, pooled)}"]
 
 
 def _next_look(report: ReportData, pooled: Comparison) -> str:
@@ -275,9 +272,8 @@ def compare_advice(report: ReportData) -> list[str]:
     pooled = report.pooled
     if pooled is None or pooled.decision != INCONCLUSIVE or pooled.n == 0:
         return []
-    plan = _plan_sentence(pooled, report.margin_points)
     return [
-        *([plan] if plan else []),
+        *_plan_sentence(pooled, report.margin_points),
         "Do not add samples to these logs and compare again until the result looks better: that is optional "
         "stopping, and it makes a wrong PASS more likely than alpha. To decide, run the gate with the margin "
         "registered before the first answer on questions these logs have not used, sequentially so that it "
