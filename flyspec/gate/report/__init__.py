@@ -1,3 +1,3 @@
-"""Reports: a gate run's or pilot's numbers and their JSON (``model.py``), built once from the store by
-``build.py`` (the paired rows and the decision by ``decisions.py``, the words and the forecast by
-``advice.py``), printed by ``markdown.py`` and ``html.py``; a ``gate tune``'s report (``tune_report.py``)."""
+"""Reports: a run's numbers and JSON (``model.py``), built from the store by ``build.py`` (the decision by
+``decisions.py``, the words by ``advice.py``), printed as markdown and HTML by ``markdown.py``; a tune's
+report (``tune_report.py``)."""

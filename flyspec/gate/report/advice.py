@@ -1,6 +1,6 @@
 """A report's sentences, written from its numbers so that they cannot contradict them: the explanation
-under the decision and the advice on what to do next (computed once, when the report is built, with the
-simulated forecast of flyspec/gate/stats/sizing.py), and the sentences on a control and on a judge."""
+under the decision, the advice on what to do next (computed when the report is built), and the sentences
+on a control and on a judge."""
 
 from __future__ import annotations
 
@@ -27,11 +27,8 @@ def explain_decision(
     level: float = 0.95,
     sequential: bool = False,
 ) -> list[str]:
-    """Sentences for a newcomer: the interval of candidate minus baseline accuracy, then what it shows.
-
-    ``low, high``: the interval (fractions); ``margin``: the tolerated loss (fraction); ``n``: questions
-    the decision used; ``sequential``: the interval is a confidence sequence at a stopping time.
-    """
+    """Sentences for a newcomer: the interval (fractions) of candidate minus baseline accuracy after ``n``
+    questions, then what it shows against ``margin``; ValueError when ``decision`` does not follow."""
     if n == 0:
         return ["No question has been answered by both arms yet, so there is nothing to decide."]
     expected = classify(low, high, margin).decision
@@ -128,9 +125,7 @@ def explanation(report: ReportData) -> list[str]:
     """The plain words under the decision; they follow the numbers in every case."""
     pooled = report.pooled
     assert pooled is not None
-    lines: list[str] = []
-    if report.sequential is not None:
-        lines.append(_stop_sentence(report))
+    lines = [_stop_sentence(report)] if report.sequential is not None else []
     if pooled.interim_decision is not None:
         if report.gold is not None and pooled.n == pooled.registered:
             return [
@@ -159,46 +154,41 @@ def explanation(report: ReportData) -> list[str]:
     )
 
 
-def _continuation_command(questions: int | None, alpha: float) -> str:
-    size = f" --max-questions {questions}" if questions else " --max-questions N"
-    return f"`flyspec gate run --sequential{size} --alpha {alpha:g} --run NEW ...`, same arms and data"
-
-
-def _plan_sentence(pooled: Comparison, margin: str) -> str:
+def _plan_sentence(pooled: Comparison, margin: str) -> list[str]:
+    """The fixed run's plan from the flip rate's upper bound, if one applies."""
     if pooled.loss_detected:
-        return (
+        return [
             "The candidate is shown to be worse than the baseline, so a plan that assumes it is as accurate "
             f"does not apply: more questions can only tell whether the loss exceeds {margin} points."
-        )
+        ]
     if pooled.questions_needed is None or pooled.flip_rate_upper is None:
-        return ""
+        return []
     flips = pooled.lost + pooled.gained
     if flips == 0:
-        return (
+        return [
             f"No question flipped in these {pooled.n} pairs, so the flip rate is not known: a rate as high "
             f"as {pct(pooled.flip_rate_upper)} (its one-sided 95% upper confidence bound) would often give "
             f"no flip either. Planned from that bound, a fixed run needs about {pooled.questions_needed} "
             f"questions for {POWER_PCT} power to show non-inferiority within {margin} points."
-        )
-    return (
+        ]
+    return [
         "Planned from the flip rate's one-sided 95% upper confidence bound "
         f"({pct(pooled.flip_rate_upper)}; observed {pct(pooled.flip_rate)}), a fixed run needs about "
         f"{pooled.questions_needed} questions for {POWER_PCT} power to show non-inferiority within {margin} "
         f"points if the candidate is truly as accurate (about {pooled.questions_needed_at_observed} at the "
         "observed rate)."
-    )
+    ]
 
 
 UNLIMITED = 200_000
-"""The question limit of the simulated design behind the advice when the claim is about the method."""
+"""The question limit of a simulated design whose claim is about the method (no population)."""
 
 
 def sequential_questions(
     flip_rate: float, margin: float, alpha: float = 0.025, population_size: int | None = None
 ) -> int | None:
-    """Questions by which 90% of simulated sequential runs with no true loss decide, for the registered
-    design (the i.i.d. sequence, or the without-replacement one over ``population_size``), by simulating
-    it (flyspec/gate/stats/sizing.py); None when fewer than 90% decide even at the design's limit."""
+    """Questions by which 90% of simulated sequential runs with no true loss decide (without replacement
+    over ``population_size`` if given); None when fewer than 90% decide even at the design's limit."""
     limit = population_size if population_size is not None else UNLIMITED
     return design_outcome(Design("sequential", limit, population_size), flip_rate, margin, alpha).q90
 
@@ -244,15 +234,13 @@ def advice(report: ReportData) -> list[str]:
         return []
     if stop is not None:
         return _continue_sequential(report)
-    m = report.margin_points
     why = (
         "Do not add questions to this run, rerun it, or test again on other questions to decide again: "
         "looking at a result and then collecting more data until it looks better is optional stopping, and "
         "every further look at this comparison is another chance of a wrong PASS, on fresh questions too "
         "(the claim is about the method, the same hypothesis whatever questions test it)."
     )
-    plan = _plan_sentence(pooled, m)
-    return [*([plan] if plan else []), f"{why} {_next_look(report, pooled)}"]
+    return [*_plan_sentence(pooled, report.margin_points), f"{why} {_next_look(report, pooled)}"]
 
 
 def _next_look(report: ReportData, pooled: Comparison) -> str:
@@ -261,9 +249,12 @@ def _next_look(report: ReportData, pooled: Comparison) -> str:
     left = ledger.budget - ledger.spent_before - ledger.alpha if ledger is not None else 0.0
     size = None if pooled.loss_detected else pooled.questions_needed
     if ledger is not None and left > 1e-12:
+        command = (
+            f"`flyspec gate run --sequential --max-questions {size or 'N'} --alpha {left:g} --run NEW ...`"
+        )
         return (
             f"This comparison's error budget ({ledger.budget:g}) has {left:g} left, so a sequential "
-            f"continuation at that alpha is valid ({_continuation_command(size, left)}): it carries "
+            f"continuation at that alpha is valid ({command}, same arms and data): it carries "
             "this run's answers first, in their order (counted once), and holds whenever it stops."
         )
     budget = f" ({ledger.budget:g})" if ledger is not None else ""
@@ -281,9 +272,8 @@ def compare_advice(report: ReportData) -> list[str]:
     pooled = report.pooled
     if pooled is None or pooled.decision != INCONCLUSIVE or pooled.n == 0:
         return []
-    plan = _plan_sentence(pooled, report.margin_points)
     return [
-        *([plan] if plan else []),
+        *_plan_sentence(pooled, report.margin_points),
         "Do not add samples to these logs and compare again until the result looks better: that is optional "
         "stopping, and it makes a wrong PASS more likely than alpha. To decide, run the gate with the margin "
         "registered before the first answer on questions these logs have not used, sequentially so that it "
@@ -304,7 +294,7 @@ def control_sentence(control: ReportData) -> str:
         return (
             f"The gate caught a harmful setting: control `{control.comparison}` FAILed after {n} questions"
             f"{when}, losing more than the {control.margin_points}-point margin (interval "
-            f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points)."
+            f"[{points(pooled.ci_low)}, {points(pooled.ci_high)}] points)."
         )
     if pooled.decision == PASS:
         return (
@@ -314,12 +304,8 @@ def control_sentence(control: ReportData) -> str:
         )
     return (
         f"Control `{control.comparison}` is not decided yet after {n} questions (interval "
-        f"[{_num_pts(pooled.ci_low)}, {_num_pts(pooled.ci_high)}] points against -{control.margin_points})."
+        f"[{points(pooled.ci_low)}, {points(pooled.ci_high)}] points against -{control.margin_points})."
     )
-
-
-def _num_pts(value: float | None) -> str:
-    return "-" if value is None else points(value)
 
 
 def position_bias(j: JudgeSummary) -> str:

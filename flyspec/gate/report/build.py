@@ -31,8 +31,7 @@ from flyspec.gate.report.decisions import (
     report_sequential,
     warn_incomplete,
 )
-from flyspec.gate.report.html import html_page
-from flyspec.gate.report.markdown import markdown
+from flyspec.gate.report.markdown import html_page, markdown
 from flyspec.gate.report.model import (
     Comparison,
     JudgeSummary,

@@ -1,21 +1,17 @@
-"""The gate report as markdown: each section a function of the built report (``SECTIONS``), in order.
-Nothing here computes a statistic: the numbers and the words were computed when the report was built."""
+"""The gate report as markdown, each section a function of the built report (``SECTIONS``), and as an
+HTML page with a plot. Nothing here computes a statistic: the report was built with its numbers and words."""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
 
 from flyspec.gate.data.spec import SamplingRecord
 from flyspec.gate.report.advice import control_sentence, judged_proof, position_bias
-from flyspec.gate.report.model import (
-    POWER_PCT,
-    Comparison,
-    ReportData,
-    num,
-    pct,
-    points,
-)
-from flyspec.gate.stats.decide import INCONCLUSIVE
+from flyspec.gate.report.model import POWER_PCT, Comparison, ReportData, num, pct, points
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
 from flyspec.gate.stats.sequence import check_bet
 
 
@@ -23,11 +19,7 @@ def _exploratory_lines(report: ReportData) -> list[str]:
     e = report.exploratory
     if e is None:
         return []
-    interval = (
-        f"interval [{points(e.low)}, {points(e.high)}] points"
-        if e.low is not None and e.high is not None
-        else "no interval"
-    )
+    interval = f"interval [{points(e.low)}, {points(e.high)}] points" if e.low is not None else "no interval"
     return [
         f"### Exploratory, not the decision: margin {100 * e.margin:g} points",
         "",
@@ -101,7 +93,6 @@ def _sequential_lines(report: ReportData) -> list[str]:
 
 
 def _verdict_cells(c: Comparison) -> tuple[str, str]:
-    """A table row's interval (points) and decision cells, an interim reading beside its decision."""
     ci = "-"
     if c.ci_low is not None and c.ci_high is not None:
         ci = f"[{100 * c.ci_low:+.2f}, {100 * c.ci_high:+.2f}]"
@@ -182,16 +173,14 @@ def _gold_lines(report: ReportData) -> list[str]:
 
 def judge_lines(report: ReportData) -> list[str]:
     """How a judged run decides on its gold labels (prediction-powered inference), in words and counts."""
-    j, g = report.judge, report.gold
-    if j is None or g is None:
+    j, g, judge = report.judge, report.gold, report.registered.judge
+    if j is None or g is None or judge is None:
         return []
-    judge = report.run.registered.judge
-    sampling = judge.sampling if judge is not None else {}
     lines = [
         "## Judge and gold labels",
         "",
         f"The judge model `{j.model}` (prompt {j.template}; temperature 0, max_tokens "
-        f"{sampling.get('max_tokens')}) saw each request and both answers and said which is better, "
+        f"{judge.sampling.get('max_tokens')}) saw each request and both answers and said which is better, "
         "twice, with the answers' positions swapped; two identical answers are a tie without asking it. "
         "Its verdicts are predictions, not the truth: a judge can be biased, noisy or useless (a coin "
         "agrees with itself on the wrong winner a quarter of the time). So the decision rests on gold "
@@ -255,8 +244,6 @@ def _pilot_lines(report: ReportData) -> list[str]:
     p = report.pilot
     if p is None:
         return ["## Pilot", "", "No question has both of its answers yet.", ""]
-    m = report.margin_points
-    sampling = report.registered.sampling
     if p.mode == "noise":
         head = [
             "## Pilot: run-to-run noise of the baseline",
@@ -264,7 +251,7 @@ def _pilot_lines(report: ReportData) -> list[str]:
             f"The baseline answered {p.n} questions twice (the second pass with fresh per-question seeds, "
             f"nothing cached). {p.flips} questions flipped between the passes.",
         ]
-        if sampling is not None and sampling.temperature == 0:
+        if report.registered.sampling is not None and report.registered.sampling.temperature == 0:
             head.append(
                 "At temperature 0 this measures only the nondeterminism of the engine or server "
                 "(the other requests in a batch, floating point), not sampling noise."
@@ -285,6 +272,7 @@ def _pilot_lines(report: ReportData) -> list[str]:
         f"{pct(p.flip_rate_high)}], one-sided 95% upper bound {pct(p.flip_rate_upper)}."
     )
     observed = "" if p.questions_needed is None else f" (at the observed rate: {p.questions_needed})"
+    m = report.margin_points
     return [
         *head,
         rate,
@@ -418,24 +406,20 @@ def _source_lines(report: ReportData) -> list[str]:
             f"- {side}: `{info['source']}` ({info['kind']} log, scored by {info['metric']}{chosen}; "
             f"{info['samples']} samples)"
         )
-    epoch = reg.get("epoch")
     epochs = reg.get("epochs") or {}
-    if epoch is not None:
-        lines.append(f"- epoch {epoch} of each question only (one independent pair per question)")
-    elif any(v is not None for v in epochs.values()):
-        chosen = ", ".join(f"{side} epoch {v}" for side, v in epochs.items() if v is not None)
-        lines.append(f"- {chosen} of each question only (one independent pair per question)")
-    else:
-        lines.append("- one epoch per question (one independent pair per question)")
-    lines.append(
+    chosen = ", ".join(f"{side} epoch {v}" for side, v in epochs.items() if v is not None)
+    if reg.get("epoch") is not None:
+        chosen = f"epoch {reg['epoch']}"
+    each = f"{chosen} of each question only" if chosen else "one epoch per question"
+    return [
+        *lines,
+        f"- {each} (one independent pair per question)",
         "- paired by task and question id, with the prompt, document or input hashes checked wherever both "
-        "logs carry them"
-    )
-    return lines
+        "logs carry them",
+    ]
 
 
 def _title_lines(report: ReportData) -> list[str]:
-    """The title, then each warning."""
     kind = report.run.kind
     title = "comparing existing logs (margin declared after the data)"
     if kind != "compare":
@@ -467,3 +451,50 @@ SECTIONS = (_title_lines, _result_lines, _speed_lines, _registration_lines)
 def markdown(report: ReportData) -> str:
     """The whole report as markdown: every section of SECTIONS in turn."""
     return "\n".join(line for section in SECTIONS for line in section(report)) + "\n"
+
+
+def plot_png(report: ReportData) -> bytes:
+    """A PNG of each interval against the margin (matplotlib, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [c for c in report.comparisons if c.ci_low is not None and c.ci_high is not None]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * max(len(rows), 1)))
+    colours = {PASS: "tab:green", FAIL: "tab:red", INCONCLUSIVE: "tab:orange"}
+    for y, c in enumerate(reversed(rows)):  # the first row on top
+        assert c.ci_low is not None and c.ci_high is not None
+        colour = colours.get(c.decision or "", "grey")
+        ax.plot([100 * c.ci_low, 100 * c.ci_high], [y, y], color=colour, linewidth=3)
+        if c.net_difference is not None:
+            ax.plot([100 * c.net_difference], [y], "o", color="black")
+    margin = report.registered_margin
+    ax.axvline(-100 * margin, color="tab:red", linestyle="--", label=f"-margin ({-100 * margin:g})")
+    ax.axvline(0, color="grey", linewidth=1)
+    ax.set_yticks(range(len(rows)), [c.scope for c in reversed(rows)])
+    kind = "confidence sequence at the stop" if report.sequential is not None else "Tango interval"
+    if report.gold is not None:
+        kind = f"prediction-powered {'confidence sequence at the stop' if report.sequential else 'interval'}"
+    ax.set_xlabel(f"candidate - baseline accuracy (points), {100 * report.level:g}% {kind}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def html_page(report: ReportData) -> str:
+    """A self-contained HTML page: the markdown report as preformatted text plus the embedded plot."""
+    image = ""
+    if report.run.kind != "pilot" and any(c.ci_low is not None for c in report.comparisons):
+        encoded = base64.b64encode(plot_png(report)).decode()
+        image = f'<img alt="interval vs margin" src="data:image/png;base64,{encoded}">'
+    title = html.escape(f"flyspec gate: {report.run.run_id}")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+        "pre{white-space:pre-wrap}</style></head><body>"
+        f"<h1>{title}</h1>{image}<pre>{html.escape(markdown(report))}</pre></body></html>\n"
+    )

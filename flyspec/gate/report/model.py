@@ -1,5 +1,4 @@
-"""The numbers of a gate report and their JSON (docs/gate.md, "The report"), and the words every renderer
-shares: the number formats and the decision rule. build.py fills them from a store."""
+"""A gate report's numbers and their JSON (docs/gate.md, "The report"), the number formats and the rule."""
 
 from __future__ import annotations
 
@@ -12,15 +11,8 @@ from flyspec.gate.stats.decide import SUPERPOPULATION, Outcome, claim
 from flyspec.gate.stats.monitor import SequentialPlan
 from flyspec.gate.stats.sequence import BET
 
-PPI_FIXED_METHOD = (
-    "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and Ramdas: the "
-    "plug-in bet tuned to the registered size), at level 1 - 2 alpha"
-)
-"""The method of a fixed judged run with gold labels (a sequential one records its own)."""
-
-
 POWER_PCT = "80%"
-"""The power every sample size in a report is planned for, as the words say it."""
+"""The power every sample size in a report is planned for."""
 
 
 def pct(value: float | None) -> str:
@@ -33,9 +25,11 @@ def num(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def points(value: float, *references: float) -> str:
+def points(value: float | None, *references: float) -> str:
     """``value`` (a fraction) in signed accuracy points, with enough decimals that it never reads as
-    equal to one of ``references`` (zero, the margin) when it is not."""
+    equal to one of ``references`` (zero, the margin) when it is not; ``-`` for None."""
+    if value is None:
+        return "-"
     digits = 1
     while digits < 4 and any(
         round(100 * value, digits) == round(100 * ref, digits) and value != ref for ref in references
@@ -44,51 +38,10 @@ def points(value: float, *references: float) -> str:
     return f"{100 * value:+.{digits}f}"
 
 
-def decision_rule(margin: float, level: float, *, sequential: bool, judged: bool = False) -> str:
-    """The decision rule in plain words, for a run at ``margin`` and confidence ``level`` (sequential: the
-    confidence sequence; else Tango's interval; ``judged``: the prediction-powered interval of a judged run
-    with gold labels, fixed or sequential)."""
-    m, lvl = f"{100 * margin:g}", f"{100 * level:g}%"
-    if judged:
-        kind = (
-            "a confidence sequence, updated after every question in the registered random order (it holds at "
-            "every number of questions at once, so the run may stop at the first crossing)"
-            if sequential
-            else "an interval whose bet is tuned to the registered number of questions"
-        )
-        interval = (
-            f"a {lvl} prediction-powered betting interval: per question, the judge's verdict corrected by "
-            "the gold label where the pair was drawn for one (drawn at random, independently of the order), "
-            f"averaged by {kind}"
-        )
-        mcnemar = (
-            "McNemar's exact test on the gold labels is reported beside the decision: it asks whether the "
-            "arms differ at all, not whether a loss exceeds the margin."
-        )
-    else:
-        interval = (
-            f"a {lvl} betting confidence sequence, updated after every question in the registered random "
-            "order (it holds at every number of questions at once, so the run may stop at the first crossing)"
-            if sequential
-            else f"Tango's {lvl} score interval"
-        )
-        mcnemar = (
-            "The exact McNemar test is reported beside the decision: it asks whether the arms differ at all, "
-            "not whether a loss exceeds the margin."
-        )
-    return (
-        f"We estimate the candidate's accuracy minus the baseline's on the same questions with {interval}. "
-        f"PASS if its lower end lies above -{m} points (the candidate loses less than the margin: "
-        f"non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the margin). "
-        "Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than the "
-        f"baseline, by how much not yet known). {mcnemar}"
-    )
-
-
 @dataclass
 class LedgerSummary:
-    """One comparison's error budget as the ledger saw it when the run was registered (docs/gate.md, "Error
-    spent once"); ``path`` is None for a run registered before the per-user ledger (``legacy``)."""
+    """One comparison's error budget as the ledger saw it at registration (docs/gate.md, "Error spent
+    once"); ``path`` is None for a run registered before the per-user ledger (``legacy``)."""
 
     comparison: str
     path: str | None
@@ -121,10 +74,7 @@ class LedgerSummary:
 
 @dataclass
 class Comparison:
-    """Baseline vs candidate on one dataset (or pooled over all of them).
-
-    ``decision`` is None for a dataset row of a sequential run: only the pooled sequence decides.
-    """
+    """Baseline vs candidate on one dataset, or pooled (only the pooled row of a sequential run decides)."""
 
     scope: str
     n: int
@@ -153,8 +103,7 @@ class Comparison:
 
 @dataclass
 class PilotSummary:
-    """A pilot's flips between its two lanes (the baseline twice, or baseline and candidate) and the
-    sample size they imply; planned from the flip rate's upper confidence bound."""
+    """A pilot's flips between its two lanes and the sample size planned from their upper bound."""
 
     mode: str
     n: int
@@ -186,10 +135,9 @@ class NoiseReference:
 
 @dataclass
 class JudgeSummary:
-    """How the judge ruled on the judged questions with both answers stored. ``baseline_better`` (lost),
-    ``candidate_better`` (gained), ``ties``, ``identical`` (not asked), ``disagree`` (the two orders
-    differed) and ``unreadable_pairs`` add up to ``questions``; the last two are ``undecided``. ``chose_a``
-    and ``chose_b`` count the decisive verdicts by the position chosen (``position_p``: its bias test)."""
+    """The judge's rulings on the judged questions with both answers stored: the counts of the outcomes
+    add up to ``questions`` (``disagree`` and ``unreadable_pairs`` are ``undecided``); ``chose_a`` and
+    ``chose_b`` count decisive verdicts by position (``position_p``: its bias test)."""
 
     model: str
     template: str
@@ -211,8 +159,7 @@ class JudgeSummary:
 
 @dataclass
 class GoldRow:
-    """One dataset's (or the pooled) pairs of a judged run: the judge's verdicts in both orders and, on
-    the pairs drawn and labelled, what the gold label said."""
+    """A judged run's pairs on one dataset (or pooled): the judge's verdicts and the gold labels."""
 
     scope: str
     pairs: int = 0
@@ -229,11 +176,10 @@ class GoldRow:
 
 @dataclass
 class GoldSummary:
-    """A judged run's gold labels beside its decision (docs/statistics.md): the registered rule (``rate``,
-    ``source``, ``draw``, ``bet``), the judge's counts, the labels drawn, given and ``awaiting``, the judge's
-    agreement with gold, the label advice (``labels_needed`` at ``advised_rate``; None when no rate would
-    do), the counts by dataset (``rows``) and the interval's ``estimate``; ``narrow``: the interval is under
-    half a normal-theory one from the same values, a sign that their mean changed along the order."""
+    """A judged run's gold labels beside its decision (docs/statistics.md): the registered rule, the
+    labels drawn, given and awaiting, the judge's agreement with gold, the label advice, the counts by
+    dataset and the estimate; ``narrow``: the interval is under half a normal-theory one from the same
+    values (their mean changed along the order)."""
 
     rate: float
     source: str
@@ -274,13 +220,8 @@ class Exploratory:
 
 @dataclass
 class ReportData:
-    """Everything ``gate report`` shows, as numbers and words; ``to_dict`` is its JSON. ``Report``
-    (flyspec/gate/report/build.py) adds markdown and HTML.
-
-    ``run`` is the run as stored (its JSON ``registration`` is what the report's JSON shows);
-    ``registered`` is the registration this report decides by: the run's own, or, for one comparison of a
-    run with several, that comparison's view (its margin, alpha, sequential plan and candidate lane).
-    """
+    """Everything ``gate report`` shows; ``to_dict`` is its JSON (``Report`` in build.py adds markdown and
+    HTML). ``registered`` is what the report decides by: the run's registration, or one comparison's view."""
 
     store: str
     run: RunRecord
@@ -322,9 +263,7 @@ class ReportData:
     def claim(self) -> str:
         """What a PASS (or FAIL) of this run claims, in plain words."""
         plan = self.sequential_plan
-        if plan is not None:
-            return plan.claim
-        return claim(SUPERPOPULATION)
+        return plan.claim if plan is not None else claim(SUPERPOPULATION)
 
     @property
     def role(self) -> str:
@@ -364,16 +303,43 @@ class ReportData:
         if self.sequential_plan is not None:
             return self.sequential_plan.description
         if self.gold is not None:
-            return PPI_FIXED_METHOD
+            return (
+                "prediction-powered betting interval on gold labels (Angelopoulos et al.; Waudby-Smith and "
+                "Ramdas: the plug-in bet tuned to the registered size), at level 1 - 2 alpha"
+            )
         return "tango"
 
     def rule(self) -> str:
-        """The decision rule in plain words."""
-        return decision_rule(
-            self.registered.margin,
-            self.level,
-            sequential=self.sequential_plan is not None,
-            judged=self.gold is not None,
+        """The decision rule in plain words (a judged run's interval is the prediction-powered one)."""
+        m, lvl = self.margin_points, f"{100 * self.level:g}%"
+        along = (
+            "updated after every question in the registered random order (it holds at every number of "
+            "questions at once, so the run may stop at the first crossing)"
+        )
+        sequential, judged = self.sequential_plan is not None, self.gold is not None
+        if judged:
+            by = (
+                f"a confidence sequence, {along}"
+                if sequential
+                else "an interval whose bet is tuned to the registered number of questions"
+            )
+            interval = (
+                f"a {lvl} prediction-powered betting interval: per question, the judge's verdict corrected "
+                "by the gold label where the pair was drawn for one (drawn at random, independently of the "
+                f"order), averaged by {by}"
+            )
+        elif sequential:
+            interval = f"a {lvl} betting confidence sequence, {along}"
+        else:
+            interval = f"Tango's {lvl} score interval"
+        test = "McNemar's exact test on the gold labels" if judged else "The exact McNemar test"
+        return (
+            "We estimate the candidate's accuracy minus the baseline's on the same questions with "
+            f"{interval}. PASS if its lower end lies above -{m} points (the candidate loses less than the "
+            f"margin: non-inferior). FAIL if its upper end lies below -{m} points (it loses more than the "
+            "margin). Otherwise INCONCLUSIVE; 'loss detected' when the upper end lies below zero (worse than "
+            f"the baseline, by how much not yet known). {test} is reported beside the decision: it asks "
+            "whether the arms differ at all, not whether a loss exceeds the margin."
         )
 
     def decision_object(self) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """The report of a ``gate tune``: every setting in its registered order with its speed and its test
-(recomputed from the stored answers by flyspec/gate/data/results.py), the fixed-sequence answer
-(``stats.fixed_sequence``) in plain words, and the chosen ``speculative_config`` to paste."""
+(recomputed from the stored answers by flyspec/gate/data/results.py), the fixed-sequence answer in plain
+words, and the chosen ``speculative_config`` to paste."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flyspec.gate.data.results import SettingStatus, lane_speeds, setting_status
-from flyspec.gate.data.spec import SettingRecord, titled, to_json
+from flyspec.gate.data.spec import SamplingRecord, SettingRecord, TuneRecord, titled, to_json
 from flyspec.gate.data.store import GateStore, RunRecord
 from flyspec.gate.report.build import ledger_summary, opened
 from flyspec.gate.report.model import LedgerSummary, num, pct, points
@@ -18,14 +18,12 @@ from flyspec.gate.stats.decide import INCONCLUSIVE, NOT_TESTED, PASS, fixed_sequ
 
 Speed = dict[str, float | None]
 """A lane's speed as ``lane_speeds`` gives it: tokens/s, mean acceptance length, forgiven share, answers."""
-_CITATION = "Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001"
 
 
 @dataclass
 class TuneRow:
-    """One setting in the report, in test order (``position`` 1-based): its speed and, once tested, its
-    test (the counts, the interval and why it stopped; None for a setting not tested). Its JSON is the
-    fields in order."""
+    """One setting in test order (``position`` 1-based): its speed and, once tested, its test (None where
+    it was not tested). Its JSON is the fields in order."""
 
     position: int
     id: str
@@ -59,15 +57,14 @@ def _row(
     position: int,
     setting: SettingRecord,
     decision: str,
-    status: SettingStatus | None,
+    tested: SettingStatus | None,
     speeds: tuple[Speed, Speed, float | None],
 ) -> TuneRow:
     """A setting's row: ``speeds`` are its speed, its speed on its test questions, and the baseline's
-    tokens/s (for the speedup); the test's numbers only where it was tested."""
+    tokens/s (for the speedup)."""
     speed, test_speed, base_tps = speeds
     tps = speed.get("tokens_per_s")
     config = dict(setting.speculative_config)
-    tested = status if decision != NOT_TESTED else None
     return TuneRow(
         position=position,
         id=setting.id,
@@ -104,24 +101,57 @@ class TuneReport:
     chosen: int | None
     complete: bool
     speed_source: str
-    answer: str = ""
-    notes: list[str] = field(default_factory=list)
     ledger: list[LedgerSummary] = field(default_factory=list)
 
     @property
+    def tune(self) -> TuneRecord:
+        """The tune's registration (a tune run always has one)."""
+        tune = self.run.registered.tune
+        assert tune is not None
+        return tune
+
+    @property
+    def baseline_arm(self) -> Mapping[str, object]:
+        return self.run.registered.arms.get("baseline", {})
+
+    @property
     def margin_points(self) -> str:
-        """The margin in accuracy points, as the report writes it."""
         return f"{100 * self.run.margin:g}"
 
     @property
     def chosen_row(self) -> TuneRow | None:
         return self.rows[self.chosen] if self.chosen is not None else None
 
+    @property
+    def answer(self) -> str:
+        """The answer in plain words, from the numbers."""
+        chosen = self.chosen_row
+        stop = next((r for r in self.rows if r.final is not None and r.decision != PASS), None)
+        after = ""
+        if stop is not None:
+            later = sum(r.decision == NOT_TESTED for r in self.rows)
+            rest = f"; the {later} setting(s) after it were not tested" if later and stop.final else ""
+            after = f" The sequence stopped there: {_why_stopped(self, stop)}{rest}."
+        if chosen is None:
+            if self.rows[0].final is False:
+                return f"No setting is chosen yet: {_why_stopped(self, self.rows[0])}."
+            return (
+                "No setting passed, so keep standard verification: the first setting in the registered "
+                f"order did not pass.{after}"
+            )
+        length = chosen.mean_acceptance_length
+        speed = f"mean acceptance length {length:.2f}" if length else "speed not measured"
+        if chosen.speedup:
+            speed = f"{chosen.speedup:.2f}x standard speed"
+        last = " It is the most aggressive setting in the order." if chosen is self.rows[-1] else ""
+        return (
+            f"{chosen.title}: {speed}, non-inferior within {self.margin_points} points on {chosen.n:,} "
+            f"questions.{last}{after}"
+        )
+
     def to_dict(self) -> dict[str, object]:
         """JSON-ready report; ``settings`` (in test order) and ``chosen`` close it."""
-        reg = self.run.registered
-        chosen = self.chosen_row
-        tune = reg.tune
+        reg, chosen = self.run.registered, self.chosen_row
         return {
             "store": self.store,
             "run_id": self.run.run_id,
@@ -133,18 +163,18 @@ class TuneReport:
             "method": reg.sequential.description
             if reg.design == "sequential" and reg.sequential
             else "tango",
-            "procedure": tune.procedure if tune is not None else None,
-            "order": to_json(tune.order) if tune is not None else None,
-            "calibration": to_json(tune)["calibration"] if tune is not None else None,
+            "procedure": self.tune.procedure,
+            "order": to_json(self.tune.order),
+            "calibration": to_json(self.tune)["calibration"],
             "speed_source": self.speed_source,
             "registration": self.run.registration,
             "baseline": {
-                "speculative_config": _baseline_arm(self.run).get("speculative_config"),
+                "speculative_config": self.baseline_arm.get("speculative_config"),
                 **self.baseline_speed,
             },
             "complete": self.complete,
             "answer": self.answer,
-            "notes": self.notes,
+            "notes": [],  # the key every report has; a tune's report writes no note
             "ledger": [asdict(summary) for summary in self.ledger],
             "chosen_label": chosen.label if chosen else None,
             "chosen_policy": chosen.policy if chosen else None,
@@ -154,52 +184,39 @@ class TuneReport:
 
     def to_markdown(self) -> str:
         """The report as markdown (what ``gate tune`` prints)."""
-        return _markdown(self)
-
-
-def _baseline_arm(run: RunRecord) -> Mapping[str, object]:
-    """The baseline arm's registered identity."""
-    return run.registered.arms.get("baseline", {})
-
-
-def _lane_speeds(store: GateStore, run_id: str | None) -> dict[str, Speed]:
-    if run_id is None or store.get_run(run_id) is None:
-        return {}
-    return lane_speeds(store, run_id)
-
-
-def _tune_run(store: GateStore, run_id: str | None) -> RunRecord:
-    tunes = [r for r in store.runs() if r.kind == "tune"]
-    if run_id is None:
-        if not tunes:
-            raise ValueError(f"store {store.path} holds no tune run")
-        return tunes[-1]
-    found = store.get_run(run_id)
-    if found is None or found.kind != "tune":
-        names = ", ".join(r.run_id for r in tunes) or "none"
-        raise ValueError(f"no tune run {run_id!r} in {store.path} (tune runs: {names})")
-    return found
+        lines = [f"# flyspec gate tune: run `{self.run.run_id}`", ""]
+        if not self.complete:
+            lines += ["> **NOT FINISHED:** rerun the same `gate tune` command to continue.", ""]
+        lines += ["## Answer", "", self.answer, ""]
+        for section in (_paste_lines, _table, _procedure_lines, _registration_lines):
+            lines += section(self)
+        return "\n".join(lines) + "\n"
 
 
 def build_tune_report(store: str | Path | GateStore, run_id: str | None = None) -> TuneReport:
     """The report of a tune run (the latest one when ``run_id`` is None). Speeds come from the calibration
     questions (each setting alone in its own engine), else from the test questions."""
     with opened(store) as gate_store:
-        return _build(gate_store, _tune_run(gate_store, run_id))
+        tunes = [r for r in gate_store.runs() if r.kind == "tune"]
+        found = [r for r in tunes if run_id in (None, r.run_id)]
+        if not found:
+            wanted = "" if run_id is None else f" {run_id!r}"
+            names = ", ".join(r.run_id for r in tunes) or "none"
+            raise ValueError(f"no tune run{wanted} in {gate_store.path} (tune runs: {names})")
+        return _build(gate_store, found[-1])
 
 
 def _build(store: GateStore, run: RunRecord) -> TuneReport:
     reg = run.registered
     assert reg.tune is not None
     order = reg.tune.order.settings
-    calibration = _lane_speeds(store, reg.tune.calibration_run)
-    tested = _lane_speeds(store, run.run_id)
+    calibration = lane_speeds(store, reg.tune.calibration_run) if reg.tune.calibration_run else {}
+    tested = lane_speeds(store, run.run_id)
     speeds = calibration or tested
     statuses: list[SettingStatus] = []
     for setting_id in order:
-        status = setting_status(store, run, setting_id)
-        statuses.append(status)
-        if not status.final or status.decision != PASS:
+        statuses.append(setting_status(store, run, setting_id))
+        if not statuses[-1].final or statuses[-1].decision != PASS:
             break
     result = fixed_sequence([s.decision for s in statuses] + [None] * (len(order) - len(statuses)))
     base_tps = speeds.get("baseline", {}).get("tokens_per_s")
@@ -213,7 +230,7 @@ def _build(store: GateStore, run: RunRecord) -> TuneReport:
         )
         for i, setting_id in enumerate(order)
     ]
-    report = TuneReport(
+    return TuneReport(
         store=str(store.path),
         run=run,
         rows=rows,
@@ -221,20 +238,11 @@ def _build(store: GateStore, run: RunRecord) -> TuneReport:
         chosen=result.chosen,
         complete=all(s.final for s in statuses),
         speed_source="calibration" if calibration else "test",
+        ledger=[summary for sid in order if (summary := ledger_summary(store, run, sid)) is not None],
     )
-    report.ledger = [summary for sid in order if (summary := ledger_summary(store, run, sid)) is not None]
-    report.answer = answer(report)
-    return report
 
 
 # -------------------------------------------------------------------------------------- words
-
-
-def _speed_words(report: TuneReport, row: TuneRow) -> str:
-    if row.speedup:
-        return f"{row.speedup:.2f}x standard speed"
-    length = row.mean_acceptance_length
-    return f"mean acceptance length {length:.2f}" if length else "speed not measured"
 
 
 def _why_stopped(report: TuneReport, row: TuneRow) -> str:
@@ -251,31 +259,8 @@ def _why_stopped(report: TuneReport, row: TuneRow) -> str:
     return f"{row.title} loses more than {m} points (FAIL after {n} questions{interval})"
 
 
-def answer(report: TuneReport) -> str:
-    """The answer in plain words, from the numbers."""
-    chosen = report.chosen_row
-    stop = next((r for r in report.rows if r.final is not None and r.decision != PASS), None)
-    after = ""
-    if stop is not None:
-        later = sum(r.decision == NOT_TESTED for r in report.rows)
-        rest = f"; the {later} setting(s) after it were not tested" if later and stop.final else ""
-        after = f" The sequence stopped there: {_why_stopped(report, stop)}{rest}."
-    if chosen is None:
-        first = report.rows[0]
-        if first.final is False:
-            return f"No setting is chosen yet: {_why_stopped(report, first)}."
-        return (
-            "No setting passed, so keep standard verification: the first setting in the registered order "
-            f"did not pass.{after}"
-        )
-    last = " It is the most aggressive setting in the order." if chosen is report.rows[-1] else ""
-    return (
-        f"{chosen.title}: {_speed_words(report, chosen)}, non-inferior within {report.margin_points} points "
-        f"on {chosen.n:,} questions.{last}{after}"
-    )
-
-
 def _table(report: TuneReport) -> list[str]:
+    """The settings in test order, the baseline first, with the legend and what the speeds measure."""
     sequential = report.run.registered.design == "sequential"
     kind = "confidence sequence at the stop" if sequential else "Tango interval"
     base = report.baseline_speed
@@ -303,45 +288,35 @@ def _table(report: TuneReport) -> list[str]:
             f"{num(row.mean_acceptance_length, 2)} | {pct(row.forgiven_share)} | {' | '.join(counts)} | "
             f"{interval} | {decision} |"
         )
-    return lines
+    return [
+        *lines,
+        "",
+        "lost = baseline right, setting wrong; gained = the reverse. NOT TESTED: after the first setting "
+        "that did not pass, no setting is run or looked at.",
+        "",
+        _speed_note(report),
+        "",
+    ]
 
 
-def _forgiven_words(report: TuneReport) -> str:
-    """What the forgiven share counts, in each tested policy's own words."""
+def _speed_note(report: TuneReport) -> str:
+    if report.speed_source != "calibration":
+        return (
+            "Speed columns: measured on the test questions (no calibration ran); tokens/s is per request "
+            "where a setting shared its engine with the baseline."
+        )
     from flyspec.config import policy_names, verification_policy
 
     used = {row.policy for row in report.rows}
     policies = [verification_policy(name) for name in policy_names() if name in used]
-    return "; ".join(f"{p.title}: {p.forgives}" for p in policies if p.lossy)
-
-
-def _speed_note(report: TuneReport) -> str:
-    tune = report.run.registered.tune
-    calibrated = len(tune.calibration_questions) if tune is not None else 0
-    if report.speed_source == "calibration":
-        return (
-            f"Speed columns: the {calibrated} calibration questions (disjoint from the "
-            "test questions), answered by the baseline and by each setting alone in its own engine, "
-            "one after another, so the numbers compare directly. Tokens/s = output tokens over the "
-            "engine's busy time (an endpoint: the wall time of its requests); mean acceptance length = "
-            f"1 + accepted / drafts; forgiven share ({_forgiven_words(report)}). The JSON also has each "
-            "tested setting's acceptance on its test questions."
-        )
+    forgiven = "; ".join(f"{p.title}: {p.forgives}" for p in policies if p.lossy)
     return (
-        "Speed columns: measured on the test questions (no calibration ran); tokens/s is per request where a "
-        "setting shared its engine with the baseline."
-    )
-
-
-def _order_note(report: TuneReport) -> str:
-    tune = report.run.registered.tune
-    assert tune is not None
-    if tune.order.method == "given":
-        return "Test order: as given, registered before the first test answer."
-    by = str(tune.order.by).replace("_", " ")
-    return (
-        f"Test order: by {by} on the calibration questions, slowest (least aggressive) first, fixed and "
-        "registered before any answer was graded (calibration answers are never graded)."
+        f"Speed columns: the {len(report.tune.calibration_questions)} calibration questions (disjoint from "
+        "the test questions), answered by the baseline and by each setting alone in its own engine, one "
+        "after another, so the numbers compare directly. Tokens/s = output tokens over the engine's busy "
+        "time (an endpoint: the wall time of its requests); mean acceptance length = 1 + accepted / drafts; "
+        f"forgiven share ({forgiven}). The JSON also has each tested setting's acceptance on its test "
+        "questions."
     )
 
 
@@ -349,7 +324,7 @@ def _paste_lines(report: TuneReport) -> list[str]:
     chosen = report.chosen_row
     if chosen is None:
         return []
-    model = _baseline_arm(report.run).get("model", "MODEL")
+    model = report.baseline_arm.get("model", "MODEL")
     config = json.dumps(chosen.speculative_config, sort_keys=True)
     return [
         "## The chosen speculative_config",
@@ -367,90 +342,71 @@ def _paste_lines(report: TuneReport) -> list[str]:
     ]
 
 
-def _markdown(report: TuneReport) -> str:
-    m = report.margin_points
-    run = report.run
-    reg = run.registered
-    lines = [f"# flyspec gate tune: run `{run.run_id}`", ""]
-    if not report.complete:
-        lines += ["> **NOT FINISHED:** rerun the same `gate tune` command to continue.", ""]
-    lines += ["## Answer", "", report.answer, ""]
-    lines += _paste_lines(report)
-    lines += _table(report)
-    lines += [
-        "",
-        "lost = baseline right, setting wrong; gained = the reverse. NOT TESTED: after the first setting "
-        "that did not pass, no setting is run or looked at.",
-        "",
-        _speed_note(report),
-        "",
-        "## Procedure",
-        "",
-        f"Fixed-sequence testing ({_CITATION}): the settings are tested in the registered order, each "
-        f"against the margin of {m} points at the full one-sided alpha {run.alpha:g}, and testing "
-        "stops at the first setting that does not PASS; the answer is the last setting that passed. "
-        "Choosing a setting that is truly worse than the margin needs the first such setting in the order "
-        "to PASS, which happens with probability at most alpha, so the chance of choosing any harmful "
-        "setting stays at most alpha with no splitting of alpha (docs/statistics.md, 'Choosing among "
-        "settings: fixed-sequence testing'; the simulation is "
-        "test_fixed_sequence_controls_choosing_a_harmful_setting in "
-        "tests/test_gate_stats_validity.py).",
-        "",
-        _order_note(report),
-        "",
-        _design_note(report),
-        "",
-        *_ledger_lines(report),
-        "## Registration",
-        "",
-        f"- margin {run.margin:g} ({m} points), alpha {run.alpha:g} (one-sided), seed {run.seed}, "
-        "registered before the first test answer",
-    ]
-    sampling = reg.sampling
-    lines.append(
-        f"- sampling: temperature {sampling.temperature if sampling else None}, top_p "
-        f"{sampling.top_p if sampling else None}, max_tokens {sampling.max_tokens if sampling else None}; "
-        "per-question seeds shared by the baseline and every setting"
+def _procedure_lines(report: TuneReport) -> list[str]:
+    """The fixed-sequence procedure, the test order and design, and each setting's error budget."""
+    m, tune, reg = report.margin_points, report.tune, report.run.registered
+    if tune.order.method == "given":
+        order = "Test order: as given, registered before the first test answer."
+    else:
+        order = (
+            f"Test order: by {str(tune.order.by).replace('_', ' ')} on the calibration questions, slowest "
+            "(least aggressive) first, fixed and registered before any answer was graded (calibration "
+            "answers are never graded)."
+        )
+    design = (
+        f"Each test is a fixed-size Tango test on all {tune.test_questions} test questions, decided once "
+        "every one has both answers."
     )
-    qo, tune = reg.order, reg.tune
-    lines.append(
-        f"- questions: {qo.rule if qo else None} with seed {qo.seed if qo else None} over "
-        f"{qo.pool if qo else None}; the first {len(tune.calibration_questions) if tune else 0} calibrate, "
-        f"the next {tune.test_questions if tune else None} are test questions"
-    )
-    for name, info in reg.datasets.items():
-        lines.append(f"- dataset `{name}`: sha256 {str(info.sha256)[:16]}...")
-    lines.append(f"- baseline: `{json.dumps(reg.arms.get('baseline'), sort_keys=True)}`")
-    lines += [f"- note: {note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
-
-
-def _ledger_lines(report: TuneReport) -> list[str]:
-    """Each setting's comparison and its error budget: the tune is one look at each."""
-    lines = []
-    for summary in report.ledger:
-        label = next((row.label for row in report.rows if row.id == summary.comparison), summary.comparison)
-        lines += [f"{label}: {summary.describe()}", ""]
-    return lines
-
-
-def _design_note(report: TuneReport) -> str:
-    m = report.margin_points
-    reg = report.run.registered
     if reg.design == "sequential" and reg.sequential is not None:
         seq = reg.sequential
-        return (
+        design = (
             f"Each test is sequential: a {100 * (1 - 2 * seq.alpha):g}% betting confidence sequence along "
             f"the registered question order, stopped at its first crossing of -{m} points or at "
             f"{seq.max_questions} questions. Each sequential test keeps its own error at most alpha "
             "however it stops, which is all the fixed-sequence argument needs; the baseline's answers are "
             "shared, and the argument holds whatever the dependence between the tests."
         )
-    tune = reg.tune
-    return (
-        f"Each test is a fixed-size Tango test on all {tune.test_questions if tune else None} test "
-        "questions, decided once every one has both answers."
-    )
+    labels = {row.id: row.label for row in report.rows}
+    return [
+        "## Procedure",
+        "",
+        "Fixed-sequence testing (Maurer, Hothorn and Lehmacher 1995; Westfall and Krishen 2001): the "
+        f"settings are tested in the registered order, each against the margin of {m} points at the full "
+        f"one-sided alpha {report.run.alpha:g}, and testing stops at the first setting that does not PASS; "
+        "the answer is the last setting that passed. Choosing a setting that is truly worse than the margin "
+        "needs the first such setting in the order to PASS, which happens with probability at most alpha, "
+        "so the chance of choosing any harmful setting stays at most alpha with no splitting of alpha "
+        "(docs/statistics.md, 'Choosing among settings: fixed-sequence testing'; the simulation is "
+        "test_fixed_sequence_controls_choosing_a_harmful_setting in tests/test_gate_stats_validity.py).",
+        "",
+        order,
+        "",
+        design,
+        "",
+        *(
+            line
+            for summary in report.ledger
+            for line in (f"{labels.get(summary.comparison, summary.comparison)}: {summary.describe()}", "")
+        ),
+    ]
+
+
+def _registration_lines(report: TuneReport) -> list[str]:
+    run, reg, tune = report.run, report.run.registered, report.tune
+    sampling, qo = reg.sampling or SamplingRecord(), reg.order
+    lines = [
+        "## Registration",
+        "",
+        f"- margin {run.margin:g} ({report.margin_points} points), alpha {run.alpha:g} (one-sided), seed "
+        f"{run.seed}, registered before the first test answer",
+        f"- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, max_tokens "
+        f"{sampling.max_tokens}; per-question seeds shared by the baseline and every setting",
+        f"- questions: {qo.rule if qo else None} with seed {qo.seed if qo else None} over "
+        f"{qo.pool if qo else None}; the first {len(tune.calibration_questions)} calibrate, the next "
+        f"{tune.test_questions} are test questions",
+    ]
+    lines += [f"- dataset `{name}`: sha256 {str(info.sha256)[:16]}..." for name, info in reg.datasets.items()]
+    return [*lines, f"- baseline: `{json.dumps(reg.arms.get('baseline'), sort_keys=True)}`"]
 
 
 __all__ = ["TuneReport", "TuneRow", "build_tune_report"]
