@@ -146,7 +146,7 @@ class Capital:
         self.too_high = np.zeros((rows, m.size), dtype=bool)
         self.sum_x = np.zeros(rows)
 
-    def keep_rows(self, rows: np.ndarray) -> None:
+    def keep(self, rows: np.ndarray) -> None:
         for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m", "too_low", "too_high", "sum_x"):
             setattr(self, name, getattr(self, name)[rows])
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
-from scipy.stats import norm
 
 from flyspec.gate.stats.decide import check_margin_alpha, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
-from flyspec.gate.stats.paired import tango_statistic
 from flyspec.gate.stats.sequence import (
     BET,
     GRID,
@@ -31,6 +30,8 @@ from flyspec.gate.stats.sequence import (
     log_mean_exp,
 )
 
+T = TypeVar("T")
+ChunkT = TypeVar("ChunkT", contravariant=True)
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 """Simulated judges: ``always-A`` prefers the answer shown first (its two orders always disagree),
 ``coin`` flips a coin per order, ``fair`` errs with probability ``noise`` per order, ``always-candidate``
@@ -128,35 +129,6 @@ def draw_judged(
     return JudgedBlock(identical, prediction, selected, d, (first, second))
 
 
-class JudgedStream:
-    """Prediction-powered values for blocks of judged pairs, the PPI++ weight carried across blocks."""
-
-    def __init__(self, rows: int, rate: float) -> None:
-        self.rate = rate
-        self.sum_df = np.full(rows, LAM_PRIOR * LAM_PRIOR_WEIGHT)
-        self.sum_ff = np.full(rows, LAM_PRIOR_WEIGHT)
-        self.labelled = np.zeros(rows, dtype=np.int64)
-
-    def keep(self, rows: np.ndarray) -> None:
-        self.sum_df, self.sum_ff, self.labelled = self.sum_df[rows], self.sum_ff[rows], self.labelled[rows]
-
-    def values(self, block: JudgedBlock) -> tuple[np.ndarray, np.ndarray]:
-        """``(Y, labels so far)`` for the block, each (rows, cols)."""
-        xi = block.selected.astype(float)
-        f = block.prediction
-        df = np.cumsum(xi * block.gold * f, axis=1)
-        ff = np.cumsum(xi * f * f, axis=1)
-        before_df = self.sum_df[:, None] + df - xi * block.gold * f
-        before_ff = self.sum_ff[:, None] + ff - xi * f * f
-        lam = np.clip(before_df / before_ff, 0.0, 1.0)
-        y = np.where(block.identical, 0.0, lam * f + xi / self.rate * (block.gold - lam * f))
-        labels = self.labelled[:, None] + np.cumsum(block.selected, axis=1)
-        self.sum_df += df[:, -1]
-        self.sum_ff += ff[:, -1]
-        self.labelled = labels[:, -1]
-        return y, labels
-
-
 class CapitalAtMargin:
     """``BoundedMeanSequence``'s K+ and K- (level ``1 - 2 alpha``) for rows of values in ``[lo, hi]``, block
     by block, at the grid's neighbours of ``-margin`` only: a PASS needs K+ at the first grid point above
@@ -232,6 +204,39 @@ class CapitalAtMargin:
         return log_plus >= self.threshold, log_minus >= self.threshold
 
 
+class JudgedStream:
+    """Prediction-powered values of blocks of judged pairs, the PPI++ weight carried across blocks, bet on
+    by ``capital``: its crossings, which a sequential run heeds only after its first gold label."""
+
+    def __init__(self, rows: int, rate: float, capital: CapitalAtMargin) -> None:
+        self.rate, self.capital = rate, capital
+        self.sum_df = np.full(rows, LAM_PRIOR * LAM_PRIOR_WEIGHT)
+        self.sum_ff = np.full(rows, LAM_PRIOR_WEIGHT)
+        self.labelled = np.zeros(rows, dtype=np.int64)
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.sum_df, self.sum_ff, self.labelled = self.sum_df[rows], self.sum_ff[rows], self.labelled[rows]
+        self.capital.keep(rows)
+
+    def crossed(self, block: JudgedBlock) -> tuple[np.ndarray, np.ndarray]:
+        xi = block.selected.astype(float)
+        f = block.prediction
+        df = np.cumsum(xi * block.gold * f, axis=1)
+        ff = np.cumsum(xi * f * f, axis=1)
+        before_df = self.sum_df[:, None] + df - xi * block.gold * f
+        before_ff = self.sum_ff[:, None] + ff - xi * f * f
+        lam = np.clip(before_df / before_ff, 0.0, 1.0)
+        y = np.where(block.identical, 0.0, lam * f + xi / self.rate * (block.gold - lam * f))
+        labels = self.labelled[:, None] + np.cumsum(block.selected, axis=1)
+        self.sum_df += df[:, -1]
+        self.sum_ff += ff[:, -1]
+        self.labelled = labels[:, -1]
+        plus, minus = self.capital.step(y)
+        if self.capital.horizon is not None:
+            return plus, minus
+        return plus & (labels >= 1), minus & (labels >= 1)
+
+
 @dataclass(frozen=True)
 class Outcomes:
     """Simulated runs: each run's decision ("PASS", "FAIL", "INCONCLUSIVE") and questions used."""
@@ -241,6 +246,73 @@ class Outcomes:
 
     def share(self, decision: str) -> float:
         return float(np.mean(self.decisions == decision))
+
+
+class Stops:
+    """Where many runs first cross: ``passed`` (the lower bound above -margin), ``failed`` (only the upper
+    bound below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed)."""
+
+    def __init__(self, rows: int, length: int) -> None:
+        self.passed = np.zeros(rows, dtype=bool)
+        self.failed = np.zeros(rows, dtype=bool)
+        self.stopped_at = np.full(rows, length, dtype=np.int64)
+
+    def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+        """Record the first crossing of the runs ``active`` in a block from ``begin`` (``up`` counted first
+        where both hold); returns the mask of runs still undecided."""
+        either = up | down
+        hit = either.any(axis=1)
+        rows = np.flatnonzero(hit)
+        first = np.argmax(either, axis=1)[rows]
+        lower = up[rows, first]
+        self.passed[active[rows]] = lower
+        self.failed[active[rows]] = ~lower
+        self.stopped_at[active[rows]] = begin + first + 1
+        return ~hit
+
+    def outcomes(self) -> Outcomes:
+        """The verdicts where the runs crossed, and their stops."""
+        return Outcomes(crossing_verdicts(self.passed, self.failed), self.stopped_at)
+
+
+class Kernel(Protocol[ChunkT]):
+    """The capital of many runs at ``-margin``: ``crossed(chunk)`` bets on a block of the undecided runs'
+    observations (rows) and says where K+ / K- reached the threshold; ``keep`` drops the decided rows."""
+
+    def crossed(self, chunk: ChunkT, /) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def keep(self, rows: np.ndarray) -> None: ...
+
+
+def first_crossings(
+    rows: int,
+    length: int,
+    block_of: Callable[[np.ndarray, int, int], T],
+    kernel: Kernel[T],
+    block: int,
+    begin: int = 0,
+    fixed: bool = False,
+    settle: float | None = None,
+) -> Stops:
+    """Where ``rows`` runs of ``length`` questions first cross ``-margin``, ``block_of(active, start, cols)``
+    giving the undecided runs' observations from ``start`` on (drawn there, so decided runs stop drawing).
+    ``fixed``: whether the bounds ever crossed, where a fixed run's running bounds end. ``settle``: stop
+    once whether a share ``settle`` of the runs decide is settled; the runs left count as undecided."""
+    stops = Stops(rows, length)
+    active = np.arange(rows)
+    for start in range(begin, length, block):
+        plus, minus = kernel.crossed(block_of(active, start, min(block, length - start)))
+        if fixed:
+            stops.passed |= plus.any(axis=1)
+            stops.failed |= minus.any(axis=1)
+            continue
+        keep = stops.record(active, start, plus, minus)
+        if not keep.all():
+            active = active[keep]
+            kernel.keep(keep)
+        if active.size == 0 or (settle is not None and rows - active.size >= settle * rows):
+            break
+    return stops
 
 
 def judged_runs(
@@ -295,152 +367,69 @@ def walk_judged(
     bet: int = BET,
 ) -> Outcomes:
     """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs, ``block_of(active,
-    start, cols)`` giving the undecided runs' pairs from ``start`` on. ``settle`` (sequential runs): stop
-    once whether a share ``settle`` of the runs decide is settled; the runs left then count as undecided."""
+    start, cols)`` giving the undecided runs' pairs from ``start`` on (``settle``: ``first_crossings``)."""
     lo, hi = value_range(rate)
     horizon = questions if design == "fixed" else None
     capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
-    stream = JudgedStream(runs, rate)
-    stops = Stops(runs, questions)
-    active = np.arange(runs)
-    for start in range(0, questions, block):
-        y, labels = stream.values(block_of(active, start, min(block, questions - start)))
-        plus, minus = capital.step(y)
-        if design == "fixed":
-            stops.passed |= plus.any(axis=1)
-            stops.failed |= minus.any(axis=1)
-            continue
-        keep = stops.record(active, start, plus & (labels >= 1), minus & (labels >= 1))
-        active = active[keep]
-        capital.keep(keep)
-        stream.keep(keep)
-        if active.size == 0 or (
-            settle is not None and _settled(runs - active.size, active.size, runs, settle)
-        ):
-            break
+    stream = JudgedStream(runs, rate, capital)
+    stops = first_crossings(runs, questions, block_of, stream, block, fixed=design == "fixed", settle=settle)
     if design == "fixed":
-        # A fixed run decides on its running bounds at the end: PASS if the lower bound ever passed
-        # -margin (checked first, as classify); without a label a run decides nothing.
+        # Without a gold label a run decides nothing.
         stops.passed &= stream.labelled > 0
         stops.failed &= stream.labelled > 0
     return stops.outcomes()
 
 
-def _settled(decided: int, undecided: int, runs: int, share: float) -> bool:
-    """Whether it is known yet if at least ``share`` of ``runs`` decide."""
-    return decided >= share * runs or decided + undecided < share * runs
+class CountsAtMargin:
+    """The i.i.d. sequence's K+ and K- at ``-margin`` for rows of differences: with constant bets they
+    depend on the running counts (lost, tied, gained) only, continued from ``start``."""
+
+    def __init__(self, rows: int, margin: float, alpha: float, start: tuple[int, int, int]) -> None:
+        m = (1.0 - margin) / 2.0
+        self.threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
+        self.terms = {side: np.array(bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
+        self.counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.counts = self.counts[:, rows]
+
+    def crossed(self, chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        running = [self.counts[k][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))]
+        self.counts = np.array([count[:, -1] for count in running])
+        return self._above(running, self.terms[1]), self._above(running, self.terms[-1])
+
+    def _above(self, running: list[np.ndarray], terms: np.ndarray) -> np.ndarray:
+        """Where log K > threshold, from the running counts and the bets' log terms (B, 3)."""
+        logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
+        top = logs[0].copy()
+        for log_b in logs[1:]:
+            np.maximum(top, log_b, out=top)
+        # The mean of B products lies between the largest / B and the largest: only the few entries in
+        # between need the full log-mean-exp.
+        hit = top - math.log(len(logs)) > self.threshold
+        unsure = np.nonzero(~hit & (top > self.threshold))
+        if unsure[0].size:
+            near = np.stack([log_b[unsure] for log_b in logs])
+            hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > self.threshold
+        return hit
 
 
-class Stops:
-    """Where many runs first cross: ``passed`` (the lower bound above -margin), ``failed`` (only the upper
-    bound below it) and ``stopped_at`` (questions used; ``length`` for a run that never crossed)."""
+class PoolAtMargin(Capital):
+    """The without-replacement sequence's K+ and K- at the grid's neighbours of ``-margin``, stepping one
+    question at a time, with the bounds that hold for sure."""
 
-    def __init__(self, rows: int, length: int) -> None:
-        self.passed = np.zeros(rows, dtype=bool)
-        self.failed = np.zeros(rows, dtype=bool)
-        self.stopped_at = np.full(rows, length, dtype=np.int64)
+    def __init__(self, rows: int, margin: float, alpha: float, population_size: int) -> None:
+        grid = GRID
+        neighbours = grid[[np.flatnonzero(grid > -margin)[0], np.flatnonzero(grid < -margin)[-1]]]
+        super().__init__((neighbours + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
+        self.margin = margin
 
-    def record(self, active: np.ndarray, begin: int, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-        """Record the first crossing of the runs ``active`` in a block from ``begin`` (``up`` counted first
-        where both hold); returns the mask of runs still undecided."""
-        either = up | down
-        hit = either.any(axis=1)
-        rows = np.flatnonzero(hit)
-        first = np.argmax(either, axis=1)[rows]
-        lower = up[rows, first]
-        self.passed[active[rows]] = lower
-        self.failed[active[rows]] = ~lower
-        self.stopped_at[active[rows]] = begin + first + 1
-        return ~hit
-
-    def outcomes(self) -> Outcomes:
-        """The verdicts where the runs crossed, and their stops."""
-        return Outcomes(crossing_verdicts(self.passed, self.failed), self.stopped_at)
-
-
-def iid_stops(
-    rows: int,
-    length: int,
-    block_of: Callable[[np.ndarray, int, int], np.ndarray],
-    margin: float,
-    alpha: float,
-    start: tuple[int, int, int] = (0, 0, 0),
-    block: int = 512,
-) -> Stops:
-    """Where ``rows`` i.i.d. sequences of ``length`` differences first cross ``-margin``, from the closed-form
-    capital at the margin: ``block_of(active, begin, cols)`` gives the undecided rows' differences from
-    ``begin`` on (drawn there, so decided rows stop drawing); ``start``: counts (lost, tied, gained)
-    every row continues from."""
-    m = (1.0 - margin) / 2.0
-    threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
-    terms = {side: np.array(bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
-    stops = Stops(rows, length)
-    counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
-    active = np.arange(rows)
-    for begin in range(sum(start), length, block):
-        chunk = block_of(active, begin, min(block, length - begin))
-        running = [
-            counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
-        ]
-        for k in range(3):
-            counts[k, active] = running[k][:, -1]
-        active = active[
-            stops.record(active, begin, *(_iid_crossed(running, terms[side], threshold) for side in (1, -1)))
-        ]
-        if active.size == 0:
-            break
-    return stops
-
-
-def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
-    """Where log K > threshold, from running counts (lost, tied, gained) and the bets' log terms (B, 3)."""
-    logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
-    top = logs[0].copy()
-    for log_b in logs[1:]:
-        np.maximum(top, log_b, out=top)
-    # The mean of B products lies between the largest / B and the largest: only the few entries in
-    # between need the full log-mean-exp.
-    hit = top - math.log(len(logs)) > threshold
-    unsure = np.nonzero(~hit & (top > threshold))
-    if unsure[0].size:
-        near = np.stack([log_b[unsure] for log_b in logs])
-        hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > threshold
-    return hit
-
-
-def _without_replacement_stops(
-    values: np.ndarray, margin: float, alpha: float, population_size: int
-) -> Stops:
-    rows, length = values.shape
-    grid = GRID
-    above = int(np.flatnonzero(grid > -margin)[0])
-    below = int(np.flatnonzero(grid < -margin)[-1])
-    capital = Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
-    stops = Stops(rows, length)
-    active = np.arange(rows)
-    for step in range(length):
-        capital.step((values[active, step] + 1.0) / 2.0)
-        logical_low, logical_high = capital.logical_bounds()
-        passed = capital.rejected_plus()[:, 0] | (logical_low > -margin)
-        failed = capital.rejected_minus()[:, 1] | (logical_high < -margin)
-        keep = stops.record(active, step, passed[:, None], failed[:, None])
-        if not keep.all():
-            active = active[keep]
-            capital.keep_rows(keep)
-            if active.size == 0:
-                break
-    return stops
-
-
-def fixed_runs(
-    rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
-) -> Outcomes:
-    """Fixed-size exact-graded runs of ``n`` questions: ``decide`` on seeded multinomial tables."""
-    tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
-    t = tango_statistic(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
-    # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
-    z = float(norm.ppf(1 - alpha))
-    return Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
+    def crossed(self, chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.step((chunk[:, 0] + 1.0) / 2.0)
+        logical_low, logical_high = self.logical_bounds()
+        passed = self.rejected_plus()[:, 0] | (logical_low > -self.margin)
+        failed = self.rejected_minus()[:, 1] | (logical_high < -self.margin)
+        return passed[:, None], failed[:, None]
 
 
 def iid_runs(
@@ -459,25 +448,8 @@ def iid_runs(
     def draw(active: np.ndarray, _begin: int, cols: int) -> np.ndarray:
         return draw_differences(rng, active.size, cols, flip_rate, delta)
 
-    return iid_stops(runs, questions, draw, margin, alpha, start, block=1024).outcomes()
-
-
-def finite_runs(
-    rng: np.random.Generator,
-    runs: int,
-    questions: int,
-    population_size: int,
-    flip_rate: float,
-    delta: float,
-    margin: float,
-    alpha: float,
-) -> Outcomes:
-    """Without-replacement runs, each over its own order of a pool at this flip rate and mean."""
-    lost = round(population_size * (flip_rate - delta) / 2)
-    gained = min(round(population_size * (flip_rate + delta) / 2), population_size - lost)
-    pool = np.array([-1] * lost + [1] * gained + [0] * (population_size - lost - gained), dtype=np.int8)
-    orders = np.stack([rng.permutation(pool)[:questions] for _ in range(runs)])
-    return Outcomes(*sequential_decisions(orders, margin, alpha, population_size))
+    kernel = CountsAtMargin(runs, margin, alpha, start)
+    return first_crossings(runs, questions, draw, kernel, block=1024, begin=sum(start)).outcomes()
 
 
 def sequential_decisions(
@@ -488,10 +460,11 @@ def sequential_decisions(
     values = as_diffs(diffs, ndim=2)
     check_margin_alpha(margin, alpha)
     check_population(population_size, values.shape[1])
+    rows, length = values.shape
     if population_size is None:
-        rows, length = values.shape
-        stops = iid_stops(rows, length, lambda active, b, cols: values[active, b : b + cols], margin, alpha)
+        kernel: Kernel[np.ndarray] = CountsAtMargin(rows, margin, alpha, (0, 0, 0))
     else:
-        stops = _without_replacement_stops(values, margin, alpha, population_size)
-    out = stops.outcomes()
-    return out.decisions, out.stopped_at
+        kernel = PoolAtMargin(rows, margin, alpha, population_size)
+    block = 512 if population_size is None else 1
+    stops = first_crossings(rows, length, lambda active, b, cols: values[active, b : b + cols], kernel, block)
+    return stops.outcomes().decisions, stops.stopped_at

@@ -16,16 +16,9 @@ import numpy as np
 from scipy.stats import beta, norm
 
 from flyspec.checks import is_int
-from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.paired import check_probability, restricted_lost_rate
-from flyspec.gate.stats.simulation import (
-    Outcomes,
-    finite_runs,
-    fixed_runs,
-    iid_runs,
-    judged_runs,
-    sequential_decisions,
-)
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, crossing_verdicts
+from flyspec.gate.stats.paired import check_probability, restricted_lost_rate, tango_statistic
+from flyspec.gate.stats.simulation import Outcomes, iid_runs, judged_runs, sequential_decisions
 
 KINDS = ("fixed", "sequential")
 MIN_PAIRS = 20
@@ -239,11 +232,22 @@ def simulate(
         noise, rate = design.judge_noise, design.label_rate
         out = judged_runs(rng, runs, n, flip_rate, true_diff, margin, alpha, "fair", noise, rate, design.kind)
     elif design.kind == "fixed":
-        out = fixed_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
+        cells = [(flip_rate - true_diff) / 2, (flip_rate + true_diff) / 2, 1 - flip_rate]
+        tables = rng.multinomial(n, cells, size=runs)
+        t = tango_statistic(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
+        # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
+        z = float(norm.ppf(1 - alpha))
+        out = Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
     elif design.population_size is None:
         out = iid_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
     else:
-        out = finite_runs(rng, runs, n, design.population_size, flip_rate, true_diff, margin, alpha)
+        # Each run's own order of a pool at this flip rate and mean.
+        size = design.population_size
+        lost = round(size * (flip_rate - true_diff) / 2)
+        gained = min(round(size * (flip_rate + true_diff) / 2), size - lost)
+        pool = np.array([-1] * lost + [1] * gained + [0] * (size - lost - gained), dtype=np.int8)
+        orders = np.stack([rng.permutation(pool)[:n] for _ in range(runs)])
+        out = Outcomes(*sequential_decisions(orders, margin, alpha, size))
     return _outcome(out)
 
 
