@@ -17,6 +17,7 @@ from flyspec.gate.stats.decide import INCONCLUSIVE
 from flyspec.gate.stats.judged import DESIGNS, JudgeCounts, JudgedPair
 from flyspec.gate.stats.sequence import BET
 from flyspec.gate.stats.simulation import JudgedBlock, walk_judged
+from flyspec.gate.stats.sizing import first_reaching
 
 ASSUMED_AGREEMENT = 0.95
 """The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
@@ -192,14 +193,8 @@ def smallest_label_rate(
 
     if model.differing == 0 or not reaches(1.0):
         return None
-    low, high = -1, len(LABEL_RATES) - 1  # LABEL_RATES[high] reaches the power; low is below the grid
-    while high - low > 1:
-        mid = (low + high) // 2
-        if reaches(LABEL_RATES[mid]):
-            high = mid
-        else:
-            low = mid
-    return LABEL_RATES[high]
+    # Index -1 lies below the grid; the grid's last rate (1.0) reaches the power.
+    return LABEL_RATES[first_reaching(lambda i: reaches(LABEL_RATES[i]), -1, len(LABEL_RATES) - 1)]
 
 
 @dataclass(frozen=True)

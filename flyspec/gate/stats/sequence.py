@@ -1,13 +1,8 @@
-"""Anytime-valid confidence sequences by betting (docs/statistics.md, "Sequential runs" and "Judged runs").
-
-``ConfidenceSequence``: the paired differences D in {-1, 0, 1} as ``X = (D + 1) / 2``, the hedged capital
-of Waudby-Smith and Ramdas (JRSS-B 2023, arXiv:2010.09686), each side a mixture of constant bets ``2^-b``
-capped at ``c / m``; i.i.d., exact roots from the counts, or without replacement over a finite pool
-(NeurIPS 2020), on a grid of candidate means. ``BoundedMeanSequence``: values in a known range (a judged
-run's), the anytime mixture or the plug-in bet tuned to a fixed size, in registered versions
-(``BET_VERSIONS``). Every bound is the first rejected candidate, so a grid can only widen the interval.
-Our own code rather than ``confseq``: the gate updates after every answer, and ``confseq`` recomputes from
-the start, needs a C++ build and pulls pandas and pytest at run time.
+"""Anytime-valid confidence sequences by betting (docs/statistics.md, "Sequential runs" and "Judged runs"):
+the hedged capital of Waudby-Smith and Ramdas (JRSS-B 2023), for paired differences (i.i.d. or without
+replacement over a finite pool) and for values in a known range (a judged run's). Every bound is the first
+rejected candidate, so a grid can only widen the interval. Our own code rather than ``confseq``, which
+recomputes from the start at every update and needs a C++ build.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ import numpy as np
 from scipy import optimize
 
 from flyspec.checks import is_int, is_number
+from flyspec.gate.stats.paired import check_probability
 
 BETS = 2.0 ** -np.arange(8)
 _BET_SIZES = BETS.tolist()
@@ -30,11 +26,6 @@ _TRUNCATION = 0.5  # c in the cap c / m: every factor stays >= 1 - c, so no bet 
 _RENORMALISE_EVERY = 32  # factors lie in [0.5, 2]: 32 steps cannot overflow or underflow a double
 _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroing it only lowers K
 _ROOT_TOLERANCE = 1e-13
-
-
-def check_alpha(alpha: float) -> None:
-    if not is_number(alpha, above=0, below=1):
-        raise ValueError(f"alpha={alpha!r}: must be a number in (0, 1)")
 
 
 def check_population(population_size: int | None, observations: int) -> None:
@@ -90,12 +81,12 @@ class _ExactSequence:
         # The bet terms at the current bounds, which stay put on most steps.
         self._terms = {1: bet_terms(self.low, 1), -1: bet_terms(self.high, -1)}
 
-    def update(self, code: int) -> tuple[float, float]:
-        """Observe one more question (code 0, 1, 2 for D = -1, 0, 1); return the running (low, high) in X."""
-        self.counts[code] += 1
+    def update(self, d: int) -> tuple[float, float]:
+        """Observe one more difference; return the running (low, high) for delta."""
+        self.counts[d + 1] += 1
         self.low = self._move(self.low, self.high, side=1)
         self.high = self._move(self.high, self.low, side=-1)
-        return self.low, self.high
+        return 2.0 * self.low - 1.0, 2.0 * self.high - 1.0
 
     def _move(self, bound: float, other: float, side: int) -> float:
         """The new bound: unchanged unless K now rejects it, else the root of K = threshold towards
@@ -223,10 +214,10 @@ class _GridConfidenceSequence:
         self.live = np.ones(GRID_STEPS + 1, dtype=bool)
         self.low, self.high = -1.0, 1.0
 
-    def update(self, x: float) -> tuple[float, float]:
-        """Observe one X; return the running (low, high) for delta."""
+    def update(self, d: int) -> tuple[float, float]:
+        """Observe one more difference; return the running (low, high) for delta."""
         capital = self.capital
-        capital.step(np.array([x]))
+        capital.step(np.array([(d + 1) / 2.0]))
         self.live &= ~(capital.rejected_plus()[0] | capital.rejected_minus()[0])
         # With every grid point rejected the last bounds stay: they still contain the continuous
         # confidence set, which can be narrower than one grid step.
@@ -254,12 +245,13 @@ class ConfidenceSequence:
     """
 
     def __init__(self, alpha: float = 0.05, population_size: int | None = None) -> None:
-        check_alpha(alpha)
+        check_probability("alpha", alpha)
         check_population(population_size, 0)
         self.alpha = alpha
         self.population_size = population_size
-        self._exact = _ExactSequence(alpha) if population_size is None else None
-        self._grid = None if population_size is None else _GridConfidenceSequence(alpha, population_size)
+        self._sequence: _ExactSequence | _GridConfidenceSequence = _ExactSequence(alpha)
+        if population_size is not None:
+            self._sequence = _GridConfidenceSequence(alpha, population_size)
         self.n = 0
         self.low, self.high = -1.0, 1.0
 
@@ -269,36 +261,21 @@ class ConfidenceSequence:
             raise ValueError(f"d={d!r}: each paired difference must be -1, 0 or 1")
         check_population(self.population_size, self.n + 1)
         self.n += 1
-        if self._exact is not None:
-            low_x, high_x = self._exact.update(int(d) + 1)
-            self.low, self.high = 2.0 * low_x - 1.0, 2.0 * high_x - 1.0
-        else:
-            assert self._grid is not None
-            self.low, self.high = self._grid.update((d + 1) / 2.0)
+        self.low, self.high = self._sequence.update(int(d))
         return self.low, self.high
 
 
 def confidence_sequence(
     diffs: Sequence[int], alpha: float = 0.05, population_size: int | None = None
 ) -> tuple[list[float], list[float]]:
-    """Running bounds ``(low, high)`` for delta after each paired difference in ``diffs`` (time-uniform).
-
-    ``diffs`` are the per-question differences candidate - baseline (-1, 0 or 1) in observation order.
-    The probability that delta ever leaves ``[low[n], high[n]]`` for any n is at most ``alpha``
-    (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). With
-    ``population_size`` it uses their without-replacement version for a finite question set of that size.
-    """
+    """``ConfidenceSequence``'s running bounds ``(low, high)`` after each of the paired differences
+    ``diffs`` (candidate - baseline: -1, 0 or 1) in observation order: two lists."""
     values = as_diffs(diffs, ndim=1)
-    check_alpha(alpha)
+    check_probability("alpha", alpha)
     check_population(population_size, len(values))
     sequence = ConfidenceSequence(alpha, population_size)
-    lows: list[float] = []
-    highs: list[float] = []
-    for d in values.tolist():
-        low, high = sequence.update(d)
-        lows.append(low)
-        highs.append(high)
-    return lows, highs
+    bounds = [sequence.update(d) for d in values.tolist()]
+    return [low for low, _ in bounds], [high for _, high in bounds]
 
 
 @dataclass(frozen=True)
@@ -361,7 +338,7 @@ class BoundedMeanSequence:
     ) -> None:
         if not (is_number(lo) and is_number(hi) and lo < hi):
             raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
-        check_alpha(alpha)
+        check_probability("alpha", alpha)
         if horizon is not None and not is_int(horizon, 1):
             raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
         if lo > -1.0 or hi < 1.0:
