@@ -111,14 +111,10 @@ class _ExactSequence:
 
 
 class Capital:
-    """K+ and K- at fixed candidate means of X for R sequences observed in lockstep.
-
-    Used for sampling without replacement, where the bets' centre m_i moves with the data, so the capital
-    depends on the order of the observations and each candidate mean needs its own running product.
-    ``m`` has shape (P,): the same P candidate means for every row. Each side keeps its B components
-    relative to a per-(row, mean) log scale, so the hot loop multiplies instead of taking logarithms.
-    After ``step``, ``too_low`` and ``too_high`` mark the means the data has ruled out for sure.
-    """
+    """Without replacement: K+ and K- at the candidate means ``m`` (P,) of X for R sequences in lockstep.
+    The bets' centre moves with the data, so each mean needs its own running product; each side keeps its
+    B components relative to a per-(row, mean) log scale, so the hot loop multiplies instead of taking
+    logarithms."""
 
     def __init__(self, m: np.ndarray, rows: int, alpha: float, population_size: int) -> None:
         self.m = m
@@ -173,11 +169,8 @@ class Capital:
             limit[...] = BETS.size * np.exp(self.threshold - scale)
 
     def logical_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Bounds for the set's mean of D that hold for sure: every unseen question at -1, or at 1.
-
-        Computed from integers (the sum of D so far) so that a set whose mean equals a margin exactly
-        is not pushed past it by rounding.
-        """
+        """Bounds for the set's mean of D that hold for sure (every unseen question at -1, or at 1), from
+        integers so that a mean equal to a margin is not pushed past it by rounding."""
         sum_d = 2.0 * self.sum_x - self.t
         remaining = self.population - self.t
         return (sum_d - remaining) / self.population, (sum_d + remaining) / self.population
@@ -199,8 +192,7 @@ def _live_window(live: np.ndarray) -> tuple[int, int] | None:
 
 
 def _grid_bounds(first: int, last: int) -> tuple[float, float]:
-    """The nearest rejected grid points around the live ones ``first..last``, so that the grid can only
-    widen the interval."""
+    """The nearest rejected grid points around the live ones ``first..last``."""
     return float(GRID[max(first - 1, 0)]), float(GRID[min(last + 1, GRID_STEPS)])
 
 
@@ -236,13 +228,9 @@ class _GridConfidenceSequence:
 
 
 class ConfidenceSequence:
-    """Online betting confidence sequence for the mean paired difference delta.
-
-    ``update(d)`` takes the next difference (-1, 0 or 1) and returns the running ``(low, high)``: with
-    probability at least ``1 - alpha`` the true delta lies in every interval ever returned. With
-    ``population_size=N`` the target is the mean over a finite set of N questions visited in uniformly
-    random order without replacement, and the interval closes on it as the set is exhausted.
-    """
+    """Online betting confidence sequence for the mean paired difference delta: with probability at least
+    ``1 - alpha`` it lies in every interval ``update(d)`` returns. With ``population_size=N`` the target is
+    the mean over N questions visited in random order without replacement."""
 
     def __init__(self, alpha: float = 0.05, population_size: int | None = None) -> None:
         check_probability("alpha", alpha)
@@ -280,10 +268,9 @@ def confidence_sequence(
 
 @dataclass(frozen=True)
 class Bets:
-    """One version of the bounded-mean bets: ``fractions``, the anytime mixture's constant bets as
-    fractions of the largest bet the range allows (``1 / m`` for K+), ``truncation``, the largest
-    fraction of it the fixed-horizon bet may take, and ``words`` for the report. Every fraction is below
-    1, so no factor reaches 0."""
+    """One version of the bounded-mean bets, as fractions (below 1) of the largest bet the range allows:
+    the anytime mixture's constant bets, the fixed-horizon bet's cap (``truncation``), ``words`` for the
+    report."""
 
     fractions: np.ndarray
     truncation: float
@@ -302,10 +289,7 @@ BET_VERSIONS = {
         "at most 0.99 of the largest safe bet",
     ),
 }
-"""The bets judged runs register by version. Version 2 reaches 0.99 of the largest bet: with a judge that
-agrees with gold the values' spread is far inside their range, the best bet sits at that cap, and the
-capped bet sets how many pairs (so labels) a decision takes (docs/statistics.md, "Fewer labels for a good
-judge"); the smallest fraction, which only a weak judge's very noisy values want, made room for it."""
+"""The bets judged runs register by version (docs/statistics.md, "Fewer labels for a good judge")."""
 BET = 2
 """The version new runs register; a run registered before versions existed reads as 1."""
 
@@ -324,14 +308,9 @@ PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
 
 
 class BoundedMeanSequence:
-    """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
-
-    ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
-    ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
-    the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
-    tuned to n (see the module docstring), each as ``bet`` (a key of ``BET_VERSIONS``) sets them. Only the
-    grid points still in the set are tracked.
-    """
+    """Online confidence sequence for the mean (in ``[-1, 1]``) of values in ``[lo, hi]`` whose conditional
+    mean given the past is the target: ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in
+    bet tuned to n, as version ``bet`` sets them."""
 
     def __init__(
         self, lo: float, hi: float, alpha: float, horizon: int | None = None, bet: int = BET

@@ -1,9 +1,7 @@
-"""Seeded simulations of gate runs, vectorised over runs: the kernels behind ``simulate(design)``
-(flyspec/gate/stats/sizing.py), the label advice, the validity tests and the scripts that print
-docs/statistics.md's tables. A bound passes ``-margin`` exactly when the betting capital on its side
-there reaches the threshold, so two capitals per run decide it, block by block (a run of 50,000 questions
-never needs its whole matrix at once); ``crossing_verdicts`` of flyspec/gate/stats/decide.py names the
-verdicts, and tests/test_gate_stats_decide.py pins them to ``decide`` on the same draws.
+"""Seeded simulations of gate runs, vectorised over runs (``simulate(design)``, the label advice, the
+validity tests, the scripts behind docs/statistics.md's tables). A bound passes ``-margin`` exactly when
+the betting capital on its side there reaches the threshold, so two capitals per run decide it, block by
+block (``first_crossings``); tests/test_gate_stats_decide.py pins the verdicts to ``decide``.
 """
 
 from __future__ import annotations
@@ -83,8 +81,7 @@ def judge_votes(
 
 @dataclass
 class JudgedBlock:
-    """A block of judged pairs, one row per run: identical, prediction f, selected for gold, gold D
-    (the true D whether or not selected: the simulation knows it), and the old rule's two orders."""
+    """A block of judged pairs, one row per run; ``gold`` is the true D whether or not selected."""
 
     identical: np.ndarray
     prediction: np.ndarray
@@ -117,8 +114,8 @@ def draw_judged(
     d: np.ndarray | None = None,
     draws: np.ndarray | None = None,
 ) -> JudgedBlock:
-    """i.i.d. judged pairs, a share ``differing`` with a better answer (or the differences ``d``, 0 when
-    identical); a pair is drawn for gold when its ``draws`` number (else a uniform) is below ``rate``."""
+    """i.i.d. judged pairs, a share ``differing`` with a better answer (or the differences ``d``); a pair is
+    drawn for gold when its ``draws`` number (else a uniform) is below ``rate``."""
     if d is None:
         d = draw_differences(rng, rows, cols, differing, delta)
     identical = d == 0
@@ -130,9 +127,8 @@ def draw_judged(
 
 
 class CapitalAtMargin:
-    """``BoundedMeanSequence``'s K+ and K- (level ``1 - 2 alpha``) for rows of values in ``[lo, hi]``, block
-    by block, at the grid's neighbours of ``-margin`` only: a PASS needs K+ at the first grid point above
-    it, a FAIL K- at the last one below. ``horizon=None``: the anytime mixture, else the plug-in bet."""
+    """``BoundedMeanSequence``'s K+ and K- (level ``1 - 2 alpha``) for rows of values in ``[lo, hi]`` at the
+    grid's neighbours of ``-margin`` only: K+ at the first grid point above it, K- at the last one below."""
 
     def __init__(
         self,
@@ -153,8 +149,7 @@ class CapitalAtMargin:
         self.m_plus = (float(grid[grid > -margin][0]) - lo) / self.span
         self.m_minus = (float(grid[grid < -margin][-1]) - lo) / self.span
         self.horizon = horizon
-        self.threshold = math.log(1.0 / alpha)
-        self.log_alpha_cs = math.log(1.0 / alpha)  # log(2 / (2 alpha)) for the plug-in bet
+        self.threshold = math.log(1.0 / alpha)  # log(2 / (2 alpha)): the 1 - 2 alpha sequence
         width = self.bets.fractions.size if horizon is None else 1
         self.plus = np.zeros((rows, width))
         self.minus = np.zeros((rows, width))
@@ -188,7 +183,7 @@ class CapitalAtMargin:
             mu = (PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
             sq = self.sum_sq[:, None] + np.cumsum((x - mu) ** 2, axis=1)
             before = np.concatenate([self.sum_sq[:, None], sq[:, :-1]], axis=1)
-            lam = np.sqrt(2.0 * self.log_alpha_cs / (self.horizon * (PRIOR_VARIANCE + before) / steps))
+            lam = np.sqrt(2.0 * self.threshold / (self.horizon * (PRIOR_VARIANCE + before) / steps))
             up = np.minimum(lam, self.bets.truncation / self.m_plus)
             down = np.minimum(lam, self.bets.truncation / (1 - self.m_minus))
             log_plus = self.plus[:, :1] + np.cumsum(np.log1p(up * dev_plus), axis=1)
@@ -336,9 +331,8 @@ def judged_runs(
     bet: int = BET,
 ) -> Outcomes:
     """``walk_judged`` on pairs from ``judge``: i.i.d., or a finite ``population`` of differences in each
-    run's order (``orders``, else random); ``draws``: each pair's number of the gold draw (``draw_judged``).
-    ``fail_side=False`` skips the FAIL side (faster; P(PASS) can then only be overstated, enough for a
-    validity check), ``pass_side=False`` the PASS side likewise."""
+    run's order (``orders``, else random); ``draws``: each pair's number of the gold draw. ``fail_side``
+    / ``pass_side=False`` skip a side (faster; the other side's share can then only be overstated)."""
     if population is not None and orders is None:
         orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
 
