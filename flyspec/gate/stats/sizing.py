@@ -402,10 +402,9 @@ def forecast(
         return None
     lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
     psi, delta = (lost + gained) / n, (gained - lost) / n
-    standard_error = math.sqrt(max(psi - delta * delta, 0.0) / n)
     # An early effect is noise (docs/statistics.md, "Plans and forecasts"): until it is measured, the
     # no-harm prior simulates the registered design with no true effect.
-    if n < MIN_PAIRS or standard_error > margin:
+    if n < MIN_PAIRS or math.sqrt(max(psi - delta * delta, 0.0) / n) > margin:
         registered = design or Design("sequential", max_questions, population_size)
         # A rate of exactly zero flips would forecast the easiest case; half a flip keeps it honest.
         rate = max(psi, 0.5 / n)
@@ -420,39 +419,17 @@ def forecast(
             paths=paths,
             seed=seed,
         )
-    decisions, stopped_at = _continued(observed, margin, alpha, max_questions, population_size, paths, seed)
-    return _summarise(decisions, stopped_at, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
-
-
-def _continued(
-    observed: np.ndarray,
-    margin: float,
-    alpha: float,
-    max_questions: int,
-    population_size: int | None,
-    paths: int,
-    seed: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``paths`` continuations of the observed run at the effect seen (each count plus half a pair), decided
-    as the run would be: ``(decisions, stopped_at)``."""
-    n = len(observed)
-    lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
+    # Continue the run at the effect seen (each count plus half a pair), decided as the run would be.
     rng = np.random.default_rng(seed)
     p_lost, p_gained = (lost + 0.5) / (n + 1.5), (gained + 0.5) / (n + 1.5)
     if population_size is None:
         # The i.i.d. capital depends on the counts only: continue from them, drawing as far as needed.
-        out = iid_runs(
-            rng,
-            paths,
-            max_questions,
-            p_lost + p_gained,
-            p_gained - p_lost,
-            margin,
-            alpha,
-            start=(lost, n - lost - gained, gained),
-        )
-        return out.decisions, out.stopped_at
-    probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
-    future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
-    walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
-    return sequential_decisions(walks, margin, alpha, population_size)
+        start = (lost, n - lost - gained, gained)
+        out = iid_runs(rng, paths, max_questions, p_lost + p_gained, p_gained - p_lost, margin, alpha, start)
+        decisions, stops = out.decisions, out.stopped_at
+    else:
+        probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
+        future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
+        walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
+        decisions, stops = sequential_decisions(walks, margin, alpha, population_size)
+    return _summarise(decisions, stops, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
