@@ -164,38 +164,32 @@ class CapitalAtMargin:
     def step(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bet on a block (rows, cols); returns whether K+ / K- has reached its threshold at each step."""
         x = np.clip((y - self.lo) / self.span, 0.0, 1.0)
-        dev_plus, dev_minus = x - self.m_plus, x - self.m_minus
         cols = x.shape[1]
         if self.horizon is None:
             up = (self.bets.fractions / self.m_plus)[None, None, :]
             down = (self.bets.fractions / (1 - self.m_minus))[None, None, :]
-            log_plus = log_minus = np.zeros(x.shape)
-            if self.pass_side:
-                plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
-                self.plus = plus[:, -1, :]
-                log_plus = log_mean_exp(plus, axis=2)
-            if self.fail_side:
-                minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * dev_minus[:, :, None]), axis=1)
-                self.minus = minus[:, -1, :]
-                log_minus = log_mean_exp(minus, axis=2)
         else:
             steps = self.t + np.arange(1, cols + 1, dtype=float)
             mu = (PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
             sq = self.sum_sq[:, None] + np.cumsum((x - mu) ** 2, axis=1)
             before = np.concatenate([self.sum_sq[:, None], sq[:, :-1]], axis=1)
             lam = np.sqrt(2.0 * self.threshold / (self.horizon * (PRIOR_VARIANCE + before) / steps))
-            up = np.minimum(lam, self.bets.truncation / self.m_plus)
-            down = np.minimum(lam, self.bets.truncation / (1 - self.m_minus))
-            log_plus = self.plus[:, :1] + np.cumsum(np.log1p(up * dev_plus), axis=1)
-            log_minus = self.minus[:, :1] + np.cumsum(np.log1p(-down * dev_minus), axis=1)
-            self.plus, self.minus = log_plus[:, -1:], log_minus[:, -1:]
-            if not self.fail_side:
-                log_minus = np.zeros_like(log_plus)
+            up = np.minimum(lam, self.bets.truncation / self.m_plus)[:, :, None]
+            down = np.minimum(lam, self.bets.truncation / (1 - self.m_minus))[:, :, None]
             self.sum_x += x.sum(axis=1)
             self.sum_sq = sq[:, -1]
         self.t += cols
-        if not self.pass_side:
-            log_plus = np.zeros_like(log_minus)
+        # Each side's components (rows, cols, B; one for the plug-in bet), averaged over B.
+        log_plus = log_minus = np.zeros(x.shape)
+        x3 = x[:, :, None]
+        if self.pass_side:
+            plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * (x3 - self.m_plus)), axis=1)
+            self.plus = plus[:, -1, :]
+            log_plus = log_mean_exp(plus, axis=2)
+        if self.fail_side:
+            minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * (x3 - self.m_minus)), axis=1)
+            self.minus = minus[:, -1, :]
+            log_minus = log_mean_exp(minus, axis=2)
         return log_plus >= self.threshold, log_minus >= self.threshold
 
 
