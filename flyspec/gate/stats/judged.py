@@ -1,13 +1,9 @@
-"""Judged comparisons anchored on gold labels (docs/statistics.md, "Judged runs"): a judge's verdict is a
-prediction, not the truth, so a random subset of the pairs drawn by a rule fixed before any answer
-(``gold_draw``) gets a gold label, and each pair's prediction-powered value (Angelopoulos et al. 2023;
-PPI++'s predictable weight ``lam``, 2024)
+"""Judged comparisons anchored on gold labels (docs/statistics.md, "Judged runs"): a random subset of the
+pairs, drawn before any answer, gets a gold label, and each pair's prediction-powered value (PPI++)
 
     Y_i = 0 (identical answers),   Y_i = lam_i f_i + (xi_i / rate) (D_i - lam_i f_i)   (xi_i: drawn for gold)
 
-has the true difference D_i as its conditional mean for any judge. Y lies in ``[1 - 2/rate, 2/rate - 1]``,
-so the bounded-mean betting sequences of flyspec/gate/stats/sequence.py apply. A pair waiting for its
-label blocks the in-order prefix (``usable_prefix``); a run with no gold label decides nothing.
+has the true difference D_i as its conditional mean for any judge, in ``[1 - 2/rate, 2/rate - 1]``.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ GOLD_DRAW = 2
 @dataclass(frozen=True)
 class JudgedPair:
     """One question of a judged run: ``identical`` answers (D = 0, never judged or labelled), the judge's
-    ``prediction`` f in [-1, 1] (the mean of its two orders' votes), ``selected`` for a gold label, and
-    its ``gold`` D in {-1, 0, 1} once labelled."""
+    ``prediction`` f in [-1, 1], ``selected`` for a gold label, and its ``gold`` D once labelled."""
 
     identical: bool
     prediction: float = 0.0
@@ -57,13 +52,12 @@ class JudgedPair:
 
     @property
     def waiting(self) -> bool:
-        """Selected for a gold label that has not arrived: the in-order prefix stops here."""
+        """Selected for a gold label that has not arrived."""
         return self.selected and self.gold is None
 
 
 def judge_prediction(first: int, second: int) -> float:
-    """The judge's prediction f from its two orders, each +1 (prefers the candidate), -1 (prefers the
-    baseline) or 0 (a tie or an unreadable verdict)."""
+    """The judge's prediction f from its two orders' votes: +1 (the candidate), -1 (the baseline), 0."""
     for name, vote in (("first", first), ("second", second)):
         if not is_int(vote) or vote not in (-1, 0, 1):
             raise ValueError(f"{name}={vote!r}: a vote is -1, 0 or 1")
@@ -71,23 +65,21 @@ def judge_prediction(first: int, second: int) -> float:
 
 
 def check_rate(rate: float) -> None:
-    """ValueError unless ``rate`` (the share of non-identical pairs drawn for a gold label) is in (0, 1]."""
+    """ValueError unless the gold-label ``rate`` lies in (0, 1]."""
     if not is_number(rate, above=0, at_most=1):
         raise ValueError(f"rate={rate!r}: the gold-label rate must lie in (0, 1]")
 
 
 def gold_draw(seed: int | str, dataset: str, question_id: str) -> float:
-    """The uniform number in [0, 1) behind a question's gold-label draw (``gold_selected``): the sha256
-    of ``gold-draw-v2:seed:dataset:question_id``, a digest of its own, independent of the question order's
-    key ``sha256(seed:dataset:question_id)`` (flyspec/gate/data/questions.py)."""
+    """The uniform number in [0, 1) behind a question's gold-label draw: a sha256 of its own, independent
+    of the question order's key (flyspec/gate/data/questions.py)."""
     text = f"gold-draw-v2:{seed}:{dataset}:{question_id}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2.0**64
 
 
 def gold_selected(seed: int | str, dataset: str, question_id: str, rate: float) -> bool:
-    """Whether a (non-identical) pair is drawn for a gold label: ``gold_draw(...) < rate``. Fixed by the
-    registered seed before any answer, so it cannot depend on the answers or on the judge; nested in the
-    rate (a pair drawn at 0.1 is drawn at 0.2); independent of the pair's place in the order."""
+    """Whether a (non-identical) pair is drawn for a gold label: ``gold_draw(...) < rate``, fixed by the
+    registered seed before any answer and nested in the rate."""
     check_rate(rate)
     return gold_draw(seed, dataset, question_id) < rate
 
@@ -101,8 +93,7 @@ def usable_prefix(pairs: Sequence[JudgedPair]) -> int:
 
 
 def value_range(rate: float) -> tuple[float, float]:
-    """The range of Y at this label rate: ``[1 - 2/rate, 2/rate - 1]`` (``[-1, 1]`` when every pair is
-    labelled)."""
+    """The range of Y at this label rate."""
     check_rate(rate)
     return 1.0 - 2.0 / rate, 2.0 / rate - 1.0
 
@@ -133,11 +124,8 @@ class _Weight:
 
 
 def judged_values(pairs: Sequence[JudgedPair], rate: float) -> np.ndarray:
-    """The prediction-powered value Y of each pair, in order, with the predictable PPI++ weight.
-
-    The mean of Y estimates the true net difference without bias for any judge; ValueError if a pair is
-    still waiting for its gold label (cut the list at ``usable_prefix`` first).
-    """
+    """The prediction-powered value Y of each pair, in order; ValueError for a pair still waiting for its
+    gold label (cut the list at ``usable_prefix`` first)."""
     check_rate(rate)
     weight = _Weight()
     return np.array([weight.value(pair, rate) for pair in pairs], dtype=float)
@@ -145,12 +133,9 @@ def judged_values(pairs: Sequence[JudgedPair], rate: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class JudgeCounts:
-    """What the judge said, and how it fared against gold.
-
-    ``lost``/``gained``: both orders preferred the baseline / the candidate; ``undecided``: any other
-    verdict on differing answers; ``agreement``: the share of labelled pairs whose verdict had the gold
-    label's sign, with its 95% Wilson interval (None without labels).
-    """
+    """What the judge said: ``lost``/``gained``, both orders preferred the baseline / the candidate;
+    ``agreement``, the share of labelled pairs whose verdict had the gold label's sign, with its 95% Wilson
+    interval (None without labels)."""
 
     n: int
     identical: int
@@ -166,7 +151,7 @@ class JudgeCounts:
 
 
 def judge_counts(pairs: Sequence[JudgedPair]) -> JudgeCounts:
-    """Count the pairs as the report shows them (see ``JudgeCounts``)."""
+    """Count the pairs as the report shows them."""
     identical = sum(p.identical for p in pairs)
     lost = sum(not p.identical and p.prediction == -1 for p in pairs)
     gained = sum(not p.identical and p.prediction == 1 for p in pairs)
@@ -192,14 +177,8 @@ def judge_counts(pairs: Sequence[JudgedPair]) -> JudgeCounts:
 
 
 class JudgedSequence:
-    """Online confidence sequence for the true net difference of a judged run.
-
-    ``update(pair)`` takes the next pair along the registered order and returns the running
-    ``(low, high)``; with probability at least ``1 - alpha`` the true difference lies in every interval
-    returned, whatever the judge does. ``horizon=None`` (sequential runs) bets the anytime mixture;
-    ``horizon=n`` (fixed runs of n questions) bets the plug-in tuned to n; ``bet``: the registered version
-    of the bets (flyspec/gate/stats/sequence.py, ``BET_VERSIONS``).
-    """
+    """Online confidence sequence for the true net difference of a judged run, valid whatever the judge
+    does: ``BoundedMeanSequence`` on the values Y (``horizon``, ``bet``: as there)."""
 
     def __init__(self, rate: float, alpha: float = 0.05, horizon: int | None = None, bet: int = BET) -> None:
         lo, hi = value_range(rate)
@@ -226,21 +205,17 @@ class JudgedSequence:
 
     @property
     def estimate(self) -> float | None:
-        """The mean of the values so far: the prediction-powered estimate of the difference (None before
-        the first pair)."""
+        """The mean of the values so far (None before the first pair)."""
         return self._sum / self.n if self.n else None
 
     @property
     def emptied_at(self) -> int | None:
-        """The pair after which the confidence set was empty (every difference rejected), else None."""
+        """The pair after which the confidence set was empty, else None."""
         return self._sequence.emptied_at
 
     def normal_width(self, alpha: float) -> float | None:
-        """The width a normal-theory interval at level ``1 - alpha`` would have at this n, from the values
-        seen (``2 z(1 - alpha/2) sd(Y) / sqrt(n)``); None before two pairs. The betting interval is wider
-        than this at one n, so a running interval much narrower than it means the running bounds met
-        from two sides: the estimate drifted, which the design's values (whose mean is the target at
-        every step) make unlikely."""
+        """The width of a normal-theory interval at level ``1 - alpha`` from the values seen (None before
+        two pairs): a betting interval much narrower than it means the running bounds met from two sides."""
         if self.n < 2:
             return None
         mean = self._sum / self.n
@@ -249,8 +224,8 @@ class JudgedSequence:
 
 
 class JudgedWalk(Walk[JudgedPair]):
-    """A judged run's walk (``Walk``): the prediction-powered sequence, which decides nothing before the
-    first gold label. The judge's verdicts count as ``judge_counts`` counts them."""
+    """A judged run's walk: the prediction-powered sequence, which decides nothing before the first gold
+    label."""
 
     def __init__(
         self, rate: float, margin: float, alpha: float, horizon: int | None = None, bet: int = BET
@@ -270,9 +245,8 @@ class JudgedWalk(Walk[JudgedPair]):
 
 @dataclass(frozen=True)
 class JudgedDecision:
-    """A judged run's decision: the fields of ``SequentialDecision`` (a fixed run stops at its last usable
-    pair) plus the judge's ``counts``, the ``usable`` pairs (before the first waiting for a label), and
-    what ``narrow`` reads: ``JudgedSequence``'s ``normal_width``, ``emptied_at`` and ``estimate`` there."""
+    """A judged run's decision: ``SequentialDecision``'s fields, the judge's ``counts``, the ``usable``
+    pairs (before the first waiting for a label), and ``JudgedSequence``'s diagnostics at the stop."""
 
     decision: str
     stopped_at: int
@@ -290,10 +264,8 @@ class JudgedDecision:
 
     @property
     def narrow(self) -> bool:
-        """True when the interval is narrower than half the normal-theory width at the stop, or the set
-        emptied: the running bounds of a valid run rarely cross like that (an emptied set has probability
-        at most 2 alpha), so the values' mean likely changed along the order (as a draw correlated with
-        the order makes it)."""
+        """True when the interval is narrower than half the normal-theory width, or the set emptied: the
+        values' mean likely changed along the order (as a draw correlated with the order makes it)."""
         if self.emptied_at is not None:
             return True
         return self.normal_width is not None and self.high - self.low < 0.5 * self.normal_width
@@ -308,29 +280,27 @@ def judged_decision(
     horizon: int | None = None,
     bet: int = BET,
 ) -> JudgedDecision:
-    """Decide a judged run on the prediction-powered ``1 - 2 alpha`` confidence sequence of its usable
-    prefix, valid for any judge: ``design="fixed"`` bets the plug-in tuned to ``horizon`` (the registered
-    size, default the pairs) and decides on the bounds at the end; ``"sequential"`` bets the anytime
-    mixture and stops at the first crossing. Without a gold label the run decides nothing."""
+    """Decide a judged run on the ``1 - 2 alpha`` ``JudgedSequence`` of its usable prefix: ``"fixed"``
+    bets the plug-in tuned to ``horizon`` (default: the pairs) and decides at the end; ``"sequential"``
+    bets the anytime mixture and stops at the first crossing."""
     check_margin_alpha(margin, alpha)
     check_rate(rate)
     if design not in DESIGNS:
         raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
     usable = usable_prefix(pairs)
-    used = list(pairs[:usable])
     if design == "fixed":
         horizon = len(pairs) if horizon is None else horizon
         if not is_int(horizon, 1):
             raise ValueError(f"horizon={horizon!r}: a fixed run's registered size, a positive integer")
     elif horizon is not None:
         raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
-    walk = JudgedWalk(rate, margin, alpha, horizon if design == "fixed" else None, bet)
-    for pair in used:
+    walk = JudgedWalk(rate, margin, alpha, horizon, bet)
+    for pair in pairs[:usable]:
         walk.add(pair)
         if design == "sequential" and walk.decision().decision != INCONCLUSIVE:
             break
     sequence, stopped, end = walk.sequence, walk.n, walk.decision()
-    counts = judge_counts(used[:stopped])
+    counts = judge_counts(pairs[:stopped])
     return JudgedDecision(
         decision=end.decision,
         stopped_at=stopped,

@@ -1,8 +1,6 @@
-"""The label advice of a judged run (docs/statistics.md, "The label advice"): the smallest label rate of
-``LABEL_RATES`` at which at least ``ADVICE_POWER`` of simulated runs decide, simulating the judged rule
-itself (``walk_judged``, pinned to ``judged_decision`` by a test) on pairs drawn from a ``PairModel`` of
-the run's own pairs; a judged interval's width depends on its values' range as much as on their variance,
-so no normal approximation says when it decides.
+"""The label advice of a judged run (docs/statistics.md, "The label advice"): the smallest label rate at
+which enough simulated runs decide under the judged rule itself (``walk_judged``), on pairs drawn from a
+``PairModel`` of the run's own pairs.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from flyspec.gate.stats.decide import INCONCLUSIVE
 from flyspec.gate.stats.judged import DESIGNS, JudgeCounts, JudgedPair
 from flyspec.gate.stats.sequence import BET
 from flyspec.gate.stats.simulation import JudgedBlock, walk_judged
+from flyspec.gate.stats.sizing import first_reaching
 
 ASSUMED_AGREEMENT = 0.95
 """The judge's agreement with gold that ``labels_needed`` assumes when no label exists yet."""
@@ -35,11 +34,9 @@ ADVICE_RUNS = 400
 
 @dataclass(frozen=True)
 class PairModel:
-    """What a run's pairs say about the next ones (``from_pairs``): the ``identical`` pairs, the differing
-    ones by the judge's prediction (``shown``, 5) and their gold labels (``seen``, 5 x 3), and the judge's
-    ``agreement`` behind the ``prior`` pseudo-labels. ``sample`` plugs in the shares every pair shows, and
-    draws the gold given each prediction from its Dirichlet posterior, so that a judge seen on few labels
-    is only as certain as the labels make it."""
+    """What a run's pairs say about the next ones: the ``identical`` pairs, the differing ones by the
+    judge's prediction (``shown``, 5) and their gold labels (``seen``, 5 x 3), and the judge's
+    ``agreement`` behind the ``prior`` pseudo-labels."""
 
     identical: int
     shown: np.ndarray
@@ -48,8 +45,8 @@ class PairModel:
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[JudgedPair], assumed_agreement: float) -> PairModel:
-        """Count the pairs; the prior's agreement is the one seen, shrunk by half a pair towards a coin
-        (``(agreeing + 1/2) / (labelled + 1)``), or ``assumed_agreement`` before any label."""
+        """Count the pairs; the agreement is the one seen, shrunk by half a pair towards a coin, or
+        ``assumed_agreement`` before any label."""
         if not pairs:
             raise ValueError("a pair model needs at least one pair")
         level = {float(f): i for i, f in enumerate(PREDICTIONS)}
@@ -75,7 +72,7 @@ class PairModel:
 
     @property
     def prior(self) -> np.ndarray:
-        """One pseudo-label per prediction (see the class docstring)."""
+        """One pseudo-label per prediction, split by the judge's agreement."""
         a = min(max(self.agreement, 1e-3), 1.0 - 1e-3)
         prior = np.full((PREDICTIONS.size, GOLDS.size), (1.0 - a) / 2.0)
         prior[np.arange(PREDICTIONS.size), np.sign(PREDICTIONS).astype(int) + 1] = a
@@ -103,15 +100,15 @@ class PairModel:
 
     @property
     def weight(self) -> float:
-        """PPI++'s limiting weight ``E[D f] / E[f^2]`` at the mean shares, clipped to [0, 1]: near 0 the
-        judge's verdicts carry nothing and the labels alone carry the run."""
+        """PPI++'s limiting weight ``E[D f] / E[f^2]`` at the mean shares, clipped to [0, 1]."""
         cells = self._mean_cells()
         ff = float(cells.sum(axis=1) @ PREDICTIONS**2)
         return min(max(float(PREDICTIONS @ cells @ GOLDS) / ff, 0.0), 1.0) if ff > 0 else 0.0
 
     def sample(self, rng: np.random.Generator, runs: int) -> np.ndarray:
-        """One posterior draw of the shares per simulated run: (runs, 16), identical first, then the
-        5 x 3 cells by prediction and gold, row-major."""
+        """One draw of the shares per simulated run: (runs, 16), identical first, then the 5 x 3 cells by
+        prediction and gold, row-major; the gold given each prediction from its Dirichlet posterior, so a
+        judge seen on few labels is only as certain as they make it."""
         share = np.broadcast_to(self._shares(), (runs, PREDICTIONS.size + 1))
         if self.labels:
             given = np.stack([rng.dirichlet(row, runs) for row in self.seen + self.prior], axis=1)
@@ -123,8 +120,7 @@ class PairModel:
 
 def draw_pairs(rng: np.random.Generator, shares: np.ndarray, cols: int, rate: float) -> JudgedBlock:
     """``cols`` i.i.d. pairs for each row of ``shares`` (``PairModel.sample``), each differing pair drawn
-    for a gold label with probability ``rate``. The two orders are one pair with the drawn mean (two ties
-    for f = 0): the prediction-powered values depend on f only."""
+    for a gold label with probability ``rate``; the two orders are any with the drawn mean."""
     edges = np.cumsum(shares, axis=1)
     u = rng.random((shares.shape[0], cols)) * edges[:, -1:]
     k = np.minimum((u[:, :, None] >= edges[:, None, :]).sum(axis=2), shares.shape[1] - 1)
@@ -150,9 +146,8 @@ def decide_share(
     settle: float | None = None,
     bet: int = BET,
 ) -> float:
-    """The share of ``runs`` simulated judged runs of ``questions`` pairs at label rate ``rate`` that decide
-    under the gate's own rule (``walk_judged``), each drawn from its own posterior draw of the model's
-    shares; with ``settle`` the share is exact only as compared with ``settle`` (``walk_judged``)."""
+    """The share of ``runs`` simulated judged runs of ``questions`` pairs at label rate ``rate`` that decide,
+    each from its own draw of the model's shares (``settle``: ``first_crossings``)."""
     if design not in DESIGNS:
         raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
     rng = np.random.default_rng(seed)
@@ -182,31 +177,23 @@ def smallest_label_rate(
     seed: int = 0,
     bet: int = BET,
 ) -> float | None:
-    """The smallest rate of ``LABEL_RATES`` at which at least a share ``power`` of simulated runs decide
-    (``decide_share``, the same seed at every rate), found by bisection on the grid (more labels never
-    make a run less likely to decide, up to simulation noise); None when not even labelling every
-    differing pair reaches it."""
+    """The smallest rate of ``LABEL_RATES`` at which a share ``power`` of simulated runs decide, the same seed
+    at every rate (more labels never make a run less likely to decide); None when no rate does."""
 
     def reaches(rate: float) -> bool:
         return decide_share(model, rate, margin, alpha, design, questions, runs, seed, power, bet) >= power
 
     if model.differing == 0 or not reaches(1.0):
         return None
-    low, high = -1, len(LABEL_RATES) - 1  # LABEL_RATES[high] reaches the power; low is below the grid
-    while high - low > 1:
-        mid = (low + high) // 2
-        if reaches(LABEL_RATES[mid]):
-            high = mid
-        else:
-            low = mid
-    return LABEL_RATES[high]
+    # Index -1 lies below the grid; the grid's last rate (1.0) reaches the power.
+    return LABEL_RATES[first_reaching(lambda i: reaches(LABEL_RATES[i]), -1, len(LABEL_RATES) - 1)]
 
 
 @dataclass(frozen=True)
 class LabelAdvice:
-    """The label advice: at label ``rate`` (about ``labels`` gold labels) a share ``power`` of simulated runs
-    like this one decide, assuming the ``effect`` and the judge's ``agreement`` (``assumed`` before any
-    label); None when no rate reaches it. ``weight``: PPI++'s weight (near 0 the labels alone carry it)."""
+    """The label advice: at label ``rate`` (about ``labels`` gold labels; None when no rate reaches it) a
+    share ``power`` of simulated runs like this one decide, assuming the ``effect`` and the judge's
+    ``agreement`` (``assumed`` before any label)."""
 
     questions: int
     rate: float | None
@@ -269,8 +256,7 @@ def labels_needed(
     bet: int = BET,
 ) -> LabelAdvice:
     """The smallest label rate (and about how many gold labels) at which ``ADVICE_POWER`` of simulated
-    judged runs of ``questions`` pairs like ``pairs`` (``PairModel``) decide under the run's own rule;
-    ``counts``: ``judge_counts(pairs)``. ValueError without a pair: nothing is known to advise on."""
+    judged runs like ``pairs`` decide; ``counts``: ``judge_counts(pairs)``. ValueError without a pair."""
     model = PairModel.from_pairs(pairs, ASSUMED_AGREEMENT)  # ValueError without a pair
     rate = smallest_label_rate(model, margin, alpha, design, questions, bet=bet)
     # Rounded first: 0.4 x 0.3 x 400 is 48.000000000000007 in floating point.

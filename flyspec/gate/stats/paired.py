@@ -1,7 +1,5 @@
-"""The fixed-size statistics of the paired gate (docs/statistics.md, "Fixed-size tests"): McNemar's test,
-Tango's score statistic and interval, the non-inferiority test and Wilson's interval. Notation: ``n``
-pairs, ``lost`` (baseline right, candidate wrong), ``gained`` (the reverse), ``delta = (gained - lost) /
-n``; only the discordant pairs carry information about ``delta``.
+"""The fixed-size statistics of the paired gate (docs/statistics.md, "Fixed-size tests"): ``n`` pairs,
+``lost`` (baseline right, candidate wrong), ``gained`` (the reverse), ``delta = (gained - lost) / n``.
 """
 
 from __future__ import annotations
@@ -75,13 +73,8 @@ def check_probability(name: str, value: float, *, allow_zero: bool = False, allo
 
 
 def mcnemar(lost: int, gained: int) -> McNemarResult:
-    """Exact (and mid-p) McNemar test: are lost and gained questions equally likely?
-
-    Conditional on ``m = lost + gained`` flips, ``lost ~ Bin(m, 1/2)`` under the null hypothesis.
-    ``exact_p = min(1, 2 P[Bin(m, 1/2) <= min(lost, gained)])`` (1 when m = 0) and
-    ``mid_p = exact_p - P[Bin(m, 1/2) = min(lost, gained)]``; when ``lost == gained``,
-    ``mid_p = 1 - P[Bin(m, 1/2) = lost] / 2``.
-    """
+    """Exact (and mid-p) McNemar test: are lost and gained questions equally likely? Conditional on the
+    ``m`` flips, ``lost ~ Bin(m, 1/2)`` under the null hypothesis."""
     for name, value in (("lost", lost), ("gained", gained)):
         if not is_int(value, 0):
             raise ValueError(f"{name}={value!r}: must be a non-negative integer")
@@ -120,12 +113,9 @@ def restricted_lost_rate(n: float, lost: Numbers, gained: Numbers, delta0: float
 
 
 def tango_statistic(n: int, lost: Numbers, gained: Numbers, delta0: float) -> Numbers:
-    """Tango's score statistic ``T(delta0)`` for the paired difference of proportions; ``lost`` and
-    ``gained`` may be arrays (the simulations' many tables).
-
-    Positive when the observed net is above ``delta0``. Where the restricted variance vanishes (only at
-    the ends of [-1, 1]) the statistic is 0 for a zero numerator and an infinity of its sign otherwise.
-    """
+    """Tango's score statistic ``T(delta0)``, positive when the observed net is above ``delta0``; counts
+    may be arrays. Where the restricted variance vanishes (at the ends of [-1, 1]) it is 0 for a zero
+    numerator and an infinity of its sign otherwise."""
     p_lost = restricted_lost_rate(n, lost, gained, delta0)
     numerator = gained - lost - n * delta0
     variance = n * (2.0 * p_lost + delta0 * (1.0 - delta0))
@@ -170,16 +160,9 @@ def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[f
 def net_difference_ci(
     n: int, lost: int, gained: int, level: float = 0.95, method: str = "tango"
 ) -> tuple[float, float]:
-    """Confidence interval ``(low, high)`` for the net difference ``delta = (gained - lost) / n``.
-
-    Methods:
-    - ``"tango"`` (default): Tango (1998) score interval, every ``delta0`` with
-      ``|T(delta0)| <= z(1 - alpha/2)``; good coverage even with few flips.
-    - ``"newcombe"``: the conditional approach discussed by Newcombe (1998): a Wilson interval for the
-      share of flips that are gains, scaled by the observed flip rate, ``psi * (2 theta - 1)``. It treats
-      the flip count as fixed, so with no flips at all it collapses to (0, 0).
-    - ``"wald"``: ``delta +- z sqrt((psi - delta^2) / n)``, clipped to [-1, 1]; for comparison only.
-    """
+    """Confidence interval ``(low, high)`` for ``delta``: ``"tango"``, Tango's (1998) score interval;
+    ``"newcombe"``, a Wilson interval for the share of flips that are gains scaled by the flip rate ((0, 0)
+    without a flip); ``"wald"``, for comparison only."""
     check_counts(n, lost, gained)
     check_probability("level", level)
     z = float(norm.ppf(0.5 + level / 2))
@@ -201,10 +184,7 @@ def net_difference_ci(
 def noninferiority(
     n: int, lost: int, gained: int, margin: float, alpha: float = 0.025
 ) -> NonInferiorityResult:
-    """Score test (Tango/Nam) of H0: delta <= -margin; non-inferior when the one-sided p < alpha.
-
-    Equivalent to the lower bound of the two-sided ``1 - 2 alpha`` Tango interval lying above -margin.
-    """
+    """Score test (Tango/Nam) of H0: delta <= -margin; non-inferior when the one-sided p < alpha."""
     check_counts(n, lost, gained)
     check_probability("margin", margin)
     check_probability("alpha", alpha)

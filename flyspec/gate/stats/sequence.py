@@ -1,13 +1,8 @@
-"""Anytime-valid confidence sequences by betting (docs/statistics.md, "Sequential runs" and "Judged runs").
-
-``ConfidenceSequence``: the paired differences D in {-1, 0, 1} as ``X = (D + 1) / 2``, the hedged capital
-of Waudby-Smith and Ramdas (JRSS-B 2023, arXiv:2010.09686), each side a mixture of constant bets ``2^-b``
-capped at ``c / m``; i.i.d., exact roots from the counts, or without replacement over a finite pool
-(NeurIPS 2020), on a grid of candidate means. ``BoundedMeanSequence``: values in a known range (a judged
-run's), the anytime mixture or the plug-in bet tuned to a fixed size, in registered versions
-(``BET_VERSIONS``). Every bound is the first rejected candidate, so a grid can only widen the interval.
-Our own code rather than ``confseq``: the gate updates after every answer, and ``confseq`` recomputes from
-the start, needs a C++ build and pulls pandas and pytest at run time.
+"""Anytime-valid confidence sequences by betting (docs/statistics.md, "Sequential runs" and "Judged runs"):
+the hedged capital of Waudby-Smith and Ramdas (JRSS-B 2023), for paired differences (i.i.d. or without
+replacement over a finite pool) and for values in a known range (a judged run's). Every bound is the first
+rejected candidate, so a grid can only widen the interval. Our own code rather than ``confseq``, which
+recomputes from the start at every update and needs a C++ build.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ import numpy as np
 from scipy import optimize
 
 from flyspec.checks import is_int, is_number
+from flyspec.gate.stats.paired import check_probability
 
 BETS = 2.0 ** -np.arange(8)
 _BET_SIZES = BETS.tolist()
@@ -30,11 +26,6 @@ _TRUNCATION = 0.5  # c in the cap c / m: every factor stays >= 1 - c, so no bet 
 _RENORMALISE_EVERY = 32  # factors lie in [0.5, 2]: 32 steps cannot overflow or underflow a double
 _NEGLIGIBLE = 1e-280  # a component this far below the best adds nothing; zeroing it only lowers K
 _ROOT_TOLERANCE = 1e-13
-
-
-def check_alpha(alpha: float) -> None:
-    if not is_number(alpha, above=0, below=1):
-        raise ValueError(f"alpha={alpha!r}: must be a number in (0, 1)")
 
 
 def check_population(population_size: int | None, observations: int) -> None:
@@ -90,12 +81,12 @@ class _ExactSequence:
         # The bet terms at the current bounds, which stay put on most steps.
         self._terms = {1: bet_terms(self.low, 1), -1: bet_terms(self.high, -1)}
 
-    def update(self, code: int) -> tuple[float, float]:
-        """Observe one more question (code 0, 1, 2 for D = -1, 0, 1); return the running (low, high) in X."""
-        self.counts[code] += 1
+    def update(self, d: int) -> tuple[float, float]:
+        """Observe one more difference; return the running (low, high) for delta."""
+        self.counts[d + 1] += 1
         self.low = self._move(self.low, self.high, side=1)
         self.high = self._move(self.high, self.low, side=-1)
-        return self.low, self.high
+        return 2.0 * self.low - 1.0, 2.0 * self.high - 1.0
 
     def _move(self, bound: float, other: float, side: int) -> float:
         """The new bound: unchanged unless K now rejects it, else the root of K = threshold towards
@@ -120,14 +111,10 @@ class _ExactSequence:
 
 
 class Capital:
-    """K+ and K- at fixed candidate means of X for R sequences observed in lockstep.
-
-    Used for sampling without replacement, where the bets' centre m_i moves with the data, so the capital
-    depends on the order of the observations and each candidate mean needs its own running product.
-    ``m`` has shape (P,): the same P candidate means for every row. Each side keeps its B components
-    relative to a per-(row, mean) log scale, so the hot loop multiplies instead of taking logarithms.
-    After ``step``, ``too_low`` and ``too_high`` mark the means the data has ruled out for sure.
-    """
+    """Without replacement: K+ and K- at the candidate means ``m`` (P,) of X for R sequences in lockstep.
+    The bets' centre moves with the data, so each mean needs its own running product; each side keeps its
+    B components relative to a per-(row, mean) log scale, so the hot loop multiplies instead of taking
+    logarithms."""
 
     def __init__(self, m: np.ndarray, rows: int, alpha: float, population_size: int) -> None:
         self.m = m
@@ -146,7 +133,7 @@ class Capital:
         self.too_high = np.zeros((rows, m.size), dtype=bool)
         self.sum_x = np.zeros(rows)
 
-    def keep_rows(self, rows: np.ndarray) -> None:
+    def keep(self, rows: np.ndarray) -> None:
         for name in ("kp", "km", "scale_p", "scale_m", "limit_p", "limit_m", "too_low", "too_high", "sum_x"):
             setattr(self, name, getattr(self, name)[rows])
 
@@ -182,11 +169,8 @@ class Capital:
             limit[...] = BETS.size * np.exp(self.threshold - scale)
 
     def logical_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Bounds for the set's mean of D that hold for sure: every unseen question at -1, or at 1.
-
-        Computed from integers (the sum of D so far) so that a set whose mean equals a margin exactly
-        is not pushed past it by rounding.
-        """
+        """Bounds for the set's mean of D that hold for sure (every unseen question at -1, or at 1), from
+        integers so that a mean equal to a margin is not pushed past it by rounding."""
         sum_d = 2.0 * self.sum_x - self.t
         remaining = self.population - self.t
         return (sum_d - remaining) / self.population, (sum_d + remaining) / self.population
@@ -208,8 +192,7 @@ def _live_window(live: np.ndarray) -> tuple[int, int] | None:
 
 
 def _grid_bounds(first: int, last: int) -> tuple[float, float]:
-    """The nearest rejected grid points around the live ones ``first..last``, so that the grid can only
-    widen the interval."""
+    """The nearest rejected grid points around the live ones ``first..last``."""
     return float(GRID[max(first - 1, 0)]), float(GRID[min(last + 1, GRID_STEPS)])
 
 
@@ -223,10 +206,10 @@ class _GridConfidenceSequence:
         self.live = np.ones(GRID_STEPS + 1, dtype=bool)
         self.low, self.high = -1.0, 1.0
 
-    def update(self, x: float) -> tuple[float, float]:
-        """Observe one X; return the running (low, high) for delta."""
+    def update(self, d: int) -> tuple[float, float]:
+        """Observe one more difference; return the running (low, high) for delta."""
         capital = self.capital
-        capital.step(np.array([x]))
+        capital.step(np.array([(d + 1) / 2.0]))
         self.live &= ~(capital.rejected_plus()[0] | capital.rejected_minus()[0])
         # With every grid point rejected the last bounds stay: they still contain the continuous
         # confidence set, which can be narrower than one grid step.
@@ -245,21 +228,18 @@ class _GridConfidenceSequence:
 
 
 class ConfidenceSequence:
-    """Online betting confidence sequence for the mean paired difference delta.
-
-    ``update(d)`` takes the next difference (-1, 0 or 1) and returns the running ``(low, high)``: with
-    probability at least ``1 - alpha`` the true delta lies in every interval ever returned. With
-    ``population_size=N`` the target is the mean over a finite set of N questions visited in uniformly
-    random order without replacement, and the interval closes on it as the set is exhausted.
-    """
+    """Online betting confidence sequence for the mean paired difference delta: with probability at least
+    ``1 - alpha`` it lies in every interval ``update(d)`` returns. With ``population_size=N`` the target is
+    the mean over N questions visited in random order without replacement."""
 
     def __init__(self, alpha: float = 0.05, population_size: int | None = None) -> None:
-        check_alpha(alpha)
+        check_probability("alpha", alpha)
         check_population(population_size, 0)
         self.alpha = alpha
         self.population_size = population_size
-        self._exact = _ExactSequence(alpha) if population_size is None else None
-        self._grid = None if population_size is None else _GridConfidenceSequence(alpha, population_size)
+        self._sequence: _ExactSequence | _GridConfidenceSequence = _ExactSequence(alpha)
+        if population_size is not None:
+            self._sequence = _GridConfidenceSequence(alpha, population_size)
         self.n = 0
         self.low, self.high = -1.0, 1.0
 
@@ -269,44 +249,28 @@ class ConfidenceSequence:
             raise ValueError(f"d={d!r}: each paired difference must be -1, 0 or 1")
         check_population(self.population_size, self.n + 1)
         self.n += 1
-        if self._exact is not None:
-            low_x, high_x = self._exact.update(int(d) + 1)
-            self.low, self.high = 2.0 * low_x - 1.0, 2.0 * high_x - 1.0
-        else:
-            assert self._grid is not None
-            self.low, self.high = self._grid.update((d + 1) / 2.0)
+        self.low, self.high = self._sequence.update(int(d))
         return self.low, self.high
 
 
 def confidence_sequence(
     diffs: Sequence[int], alpha: float = 0.05, population_size: int | None = None
 ) -> tuple[list[float], list[float]]:
-    """Running bounds ``(low, high)`` for delta after each paired difference in ``diffs`` (time-uniform).
-
-    ``diffs`` are the per-question differences candidate - baseline (-1, 0 or 1) in observation order.
-    The probability that delta ever leaves ``[low[n], high[n]]`` for any n is at most ``alpha``
-    (Waudby-Smith and Ramdas 2023: hedged capital, each side a mixture of constant bets). With
-    ``population_size`` it uses their without-replacement version for a finite question set of that size.
-    """
+    """``ConfidenceSequence``'s running bounds ``(low, high)`` after each of the paired differences
+    ``diffs`` (candidate - baseline: -1, 0 or 1) in observation order: two lists."""
     values = as_diffs(diffs, ndim=1)
-    check_alpha(alpha)
+    check_probability("alpha", alpha)
     check_population(population_size, len(values))
     sequence = ConfidenceSequence(alpha, population_size)
-    lows: list[float] = []
-    highs: list[float] = []
-    for d in values.tolist():
-        low, high = sequence.update(d)
-        lows.append(low)
-        highs.append(high)
-    return lows, highs
+    bounds = [sequence.update(d) for d in values.tolist()]
+    return [low for low, _ in bounds], [high for _, high in bounds]
 
 
 @dataclass(frozen=True)
 class Bets:
-    """One version of the bounded-mean bets: ``fractions``, the anytime mixture's constant bets as
-    fractions of the largest bet the range allows (``1 / m`` for K+), ``truncation``, the largest
-    fraction of it the fixed-horizon bet may take, and ``words`` for the report. Every fraction is below
-    1, so no factor reaches 0."""
+    """One version of the bounded-mean bets, as fractions (below 1) of the largest bet the range allows:
+    the anytime mixture's constant bets, the fixed-horizon bet's cap (``truncation``), ``words`` for the
+    report."""
 
     fractions: np.ndarray
     truncation: float
@@ -325,10 +289,7 @@ BET_VERSIONS = {
         "at most 0.99 of the largest safe bet",
     ),
 }
-"""The bets judged runs register by version. Version 2 reaches 0.99 of the largest bet: with a judge that
-agrees with gold the values' spread is far inside their range, the best bet sits at that cap, and the
-capped bet sets how many pairs (so labels) a decision takes (docs/statistics.md, "Fewer labels for a good
-judge"); the smallest fraction, which only a weak judge's very noisy values want, made room for it."""
+"""The bets judged runs register by version (docs/statistics.md, "Fewer labels for a good judge")."""
 BET = 2
 """The version new runs register; a run registered before versions existed reads as 1."""
 
@@ -347,21 +308,16 @@ PRIOR_MEAN, PRIOR_VARIANCE = 0.5, 0.25
 
 
 class BoundedMeanSequence:
-    """Online confidence sequence for the mean of values in ``[lo, hi]`` (target in ``[-1, 1]``).
-
-    ``update(y)`` takes the next value and returns the running ``(low, high)``: with probability at least
-    ``1 - alpha`` the target lies in every interval returned, provided each value's conditional mean given
-    the past equals the target. ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in bet
-    tuned to n (see the module docstring), each as ``bet`` (a key of ``BET_VERSIONS``) sets them. Only the
-    grid points still in the set are tracked.
-    """
+    """Online confidence sequence for the mean (in ``[-1, 1]``) of values in ``[lo, hi]`` whose conditional
+    mean given the past is the target: ``horizon=None`` bets the anytime mixture, ``horizon=n`` the plug-in
+    bet tuned to n, as version ``bet`` sets them."""
 
     def __init__(
         self, lo: float, hi: float, alpha: float, horizon: int | None = None, bet: int = BET
     ) -> None:
         if not (is_number(lo) and is_number(hi) and lo < hi):
             raise ValueError(f"range [{lo!r}, {hi!r}]: need two finite numbers lo < hi")
-        check_alpha(alpha)
+        check_probability("alpha", alpha)
         if horizon is not None and not is_int(horizon, 1):
             raise ValueError(f"horizon={horizon!r}: must be a positive integer or None (anytime)")
         if lo > -1.0 or hi < 1.0:

@@ -1,9 +1,7 @@
-"""Seeded simulations of gate runs, vectorised over runs: the kernels behind ``simulate(design)``
-(flyspec/gate/stats/sizing.py), the label advice, the validity tests and the scripts that print
-docs/statistics.md's tables. A bound passes ``-margin`` exactly when the betting capital on its side
-there reaches the threshold, so two capitals per run decide it, block by block (a run of 50,000 questions
-never needs its whole matrix at once); ``crossing_verdicts`` of flyspec/gate/stats/decide.py names the
-verdicts, and tests/test_gate_stats_decide.py pins them to ``decide`` on the same draws.
+"""Seeded simulations of gate runs, vectorised over runs (``simulate(design)``, the label advice, the
+validity tests, the scripts behind docs/statistics.md's tables). A bound passes ``-margin`` exactly when
+the betting capital on its side there reaches the threshold, so two capitals per run decide it, block by
+block (``first_crossings``); tests/test_gate_stats_decide.py pins the verdicts to ``decide``.
 """
 
 from __future__ import annotations
@@ -11,13 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
-from scipy.stats import norm
 
 from flyspec.gate.stats.decide import check_margin_alpha, crossing_verdicts
 from flyspec.gate.stats.judged import LAM_PRIOR, LAM_PRIOR_WEIGHT, JudgedPair, value_range
-from flyspec.gate.stats.paired import tango_statistic
 from flyspec.gate.stats.sequence import (
     BET,
     GRID,
@@ -31,6 +28,8 @@ from flyspec.gate.stats.sequence import (
     log_mean_exp,
 )
 
+T = TypeVar("T")
+ChunkT = TypeVar("ChunkT", contravariant=True)
 JUDGES = ("always-A", "coin", "fair", "always-candidate", "harsh", "lenient", "reversed")
 """Simulated judges: ``always-A`` prefers the answer shown first (its two orders always disagree),
 ``coin`` flips a coin per order, ``fair`` errs with probability ``noise`` per order, ``always-candidate``
@@ -82,8 +81,7 @@ def judge_votes(
 
 @dataclass
 class JudgedBlock:
-    """A block of judged pairs, one row per run: identical, prediction f, selected for gold, gold D
-    (the true D whether or not selected: the simulation knows it), and the old rule's two orders."""
+    """A block of judged pairs, one row per run; ``gold`` is the true D whether or not selected."""
 
     identical: np.ndarray
     prediction: np.ndarray
@@ -116,8 +114,8 @@ def draw_judged(
     d: np.ndarray | None = None,
     draws: np.ndarray | None = None,
 ) -> JudgedBlock:
-    """i.i.d. judged pairs, a share ``differing`` with a better answer (or the differences ``d``, 0 when
-    identical); a pair is drawn for gold when its ``draws`` number (else a uniform) is below ``rate``."""
+    """i.i.d. judged pairs, a share ``differing`` with a better answer (or the differences ``d``); a pair is
+    drawn for gold when its ``draws`` number (else a uniform) is below ``rate``."""
     if d is None:
         d = draw_differences(rng, rows, cols, differing, delta)
     identical = d == 0
@@ -128,39 +126,9 @@ def draw_judged(
     return JudgedBlock(identical, prediction, selected, d, (first, second))
 
 
-class JudgedStream:
-    """Prediction-powered values for blocks of judged pairs, the PPI++ weight carried across blocks."""
-
-    def __init__(self, rows: int, rate: float) -> None:
-        self.rate = rate
-        self.sum_df = np.full(rows, LAM_PRIOR * LAM_PRIOR_WEIGHT)
-        self.sum_ff = np.full(rows, LAM_PRIOR_WEIGHT)
-        self.labelled = np.zeros(rows, dtype=np.int64)
-
-    def keep(self, rows: np.ndarray) -> None:
-        self.sum_df, self.sum_ff, self.labelled = self.sum_df[rows], self.sum_ff[rows], self.labelled[rows]
-
-    def values(self, block: JudgedBlock) -> tuple[np.ndarray, np.ndarray]:
-        """``(Y, labels so far)`` for the block, each (rows, cols)."""
-        xi = block.selected.astype(float)
-        f = block.prediction
-        df = np.cumsum(xi * block.gold * f, axis=1)
-        ff = np.cumsum(xi * f * f, axis=1)
-        before_df = self.sum_df[:, None] + df - xi * block.gold * f
-        before_ff = self.sum_ff[:, None] + ff - xi * f * f
-        lam = np.clip(before_df / before_ff, 0.0, 1.0)
-        y = np.where(block.identical, 0.0, lam * f + xi / self.rate * (block.gold - lam * f))
-        labels = self.labelled[:, None] + np.cumsum(block.selected, axis=1)
-        self.sum_df += df[:, -1]
-        self.sum_ff += ff[:, -1]
-        self.labelled = labels[:, -1]
-        return y, labels
-
-
 class CapitalAtMargin:
-    """``BoundedMeanSequence``'s K+ and K- (level ``1 - 2 alpha``) for rows of values in ``[lo, hi]``, block
-    by block, at the grid's neighbours of ``-margin`` only: a PASS needs K+ at the first grid point above
-    it, a FAIL K- at the last one below. ``horizon=None``: the anytime mixture, else the plug-in bet."""
+    """``BoundedMeanSequence``'s K+ and K- (level ``1 - 2 alpha``) for rows of values in ``[lo, hi]`` at the
+    grid's neighbours of ``-margin`` only: K+ at the first grid point above it, K- at the last one below."""
 
     def __init__(
         self,
@@ -181,8 +149,7 @@ class CapitalAtMargin:
         self.m_plus = (float(grid[grid > -margin][0]) - lo) / self.span
         self.m_minus = (float(grid[grid < -margin][-1]) - lo) / self.span
         self.horizon = horizon
-        self.threshold = math.log(1.0 / alpha)
-        self.log_alpha_cs = math.log(1.0 / alpha)  # log(2 / (2 alpha)) for the plug-in bet
+        self.threshold = math.log(1.0 / alpha)  # log(2 / (2 alpha)): the 1 - 2 alpha sequence
         width = self.bets.fractions.size if horizon is None else 1
         self.plus = np.zeros((rows, width))
         self.minus = np.zeros((rows, width))
@@ -197,39 +164,66 @@ class CapitalAtMargin:
     def step(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bet on a block (rows, cols); returns whether K+ / K- has reached its threshold at each step."""
         x = np.clip((y - self.lo) / self.span, 0.0, 1.0)
-        dev_plus, dev_minus = x - self.m_plus, x - self.m_minus
         cols = x.shape[1]
         if self.horizon is None:
             up = (self.bets.fractions / self.m_plus)[None, None, :]
             down = (self.bets.fractions / (1 - self.m_minus))[None, None, :]
-            log_plus = log_minus = np.zeros(x.shape)
-            if self.pass_side:
-                plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * dev_plus[:, :, None]), axis=1)
-                self.plus = plus[:, -1, :]
-                log_plus = log_mean_exp(plus, axis=2)
-            if self.fail_side:
-                minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * dev_minus[:, :, None]), axis=1)
-                self.minus = minus[:, -1, :]
-                log_minus = log_mean_exp(minus, axis=2)
         else:
             steps = self.t + np.arange(1, cols + 1, dtype=float)
             mu = (PRIOR_MEAN + self.sum_x[:, None] + np.cumsum(x, axis=1)) / (steps + 1)
             sq = self.sum_sq[:, None] + np.cumsum((x - mu) ** 2, axis=1)
             before = np.concatenate([self.sum_sq[:, None], sq[:, :-1]], axis=1)
-            lam = np.sqrt(2.0 * self.log_alpha_cs / (self.horizon * (PRIOR_VARIANCE + before) / steps))
-            up = np.minimum(lam, self.bets.truncation / self.m_plus)
-            down = np.minimum(lam, self.bets.truncation / (1 - self.m_minus))
-            log_plus = self.plus[:, :1] + np.cumsum(np.log1p(up * dev_plus), axis=1)
-            log_minus = self.minus[:, :1] + np.cumsum(np.log1p(-down * dev_minus), axis=1)
-            self.plus, self.minus = log_plus[:, -1:], log_minus[:, -1:]
-            if not self.fail_side:
-                log_minus = np.zeros_like(log_plus)
+            lam = np.sqrt(2.0 * self.threshold / (self.horizon * (PRIOR_VARIANCE + before) / steps))
+            up = np.minimum(lam, self.bets.truncation / self.m_plus)[:, :, None]
+            down = np.minimum(lam, self.bets.truncation / (1 - self.m_minus))[:, :, None]
             self.sum_x += x.sum(axis=1)
             self.sum_sq = sq[:, -1]
         self.t += cols
-        if not self.pass_side:
-            log_plus = np.zeros_like(log_minus)
+        # Each side's components (rows, cols, B; one for the plug-in bet), averaged over B.
+        log_plus = log_minus = np.zeros(x.shape)
+        x3 = x[:, :, None]
+        if self.pass_side:
+            plus = self.plus[:, None, :] + np.cumsum(np.log1p(up * (x3 - self.m_plus)), axis=1)
+            self.plus = plus[:, -1, :]
+            log_plus = log_mean_exp(plus, axis=2)
+        if self.fail_side:
+            minus = self.minus[:, None, :] + np.cumsum(np.log1p(-down * (x3 - self.m_minus)), axis=1)
+            self.minus = minus[:, -1, :]
+            log_minus = log_mean_exp(minus, axis=2)
         return log_plus >= self.threshold, log_minus >= self.threshold
+
+
+class JudgedStream:
+    """Prediction-powered values of blocks of judged pairs, the PPI++ weight carried across blocks, bet on
+    by ``capital``: its crossings, which a sequential run heeds only after its first gold label."""
+
+    def __init__(self, rows: int, rate: float, capital: CapitalAtMargin) -> None:
+        self.rate, self.capital = rate, capital
+        self.sum_df = np.full(rows, LAM_PRIOR * LAM_PRIOR_WEIGHT)
+        self.sum_ff = np.full(rows, LAM_PRIOR_WEIGHT)
+        self.labelled = np.zeros(rows, dtype=np.int64)
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.sum_df, self.sum_ff, self.labelled = self.sum_df[rows], self.sum_ff[rows], self.labelled[rows]
+        self.capital.keep(rows)
+
+    def crossed(self, block: JudgedBlock) -> tuple[np.ndarray, np.ndarray]:
+        xi = block.selected.astype(float)
+        f = block.prediction
+        df = np.cumsum(xi * block.gold * f, axis=1)
+        ff = np.cumsum(xi * f * f, axis=1)
+        before_df = self.sum_df[:, None] + df - xi * block.gold * f
+        before_ff = self.sum_ff[:, None] + ff - xi * f * f
+        lam = np.clip(before_df / before_ff, 0.0, 1.0)
+        y = np.where(block.identical, 0.0, lam * f + xi / self.rate * (block.gold - lam * f))
+        labels = self.labelled[:, None] + np.cumsum(block.selected, axis=1)
+        self.sum_df += df[:, -1]
+        self.sum_ff += ff[:, -1]
+        self.labelled = labels[:, -1]
+        plus, minus = self.capital.step(y)
+        if self.capital.horizon is not None:
+            return plus, minus
+        return plus & (labels >= 1), minus & (labels >= 1)
 
 
 @dataclass(frozen=True)
@@ -241,94 +235,6 @@ class Outcomes:
 
     def share(self, decision: str) -> float:
         return float(np.mean(self.decisions == decision))
-
-
-def judged_runs(
-    rng: np.random.Generator,
-    runs: int,
-    questions: int,
-    differing: float,
-    delta: float,
-    margin: float,
-    alpha: float,
-    judge: str,
-    noise: float,
-    rate: float,
-    design: str,
-    population: np.ndarray | None = None,
-    block: int = 256,
-    fail_side: bool = True,
-    pass_side: bool = True,
-    draws: np.ndarray | None = None,
-    orders: np.ndarray | None = None,
-    bet: int = BET,
-) -> Outcomes:
-    """``walk_judged`` on pairs from ``judge``: i.i.d., or a finite ``population`` of differences in each
-    run's order (``orders``, else random); ``draws``: each pair's number of the gold draw (``draw_judged``).
-    ``fail_side=False`` skips the FAIL side (faster; P(PASS) can then only be overstated, enough for a
-    validity check), ``pass_side=False`` the PASS side likewise."""
-    if population is not None and orders is None:
-        orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
-
-    def block_of(active: np.ndarray, start: int, cols: int) -> JudgedBlock:
-        d = None if population is None or orders is None else population[orders[active, start : start + cols]]
-        u = None if draws is None else draws[active, start : start + cols]
-        return draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
-
-    return walk_judged(
-        runs, questions, block_of, margin, alpha, rate, design, block, fail_side, pass_side, bet=bet
-    )
-
-
-def walk_judged(
-    runs: int,
-    questions: int,
-    block_of: Callable[[np.ndarray, int, int], JudgedBlock],
-    margin: float,
-    alpha: float,
-    rate: float,
-    design: str,
-    block: int = 256,
-    fail_side: bool = True,
-    pass_side: bool = True,
-    settle: float | None = None,
-    bet: int = BET,
-) -> Outcomes:
-    """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs, ``block_of(active,
-    start, cols)`` giving the undecided runs' pairs from ``start`` on. ``settle`` (sequential runs): stop
-    once whether a share ``settle`` of the runs decide is settled; the runs left then count as undecided."""
-    lo, hi = value_range(rate)
-    horizon = questions if design == "fixed" else None
-    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
-    stream = JudgedStream(runs, rate)
-    stops = Stops(runs, questions)
-    active = np.arange(runs)
-    for start in range(0, questions, block):
-        y, labels = stream.values(block_of(active, start, min(block, questions - start)))
-        plus, minus = capital.step(y)
-        if design == "fixed":
-            stops.passed |= plus.any(axis=1)
-            stops.failed |= minus.any(axis=1)
-            continue
-        keep = stops.record(active, start, plus & (labels >= 1), minus & (labels >= 1))
-        active = active[keep]
-        capital.keep(keep)
-        stream.keep(keep)
-        if active.size == 0 or (
-            settle is not None and _settled(runs - active.size, active.size, runs, settle)
-        ):
-            break
-    if design == "fixed":
-        # A fixed run decides on its running bounds at the end: PASS if the lower bound ever passed
-        # -margin (checked first, as classify); without a label a run decides nothing.
-        stops.passed &= stream.labelled > 0
-        stops.failed &= stream.labelled > 0
-    return stops.outcomes()
-
-
-def _settled(decided: int, undecided: int, runs: int, share: float) -> bool:
-    """Whether it is known yet if at least ``share`` of ``runs`` decide."""
-    return decided >= share * runs or decided + undecided < share * runs
 
 
 class Stops:
@@ -358,89 +264,160 @@ class Stops:
         return Outcomes(crossing_verdicts(self.passed, self.failed), self.stopped_at)
 
 
-def iid_stops(
+class Kernel(Protocol[ChunkT]):
+    """The capital of many runs at ``-margin``: ``crossed(chunk)`` bets on a block of the undecided runs'
+    observations (rows) and says where K+ / K- reached the threshold; ``keep`` drops the decided rows."""
+
+    def crossed(self, chunk: ChunkT, /) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def keep(self, rows: np.ndarray) -> None: ...
+
+
+def first_crossings(
     rows: int,
     length: int,
-    block_of: Callable[[np.ndarray, int, int], np.ndarray],
-    margin: float,
-    alpha: float,
-    start: tuple[int, int, int] = (0, 0, 0),
-    block: int = 512,
+    block_of: Callable[[np.ndarray, int, int], T],
+    kernel: Kernel[T],
+    block: int,
+    begin: int = 0,
+    fixed: bool = False,
+    settle: float | None = None,
 ) -> Stops:
-    """Where ``rows`` i.i.d. sequences of ``length`` differences first cross ``-margin``, from the closed-form
-    capital at the margin: ``block_of(active, begin, cols)`` gives the undecided rows' differences from
-    ``begin`` on (drawn there, so decided rows stop drawing); ``start``: counts (lost, tied, gained)
-    every row continues from."""
-    m = (1.0 - margin) / 2.0
-    threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
-    terms = {side: np.array(bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
+    """Where ``rows`` runs of ``length`` questions first cross ``-margin``, ``block_of(active, start, cols)``
+    giving the undecided runs' observations from ``start`` on (drawn there, so decided runs stop drawing).
+    ``fixed``: whether the bounds ever crossed, where a fixed run's running bounds end. ``settle``: stop
+    once whether a share ``settle`` of the runs decide is settled; the runs left count as undecided."""
     stops = Stops(rows, length)
-    counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
     active = np.arange(rows)
-    for begin in range(sum(start), length, block):
-        chunk = block_of(active, begin, min(block, length - begin))
-        running = [
-            counts[k, active][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))
-        ]
-        for k in range(3):
-            counts[k, active] = running[k][:, -1]
-        active = active[
-            stops.record(active, begin, *(_iid_crossed(running, terms[side], threshold) for side in (1, -1)))
-        ]
-        if active.size == 0:
+    for start in range(begin, length, block):
+        plus, minus = kernel.crossed(block_of(active, start, min(block, length - start)))
+        if fixed:
+            stops.passed |= plus.any(axis=1)
+            stops.failed |= minus.any(axis=1)
+            continue
+        keep = stops.record(active, start, plus, minus)
+        if not keep.all():
+            active = active[keep]
+            kernel.keep(keep)
+        if active.size == 0 or (settle is not None and rows - active.size >= settle * rows):
             break
     return stops
 
 
-def _iid_crossed(running: list[np.ndarray], terms: np.ndarray, threshold: float) -> np.ndarray:
-    """Where log K > threshold, from running counts (lost, tied, gained) and the bets' log terms (B, 3)."""
-    logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
-    top = logs[0].copy()
-    for log_b in logs[1:]:
-        np.maximum(top, log_b, out=top)
-    # The mean of B products lies between the largest / B and the largest: only the few entries in
-    # between need the full log-mean-exp.
-    hit = top - math.log(len(logs)) > threshold
-    unsure = np.nonzero(~hit & (top > threshold))
-    if unsure[0].size:
-        near = np.stack([log_b[unsure] for log_b in logs])
-        hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > threshold
-    return hit
-
-
-def _without_replacement_stops(
-    values: np.ndarray, margin: float, alpha: float, population_size: int
-) -> Stops:
-    rows, length = values.shape
-    grid = GRID
-    above = int(np.flatnonzero(grid > -margin)[0])
-    below = int(np.flatnonzero(grid < -margin)[-1])
-    capital = Capital((grid[[above, below]] + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
-    stops = Stops(rows, length)
-    active = np.arange(rows)
-    for step in range(length):
-        capital.step((values[active, step] + 1.0) / 2.0)
-        logical_low, logical_high = capital.logical_bounds()
-        passed = capital.rejected_plus()[:, 0] | (logical_low > -margin)
-        failed = capital.rejected_minus()[:, 1] | (logical_high < -margin)
-        keep = stops.record(active, step, passed[:, None], failed[:, None])
-        if not keep.all():
-            active = active[keep]
-            capital.keep_rows(keep)
-            if active.size == 0:
-                break
-    return stops
-
-
-def fixed_runs(
-    rng: np.random.Generator, runs: int, n: int, flip_rate: float, delta: float, margin: float, alpha: float
+def judged_runs(
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    differing: float,
+    delta: float,
+    margin: float,
+    alpha: float,
+    judge: str,
+    noise: float,
+    rate: float,
+    design: str,
+    population: np.ndarray | None = None,
+    block: int = 256,
+    fail_side: bool = True,
+    pass_side: bool = True,
+    draws: np.ndarray | None = None,
+    orders: np.ndarray | None = None,
+    bet: int = BET,
 ) -> Outcomes:
-    """Fixed-size exact-graded runs of ``n`` questions: ``decide`` on seeded multinomial tables."""
-    tables = rng.multinomial(n, [(flip_rate - delta) / 2, (flip_rate + delta) / 2, 1 - flip_rate], size=runs)
-    t = tango_statistic(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
-    # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
-    z = float(norm.ppf(1 - alpha))
-    return Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
+    """``walk_judged`` on pairs from ``judge``: i.i.d., or a finite ``population`` of differences in each
+    run's order (``orders``, else random); ``draws``: each pair's number of the gold draw. ``fail_side``
+    / ``pass_side=False`` skip a side (faster; the other side's share can then only be overstated)."""
+    if population is not None and orders is None:
+        orders = np.argsort(rng.random((runs, population.size)), axis=1)[:, :questions]
+
+    def block_of(active: np.ndarray, start: int, cols: int) -> JudgedBlock:
+        d = None if population is None or orders is None else population[orders[active, start : start + cols]]
+        u = None if draws is None else draws[active, start : start + cols]
+        return draw_judged(rng, active.size, cols, differing, delta, judge, noise, rate, d, u)
+
+    return walk_judged(
+        runs, questions, block_of, margin, alpha, rate, design, block, fail_side, pass_side, bet=bet
+    )
+
+
+def walk_judged(
+    runs: int,
+    questions: int,
+    block_of: Callable[[np.ndarray, int, int], JudgedBlock],
+    margin: float,
+    alpha: float,
+    rate: float,
+    design: str,
+    block: int = 256,
+    fail_side: bool = True,
+    pass_side: bool = True,
+    settle: float | None = None,
+    bet: int = BET,
+) -> Outcomes:
+    """The rule of ``judged_decision`` on ``runs`` simulated runs of ``questions`` pairs, ``block_of(active,
+    start, cols)`` giving the undecided runs' pairs from ``start`` on (``settle``: ``first_crossings``)."""
+    lo, hi = value_range(rate)
+    horizon = questions if design == "fixed" else None
+    capital = CapitalAtMargin(runs, lo, hi, margin, alpha, horizon, fail_side, pass_side, bet)
+    stream = JudgedStream(runs, rate, capital)
+    stops = first_crossings(runs, questions, block_of, stream, block, fixed=design == "fixed", settle=settle)
+    if design == "fixed":
+        # Without a gold label a run decides nothing.
+        stops.passed &= stream.labelled > 0
+        stops.failed &= stream.labelled > 0
+    return stops.outcomes()
+
+
+class CountsAtMargin:
+    """The i.i.d. sequence's K+ and K- at ``-margin`` for rows of differences: with constant bets they
+    depend on the running counts (lost, tied, gained) only, continued from ``start``."""
+
+    def __init__(self, rows: int, margin: float, alpha: float, start: tuple[int, int, int]) -> None:
+        m = (1.0 - margin) / 2.0
+        self.threshold = math.log(1.0 / alpha)  # the 1 - 2 alpha sequence: log(2 / (2 alpha))
+        self.terms = {side: np.array(bet_terms(m, side)) for side in (1, -1)}  # (B, 3)
+        self.counts = np.repeat(np.array(start, dtype=float)[:, None], rows, axis=1)
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.counts = self.counts[:, rows]
+
+    def crossed(self, chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        running = [self.counts[k][:, None] + np.cumsum(chunk == d, axis=1) for k, d in enumerate((-1, 0, 1))]
+        self.counts = np.array([count[:, -1] for count in running])
+        return self._above(running, self.terms[1]), self._above(running, self.terms[-1])
+
+    def _above(self, running: list[np.ndarray], terms: np.ndarray) -> np.ndarray:
+        """Where log K > threshold, from the running counts and the bets' log terms (B, 3)."""
+        logs = [running[0] * a + running[1] * b + running[2] * c for a, b, c in terms]
+        top = logs[0].copy()
+        for log_b in logs[1:]:
+            np.maximum(top, log_b, out=top)
+        # The mean of B products lies between the largest / B and the largest: only the few entries in
+        # between need the full log-mean-exp.
+        hit = top - math.log(len(logs)) > self.threshold
+        unsure = np.nonzero(~hit & (top > self.threshold))
+        if unsure[0].size:
+            near = np.stack([log_b[unsure] for log_b in logs])
+            hit[unsure] = top[unsure] + np.log(np.exp(near - top[unsure]).mean(axis=0)) > self.threshold
+        return hit
+
+
+class PoolAtMargin(Capital):
+    """The without-replacement sequence's K+ and K- at the grid's neighbours of ``-margin``, stepping one
+    question at a time, with the bounds that hold for sure."""
+
+    def __init__(self, rows: int, margin: float, alpha: float, population_size: int) -> None:
+        grid = GRID
+        neighbours = grid[[np.flatnonzero(grid > -margin)[0], np.flatnonzero(grid < -margin)[-1]]]
+        super().__init__((neighbours + 1.0) / 2.0, rows, 2.0 * alpha, population_size)
+        self.margin = margin
+
+    def crossed(self, chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.step((chunk[:, 0] + 1.0) / 2.0)
+        logical_low, logical_high = self.logical_bounds()
+        passed = self.rejected_plus()[:, 0] | (logical_low > -self.margin)
+        failed = self.rejected_minus()[:, 1] | (logical_high < -self.margin)
+        return passed[:, None], failed[:, None]
 
 
 def iid_runs(
@@ -459,25 +436,8 @@ def iid_runs(
     def draw(active: np.ndarray, _begin: int, cols: int) -> np.ndarray:
         return draw_differences(rng, active.size, cols, flip_rate, delta)
 
-    return iid_stops(runs, questions, draw, margin, alpha, start, block=1024).outcomes()
-
-
-def finite_runs(
-    rng: np.random.Generator,
-    runs: int,
-    questions: int,
-    population_size: int,
-    flip_rate: float,
-    delta: float,
-    margin: float,
-    alpha: float,
-) -> Outcomes:
-    """Without-replacement runs, each over its own order of a pool at this flip rate and mean."""
-    lost = round(population_size * (flip_rate - delta) / 2)
-    gained = min(round(population_size * (flip_rate + delta) / 2), population_size - lost)
-    pool = np.array([-1] * lost + [1] * gained + [0] * (population_size - lost - gained), dtype=np.int8)
-    orders = np.stack([rng.permutation(pool)[:questions] for _ in range(runs)])
-    return Outcomes(*sequential_decisions(orders, margin, alpha, population_size))
+    kernel = CountsAtMargin(runs, margin, alpha, start)
+    return first_crossings(runs, questions, draw, kernel, block=1024, begin=sum(start)).outcomes()
 
 
 def sequential_decisions(
@@ -488,10 +448,11 @@ def sequential_decisions(
     values = as_diffs(diffs, ndim=2)
     check_margin_alpha(margin, alpha)
     check_population(population_size, values.shape[1])
+    rows, length = values.shape
     if population_size is None:
-        rows, length = values.shape
-        stops = iid_stops(rows, length, lambda active, b, cols: values[active, b : b + cols], margin, alpha)
+        kernel: Kernel[np.ndarray] = CountsAtMargin(rows, margin, alpha, (0, 0, 0))
     else:
-        stops = _without_replacement_stops(values, margin, alpha, population_size)
-    out = stops.outcomes()
-    return out.decisions, out.stopped_at
+        kernel = PoolAtMargin(rows, margin, alpha, population_size)
+    block = 512 if population_size is None else 1
+    stops = first_crossings(rows, length, lambda active, b, cols: values[active, b : b + cols], kernel, block)
+    return stops.outcomes().decisions, stops.stopped_at

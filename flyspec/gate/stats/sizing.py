@@ -1,9 +1,6 @@
-"""How many questions a run needs, and what a registered design will do (docs/statistics.md, "Planning a
-fixed-size run" and "Plans and forecasts"): the closed forms of a fixed-size run, ``simulate(design)`` on
-seeded runs (the kernels of flyspec/gate/stats/simulation.py, pinned to ``decide`` by
-tests/test_gate_stats_decide.py), and the forecast of when a sequential run will decide, which describes
-the data and never enters the decision.
-"""
+"""How many questions a run needs (docs/statistics.md, "Planning a fixed-size run" and "Plans and
+forecasts"): the closed forms of a fixed-size run, ``simulate(design)`` on seeded runs, and the forecast of
+when a sequential run will decide, which never enters the decision."""
 
 from __future__ import annotations
 
@@ -16,16 +13,9 @@ import numpy as np
 from scipy.stats import beta, norm
 
 from flyspec.checks import is_int
-from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS
-from flyspec.gate.stats.paired import check_probability, restricted_lost_rate
-from flyspec.gate.stats.simulation import (
-    Outcomes,
-    finite_runs,
-    fixed_runs,
-    iid_runs,
-    judged_runs,
-    sequential_decisions,
-)
+from flyspec.gate.stats.decide import FAIL, INCONCLUSIVE, PASS, crossing_verdicts
+from flyspec.gate.stats.paired import check_probability, restricted_lost_rate, tango_statistic
+from flyspec.gate.stats.simulation import Outcomes, iid_runs, judged_runs, sequential_decisions
 
 KINDS = ("fixed", "sequential")
 MIN_PAIRS = 20
@@ -47,10 +37,8 @@ class SampleSizePlan:
 
 
 def questions_needed(net_loss: float, flip_rate: float, alpha: float = 0.05, power: float = 0.80) -> int:
-    """Questions needed to detect a net difference of ``net_loss`` with McNemar's test (Connor 1987).
-
-    ``ceil((z(1-alpha/2) sqrt(psi) + z(power) sqrt(psi - d^2))^2 / d^2)`` for a two-sided test at ``alpha``.
-    """
+    """Questions for McNemar's two-sided test at ``alpha`` to detect a net difference of ``net_loss`` with
+    ``power`` (Connor 1987)."""
     check_probability("net_loss", net_loss)
     check_probability("flip_rate", flip_rate, allow_one=True)
     check_probability("alpha", alpha)
@@ -93,8 +81,7 @@ def questions_needed_noninferiority(
 
 
 def flip_rate_upper_bound(flips: int, n: int, level: float = 0.95) -> float:
-    """Exact one-sided (Clopper-Pearson) upper bound for the flip rate from ``flips`` of ``n``: the
-    ``level`` quantile of Beta(flips + 1, n - flips); 1 when every question flipped."""
+    """Exact one-sided (Clopper-Pearson) ``level`` upper bound of the flip rate from ``flips`` of ``n``."""
     for name, value in (("flips", flips), ("n", n)):
         if not is_int(value, 0):
             raise ValueError(f"{name}={value!r}: must be a non-negative integer")
@@ -117,8 +104,8 @@ def plan_noninferiority(
     level: float = 0.95,
     true_diff: float = 0.0,
 ) -> SampleSizePlan:
-    """Plan a fixed-size run from a pilot's ``flips`` of ``n`` at the flip rate's one-sided ``level``
-    upper bound, which a small pilot's observed rate underestimates too often."""
+    """Plan a fixed-size run from a pilot's ``flips`` of ``n`` at the flip rate's upper bound (a small
+    pilot's observed rate underestimates it too often)."""
     upper = flip_rate_upper_bound(flips, n, level)
     observed = flips / n
     # A flip rate below |true_diff| is an impossible table; the plan then uses the smallest possible rate.
@@ -160,17 +147,6 @@ class Design:
             if self.questions > self.population_size:
                 raise ValueError(f"questions={self.questions} exceed the pool of {self.population_size}")
 
-    def describe(self) -> str:
-        """The design in a few words."""
-        words = (
-            f"{self.kind} run of {'at most ' if self.kind == 'sequential' else ''}{self.questions} questions"
-        )
-        if self.population_size is not None:
-            words += f" (finite pool of {self.population_size})"
-        if self.label_rate is not None:
-            words += f", judged with gold labels on {100 * self.label_rate:.0f}% of differing pairs"
-        return words
-
 
 @dataclass(frozen=True)
 class DesignOutcome:
@@ -185,17 +161,6 @@ class DesignOutcome:
     runs: int
     stops: np.ndarray
     decisions: np.ndarray
-
-    def describe(self) -> str:
-        """E.g. 'median 1,074 questions, 90% of runs by 2,150; PASS 0.98, FAIL 0.00, undecided 0.02'."""
-
-        def q(v: int | None) -> str:
-            return "not reached" if v is None else f"{v:,}"
-
-        return (
-            f"median {q(self.median)} questions, 90% of runs by {q(self.q90)}; PASS {self.pass_rate:.2f}, "
-            f"FAIL {self.fail_rate:.2f}, undecided {self.undecided:.2f} ({self.runs} simulated runs)"
-        )
 
 
 def _quantile(stops: np.ndarray, decided: np.ndarray, share: float) -> int | None:
@@ -229,8 +194,8 @@ def simulate(
     runs: int = 400,
     seed: int = 0,
 ) -> DesignOutcome:
-    """Simulate ``runs`` runs of ``design`` at this flip rate (judged: share of differing answers) and true
-    difference (uncached; ``design_outcome`` caches)."""
+    """``runs`` seeded runs of ``design`` at this flip rate (judged: share of differing answers) and true
+    difference, by the vectorised rule that tests/test_gate_stats_decide.py pins to ``decide``."""
     if not 0.0 <= flip_rate <= 1.0 or abs(true_diff) > flip_rate + 1e-12:
         raise ValueError(f"flip_rate={flip_rate}, true_diff={true_diff}: need |true_diff| <= flip rate <= 1")
     rng = np.random.default_rng(seed)
@@ -239,11 +204,22 @@ def simulate(
         noise, rate = design.judge_noise, design.label_rate
         out = judged_runs(rng, runs, n, flip_rate, true_diff, margin, alpha, "fair", noise, rate, design.kind)
     elif design.kind == "fixed":
-        out = fixed_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
+        cells = [(flip_rate - true_diff) / 2, (flip_rate + true_diff) / 2, 1 - flip_rate]
+        tables = rng.multinomial(n, cells, size=runs)
+        t = tango_statistic(n, tables[:, 0].astype(float), tables[:, 1].astype(float), -margin)
+        # Tango's statistic at -margin beyond z(1 - alpha) is the interval's lower bound above -margin.
+        z = float(norm.ppf(1 - alpha))
+        out = Outcomes(crossing_verdicts(t > z, t < -z), np.full(runs, n, dtype=np.int64))
     elif design.population_size is None:
         out = iid_runs(rng, runs, n, flip_rate, true_diff, margin, alpha)
     else:
-        out = finite_runs(rng, runs, n, design.population_size, flip_rate, true_diff, margin, alpha)
+        # Each run's own order of a pool at this flip rate and mean.
+        size = design.population_size
+        lost = round(size * (flip_rate - true_diff) / 2)
+        gained = min(round(size * (flip_rate + true_diff) / 2), size - lost)
+        pool = np.array([-1] * lost + [1] * gained + [0] * (size - lost - gained), dtype=np.int8)
+        orders = np.stack([rng.permutation(pool)[:n] for _ in range(runs)])
+        out = Outcomes(*sequential_decisions(orders, margin, alpha, size))
     return _outcome(out)
 
 
@@ -284,27 +260,28 @@ def judged_questions_needed(
     most: int = 200_000,
     seed: int = 0,
 ) -> int | None:
-    """Questions a fixed judged run needs for ``power`` (of PASS when ``true_diff > -margin``, else FAIL):
-    a bisection on n with one seed at every n; None when even ``most`` fall short."""
+    """Questions a fixed judged run needs for ``power`` (of PASS when ``true_diff > -margin``, else FAIL),
+    with one seed at every n; None when even ``most`` fall short."""
 
-    def power_at(n: int) -> float:
+    def reaches(n: int) -> bool:
         design = Design("fixed", n, label_rate=label_rate, judge_noise=judge_noise)
         out = simulate(design, differing, margin, alpha, true_diff, runs, seed)
-        return out.pass_rate if true_diff > -margin else out.fail_rate
+        return (out.pass_rate if true_diff > -margin else out.fail_rate) >= power
 
     low, high = 1, 1000
-    while power_at(high) < power:
+    while not reaches(high):
         low, high = high, high * 2
         if high > most:
-            return None if power_at(most) < power else _bisect(power_at, low, most, power)
-    return _bisect(power_at, low, high, power)
+            return first_reaching(reaches, low, most) if reaches(most) else None
+    return first_reaching(reaches, low, high)
 
 
-def _bisect(power_at: Callable[[int], float], low: int, high: int, power: float) -> int:
-    # To 1% of n: the simulated power itself has a standard error of about 0.02.
+def first_reaching(reaches: Callable[[int], bool], low: int, high: int) -> int:
+    """The smallest n in ``(low, high]`` that ``reaches``, by bisection, given that ``high`` does and ``low``
+    does not; to 1% of ``high`` (a simulated power has a standard error of about 0.02)."""
     while high - low > max(1, high // 100):
         mid = (low + high) // 2
-        if power_at(mid) >= power:
+        if reaches(mid):
             high = mid
         else:
             low = mid
@@ -313,9 +290,8 @@ def _bisect(power_at: Callable[[int], float], low: int, high: int, power: float)
 
 @dataclass(frozen=True)
 class Forecast:
-    """A sequential run's simulated outlook after ``pairs`` pairs: the pairs by which half / 90% of the
-    runs decide, the likely verdict, the minutes to the median, the share deciding ``within_budget``, and
-    the ``basis`` (``PRIOR``: no true effect at ``flip_rate``; ``EFFECT``: the effect seen)."""
+    """A sequential run's simulated outlook after ``pairs`` pairs; ``basis``: ``PRIOR`` (no true effect at
+    ``flip_rate``) or ``EFFECT`` (the effect seen)."""
 
     pairs: int
     pairs_per_minute: float
@@ -426,10 +402,9 @@ def forecast(
         return None
     lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
     psi, delta = (lost + gained) / n, (gained - lost) / n
-    standard_error = math.sqrt(max(psi - delta * delta, 0.0) / n)
     # An early effect is noise (docs/statistics.md, "Plans and forecasts"): until it is measured, the
     # no-harm prior simulates the registered design with no true effect.
-    if n < MIN_PAIRS or standard_error > margin:
+    if n < MIN_PAIRS or math.sqrt(max(psi - delta * delta, 0.0) / n) > margin:
         registered = design or Design("sequential", max_questions, population_size)
         # A rate of exactly zero flips would forecast the easiest case; half a flip keeps it honest.
         rate = max(psi, 0.5 / n)
@@ -444,39 +419,17 @@ def forecast(
             paths=paths,
             seed=seed,
         )
-    decisions, stopped_at = _continued(observed, margin, alpha, max_questions, population_size, paths, seed)
-    return _summarise(decisions, stopped_at, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)
-
-
-def _continued(
-    observed: np.ndarray,
-    margin: float,
-    alpha: float,
-    max_questions: int,
-    population_size: int | None,
-    paths: int,
-    seed: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``paths`` continuations of the observed run at the effect seen (each count plus half a pair), decided
-    as the run would be: ``(decisions, stopped_at)``."""
-    n = len(observed)
-    lost, gained = int((observed == -1).sum()), int((observed == 1).sum())
+    # Continue the run at the effect seen (each count plus half a pair), decided as the run would be.
     rng = np.random.default_rng(seed)
     p_lost, p_gained = (lost + 0.5) / (n + 1.5), (gained + 0.5) / (n + 1.5)
     if population_size is None:
         # The i.i.d. capital depends on the counts only: continue from them, drawing as far as needed.
-        out = iid_runs(
-            rng,
-            paths,
-            max_questions,
-            p_lost + p_gained,
-            p_gained - p_lost,
-            margin,
-            alpha,
-            start=(lost, n - lost - gained, gained),
-        )
-        return out.decisions, out.stopped_at
-    probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
-    future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
-    walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
-    return sequential_decisions(walks, margin, alpha, population_size)
+        start = (lost, n - lost - gained, gained)
+        out = iid_runs(rng, paths, max_questions, p_lost + p_gained, p_gained - p_lost, margin, alpha, start)
+        decisions, stops = out.decisions, out.stopped_at
+    else:
+        probs = np.array([p_lost, 1 - p_lost - p_gained, p_gained])
+        future = rng.choice(np.array([-1, 0, 1], dtype=np.int8), p=probs, size=(paths, max_questions - n))
+        walks = np.concatenate([np.broadcast_to(observed, (paths, n)), future], axis=1)
+        decisions, stops = sequential_decisions(walks, margin, alpha, population_size)
+    return _summarise(decisions, stops, n, max_questions, pairs_per_minute, minutes_left, EFFECT, psi)

@@ -1,9 +1,6 @@
-"""Error spent once: the alpha ledger of one comparison (docs/statistics.md, "Error spent once: the alpha
-ledger"). A comparison (``comparison_key``: one baseline against one candidate) has one budget, registered
-by its first look; every run that can declare PASS on it is a look, and a new look may use only what the
-earlier looks it is counted with left (Bonferroni over looks, ``alpha_left``): all of them for a claim
-about the method, those linked to its questions for a claim about a finite set (``counted``). A
-sequential continuation of a fixed run carries the fixed run's answers, which count once.
+"""The alpha ledger of one comparison (docs/statistics.md, "Error spent once: the alpha ledger"): one
+budget, registered by the first look; a new look may use only what the earlier looks it is counted with
+left (Bonferroni over looks).
 """
 
 from __future__ import annotations
@@ -27,11 +24,7 @@ _SHOWN = 3
 
 
 def comparison_key(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str:
-    """A stable key for the comparison of these two arm identities (sha256 of their canonical JSON).
-
-    Which fields make an identity is the caller's choice: what decides the arms' outputs, not incidental
-    request fields that do not change what is compared.
-    """
+    """A stable key for the comparison of these two arm identities (sha256 of their canonical JSON)."""
     text = json.dumps({"baseline": baseline, "candidate": candidate}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -49,14 +42,9 @@ def check_budget(alpha: float, budget: float) -> None:
 
 @dataclass(frozen=True)
 class Look:
-    """One look at a comparison, as its registration recorded it.
-
-    ``alpha``: the error this look may spend (a sequential run's, however many times it continues);
-    ``budget``: the comparison's budget as this look registered it (None: its alpha); ``questions``: the
-    keys of the questions it answered; ``carries``: for a sequential continuation, the fixed run whose
-    answers lead its sequence; ``claim``: ``superpopulation`` or ``finite``; ``look_id``: unique across
-    stores (default ``run_id``); ``where``: the store it is in, for messages.
-    """
+    """One look at a comparison, as its registration recorded it: ``budget``, the comparison's budget as
+    this look registered it (None: its alpha); ``carries``, the fixed run whose answers lead a sequential
+    continuation; ``look_id``, unique across stores (default ``run_id``); ``where``, its store."""
 
     run_id: str
     kind: str
@@ -90,34 +78,27 @@ class Look:
 
 
 def overlapping(looks: Iterable[Look], questions: Iterable[Hashable]) -> list[Look]:
-    """The looks linked to ``questions`` through shared questions, in the order given: those sharing a
-    question with them, those sharing one with those, and so on."""
+    """The looks linked to ``questions`` through shared questions, directly or through other looks."""
     pending = list(looks)
     keys = set(questions)
     linked: set[int] = set()
-    grew = True
-    while grew:
-        grew = False
-        for i, look in enumerate(pending):
-            if i not in linked and look.questions & keys:
-                linked.add(i)
-                keys |= look.questions
-                grew = True
+    while new := {i for i, look in enumerate(pending) if i not in linked and look.questions & keys}:
+        linked |= new
+        keys = keys.union(*(pending[i].questions for i in new))
     return [look for i, look in enumerate(pending) if i in linked]
 
 
 def counted(looks: Sequence[Look], questions: Iterable[Hashable], claim: str = SUPERPOPULATION) -> list[Look]:
-    """The earlier looks a new look with this claim on these questions is counted with (the module
-    docstring): all of them for a claim about the method, those linked by questions for a finite one."""
+    """The earlier looks a new look is counted with: all of them for a claim about the method, those
+    linked by questions for a finite one."""
     if claim not in CLAIMS:
         raise ValueError(f"claim={claim!r}: one of {', '.join(CLAIMS)}")
     return list(looks) if claim == SUPERPOPULATION else overlapping(looks, questions)
 
 
 def budget_of(earlier_looks: Sequence[Look]) -> float | None:
-    """The budget the first of these looks registered (its alpha by default, never above
-    ``max(alpha, MAX_BUDGET)``: a larger budget registered before the cap is read as the cap); None
-    without looks."""
+    """The budget the first of these looks registered (its alpha by default; one registered above the cap
+    reads as the cap); None without looks."""
     if not earlier_looks:
         return None
     first = earlier_looks[0]
@@ -136,13 +117,8 @@ def alpha_left(budget: float, earlier_looks: Iterable[Look]) -> float:
 
 @dataclass(frozen=True)
 class NextLook:
-    """What a new look may do.
-
-    ``allowed``: some budget is left; ``alpha``: the most it may use (the alpha asked for, or what is
-    left if less); ``budget``/``spent``: the comparison's; ``earlier``: the counted looks;
-    ``carry``: the fixed run a sequential continuation may carry (its answers first, in its order);
-    ``message``: a sentence for the command line, naming the valid way forward when refused or reduced.
-    """
+    """What a new look may do: ``alpha``, the most it may use; ``earlier``, the counted looks; ``carry``,
+    the fixed run a sequential continuation may carry; ``message``, for the command line."""
 
     allowed: bool
     alpha: float
@@ -199,10 +175,8 @@ def next_look(
     claim: str = SUPERPOPULATION,
     budget: float | None = None,
 ) -> NextLook:
-    """Apply the ledger to a new look of ``kind`` asking for ``alpha`` on ``questions`` with ``claim``,
-    given the comparison's earlier ``looks`` (oldest first). ``budget``: the budget the look asks to
-    register (its --alpha-budget; None: none given). The first look registers its budget; a later look
-    may not change it."""
+    """Apply the ledger to a new look asking for ``alpha`` given the comparison's earlier ``looks`` (oldest
+    first); ``budget``: its --alpha-budget, which only the first look registers."""
     if kind not in LOOK_KINDS:
         raise ValueError(f"kind={kind!r}: one of {', '.join(LOOK_KINDS)}")
     keys = frozenset(questions)
