@@ -17,13 +17,13 @@ from judged_draws import run_draws
 
 from flyspec.gate.data.questions import Question, select_questions
 from flyspec.gate.data.spec import Gold
+from flyspec.gate.stats.decide import judged_decision
 from flyspec.gate.stats.judged import (
     GOLD_DRAW,
     JudgedPair,
     gold_selected,
     judge_counts,
     judge_prediction,
-    judged_decision,
     judged_values,
     usable_prefix,
     value_range,

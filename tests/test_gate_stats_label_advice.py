@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision
+from flyspec.gate.stats.decide import JudgedDecision, judged_decision
+from flyspec.gate.stats.judged import JudgedPair, judge_counts
 from flyspec.gate.stats.label_advice import LABEL_RATES, LabelAdvice, PairModel, decide_share, labels_needed
 from flyspec.gate.stats.sequence import BET
 from flyspec.gate.stats.simulation import draw_judged, judged_runs

@@ -13,8 +13,8 @@ from flyspec.gate.data.results import stored_pairs
 from flyspec.gate.data.spec import Gold, Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, Evidence, Outcome, Rule
-from flyspec.gate.stats.judged import JudgedDecision, JudgedPair, judge_counts, judged_decision, usable_prefix
+from flyspec.gate.stats.decide import INCONCLUSIVE, Evidence, JudgedDecision, Outcome, Rule, judged_decision
+from flyspec.gate.stats.judged import JudgedPair, judge_counts, usable_prefix
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
 from flyspec.gate.stats.monitor import Monitor, QuestionKey, in_order_diffs, in_order_judged, paired_diffs
 from flyspec.gate.stats.paired import mcnemar, noninferiority

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
 
-from flyspec.checks import is_number
+from flyspec.checks import is_int, is_number
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from flyspec.gate.stats.judged import JudgedPair
+    from flyspec.gate.stats.judged import JudgeCounts, JudgedPair
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 NOT_TESTED = "NOT TESTED"
@@ -122,7 +122,7 @@ class SequentialDecision:
 
 class Walk(Generic[ItemT]):
     """The running ``1 - 2 alpha`` bounds of delta along the registered order (``SequentialWalk``, or
-    ``JudgedWalk`` of judged.py) and the counts of the pairs seen; ``Rule.decide`` applies the rule."""
+    ``JudgedWalk``) and the counts of the pairs seen; ``Rule.decide`` applies the rule."""
 
     def __init__(self, margin: float) -> None:
         self.margin = margin
@@ -162,6 +162,108 @@ class SequentialWalk(Walk[int]):
     def add(self, d: int) -> None:
         """Observe the next pair's difference."""
         self._moved(self._sequence.update(d), d, False)
+
+
+class JudgedWalk(Walk["JudgedPair"]):
+    """A judged run's walk: the prediction-powered sequence (judged.py), which decides nothing before the
+    first gold label. ``bet``: the registered version of the bets (None: the current one)."""
+
+    def __init__(
+        self, rate: float, margin: float, alpha: float, horizon: int | None = None, bet: int | None = None
+    ) -> None:
+        from flyspec.gate.stats.judged import JudgedSequence
+        from flyspec.gate.stats.sequence import BET
+
+        super().__init__(margin)
+        self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon, BET if bet is None else bet)
+
+    @property
+    def can_decide(self) -> bool:
+        return self.labelled > 0
+
+    def add(self, pair: JudgedPair) -> None:
+        """Observe the next pair (not one waiting for its label)."""
+        verdict = int(pair.prediction) if abs(pair.prediction) == 1 else 0
+        self._moved(self.sequence.update(pair), verdict, pair.gold is not None)
+
+
+@dataclass(frozen=True)
+class JudgedDecision:
+    """A judged run's decision: ``SequentialDecision``'s fields, the judge's ``counts``, the ``usable``
+    pairs (before the first waiting for a label), and ``JudgedSequence``'s diagnostics at the stop."""
+
+    decision: str
+    stopped_at: int
+    low: float
+    high: float
+    loss_detected: bool
+    design: str
+    rate: float
+    usable: int
+    counts: JudgeCounts
+    normal_width: float | None
+    emptied_at: int | None
+    estimate: float | None
+    bet: int
+
+    @property
+    def narrow(self) -> bool:
+        """True when the interval is narrower than half the normal-theory width, or the set emptied: the
+        values' mean likely changed along the order (as a draw correlated with the order makes it)."""
+        if self.emptied_at is not None:
+            return True
+        return self.normal_width is not None and self.high - self.low < 0.5 * self.normal_width
+
+
+def judged_decision(
+    pairs: Sequence[JudgedPair],
+    margin: float,
+    alpha: float = 0.025,
+    rate: float = 1.0,
+    design: str = "fixed",
+    horizon: int | None = None,
+    bet: int | None = None,
+) -> JudgedDecision:
+    """Decide a judged run on the ``1 - 2 alpha`` ``JudgedSequence`` of its usable prefix: ``"fixed"``
+    bets the plug-in tuned to ``horizon`` (default: the pairs) and decides at the end; ``"sequential"``
+    bets the anytime mixture and stops at the first crossing; ``bet``: as ``JudgedWalk``'s."""
+    from flyspec.gate.stats.judged import DESIGNS, check_rate, judge_counts, usable_prefix
+    from flyspec.gate.stats.sequence import BET
+
+    bet = BET if bet is None else bet
+    check_margin_alpha(margin, alpha)
+    check_rate(rate)
+    if design not in DESIGNS:
+        raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
+    usable = usable_prefix(pairs)
+    if design == "fixed":
+        horizon = len(pairs) if horizon is None else horizon
+        if not is_int(horizon, 1):
+            raise ValueError(f"horizon={horizon!r}: a fixed run's registered size, a positive integer")
+    elif horizon is not None:
+        raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
+    walk = JudgedWalk(rate, margin, alpha, horizon, bet)
+    for pair in pairs[:usable]:
+        walk.add(pair)
+        if design == "sequential" and walk.decision().decision != INCONCLUSIVE:
+            break
+    sequence, stopped, end = walk.sequence, walk.n, walk.decision()
+    counts = judge_counts(pairs[:stopped])
+    return JudgedDecision(
+        decision=end.decision,
+        stopped_at=stopped,
+        low=end.low,
+        high=end.high,
+        loss_detected=end.loss_detected,
+        design=design,
+        rate=rate,
+        usable=usable,
+        counts=counts,
+        normal_width=sequence.normal_width(2.0 * alpha),
+        emptied_at=sequence.emptied_at,
+        estimate=sequence.estimate,
+        bet=bet,
+    )
 
 
 DATA_STOPS = ("boundary", "max_questions", "complete")
@@ -242,8 +344,6 @@ class Rule:
         bet tuned to ``size`` for a fixed one), else the exact one."""
         if self.label_rate is None or self.label_bet is None:
             return SequentialWalk(self.margin, self.alpha, self.population_size)
-        from flyspec.gate.stats.judged import JudgedWalk
-
         horizon = None if self.sequential else self.size
         return JudgedWalk(self.label_rate, self.margin, self.alpha, horizon, self.label_bet)
 

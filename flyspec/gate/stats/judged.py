@@ -17,7 +17,6 @@ from statistics import NormalDist
 import numpy as np
 
 from flyspec.checks import is_int, is_number
-from flyspec.gate.stats.decide import INCONCLUSIVE, Walk, check_margin_alpha
 from flyspec.gate.stats.paired import wilson_interval
 from flyspec.gate.stats.sequence import BET, BoundedMeanSequence
 
@@ -221,98 +220,3 @@ class JudgedSequence:
         mean = self._sum / self.n
         variance = max(self._sum_sq / self.n - mean * mean, 0.0) * self.n / (self.n - 1)
         return 2.0 * NormalDist().inv_cdf(1.0 - alpha / 2.0) * math.sqrt(variance / self.n)
-
-
-class JudgedWalk(Walk[JudgedPair]):
-    """A judged run's walk: the prediction-powered sequence, which decides nothing before the first gold
-    label."""
-
-    def __init__(
-        self, rate: float, margin: float, alpha: float, horizon: int | None = None, bet: int = BET
-    ) -> None:
-        super().__init__(margin)
-        self.sequence = JudgedSequence(rate, 2.0 * alpha, horizon, bet)
-
-    @property
-    def can_decide(self) -> bool:
-        return self.labelled > 0
-
-    def add(self, pair: JudgedPair) -> None:
-        """Observe the next pair (not one waiting for its label)."""
-        verdict = int(pair.prediction) if abs(pair.prediction) == 1 else 0
-        self._moved(self.sequence.update(pair), verdict, pair.gold is not None)
-
-
-@dataclass(frozen=True)
-class JudgedDecision:
-    """A judged run's decision: ``SequentialDecision``'s fields, the judge's ``counts``, the ``usable``
-    pairs (before the first waiting for a label), and ``JudgedSequence``'s diagnostics at the stop."""
-
-    decision: str
-    stopped_at: int
-    low: float
-    high: float
-    loss_detected: bool
-    design: str
-    rate: float
-    usable: int
-    counts: JudgeCounts
-    normal_width: float | None = None
-    emptied_at: int | None = None
-    estimate: float | None = None
-    bet: int = BET
-
-    @property
-    def narrow(self) -> bool:
-        """True when the interval is narrower than half the normal-theory width, or the set emptied: the
-        values' mean likely changed along the order (as a draw correlated with the order makes it)."""
-        if self.emptied_at is not None:
-            return True
-        return self.normal_width is not None and self.high - self.low < 0.5 * self.normal_width
-
-
-def judged_decision(
-    pairs: Sequence[JudgedPair],
-    margin: float,
-    alpha: float = 0.025,
-    rate: float = 1.0,
-    design: str = "fixed",
-    horizon: int | None = None,
-    bet: int = BET,
-) -> JudgedDecision:
-    """Decide a judged run on the ``1 - 2 alpha`` ``JudgedSequence`` of its usable prefix: ``"fixed"``
-    bets the plug-in tuned to ``horizon`` (default: the pairs) and decides at the end; ``"sequential"``
-    bets the anytime mixture and stops at the first crossing."""
-    check_margin_alpha(margin, alpha)
-    check_rate(rate)
-    if design not in DESIGNS:
-        raise ValueError(f"design={design!r}: must be one of {', '.join(DESIGNS)}")
-    usable = usable_prefix(pairs)
-    if design == "fixed":
-        horizon = len(pairs) if horizon is None else horizon
-        if not is_int(horizon, 1):
-            raise ValueError(f"horizon={horizon!r}: a fixed run's registered size, a positive integer")
-    elif horizon is not None:
-        raise ValueError("a sequential judged run has no horizon: its bets hold at every n")
-    walk = JudgedWalk(rate, margin, alpha, horizon, bet)
-    for pair in pairs[:usable]:
-        walk.add(pair)
-        if design == "sequential" and walk.decision().decision != INCONCLUSIVE:
-            break
-    sequence, stopped, end = walk.sequence, walk.n, walk.decision()
-    counts = judge_counts(pairs[:stopped])
-    return JudgedDecision(
-        decision=end.decision,
-        stopped_at=stopped,
-        low=end.low,
-        high=end.high,
-        loss_detected=end.loss_detected,
-        design=design,
-        rate=rate,
-        usable=usable,
-        counts=counts,
-        normal_width=sequence.normal_width(2.0 * alpha),
-        emptied_at=sequence.emptied_at,
-        estimate=sequence.estimate,
-        bet=bet,
-    )
