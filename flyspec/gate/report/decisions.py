@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 
 from flyspec.gate.data.results import stored_pairs
 from flyspec.gate.data.spec import Gold, Registration
-from flyspec.gate.data.store import AnswerRecord, GateStore, RunEvent, RunRecord
+from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
 from flyspec.gate.stats.decide import INCONCLUSIVE, Evidence, JudgedDecision, Outcome, Rule, judged_decision
 from flyspec.gate.stats.judged import JudgedPair, judge_counts, usable_prefix
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
-from flyspec.gate.stats.monitor import Monitor, QuestionKey, in_order_diffs, in_order_judged, paired_diffs
+from flyspec.gate.stats.monitor import in_order_diffs, in_order_judged, paired_diffs
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
 
@@ -432,32 +432,20 @@ class Step:
 
 
 def interval_path(store: GateStore, run_id: str) -> list[Step]:
-    """The bounds after each pair the walk of sequential run ``run_id`` counts (empty before the first),
-    the stored pairs fed to the run's ``Monitor`` one at a time (the shadow's /status plots them); its last
-    step is the report's interval at the stop. ValueError for a run that is not sequential."""
+    """The bounds after each pair the decision of sequential run ``run_id`` used (empty before the first),
+    walked along the same evidence as ``Rule.decide`` (the shadow's /status plots them); its last step is
+    the report's interval at the stop. ValueError for a run that is not sequential."""
     run = store.get_run(run_id)
     if run is None:
         raise ValueError(f"run {run_id!r} is not in {store.path}")
     reg = run.registered
     if reg.sequential is None:
         raise ValueError(f"run {run_id!r} is not sequential: its interval is read once, not after each pair")
-    order = [(q.dataset, q.question_id) for q in store.questions(run_id)]
-    monitor = Monitor(order, reg.sequential, reg.lanes)
-    judged = stored_pairs(store, run, reg.lanes, reg.gold) if reg.gold is not None else {}
-    graded: dict[QuestionKey, list[AnswerRecord]] = defaultdict(list)
-    if reg.gold is None:
-        for a in store.answers(run_id):
-            graded[(a.dataset, a.question_id)].append(a)
+    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run_id)}
+    rule, data = evidence(store, run, reg, correct)
+    walk = rule.walk()
     steps: list[Step] = []
-    for key in order:
-        before = monitor.prefix
-        if key in judged:
-            monitor.add_pair(key, judged[key])
-        for a in graded.get(key, []):
-            monitor.add(a.arm, a.repeat, *key, a.correct)
-        if monitor.prefix == before:  # the walk waits here: a pair missing or waiting for its label
-            break
-        steps.append(Step(monitor.prefix, monitor.low, monitor.high))
-        if monitor.stop is not None:
-            break
+    for item in data.items[: rule.decide(data).stopped_at]:
+        walk.add(item)  # type: ignore[arg-type]
+        steps.append(Step(walk.n, walk.low, walk.high))
     return steps
