@@ -67,17 +67,15 @@ def parse_judge(spec: ArmSpec) -> Judge:
     unknown_keys("judge", data, _JUDGE_KEYS, "a judge takes")
     if data.get("kind", KIND) != KIND:
         raise ValueError(f"judge: kind={data['kind']!r}: a judge is an OpenAI-compatible endpoint ('openai')")
-    max_tokens = data.pop("max_tokens", 512)
-    seed = data.pop("seed", 0)
-    template = data.pop("template", DEFAULT_TEMPLATE)
-    if not is_int(max_tokens, 1):
-        raise ValueError(f"judge: max_tokens={max_tokens!r}: must be an integer >= 1")
-    if not is_int(seed, 0):
-        raise ValueError(f"judge: seed={seed!r}: must be an integer >= 0")
-    if template not in TEMPLATES:
-        raise ValueError(f"judge: template={template!r}: must be one of {', '.join(TEMPLATES)}")
-    endpoint = parse(JUDGE_ARM, {**data, "kind": KIND, "concurrency": data.get("concurrency", 2)})
-    return Judge(endpoint, max_tokens, seed, template)
+    own = {key: data.pop(key) for key in ("max_tokens", "seed", "template") if key in data}
+    judge = Judge(parse(JUDGE_ARM, {**data, "kind": KIND, "concurrency": data.get("concurrency", 2)}), **own)
+    if not is_int(judge.max_tokens, 1):
+        raise ValueError(f"judge: max_tokens={judge.max_tokens!r}: must be an integer >= 1")
+    if not is_int(judge.seed, 0):
+        raise ValueError(f"judge: seed={judge.seed!r}: must be an integer >= 0")
+    if judge.template not in TEMPLATES:
+        raise ValueError(f"judge: template={judge.template!r}: must be one of {', '.join(TEMPLATES)}")
+    return judge
 
 
 @dataclass(frozen=True)
