@@ -93,36 +93,29 @@ class Arm(Protocol):
     @property
     def kind(self) -> str:
         """The registered kind (``engine``, ``openai``)."""
-        ...
 
     @property
     def greedy_repeats(self) -> bool:
         """Whether asking twice at temperature 0 gives the same answers (then a pilot measures nothing)."""
-        ...
 
     def identity(self, served: ServedModel | None = None) -> Settings:
         """What decides the arm's outputs, registered before the run (``served``: what its server reports
         serving, ``Executor.served_models``)."""
-        ...
 
     def public_dict(self) -> Settings:
         """The arm's full settings for the run's notes (never a secret)."""
-        ...
 
     @property
     def settings_visible(self) -> bool:
         """Whether this process sees every setting that decides the outputs (not so for an endpoint)."""
-        ...
 
     @property
     def speculative_config(self) -> Settings | None:
         """The speculative config the arm runs, where this process can see it."""
-        ...
 
     def variant(self, name: str, speculative_config: Settings) -> Arm:
         """The same arm under ``name`` running ``speculative_config`` (``gate tune``'s settings);
         ValueError for a kind whose server decides what it runs."""
-        ...
 
 
 Emit = Callable[[Job, Completion], None]
@@ -139,31 +132,25 @@ class Executor(Protocol):
     @property
     def shared(self) -> bool:
         """Whether several arms share it (their requests side by side in the same batches)."""
-        ...
 
     @property
     def max_in_flight(self) -> int: ...
 
     def describe(self) -> str:
         """One line for logs: what it runs, for which arms."""
-        ...
 
     def served_models(self) -> Served:
         """Per arm, what its server reports serving; read before the run is registered."""
-        ...
 
     def start(self) -> None:
         """Get ready to answer (an engine loads and warms up), so that none of it is timed as answering."""
-        ...
 
     def facts(self) -> dict[str, object]:
         """What the run's notes record about it."""
-        ...
 
     def take_prefix_cache(self) -> tuple[int, int] | None:
         """(prompt tokens looked up in the prefix cache, those whose KV blocks were shared) since the last
         call, or None where it is not known (an endpoint)."""
-        ...
 
 
 class TurnExecutor(Executor, Protocol):
@@ -172,7 +159,6 @@ class TurnExecutor(Executor, Protocol):
     def answers(self, jobs: Iterable[Job], sampling: Sampling) -> Iterator[tuple[Job, Completion]]:
         """Answer ``jobs`` (pulled lazily, in order), yielding each answer as soon as it finishes; closing
         the generator aborts what is in flight."""
-        ...
 
 
 class ConcurrentExecutor(Executor, Protocol):
@@ -180,7 +166,6 @@ class ConcurrentExecutor(Executor, Protocol):
 
     async def serve(self, next_job: NextJob, sampling: Sampling, emit: Emit) -> None:
         """Answer jobs until ``next_job`` returns None, handing each answer to ``emit`` as it arrives."""
-        ...
 
 
 def load_arm_spec(spec: ArmSpec, name: str) -> Settings:

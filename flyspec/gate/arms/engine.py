@@ -253,7 +253,7 @@ class EngineExecutor:
                 config = dataclasses.replace(config, kv_cache_request_len=self.request_len)
             self.llm = LLM.from_config(config)
             self.llm.warm_up()
-        self._prefix_seen = self._prefix_counts()  # the warm-up's own prompt is not the run's
+        self.take_prefix_cache()  # the warm-up's own prompt is not the run's
 
     @property
     def max_in_flight(self) -> int:
@@ -261,19 +261,14 @@ class EngineExecutor:
         self.start()
         return self.llm.max_running
 
-    def _prefix_counts(self) -> tuple[int, int]:
-        stats = self.llm.stats
-        return stats.prefix_cache_queries, stats.prefix_cache_hits
-
     def take_prefix_cache(self) -> tuple[int, int] | None:
         """Prompt tokens looked up in the engine's prefix cache and those shared since the last call (two
         arms sharing the engine send every prompt twice, so about half can be shared)."""
         if self.llm is None:
             return None
-        now = self._prefix_counts()
-        queries, hits = now[0] - self._prefix_seen[0], now[1] - self._prefix_seen[1]
-        self._prefix_seen = now
-        return queries, hits
+        stats = self.llm.stats
+        seen, self._prefix_seen = self._prefix_seen, (stats.prefix_cache_queries, stats.prefix_cache_hits)
+        return self._prefix_seen[0] - seen[0], self._prefix_seen[1] - seen[1]
 
     def facts(self) -> dict[str, object]:
         return {
