@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from flyspec.checks import is_int
@@ -91,15 +91,14 @@ class Verdict:
 
 
 class JudgeClient:
-    """Asks the judge on an event loop of its own thread, so the run's main thread keeps grading and
-    storing while the judge works; the requests are bounded and retried like an endpoint arm's."""
+    """Calls the judge from a small thread pool (``concurrency`` per base URL), so the run's main thread
+    keeps grading and storing while the judge works; each call is an ``EndpointClient``'s, retried like an
+    endpoint arm's request."""
 
     def __init__(self, judge: Judge) -> None:
         self.judge = judge
-        self._client = EndpointClient(judge.endpoint, "judge")
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        arm = judge.endpoint
+        self._pool = ThreadPoolExecutor(max_workers=arm.concurrency * len(arm.base_urls))
         self._calls = 0
 
     def submit(self, question: Question, position: str, first: str, second: str) -> Future[Verdict]:
@@ -114,12 +113,6 @@ class JudgeClient:
         else:
             request = "\n".join(f"{m['role']}: {m['content']}" for m in turns)
         prompt = judge_prompt(self.judge.template, request, question.answer, a, b)
-        self._calls += 1
-        return asyncio.run_coroutine_threadsafe(
-            self._ask(question, position, prompt, self._calls), self._loop
-        )
-
-    async def _ask(self, question: Question, position: str, prompt: str, call: int) -> Verdict:
         body: Settings = {
             "model": self.judge.endpoint.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -128,22 +121,17 @@ class JudgeClient:
             "seed": self.judge.seed,
         }
         failure = f"no verdict for question {question.dataset}/{question.id} ({position})"
-        reply = await self._client.complete("/chat/completions", body, call - 1, failure)
+        first_url = self._calls
+        self._calls += 1
+        return self._pool.submit(lambda: asyncio.run(self._ask(position, body, first_url, failure)))
+
+    async def _ask(self, position: str, body: Settings, first_url: int, failure: str) -> Verdict:
+        async with aclosing(EndpointClient(self.judge.endpoint, "judge")) as client:
+            reply = await client.complete("/chat/completions", body, first_url, failure)
         verdict = parse_verdict(reply.text)
         chose = preferred(position, verdict)
         return Verdict(position, verdict, chose, reply.text, reply.latency_s, reply.source)
 
     def close(self, wait: bool = True) -> None:
-        """Stop the loop and the HTTP client, after the calls in flight (``wait=False`` cancels them)."""
-
-        async def finish() -> None:
-            calls = asyncio.all_tasks() - {asyncio.current_task()}
-            for call in () if wait else calls:
-                call.cancel()
-            await asyncio.gather(*calls, return_exceptions=True)
-            await self._client.aclose()
-
-        asyncio.run_coroutine_threadsafe(finish(), self._loop).result()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        """Stop the pool (``wait=False`` gives up on calls in flight)."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
