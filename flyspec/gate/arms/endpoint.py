@@ -190,10 +190,9 @@ class EndpointClient:
             try:
                 async with self.url_slots[index]:
                     start = time.monotonic()
-                    if body is None:
-                        response = await self.http.get(url + route)
-                    else:
-                        response = await self.http.post(url + route, json=body)
+                    response = await self.http.request(
+                        "GET" if body is None else "POST", url + route, json=body
+                    )
             except httpx.TransportError as exc:  # connection refused, reset, DNS, timeouts
                 last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
                 continue
