@@ -7,37 +7,25 @@ the judge's endpoint: not an arm, but called like one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from flyspec.gate.arms import endpoint, engine
 from flyspec.gate.arms.base import Arm, ArmSpec, Executor, Settings, load_arm_spec
 
-GroupArms = Callable[[list[Any]], list[Executor]]
+ParseArm = Callable[[str, Settings], Arm]
+GroupArms = Callable[..., list[Executor]]
 """A kind's ``executors(arms)``: its arms (each its module's own class) grouped into executors."""
 
-
-@dataclass(frozen=True)
-class ArmKind:
-    """How one kind of arm is parsed and answered."""
-
-    parse: Callable[[str, Settings], Arm]
-    executors: GroupArms
-
-
-KINDS: dict[str, ArmKind] = {
-    engine.KIND: ArmKind(engine.parse, engine.executors),
-    endpoint.KIND: ArmKind(endpoint.parse, endpoint.executors),
+KINDS: dict[str, tuple[ParseArm, GroupArms]] = {
+    engine.KIND: (engine.parse, engine.executors),
+    endpoint.KIND: (endpoint.parse, endpoint.executors),
 }
 
 
-def register_arm_kind(kind: str, parse: Callable[[str, Settings], Arm], executors: GroupArms) -> None:
+def register_arm_kind(kind: str, parse: ParseArm, executors: GroupArms) -> None:
     """Register a kind of arm from outside the package (docs/architecture.md, "Adding to the gate");
     ValueError for a taken kind."""
-    known = KINDS.get(kind)
-    if known is not None and (known.parse, known.executors) != (parse, executors):
+    if KINDS.setdefault(kind, (parse, executors)) != (parse, executors):
         raise ValueError(f"arm kind {kind!r} is registered already")
-    KINDS[kind] = ArmKind(parse, executors)
 
 
 def parse_arm(name: str, spec: ArmSpec) -> Arm:
@@ -50,9 +38,10 @@ def parse_arm(name: str, spec: ArmSpec) -> Arm:
     if not isinstance(kind, str) or kind not in KINDS:
         allowed = " or ".join(repr(k) for k in KINDS)
         raise ValueError(f"arm {name!r}: kind={kind!r}: must be {allowed}")
-    return KINDS[kind].parse(name, data)
+    parse, _ = KINDS[kind]
+    return parse(name, data)
 
 
 def make_executors(arms: list[Arm]) -> list[Executor]:
     """The executors of ``arms``, kind by kind in registration order (engines first)."""
-    return [ex for kind, k in KINDS.items() for ex in k.executors([a for a in arms if a.kind == kind])]
+    return [ex for kind, (_, group) in KINDS.items() for ex in group([a for a in arms if a.kind == kind])]

@@ -1,8 +1,8 @@
-"""What every kind of arm shares: the sampling of a run, a job, a completion, and the two protocols an arm
-kind implements (``Arm``, its validated settings, and ``Executor``, what answers its jobs). An executor is
-driven ``"in_turns"`` (``TurnExecutor``: it computes answers itself and pulls its jobs lazily, taking turns
-with the others in one thread, so two engines never compete for the CPU) or ``"concurrently"``
-(``ConcurrentExecutor``: it waits on servers on an asyncio loop); flyspec/gate/runs/dispatch.py drives both.
+"""What every kind of arm shares: a run's sampling, a job, a completion, and the two protocols a kind
+implements: ``Arm`` (its validated settings) and ``Executor`` (what answers its jobs), driven ``"in_turns"``
+(``TurnExecutor``: it computes answers itself, taking turns with the others in one thread, so two engines
+never compete for the CPU) or ``"concurrently"`` (``ConcurrentExecutor``: it waits on servers on an asyncio
+loop) by flyspec/gate/runs/dispatch.py.
 """
 
 from __future__ import annotations
@@ -58,27 +58,20 @@ class Job:
     position: int
 
     @property
-    def key(self) -> tuple[str, int, str, str]:
-        return (self.arm, self.repeat, self.question.dataset, self.question.id)
-
-    @property
     def lane(self) -> tuple[str, int]:
         """The arm and repeat this job answers for."""
         return (self.arm, self.repeat)
 
     @property
     def request_id(self) -> str:
-        return "|".join(str(part) for part in self.key)
+        return f"{self.arm}|{self.repeat}|{self.question.dataset}|{self.question.id}"
 
 
 @dataclass(frozen=True)
 class Completion:
-    """What an arm produced for a job, before grading.
-
-    ``acceptance`` is None when the source does not report speculative-decoding counters (never zeros);
-    ``forgiven_reported`` is False when it reports the other counters but not the forgiven count (vLLM).
-    ``system_fingerprint`` is what an endpoint's response carried (None for the engine).
-    """
+    """What an arm produced for a job, before grading. ``acceptance`` is None where the source reports no
+    speculative-decoding counters (never zeros); ``forgiven_reported`` is False where it reports the others
+    but not the forgiven count (vLLM); ``system_fingerprint`` is an endpoint response's."""
 
     text: str
     finish_reason: str | None
@@ -100,39 +93,29 @@ class Arm(Protocol):
     @property
     def kind(self) -> str:
         """The registered kind (``engine``, ``openai``)."""
-        ...
 
     @property
     def greedy_repeats(self) -> bool:
-        """Whether asking twice at temperature 0 gives the same answers (a pilot of it twice measures
-        nothing then)."""
-        ...
+        """Whether asking twice at temperature 0 gives the same answers (then a pilot measures nothing)."""
 
     def identity(self, served: ServedModel | None = None) -> Settings:
-        """What decides the arm's outputs, registered before the run; ``served`` is what its server
-        reports serving, for the kinds that ask (``Executor.served_models``)."""
-        ...
+        """What decides the arm's outputs, registered before the run (``served``: what its server reports
+        serving, ``Executor.served_models``)."""
 
     def public_dict(self) -> Settings:
         """The arm's full settings for the run's notes (never a secret)."""
-        ...
 
     @property
     def settings_visible(self) -> bool:
-        """Whether this process sees every setting that decides the arm's outputs (an engine arm), or a
-        server decides some of them out of sight (an endpoint)."""
-        ...
+        """Whether this process sees every setting that decides the outputs (not so for an endpoint)."""
 
     @property
     def speculative_config(self) -> Settings | None:
-        """The speculative config the arm runs, when this process can see it (None for an engine arm
-        without speculation and for an endpoint)."""
-        ...
+        """The speculative config the arm runs, where this process can see it."""
 
     def variant(self, name: str, speculative_config: Settings) -> Arm:
-        """The same arm under another name running ``speculative_config`` (``gate tune``'s settings);
+        """The same arm under ``name`` running ``speculative_config`` (``gate tune``'s settings);
         ValueError for a kind whose server decides what it runs."""
-        ...
 
 
 Emit = Callable[[Job, Completion], None]
@@ -149,34 +132,25 @@ class Executor(Protocol):
     @property
     def shared(self) -> bool:
         """Whether several arms share it (their requests side by side in the same batches)."""
-        ...
 
     @property
-    def max_in_flight(self) -> int:
-        """Requests it runs at once."""
-        ...
+    def max_in_flight(self) -> int: ...
 
     def describe(self) -> str:
         """One line for logs: what it runs, for which arms."""
-        ...
 
     def served_models(self) -> Served:
-        """Per arm, what its server reports serving (empty where nothing is asked); read before the run
-        is registered."""
-        ...
+        """Per arm, what its server reports serving; read before the run is registered."""
 
     def start(self) -> None:
         """Get ready to answer (an engine loads and warms up), so that none of it is timed as answering."""
-        ...
 
     def facts(self) -> dict[str, object]:
         """What the run's notes record about it."""
-        ...
 
     def take_prefix_cache(self) -> tuple[int, int] | None:
-        """(prompt tokens looked up in the prefix cache, prompt tokens whose KV blocks were shared, their
-        prefill saved) since the last call, or None where it is not known (an endpoint)."""
-        ...
+        """(prompt tokens looked up in the prefix cache, those whose KV blocks were shared) since the last
+        call, or None where it is not known (an endpoint)."""
 
 
 class TurnExecutor(Executor, Protocol):
@@ -185,7 +159,6 @@ class TurnExecutor(Executor, Protocol):
     def answers(self, jobs: Iterable[Job], sampling: Sampling) -> Iterator[tuple[Job, Completion]]:
         """Answer ``jobs`` (pulled lazily, in order), yielding each answer as soon as it finishes; closing
         the generator aborts what is in flight."""
-        ...
 
 
 class ConcurrentExecutor(Executor, Protocol):
@@ -193,7 +166,6 @@ class ConcurrentExecutor(Executor, Protocol):
 
     async def serve(self, next_job: NextJob, sampling: Sampling, emit: Emit) -> None:
         """Answer jobs until ``next_job`` returns None, handing each answer to ``emit`` as it arrives."""
-        ...
 
 
 def load_arm_spec(spec: ArmSpec, name: str) -> Settings:

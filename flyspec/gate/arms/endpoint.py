@@ -1,10 +1,7 @@
-"""Endpoint arms: answer gate jobs through an OpenAI-compatible server (vLLM, flyspec serve); docs/gate.md,
-"Arms", says what an arm takes, how failed requests are retried and which served model is registered.
-
-Per-request acceptance counters are read where the server reports them: flyspec serve's ``spec_decode``
-object (all four counters), vLLM's ``metrics.speculative_decoding`` with
-``--per-request-spec-decode-metrics`` (no forgiven count); otherwise they are stored as NULL and the
-report says "not reported", never zero.
+"""Endpoint arms: OpenAI-compatible servers (vLLM, flyspec serve), asked through ``EndpointClient`` (the
+judge's requests too); docs/gate.md, "Arms". Acceptance counters are read where the server reports them per
+request (flyspec serve's ``spec_decode``, vLLM's ``metrics.speculative_decoding``), otherwise stored as
+NULL: "not reported", never zero.
 """
 
 from __future__ import annotations
@@ -12,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TypedDict
+from contextlib import aclosing
+from dataclasses import dataclass, field, fields, replace
 
 import httpx
 
@@ -21,7 +18,6 @@ from flyspec.checks import is_int, is_number
 from flyspec.gate.arms.base import (
     Completion,
     Emit,
-    Job,
     NextJob,
     Sampling,
     Served,
@@ -32,18 +28,6 @@ from flyspec.gate.arms.base import (
 from flyspec.outputs import AcceptanceCounts
 
 KIND = "openai"
-KEYS = (
-    "kind",
-    "base_urls",
-    "base_url",
-    "model",
-    "api_key",
-    "extra_body",
-    "concurrency",
-    "timeout",
-    "max_retries",
-    "backoff",
-)
 # Sampling is set once per run for every arm; an arm's extra_body must not change it behind the gate's back.
 _RESERVED_BODY_KEYS = (
     "model",
@@ -56,6 +40,8 @@ _RESERVED_BODY_KEYS = (
     "stream",
     "n",
 )
+# The response header in which flyspec serve names the request fields it ignored.
+IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
 
 
 @dataclass(frozen=True)
@@ -84,10 +70,8 @@ class OpenAIArm:
         )
 
     def identity(self, served: ServedModel | None = None) -> Settings:
-        """What decides the arm's outputs, registered before the run: the model name, the extra request
-        fields and the served model's ``id`` and ``root`` as the server's /v1/models reports them. Where
-        the server runs (URLs) and how it is called (concurrency, timeouts, key) may change on a resume
-        and are kept in the run's notes instead."""
+        """The model name, the extra request fields and the served model's ``id`` and ``root``. Where the
+        server runs (URLs) and how it is called may change on a resume and are kept in the notes."""
         out: Settings = {"kind": KIND, "model": self.model, "extra_body": self.extra_body}
         if served is not None:
             out["served_model"] = served
@@ -95,17 +79,16 @@ class OpenAIArm:
 
     def public_dict(self) -> Settings:
         """The arm's full settings; the API key is never written, only whether one is set."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
         return {
             "kind": KIND,
+            **values,
             "base_urls": list(self.base_urls),
-            "model": self.model,
             "api_key": "<set>" if self.api_key else None,
-            "extra_body": self.extra_body,
-            "concurrency": self.concurrency,
-            "timeout": self.timeout,
-            "max_retries": self.max_retries,
-            "backoff": self.backoff,
         }
+
+
+KEYS = ("kind", "base_url", *(f.name for f in fields(OpenAIArm) if f.name != "name"))
 
 
 def _normalise_url(url: object, name: str) -> str:
@@ -139,17 +122,8 @@ def parse(name: str, data: Settings) -> OpenAIArm:
     api_key = data.get("api_key")
     if api_key is not None and not isinstance(api_key, str):
         raise ValueError(f"arm {name!r}: api_key must be a string")
-    arm = OpenAIArm(
-        name=name,
-        base_urls=tuple(_normalise_url(u, name) for u in urls),
-        model=model,
-        api_key=api_key,
-        extra_body=extra,
-        concurrency=data.get("concurrency", 4),
-        timeout=data.get("timeout", 600.0),
-        max_retries=data.get("max_retries", 4),
-        backoff=data.get("backoff", 1.0),
-    )
+    calls = {k: data[k] for k in ("concurrency", "timeout", "max_retries", "backoff") if k in data}
+    arm = OpenAIArm(name, tuple(_normalise_url(u, name) for u in urls), model, api_key, extra, **calls)
     if not is_int(arm.concurrency, 1):
         raise ValueError(f"arm {name!r}: concurrency={arm.concurrency!r}: must be a positive integer")
     for key, value in (("timeout", arm.timeout), ("backoff", arm.backoff)):
@@ -160,28 +134,8 @@ def parse(name: str, data: Settings) -> OpenAIArm:
     return arm
 
 
-# The response header in which flyspec serve names the request fields it ignored.
-IGNORED_FIELDS_HEADER = "x-flyspec-ignored-fields"
-
-
 class EndpointError(ConnectionError):
     """An endpoint stayed unreachable or failing after every retry."""
-
-
-def retry_reason(response: httpx.Response, url: str, who: str, where: str) -> str | None:
-    """The one retry policy of every endpoint call (arms and judge): a reason to retry for 429 and 5xx,
-    None for 200, and a ValueError naming `who` and `where` for any other status (a request the server
-    will never accept, so retrying would only repeat it)."""
-    if response.status_code == 429 or response.status_code >= 500:
-        return f"{url}: HTTP {response.status_code}: {response.text[:200]}"
-    if response.status_code != 200:
-        raise ValueError(
-            f"{who}: {where} rejected the request with HTTP {response.status_code}: {response.text[:500]}"
-        )
-    return None
-
-
-_VLLM_COUNTERS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
 def read_acceptance(data: Mapping[str, object]) -> tuple[AcceptanceCounts | None, bool]:
@@ -194,187 +148,91 @@ def read_acceptance(data: Mapping[str, object]) -> tuple[AcceptanceCounts | None
     metrics = data.get("metrics")
     spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
     if isinstance(spec, dict):
-        values = [spec.get(k) for k in _VLLM_COUNTERS]
+        values = [spec.get(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")]
         if all(is_int(v) for v in values):
             steps, drafted, accepted = values
             return AcceptanceCounts(steps, drafted, accepted, 0), False  # type: ignore[arg-type]
     return None, False
 
 
-class ModelCard(TypedDict):
-    """One base URL's /v1/models card of the arm's model: its ``id`` and ``root`` as the server wrote them,
-    and whether the server reports its models at all (``reported``)."""
+class EndpointClient:
+    """The requests of one endpoint (``who``: ``arm 'x'`` or ``judge``) on one event loop: at most
+    ``concurrency`` in flight per base URL; connection errors, timeouts, HTTP 429 and 5xx are retried with
+    backoff on the next URL."""
 
-    id: object
-    root: object
-    reported: bool
-
-
-class OpenAIExecutor:
-    """Answers the jobs of one endpoint arm over HTTP with bounded concurrency per base URL (a
-    ``ConcurrentExecutor``: flyspec/gate/arms/base.py)."""
-
-    drive = "concurrently"
-
-    def __init__(self, arm: OpenAIArm) -> None:
+    def __init__(self, arm: OpenAIArm, who: str) -> None:
         self.arm = arm
-        self.arms = {arm.name: arm}
-        self.shared = False
-        self.served: dict[str, ModelCard] = {}
-
-    def describe(self) -> str:
-        return f"endpoint {', '.join(self.arm.base_urls)} (model {self.arm.model}) for arm {self.arm.name}"
-
-    @property
-    def max_in_flight(self) -> int:
-        return self.arm.concurrency * len(self.arm.base_urls)
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.arm.api_key}"} if self.arm.api_key else {}
-
-    def served_models(self) -> Served:
-        """The arm's served model (``id`` and ``root``), read now from every base URL's /v1/models card;
-        ValueError when a URL does not serve the arm's model or two URLs serve different models."""
-        with httpx.Client(timeout=min(self.arm.timeout, 30.0), headers=self._headers()) as client:
-            for url in self.arm.base_urls:
-                self.served[url] = self._model_card(client, url)
-        cards = {(c["id"], c["root"]) for c in self.served.values()}
-        if len(cards) > 1:
-            listing = "; ".join(f"{u}: id {c['id']}, root {c['root']}" for u, c in self.served.items())
-            raise ValueError(f"arm {self.arm.name!r}: its base URLs serve different models ({listing})")
-        (served_id, root), *_ = cards
-        return {self.arm.name: {"id": served_id, "root": root}}
-
-    def _model_card(self, client: httpx.Client, url: str) -> ModelCard:
-        last_error = ""
-        for attempt in range(self.arm.max_retries + 1):
-            if attempt:
-                time.sleep(self.arm.backoff * 2 ** (attempt - 1))
-            try:
-                response = client.get(url + "/models")
-            except httpx.TransportError as exc:
-                last_error = f"{type(exc).__name__}: {exc or 'no detail'}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"HTTP {response.status_code}"
-                continue
-            return self._card_from(url, response)
-        raise EndpointError(
-            f"arm {self.arm.name!r}: {url}/models unreachable after {self.arm.max_retries + 1} attempt(s) "
-            f"({last_error}); start the server or fix base_url"
+        self.who = who
+        slots = arm.concurrency * len(arm.base_urls)
+        self.http = httpx.AsyncClient(
+            timeout=arm.timeout,
+            headers={"Authorization": f"Bearer {arm.api_key}"} if arm.api_key else {},
+            limits=httpx.Limits(max_connections=slots, max_keepalive_connections=slots),
         )
+        self.url_slots = [asyncio.Semaphore(arm.concurrency) for _ in arm.base_urls]
 
-    def _card_from(self, url: str, response: httpx.Response) -> ModelCard:
-        try:
-            cards = response.json()["data"] if response.status_code == 200 else None
-        except (ValueError, KeyError, TypeError):
-            cards = None
-        if not isinstance(cards, list):  # a server without /v1/models: the arm is known by name only
-            return {"id": None, "root": None, "reported": False}
-        ids = [c.get("id") for c in cards if isinstance(c, dict)]
-        card = next((c for c in cards if isinstance(c, dict) and c.get("id") == self.arm.model), None)
-        if card is None:
-            raise ValueError(
-                f"arm {self.arm.name!r}: {url} serves model(s) {', '.join(map(str, ids)) or 'none'}, "
-                f"not {self.arm.model!r}; set the arm's model to one of them"
-            )
-        return {"id": card.get("id"), "root": card.get("root"), "reported": True}
+    async def aclose(self) -> None:
+        await self.http.aclose()
 
-    def start(self) -> None:
-        """Nothing to load: the server is running."""
-
-    def take_prefix_cache(self) -> None:
-        """A server's prefix cache is its own business (see its /metrics)."""
-        return None
-
-    def facts(self) -> dict[str, object]:
-        return {
-            "kind": KIND,
-            "arms": [self.arm.name],
-            "base_urls": list(self.arm.base_urls),
-            "models": self.served,
-            "max_in_flight": self.max_in_flight,
-        }
-
-    # ------------------------------------------------------------------------------------- answering
-
-    def _body(self, job: Job, sampling: Sampling) -> tuple[str, Settings]:
-        question = job.question
-        body: Settings = {
-            "model": self.arm.model,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-            "seed": job.seed,
-            **self.arm.extra_body,
-        }
-        if question.messages is not None:
-            return "/chat/completions", {**body, "messages": question.messages}
-        return "/completions", {**body, "prompt": question.prompt}
-
-    async def _request(
-        self,
-        client: httpx.AsyncClient,
-        job: Job,
-        sampling: Sampling,
-        first_url: int,
-        url_slots: list[asyncio.Semaphore],
-    ) -> Completion:
-        route, body = self._body(job, sampling)
+    async def send(
+        self, route: str, body: Settings | None, first: int, failure: str
+    ) -> tuple[str, httpx.Response, float]:
+        """The URL, response and latency of the first attempt not to be retried: a POST of ``body`` (a GET
+        when None) to base URL ``first``, a retry to the next one. EndpointError says ``failure`` when every
+        attempt failed."""
         urls = self.arm.base_urls
         last_error = ""
         for attempt in range(self.arm.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self.arm.backoff * 2 ** (attempt - 1))
-            index = (first_url + attempt) % len(urls)
+            index = (first + attempt) % len(urls)
             url = urls[index]
             try:
-                # A retry moves to another URL: its own bound applies there too.
-                async with url_slots[index]:
+                async with self.url_slots[index]:
                     start = time.monotonic()
-                    response = await client.post(url + route, json=body)
+                    response = await self.http.request(
+                        "GET" if body is None else "POST", url + route, json=body
+                    )
             except httpx.TransportError as exc:  # connection refused, reset, DNS, timeouts
                 last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
                 continue
-            reason = retry_reason(response, url, f"arm {self.arm.name!r}", url + route)
-            if reason is not None:
-                last_error = reason
+            if response.status_code == 429 or response.status_code >= 500:
+                last_error = f"{url}: HTTP {response.status_code}: {response.text[:200]}"
                 continue
-            self._refuse_ignored_settings(response, url, route)
-            return self._parse(response, url, route, time.monotonic() - start)
+            return url, response, time.monotonic() - start
         raise EndpointError(
-            f"arm {self.arm.name!r}: no answer for question {job.question.dataset}/{job.question.id} after "
-            f"{self.arm.max_retries + 1} attempt(s); last error: {last_error}. Answers stored so far are "
-            "kept; rerun the same command to resume."
+            f"{self.who}: {failure} after {self.arm.max_retries + 1} attempt(s); last error: {last_error}. "
+            "What is stored so far is kept; start the server or fix base_url, then rerun the same command "
+            "to resume."
         )
 
-    def _refuse_ignored_settings(self, response: httpx.Response, url: str, route: str) -> None:
-        """Stop when the server ignored one of this arm's extra_body settings.
-
-        Servers ignore unknown fields (vLLM and flyspec alike), so a misspelt setting such as
-        `verfication` would silently run a different configuration than the one registered. flyspec serve
-        names what it ignored in a response header; vLLM only logs it, so there the check cannot run.
-        """
-        header = response.headers.get(IGNORED_FIELDS_HEADER)
-        if not header:
-            return
-        ignored = {name.strip() for name in header.split(",")}
+    async def complete(self, route: str, body: Settings, first: int, failure: str) -> Completion:
+        """``send``, read as a completion; ValueError for a status the server will never accept (retrying
+        would only repeat it), a body that is not a completion, or an ``extra_body`` setting the server
+        ignored."""
+        url, response, latency = await self.send(route, body, first, failure)
+        if response.status_code != 200:
+            raise ValueError(
+                f"{self.who}: {url}{route} rejected the request with HTTP {response.status_code}: "
+                f"{response.text[:500]}"
+            )
+        # Servers ignore unknown fields, so a misspelt setting would silently run another configuration
+        # than the one registered; flyspec serve names them in a header (vLLM only logs them).
+        ignored = {name.strip() for name in response.headers.get(IGNORED_FIELDS_HEADER, "").split(",")}
         mine = sorted(key for key in self.arm.extra_body if key in ignored)
         if mine:
             raise ValueError(
-                f"arm {self.arm.name!r}: {url}{route} ignored the arm's extra_body setting(s) "
-                f"{', '.join(mine)} (unknown to it, or without effect there), so the arm would not run the "
-                "configuration that was registered; fix the spelling or remove them"
+                f"{self.who}: {url}{route} ignored the extra_body setting(s) {', '.join(mine)} (unknown to "
+                "it, or without effect there), so it would not run the configuration that was registered; "
+                "fix the spelling or remove them"
             )
-
-    def _parse(self, response: httpx.Response, url: str, route: str, latency: float) -> Completion:
         try:
             data = response.json()
             choice = data["choices"][0]
             text = choice["message"]["content"] if route == "/chat/completions" else choice["text"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise ValueError(
-                f"arm {self.arm.name!r}: {url}{route} returned a body that is not an OpenAI completion "
+                f"{self.who}: {url}{route} returned a body that is not an OpenAI completion "
                 f"({type(exc).__name__}: {exc}): {response.text[:300]}"
             ) from None
         usage = data.get("usage") or {}
@@ -392,25 +250,104 @@ class OpenAIExecutor:
             system_fingerprint=fingerprint if isinstance(fingerprint, str) else None,
         )
 
-    async def serve(self, next_job: NextJob, sampling: Sampling, emit: Emit) -> None:
-        """Answer jobs until ``next_job`` returns None; every answer goes to ``emit`` as it arrives.
 
-        ``concurrency`` workers per base URL each take the next job when their last one is answered, so
+class OpenAIExecutor:
+    """Answers the jobs of one endpoint arm (a ``ConcurrentExecutor``: flyspec/gate/arms/base.py)."""
+
+    drive = "concurrently"
+    shared = False
+
+    def __init__(self, arm: OpenAIArm) -> None:
+        self.arm = arm
+        self.arms = {arm.name: arm}
+        self.served: dict[str, Settings] = {}
+
+    def describe(self) -> str:
+        return f"endpoint {', '.join(self.arm.base_urls)} (model {self.arm.model}) for arm {self.arm.name}"
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.arm.concurrency * len(self.arm.base_urls)
+
+    def served_models(self) -> Served:
+        """The arm's served model (``id`` and ``root``), read now from every base URL's /v1/models card;
+        ValueError when a URL does not serve the arm's model or two URLs serve different models."""
+        self.served = asyncio.run(self._model_cards())
+        cards = {(c["id"], c["root"]) for c in self.served.values()}
+        if len(cards) > 1:
+            listing = "; ".join(f"{u}: id {c['id']}, root {c['root']}" for u, c in self.served.items())
+            raise ValueError(f"arm {self.arm.name!r}: its base URLs serve different models ({listing})")
+        (served_id, root), *_ = cards
+        return {self.arm.name: {"id": served_id, "root": root}}
+
+    async def _model_cards(self) -> dict[str, Settings]:
+        """Each base URL's card of the arm's model: ``id`` and ``root`` as the server wrote them, and
+        whether it reports its models at all (``reported``)."""
+        cards: dict[str, Settings] = {}
+        for url in self.arm.base_urls:  # each URL asked itself: a retry must not read another's card
+            arm = replace(self.arm, base_urls=(url,), timeout=min(self.arm.timeout, 30.0))
+            async with aclosing(EndpointClient(arm, f"arm {arm.name!r}")) as client:
+                _, response, _ = await client.send("/models", None, 0, f"{url}/models unreachable")
+            try:
+                listed = response.json()["data"] if response.status_code == 200 else None
+            except (ValueError, KeyError, TypeError):
+                listed = None
+            if not isinstance(listed, list):  # no /v1/models: the arm is known by name only
+                cards[url] = {"id": None, "root": None, "reported": False}
+                continue
+            card = next((c for c in listed if isinstance(c, dict) and c.get("id") == arm.model), None)
+            if card is None:
+                ids = ", ".join(str(c.get("id")) for c in listed if isinstance(c, dict)) or "none"
+                raise ValueError(
+                    f"arm {arm.name!r}: {url} serves model(s) {ids}, not {arm.model!r}; set the arm's model "
+                    "to one of them"
+                )
+            cards[url] = {"id": card.get("id"), "root": card.get("root"), "reported": True}
+        return cards
+
+    def start(self) -> None:
+        """Nothing to load: the server is running."""
+
+    def take_prefix_cache(self) -> None:
+        """A server's prefix cache is its own business (see its /metrics)."""
+        return None
+
+    def facts(self) -> dict[str, object]:
+        return {
+            "kind": KIND,
+            "arms": [self.arm.name],
+            "base_urls": list(self.arm.base_urls),
+            "models": self.served,
+            "max_in_flight": self.max_in_flight,
+        }
+
+    async def serve(self, next_job: NextJob, sampling: Sampling, emit: Emit) -> None:
+        """``concurrency`` workers per base URL each take the next job when their last one is answered, so
         the server always has that many requests; an error stops this arm after the other workers have
-        finished (and emitted) the requests they already sent.
-        """
-        slots = self.max_in_flight
-        limits = httpx.Limits(max_connections=slots, max_keepalive_connections=slots)
-        url_slots = [asyncio.Semaphore(self.arm.concurrency) for _ in self.arm.base_urls]
+        finished (and emitted) the requests they already sent."""
         failures: list[BaseException] = []
-        async with httpx.AsyncClient(
-            timeout=self.arm.timeout, headers=self._headers(), limits=limits
-        ) as client:
+        async with aclosing(EndpointClient(self.arm, f"arm {self.arm.name!r}")) as client:
 
             async def worker(url_index: int) -> None:
                 while not failures and (job := await next_job()) is not None:
+                    body: Settings = {
+                        "model": self.arm.model,
+                        "temperature": sampling.temperature,
+                        "top_p": sampling.top_p,
+                        "max_tokens": sampling.max_tokens,
+                        "seed": job.seed,
+                        **self.arm.extra_body,
+                    }
+                    q = job.question
+                    route, body = (
+                        ("/chat/completions", {**body, "messages": q.messages})
+                        if q.messages is not None
+                        else ("/completions", {**body, "prompt": q.prompt})
+                    )
                     try:
-                        completion = await self._request(client, job, sampling, url_index, url_slots)
+                        completion = await client.complete(
+                            route, body, url_index, f"no answer for question {q.dataset}/{q.id}"
+                        )
                     except Exception as exc:  # handed to the run, which stops every arm cleanly
                         failures.append(exc)
                         return

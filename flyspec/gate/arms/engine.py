@@ -1,13 +1,10 @@
 """Engine arms: this package's engine, in-process, answering through the public `LLM.stream` API.
 
-An arm is the fields of ``EngineConfig`` (flyspec/config.py, which validates them) with an optional
-``verification``; its identity is its canonical settings, the verification policy included. Arms that
-differ only in the verifier share ONE engine started with the lossy policy (docs/gate.md, "Arms"); an
-arm's ``verification`` chooses who decodes its requests there (``REQUEST_MODES``). `LLM.stream` pulls the
-next request the moment a slot frees up, so the batch stays full; the two arms' jobs for one question
-arrive side by side. The KV cache is sized for the run's work (``size_for_work``: the admission cap times
-the longest prompt plus max_tokens), unless the arm sizes it itself; the size decides no answer's tokens,
-so it is not part of the identity.
+An arm is the fields of ``EngineConfig`` (flyspec/config.py validates them) with an optional
+``verification``; its identity is its canonical settings. Arms that differ only in the verifier share ONE
+engine started with the lossy policy (docs/gate.md, "Arms"), their jobs for one question side by side in
+its batches. The KV cache is sized for the run's work (``size_for_work``) unless the arm sizes it itself;
+the size decides no answer's tokens, so it is not part of the identity.
 """
 
 from __future__ import annotations
@@ -147,6 +144,10 @@ def is_lossy(config: Settings) -> bool:
     return spec is not None and verification_policy(spec["rejection_sample_method"]).lossy
 
 
+def _config_key(arm: EngineArm) -> str:
+    return json.dumps(arm.config, sort_keys=True)
+
+
 def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
     """Group engine arms into as few engines as possible: arms that differ only in the verifier share one
     engine started with the lossy arm's settings (arms with two different lossy settings cannot). The
@@ -156,7 +157,7 @@ def engine_groups(arms: list[EngineArm]) -> list[list[EngineArm]]:
         groups.setdefault(_engine_key(arm.config), []).append(arm)
     out: list[list[EngineArm]] = []
     for members in groups.values():
-        lossy_configs = {json.dumps(a.config, sort_keys=True) for a in members if is_lossy(a.config)}
+        lossy_configs = {_config_key(a) for a in members if is_lossy(a.config)}
         if len(lossy_configs) > 1:
             out.extend([a] for a in members)
             continue
@@ -169,63 +170,30 @@ _PRELOADED: dict[str, LLM] = {}
 """Engines loaded ahead of a run (``preload``), taken over by the executor that runs their arms."""
 
 
-def _config_key(arm: EngineArm) -> str:
-    return json.dumps(arm.config, sort_keys=True)
-
-
-def load_engine(lead: EngineArm, request_len: int | None = None) -> LLM:
-    """A warmed-up ``LLM`` for ``lead``'s engine configuration, its KV cache sized for requests of
-    ``request_len`` positions (``work_request_len``) unless the arm sizes it itself. The first steps of a
-    fresh engine pay one-time costs (allocations, lazy initialisation) that would be charged to whichever
-    arm answers first and skew its tokens/s; a configuration too slow for this CPU stops here with the
-    faster options, not after minutes of silence."""
-    from flyspec.llm import LLM
-
-    config = lead.engine_config
-    if (
-        request_len is not None
-        and config.kv_cache_request_len is None
-        and config.kv_cache_memory_bytes is None
-    ):
-        config = dataclasses.replace(config, kv_cache_request_len=request_len)
-    llm = LLM.from_config(config)
-    llm.warm_up()
-    return llm
-
-
-def work_request_len(lead: EngineArm, questions: Iterable[Question], max_tokens: int) -> int:
-    """The longest request of a run: its longest prompt (in the tokens ``lead``'s model sees) plus the
-    registered max_tokens. Loads only the tokenizer."""
+def size_for_work(executors: Iterable[Executor], questions: Iterable[Question], max_tokens: int) -> None:
+    """Size the KV cache of each engine among ``executors`` (not started yet) for its longest request: the
+    longest prompt of ``questions`` in its model's tokens (only the tokenizer is loaded) plus ``max_tokens``.
+    Other executors, and an engine ``preload`` already loaded (and sized), stay as they are."""
     from flyspec.llm import GenerationRequest, prompt_lengths
 
     requests = [GenerationRequest(prompt=q.prompt, messages=q.messages) for q in questions]
-    return max(prompt_lengths(lead.config["model"], requests), default=0) + max_tokens
-
-
-def size_for_work(executors: Iterable[Executor], questions: Iterable[Question], max_tokens: int) -> None:
-    """Size the KV cache of each engine among ``executors`` (not started yet) for a run of ``questions``
-    answered with at most ``max_tokens`` tokens; other executors, and an engine ``preload`` already loaded
-    (and sized), are left as they are."""
-    questions = list(questions)
     for ex in executors:
         if isinstance(ex, EngineExecutor) and _config_key(ex.lead) not in _PRELOADED:
-            ex.request_len = work_request_len(ex.lead, questions, max_tokens)
+            ex.request_len = max(prompt_lengths(ex.lead.config["model"], requests), default=0) + max_tokens
 
 
 def preload(
     arms: list[EngineArm], questions: Iterable[Question] | None = None, max_tokens: int | None = None
 ) -> LLM:
-    """Load the engine that ``arms`` will share in a run (the one ``engine_groups`` makes of them) before
-    the run starts, so that a caller can measure it first (``flyspec demo``'s speed probe); the run's
-    executor takes it over instead of loading again. With the run's ``questions`` and ``max_tokens``,
-    its KV cache is sized for them (``size_for_work``). Returns the ``LLM``."""
-    (group,) = engine_groups(arms)
-    request_len = None
+    """Load the one engine ``arms`` will share in a run before it starts, so that a caller can measure it
+    first (``flyspec demo``'s speed probe); the run's executor takes it over instead of loading again.
+    With the run's ``questions`` and ``max_tokens``, its KV cache is sized for them (``size_for_work``)."""
+    (executor,) = executors(arms)
     if questions is not None and max_tokens is not None:
-        request_len = work_request_len(group[0], questions, max_tokens)
-    llm = load_engine(group[0], request_len)
-    _PRELOADED[_config_key(group[0])] = llm
-    return llm
+        size_for_work([executor], questions, max_tokens)
+    executor.start()
+    _PRELOADED[_config_key(executor.lead)] = executor.llm
+    return executor.llm
 
 
 def executors(arms: list[EngineArm]) -> list[EngineExecutor]:
@@ -248,7 +216,7 @@ class EngineExecutor:
             arm.name: arm.verification or ("standard" if lossy_engine and not is_lossy(arm.config) else None)
             for arm in arms
         }
-        self._llm: LLM | None = None
+        self.llm: LLM | None = None
         self._prefix_seen = (0, 0)
         # The jobs in flight by request id: `answers` adds and removes them in the driving thread,
         # `cancel` removes them from the caller's, hence the lock.
@@ -269,32 +237,38 @@ class EngineExecutor:
         return {}
 
     def start(self) -> None:
-        """Start the engine (load weights) and warm it up now, so that neither is timed as answering."""
-        if self._llm is None:
-            self._llm = _PRELOADED.pop(_config_key(self.lead), None) or load_engine(
-                self.lead, self.request_len
-            )
-            self._prefix_seen = self._prefix_counts()  # the warm-up's own prompt is not the run's
+        """Load the engine (or take over ``preload``'s) and warm it up now: neither is timed as answering.
+        A fresh engine's first steps pay one-time costs (allocations, lazy initialisation) that would skew
+        the tokens/s of whichever arm answers first, and a configuration too slow for this CPU stops here
+        with the faster options, not after minutes of silence."""
+        if self.llm is not None:
+            return
+        from flyspec.llm import LLM
+
+        self.llm = _PRELOADED.pop(_config_key(self.lead), None)
+        if self.llm is None:
+            config = self.lead.engine_config
+            sized = config.kv_cache_request_len is not None or config.kv_cache_memory_bytes is not None
+            if self.request_len is not None and not sized:  # unless the arm sizes the cache itself
+                config = dataclasses.replace(config, kv_cache_request_len=self.request_len)
+            self.llm = LLM.from_config(config)
+            self.llm.warm_up()
+        self.take_prefix_cache()  # the warm-up's own prompt is not the run's
 
     @property
     def max_in_flight(self) -> int:
         """How many requests the engine runs at once (its admission cap)."""
         self.start()
-        return self._llm.max_running
-
-    def _prefix_counts(self) -> tuple[int, int]:
-        stats = self._llm.stats
-        return stats.prefix_cache_queries, stats.prefix_cache_hits
+        return self.llm.max_running
 
     def take_prefix_cache(self) -> tuple[int, int] | None:
         """Prompt tokens looked up in the engine's prefix cache and those shared since the last call (two
         arms sharing the engine send every prompt twice, so about half can be shared)."""
-        if self._llm is None:
+        if self.llm is None:
             return None
-        now = self._prefix_counts()
-        queries, hits = now[0] - self._prefix_seen[0], now[1] - self._prefix_seen[1]
-        self._prefix_seen = now
-        return queries, hits
+        stats = self.llm.stats
+        seen, self._prefix_seen = self._prefix_seen, (stats.prefix_cache_queries, stats.prefix_cache_hits)
+        return self._prefix_seen[0] - seen[0], self._prefix_seen[1] - seen[1]
 
     def facts(self) -> dict[str, object]:
         return {
@@ -302,8 +276,8 @@ class EngineExecutor:
             "arms": sorted(self.arms),
             "model": self.lead.config["model"],
             "max_in_flight": self.max_in_flight,
-            "weights": self._llm.weight_formats,
-            "kv_cache_bytes": self._llm.kv_cache_capacity_bytes,
+            "weights": self.llm.weight_formats,
+            "kv_cache_bytes": self.llm.kv_cache_capacity_bytes,
             "verification": {name: v or "engine" for name, v in self.verification.items()},
         }
 
@@ -332,7 +306,7 @@ class EngineExecutor:
                 )
 
         try:
-            for out in self._llm.stream(requests()):
+            for out in self.llm.stream(requests()):
                 with self._lock:
                     job = self._pending.pop(out.request_id, None)
                 if job is not None:  # None: cancelled as it finished; the caller counts it cancelled
@@ -352,7 +326,7 @@ class EngineExecutor:
             dropped = [job for job in self._pending.values() if drop(job)]
             for job in dropped:
                 del self._pending[job.request_id]
-                self._llm.abort(job.request_id)
+                self.llm.abort(job.request_id)
         return dropped
 
 

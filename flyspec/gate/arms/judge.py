@@ -1,20 +1,19 @@
 """The judge's endpoint: its settings (``parse_judge``), the prompt it is shown for a question and the
-client that asks it, with the retries of an endpoint arm. The judge's rule is in
+client that asks it through an ``EndpointClient``, as an endpoint arm asks its server. The judge's rule is in
 flyspec/gate/grading/graders.py; which pairs are asked, and when, is the run's (flyspec/gate/runs/judging.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
-
-import httpx
 
 from flyspec.checks import is_int
 from flyspec.gate.arms.base import ArmSpec, ServedModel, Settings, load_arm_spec, unknown_keys
-from flyspec.gate.arms.endpoint import KEYS, EndpointError, OpenAIArm, parse, retry_reason
+from flyspec.gate.arms.endpoint import KEYS, KIND, EndpointClient, OpenAIArm, parse
 from flyspec.gate.data.questions import Question
 from flyspec.gate.data.spec import JudgeRecord
 from flyspec.gate.grading.graders import (
@@ -32,16 +31,6 @@ JUDGE_ARM = "judge"
 _JUDGE_KEYS = (*(k for k in KEYS if k != "extra_body"), "max_tokens", "seed", "template")
 
 
-def request_text(question: Question) -> str:
-    """What was asked, as the judge sees it: the prompt, or the chat's turns (one user turn as is)."""
-    if question.prompt is not None:
-        return question.prompt
-    messages = question.messages or []
-    if len(messages) == 1:
-        return messages[0]["content"]
-    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-
-
 @dataclass(frozen=True)
 class Judge:
     """The judge endpoint, model, sampling and prompt template of a run."""
@@ -51,24 +40,17 @@ class Judge:
     seed: int = 0
     template: str = DEFAULT_TEMPLATE
 
-    @property
-    def template_text(self) -> str:
-        return TEMPLATES[self.template]
-
-    def prompt(self, question: Question, response_a: str, response_b: str) -> str:
-        """The judge's prompt for one position."""
-        return judge_prompt(self.template, request_text(question), question.answer, response_a, response_b)
-
     def identity(self, served: ServedModel | None) -> JudgeRecord:
-        """What the registration records: model, served model, sampling and the template (name, sha256,
-        text)."""
+        """What the registration records: model, served model, sampling, the template (name, sha256,
+        text), the positions and the rule."""
+        text = TEMPLATES[self.template]
         return JudgeRecord(
             model=self.endpoint.model,
             max_tokens=self.max_tokens,
             seed=self.seed,
             template=self.template,
-            template_sha256=hashlib.sha256(self.template_text.encode()).hexdigest(),
-            template_text=self.template_text,
+            template_sha256=hashlib.sha256(text.encode()).hexdigest(),
+            template_text=text,
             positions=POSITIONS,
             rule=RULE,
             served_model=served,
@@ -80,23 +62,20 @@ class Judge:
 
 
 def parse_judge(spec: ArmSpec) -> Judge:
-    """A judge given as a dict, a JSON object string or a JSON file: ``{"base_url" | "base_urls", "model",
-    "api_key", "max_tokens", "seed", "template", "concurrency", "timeout", "max_retries", "backoff"}``."""
+    """A judge given as a dict, a JSON object string or a JSON file (docs/gate.md lists its keys)."""
     data = load_arm_spec(spec, JUDGE_ARM)
     unknown_keys("judge", data, _JUDGE_KEYS, "a judge takes")
-    if data.get("kind", "openai") != "openai":
+    if data.get("kind", KIND) != KIND:
         raise ValueError(f"judge: kind={data['kind']!r}: a judge is an OpenAI-compatible endpoint ('openai')")
-    max_tokens = data.pop("max_tokens", 512)
-    seed = data.pop("seed", 0)
-    template = data.pop("template", DEFAULT_TEMPLATE)
-    if not is_int(max_tokens, 1):
-        raise ValueError(f"judge: max_tokens={max_tokens!r}: must be an integer >= 1")
-    if not is_int(seed, 0):
-        raise ValueError(f"judge: seed={seed!r}: must be an integer >= 0")
-    if template not in TEMPLATES:
-        raise ValueError(f"judge: template={template!r}: must be one of {', '.join(TEMPLATES)}")
-    endpoint = parse(JUDGE_ARM, {**data, "kind": "openai", "concurrency": data.get("concurrency", 2)})
-    return Judge(endpoint, max_tokens, seed, template)
+    own = {key: data.pop(key) for key in ("max_tokens", "seed", "template") if key in data}
+    judge = Judge(parse(JUDGE_ARM, {**data, "kind": KIND, "concurrency": data.get("concurrency", 2)}), **own)
+    if not is_int(judge.max_tokens, 1):
+        raise ValueError(f"judge: max_tokens={judge.max_tokens!r}: must be an integer >= 1")
+    if not is_int(judge.seed, 0):
+        raise ValueError(f"judge: seed={judge.seed!r}: must be an integer >= 0")
+    if judge.template not in TEMPLATES:
+        raise ValueError(f"judge: template={judge.template!r}: must be one of {', '.join(TEMPLATES)}")
+    return judge
 
 
 @dataclass(frozen=True)
@@ -113,65 +92,46 @@ class Verdict:
 
 class JudgeClient:
     """Calls the judge from a small thread pool (``concurrency`` per base URL), so the run's main thread
-    keeps grading and storing while the judge works; retries like an endpoint arm."""
+    keeps grading and storing while the judge works; each call is an ``EndpointClient``'s, retried like an
+    endpoint arm's request."""
 
     def __init__(self, judge: Judge) -> None:
         self.judge = judge
         arm = judge.endpoint
         self._pool = ThreadPoolExecutor(max_workers=arm.concurrency * len(arm.base_urls))
-        headers = {"Authorization": f"Bearer {arm.api_key}"} if arm.api_key else {}
-        self._client = httpx.Client(timeout=arm.timeout, headers=headers)
         self._calls = 0
 
     def submit(self, question: Question, position: str, first: str, second: str) -> Future[Verdict]:
         """Ask the judge about one position of one question's pair (in the background)."""
         a, b = (first, second) if position == "AB" else (second, first)
-        index = self._calls
-        self._calls += 1
-        return self._pool.submit(self._call, question, position, self.judge.prompt(question, a, b), index)
-
-    def _call(self, question: Question, position: str, prompt: str, index: int) -> Verdict:
-        arm = self.judge.endpoint
-        body = {
-            "model": arm.model,
+        # What was asked, as the judge sees it: the prompt, or the chat's turns (one user turn as is).
+        turns = question.messages or []
+        if question.prompt is not None:
+            request = question.prompt
+        elif len(turns) == 1:
+            request = turns[0]["content"]
+        else:
+            request = "\n".join(f"{m['role']}: {m['content']}" for m in turns)
+        prompt = judge_prompt(self.judge.template, request, question.answer, a, b)
+        body: Settings = {
+            "model": self.judge.endpoint.model,
             "messages": [{"role": "user", "content": prompt}],
             "temperature": 0.0,
             "max_tokens": self.judge.max_tokens,
             "seed": self.judge.seed,
         }
-        last_error = ""
-        for attempt in range(arm.max_retries + 1):
-            if attempt:
-                time.sleep(arm.backoff * 2 ** (attempt - 1))
-            url = arm.base_urls[(index + attempt) % len(arm.base_urls)]
-            start = time.monotonic()
-            try:
-                response = self._client.post(url + "/chat/completions", json=body)
-            except httpx.TransportError as exc:
-                last_error = f"{url}: {type(exc).__name__}: {exc or 'no detail'}"
-                continue
-            reason = retry_reason(response, url, "judge", f"{url}/chat/completions")
-            if reason is not None:
-                last_error = reason
-                continue
-            try:
-                text = response.json()["choices"][0]["message"]["content"] or ""
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise ValueError(
-                    f"judge: {url}/chat/completions returned a body that is not a chat completion: "
-                    f"{response.text[:300]}"
-                ) from None
-            verdict = parse_verdict(text)
-            latency = time.monotonic() - start
-            return Verdict(position, verdict, preferred(position, verdict), text, latency, url)
-        raise EndpointError(
-            f"judge: no verdict for question {question.dataset}/{question.id} ({position}) after "
-            f"{arm.max_retries + 1} attempt(s); last error: {last_error}. Answers and judgements stored so "
-            "far are kept; rerun the same command to resume."
-        )
+        failure = f"no verdict for question {question.dataset}/{question.id} ({position})"
+        first_url = self._calls
+        self._calls += 1
+        return self._pool.submit(lambda: asyncio.run(self._ask(position, body, first_url, failure)))
+
+    async def _ask(self, position: str, body: Settings, first_url: int, failure: str) -> Verdict:
+        async with aclosing(EndpointClient(self.judge.endpoint, "judge")) as client:
+            reply = await client.complete("/chat/completions", body, first_url, failure)
+        verdict = parse_verdict(reply.text)
+        chose = preferred(position, verdict)
+        return Verdict(position, verdict, chose, reply.text, reply.latency_s, reply.source)
 
     def close(self, wait: bool = True) -> None:
-        """Stop the pool (``wait=False`` gives up on calls in flight) and the HTTP client."""
+        """Stop the pool (``wait=False`` gives up on calls in flight)."""
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
-        if wait:
-            self._client.close()

@@ -1,11 +1,7 @@
-"""Per-sample results of finished evaluations, read for ``flyspec gate compare`` (docs/gate.md, "Comparing
-existing logs", says which formats and how each is keyed and scored).
-
-``read_eval_log(spec)`` reads one side: an lm-evaluation-harness ``--log_samples`` file or folder, an
-Inspect AI log or folder (read with Inspect's own ``read_eval_log``), or ``STORE.db:RUN:ARM`` (one arm of
-a gate store). It returns an ``EvalLog``: one ``SampleScore`` per question and epoch. Only right/wrong
-scores are accepted: the paired tests count lost and gained questions, so partial credit is refused with
-the file, the question and the value.
+"""Per-sample results of finished evaluations for ``flyspec gate compare``: ``read_eval_log`` reads one
+side (an lm-eval ``--log_samples`` file or folder, an Inspect AI log or folder, or ``STORE.db:RUN:ARM``)
+into an ``EvalLog``, one right/wrong ``SampleScore`` per question and epoch; docs/gate.md, "Comparing
+existing logs", says how each format is keyed and scored.
 """
 
 from __future__ import annotations
@@ -37,11 +33,8 @@ _SHOWN_ERRORS = 3
 
 @dataclass(frozen=True)
 class SampleScore:
-    """One question (in one epoch) of one log: right or wrong, with the hashes the log provides.
-
-    ``hashes`` maps a kind (``lm_eval_doc``, ``lm_eval_prompt``, ``lm_eval_target``, ``inspect_input``,
-    ``inspect_target``, ``flyspec_prompt``) to a sha256; two logs are compared on the kinds both have.
-    """
+    """One question (in one epoch) of one log: right or wrong, with the log's hashes by kind (``lm_eval_doc``,
+    ``inspect_input``, ``flyspec_prompt``, ...); two logs must agree on the kinds both have."""
 
     task: str
     question_id: str
@@ -62,6 +55,7 @@ class EvalLog:
 
 
 def _binary(value: object, where: str, what: str) -> bool:
+    """A right/wrong score: the paired tests count lost and gained questions, so partial credit is refused."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float) and value in (0, 1):
@@ -115,10 +109,8 @@ def _results_config(file: Path, task: str) -> dict[str, object]:
 
 def _filter_names(file: Path, config: dict[str, object], rows: list[tuple[int, Row]]) -> list[str | None]:
     """Each row's filter. Older lm-eval versions (until late 2024) wrote no ``filter`` key but one row per
-    filter and document,
-    the filters one after another in the task's order: there the n-th row of a doc_id belongs to the n-th
-    filter, named from the task's ``filter_list`` in ``results_*.json`` when it has one of each (else
-    ``#1``, ``#2``, ...); a single filter stays unnamed."""
+    filter and document, in the task's filter order: the n-th row of a doc_id is the n-th filter of the
+    task's ``filter_list`` in ``results_*.json`` (else ``#1``, ``#2``, ...); a single filter stays unnamed."""
     keyed = ["filter" in row for _, row in rows]
     if all(keyed):
         return [str(row["filter"]) for _, row in rows]
@@ -142,9 +134,8 @@ def _filter_names(file: Path, config: dict[str, object], rows: list[tuple[int, R
 
 
 def _metric_names(row: Row, config: dict[str, object]) -> tuple[list[str], bool]:
-    """The row's metrics, and whether their order is known: its ``metrics`` list, else (older lm-eval
-    versions) the task's ``metric_list`` from ``results_*.json`` where the row holds them, else, in no
-    known order, the row's keys that are not lm-eval's own fields."""
+    """The row's metrics and whether their order is known: its ``metrics``, else (older lm-eval) the task's
+    ``metric_list`` in ``results_*.json`` that the row holds, else, unordered, its keys not lm-eval's own."""
     names = row.get("metrics")
     if isinstance(names, list) and names:
         return [str(n) for n in names], True
@@ -180,9 +171,7 @@ def read_lm_eval_samples(
     path: str | Path, metric: str | None = None, filter: str | Sequence[str] | None = None
 ) -> EvalLog:
     """lm-eval ``--log_samples`` output (a file or a folder of ``samples_*.jsonl``), scored by ``metric``
-    (default: each task's first metric) under ``filter``: ``NAME`` for every task and ``TASK=NAME`` for
-    one (a list of them); a task that logged one filter needs none. Rows of lm-eval versions that wrote
-    no ``filter`` or ``metrics`` key are read too (see ``_filter_names`` and ``_metric_names``)."""
+    (default: each task's first) under ``filter`` (``parse_filters``; a task that logged one needs none)."""
     path = Path(path)
     default, per_task = parse_filters(filter)
     by_task = _lm_eval_tasks(path)
@@ -273,13 +262,6 @@ def _sha256_json(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def _inspect_input(sample: EvalSample) -> str | list[list[str]]:
-    # Chat messages carry generated ids that differ between runs: hash only their roles and text.
-    if isinstance(sample.input, str):
-        return sample.input
-    return [[message.role, message.text] for message in sample.input]
-
-
 def _inspect_files(path: Path) -> list[str]:
     """The log files to read: the file itself, or what Inspect's own listing finds in the folder (``.eval``
     files, and ``.json`` files with Inspect's timestamped names; a manifest or other JSON is skipped)."""
@@ -348,10 +330,11 @@ def read_inspect_log(path: str | Path, scorer: str | None = None) -> EvalLog:
             if name not in scores:
                 raise ValueError(f"{where}: no scorer {name!r} (its scorers: {', '.join(scores) or 'none'})")
             correct = _binary(scores[name].value, where, f"score {name!r}")
-            hashes = {
-                "inspect_input": _sha256_json(_inspect_input(sample)),
-                "inspect_target": _sha256_json(sample.target),
-            }
+            # Chat messages carry generated ids that differ between runs: hash only their roles and text.
+            asked = (
+                sample.input if isinstance(sample.input, str) else [[m.role, m.text] for m in sample.input]
+            )
+            hashes = {"inspect_input": _sha256_json(asked), "inspect_target": _sha256_json(sample.target)}
             samples.append(SampleScore(task, str(sample.id), int(sample.epoch), correct, hashes))
             chosen_scorers.add(name)
     if not samples:
@@ -381,18 +364,11 @@ def read_store_arm(store_path: str | Path, run_id: str, arm: str) -> EvalLog:
         raise ValueError(
             f"{path}: run {run_id!r} has no answers of arm {arm!r} (arms: {', '.join(arms) or 'none'})"
         )
-    samples = [
-        SampleScore(
-            a.dataset,
-            a.question_id,
-            a.repeat,
-            a.correct,
-            {"flyspec_prompt": hashes[(a.dataset, a.question_id)]}
-            if (a.dataset, a.question_id) in hashes
-            else {},
-        )
-        for a in chosen
-    ]
+    samples = []
+    for a in chosen:
+        key = (a.dataset, a.question_id)
+        prompt = {"flyspec_prompt": hashes[key]} if key in hashes else {}
+        samples.append(SampleScore(a.dataset, a.question_id, a.repeat, a.correct, prompt))
     return EvalLog(f"{path}:{run_id}:{arm}", "flyspec", "correct", None, samples)
 
 
@@ -406,10 +382,8 @@ def _store_spec(spec: str) -> tuple[str, str, str] | None:
 
 
 def read_eval_log(spec: str, metric: str | None = None, filter: str | Sequence[str] | None = None) -> EvalLog:
-    """One side of ``gate compare``: a gate store arm, an lm-eval samples file/folder, or an Inspect log
-    file/folder (see the module docstring). ``metric`` is lm-eval's metric field or Inspect's scorer;
-    ``filter`` is lm-eval's filter (``NAME`` or ``TASK=NAME``, or a list of them). ValueError or
-    FileNotFoundError, naming the file, for anything else."""
+    """One side of ``gate compare`` (module docstring); ``metric`` is lm-eval's metric or Inspect's scorer,
+    ``filter`` lm-eval's (``parse_filters``). ValueError or FileNotFoundError, naming the file, otherwise."""
     filter = filter or None
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(
