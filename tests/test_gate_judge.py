@@ -46,6 +46,7 @@ class Scripted:
     """What the scripted server saw, and judge calls to fail (answered with HTTP 503)."""
 
     judge_prompts: list[str] = field(default_factory=list)
+    judge_ports: set[int] = field(default_factory=set)
     arm_calls: Counter = field(default_factory=Counter)
     fail: set[str] = field(default_factory=set)
 
@@ -87,6 +88,7 @@ def _app(state: Scripted) -> FastAPI:
             if f"{_question(text)}:{_position(text)}" in state.fail:
                 return JSONResponse({"error": "down"}, status_code=503)
             state.judge_prompts.append(text)
+            state.judge_ports.add(request.client.port)  # type: ignore[union-attr]
             content = _judge_reply(text)
         else:
             i = _question(text)
@@ -311,6 +313,20 @@ def test_a_second_model_graded_grader_runs_through_a_judged_run_with_no_edit_els
     assert pooled is not None and pooled.ci_low is not None and pooled.ci_high is not None
     truth = sum(_person(i) for i in range(QUESTIONS)) / QUESTIONS
     assert pooled.ci_low <= truth <= pooled.ci_high and pooled.decision in ("PASS", "INCONCLUSIVE")
+
+
+def test_the_judge_is_asked_over_kept_alive_connections(server: tuple[Scripted, str], tmp_path: Path) -> None:
+    """The judge's 24 calls (12 questions, both orders) at concurrency 2 travel over at most 2 connections,
+    kept alive between calls, not one connection (and one TLS handshake, for a remote judge) per call."""
+    state, url = server
+    judge = {"base_url": url, "model": "judge", "max_tokens": 64, "seed": 7, "concurrency": 2}
+    arm = {"base_url": url, "max_retries": 0}
+    run_gate(
+        tmp_path / "judge.db", str(_dataset(tmp_path)), {**arm, "model": "base"}, {**arm, "model": "cand"},
+        0.5, judge=judge, max_tokens=16, progress=False,
+    )  # fmt: skip
+    assert len(state.judge_prompts) == 2 * JUDGED
+    assert 1 <= len(state.judge_ports) <= 2, state.judge_ports
 
 
 def test_a_sequential_judged_run_waits_for_its_labels(server: tuple[Scripted, str], tmp_path: Path) -> None:

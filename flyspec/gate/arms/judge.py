@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import aclosing
+import threading
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
 from flyspec.checks import is_int
@@ -91,14 +92,17 @@ class Verdict:
 
 
 class JudgeClient:
-    """Calls the judge from a small thread pool (``concurrency`` per base URL), so the run's main thread
-    keeps grading and storing while the judge works; each call is an ``EndpointClient``'s, retried like an
-    endpoint arm's request."""
+    """Calls the judge on an event loop of its own thread, so the run's main thread keeps grading and
+    storing while the judge works: one ``EndpointClient`` (``concurrency`` calls per base URL, kept-alive
+    connections, retried like an endpoint arm's requests)."""
 
     def __init__(self, judge: Judge) -> None:
         self.judge = judge
-        arm = judge.endpoint
-        self._pool = ThreadPoolExecutor(max_workers=arm.concurrency * len(arm.base_urls))
+        self._client = EndpointClient(judge.endpoint, "judge")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="flyspec-judge", daemon=True)
+        self._thread.start()
+        self._asked: set[Future[Verdict]] = set()
         self._calls = 0
 
     def submit(self, question: Question, position: str, first: str, second: str) -> Future[Verdict]:
@@ -123,15 +127,27 @@ class JudgeClient:
         failure = f"no verdict for question {question.dataset}/{question.id} ({position})"
         first_url = self._calls
         self._calls += 1
-        return self._pool.submit(lambda: asyncio.run(self._ask(position, body, first_url, failure)))
+        asked = asyncio.run_coroutine_threadsafe(self._ask(position, body, first_url, failure), self._loop)
+        self._asked.add(asked)
+        asked.add_done_callback(self._asked.discard)
+        return asked
 
     async def _ask(self, position: str, body: Settings, first_url: int, failure: str) -> Verdict:
-        async with aclosing(EndpointClient(self.judge.endpoint, "judge")) as client:
-            reply = await client.complete("/chat/completions", body, first_url, failure)
+        reply = await self._client.complete("/chat/completions", body, first_url, failure)
         verdict = parse_verdict(reply.text)
         chose = preferred(position, verdict)
         return Verdict(position, verdict, chose, reply.text, reply.latency_s, reply.source)
 
     def close(self, wait: bool = True) -> None:
-        """Stop the pool (``wait=False`` gives up on calls in flight)."""
-        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+        """Wait for the calls in flight (``wait=False``: cancel them), then close the connections and the
+        loop."""
+        if not self._thread.is_alive():
+            return
+        if wait:
+            futures_wait(list(self._asked))
+        for asked in list(self._asked):
+            asked.cancel()
+        asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
