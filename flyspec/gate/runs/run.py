@@ -32,6 +32,7 @@ from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
 from flyspec.gate.runs.judging import JudgedRunMonitor
+from flyspec.gate.runs.progress import announce_sandbox, log
 from flyspec.gate.runs.register import (
     identified,
     ledger,
@@ -41,7 +42,7 @@ from flyspec.gate.runs.register import (
     stored_served,
     used_questions,
 )
-from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
+from flyspec.gate.runs.session import Clock, Session
 from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
 from flyspec.gate.stats.monitor import JUDGED_METHOD, Monitor, SequentialPlan
 

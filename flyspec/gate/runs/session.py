@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import sys
 import time
 from collections.abc import Callable
 
@@ -14,10 +13,10 @@ from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunNotes
-from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named, sandbox_notes
+from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
-from flyspec.gate.runs.progress import GateProgress
+from flyspec.gate.runs.progress import GateProgress, log
 from flyspec.gate.runs.settings import RunSettings
 from flyspec.gate.stats.decide import Outcome
 from flyspec.gate.stats.monitor import Monitor
@@ -58,16 +57,29 @@ def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def log(message: str) -> None:
-    """Progress notes go to stderr, so that stdout carries only the report (and --json's last line)."""
-    print(message, file=sys.stderr, flush=True)
-
-
-def announce_sandbox(graders: set[str], who: str) -> None:
-    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
-    sandbox = sandbox_notes(graders)
-    for missing in sandbox["missing"] if sandbox is not None else []:
-        log(f"{who}: WARNING: the code sandbox runs without {missing}")
+def answer_record(job: Job, completion: Completion, g: Grade) -> AnswerRecord:
+    """The stored record of a graded answer (a gate session's or a shadow run's)."""
+    q = job.question
+    acc = completion.acceptance
+    return AnswerRecord(
+        arm=job.arm,
+        repeat=job.repeat,
+        dataset=q.dataset,
+        question_id=q.id,
+        seed=job.seed,
+        output=completion.text,
+        extracted=g.extracted,
+        correct=g.correct,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        latency_s=completion.latency_s,
+        num_drafts=acc.num_drafts if acc else None,
+        num_draft_tokens=acc.num_draft_tokens if acc else None,
+        num_accepted_tokens=acc.num_accepted_tokens if acc else None,
+        num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
+        source=completion.source,
+    )
 
 
 class Session:
@@ -162,9 +174,7 @@ class Session:
         update the monitors and the bar; returns the comparisons' sequential stops they caused."""
         if not items:
             return {}
-        self.store.add_answers(
-            self.run_id, [self._record(job, completion, g) for job, completion, g in items]
-        )
+        self.store.add_answers(self.run_id, [answer_record(*item) for item in items])
         stops: dict[str, Outcome] = {}
         for job, completion, g in items:
             self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
@@ -211,30 +221,6 @@ class Session:
             self.waiting.setdefault(key, []).append((job, completion))
             return []
         return [(job, completion, grade_against_baseline(q.grader, reference, completion.text)[1])]
-
-    @staticmethod
-    def _record(job: Job, completion: Completion, g: Grade) -> AnswerRecord:
-        q = job.question
-        acc = completion.acceptance
-        return AnswerRecord(
-            arm=job.arm,
-            repeat=job.repeat,
-            dataset=q.dataset,
-            question_id=q.id,
-            seed=job.seed,
-            output=completion.text,
-            extracted=g.extracted,
-            correct=g.correct,
-            finish_reason=completion.finish_reason,
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            latency_s=completion.latency_s,
-            num_drafts=acc.num_drafts if acc else None,
-            num_draft_tokens=acc.num_draft_tokens if acc else None,
-            num_accepted_tokens=acc.num_accepted_tokens if acc else None,
-            num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
-            source=completion.source,
-        )
 
     def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
         if fingerprint is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from flyspec.checks import is_int, load_json
+from flyspec.checks import load_json
 from flyspec.config import LOSSLESS_PREFIX_FIELD, SpeculativeConfig, lossy_policy_names, verification_policy
 from flyspec.gate.arms import make_executors, parse_arm
 from flyspec.gate.arms.base import Arm, Settings, load_arm_spec
@@ -30,10 +30,11 @@ from flyspec.gate.data.spec import (
 )
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.storefile import StoreLock
+from flyspec.gate.runs.progress import announce_sandbox, log
 from flyspec.gate.runs.register import population, register, used_questions
 from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan
-from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
-from flyspec.gate.runs.settings import RunSettings, flag
+from flyspec.gate.runs.session import Clock, Session
+from flyspec.gate.runs.settings import RunSettings, check_int, flag
 from flyspec.gate.stats.decide import PASS, PAUSES
 from flyspec.gate.stats.monitor import Monitor, SequentialPlan
 from flyspec.policy_grid import expand_grid, policy_of
@@ -156,10 +157,8 @@ class TuneOptions(RunSettings):
             raise ValueError(f"order={self.order!r}: must be one of {', '.join(ORDERS)}")
         if self.order_by not in ORDER_BY:
             raise ValueError(f"order_by={self.order_by!r}: must be one of {', '.join(ORDER_BY)}")
-        c = self.calibration_questions
-        if not is_int(c, 0):
-            raise ValueError(f"calibration_questions={c!r}: must be an integer >= 0")
-        if c == 0 and self.order == "speed":
+        check_int("calibration_questions", self.calibration_questions, 0)
+        if self.calibration_questions == 0 and self.order == "speed":
             raise ValueError(
                 "calibration_questions=0: the order by speed is measured on calibration questions; give "
                 "at least 1, or --order given"
@@ -323,7 +322,7 @@ def tune(options: TuneOptions) -> RunResult:
         for setting_id in order.settings:
             status = setting_status(store, run, setting_id)
             if not status.final:
-                reason = _test(store, planned, chosen, claim, settings[setting_id], clock)
+                reason = _test(store, planned, chosen, run.registered.sequential, settings[setting_id], clock)
                 if reason in PAUSES:
                     return RunResult(name, reason)
                 status = setting_status(store, run, setting_id)
@@ -402,12 +401,12 @@ def _registration(
         order=QuestionOrder(o.question_order_seed, ORDER_RULE, chosen.pool + len(chosen.calibration)),
         max_questions=o.max_questions,
         design="sequential" if o.sequential else "fixed",
-        sequential=_sequential_plan(o, chosen, claim) if o.sequential else None,
+        sequential=SequentialPlan(
+            o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim
+        )
+        if o.sequential
+        else None,
     )
-
-
-def _sequential_plan(o: TuneOptions, chosen: Chosen, claim: str) -> SequentialPlan:
-    return SequentialPlan(o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim)
 
 
 def _calibrate(
@@ -432,19 +431,13 @@ def _calibrate(
     return "complete"
 
 
-def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, float | None]]:
-    """Per arm of a calibration run: tokens/s over its engine's busy time, mean acceptance length and
-    forgiven share, from the stored answers and batches."""
-    return lane_speeds(store, run_id, first_repeat_only=False)
-
-
 def _order(store: GateStore, planned: TunePlan, settings: SettingsById) -> TestOrder:
     """The registered test order: by calibration speed, slowest first (ties as given), or as given."""
     o = planned.options
     given = list(settings)
     if o.order == "given":
         return TestOrder("given", tuple(given))
-    speeds = calibration_speeds(store, o.calibration_run)
+    speeds = lane_speeds(store, o.calibration_run, first_repeat_only=False)
     by, fallback = o.order_by, None
 
     def missing(key: str) -> list[TuneSetting]:
@@ -477,15 +470,21 @@ def _order(store: GateStore, planned: TunePlan, settings: SettingsById) -> TestO
 
 
 def _test(
-    store: GateStore, planned: TunePlan, chosen: Chosen, claim: str, setting: TuneSetting, clock: Clock
+    store: GateStore,
+    planned: TunePlan,
+    chosen: Chosen,
+    sequential: SequentialPlan | None,
+    setting: TuneSetting,
+    clock: Clock,
 ) -> str:
-    """Test one setting against the stored (and, where missing, new) baseline answers."""
+    """Test one setting, sequentially by the registered plan, against the stored (and, where missing, new)
+    baseline answers."""
     o = planned.options
     lanes = (BASELINE, (setting.id, 0))
     monitors: dict[str, Monitor] = {}
-    if o.sequential:
+    if sequential is not None:
         order = [(q.dataset, q.id) for q in chosen.questions]
-        monitors["candidate"] = Monitor(order, _sequential_plan(o, chosen, claim), lanes)
+        monitors["candidate"] = Monitor(order, sequential, lanes)
     session = Session(store, o, o.name, list(lanes), list(chosen.questions), monitors)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     executors = make_executors([planned.baseline, setting.arm])
