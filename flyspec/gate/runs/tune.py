@@ -431,13 +431,19 @@ def _calibrate(
     return "complete"
 
 
+def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, float | None]]:
+    """Per arm of a calibration run: tokens/s over its engine's busy time, mean acceptance length and
+    forgiven share."""
+    return lane_speeds(store, run_id, first_repeat_only=False)
+
+
 def _order(store: GateStore, planned: TunePlan, settings: SettingsById) -> TestOrder:
     """The registered test order: by calibration speed, slowest first (ties as given), or as given."""
     o = planned.options
     given = list(settings)
     if o.order == "given":
         return TestOrder("given", tuple(given))
-    speeds = lane_speeds(store, o.calibration_run, first_repeat_only=False)
+    speeds = calibration_speeds(store, o.calibration_run)
     by, fallback = o.order_by, None
 
     def missing(key: str) -> list[TuneSetting]:
