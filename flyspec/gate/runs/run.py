@@ -39,7 +39,6 @@ from flyspec.gate.runs.register import (
     population,
     register,
     store_carried,
-    stored_served,
     used_questions,
 )
 from flyspec.gate.runs.session import Clock, Session
@@ -263,11 +262,11 @@ def run(options: GateOptions) -> RunResult:
     planned = plan(options)
     run_id = options.name
     with GateStore(options.store) as store, StoreLock(store.path, run_id):
-        chosen = _choose(store, planned)
+        claim = population(store, run_id, options.population)
+        chosen = _choose(store, planned, claim)
         if chosen.left_out_by:
             by = ", ".join(chosen.left_out_by)
             log(f"gate: leaving out {len(chosen.left_out)} questions used by run(s) {by}")
-        claim = population(store, run_id, options.population)
         comparisons = _comparisons(options, chosen, claim, planned.gold)
         executors = make_executors(list(planned.arms.values()))
         # An engine's KV cache holds what this run can use, not max_num_seqs requests of max_model_len.
@@ -296,7 +295,7 @@ def _lanes(planned: GatePlan) -> list[Lane]:
     return [("baseline", 0), ("baseline", 1)]
 
 
-def _choose(store: GateStore, planned: GatePlan) -> Chosen:
+def _choose(store: GateStore, planned: GatePlan, claim: str) -> Chosen:
     """The run's questions: the seeded order without every earlier pilot's (for a gate run) and
     --exclude-run's, led by the fixed run a sequential continuation carries."""
     options = planned.options
@@ -309,14 +308,14 @@ def _choose(store: GateStore, planned: GatePlan) -> Chosen:
     names = [n for n in dict.fromkeys(names) if n != options.name]
     left_out = used_questions(store, names)
     chosen = choose(planned, left_out, names)
-    carry = _carry(store, planned, chosen)
+    carry = _carry(store, planned, chosen, claim)
     if carry is None:
         return chosen
     first = [(q.dataset, q.question_id) for q in store.questions(carry)]
     return replace(choose(planned, left_out, names, first), carry=carry)
 
 
-def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
+def _carry(store: GateStore, planned: GatePlan, chosen: Chosen, claim: str) -> str | None:
     """The fixed run whose answers a new sequential run (one candidate, no controls) carries: the ledger
     names one when that run is the only earlier look at the comparison on these questions."""
     o = planned.options
@@ -325,13 +324,8 @@ def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
         return existing.registered.carries
     if o.kind != "gate" or not o.sequential or o.controls:
         return None
-    claim = population(store, o.name, o.population)
-    sequential = SequentialPlan(o.margin, o.alpha, chosen.pool, chosen.pool, o.question_order_seed, claim)
-    budget = float(o.alpha_budget) if o.alpha_budget is not None else None
-    guess = Registration(
-        "gate", o.margin, o.alpha, alpha_budget=budget, design="sequential", sequential=sequential
-    )
-    guess = identified(guess, planned.arms, planned.judge, stored_served(store, o.name))
+    guess = _registration(planned, chosen, _comparisons(o, chosen, claim, planned.gold))
+    guess = identified(guess, planned.arms, planned.judge, {})
     carry = ledger(store, o.name, guess, chosen.questions).carry
     fixed = store.get_run(carry) if carry is not None else None
     if fixed is None or fixed.kind != "gate" or fixed.registered.design != "fixed":

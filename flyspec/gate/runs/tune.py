@@ -137,7 +137,6 @@ class TuneOptions(RunSettings):
             "Questions that measure speed (never graded, never test questions; default 8); 0 only with "
             "--order given.",
             commands=("tune",),
-            type=int,
         ),
     )
     sequential: bool = field(
@@ -146,7 +145,6 @@ class TuneOptions(RunSettings):
             "--fixed",
             "Fixed-size tests on every test question instead of sequential tests (default).",
             commands=("tune",),
-            type=bool,
             negate=True,
         ),
     )
