@@ -28,9 +28,8 @@ from flyspec.gate.grading.graders import (
 )
 from flyspec.gate.stats.decide import Outcome
 from flyspec.gate.stats.judged import JudgedPair
-from flyspec.gate.stats.monitor import Monitor, SequentialPlan
+from flyspec.gate.stats.monitor import Lane, Monitor, SequentialPlan
 
-Lane = tuple[str, int]
 Item = tuple[Job, Completion, Grade]
 _WORDS = {
     "first": "baseline better",

@@ -13,10 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flyspec.gate.grading.graders import sandbox_notes
-from flyspec.gate.stats.monitor import Monitor, in_order_diffs
+from flyspec.gate.stats.monitor import Lane, Monitor, in_order_diffs
 from flyspec.gate.stats.sizing import MIN_PAIRS, Forecast, forecast
 
-Lane = tuple[str, int]
 FORECAST_EVERY = 10
 """New pairs between forecasts (each simulates a few hundred continuations, well under a second)."""
 LINE_EVERY = 25

@@ -43,7 +43,7 @@ from flyspec.gate.runs.register import (
 )
 from flyspec.gate.runs.session import Clock, Session
 from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
-from flyspec.gate.stats.monitor import JUDGED_METHOD, Monitor, SequentialPlan
+from flyspec.gate.stats.monitor import JUDGED_METHOD, Lane, Monitor, SequentialPlan
 
 ORDER_RULE = "sha256(seed:dataset:id) ascending"
 FAMILY_PROCEDURE = (
@@ -51,7 +51,6 @@ FAMILY_PROCEDURE = (
     "alpha, so the chance of any wrong PASS or FAIL among them is at most alpha"
 )
 Options = TypeVar("Options", bound=RunSettings)
-Lane = tuple[str, int]
 Datasets = dict[str, tuple[str, list[Question]]]  # by report name: its spec as given, every question
 
 

@@ -19,9 +19,8 @@ from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.progress import GateProgress, log
 from flyspec.gate.runs.settings import RunSettings
 from flyspec.gate.stats.decide import Outcome
-from flyspec.gate.stats.monitor import Monitor
+from flyspec.gate.stats.monitor import Lane, Monitor
 
-Lane = tuple[str, int]
 NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
 DRAIN_SHARE = 0.6
 """How much of a full answer's latency the answers in flight still need, on average, when admission stops
