@@ -79,7 +79,7 @@ class JudgedPairs:
         position not yet stored. Returns the pair's graded items when nothing had to be asked."""
         key = (job.question.dataset, job.question.id)
         got = self.answers.setdefault(key, {})
-        got[(job.arm, job.repeat)] = (job, completion)
+        got[job.lane] = (job, completion)
         if len(got) < 2:
             return []
         first, second = got[self.first][1].text, got[self.second][1].text

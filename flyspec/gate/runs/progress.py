@@ -94,12 +94,6 @@ class GateProgress:
     def _minutes(self) -> float:
         return (time.monotonic() - self.started) / 60.0
 
-    def _pairs_per_minute(self) -> float:
-        m = self.monitor
-        if m is None or self.session_pairs_from is None:
-            return 0.0
-        return (m.prefix - self.session_pairs_from) / max(self._minutes(), 1e-9)
-
     def _update_forecast(self) -> None:
         m = self.monitor
         if m is None or self.session_pairs_from is None or m.stop is not None:
@@ -115,7 +109,7 @@ class GateProgress:
             alpha=m.plan.alpha,
             max_questions=m.plan.max_questions,
             population_size=m.plan.sequence_population,
-            pairs_per_minute=self._pairs_per_minute(),
+            pairs_per_minute=new_pairs / max(self._minutes(), 1e-9),
             minutes_left=left,
         )
         if self._warned or self.outlook is None:

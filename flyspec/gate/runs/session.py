@@ -178,16 +178,12 @@ class Session:
         for job, completion, g in items:
             self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
             q = job.question
-            for name, monitor in self.monitors.items():
-                stop = monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct)
-                if stop is not None:
-                    stops[name] = stop
-            bar.add((job.arm, job.repeat), g.correct)
+            added = {n: m.add(*job.lane, q.dataset, q.id, g.correct) for n, m in self.monitors.items()}
+            stops.update({n: stop for n, stop in added.items() if stop is not None})
+            bar.add(job.lane, g.correct)
         for key, pair in self.judged.take_pairs() if self.judged is not None else []:
-            for name, monitor in self.monitors.items():
-                stop = monitor.add_pair(key, pair)
-                if stop is not None:
-                    stops[name] = stop
+            added = {n: m.add_pair(key, pair) for n, m in self.monitors.items()}
+            stops.update({n: stop for n, stop in added.items() if stop is not None})
         return stops
 
     def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
@@ -209,7 +205,7 @@ class Session:
         if not grader.pairwise:
             return [(job, completion, grade(q.grader, completion.text, q.answer))]
         key = (q.dataset, q.id)
-        if (job.arm, job.repeat) == self.lanes[0]:
+        if job.lane == self.lanes[0]:
             self.references[key] = completion.text
             own = grade_against_baseline(q.grader, completion.text, completion.text)[0]
             waiting = self.waiting.pop(key, [])
@@ -418,7 +414,7 @@ class Session:
                 continue
             # The lanes this executor answered in this session: a shared engine whose other lane was
             # already stored (a tune's baseline) ran one lane alone, and its busy time is that lane's.
-            answered = {(job.arm, job.repeat) for job in todo}
+            answered = {job.lane for job in todo}
             lanes = [lane for lane in self.lanes if lane in answered]
             arm, repeat = lanes[0] if len(lanes) == 1 else ("+".join(f"{a}#{r}" for a, r in lanes), -1)
             self.store.add_batch(
