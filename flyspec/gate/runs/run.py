@@ -339,14 +339,11 @@ def _comparisons(
     judged run's sequence is the prediction-powered one at its gold-label rate."""
     if options.candidate is None:
         return []
-    judged = (
-        {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
-    )
     n, order_seed = len(chosen.questions), options.question_order_seed
 
     def comparison(name: str, margin: float, alpha: float, role: str) -> ComparisonPlan:
         sequential = (
-            SequentialPlan(margin, alpha, n, chosen.pool, order_seed, population, **judged)
+            sequential_plan(margin, alpha, n, chosen.pool, order_seed, population, gold)
             if options.sequential
             else None
         )
@@ -360,6 +357,15 @@ def _comparisons(
             for name in options.controls
         ),
     ]
+
+
+def sequential_plan(
+    margin: float, alpha: float, n: int, pool: int, order_seed: int, population: str, gold: Gold | None
+) -> SequentialPlan:
+    """A comparison's sequential plan; a judged run's (``gold``) is the prediction-powered one."""
+    if gold is None:
+        return SequentialPlan(margin, alpha, n, pool, order_seed, population)
+    return SequentialPlan(margin, alpha, n, pool, order_seed, population, JUDGED_METHOD, gold.rate, gold.bet)
 
 
 def _registration(planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan]) -> Registration:

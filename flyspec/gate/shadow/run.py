@@ -41,10 +41,10 @@ from flyspec.gate.grading.graders import (
 from flyspec.gate.report.build import Report, build_report
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.register import commit
+from flyspec.gate.runs.run import sequential_plan
 from flyspec.gate.runs.session import answer_record
 from flyspec.gate.shadow.pairs import DATASET, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
-from flyspec.gate.stats.decide import FAIL, PASS, check_margin_alpha
-from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialPlan
+from flyspec.gate.stats.decide import FAIL, PASS, SUPERPOPULATION, check_margin_alpha
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +111,8 @@ def shadow_registration(
     plan: ShadowPlan, baseline: OpenAIArm, candidate: OpenAIArm, sampling: Mapping[str, object]
 ) -> Registration:
     """A sequential gate run (i.i.d. claim) of ``candidate`` against ``baseline``, sampled by ``sampling``."""
-    gold = plan.gold
-    judged = (
-        {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
-    )
-    sequential = SequentialPlan(plan.margin, plan.alpha, plan.max_pairs, plan.max_pairs, plan.seed, **judged)
+    gold, n = plan.gold, plan.max_pairs
+    sequential = sequential_plan(plan.margin, plan.alpha, n, n, plan.seed, SUPERPOPULATION, gold)
     return Registration(
         kind="gate",
         margin=plan.margin,
