@@ -65,7 +65,7 @@ class JudgedPairs:
         }
         self.answers: dict[QuestionKey, dict[Lane, tuple[Job, Completion]]] = {}
         self.preferences: dict[QuestionKey, dict[str, str]] = {}
-        self.futures: dict[Future[Verdict], tuple[QuestionKey, str]] = {}
+        self.futures: dict[Future[Verdict], tuple[QuestionKey, str, str]] = {}
         self.client: JudgeClient | None = None
         self.error: BaseException | None = None
 
@@ -95,7 +95,7 @@ class JudgedPairs:
                 if self.client is None:
                     self.client = JudgeClient(self.judge)
                 future = self.client.submit(job.question, position, first, second)
-                self.futures[future] = (key, position)
+                self.futures[future] = (key, position, digest)
         return self._ready(key)
 
     def poll(self, timeout: float) -> list[Item]:
@@ -106,14 +106,12 @@ class JudgedPairs:
         done, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
         items: list[Item] = []
         for future in done:
-            key, position = self.futures.pop(future)
+            key, position, digest = self.futures.pop(future)
             try:
                 verdict = future.result()
             except Exception as exc:  # handed to the session, which stops the run cleanly
                 self.error = self.error or exc
                 continue
-            got = self.answers[key]
-            first, second = got[self.first][1].text, got[self.second][1].text
             self.store.add_judgement(
                 self.run_id,
                 JudgementRecord(
@@ -122,7 +120,7 @@ class JudgedPairs:
                     first_lane=self.labels[0],
                     second_lane=self.labels[1],
                     position=position,
-                    pair_sha256=pair_hash(first, second),
+                    pair_sha256=digest,
                     verdict=verdict.verdict,
                     preferred=verdict.preferred,
                     output=verdict.output,
