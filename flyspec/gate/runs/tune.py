@@ -32,7 +32,7 @@ from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.runs.progress import announce_sandbox, log
 from flyspec.gate.runs.register import population, register, used_questions
-from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan
+from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan, sequential_plan
 from flyspec.gate.runs.session import Clock, Session
 from flyspec.gate.runs.settings import RunSettings, check_int, flag
 from flyspec.gate.stats.decide import PASS, PAUSES
@@ -399,8 +399,8 @@ def _registration(
         order=QuestionOrder(o.question_order_seed, ORDER_RULE, chosen.pool + len(chosen.calibration)),
         max_questions=o.max_questions,
         design="sequential" if o.sequential else "fixed",
-        sequential=SequentialPlan(
-            o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim
+        sequential=sequential_plan(
+            o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim, None
         )
         if o.sequential
         else None,
