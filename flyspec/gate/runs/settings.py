@@ -72,10 +72,8 @@ def flags(options: type, command: str | None = None) -> list[tuple[str, Flag]]:
     every = [(f, _typed(f, f.metadata["flag"])) for f in fields(options) if "flag" in f.metadata]
     shown = [(f, x) for f, x in every if command is None or command in x.commands]
     own = set(getattr(options, "__annotations__", {}))
-    first = [(f.name, x) for f, x in shown if is_required(f)]
-    mine = [(f.name, x) for f, x in shown if not is_required(f) and f.name in own]
-    rest = [(f.name, x) for f, x in shown if not is_required(f) and f.name not in own]
-    return first + mine + rest
+    shown.sort(key=lambda pair: 0 if is_required(pair[0]) else 1 if pair[0].name in own else 2)  # stable
+    return [(f.name, x) for f, x in shown]
 
 
 def _typed(item: Field[object], x: Flag) -> Flag:
