@@ -373,8 +373,7 @@ def _with_settings(options: TuneOptions) -> tuple[TunePlan, SettingsById]:
 
 
 def _common(planned: TunePlan, settings: SettingsById, chosen: Chosen, kind: str) -> Registration:
-    """What the calibration run and the tune run both register: the run's keys, the settings, and the
-    runs whose questions were left out."""
+    """What the calibration and tune runs both register: the run's keys, settings and left-out runs."""
     o = planned.options
     excluded = Excluded(o.exclude_runs, len(chosen.left_out)) if o.exclude_runs else None
     records = tuple(s.record for s in settings.values())
@@ -430,8 +429,7 @@ def _calibrate(
 
 
 def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, float | None]]:
-    """Per arm of a calibration run: tokens/s over its engine's busy time, mean acceptance length and
-    forgiven share."""
+    """Per arm of a calibration run: tokens/s, mean acceptance length and forgiven share."""
     return lane_speeds(store, run_id, first_repeat_only=False)
 
 
@@ -481,8 +479,7 @@ def _test(
     setting: TuneSetting,
     clock: Clock,
 ) -> str:
-    """Test one setting, sequentially by the registered plan, against the stored (and, where missing, new)
-    baseline answers."""
+    """Test one setting (by the registered ``sequential`` plan) against the stored or new baseline answers."""
     o = planned.options
     lanes = (BASELINE, (setting.id, 0))
     monitors: dict[str, Monitor] = {}
