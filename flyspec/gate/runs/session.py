@@ -160,13 +160,12 @@ class Session:
         live = self.live_lanes()
         seed = self.options.seed
         lanes = [lane for lane in self.lanes if lane[0] in executor.arms and lane in live]
-        jobs = [
+        return [
             Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
             for position, q in enumerate(self.questions)
             for arm, repeat in lanes
             if (arm, repeat, q.dataset, q.id) not in self.done
         ]
-        return jobs
 
     def _store(self, items: list[Item], bar: GateProgress) -> dict[str, Outcome]:
         """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
