@@ -181,24 +181,15 @@ class TuneOptions(RunSettings):
 
 
 @dataclass(frozen=True)
-class TuneSetting:
-    """One candidate: its arm name in the store (``s1``, ``s2``, ... in the order given), a label for
-    people, the speculative config to paste, and the arm that runs it."""
+class TuneSetting(SettingRecord):
+    """One candidate as registered, and the arm that runs it."""
 
-    id: str
-    label: str
-    speculative_config: Settings
     arm: Arm
 
     @property
     def record(self) -> SettingRecord:
         """The setting as the tune registers it."""
         return SettingRecord(self.id, self.label, self.speculative_config)
-
-    @property
-    def title(self) -> str:
-        """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
-        return self.record.title
 
 
 def label(spec: Mapping[str, object], reference: Mapping[str, object] | None) -> str:
@@ -245,15 +236,15 @@ def _setting(index: int, entry: object, baseline: Arm, reference: Settings | Non
         arm = parse_arm(setting_id, load_arm_spec(entry["arm"], setting_id))
         if arm.settings_visible and _lossy_spec(arm.speculative_config, where) != spec:
             raise ValueError(f"{where}: the engine arm's speculative_config differs from the one given")
-        return TuneSetting(setting_id, label(spec, reference), spec, arm)
-    if reference is None or not baseline.settings_visible:
+    elif reference is None or not baseline.settings_visible:
         raise ValueError(
             f"{where}: with an endpoint baseline every candidate needs its own arm: "
             '{"arm": {...}, "speculative_config": {...}}'
         )
-    policy = policy_of(entry) or DEFAULT_POLICY
-    spec = _lossy_spec({**reference, "rejection_sample_method": policy, **entry}, where)
-    arm = baseline.variant(setting_id, spec)
+    else:
+        policy = policy_of(entry) or DEFAULT_POLICY
+        spec = _lossy_spec({**reference, "rejection_sample_method": policy, **entry}, where)
+        arm = baseline.variant(setting_id, spec)
     return TuneSetting(setting_id, label(spec, reference), spec, arm)
 
 
