@@ -76,21 +76,6 @@ class Dispatcher:
 
     # ------------------------------------------------------------------------------------ control
 
-    def start(self) -> None:
-        """Start the background threads (one per way of driving that some executor asks for)."""
-        drivers = {"in_turns": self._drive_in_turns, "concurrently": self._drive_concurrently}
-        unknown = {ex.drive for ex in self.executors} - set(drivers)
-        if unknown:
-            raise ValueError(f"executor drive {sorted(unknown)}: must be one of {', '.join(drivers)}")
-        self._running = len(self.executors)
-        for drive, target in drivers.items():
-            members = [i for i, ex in enumerate(self.executors) if ex.drive == drive]
-            if members:
-                # Daemon: after Ctrl-C the process may exit while a step is still running.
-                thread = threading.Thread(target=target, args=(members,), daemon=True)
-                thread.start()
-                self._threads.append(thread)
-
     def stop(self) -> None:
         """Start no new job; what is in flight finishes and is still delivered."""
         self._stopped.set()
@@ -151,7 +136,19 @@ class Dispatcher:
             raise self._errors[0]
 
     def __enter__(self) -> Dispatcher:
-        self.start()
+        """Start the background threads (one per way of driving that some executor asks for)."""
+        drivers = {"in_turns": self._drive_in_turns, "concurrently": self._drive_concurrently}
+        unknown = {ex.drive for ex in self.executors} - set(drivers)
+        if unknown:
+            raise ValueError(f"executor drive {sorted(unknown)}: must be one of {', '.join(drivers)}")
+        self._running = len(self.executors)
+        for drive, target in drivers.items():
+            members = [i for i, ex in enumerate(self.executors) if ex.drive == drive]
+            if members:
+                # Daemon: after Ctrl-C the process may exit while a step is still running.
+                thread = threading.Thread(target=target, args=(members,), daemon=True)
+                thread.start()
+                self._threads.append(thread)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:

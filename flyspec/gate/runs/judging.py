@@ -28,9 +28,8 @@ from flyspec.gate.grading.graders import (
 )
 from flyspec.gate.stats.decide import Outcome
 from flyspec.gate.stats.judged import JudgedPair
-from flyspec.gate.stats.monitor import Monitor, SequentialPlan
+from flyspec.gate.stats.monitor import Lane, Monitor, SequentialPlan
 
-Lane = tuple[str, int]
 Item = tuple[Job, Completion, Grade]
 _WORDS = {
     "first": "baseline better",
@@ -66,7 +65,7 @@ class JudgedPairs:
         }
         self.answers: dict[QuestionKey, dict[Lane, tuple[Job, Completion]]] = {}
         self.preferences: dict[QuestionKey, dict[str, str]] = {}
-        self.futures: dict[Future[Verdict], tuple[QuestionKey, str]] = {}
+        self.futures: dict[Future[Verdict], tuple[QuestionKey, str, str]] = {}
         self.client: JudgeClient | None = None
         self.error: BaseException | None = None
 
@@ -80,7 +79,7 @@ class JudgedPairs:
         position not yet stored. Returns the pair's graded items when nothing had to be asked."""
         key = (job.question.dataset, job.question.id)
         got = self.answers.setdefault(key, {})
-        got[(job.arm, job.repeat)] = (job, completion)
+        got[job.lane] = (job, completion)
         if len(got) < 2:
             return []
         first, second = got[self.first][1].text, got[self.second][1].text
@@ -96,7 +95,7 @@ class JudgedPairs:
                 if self.client is None:
                     self.client = JudgeClient(self.judge)
                 future = self.client.submit(job.question, position, first, second)
-                self.futures[future] = (key, position)
+                self.futures[future] = (key, position, digest)
         return self._ready(key)
 
     def poll(self, timeout: float) -> list[Item]:
@@ -107,14 +106,12 @@ class JudgedPairs:
         done, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
         items: list[Item] = []
         for future in done:
-            key, position = self.futures.pop(future)
+            key, position, digest = self.futures.pop(future)
             try:
                 verdict = future.result()
             except Exception as exc:  # handed to the session, which stops the run cleanly
                 self.error = self.error or exc
                 continue
-            got = self.answers[key]
-            first, second = got[self.first][1].text, got[self.second][1].text
             self.store.add_judgement(
                 self.run_id,
                 JudgementRecord(
@@ -123,7 +120,7 @@ class JudgedPairs:
                     first_lane=self.labels[0],
                     second_lane=self.labels[1],
                     position=position,
-                    pair_sha256=pair_hash(first, second),
+                    pair_sha256=digest,
                     verdict=verdict.verdict,
                     preferred=verdict.preferred,
                     output=verdict.output,

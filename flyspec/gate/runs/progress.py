@@ -1,6 +1,6 @@
-"""The gate's progress on stderr (stdout carries only the report): a rich bar on a terminal (a fixed run's
-accuracies; a sequential run's interval against the margin, rate and forecast, flyspec/gate/stats/
-sizing.py), else one plain line per LINE_EVERY pairs.
+"""The gate's progress and notes (``log``) on stderr (stdout carries only the report): a rich bar on a
+terminal (a fixed run's accuracies; a sequential run's interval against the margin, rate and forecast,
+flyspec/gate/stats/sizing.py), else one plain line per LINE_EVERY pairs.
 """
 
 from __future__ import annotations
@@ -12,14 +12,26 @@ from collections import defaultdict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flyspec.gate.stats.monitor import Monitor, in_order_diffs
+from flyspec.gate.grading.graders import sandbox_notes
+from flyspec.gate.stats.monitor import Lane, Monitor, in_order_diffs
 from flyspec.gate.stats.sizing import MIN_PAIRS, Forecast, forecast
 
-Lane = tuple[str, int]
 FORECAST_EVERY = 10
 """New pairs between forecasts (each simulates a few hundred continuations, well under a second)."""
 LINE_EVERY = 25
 """Pairs between progress lines when stderr is not a terminal."""
+
+
+def log(message: str) -> None:
+    """Progress notes go to stderr, so that stdout carries only the report (and --json's last line)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def announce_sandbox(graders: set[str], who: str) -> None:
+    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
+    sandbox = sandbox_notes(graders)
+    for missing in sandbox["missing"] if sandbox is not None else []:
+        log(f"{who}: WARNING: the code sandbox runs without {missing}")
 
 
 class GateProgress:
@@ -82,12 +94,6 @@ class GateProgress:
     def _minutes(self) -> float:
         return (time.monotonic() - self.started) / 60.0
 
-    def _pairs_per_minute(self) -> float:
-        m = self.monitor
-        if m is None or self.session_pairs_from is None:
-            return 0.0
-        return (m.prefix - self.session_pairs_from) / max(self._minutes(), 1e-9)
-
     def _update_forecast(self) -> None:
         m = self.monitor
         if m is None or self.session_pairs_from is None or m.stop is not None:
@@ -103,7 +109,7 @@ class GateProgress:
             alpha=m.plan.alpha,
             max_questions=m.plan.max_questions,
             population_size=m.plan.sequence_population,
-            pairs_per_minute=self._pairs_per_minute(),
+            pairs_per_minute=new_pairs / max(self._minutes(), 1e-9),
             minutes_left=left,
         )
         if self._warned or self.outlook is None:
@@ -127,7 +133,7 @@ class GateProgress:
         if self.interactive:
             self.bar.console.print(line, highlight=False, soft_wrap=True)
         else:
-            print(line, file=sys.stderr, flush=True)
+            log(line)
 
     @staticmethod
     def _interval(name: str, m: Monitor, with_name: bool) -> str:

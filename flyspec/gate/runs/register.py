@@ -29,7 +29,7 @@ from flyspec.gate.data.ledger import (
 from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import GateStore, RegisteredQuestion, RunRecord
-from flyspec.gate.runs.session import log
+from flyspec.gate.runs.progress import log
 from flyspec.gate.stats.decide import SUPERPOPULATION
 from flyspec.gate.stats.spending import MAX_BUDGET, Look, NextLook, next_look
 
@@ -65,7 +65,22 @@ def register(
     )
     if registration.comparisons:
         check_alpha_left(store, run_id, final, questions)
-    new = store.register(run_id, final, listed)
+    return commit(store, run_id, final, listed)
+
+
+def commit(
+    store: GateStore,
+    run_id: str,
+    registration: Registration,
+    listed: list[RegisteredQuestion],
+    holds_data: bool = False,
+) -> bool:
+    """Register ``run_id`` (its stored bets kept; a resume with other settings refused, as when answers
+    exist when ``holds_data``: a shadow's mirrored pairs) and record its looks; True when it is new."""
+    registration = store.keeping_bets(run_id, registration)
+    if holds_data:
+        store.check_resumable(run_id, registration, listed, holds_data=True)
+    new = store.register(run_id, registration, listed)
     record_looks(store, run_id)
     return new
 

@@ -32,18 +32,18 @@ from flyspec.gate.data.store import GateStore, RunNotes
 from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.grading.graders import check_reference, model_graded, model_graded_names, sandbox_notes
 from flyspec.gate.runs.judging import JudgedRunMonitor
+from flyspec.gate.runs.progress import announce_sandbox, log
 from flyspec.gate.runs.register import (
     identified,
     ledger,
     population,
     register,
     store_carried,
-    stored_served,
     used_questions,
 )
-from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
+from flyspec.gate.runs.session import Clock, Session
 from flyspec.gate.runs.settings import ArmSpec, GateOptions, RunSettings
-from flyspec.gate.stats.monitor import JUDGED_METHOD, Monitor, SequentialPlan
+from flyspec.gate.stats.monitor import JUDGED_METHOD, Lane, Monitor, SequentialPlan
 
 ORDER_RULE = "sha256(seed:dataset:id) ascending"
 FAMILY_PROCEDURE = (
@@ -51,7 +51,6 @@ FAMILY_PROCEDURE = (
     "alpha, so the chance of any wrong PASS or FAIL among them is at most alpha"
 )
 Options = TypeVar("Options", bound=RunSettings)
-Lane = tuple[str, int]
 Datasets = dict[str, tuple[str, list[Question]]]  # by report name: its spec as given, every question
 
 
@@ -262,11 +261,11 @@ def run(options: GateOptions) -> RunResult:
     planned = plan(options)
     run_id = options.name
     with GateStore(options.store) as store, StoreLock(store.path, run_id):
-        chosen = _choose(store, planned)
+        claim = population(store, run_id, options.population)
+        chosen = _choose(store, planned, claim)
         if chosen.left_out_by:
             by = ", ".join(chosen.left_out_by)
             log(f"gate: leaving out {len(chosen.left_out)} questions used by run(s) {by}")
-        claim = population(store, run_id, options.population)
         comparisons = _comparisons(options, chosen, claim, planned.gold)
         executors = make_executors(list(planned.arms.values()))
         # An engine's KV cache holds what this run can use, not max_num_seqs requests of max_model_len.
@@ -295,7 +294,7 @@ def _lanes(planned: GatePlan) -> list[Lane]:
     return [("baseline", 0), ("baseline", 1)]
 
 
-def _choose(store: GateStore, planned: GatePlan) -> Chosen:
+def _choose(store: GateStore, planned: GatePlan, claim: str) -> Chosen:
     """The run's questions: the seeded order without every earlier pilot's (for a gate run) and
     --exclude-run's, led by the fixed run a sequential continuation carries."""
     options = planned.options
@@ -308,14 +307,14 @@ def _choose(store: GateStore, planned: GatePlan) -> Chosen:
     names = [n for n in dict.fromkeys(names) if n != options.name]
     left_out = used_questions(store, names)
     chosen = choose(planned, left_out, names)
-    carry = _carry(store, planned, chosen)
+    carry = _carry(store, planned, chosen, claim)
     if carry is None:
         return chosen
     first = [(q.dataset, q.question_id) for q in store.questions(carry)]
     return replace(choose(planned, left_out, names, first), carry=carry)
 
 
-def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
+def _carry(store: GateStore, planned: GatePlan, chosen: Chosen, claim: str) -> str | None:
     """The fixed run whose answers a new sequential run (one candidate, no controls) carries: the ledger
     names one when that run is the only earlier look at the comparison on these questions."""
     o = planned.options
@@ -324,13 +323,8 @@ def _carry(store: GateStore, planned: GatePlan, chosen: Chosen) -> str | None:
         return existing.registered.carries
     if o.kind != "gate" or not o.sequential or o.controls:
         return None
-    claim = population(store, o.name, o.population)
-    sequential = SequentialPlan(o.margin, o.alpha, chosen.pool, chosen.pool, o.question_order_seed, claim)
-    budget = float(o.alpha_budget) if o.alpha_budget is not None else None
-    guess = Registration(
-        "gate", o.margin, o.alpha, alpha_budget=budget, design="sequential", sequential=sequential
-    )
-    guess = identified(guess, planned.arms, planned.judge, stored_served(store, o.name))
+    guess = _registration(planned, chosen, _comparisons(o, chosen, claim, planned.gold))
+    guess = identified(guess, planned.arms, planned.judge, {})
     carry = ledger(store, o.name, guess, chosen.questions).carry
     fixed = store.get_run(carry) if carry is not None else None
     if fixed is None or fixed.kind != "gate" or fixed.registered.design != "fixed":
@@ -345,14 +339,11 @@ def _comparisons(
     judged run's sequence is the prediction-powered one at its gold-label rate."""
     if options.candidate is None:
         return []
-    judged = (
-        {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
-    )
     n, order_seed = len(chosen.questions), options.question_order_seed
 
     def comparison(name: str, margin: float, alpha: float, role: str) -> ComparisonPlan:
         sequential = (
-            SequentialPlan(margin, alpha, n, chosen.pool, order_seed, population, **judged)
+            sequential_plan(margin, alpha, n, chosen.pool, order_seed, population, gold)
             if options.sequential
             else None
         )
@@ -366,6 +357,15 @@ def _comparisons(
             for name in options.controls
         ),
     ]
+
+
+def sequential_plan(
+    margin: float, alpha: float, n: int, pool: int, order_seed: int, population: str, gold: Gold | None
+) -> SequentialPlan:
+    """A comparison's sequential plan; a judged run's (``gold``) is the prediction-powered one."""
+    if gold is None:
+        return SequentialPlan(margin, alpha, n, pool, order_seed, population)
+    return SequentialPlan(margin, alpha, n, pool, order_seed, population, JUDGED_METHOD, gold.rate, gold.bet)
 
 
 def _registration(planned: GatePlan, chosen: Chosen, comparisons: list[ComparisonPlan]) -> Registration:

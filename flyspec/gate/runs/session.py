@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import sys
 import time
 from collections.abc import Callable
 
@@ -14,15 +13,14 @@ from flyspec.gate.arms.judge import Judge
 from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunNotes
-from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named, sandbox_notes
+from flyspec.gate.grading.graders import Grade, grade, grade_against_baseline, grader_named
 from flyspec.gate.runs.dispatch import Answer, Dispatcher
 from flyspec.gate.runs.judging import Item, JudgedPairs
-from flyspec.gate.runs.progress import GateProgress
+from flyspec.gate.runs.progress import GateProgress, log
 from flyspec.gate.runs.settings import RunSettings
 from flyspec.gate.stats.decide import Outcome
-from flyspec.gate.stats.monitor import Monitor
+from flyspec.gate.stats.monitor import Lane, Monitor
 
-Lane = tuple[str, int]
 NOT_GRADED = "not graded (a calibration answer: it measures speed only)"
 DRAIN_SHARE = 0.6
 """How much of a full answer's latency the answers in flight still need, on average, when admission stops
@@ -58,16 +56,29 @@ def question_seed(run_seed: int, dataset: str, question_id: str, repeat: int = 0
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def log(message: str) -> None:
-    """Progress notes go to stderr, so that stdout carries only the report (and --json's last line)."""
-    print(message, file=sys.stderr, flush=True)
-
-
-def announce_sandbox(graders: set[str], who: str) -> None:
-    """Once at the start of a run with code questions: say which protections the code sandbox lacks here."""
-    sandbox = sandbox_notes(graders)
-    for missing in sandbox["missing"] if sandbox is not None else []:
-        log(f"{who}: WARNING: the code sandbox runs without {missing}")
+def answer_record(job: Job, completion: Completion, g: Grade) -> AnswerRecord:
+    """The stored record of a graded answer (a gate session's or a shadow run's)."""
+    q = job.question
+    acc = completion.acceptance
+    return AnswerRecord(
+        arm=job.arm,
+        repeat=job.repeat,
+        dataset=q.dataset,
+        question_id=q.id,
+        seed=job.seed,
+        output=completion.text,
+        extracted=g.extracted,
+        correct=g.correct,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        latency_s=completion.latency_s,
+        num_drafts=acc.num_drafts if acc else None,
+        num_draft_tokens=acc.num_draft_tokens if acc else None,
+        num_accepted_tokens=acc.num_accepted_tokens if acc else None,
+        num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
+        source=completion.source,
+    )
 
 
 class Session:
@@ -149,36 +160,29 @@ class Session:
         live = self.live_lanes()
         seed = self.options.seed
         lanes = [lane for lane in self.lanes if lane[0] in executor.arms and lane in live]
-        jobs = [
+        return [
             Job(arm, repeat, q, question_seed(seed, q.dataset, q.id, repeat), position)
             for position, q in enumerate(self.questions)
             for arm, repeat in lanes
             if (arm, repeat, q.dataset, q.id) not in self.done
         ]
-        return jobs
 
     def _store(self, items: list[Item], bar: GateProgress) -> dict[str, Outcome]:
         """Commit graded answers in one transaction (a judged pair is stored whole or not at all), then
         update the monitors and the bar; returns the comparisons' sequential stops they caused."""
         if not items:
             return {}
-        self.store.add_answers(
-            self.run_id, [self._record(job, completion, g) for job, completion, g in items]
-        )
+        self.store.add_answers(self.run_id, [answer_record(*item) for item in items])
         stops: dict[str, Outcome] = {}
         for job, completion, g in items:
             self._note_fingerprint(job.arm, completion.source, completion.system_fingerprint)
             q = job.question
-            for name, monitor in self.monitors.items():
-                stop = monitor.add(job.arm, job.repeat, q.dataset, q.id, g.correct)
-                if stop is not None:
-                    stops[name] = stop
-            bar.add((job.arm, job.repeat), g.correct)
+            added = {n: m.add(*job.lane, q.dataset, q.id, g.correct) for n, m in self.monitors.items()}
+            stops.update({n: stop for n, stop in added.items() if stop is not None})
+            bar.add(job.lane, g.correct)
         for key, pair in self.judged.take_pairs() if self.judged is not None else []:
-            for name, monitor in self.monitors.items():
-                stop = monitor.add_pair(key, pair)
-                if stop is not None:
-                    stops[name] = stop
+            added = {n: m.add_pair(key, pair) for n, m in self.monitors.items()}
+            stops.update({n: stop for n, stop in added.items() if stop is not None})
         return stops
 
     def _graded(self, answer: Answer) -> list[tuple[Job, Completion, Grade]]:
@@ -200,7 +204,7 @@ class Session:
         if not grader.pairwise:
             return [(job, completion, grade(q.grader, completion.text, q.answer))]
         key = (q.dataset, q.id)
-        if (job.arm, job.repeat) == self.lanes[0]:
+        if job.lane == self.lanes[0]:
             self.references[key] = completion.text
             own = grade_against_baseline(q.grader, completion.text, completion.text)[0]
             waiting = self.waiting.pop(key, [])
@@ -211,30 +215,6 @@ class Session:
             self.waiting.setdefault(key, []).append((job, completion))
             return []
         return [(job, completion, grade_against_baseline(q.grader, reference, completion.text)[1])]
-
-    @staticmethod
-    def _record(job: Job, completion: Completion, g: Grade) -> AnswerRecord:
-        q = job.question
-        acc = completion.acceptance
-        return AnswerRecord(
-            arm=job.arm,
-            repeat=job.repeat,
-            dataset=q.dataset,
-            question_id=q.id,
-            seed=job.seed,
-            output=completion.text,
-            extracted=g.extracted,
-            correct=g.correct,
-            finish_reason=completion.finish_reason,
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            latency_s=completion.latency_s,
-            num_drafts=acc.num_drafts if acc else None,
-            num_draft_tokens=acc.num_draft_tokens if acc else None,
-            num_accepted_tokens=acc.num_accepted_tokens if acc else None,
-            num_forgiven_tokens=acc.num_forgiven_tokens if acc and completion.forgiven_reported else None,
-            source=completion.source,
-        )
 
     def _note_fingerprint(self, arm: str, url: str, fingerprint: str | None) -> None:
         if fingerprint is None:
@@ -433,7 +413,7 @@ class Session:
                 continue
             # The lanes this executor answered in this session: a shared engine whose other lane was
             # already stored (a tune's baseline) ran one lane alone, and its busy time is that lane's.
-            answered = {(job.arm, job.repeat) for job in todo}
+            answered = {job.lane for job in todo}
             lanes = [lane for lane in self.lanes if lane in answered]
             arm, repeat = lanes[0] if len(lanes) == 1 else ("+".join(f"{a}#{r}" for a, r in lanes), -1)
             self.store.add_batch(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, MISSING, Field, dataclass, field, fields
+from dataclasses import KW_ONLY, MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,18 +21,20 @@ COMMANDS = ("run", "pilot", "tune")
 RUNS = ("run", "pilot")
 T = TypeVar("T")
 OptionType = type | types.GenericAlias
+OPTION_TYPES: dict[str, OptionType] = {"int": int, "float": float, "bool": bool, "tuple[str, ...]": list[str]}
 
 
 @dataclass(frozen=True)
 class Flag:
     """How one setting is given: its option, help (``helps``: per command), the commands that show it, its
-    type there, ``parse`` (given value -> field's), ``negate`` (a switch that sets False), whether a
-    ``--config`` file may set it, and the commands that require it though the field has a default."""
+    type there (by default its field's: ``float | None`` is float, ``tuple[str, ...]`` a list, the rest
+    str), ``parse`` (given value -> field's), ``negate`` (a switch that sets False), whether a ``--config``
+    file may set it, and the commands that require it though the field has a default."""
 
     option: str
     help: str
     commands: tuple[str, ...] = COMMANDS
-    type: OptionType = str
+    type: OptionType | None = None
     helps: Mapping[str, str] = field(default_factory=dict)
     parse: Callable[..., object] | None = None
     negate: bool = False
@@ -67,13 +69,17 @@ def is_required(item: Field[object]) -> bool:
 def flags(options: type, command: str | None = None) -> list[tuple[str, Flag]]:
     """``(field, flag)`` of each setting of ``options`` (on ``command``: those it shows), in the order the
     command shows them: the settings every run needs, then the command's own, then the shared ones."""
-    every = [(f, f.metadata["flag"]) for f in fields(options) if "flag" in f.metadata]
+    every = [(f, _typed(f, f.metadata["flag"])) for f in fields(options) if "flag" in f.metadata]
     shown = [(f, x) for f, x in every if command is None or command in x.commands]
     own = set(getattr(options, "__annotations__", {}))
-    first = [(f.name, x) for f, x in shown if is_required(f)]
-    mine = [(f.name, x) for f, x in shown if not is_required(f) and f.name in own]
-    rest = [(f.name, x) for f, x in shown if not is_required(f) and f.name not in own]
-    return first + mine + rest
+    shown.sort(key=lambda pair: 0 if is_required(pair[0]) else 1 if pair[0].name in own else 2)  # stable
+    return [(f.name, x) for f, x in shown]
+
+
+def _typed(item: Field[object], x: Flag) -> Flag:
+    if x.type is not None:
+        return x
+    return replace(x, type=OPTION_TYPES.get(str(item.type).removesuffix(" | None"), str))
 
 
 def config_keys(options: type) -> list[str]:
@@ -168,8 +174,6 @@ class RunSettings:
         metadata=flag(
             "--dataset",
             "gsm8k, math500, humaneval, aime:PATH, gpqa:PATH, mbpp:PATH or a JSONL path; repeat for several.",
-            type=list[str],
-            parse=tuple,
         )
     )
     baseline: ArmSpec = field(
@@ -183,7 +187,6 @@ class RunSettings:
         metadata=flag(
             "--margin",
             "Tolerated accuracy loss, fraction in (0, 1), registered before the run.",
-            type=float,
             helps={
                 "pilot": "The margin you plan to register (fraction), to size the real run.",
                 "tune": "Tolerated accuracy loss, fraction in (0, 1), registered.",
@@ -196,7 +199,6 @@ class RunSettings:
         metadata=flag(
             "--alpha",
             "One-sided level (default 0.025: 95% interval).",
-            type=float,
             helps={"tune": "One-sided level of each test and of the whole tune (default 0.025)."},
         ),
     )
@@ -206,7 +208,6 @@ class RunSettings:
             "--max-questions",
             "The first N questions of the seeded order over all datasets (a sequential run's maximum; "
             "default: every question).",
-            type=int,
             helps={
                 "tune": "Test questions: the next N of the seeded order after the calibration ones (default: "
                 "all)."
@@ -218,27 +219,24 @@ class RunSettings:
         metadata=flag(
             "--max-minutes",
             "Stop answering after this long (models load first); rerunning the command continues.",
-            type=float,
         ),
     )
     temperature: float = field(
         default=0.0,
-        metadata=flag("--temperature", "Sampling temperature (default 0).", type=float),
+        metadata=flag("--temperature", "Sampling temperature (default 0)."),
     )
     top_p: float = field(
         default=1.0,
-        metadata=flag("--top-p", "Nucleus sampling mass (default 1.0).", type=float),
+        metadata=flag("--top-p", "Nucleus sampling mass (default 1.0)."),
     )
-    max_tokens: int = field(
-        default=512, metadata=flag("--max-tokens", "Answer length cap (default 512).", type=int)
-    )
+    max_tokens: int = field(default=512, metadata=flag("--max-tokens", "Answer length cap (default 512)."))
     seed: int = field(
         default=0,
-        metadata=flag("--seed", "Run seed; per-question seeds derive from it.", type=int),
+        metadata=flag("--seed", "Run seed; per-question seeds derive from it."),
     )
     order_seed: int | None = field(
         default=None,
-        metadata=flag("--order-seed", "Question-order seed (default: --seed).", type=int),
+        metadata=flag("--order-seed", "Question-order seed (default: --seed)."),
     )
     run_id: str | None = field(
         default=None,
@@ -253,7 +251,7 @@ class RunSettings:
     )
     shuffle_seed: int = field(
         default=0,
-        metadata=flag("--shuffle-seed", "GPQA's option order.", commands=(), type=int),
+        metadata=flag("--shuffle-seed", "GPQA's option order.", commands=()),
     )
     exclude_runs: tuple[str, ...] = field(
         default=(),
@@ -262,8 +260,6 @@ class RunSettings:
             "Leave out the questions this run of the store used (repeatable); pilots are always left out. "
             "Fresh questions are not a new look's budget: under the default claim every look at the same "
             "arms counts in the alpha ledger.",
-            type=list[str],
-            parse=tuple,
         ),
     )
     population: str | None = field(
@@ -287,12 +283,11 @@ class RunSettings:
             "INCONCLUSIVE fixed run. Looks are kept per user in the alpha ledger ($FLYSPEC_GATE_LEDGER, "
             "default in the flyspec cache) and every report shows the budget and the earlier looks.",
             commands=("run", "tune"),
-            type=float,
         ),
     )
     progress: bool = field(
         default=True,
-        metadata=flag("--no-progress", "No progress bar.", type=bool, negate=True, config=False),
+        metadata=flag("--no-progress", "No progress bar.", negate=True, config=False),
     )
 
     def __post_init__(self) -> None:
@@ -365,14 +360,13 @@ class GateOptions(RunSettings):
             "Stop at the first crossing of an anytime-valid confidence sequence (PASS or FAIL), at "
             "--max-questions, at --max-minutes or at Ctrl-C.",
             commands=("run",),
-            type=bool,
             parse=bool,
         ),
     )
     limit: int | None = field(
         default=None,
         metadata=flag(
-            "--limit", "The first N questions of each dataset's seeded random order.", commands=RUNS, type=int
+            "--limit", "The first N questions of each dataset's seeded random order.", commands=RUNS
         ),
     )
     judge: ArmSpec | None = field(
@@ -395,7 +389,6 @@ class GateOptions(RunSettings):
             "true loss of the margin and P(FAIL) <= alpha at no loss, for any judge); the judge's verdicts "
             "only sharpen it as far as the labels show them right.",
             commands=("run",),
-            type=float,
         ),
     )
     judge_all: bool = field(
@@ -405,7 +398,6 @@ class GateOptions(RunSettings):
             "The judge grades every question; each question's own grader labels the drawn pairs (to "
             "measure a judge against exact grading). Without it, people label with `gate label`.",
             commands=("run",),
-            type=bool,
         ),
     )
     controls: dict[str, ArmSpec] = field(
@@ -427,14 +419,11 @@ class GateOptions(RunSettings):
             "--control-alpha",
             "Each control's share of --alpha (default: a fifth of it).",
             commands=("run",),
-            type=float,
         ),
     )
     control_margin: float | None = field(
         default=None,
-        metadata=flag(
-            "--control-margin", "The controls' margin (default: --margin).", commands=("run",), type=float
-        ),
+        metadata=flag("--control-margin", "The controls' margin (default: --margin).", commands=("run",)),
     )
 
     def _check(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from flyspec.checks import is_int, load_json
+from flyspec.checks import load_json
 from flyspec.config import LOSSLESS_PREFIX_FIELD, SpeculativeConfig, lossy_policy_names, verification_policy
 from flyspec.gate.arms import make_executors, parse_arm
 from flyspec.gate.arms.base import Arm, Settings, load_arm_spec
@@ -30,10 +30,11 @@ from flyspec.gate.data.spec import (
 )
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.data.storefile import StoreLock
+from flyspec.gate.runs.progress import announce_sandbox, log
 from flyspec.gate.runs.register import population, register, used_questions
-from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan
-from flyspec.gate.runs.session import Clock, Session, announce_sandbox, log
-from flyspec.gate.runs.settings import RunSettings, flag
+from flyspec.gate.runs.run import ORDER_RULE, Chosen, Plan, RunResult, choose, plan, sequential_plan
+from flyspec.gate.runs.session import Clock, Session
+from flyspec.gate.runs.settings import RunSettings, check_int, flag
 from flyspec.gate.stats.decide import PASS, PAUSES
 from flyspec.gate.stats.monitor import Monitor, SequentialPlan
 from flyspec.policy_grid import expand_grid, policy_of
@@ -136,7 +137,6 @@ class TuneOptions(RunSettings):
             "Questions that measure speed (never graded, never test questions; default 8); 0 only with "
             "--order given.",
             commands=("tune",),
-            type=int,
         ),
     )
     sequential: bool = field(
@@ -145,7 +145,6 @@ class TuneOptions(RunSettings):
             "--fixed",
             "Fixed-size tests on every test question instead of sequential tests (default).",
             commands=("tune",),
-            type=bool,
             negate=True,
         ),
     )
@@ -156,10 +155,8 @@ class TuneOptions(RunSettings):
             raise ValueError(f"order={self.order!r}: must be one of {', '.join(ORDERS)}")
         if self.order_by not in ORDER_BY:
             raise ValueError(f"order_by={self.order_by!r}: must be one of {', '.join(ORDER_BY)}")
-        c = self.calibration_questions
-        if not is_int(c, 0):
-            raise ValueError(f"calibration_questions={c!r}: must be an integer >= 0")
-        if c == 0 and self.order == "speed":
+        check_int("calibration_questions", self.calibration_questions, 0)
+        if self.calibration_questions == 0 and self.order == "speed":
             raise ValueError(
                 "calibration_questions=0: the order by speed is measured on calibration questions; give "
                 "at least 1, or --order given"
@@ -184,24 +181,15 @@ class TuneOptions(RunSettings):
 
 
 @dataclass(frozen=True)
-class TuneSetting:
-    """One candidate: its arm name in the store (``s1``, ``s2``, ... in the order given), a label for
-    people, the speculative config to paste, and the arm that runs it."""
+class TuneSetting(SettingRecord):
+    """One candidate as registered, and the arm that runs it."""
 
-    id: str
-    label: str
-    speculative_config: Settings
     arm: Arm
 
     @property
     def record(self) -> SettingRecord:
         """The setting as the tune registers it."""
         return SettingRecord(self.id, self.label, self.speculative_config)
-
-    @property
-    def title(self) -> str:
-        """The label with its policy's name, e.g. ``FLy W=2, theta=0.3``."""
-        return self.record.title
 
 
 def label(spec: Mapping[str, object], reference: Mapping[str, object] | None) -> str:
@@ -248,15 +236,15 @@ def _setting(index: int, entry: object, baseline: Arm, reference: Settings | Non
         arm = parse_arm(setting_id, load_arm_spec(entry["arm"], setting_id))
         if arm.settings_visible and _lossy_spec(arm.speculative_config, where) != spec:
             raise ValueError(f"{where}: the engine arm's speculative_config differs from the one given")
-        return TuneSetting(setting_id, label(spec, reference), spec, arm)
-    if reference is None or not baseline.settings_visible:
+    elif reference is None or not baseline.settings_visible:
         raise ValueError(
             f"{where}: with an endpoint baseline every candidate needs its own arm: "
             '{"arm": {...}, "speculative_config": {...}}'
         )
-    policy = policy_of(entry) or DEFAULT_POLICY
-    spec = _lossy_spec({**reference, "rejection_sample_method": policy, **entry}, where)
-    arm = baseline.variant(setting_id, spec)
+    else:
+        policy = policy_of(entry) or DEFAULT_POLICY
+        spec = _lossy_spec({**reference, "rejection_sample_method": policy, **entry}, where)
+        arm = baseline.variant(setting_id, spec)
     return TuneSetting(setting_id, label(spec, reference), spec, arm)
 
 
@@ -323,7 +311,7 @@ def tune(options: TuneOptions) -> RunResult:
         for setting_id in order.settings:
             status = setting_status(store, run, setting_id)
             if not status.final:
-                reason = _test(store, planned, chosen, claim, settings[setting_id], clock)
+                reason = _test(store, planned, chosen, run.registered.sequential, settings[setting_id], clock)
                 if reason in PAUSES:
                     return RunResult(name, reason)
                 status = setting_status(store, run, setting_id)
@@ -376,8 +364,7 @@ def _with_settings(options: TuneOptions) -> tuple[TunePlan, SettingsById]:
 
 
 def _common(planned: TunePlan, settings: SettingsById, chosen: Chosen, kind: str) -> Registration:
-    """What the calibration run and the tune run both register: the run's keys, the settings, and the
-    runs whose questions were left out."""
+    """What the calibration and tune runs both register: the run's keys, settings and left-out runs."""
     o = planned.options
     excluded = Excluded(o.exclude_runs, len(chosen.left_out)) if o.exclude_runs else None
     records = tuple(s.record for s in settings.values())
@@ -402,12 +389,12 @@ def _registration(
         order=QuestionOrder(o.question_order_seed, ORDER_RULE, chosen.pool + len(chosen.calibration)),
         max_questions=o.max_questions,
         design="sequential" if o.sequential else "fixed",
-        sequential=_sequential_plan(o, chosen, claim) if o.sequential else None,
+        sequential=sequential_plan(
+            o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim, None
+        )
+        if o.sequential
+        else None,
     )
-
-
-def _sequential_plan(o: TuneOptions, chosen: Chosen, claim: str) -> SequentialPlan:
-    return SequentialPlan(o.margin, o.alpha, len(chosen.questions), chosen.pool, o.question_order_seed, claim)
 
 
 def _calibrate(
@@ -433,8 +420,7 @@ def _calibrate(
 
 
 def calibration_speeds(store: GateStore, run_id: str) -> dict[str, dict[str, float | None]]:
-    """Per arm of a calibration run: tokens/s over its engine's busy time, mean acceptance length and
-    forgiven share, from the stored answers and batches."""
+    """Per arm of a calibration run: tokens/s, mean acceptance length and forgiven share."""
     return lane_speeds(store, run_id, first_repeat_only=False)
 
 
@@ -477,15 +463,20 @@ def _order(store: GateStore, planned: TunePlan, settings: SettingsById) -> TestO
 
 
 def _test(
-    store: GateStore, planned: TunePlan, chosen: Chosen, claim: str, setting: TuneSetting, clock: Clock
+    store: GateStore,
+    planned: TunePlan,
+    chosen: Chosen,
+    sequential: SequentialPlan | None,
+    setting: TuneSetting,
+    clock: Clock,
 ) -> str:
-    """Test one setting against the stored (and, where missing, new) baseline answers."""
+    """Test one setting (by the registered ``sequential`` plan) against the stored or new baseline answers."""
     o = planned.options
     lanes = (BASELINE, (setting.id, 0))
     monitors: dict[str, Monitor] = {}
-    if o.sequential:
+    if sequential is not None:
         order = [(q.dataset, q.id) for q in chosen.questions]
-        monitors["candidate"] = Monitor(order, _sequential_plan(o, chosen, claim), lanes)
+        monitors["candidate"] = Monitor(order, sequential, lanes)
     session = Session(store, o, o.name, list(lanes), list(chosen.questions), monitors)
     log(f"gate tune: testing {setting.title} ({setting.id}) against the baseline")
     executors = make_executors([planned.baseline, setting.arm])

@@ -28,7 +28,7 @@ from flyspec.gate.data.spec import (
     Registration,
     ShadowRecord,
 )
-from flyspec.gate.data.store import AnswerRecord, GateStore, RegisteredQuestion
+from flyspec.gate.data.store import GateStore, RegisteredQuestion
 from flyspec.gate.data.storefile import StoreLock
 from flyspec.gate.grading.graders import (
     EQUIVALENCE,
@@ -40,10 +40,11 @@ from flyspec.gate.grading.graders import (
 )
 from flyspec.gate.report.build import Report, build_report
 from flyspec.gate.runs.judging import Item, JudgedPairs
-from flyspec.gate.runs.register import record_looks
+from flyspec.gate.runs.register import commit
+from flyspec.gate.runs.run import sequential_plan
+from flyspec.gate.runs.session import answer_record
 from flyspec.gate.shadow.pairs import DATASET, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
-from flyspec.gate.stats.decide import FAIL, PASS, check_margin_alpha
-from flyspec.gate.stats.monitor import JUDGED_METHOD, SequentialPlan
+from flyspec.gate.stats.decide import FAIL, PASS, SUPERPOPULATION, check_margin_alpha
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,8 @@ def shadow_registration(
     plan: ShadowPlan, baseline: OpenAIArm, candidate: OpenAIArm, sampling: Mapping[str, object]
 ) -> Registration:
     """A sequential gate run (i.i.d. claim) of ``candidate`` against ``baseline``, sampled by ``sampling``."""
-    gold = plan.gold
-    judged = (
-        {"method": JUDGED_METHOD, "label_rate": gold.rate, "label_bet": gold.bet} if gold is not None else {}
-    )
-    sequential = SequentialPlan(plan.margin, plan.alpha, plan.max_pairs, plan.max_pairs, plan.seed, **judged)
+    gold, n = plan.gold, plan.max_pairs
+    sequential = sequential_plan(plan.margin, plan.alpha, n, n, plan.seed, SUPERPOPULATION, gold)
     return Registration(
         kind="gate",
         margin=plan.margin,
@@ -142,26 +140,6 @@ def _completion(answer: ArmAnswer, source: str) -> Completion:
         latency_s=answer.latency_s,
         source=source,
         acceptance=answer.acceptance,
-    )
-
-
-def _record(job: Job, completion: Completion, grade: Grade) -> AnswerRecord:
-    acc = completion.acceptance
-    return AnswerRecord(
-        arm=job.arm,
-        repeat=job.repeat,
-        dataset=job.question.dataset,
-        question_id=job.question.id,
-        seed=job.seed,
-        output=completion.text,
-        extracted=grade.extracted,
-        correct=grade.correct,
-        finish_reason=completion.finish_reason,
-        prompt_tokens=completion.prompt_tokens,
-        completion_tokens=completion.completion_tokens,
-        latency_s=completion.latency_s,
-        source=completion.source,
-        **(acc.to_dict() if acc is not None else {}),  # the four acceptance counters, None where unreported
     )
 
 
@@ -229,7 +207,7 @@ class PairWorker:
         """Commit graded answers in one transaction (a pair's two answers together)."""
         if not items:
             return
-        self.store.add_answers(self.run_id, [_record(*item) for item in items])
+        self.store.add_answers(self.run_id, [answer_record(*item) for item in items])
         for job, _, _ in items:
             self.waiting.pop(job.question.id, None)
         if self.judged is not None:
@@ -300,17 +278,13 @@ class ShadowRun:
         self._lock = StoreLock(self.path, self.run_id).acquire()
         try:
             with GateStore(self.path) as store:
-                registration = store.keeping_bets(self.run_id, registration)
                 questions = store.questions(self.run_id)
-                holds_data = self.pairs.count() > 0  # a changed registration is refused once it holds data
-                store.check_resumable(self.run_id, registration, questions, holds_data=holds_data)
-                self.new = store.register(self.run_id, registration, questions)
-                record_looks(store, self.run_id)
+                self.new = commit(store, self.run_id, registration, questions, self.pairs.count() > 0)
+                self.registration = store.keeping_bets(self.run_id, registration)
         except BaseException:
             self._lock.release()
             self.pairs.close()
             raise
-        self.registration = registration
         self.stored = self.pairs.count()
         self.on_decided: Callable[[], object] = lambda: None
         self._inbox: queue.Queue[tuple[MirroredPair, Future[None]] | None] = queue.Queue()
