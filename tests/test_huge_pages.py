@@ -82,6 +82,10 @@ def test_int4_layers_stream_from_advised_memory_with_the_same_outputs(
         assert _advised(layer.packed) == THP and _advised(layer.scales_and_offsets) == THP
     monkeypatch.setenv("FLYSPEC_HUGE_PAGES", "0")
     plain = [Int4Linear(w, b, torch.bfloat16, prefill_copy=False) for w, b in weights]
-    assert not any(_advised(layer.packed) for layer in plain)
+    # Left where `pack` made them: torch's own (resizable) storage, not a fixed one over an arena mapping.
+    # Not "no hg flag": in two full-suite runs such ordinary memory already carried the flag (set by
+    # something outside this code), which says nothing about where the layer's tensors were put.
+    assert all(layer.packed.untyped_storage().resizable() for layer in plain)
+    assert not any(layer.packed.untyped_storage().resizable() for layer in model)
     assert torch.equal(model[0](x), plain[0](x))
     assert torch.equal(model[1](model[0](x)), plain[1](plain[0](x)))
