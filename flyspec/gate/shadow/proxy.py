@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from html import escape
 
@@ -25,9 +25,10 @@ from starlette.background import BackgroundTask
 
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.decisions import Step, interval_path
+from flyspec.gate.shadow.live import LiveDecision
 from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink, ShadowMetrics, ShadowSettings, Skip
 from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
-from flyspec.gate.shadow.run import LiveDecision, ShadowRun
+from flyspec.gate.shadow.run import ShadowRun
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the HTTP layer sets itself are never copied across.
 _HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -214,12 +215,13 @@ def _add_run_routes(
     app: FastAPI, run: ShadowRun, metrics: ShadowMetrics
 ) -> Callable[[], Awaitable[LiveDecision]]:
     """Add /decision and /status for ``run`` and its decision gauges to ``metrics``; returns what brings
-    the gauges up to date (before each scrape). Each is built from the store when asked, in a worker
-    thread, so it agrees with ``gate report`` at that moment and never holds the event loop."""
+    the gauges up to date from the run's live walk (before each scrape). /decision and /status build the
+    report from the store when asked, in a worker thread, so they agree with ``gate report`` at that
+    moment and never hold the event loop."""
     gauges = [Gauge(name, help_text, registry=metrics.registry) for name, help_text in _GAUGES]
 
     async def current() -> LiveDecision:
-        state = await asyncio.to_thread(run.decision)
+        state = await asyncio.to_thread(run.live)
         agreement = float("nan") if state.judge_agreement is None else state.judge_agreement
         values = (state.low, state.high, state.code, state.labels_waiting, agreement)
         for gauge, value in zip(gauges, values, strict=True):
@@ -228,45 +230,53 @@ def _add_run_routes(
 
     @app.get("/decision")
     async def decision() -> JSONResponse:
-        return JSONResponse((await current()).decision)
+        return JSONResponse(await asyncio.to_thread(run.decision))
 
-    def steps() -> list[Step]:  # the run's interval after each pair it counts, replayed from the store
+    def page() -> str:  # the report's decision and its walk replayed from the store: one moment's view
         with GateStore(run.path) as store:
-            return interval_path(store, run.run_id)
+            steps = interval_path(store, run.run_id)
+        return status_page(run, run.decision(), run.live(), run.pairs.count(), steps)
 
     @app.get("/status")
     async def status() -> HTMLResponse:
-        state = await current()
-        return HTMLResponse(status_page(run, state, await asyncio.to_thread(steps)))
+        return HTMLResponse(await asyncio.to_thread(page))
 
     return current
 
 
-def status_page(run: ShadowRun, state: LiveDecision, steps: Sequence[Step] = ()) -> str:
+def status_page(
+    run: ShadowRun,
+    decision: Mapping[str, object],
+    live: LiveDecision,
+    pairs: int,
+    steps: Sequence[Step] = (),
+) -> str:
     """The /status page: plain HTML with the interval over time as inline SVG, every value escaped."""
-    d = state.decision
-    margin = float(d.get("margin") or run.plan.margin)
-    agreement = (
-        "no gold label yet" if state.judge_agreement is None else f"{100 * state.judge_agreement:.0f}%"
-    )
+    d = decision
+    margin, low, high, agreement = (d.get(k) for k in ("margin", "low", "high", "judge_agreement"))
+    margin = margin if isinstance(margin, float) else run.plan.margin
+    interval = "no pair counted yet"
+    if isinstance(low, float) and isinstance(high, float):
+        interval = f"[{100 * low:+.1f} pts, {100 * high:+.1f} pts]"
+    agreement_text = f"{100 * agreement:.0f}%" if isinstance(agreement, float) else "no gold label yet"
     shadow = run.registration.shadow
     assert shadow is not None  # a shadow run registers its claim
     rows = [
         ("Decision", str(d.get("decision"))),
-        ("Interval of the net difference", f"[{100 * state.low:+.1f} pts, {100 * state.high:+.1f} pts]"),
+        ("Interval of the net difference", interval),
         (
             "Margin",
             f"-{100 * margin:.1f} pts (PASS once the low end is above it, FAIL once the high end is below)",
         ),
-        ("Pairs stored", str(state.pairs)),
+        ("Pairs stored", str(pairs)),
         ("Pairs the decision counts (in arrival order)", str(d.get("n"))),
         ("Alpha", str(d.get("alpha"))),
     ]
     if run.plan.judge is not None:
         label = f"flyspec gate label --store {run.path} --run {run.run_id}"
         rows += [
-            ("Gold labels waiting", f"{state.labels_waiting} (give them with `{label}`)"),
-            ("Judge agreement with gold", agreement),
+            ("Gold labels waiting", f"{live.labels_waiting} (give them with `{label}`)"),
+            ("Judge agreement with gold", agreement_text),
         ]
     table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return (

@@ -1,7 +1,8 @@
 """A shadow run (docs/shadow.md): registered before the first mirrored request; its worker thread
 (``PairWorker``) commits each pair and registers it as the next question before the sink returns (a
 ``kill -9`` loses at most the pairs in flight), then grades it against the baseline's answer or has it
-judged in both orders. The decision is the report's; once it is PASS or FAIL, ``on_decided`` runs.
+judged in both orders, and hands what it stored to the run's live walk (live.py). Once that walk stops
+at PASS or FAIL, ``on_decided`` runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flyspec.checks import is_number
 from flyspec.gate.arms.base import Completion, Job
 from flyspec.gate.arms.endpoint import OpenAIArm
 from flyspec.gate.arms.judge import Judge
-from flyspec.gate.data.questions import Question
+from flyspec.gate.data.questions import Question, QuestionKey
 from flyspec.gate.data.spec import (
     DEFAULT_GOLD_RATE,
     DatasetEntry,
@@ -37,14 +38,16 @@ from flyspec.gate.grading.graders import (
     check_grader,
     grade_against_baseline,
     grader_named,
+    pair_hash,
 )
-from flyspec.gate.report.build import Report, build_report
+from flyspec.gate.report.build import build_report
 from flyspec.gate.runs.judging import Item, JudgedPairs
 from flyspec.gate.runs.register import commit
 from flyspec.gate.runs.run import sequential_plan
 from flyspec.gate.runs.session import answer_record
+from flyspec.gate.shadow.live import LiveDecision, LiveWalk
 from flyspec.gate.shadow.pairs import DATASET, ArmAnswer, MirroredPair, SqlitePairStore, StoredPair
-from flyspec.gate.stats.decide import FAIL, PASS, SUPERPOPULATION, check_margin_alpha
+from flyspec.gate.stats.decide import INCONCLUSIVE, SUPERPOPULATION, check_margin_alpha
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ ERRORS = (
 )
 LANES = [("baseline", 0), ("candidate", 0)]
 REFRESH_S = 1.0
-"""How often the worker rebuilds the decision (labels arrive from other processes too)."""
+"""How often the worker reads the gold labels people gave (from other processes too)."""
 JUDGE_RETRY_S = 10.0
 """How long after a failed judge call the waiting pairs are asked again."""
 
@@ -155,6 +158,8 @@ class PairWorker:
         self.judged = self._judged()
         self.waiting: dict[str, StoredPair] = {}
         self.failed_at: float | None = None
+        self.digests: dict[QuestionKey, str] = {}
+        self.live: LiveWalk | None = None  # set once the walk of what is stored is built
 
     def _judged(self) -> JudgedPairs | None:
         judge = self.plan.judge
@@ -187,6 +192,8 @@ class PairWorker:
             self.run_id, RegisteredQuestion(DATASET, q.id, self.positions, q.prompt_hash, "", q.grader)
         )
         self.positions += 1
+        if self.live is not None:
+            self.live.register((DATASET, q.id), q.grader)
 
     def _grade(self, pair: StoredPair) -> None:
         q = self._question(pair)
@@ -201,6 +208,9 @@ class PairWorker:
             base, cand = grade_against_baseline(q.grader, cb.text, cc.text)
             self._store([(jb, cb, base), (jc, cc, cand)])
         else:
+            gold = self.plan.gold
+            if gold is not None and gold.selected(DATASET, q.id):  # the answers its label must name
+                self.digests[(DATASET, q.id)] = pair_hash(cb.text, cc.text)
             self._store(self.judged.add(jb, cb) + self.judged.add(jc, cc))
 
     def _store(self, items: list[Item]) -> None:
@@ -210,8 +220,10 @@ class PairWorker:
         self.store.add_answers(self.run_id, [answer_record(*item) for item in items])
         for job, _, _ in items:
             self.waiting.pop(job.question.id, None)
-        if self.judged is not None:
-            self.judged.take_pairs()  # the decision is the report's, built from the store
+        pairs = self.judged.take_pairs() if self.judged is not None else []
+        if self.live is not None:
+            self.live.graded(items)
+            self.live.judged_pairs(pairs)
 
     def poll(self) -> None:
         """Store the verdicts that arrived; after a failed judge call, ask the waiting pairs again later."""
@@ -234,37 +246,6 @@ class PairWorker:
         if self.judged is not None:
             self.judged.close(wait_for_calls=False)
         self.store.close()
-
-
-@dataclass(frozen=True)
-class LiveDecision:
-    """The decision as it stands: the report's decision object and what /status and the gauges show."""
-
-    decision: dict[str, object]
-    low: float
-    high: float
-    labels_waiting: int
-    judge_agreement: float | None
-    pairs: int
-
-    @classmethod
-    def of(cls, report: Report, pairs: int) -> LiveDecision:
-        """The decision of ``report`` (an interval not yet read is [-1, 1])."""
-        decision, gold = report.decision_object(), report.gold
-        low, high = decision.get("low"), decision.get("high")
-        return cls(
-            decision=decision,
-            low=-1.0 if low is None else float(low),
-            high=1.0 if high is None else float(high),
-            labels_waiting=gold.awaiting if gold is not None else 0,
-            judge_agreement=gold.agreement if gold is not None else None,
-            pairs=pairs,
-        )
-
-    @property
-    def code(self) -> int:
-        """-1 FAIL, 0 INCONCLUSIVE, 1 PASS (``flyspec_shadow_decision``)."""
-        return {FAIL: -1, PASS: 1}.get(str(self.decision.get("decision")), 0)
 
 
 class ShadowRun:
@@ -291,7 +272,8 @@ class ShadowRun:
         self._thread = threading.Thread(target=self._work, name="shadow-run", daemon=True)
         self._ready = threading.Event()
         self._building = threading.Lock()
-        self._built: tuple[tuple[object, ...], LiveDecision] | None = None
+        self._built: tuple[tuple[object, ...], dict[str, object]] | None = None
+        self._live: LiveWalk | None = None
         self.error: BaseException | None = None
 
     def __call__(self, pair: MirroredPair) -> None:
@@ -315,14 +297,25 @@ class ShadowRun:
         self.pairs.close()
         self._lock.release()
 
-    def decision(self) -> LiveDecision:
-        """The decision as the store holds it now (the same build as ``gate report``), built by one thread
-        at a time and only when the run's rows changed: a sequential report simulates its label advice."""
+    def decision(self) -> dict[str, object]:
+        """The decision object of ``gate report --json`` as the store holds it now, built by one thread at
+        a time and only when the run's rows changed (a report walks every pair again and a sequential one
+        simulates its label advice: asked by /decision and /status, never on the request path)."""
         with self._building, GateStore(self.path) as store:
-            revision = (store.revision(self.run_id), self.pairs.count())
+            revision = store.revision(self.run_id)
             if self._built is None or self._built[0] != revision:
-                self._built = (revision, LiveDecision.of(build_report(store, self.run_id), revision[1]))
+                self._built = (revision, build_report(store, self.run_id).decision_object())
             return self._built[1]
+
+    def live(self) -> LiveDecision:
+        """The decision as the live walk has it, with the gold labels stored so far (the gauges)."""
+        live = self._live
+        if live is None:  # the walk of what earlier processes stored is still being built
+            return LiveDecision(0, -1.0, 1.0, 0, None)
+        if live.digests:
+            with GateStore(self.path) as store:
+                live.labels(store.labels(self.run_id))
+        return live.state()
 
     def _work(self) -> None:
         try:
@@ -355,13 +348,20 @@ class ShadowRun:
                 log.exception("shadow: storing the judge's verdicts failed")
             if time.monotonic() - refreshed >= REFRESH_S:
                 refreshed = time.monotonic()
-                self._refresh()
+                self._refresh(worker)
 
-    def _refresh(self) -> None:
+    def _refresh(self, worker: PairWorker) -> None:
+        """Build the live walk once (after serving began: it walks every stored pair), read the labels
+        people gave, and stop the mirroring once the walk decided."""
         try:
-            state = self.decision()
-        except Exception:  # a report that cannot be built yet (a store being written elsewhere) waits
-            log.exception("shadow: the decision could not be built; retrying")
+            if worker.live is None:
+                worker.live = LiveWalk.of(worker.store, self.run_id, worker.digests)
+                self._live = worker.live
+            elif worker.digests:
+                worker.live.labels(worker.store.labels(self.run_id))
+        except Exception:  # a store being written elsewhere: asked again at the next refresh
+            log.exception("shadow: the live decision could not be read; retrying")
             return
-        if state.code != 0:
+        stop = worker.live.monitor.stop
+        if stop is not None and stop.decision != INCONCLUSIVE:
             self.on_decided()

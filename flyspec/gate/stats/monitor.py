@@ -170,7 +170,9 @@ class Monitor:
         plan: SequentialPlan,
         lanes: tuple[Lane, Lane] = (BASELINE, CANDIDATE),
     ) -> None:
-        self.order = list(order)
+        self.order: list[QuestionKey] = []
+        self.position: dict[QuestionKey, int] = {}
+        self.extend(order)
         self.plan = plan
         self.lanes = lanes
         self.correct: dict[tuple[str, int, str, str], bool] = {}
@@ -184,6 +186,12 @@ class Monitor:
     lost = property(lambda self: self.walk.lost)
     gained = property(lambda self: self.walk.gained)
     labelled = property(lambda self: self.walk.labelled)
+
+    def extend(self, keys: Sequence[QuestionKey]) -> None:
+        """Append questions to the order (a shadow run registers each request as it arrives)."""
+        for key in keys:
+            self.position[key] = len(self.order)
+            self.order.append(key)
 
     @property
     def awaiting_label(self) -> bool:
@@ -204,7 +212,7 @@ class Monitor:
     def add_pair(self, key: QuestionKey, pair: JudgedPair) -> Outcome | None:
         """Record a judged pair (or its gold label); returns the stop if this completed it, else None."""
         known = self.items.get(key)
-        if known is not None and self.order.index(key) < self.prefix and known != pair:
+        if known is not None and self.position[key] < self.prefix and known != pair:
             raise ValueError(f"question {key}: already counted with {known}; a counted pair cannot change")
         self.items[key] = pair
         return self._advance()
