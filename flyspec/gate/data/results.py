@@ -7,16 +7,26 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from flyspec.gate.data.questions import QuestionKey
-from flyspec.gate.data.spec import BASELINE, Gold, Lane
-from flyspec.gate.data.store import AnswerRecord, GateStore, LabelRecord, RegisteredQuestion, RunRecord
+from flyspec.gate.data.spec import BASELINE, Gold, Lane, Registration
+from flyspec.gate.data.store import (
+    AnswerRecord,
+    GateStore,
+    LabelRecord,
+    RegisteredQuestion,
+    RunEvent,
+    RunRecord,
+)
 from flyspec.gate.grading.graders import lane_label, pair_hash, preferred
 from flyspec.gate.stats.decide import Evidence, Rule
-from flyspec.gate.stats.judged import JudgedPair, judge_prediction
-from flyspec.gate.stats.monitor import in_order_diffs, paired_diffs
+from flyspec.gate.stats.judged import JudgedPair, judge_prediction, usable_prefix
+from flyspec.gate.stats.monitor import in_order_diffs, in_order_judged, paired_diffs
+
+Correct = dict[tuple[str, int, str, str], bool]
+"""Each stored answer's grade by (arm, repeat, dataset, question id)."""
 
 CANDIDATE: Lane = ("candidate", 0)
 VOTES = {"second": 1, "first": -1}
@@ -250,22 +260,55 @@ def setting_status(store: GateStore, run: RunRecord, setting_id: str) -> Setting
     """One setting's test, decided by its registered rule on the stored answers and its session events: a
     sequential test stops where its confidence sequence first crossed (or a pause was recorded); a fixed
     test is decided, on Tango's interval, once every test question has both answers."""
-    reg, lanes = run.registered, (BASELINE, (setting_id, 0))
     correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run.run_id)}
-    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
-    if reg.design == "sequential" and reg.sequential is not None:
-        events = [e for e in store.events(run.run_id) if e.detail.get("setting") == setting_id]
-        rule, evidence = reg.sequential.rule, Evidence(in_order_diffs(order, correct, lanes), events)
-    else:
-        rule, evidence = (
-            Rule(run.margin, run.alpha, len(order)),
-            Evidence(paired_diffs(order, correct, lanes)),
-        )
-    s = rule.decide(evidence)
+    events = [e for e in store.events(run.run_id) if e.detail.get("setting") == setting_id]
+    rule, data = evidence(store, run, run.registered, correct, (BASELINE, (setting_id, 0)), events)
+    s = rule.decide(data)
     low, high = (s.low, s.high) if s.stopped_at else (None, None)
     return SettingStatus(
         setting_id, s.decision, s.final, s.reason, s.stopped_at, s.lost, s.gained, low, high, s.loss_detected
     )
+
+
+def comparison_events(events: list[RunEvent], name: str) -> list[RunEvent]:
+    """A run's session events with each stop placed where this comparison's sequence was (a run with
+    several comparisons records every comparison's prefix in the stop's detail)."""
+    out = []
+    for e in events:
+        reached = e.detail.get("stopped_at") if isinstance(e.detail, dict) else None
+        if isinstance(reached, dict) and name in reached:
+            e = replace(e, stopped_at=reached[name])
+        out.append(e)
+    return out
+
+
+def evidence(
+    store: GateStore,
+    run: RunRecord,
+    reg: Registration,
+    correct: Correct,
+    lanes: tuple[Lane, Lane] | None = None,
+    events: list[RunEvent] | None = None,
+) -> tuple[Rule, Evidence]:
+    """The rule ``reg`` registered for one comparison (``lanes``: its registered pair, or a tune setting's
+    against the baseline, with that setting's ``events``) and the stored pairs it decides on: a fixed run's
+    every complete pair; a sequential run's along the registered order up to the first one missing, with
+    the sessions' events; a judged run's judged pairs up to the first waiting for its gold label."""
+    lanes = lanes or reg.lanes
+    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
+    if events is None:
+        events = comparison_events(store.events(run.run_id), lanes[1][0])
+    plan = reg.sequential
+    if reg.gold is not None:
+        seen = in_order_judged(order, stored_pairs(store, run, lanes, reg.gold))
+        usable = usable_prefix(seen)
+        if plan is not None:
+            return plan.rule, Evidence(seen[:usable], events, awaiting=usable < len(seen))
+        judged = Rule(reg.margin, reg.alpha, len(order), label_rate=reg.gold.rate, label_bet=reg.gold.bet)
+        return judged, Evidence(seen[:usable])
+    if plan is not None:
+        return plan.rule, Evidence(in_order_diffs(order, correct, lanes), events)
+    return Rule(reg.margin, reg.alpha, len(order)), Evidence(paired_diffs(order, correct, lanes))
 
 
 # ------------------------------------------------------------------------------------- each lane's speed

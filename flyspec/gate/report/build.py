@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from flyspec.checks import is_number
 from flyspec.gate.data.ledger import run_entries, store_entries
-from flyspec.gate.data.results import measure_speeds
+from flyspec.gate.data.results import evidence, measure_speeds
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.grading.graders import UNDECIDED, lane_label, model_graded, outcome, pair_hash, preferred
@@ -23,7 +23,6 @@ from flyspec.gate.report.decisions import (
     POWER,
     Pair,
     by_dataset,
-    evidence,
     paired_counts,
     pooled_pairs,
     report_fixed,

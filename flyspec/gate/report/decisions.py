@@ -9,22 +9,20 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from flyspec.gate.data.results import stored_pairs
-from flyspec.gate.data.spec import Gold, Registration
-from flyspec.gate.data.store import GateStore, RunEvent, RunRecord
+from flyspec.gate.data.results import Correct, evidence, stored_pairs
+from flyspec.gate.data.spec import Gold
+from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
 from flyspec.gate.stats.decide import INCONCLUSIVE, Evidence, JudgedDecision, Outcome, Rule, judged_decision
-from flyspec.gate.stats.judged import JudgedPair, judge_counts, usable_prefix
+from flyspec.gate.stats.judged import JudgedPair, judge_counts
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
-from flyspec.gate.stats.monitor import in_order_diffs, in_order_judged, paired_diffs
+from flyspec.gate.stats.monitor import in_order_judged
 from flyspec.gate.stats.paired import mcnemar, noninferiority
 from flyspec.gate.stats.sizing import plan_noninferiority
 
 Lane = tuple[str, int]
 Pair = tuple[bool, bool]
 """(baseline correct, candidate correct) of one question."""
-Correct = dict[tuple[str, int, str, str], bool]
-"""Whether each stored answer is correct, by (arm, repeat, dataset, question id)."""
 Groups = dict[str, tuple[int, list[Pair]]]
 """Pairs by dataset (or task): (registered questions, complete pairs)."""
 Decided = tuple[Rule, Evidence, Outcome]
@@ -96,18 +94,6 @@ def _decided(
     )
 
 
-def _comparison_events(events: list[RunEvent], name: str) -> list[RunEvent]:
-    """A run's session events with each stop placed where this comparison's sequence was (a run with
-    several comparisons records every comparison's prefix in the stop's detail)."""
-    out = []
-    for e in events:
-        reached = e.detail.get("stopped_at") if isinstance(e.detail, dict) else None
-        if isinstance(reached, dict) and name in reached:
-            e = replace(e, stopped_at=reached[name])
-        out.append(e)
-    return out
-
-
 def warn_incomplete(report: ReportData, complete: int, registered: int) -> None:
     if complete < registered and report.sequential_plan is None:
         report.warnings.append(
@@ -148,25 +134,6 @@ def fixed_rows(
         _decided(counted(scope, pairs, registered, alpha), pairs, margin, alpha)
         for scope, (registered, pairs) in groups.items()
     ] + [_decided(counted("pooled", pooled[1], pooled[0], alpha), pooled[1], margin, alpha, pooled_outcome)]
-
-
-def evidence(store: GateStore, run: RunRecord, reg: Registration, correct: Correct) -> tuple[Rule, Evidence]:
-    """The rule ``reg`` registered for its comparison and the stored pairs it decides on: a fixed run's
-    every complete pair; a sequential run's along the registered order up to the first one missing, with
-    the sessions' events; a judged run's judged pairs up to the first waiting for its gold label."""
-    order = [(q.dataset, q.question_id) for q in store.questions(run.run_id)]
-    events = _comparison_events(store.events(run.run_id), reg.lanes[1][0])
-    plan = reg.sequential
-    if reg.gold is not None:
-        seen = in_order_judged(order, stored_pairs(store, run, reg.lanes, reg.gold))
-        usable = usable_prefix(seen)
-        if plan is not None:
-            return plan.rule, Evidence(seen[:usable], events, awaiting=usable < len(seen))
-        judged = Rule(reg.margin, reg.alpha, len(order), label_rate=reg.gold.rate, label_bet=reg.gold.bet)
-        return judged, Evidence(seen[:usable])
-    if plan is not None:
-        return plan.rule, Evidence(in_order_diffs(order, correct, reg.lanes), events)
-    return Rule(reg.margin, reg.alpha, len(order)), Evidence(paired_diffs(order, correct, reg.lanes))
 
 
 def report_fixed(report: ReportData, store: GateStore, correct: Correct, decided: Decided) -> None:
