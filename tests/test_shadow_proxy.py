@@ -273,7 +273,7 @@ def test_an_unreachable_baseline_is_a_502_in_openai_form(tmp_path) -> None:
     ):
         response = httpx.post(root + "/v1/chat/completions", json=CHAT)
         assert response.status_code == 502
-        assert "the baseline did not answer (ConnectError" in response.json()["error"]["message"]
+        assert "the baseline did not answer (ClientConnectorError" in response.json()["error"]["message"]
         assert skipped(root, "baseline_error") == 1
 
 

@@ -17,16 +17,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from html import escape
 
-import httpx
+from aiohttp import ClientResponse
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from starlette.background import BackgroundTask
+from yarl import URL
 
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.decisions import Step, interval_path
 from flyspec.gate.shadow.live import LiveDecision
-from flyspec.gate.shadow.mirror import BaselineCapture, Mirror, PairSink, ShadowMetrics, ShadowSettings, Skip
+from flyspec.gate.shadow.mirror import (
+    UPSTREAM_ERRORS,
+    BaselineCapture,
+    Mirror,
+    PairSink,
+    ShadowMetrics,
+    ShadowSettings,
+    Skip,
+)
 from flyspec.gate.shadow.pairs import CHAT, COMPLETIONS, MIRROR, PROXY
 from flyspec.gate.shadow.run import ShadowRun
 
@@ -67,16 +76,11 @@ async def _forward(mirror: Mirror, request: Request, route: str, mirrored: bool)
     baseline = mirror.baseline
     sent = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP}
     sent["accept-encoding"] = "identity"
-    outgoing = baseline.client.build_request(
-        request.method,
-        baseline.url(route),
-        content=raw or None,
-        headers=sent,
-        params=request.query_params,
-    )
+    query = request.url.query
+    url = URL(baseline.url(route) + (f"?{query}" if query else ""), encoded=True)  # as the client sent it
     try:
-        upstream = await baseline.client.send(outgoing, stream=True)
-    except httpx.HTTPError as exc:
+        upstream = await baseline.session.request(request.method, url, data=raw or None, headers=sent)
+    except UPSTREAM_ERRORS as exc:
         return _bad_gateway(mirror, exc, mirrored)
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
@@ -84,18 +88,18 @@ async def _forward(mirror: Mirror, request: Request, route: str, mirrored: bool)
         # The copy is offered after the last chunk: by the background task when the response ends, or
         # when the client hangs up (the official openai client closes the connection at `data: [DONE]`).
         background = BackgroundTask(_on_loop, relay.offer)
-        return StreamingResponse(relay.chunks(), upstream.status_code, headers, background=background)
+        return StreamingResponse(relay.chunks(), upstream.status, headers, background=background)
     try:
-        body = await upstream.aread()
-    except httpx.HTTPError as exc:
+        body = await upstream.read()
+    except UPSTREAM_ERRORS as exc:
         return _bad_gateway(mirror, exc, mirrored)
     finally:
-        await upstream.aclose()
+        upstream.release()
     background = None
     if mirrored:
-        capture = BaselineCapture(upstream.status_code, body, False, time.monotonic() - start)
+        capture = BaselineCapture(upstream.status, body, False, time.monotonic() - start)
         background = BackgroundTask(_on_loop, mirror.offer, route, raw, PROXY, capture)
-    return Response(body, status_code=upstream.status_code, headers=headers, background=background)
+    return Response(body, status_code=upstream.status, headers=headers, background=background)
 
 
 def _bad_gateway(mirror: Mirror, exc: Exception, mirrored: bool) -> JSONResponse:
@@ -115,7 +119,7 @@ class _Relay:
     """One streamed answer passed on chunk by chunk and kept for the mirror (None: not mirrored)."""
 
     def __init__(
-        self, upstream: httpx.Response, start: float, route: str, raw: bytes, mirror: Mirror | None
+        self, upstream: ClientResponse, start: float, route: str, raw: bytes, mirror: Mirror | None
     ) -> None:
         self.upstream, self.start, self.route, self.raw, self.mirror = upstream, start, route, raw, mirror
         self.kept: list[bytes] = []
@@ -125,7 +129,7 @@ class _Relay:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self.upstream.aiter_raw():
+            async for chunk in self.upstream.content.iter_any():
                 if self.first is None:
                     self.first = time.monotonic() - self.start
                 self.size += len(chunk)
@@ -136,7 +140,10 @@ class _Relay:
         finally:
             if not self.finished:
                 self.offer()
-            await self.upstream.aclose()
+            if self.finished:
+                self.upstream.release()
+            else:  # the client left: the baseline's connection is dropped, not reused mid-answer
+                self.upstream.close()
 
     def offer(self) -> None:
         """Offer the copy once, or count why it cannot be paired (too long, or the client left early)."""
@@ -149,9 +156,7 @@ class _Relay:
             mirror.metrics.skip(Skip.CLIENT_GONE)
         else:
             latency = time.monotonic() - self.start
-            capture = BaselineCapture(
-                self.upstream.status_code, b"".join(self.kept), True, latency, self.first
-            )
+            capture = BaselineCapture(self.upstream.status, b"".join(self.kept), True, latency, self.first)
             mirror.offer(self.route, self.raw, PROXY, capture)
 
 
