@@ -294,3 +294,24 @@ def test_stream_chunks_pass_as_they_arrive(tmp_path) -> None:
         total = time.monotonic() - start
         assert first < 0.6 < 1.5 < total, (first, total)
         wait_pairs(pairs, 1)
+
+
+def test_a_clients_key_reaches_production_and_each_arms_key_its_arm(tmp_path) -> None:
+    """A client's own Authorization header goes to the baseline unchanged; the baseline arm's api_key only
+    where the client sends none; the candidate is always asked with its own arm's key, never the
+    client's."""
+    base, cand = Script("base", record=True), Script("cand", record=True)
+    with (
+        upstream(base) as base_url,
+        upstream(cand) as cand_url,
+        shadow(
+            tmp_path / "s.db",
+            arm(base_url, "base", api_key="arm-base"),
+            arm(cand_url, "c", api_key="arm-cand"),
+        ) as (root, pairs),
+    ):
+        httpx.post(root + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer client"})
+        httpx.post(root + "/v1/chat/completions", json={**CHAT, "seed": 1})
+        wait_pairs(pairs, 2)
+    assert base.authorizations == ["Bearer client", "Bearer arm-base"]
+    assert cand.authorizations == ["Bearer arm-cand", "Bearer arm-cand"]

@@ -28,7 +28,8 @@ PIECES = 8
 class Script:
     """What the server does: its name (model id and answer prefix), a delay before answering, an optional
     event it waits for before answering, the pause between a stream's events, how long a stream stays open
-    after its `[DONE]`, the request bodies it received (kept when ``record``), and ``reply``: the answer
+    after its `[DONE]`, the request bodies it received and their Authorization headers (kept when
+    ``record``), and ``reply``: the answer
     text for a request body (a judge that reads its prompt), instead of ``ANSWER`` prefixed with the name."""
 
     name: str
@@ -38,6 +39,7 @@ class Script:
     linger_s: float = 0.0
     record: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
     reply: Callable[[dict[str, Any]], str] | None = None
 
     def text(self, body: dict[str, Any] | None = None) -> str:
@@ -116,6 +118,7 @@ def scripted_app(script: Script) -> FastAPI:
             return _error("the body must be a JSON object", 400)
         if script.record:
             script.bodies.append(body)
+            script.authorizations.append(request.headers.get("authorization"))
         if "FAIL" in json.dumps(body.get("messages", body.get("prompt", ""))):
             return _error("scripted failure", 500)
         while script.hold is not None and not script.hold.is_set():  # set from another thread
