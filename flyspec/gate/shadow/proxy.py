@@ -185,13 +185,16 @@ def create_shadow_app(settings: ShadowSettings, sink: PairSink | ShadowRun) -> F
         title="flyspec gate shadow", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
-    async def forward(request: Request, rest: str) -> Response:
+    async def forward(request: Request) -> Response:
         """Chat and completions are mirrored; every other /v1 route (models, embeddings, ...) is passed on."""
-        route = "/" + rest
+        route = "/" + request.path_params["rest"]
         return await _forward(
             mirror, request, route, request.method == "POST" and route in (CHAT, COMPLETIONS)
         )
+
+    # A plain Starlette route: the request path skips FastAPI's parameter solving, which cost a paced
+    # stream about 0.4 ms of added latency in a minimal relay on loopback.
+    app.add_route("/v1/{rest:path}", forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 
     @app.post("/mirror/v1/chat/completions", status_code=202)
     async def mirror_chat(request: Request) -> Response:
