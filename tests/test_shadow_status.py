@@ -16,6 +16,7 @@ from flyspec.bench.scripted_openai import Script
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.decisions import Step, interval_path
 from flyspec.gate.shadow.proxy import MAX_POINTS, interval_svg, thinned
+from flyspec.gate.stats.decide import SequentialWalk
 
 
 def _points(page: str, name: str) -> list[tuple[float, float]]:
@@ -97,3 +98,22 @@ def test_a_run_graded_against_the_baseline_is_plotted_from_its_grades(tmp_path: 
         steps = interval_path(opened, "shadow")
     assert len(steps) == decision["n"] == 6 and len(_points(page, "low")) == 6
     assert (steps[-1].low, steps[-1].high) == (decision["low"], decision["high"])
+
+
+def test_the_path_is_walked_once(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+    """The plot's path is the walk `Rule.decide` makes, recorded as it goes: each stored pair is added to
+    the confidence sequence once (a second walk doubled what /status costs the proxy's cores)."""
+    store = tmp_path / "shadow.db"
+    with upstream(Script("base")) as base, upstream(Script("cand")) as cand:
+        arms = (arm(base + "/v1", "base"), arm(cand + "/v1", "cand"), None)
+        with shadow_run(store, *arms, margin=0.2, grader="equivalent_to_baseline") as (root, _):
+            client = OpenAI(base_url=root + "/v1", api_key="none", max_retries=0)
+            for i in range(5):
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q {i}"}])
+            _wait(lambda: _answers(store) == 10, "both answers of 5 graded pairs")
+    added = []
+    original = SequentialWalk.add
+    monkeypatch.setattr(SequentialWalk, "add", lambda self, d: (added.append(d), original(self, d))[1])
+    with GateStore(store) as opened:
+        steps = interval_path(opened, "shadow")
+    assert len(steps) == len(added) == 5

@@ -13,7 +13,15 @@ from flyspec.gate.data.results import Correct, evidence, stored_pairs
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
-from flyspec.gate.stats.decide import INCONCLUSIVE, Evidence, JudgedDecision, Outcome, Rule, judged_decision
+from flyspec.gate.stats.decide import (
+    INCONCLUSIVE,
+    Evidence,
+    JudgedDecision,
+    Outcome,
+    Rule,
+    Walk,
+    judged_decision,
+)
 from flyspec.gate.stats.judged import JudgedPair, judge_counts
 from flyspec.gate.stats.label_advice import LabelAdvice, labels_needed
 from flyspec.gate.stats.monitor import in_order_judged
@@ -410,9 +418,21 @@ def interval_path(store: GateStore, run_id: str) -> list[Step]:
         raise ValueError(f"run {run_id!r} is not sequential: its interval is read once, not after each pair")
     correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run_id)}
     rule, data = evidence(store, run, reg, correct)
-    walk = rule.walk()
-    steps: list[Step] = []
-    for item in data.items[: rule.decide(data).stopped_at]:
-        walk.add(item)  # type: ignore[arg-type]
-        steps.append(Step(walk.n, walk.low, walk.high))
-    return steps
+    walk = _Recorded(rule.walk())
+    rule.decide(data, walk)  # type: ignore[arg-type]
+    return walk.steps
+
+
+class _Recorded:
+    """A walk that keeps its bounds after each pair ``Rule.decide`` adds (so the path is walked once)."""
+
+    def __init__(self, walk: Walk) -> None:
+        self.walk = walk
+        self.steps: list[Step] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.walk, name)
+
+    def add(self, item: int | JudgedPair) -> None:
+        self.walk.add(item)
+        self.steps.append(Step(self.walk.n, self.walk.low, self.walk.high))
