@@ -82,18 +82,22 @@ def test_the_plot_escapes_its_text() -> None:
     assert "<script>" not in svg and "&lt;script&gt;alert(1)&lt;/script&gt;" in svg
 
 
-def test_a_run_graded_against_the_baseline_is_plotted_from_its_grades(tmp_path: Path) -> None:
-    """--grader equivalent_to_baseline: the walk replayed is the exact one; its last step is the report's."""
-    store = tmp_path / "shadow.db"
+def _graded_run(store: Path, pairs: int) -> tuple[str, dict]:
+    """A run graded against the baseline's answers with ``pairs`` pairs; its /status page and /decision."""
     with upstream(Script("base")) as base, upstream(Script("cand")) as cand:
         arms = (arm(base + "/v1", "base"), arm(cand + "/v1", "cand"), None)
         with shadow_run(store, *arms, margin=0.2, grader="equivalent_to_baseline") as (root, _):
             client = OpenAI(base_url=root + "/v1", api_key="none", max_retries=0)
-            for i in range(6):
+            for i in range(pairs):
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q {i}"}])
-            _wait(lambda: _answers(store) == 12, "both answers of 6 graded pairs")
-            page = httpx.get(root + "/status").text
-            decision = httpx.get(root + "/decision").json()
+            _wait(lambda: _answers(store) == 2 * pairs, f"both answers of {pairs} graded pairs")
+            return httpx.get(root + "/status").text, httpx.get(root + "/decision").json()
+
+
+def test_a_run_graded_against_the_baseline_is_plotted_from_its_grades(tmp_path: Path) -> None:
+    """--grader equivalent_to_baseline: the walk replayed is the exact one; its last step is the report's."""
+    store = tmp_path / "shadow.db"
+    page, decision = _graded_run(store, 6)
     with GateStore(store) as opened:
         steps = interval_path(opened, "shadow")
     assert len(steps) == decision["n"] == 6 and len(_points(page, "low")) == 6
@@ -104,13 +108,7 @@ def test_the_path_is_walked_once(tmp_path: Path, monkeypatch) -> None:  # noqa: 
     """The plot's path is the walk `Rule.decide` makes, recorded as it goes: each stored pair is added to
     the confidence sequence once (a second walk doubled what /status costs the proxy's cores)."""
     store = tmp_path / "shadow.db"
-    with upstream(Script("base")) as base, upstream(Script("cand")) as cand:
-        arms = (arm(base + "/v1", "base"), arm(cand + "/v1", "cand"), None)
-        with shadow_run(store, *arms, margin=0.2, grader="equivalent_to_baseline") as (root, _):
-            client = OpenAI(base_url=root + "/v1", api_key="none", max_retries=0)
-            for i in range(5):
-                client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q {i}"}])
-            _wait(lambda: _answers(store) == 10, "both answers of 5 graded pairs")
+    _graded_run(store, 5)
     added = []
     original = SequentialWalk.add
     monkeypatch.setattr(SequentialWalk, "add", lambda self, d: (added.append(d), original(self, d))[1])
