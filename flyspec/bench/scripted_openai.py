@@ -29,8 +29,8 @@ class Script:
     """What the server does: its name (model id and answer prefix), a delay before answering, an optional
     event it waits for before answering, the pause between a stream's events, how long a stream stays open
     after its `[DONE]`, the request bodies it received and their Authorization headers (kept when
-    ``record``), and ``reply``: the answer
-    text for a request body (a judge that reads its prompt), instead of ``ANSWER`` prefixed with the name."""
+    ``record``), and ``reply``: the answer text for a request body (a judge that reads its prompt), instead
+    of ``ANSWER`` prefixed with the name."""
 
     name: str
     delay_s: float = 0.0

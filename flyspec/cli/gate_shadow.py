@@ -170,9 +170,9 @@ def shadow_command(
     )
     import uvicorn
 
-    # The run's worker thread grades, stores and rebuilds the decision in pure Python, holding the GIL for
-    # up to the default 5 ms switch interval at a time; the proxy's event loop must get it back sooner to
-    # pass production's events on without delay.
+    # The run's worker thread grades, stores and walks the decision in pure Python, holding the GIL for up
+    # to the default 5 ms switch interval at a time; the proxy's event loop must get it back sooner to pass
+    # production's events on without delay.
     sys.setswitchinterval(0.0005)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -256,11 +256,16 @@ class SettingStatus:
     loss_detected: bool
 
 
+def grades(answers: Iterable[AnswerRecord]) -> Correct:
+    """Each answer's grade by (arm, repeat, dataset, question id)."""
+    return {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
+
+
 def setting_status(store: GateStore, run: RunRecord, setting_id: str) -> SettingStatus:
     """One setting's test, decided by its registered rule on the stored answers and its session events: a
     sequential test stops where its confidence sequence first crossed (or a pause was recorded); a fixed
     test is decided, on Tango's interval, once every test question has both answers."""
-    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run.run_id)}
+    correct = grades(store.answers(run.run_id))
     events = [e for e in store.events(run.run_id) if e.detail.get("setting") == setting_id]
     rule, data = evidence(store, run, run.registered, correct, (BASELINE, (setting_id, 0)), events)
     s = rule.decide(data)

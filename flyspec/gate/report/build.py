@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from flyspec.checks import is_number
 from flyspec.gate.data.ledger import run_entries, store_entries
-from flyspec.gate.data.results import evidence, measure_speeds
+from flyspec.gate.data.results import evidence, grades, measure_speeds
 from flyspec.gate.data.spec import Registration
 from flyspec.gate.data.store import AnswerRecord, GateStore, RunRecord
 from flyspec.gate.grading.graders import UNDECIDED, lane_label, model_graded, outcome, pair_hash, preferred
@@ -102,9 +102,7 @@ def _noise(store: GateStore, run: RunRecord) -> NoiseReference | None:
         same_data = _data_key(other) == _data_key(run)
         if not same_data or other.registered.sampling != run.registered.sampling:
             continue
-        correct = {
-            (a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(other.run_id)
-        }
+        correct = grades(store.answers(other.run_id))
         pairs = pooled_pairs(by_dataset(store, other.run_id, other.registered.lanes, correct))
         n, lost, gained = paired_counts(pairs)
         if n:
@@ -201,7 +199,7 @@ def _build(
     its answers, speeds and judge, then the decision by the design it registered."""
     report = _report_of(store, run, reg, margin, notes)
     answers = store.answers(run.run_id)
-    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in answers}
+    correct = grades(answers)
     report.speeds, report.shared = measure_speeds(answers, store.batches(run.run_id))
     report.judge = _judge_summary(store, run.run_id, reg, answers)
     if run.kind == "pilot":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from flyspec.gate.data.results import Correct, evidence, stored_pairs
+from flyspec.gate.data.results import Correct, evidence, grades, stored_pairs
 from flyspec.gate.data.spec import Gold
 from flyspec.gate.data.store import GateStore
 from flyspec.gate.report.model import Comparison, Exploratory, GoldRow, GoldSummary, ReportData
@@ -416,8 +416,7 @@ def interval_path(store: GateStore, run_id: str) -> list[Step]:
     reg = run.registered
     if reg.sequential is None:
         raise ValueError(f"run {run_id!r} is not sequential: its interval is read once, not after each pair")
-    correct = {(a.arm, a.repeat, a.dataset, a.question_id): a.correct for a in store.answers(run_id)}
-    rule, data = evidence(store, run, reg, correct)
+    rule, data = evidence(store, run, reg, grades(store.answers(run_id)))
     walk = _Recorded(rule.walk())
     rule.decide(data, walk)  # type: ignore[arg-type]
     return walk.steps
